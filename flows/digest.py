@@ -1,0 +1,106 @@
+"""Content digests of artifacts, with a stat cache so unchanged multi-GB models are not re-hashed."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def onnx_external_files(path: Path) -> list[Path]:
+    """The external-data files an ONNX model refers to (none for a self-contained model)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not our job to judge the model here; the stage will
+        return []
+    found: set[Path] = set()
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    found.add(path.parent / entry.value)
+    return sorted(found)
+
+
+class DigestCache:
+    """sha256 per file, remembered by (size, mtime_ns, inode) in one JSON file."""
+
+    def __init__(self, file: Path | None):
+        self.file = file
+        self._lock = threading.Lock()
+        self._entries: dict[str, list] = {}
+        self._dirty = False
+        if file is not None and file.is_file():
+            try:
+                self._entries = json.loads(file.read_text())
+            except (OSError, ValueError):
+                self._entries = {}
+
+    def sha256(self, path: Path) -> str:
+        path = path.resolve()
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        with self._lock:
+            hit = self._entries.get(str(path))
+            if hit and hit[:3] == stamp:
+                return hit[3]
+        digest = file_sha256(path)
+        with self._lock:
+            self._entries[str(path)] = stamp + [digest]
+            self._dirty = True
+        return digest
+
+    def artifact(self, path: Path, type_: str) -> str:
+        """Digest of an artifact: a file, a directory (all files under it), or an ONNX model with its data."""
+        if path.is_dir():
+            h = hashlib.sha256()
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                h.update(f"{f.relative_to(path).as_posix()}\0{self.sha256(f)}\n".encode())
+            return h.hexdigest()
+        own = self.sha256(path)
+        if type_ == "onnx":
+            extra = self._external_files(path)
+            if extra:
+                h = hashlib.sha256(own.encode())
+                for f in extra:
+                    h.update(f"{f.name}\0{self.sha256(f) if f.exists() else 'missing'}\n".encode())
+                return h.hexdigest()
+        return own
+
+    def _external_files(self, path: Path) -> list[Path]:
+        path = path.resolve()
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        key = f"{path}#external-data"
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit and hit[:3] == stamp:
+            return [path.parent / n for n in hit[3]]
+        files = onnx_external_files(path)
+        with self._lock:
+            self._entries[key] = stamp + [[str(f.relative_to(path.parent)) for f in files]]
+            self._dirty = True
+        return files
+
+    def save(self) -> None:
+        if self.file is None or not self._dirty:
+            return
+        with self._lock:
+            tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._entries))
+            os.replace(tmp, self.file)
+            self._dirty = False

@@ -1,0 +1,83 @@
+"""The Prefect wiring, kept thin: one flow run per pipeline run, one task per stage, a Markdown artifact each."""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE
+
+from flows.fingerprint import describe
+from flows.runner import Runner, StageOutcome
+from pipelines.loader import load_pipeline
+from stages.base import StageError
+from pipelines.errors import TrtflowError
+
+# Called with (event, stage name, payload) as stages start and finish; the CLI listens here.
+LISTENERS: list[Callable[[str, str, Any], None]] = []
+
+
+def _notify(event: str, name: str, payload: Any = None) -> None:
+    for listener in LISTENERS:
+        listener(event, name, payload)
+
+
+def _retry_unless_user_error(task, task_run, state) -> bool:
+    # A StageError (bad input, bad parameters) fails the same way every time: retrying only wastes time.
+    exc = state.result(raise_on_failure=False)
+    return not isinstance(exc, TrtflowError | StageError)
+
+
+def artifact_key(pipeline: str, stage: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", f"{pipeline}-{stage}".lower()).strip("-")
+
+
+@task(cache_policy=NONE, persist_result=False)
+def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
+               force: list[str] | None) -> StageOutcome:
+    outcome = runner.run_stage(name, produced, force)
+    env = describe(outcome.manifest["key_parts"].get("env"))
+    header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
+              f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "") + "\n\n")
+    create_markdown_artifact(key=artifact_key(runner.pipeline.spec.name, name), markdown=header + outcome.summary,
+                             description=f"trtflow stage {name}: {outcome.status}")
+    return outcome
+
+
+@flow(name="trtflow", persist_result=False, log_prints=True)
+def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages: list[str] | None = None,
+                  force: list[str] | None = None, store: str | None = None) -> list[dict[str, Any]]:
+    """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published."""
+    runner = make_runner(pipeline_file, overrides, store)
+    produced: dict[str, dict[str, Any]] = {}
+    results = []
+    for name in runner.select(stages):
+        spec = runner.graph.nodes[name].spec
+        _notify("start", name)
+        run = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
+                                      retry_delay_seconds=spec.retry_delay,
+                                      retry_condition_fn=_retry_unless_user_error)
+        try:
+            outcome = run(runner, name, produced, force)
+        except BaseException as exc:
+            _notify("fail", name, exc)
+            raise
+        produced[name] = outcome.manifest
+        _notify("done", name, outcome)
+        results.append({"stage": name, "status": outcome.status, "key": outcome.key,
+                        "directory": str(outcome.directory), "seconds": round(outcome.seconds, 3),
+                        "work_seconds": round(outcome.work_seconds, 3), "reason": outcome.reason})
+    return results
+
+
+def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
+    from pathlib import Path
+
+    from flows.store import LocalStore
+
+    loaded = load_pipeline(pipeline_file, overrides)
+    root = Path(store).resolve() if store else loaded.store_root
+    runner = Runner(loaded, store=LocalStore(root))
+    runner.store.ensure_writable()
+    return runner

@@ -1,0 +1,281 @@
+"""Run one stage the DVC way: resolve its inputs, compute its key, reuse a published result or run and publish.
+
+No Prefect here: the Prefect flow (flows/pipeline_flow.py) and `trtflow plan` both drive this class.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flows.digest import DigestCache
+from flows.fingerprint import describe, fingerprint
+from flows.isolate import call_stage
+from flows.store import ArtifactStore, LocalStore
+from pipelines.errors import SpecError, TrtflowError
+from pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
+from pipelines.loader import LoadedPipeline
+from stages import registry
+from stages.base import Artifact, StageError, StageResult
+
+KEY_FORMAT = 1  # bump when the recipe below changes, so no old result is mistaken for a new one
+
+
+@dataclass
+class StageOutcome:
+    name: str
+    kind: str
+    key: str
+    status: str  # "ran" | "reused"
+    directory: Path
+    manifest: dict[str, Any]
+    reason: str = ""
+    seconds: float = 0.0  # wall time of this stage in the runner
+    work_seconds: float = 0.0  # of which inside the stage's own function
+
+    @property
+    def summary(self) -> str:
+        try:
+            return (self.directory / "summary.md").read_text()
+        except OSError:
+            return ""
+
+
+@dataclass
+class PlanItem:
+    name: str
+    kind: str
+    action: str  # "reuse" | "run" | "error"
+    reason: str
+    key: str | None = None
+    environment: str = "-"
+
+
+@dataclass
+class Runner:
+    pipeline: LoadedPipeline
+    graph: StageGraph = None  # type: ignore[assignment]
+    store: ArtifactStore = None  # type: ignore[assignment]
+    _digests: DigestCache | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.graph is None:
+            self.graph = build_graph(self.pipeline)
+        if self.store is None:
+            self.store = LocalStore(self.pipeline.store_root)
+
+    @property
+    def digests(self) -> DigestCache:
+        if self._digests is None:
+            path = self.store.root / "digests.json"
+            self._digests = DigestCache(path if self.store.root.is_dir() else None)
+        return self._digests
+
+    # --- selection ------------------------------------------------------------------------------------------
+
+    def select(self, stages: list[str] | None) -> list[str]:
+        """The stages to run: the named ones and what they depend on; all when none are named."""
+        if not stages:
+            return list(self.graph.order)
+        for name in stages:
+            self.check_stage_name(name, "--stage")
+        return self.graph.closure(stages)
+
+    def check_stage_name(self, name: str, option: str) -> None:
+        if name not in self.graph.nodes:
+            import difflib
+            close = difflib.get_close_matches(name, list(self.graph.nodes), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"stages: {', '.join(self.graph.order)}"
+            raise SpecError(f"{option} {name}: no such stage in {self.pipeline.file.name}", hint=hint)
+
+    def forced(self, name: str, force: list[str] | None) -> bool:
+        return bool(force) and ("*" in force or name in force)
+
+    # --- keys -------------------------------------------------------------------------------------------------
+
+    def inputs_for(self, name: str, produced: dict[str, dict[str, Any]]) -> dict[str, Artifact | list[Artifact]]:
+        node = self.graph.nodes[name]
+        resolved: dict[str, Artifact | list[Artifact]] = {}
+        for slot, edges in node.inputs.items():
+            arts = []
+            for e in edges:
+                if e.stage == SOURCE:
+                    path = self.pipeline.model_path
+                    arts.append(Artifact(path, "onnx", self.digests.artifact(path, "onnx")))
+                else:
+                    m = produced[e.stage]
+                    out = m["outputs"][e.output]
+                    arts.append(Artifact(self.store.path(e.stage, m["key"]) / out["path"], out["type"],
+                                         out["digest"]))
+            resolved[slot] = arts if node.many.get(slot) else arts[0]
+        return resolved
+
+    def key_for(self, name: str, inputs: dict[str, Artifact | list[Artifact]],
+                impl: registry.StageImpl) -> tuple[str, dict[str, Any]]:
+        spec = self.graph.nodes[name].spec
+        parts = {
+            "format": KEY_FORMAT,
+            "kind": spec.kind,
+            "version": impl.version,
+            "params": spec.key_params(),
+            "inputs": {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest)
+                       for slot, v in sorted(inputs.items())},
+            "env": fingerprint(impl.env_facets),
+        }
+        blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:32], parts
+
+    # --- plan -------------------------------------------------------------------------------------------------
+
+    def plan(self, stages: list[str] | None = None, force: list[str] | None = None) -> list[PlanItem]:
+        items: list[PlanItem] = []
+        produced: dict[str, dict[str, Any]] = {}
+        will_run: set[str] = set()
+        for name in self.select(stages):
+            spec = self.graph.nodes[name].spec
+            try:
+                impl = registry.resolve(spec)
+            except StageError as exc:
+                items.append(PlanItem(name, spec.kind, "error", str(exc)))
+                will_run.add(name)
+                continue
+            blocked = sorted(self.graph.nodes[name].upstream & will_run)
+            if blocked:
+                items.append(PlanItem(name, spec.kind, "run", f"upstream {', '.join(blocked)} will run",
+                                      environment=describe(fingerprint(impl.env_facets))))
+                will_run.add(name)
+                continue
+            inputs = self.inputs_for(name, produced)
+            key, parts = self.key_for(name, inputs, impl)
+            manifest = self.store.lookup(name, key)
+            env = describe(parts["env"])
+            if self.forced(name, force):
+                items.append(PlanItem(name, spec.kind, "run", "forced", key, env))
+                will_run.add(name)
+            elif manifest is not None:
+                produced[name] = manifest
+                items.append(PlanItem(name, spec.kind, "reuse", "nothing changed", key, env))
+            else:
+                items.append(PlanItem(name, spec.kind, "run", self.why_stale(name, key, parts), key, env))
+                will_run.add(name)
+        return items
+
+    def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
+        last = self.store.last(name)
+        if not last:
+            return "never run"
+        old = last.get("parts", {})
+        if last.get("key") == key:
+            return "its published result is missing or incomplete"
+        reasons = []
+        if old.get("format") != parts["format"]:
+            reasons.append("trtflow's key format changed")
+        if old.get("version") != parts["version"] or old.get("kind") != parts["kind"]:
+            reasons.append(f"stage implementation changed ({old.get('kind')} v{old.get('version')} -> "
+                           f"{parts['kind']} v{parts['version']})")
+        changed = _diff(old.get("params", {}), parts["params"])
+        if changed:
+            reasons.append("params changed: " + ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""))
+        for slot in sorted(set(old.get("inputs", {})) | set(parts["inputs"])):
+            if old.get("inputs", {}).get(slot) != parts["inputs"].get(slot):
+                reasons.append(f"input '{slot}' changed")
+        if old.get("env") != parts["env"]:
+            reasons.append(f"environment changed: {describe(old.get('env'))} -> {describe(parts['env'])}")
+        return "; ".join(reasons) or "not in the store"
+
+    # --- run --------------------------------------------------------------------------------------------------
+
+    def run_stage(self, name: str, produced: dict[str, dict[str, Any]], force: list[str] | None = None,
+                  log=None) -> StageOutcome:
+        started = time.perf_counter()
+        node = self.graph.nodes[name]
+        spec = node.spec
+        impl = registry.resolve(spec)
+        inputs = self.inputs_for(name, produced)
+        key, parts = self.key_for(name, inputs, impl)
+        if not self.forced(name, force):
+            manifest = self.store.lookup(name, key)
+            if manifest is not None:
+                self.store.mark_last(name, {"key": key, "parts": parts})
+                self.digests.save()
+                return StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
+                                    "nothing changed", time.perf_counter() - started)
+            reason = self.why_stale(name, key, parts)
+        else:
+            reason = "forced"
+
+        staging = self.store.staging(name, key)
+        try:
+            began = datetime.now(timezone.utc)
+            t0 = time.perf_counter()
+            result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name)
+            work = time.perf_counter() - t0
+            manifest = self._manifest(name, key, parts, inputs, result, staging, began, work)
+            directory = self.store.publish(name, key, staging, manifest)
+        except BaseException:
+            self.store.discard(staging)
+            raise
+        self.store.mark_last(name, {"key": key, "parts": parts})
+        self.digests.save()
+        return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
+                            time.perf_counter() - started, work)
+
+    def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
+                  staging: Path, began: datetime, work: float) -> dict[str, Any]:
+        spec = self.graph.nodes[name].spec
+        if not isinstance(result, StageResult):
+            raise StageError(f"stage '{name}' returned {type(result).__name__}, not a StageResult")
+        declared = outputs_of(spec)
+        missing = [o for o in declared if o not in result.outputs]
+        if missing:
+            raise StageError(f"stage '{name}' did not produce its declared output(s): {', '.join(missing)}")
+        outputs = {}
+        hasher = DigestCache(None)
+        for out_name, path in result.outputs.items():
+            path = Path(path).resolve()
+            if not path.exists() or not path.is_relative_to(staging.resolve()):
+                raise StageError(f"stage '{name}' output '{out_name}' is not a file under its output directory")
+            typ = declared.get(out_name, "dir" if path.is_dir() else "file")
+            outputs[out_name] = {"path": path.relative_to(staging.resolve()).as_posix(), "type": typ,
+                                 "digest": hasher.artifact(path, typ),
+                                 "size": path.stat().st_size if path.is_file() else None}
+        (staging / "summary.md").write_text(result.summary or "")
+
+        def describe_input(a: Artifact) -> dict[str, Any]:
+            return {"path": str(a.path), "type": a.type, "digest": a.digest}
+
+        return {
+            "status": "ok",
+            "stage": name,
+            "kind": spec.kind,
+            "key": key,
+            "key_parts": parts,
+            "pipeline": {"name": self.pipeline.spec.name, "file": str(self.pipeline.file)},
+            "inputs": {s: ([describe_input(a) for a in v] if isinstance(v, list) else describe_input(v))
+                       for s, v in inputs.items()},
+            "outputs": outputs,
+            "metrics": result.metrics,
+            "warnings": result.warnings,
+            "timings": {"started": began.isoformat(), "work_seconds": round(work, 4)},
+            "environment": {"python": platform.python_version(), "platform": platform.platform(),
+                            "fingerprint": parts["env"]},
+        }
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    if old != new:
+        return [f"{prefix.rstrip('.')} {json.dumps(old)} -> {json.dumps(new)}"]
+    return []
+
+
+__all__ = ["Runner", "StageOutcome", "PlanItem", "TrtflowError"]

@@ -1,0 +1,212 @@
+"""The stage graph: what each stage consumes, resolved and checked (missing references, cycles, types).
+
+Each stage kind declares its input slots and its outputs. An omitted slot gets a default: the nearest earlier
+stage (in file order) of the kinds the slot prefers, or the pipeline's model (`source`) for an ONNX slot.
+"""
+from __future__ import annotations
+
+import difflib
+import graphlib
+from dataclasses import dataclass
+
+from pipelines.loader import LoadedPipeline
+from pipelines.schema import CustomStage, StageBase
+
+SOURCE = "source"  # the pipeline's `model:` file, as an artifact
+
+
+@dataclass(frozen=True)
+class Slot:
+    type: str
+    many: bool = False
+    required: bool = True
+    prefer: tuple[str, ...] = ()  # kinds a default is taken from, nearest first; () = no default
+    source_ok: bool = False  # fall back to the pipeline's model when no preferred stage exists
+
+
+MODEL_MAKERS = ("prepare", "precision", "calibrate")
+
+SLOTS: dict[str, dict[str, Slot]] = {
+    "prepare": {"model": Slot("onnx", source_ok=True)},
+    "parity": {"model": Slot("onnx", required=False, prefer=("prepare",), source_ok=True)},
+    "precision": {"model": Slot("onnx", prefer=("prepare",), source_ok=True),
+                  "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
+    "calibrate": {"model": Slot("onnx", prefer=("prepare",), source_ok=True),
+                  "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
+    "build": {"models": Slot("onnx", many=True, prefer=MODEL_MAKERS, source_ok=True)},
+    "validate": {"engines": Slot("engines", required=False, prefer=("build",)),
+                 "models": Slot("onnx", many=True, required=False, prefer=("precision", "calibrate")),
+                 "reference": Slot("onnx", prefer=("prepare",), source_ok=True),
+                 "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
+    "benchmark": {"engines": Slot("engines", prefer=("build",)),
+                  "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
+}
+
+OUTPUTS: dict[str, dict[str, str]] = {
+    "prepare": {"model": "onnx", "report": "json"},
+    "parity": {"preprocess": "preprocess", "report": "json"},
+    "precision": {"model": "onnx", "report": "json"},
+    "calibrate": {"model": "onnx", "ranges": "ranges", "report": "json"},
+    "build": {"engines": "engines", "report": "json"},
+    "validate": {"report": "json"},
+    "benchmark": {"report": "json"},
+}
+
+
+def outputs_of(stage: StageBase) -> dict[str, str]:
+    if isinstance(stage, CustomStage):
+        return dict(stage.outputs)
+    return OUTPUTS[stage.kind]
+
+
+def slots_of(stage: StageBase) -> dict[str, Slot]:
+    if isinstance(stage, CustomStage):
+        return {}
+    return SLOTS[stage.kind]
+
+
+@dataclass(frozen=True)
+class Edge:
+    slot: str
+    stage: str  # producing stage, or SOURCE
+    output: str  # output name ("model" for SOURCE)
+    type: str
+
+
+@dataclass
+class StageNode:
+    name: str
+    spec: StageBase
+    inputs: dict[str, list[Edge]]  # slot -> edges (one unless the slot takes many)
+    many: dict[str, bool]
+
+    @property
+    def upstream(self) -> set[str]:
+        return {e.stage for edges in self.inputs.values() for e in edges if e.stage != SOURCE}
+
+
+@dataclass
+class StageGraph:
+    nodes: dict[str, StageNode]
+    order: list[str]  # topological, file order where free
+
+    def closure(self, names: list[str]) -> list[str]:
+        """`names` and everything they depend on, in run order."""
+        want: set[str] = set()
+        todo = list(names)
+        while todo:
+            n = todo.pop()
+            if n not in want:
+                want.add(n)
+                todo += self.nodes[n].upstream
+        return [n for n in self.order if n in want]
+
+    def downstream(self, name: str) -> list[str]:
+        out = {name}
+        for n in self.order:
+            if self.nodes[n].upstream & out:
+                out.add(n)
+        return [n for n in self.order if n in out]
+
+
+def build_graph(p: LoadedPipeline) -> StageGraph:
+    stages = p.spec.stages
+    names = list(stages)
+    nodes: dict[str, StageNode] = {}
+    for idx, name in enumerate(names):
+        spec = stages[name]
+        slots = slots_of(spec)
+        inputs: dict[str, list[Edge]] = {}
+        many: dict[str, bool] = {}
+        base = ("stages", name, "inputs")
+        for slot_name, given in spec.inputs.items():
+            if slots and slot_name not in slots:
+                close = difflib.get_close_matches(slot_name, list(slots), n=1)
+                raise p.error(f"stage kind '{spec.kind}' has no input '{slot_name}'", base + (slot_name,),
+                              hint=f"did you mean '{close[0]}'?" if close else f"inputs: {', '.join(slots)}")
+            slot = slots.get(slot_name)
+            refs = given if isinstance(given, list) else [given]
+            if slot is not None and not slot.many and len(refs) != 1:
+                raise p.error(f"input '{slot_name}' takes one reference, got {len(refs)}", base + (slot_name,))
+            inputs[slot_name] = [_resolve(p, names, name, slot_name, ref, slot, base + (slot_name,))
+                                 for ref in refs]
+            many[slot_name] = isinstance(given, list)
+        for slot_name, slot in slots.items():
+            if slot_name in inputs:
+                continue
+            edges = [Edge(slot_name, e.stage, e.output, e.type) for e in _default(stages, names[:idx], slot)]
+            if edges:
+                inputs[slot_name] = edges
+                many[slot_name] = slot.many
+            elif slot.required:
+                raise p.error(f"no earlier stage produces the '{slot.type}' this {spec.kind} stage needs",
+                              ("stages", name), hint=f"add a stage that produces it, or set inputs.{slot_name}")
+        nodes[name] = StageNode(name, spec, inputs, many)
+
+    sorter = graphlib.TopologicalSorter({n: nodes[n].upstream for n in names})
+    try:
+        sorter.prepare()
+    except graphlib.CycleError as exc:
+        cycle = exc.args[1]
+        raise p.error(f"the stages form a cycle: {' -> '.join(cycle)}", ("stages", cycle[0], "inputs"),
+                      hint="a stage cannot consume its own output, directly or through others") from None
+    order: list[str] = []
+    position = {n: i for i, n in enumerate(names)}
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=position.__getitem__)
+        order += ready
+        sorter.done(*ready)
+    return StageGraph(nodes, order)
+
+
+def _resolve(p: LoadedPipeline, names: list[str], me: str, slot_name: str, ref: str, slot: Slot | None,
+             path: tuple) -> Edge:
+    stage_name, _, output = ref.partition(".")
+    if stage_name == SOURCE:
+        if slot is not None and slot.type != "onnx":
+            raise p.error(f"'source' is an ONNX model, but input '{slot_name}' needs '{slot.type}'", path)
+        return Edge(slot_name, SOURCE, "model", "onnx")
+    if stage_name == me:
+        raise p.error(f"stage '{me}' cannot consume its own output", path)
+    if stage_name not in p.spec.stages:
+        close = difflib.get_close_matches(stage_name, names + [SOURCE], n=1)
+        raise p.error(f"reference to a stage that does not exist: '{stage_name}'", path,
+                      hint=f"did you mean '{close[0]}'?" if close else f"stages: {', '.join(names)}")
+    outs = outputs_of(p.spec.stages[stage_name])
+    if output:
+        if output not in outs:
+            raise p.error(f"stage '{stage_name}' has no output '{output}'", path,
+                          hint=f"outputs: {', '.join(outs) or 'none'}")
+        if slot is not None and outs[output] != slot.type:
+            raise p.error(f"'{ref}' is of type '{outs[output]}', but input '{slot_name}' needs '{slot.type}'", path)
+        return Edge(slot_name, stage_name, output, outs[output])
+    if slot is None:  # a custom stage's input: take the single output, or the model
+        if len(outs) == 1:
+            (output, typ), = outs.items()
+            return Edge(slot_name, stage_name, output, typ)
+        if "model" in outs:
+            return Edge(slot_name, stage_name, "model", outs["model"])
+        raise p.error(f"stage '{stage_name}' has several outputs; name one as '{stage_name}.<output>'", path,
+                      hint=f"outputs: {', '.join(outs)}")
+    matching = [o for o, t in outs.items() if t == slot.type]
+    if not matching:
+        kind = p.spec.stages[stage_name].kind
+        raise p.error(f"stage '{stage_name}' ({kind}) produces no '{slot.type}' for input '{slot_name}'", path,
+                      hint=f"it produces: {', '.join(f'{o} ({t})' for o, t in outs.items())}")
+    return Edge(slot_name, stage_name, matching[0], slot.type)
+
+
+def _default(stages: dict[str, StageBase], earlier: list[str], slot: Slot) -> list[Edge]:
+    found: list[Edge] = []
+    for name in reversed(earlier):
+        spec = stages[name]
+        if spec.kind in slot.prefer:
+            out = next((o for o, t in outputs_of(spec).items() if t == slot.type), None)
+            if out:
+                found.append(Edge("", name, out, slot.type))
+                if not slot.many:
+                    break
+    if not found and slot.source_ok:
+        found.append(Edge("", SOURCE, "model", "onnx"))
+    found.reverse()
+    return found

@@ -1,0 +1,277 @@
+"""Load a pipeline YAML: parse with line numbers, interpolate ${ENV}, apply --set, validate.
+
+Every failure is a ``SpecError`` naming the file, the line and the key path.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pipelines.errors import SpecError
+from pipelines.schema import BUILTIN_KINDS, Pipeline, StageBase, stage_model_for
+
+Path_ = tuple  # a key path such as ("stages", "build", "workspace")
+
+
+@dataclass
+class LoadedPipeline:
+    spec: Pipeline
+    file: Path  # the YAML file, absolute
+    lines: dict[Path_, int] = field(default_factory=dict)
+
+    @property
+    def base_dir(self) -> Path:
+        return self.file.parent
+
+    @property
+    def model_path(self) -> Path:
+        return (self.base_dir / self.spec.model).resolve()
+
+    @property
+    def store_root(self) -> Path:
+        return (self.base_dir / (self.spec.artifacts or ".trtflow")).resolve()
+
+    def line_of(self, path: Path_) -> int | None:
+        return _line_for(self.lines, path)
+
+    def error(self, message: str, path: Path_, hint: str | None = None) -> SpecError:
+        return SpecError(message, file=str(self.file), line=self.line_of(path), path=path, hint=hint)
+
+
+def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
+                  environ: dict[str, str] | None = None, check_files: bool = True) -> LoadedPipeline:
+    path = Path(file)
+    shown = str(file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("pipeline file not found", file=shown) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the pipeline file: {exc}", file=shown) from None
+
+    data, lines = parse_yaml(text, shown)
+    if not isinstance(data, dict):
+        raise SpecError("the pipeline must be a YAML mapping with version, name, model and stages", file=shown,
+                        line=1)
+    data = _interpolate(data, (), environ if environ is not None else os.environ, shown, lines)
+    for item in overrides or []:
+        overridden = _apply_override(data, item)
+        # errors in an overridden value point at the --set, not at a line of the file
+        lines = {k: v for k, v in lines.items() if k[:len(overridden)] != overridden}
+        lines[overridden] = 0
+
+    spec = validate(data, shown, lines)
+    loaded = LoadedPipeline(spec=spec, file=path.resolve(), lines=lines)
+    if check_files and not loaded.model_path.is_file():
+        raise loaded.error(f"model file '{spec.model}' not found (looked at {loaded.model_path})", ("model",),
+                           hint="fix the path; it is relative to the pipeline file")
+    return loaded
+
+
+# --- YAML with line numbers ------------------------------------------------------------------------------------
+
+def parse_yaml(text: str, shown: str) -> tuple[Any, dict[Path_, int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"YAML syntax error: {problem}", file=shown,
+                        line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from None
+    lines: dict[Path_, int] = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _collect_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = path + (key_node.value,)
+            lines[key] = key_node.start_mark.line + 1
+            _collect_lines(value_node, key, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _collect_lines(item, path + (i,), lines)
+
+
+def _line_for(lines: dict[Path_, int], path: Path_) -> int | None:
+    for n in range(len(path), -1, -1):
+        if path[:n] in lines:
+            return lines[path[:n]]
+    return None
+
+
+# --- ${ENV} and --set ------------------------------------------------------------------------------------------
+
+_ENV = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value: Any, path: Path_, environ, shown: str, lines) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, path + (k,), environ, shown, lines) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, path + (i,), environ, shown, lines) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name, default = m.group(1), m.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise SpecError(f"environment variable {name} is not set", file=shown, line=_line_for(lines, path),
+                        path=path, hint=f"export {name}=... or write ${{{name}:-default}}")
+
+    return _ENV.sub(sub, value)
+
+
+def _apply_override(data: dict, item: str) -> Path_:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. stages.build.workspace=2GiB",
+                        file="--set")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts: list[Any] = key.strip().split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+            continue
+        if not isinstance(node, dict):
+            raise SpecError(f"--set {key}: '{'.'.join(parts[:i])}' is not a mapping", file="--set")
+        node = node.setdefault(part, {})
+    last = parts[-1]
+    if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+        node[int(last)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise SpecError(f"--set {key}: '{'.'.join(parts[:-1])}' is not a mapping", file="--set")
+    return tuple(int(p) if p.isdigit() else p for p in parts)
+
+
+# --- validation ------------------------------------------------------------------------------------------------
+
+def validate(data: dict, shown: str, lines: dict[Path_, int]) -> Pipeline:
+    stages = data.get("stages")
+    validated: dict[str, StageBase] = {}
+    if isinstance(stages, dict):
+        for name, raw in stages.items():
+            path = ("stages", name)
+            if not isinstance(raw, dict):
+                raise SpecError("a stage must be a mapping with a 'kind'", file=shown,
+                                line=_line_for(lines, path), path=path)
+            kind = raw.get("kind")
+            if kind is None:
+                raise SpecError("missing required key 'kind'", file=shown, line=_line_for(lines, path), path=path,
+                                hint=f"one of {', '.join(BUILTIN_KINDS)}, or package.module:function")
+            model = stage_model_for(str(kind))
+            if model is None:
+                close = difflib.get_close_matches(str(kind), BUILTIN_KINDS, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else \
+                    f"kinds: {', '.join(BUILTIN_KINDS)}, or package.module:function for your own stage"
+                raise SpecError(f"unknown stage kind '{kind}'", file=shown, line=_line_for(lines, path + ("kind",)),
+                                path=path + ("kind",), hint=hint)
+            try:
+                validated[name] = model.model_validate(raw)
+            except ValidationError as exc:
+                raise _convert(exc, model, raw, path, shown, lines) from None
+    try:
+        return Pipeline.model_validate({**data, "stages": validated if isinstance(stages, dict) else stages})
+    except ValidationError as exc:
+        raise _convert(exc, Pipeline, data, (), shown, lines) from None
+
+
+def _convert(exc: ValidationError, model: type[BaseModel], data: Any, prefix: Path_, shown: str,
+             lines: dict[Path_, int]) -> SpecError:
+    err = exc.errors()[0]
+    path = _data_path(data, err["loc"])
+    full = prefix + path
+    more = len(exc.errors()) - 1
+    hint = f"and {more} more problem{'s' if more > 1 else ''}" if more else None
+    if err["type"] == "extra_forbidden":
+        allowed = _fields_at(model, path[:-1])
+        close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
+        suggestion = f"did you mean '{close[0]}'?" if close else \
+            (f"allowed: {', '.join(allowed)}" if allowed else None)
+        return SpecError(f"unknown key '{path[-1]}'", file=shown, line=_line_for(lines, full), path=full[:-1],
+                         hint=suggestion if not more else f"{suggestion}; {hint}" if suggestion else hint)
+    if err["type"] == "missing":
+        return SpecError(f"missing required key '{path[-1]}'", file=shown, line=_line_for(lines, full[:-1]),
+                         path=full[:-1] or None, hint=hint)
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if err["type"] not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)):
+        msg += f", got {got!r}"
+    return SpecError(msg, file=shown, line=_line_for(lines, full), path=full or None, hint=hint)
+
+
+def _data_path(data: Any, loc: tuple) -> Path_:
+    """Pydantic locations include union-branch labels; keep only the parts that exist in the data."""
+    out: list[Any] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and not _is_branch_label(part):
+            out.append(part)  # a missing or extra key
+            node = None
+    return tuple(out)
+
+
+def _is_branch_label(part: str) -> bool:
+    return bool(re.search(r"[\[\]()]", part)) or part[:1].isupper()
+
+
+def _fields_at(model: Any, path: Path_) -> list[str]:
+    """The keys allowed at `path` inside `model` (for 'did you mean')."""
+    current: list[Any] = [model]
+    for part in path:
+        nxt: list[Any] = []
+        for tp in current:
+            for t in _unwrap(tp):
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    f = t.model_fields.get(part) or next(
+                        (fi for fi in t.model_fields.values() if fi.alias == part), None)
+                    if f is not None:
+                        nxt.append(f.annotation)
+                elif typing.get_origin(t) in (dict, list):
+                    nxt.append(typing.get_args(t)[-1])
+        current = nxt
+    names: list[str] = []
+    for tp in current:
+        for t in _unwrap(tp):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                names += [fi.alias or n for n, fi in t.model_fields.items()]
+    return sorted(set(names))
+
+
+def _unwrap(tp: Any) -> list[Any]:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [u for a in typing.get_args(tp) for u in _unwrap(a)]
+    return [tp]

@@ -1,0 +1,359 @@
+"""Pydantic models of the pipeline YAML: one model per stage kind.
+
+Fields that only steer execution (retries, timeout, description, inputs) live on ``StageBase``;
+everything else a stage model declares is a parameter of the stage's work and enters its cache key.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from pipelines.units import Duration, Fraction, Size
+
+STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
+CUSTOM_KIND = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # package.module:function
+ARTIFACT_TYPES = ("onnx", "preprocess", "ranges", "engines", "json", "file", "dir")
+
+Ref = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)?$",
+                           description="'stage' or 'stage.output', or 'source' for the pipeline's model")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StageBase(Strict):
+    description: str | None = None
+    inputs: dict[str, Ref | list[Ref]] = Field(
+        default_factory=dict,
+        description="Which earlier outputs this stage consumes, per input slot. Omitted slots get a default: "
+                    "the prepared model, the nearest parity preprocessing, the nearest build's engines.")
+    retries: int = Field(0, ge=0, le=20, description="Prefect task retries")
+    retry_delay: Duration = Field(0.0, description="Seconds (or '30s', '2m') between retries")
+    timeout: Duration | None = Field(None, description="Fail the stage after this long ('30m')")
+
+    EXECUTION_FIELDS: ClassVar[frozenset[str]] = frozenset({"description", "inputs", "retries", "retry_delay", "timeout"})
+
+    def key_params(self) -> dict[str, Any]:
+        """The parameters that define the stage's work (and so its cache key)."""
+        data = self.model_dump(mode="json", exclude=set(self.EXECUTION_FIELDS))
+        return data
+
+
+# --- prepare --------------------------------------------------------------------------------------------------
+
+class CheckSpec(Strict):
+    """How a transformed model (simplified, converted) is compared to the original with ONNX Runtime."""
+    samples: int = Field(2, ge=1, le=100, description="random input batches to compare")
+    rtol: float = Field(1e-3, ge=0)
+    atol: float = Field(1e-4, ge=0)
+    seed: int = 0
+
+
+class PrepareStage(StageBase):
+    kind: Literal["prepare"]
+    target_opset: int | None = Field(None, ge=1, le=30,
+                                     description="convert the default-domain opset to this version")
+    simplify: bool = Field(True, description="run onnxsim (constant folding, dead-code removal)")
+    check: CheckSpec = Field(default_factory=CheckSpec)
+    input_shapes: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="concrete shapes for random-input checks where an input has dynamic dimensions")
+    preflight: Literal["auto", "required", "off"] = Field(
+        "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
+    fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
+                                                        "finds nodes it cannot parse")
+
+
+# --- parity ---------------------------------------------------------------------------------------------------
+
+Interp = Literal["nearest", "linear", "cubic", "area", "lanczos"]
+
+
+class ReadSpec(Strict):
+    color: Literal["rgb", "bgr", "gray"] = "rgb"
+    depth: Literal[8, 16] = 8
+
+
+class ResizeSpec(Strict):
+    size: list[int] | None = Field(None, min_length=2, max_length=2, description="[height, width]")
+    shorter: int | None = Field(None, gt=0, description="resize so the shorter side has this length")
+    interp: Interp = "linear"
+    antialias: bool = False
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "ResizeSpec":
+        if (self.size is None) == (self.shorter is None):
+            raise ValueError("give exactly one of 'size' or 'shorter'")
+        return self
+
+
+class LetterboxSpec(Strict):
+    size: list[int] = Field(min_length=2, max_length=2, description="[height, width]")
+    pad: float = 114
+    interp: Interp = "linear"
+
+
+class CropSpec(Strict):
+    top: int = Field(ge=0)
+    left: int = Field(ge=0)
+    height: int = Field(gt=0)
+    width: int = Field(gt=0)
+
+
+class NormalizeSpec(Strict):
+    mean: list[float] = Field(min_length=1)
+    std: list[float] = Field(min_length=1)
+
+
+def _scale(value: Any) -> float:
+    if isinstance(value, str) and "/" in value:
+        num, den = value.split("/", 1)
+        return float(num) / float(den)
+    return float(value)
+
+
+class PreprocessStep(Strict):
+    """One step; exactly one key is set, e.g. ``{resize: {shorter: 256}}``."""
+    read: Literal["rgb", "bgr", "gray"] | ReadSpec | None = None
+    resize: ResizeSpec | None = None
+    letterbox: LetterboxSpec | None = None
+    center_crop: int | list[int] | None = None
+    crop: CropSpec | None = None
+    color: Literal["rgb2bgr", "bgr2rgb", "gray2rgb", "rgb2gray"] | None = None
+    dtype: Literal["float32", "float16", "uint8"] | None = None
+    scale: float | str | None = Field(None, description="multiply, e.g. 1/255")
+    normalize: NormalizeSpec | None = None
+    layout: Literal["chw", "hwc"] | None = None
+    batch: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "PreprocessStep":
+        set_keys = [k for k in type(self).model_fields if getattr(self, k) is not None]
+        if len(set_keys) != 1:
+            raise ValueError("each preprocessing step has exactly one key, e.g. {resize: {shorter: 256}}")
+        if self.scale is not None:
+            try:
+                _scale(self.scale)
+            except (ValueError, ZeroDivisionError):
+                raise ValueError(f"invalid scale {self.scale!r} (expected a number or a fraction like 1/255)")
+        return self
+
+
+class TrainingRef(Strict):
+    torchvision: list[str] | None = Field(None, description="torchvision transforms, e.g. 'Resize(256)'")
+    callable: str | None = Field(None, pattern=CUSTOM_KIND, description="package.module:function(path) -> array")
+    tensors: str | None = Field(None, description="glob of .npy/.npz saved by the training code")
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "TrainingRef":
+        if sum(x is not None for x in (self.torchvision, self.callable, self.tensors)) != 1:
+            raise ValueError("give exactly one of 'torchvision', 'callable' or 'tensors'")
+        return self
+
+
+class ParityTolerances(Strict):
+    max_abs: float = Field(0.02, ge=0)
+    mean_abs: float = Field(0.005, ge=0)
+    min_psnr: float | None = Field(None, description="dB")
+    top1: Fraction | None = Field(None, description="required top-1 agreement of model outputs, e.g. 99%")
+
+
+class ParityStage(StageBase):
+    kind: Literal["parity"]
+    images: str = Field(description="glob of sample images, relative to the pipeline file")
+    deploy: list[PreprocessStep] = Field(min_length=1)
+    training: TrainingRef
+    tolerances: ParityTolerances = Field(default_factory=ParityTolerances)
+    on_mismatch: Literal["error", "warn"] = "error"
+
+
+# --- precision / calibrate -------------------------------------------------------------------------------------
+
+class SampleData(Strict):
+    """Where sample inputs come from: images through the parity preprocessing, saved tensors, or random."""
+    images: str | None = None
+    tensors: str | None = None
+    random: bool = False
+    samples: int = Field(8, ge=1)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "SampleData":
+        if sum((self.images is not None, self.tensors is not None, self.random)) > 1:
+            raise ValueError("give only one of 'images', 'tensors' or 'random: true'")
+        return self
+
+
+class FallbackSpec(Strict):
+    auto: bool = Field(True, description="keep nodes in FP32 whose activations overflow or lose accuracy")
+    data_max: float = Field(512.0, gt=0, description="keep a node FP32 if |activation| exceeds this")
+    init_max: float = Field(65504.0, gt=0, description="keep a node FP32 if a weight exceeds this")
+    max_rel_error: float | None = Field(None, gt=0, description="keep a node FP32 if its FP16 error is larger")
+
+
+class PrecisionStage(StageBase):
+    kind: Literal["precision"]
+    to: Literal["fp16", "bf16"] = "fp16"
+    keep_io_types: bool = True
+    fallback: FallbackSpec = Field(default_factory=FallbackSpec)
+    block_ops: list[str] = Field(default_factory=list, description="op types kept in FP32")
+    block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32")
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True))
+    holdout: int = Field(8, ge=0, description="samples for the CPU accuracy pre-flight")
+
+
+class CalibrateStage(StageBase):
+    kind: Literal["calibrate"]
+    data: SampleData
+    method: Literal["entropy", "percentile", "minmax"] = "entropy"
+    percentile: float = Field(99.99, gt=0, le=100)
+    min_samples: int = Field(1, ge=1)
+    on_too_few: Literal["error", "warn"] = "error"
+    quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])
+    exclude_ops: list[str] = Field(default_factory=list)
+    exclude_nodes: list[str] = Field(default_factory=list)
+    per_channel: bool = True
+    holdout: int = Field(8, ge=0)
+    trt_calibration_cache: bool = Field(False, description="also write a TensorRT <= 10 calibration cache")
+
+
+# --- build ----------------------------------------------------------------------------------------------------
+
+class ShapeRange(Strict):
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ShapeRange":
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise ValueError("min, opt and max must have the same rank")
+        for i, (a, b, c) in enumerate(zip(self.min, self.opt, self.max)):
+            if not a <= b <= c:
+                raise ValueError(f"dimension {i}: need min <= opt <= max, got {a}, {b}, {c}")
+        return self
+
+
+class BuildStage(StageBase):
+    kind: Literal["build"]
+    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"
+    profiles: dict[str, dict[str, ShapeRange]] = Field(
+        default_factory=dict, description="named optimization profiles: {name: {input: {min, opt, max}}}")
+    profile_mode: Literal["separate", "combined"] = Field(
+        "separate", description="one engine per profile, or all profiles in one engine")
+    targets: list[str] = Field(default_factory=lambda: ["native"],
+                               description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)")
+    optimization_level: int | None = Field(None, ge=0, le=5)
+    workspace: Size | None = None
+    timing_cache: bool = True
+    aux_streams: int | None = Field(None, ge=0)
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = None
+    version_compatible: bool = False
+    strip_plan: bool = False
+    weight_streaming: bool = False
+    legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
+        default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
+    parallel: int = Field(2, ge=1, le=64)
+    log_severity: Literal["error", "warning", "info", "verbose"] = "warning"
+
+
+# --- validate / benchmark --------------------------------------------------------------------------------------
+
+class OutputTolerance(Strict):
+    cosine: float | None = Field(None, ge=-1, le=1)
+    max_abs: float | None = Field(None, ge=0)
+    mean_abs: float | None = Field(None, ge=0)
+    rtol: float | None = Field(None, ge=0)
+    top1: Fraction | None = None
+
+
+class ValidateStage(StageBase):
+    kind: Literal["validate"]
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True))
+    runtime: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
+    tolerances: dict[str, OutputTolerance] = Field(
+        default_factory=dict, description="per output name, or '*' for all outputs")
+    check_nan_inf: bool = True
+    locate_first_bad_layer: bool = True
+
+
+class GateSpec(Strict):
+    baseline: str = Field("previous", description="'previous' (last accepted run) or a path to a report.json")
+    p99_regression: Fraction | None = None
+    mean_regression: Fraction | None = None
+    throughput_regression: Fraction | None = None
+
+
+class BenchmarkStage(StageBase):
+    kind: Literal["benchmark"]
+    tool: Literal["auto", "trtexec", "builtin"] = "auto"
+    warmup: Duration = 0.2
+    duration: Duration = 3.0
+    iterations: int | None = Field(None, ge=1)
+    trtexec_args: list[str] = Field(default_factory=list)
+    gate: GateSpec | None = None
+
+
+# --- a user's own stage ---------------------------------------------------------------------------------------
+
+class CustomStage(StageBase):
+    kind: str = Field(pattern=CUSTOM_KIND, description="package.module:function")
+    params: dict[str, Any] = Field(default_factory=dict)
+    outputs: dict[str, Literal[ARTIFACT_TYPES]] = Field(  # type: ignore[valid-type]
+        default_factory=dict, description="names and types of what the function writes")
+    version: str = Field("1", description="bump to invalidate cached results when the function changes")
+    env_dependent: bool = False
+
+
+BUILTIN_KINDS: dict[str, type[StageBase]] = {
+    "prepare": PrepareStage,
+    "parity": ParityStage,
+    "precision": PrecisionStage,
+    "calibrate": CalibrateStage,
+    "build": BuildStage,
+    "validate": ValidateStage,
+    "benchmark": BenchmarkStage,
+}
+
+
+def stage_model_for(kind: str) -> type[StageBase] | None:
+    if kind in BUILTIN_KINDS:
+        return BUILTIN_KINDS[kind]
+    if re.match(CUSTOM_KIND, kind):
+        return CustomStage
+    return None
+
+
+def _kind_tag(value: Any) -> str:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in BUILTIN_KINDS else "custom"
+
+
+AnyStage = Annotated[
+    Union[tuple(Annotated[m, Tag(k)] for k, m in BUILTIN_KINDS.items()) + (Annotated[CustomStage, Tag("custom")],)],
+    Discriminator(_kind_tag),
+]
+
+
+class Pipeline(Strict):
+    version: Literal[1] = Field(description="spec version; 1 is the only one so far")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: str = Field(description="the ONNX model, relative to the pipeline file")
+    artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
+    stages: dict[Annotated[str, Field(pattern=STAGE_NAME)], AnyStage] = Field(min_length=1)
+
+    @field_validator("stages")
+    @classmethod
+    def _no_reserved(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "source" in v:
+            raise ValueError("'source' is reserved: it names the pipeline's model")
+        return v
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Pipeline.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "trtflow pipeline"
+    return schema

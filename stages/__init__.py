@@ -1,0 +1,1 @@
+"""The work of each stage: plain Python, no Prefect import, testable with pytest alone."""

@@ -1,0 +1,60 @@
+"""Which code does the work of each stage kind, its version, and which environment facts its output depends on."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from stages.base import StageError
+
+IMPLEMENTED = {"prepare": "stages.prepare"}
+PLANNED = ("parity", "precision", "calibrate", "build", "validate", "benchmark")
+
+# The environment facts that enter a kind's cache key. The TensorRT parser's verdict depends on its version;
+# engines and measurements depend on the GPU and driver too.
+ENV_FACETS: dict[str, tuple[str, ...]] = {
+    "prepare": ("tensorrt",),
+    "build": ("tensorrt", "gpu"),
+    "validate": ("tensorrt", "gpu"),
+    "benchmark": ("tensorrt", "gpu"),
+}
+
+
+@dataclass(frozen=True)
+class StageImpl:
+    run: Callable[..., Any]
+    version: str
+    env_facets: tuple[str, ...]
+
+
+def resolve(spec: Any) -> StageImpl:
+    kind = spec.kind
+    if kind in IMPLEMENTED:
+        module = importlib.import_module(IMPLEMENTED[kind])
+        facets = ENV_FACETS.get(kind, ())
+        if kind == "prepare" and spec.preflight == "off":
+            facets = ()
+        return StageImpl(module.run, str(module.VERSION), facets)
+    if kind in PLANNED:
+        raise StageError(f"stage kind '{kind}' is declared but not implemented in this version of trtflow; "
+                         f"remove the stage or run the stages before it with --stage")
+    return _custom(spec)
+
+
+def _custom(spec: Any) -> StageImpl:
+    module_name, _, func_name = spec.kind.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or the user's module failing at import
+        raise StageError(f"cannot import '{module_name}' for stage kind '{spec.kind}': {exc}") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise StageError(f"'{module_name}' has no function '{func_name}' (stage kind '{spec.kind}')")
+    try:  # editing the function re-runs the stage, like DVC's dependency on the code
+        source = hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        source = "unknown"
+    facets = ("tensorrt", "gpu") if spec.env_dependent else ()
+    return StageImpl(func, f"{spec.version}+{source}", facets)

@@ -1,0 +1,202 @@
+"""The runner and the artifact store, without Prefect: keys, reuse, staleness reasons, atomic publishing."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from flows.runner import Runner
+from flows.store import LocalStore, StoreError
+from pipelines.loader import load_pipeline
+from stages.base import StageError
+from tests import stage_fns
+
+PIPE = """
+version: 1
+name: chain
+model: models/cls.onnx
+stages:
+  a: {kind: "tests.stage_fns:copy_model", outputs: {model: onnx}, inputs: {model: source}, params: {tag: one}}
+  b: {kind: "tests.stage_fns:copy_model", outputs: {model: onnx}, inputs: {model: a}}
+  c: {kind: "tests.stage_fns:count_bytes", outputs: {report: json}, inputs: {model: b}}
+  side: {kind: "tests.stage_fns:count_bytes", outputs: {report: json}, inputs: {model: source}}
+"""
+
+
+def run_all(path: Path, overrides=None, force=None, stages=None) -> dict[str, str]:
+    runner = Runner(load_pipeline(path, overrides))
+    runner.store.ensure_writable()
+    produced, statuses = {}, {}
+    for name in runner.select(stages):
+        outcome = runner.run_stage(name, produced, force)
+        produced[name] = outcome.manifest
+        statuses[name] = outcome.status
+    return statuses
+
+
+def plan_of(path: Path, overrides=None, force=None) -> dict[str, tuple[str, str]]:
+    return {i.name: (i.action, i.reason) for i in Runner(load_pipeline(path, overrides)).plan(force=force)}
+
+
+def test_second_run_reuses_everything(write_yaml):
+    path = write_yaml(PIPE)
+    assert plan_of(path) == {"a": ("run", "never run"), "b": ("run", "upstream a will run"),
+                             "c": ("run", "upstream b will run"), "side": ("run", "never run")}
+    stage_fns.CALLS.clear()
+    assert set(run_all(path).values()) == {"ran"}
+    assert len(stage_fns.CALLS) == 4
+    stage_fns.CALLS.clear()
+    assert set(run_all(path).values()) == {"reused"}
+    assert stage_fns.CALLS == []
+    assert {k: v[0] for k, v in plan_of(path).items()} == dict.fromkeys("abc", "reuse") | {"side": "reuse"}
+
+
+def test_param_change_reruns_stage_and_dependents_only(write_yaml):
+    path = write_yaml(PIPE)
+    run_all(path)
+    plan = plan_of(path, ["stages.a.params.tag=two"])
+    assert plan["a"] == ("run", 'params changed: params.tag "one" -> "two"')
+    assert plan["b"][0] == "run" and plan["c"][0] == "run" and plan["side"][0] == "reuse"
+    assert run_all(path, ["stages.a.params.tag=two"]) == {"a": "ran", "b": "ran", "c": "ran", "side": "reused"}
+    # going back to the old value finds the old results: the store is content-addressed
+    assert set(run_all(path).values()) == {"reused"}
+
+
+def test_forced_rerun_with_identical_output_keeps_dependents(write_yaml):
+    path = write_yaml(PIPE)
+    run_all(path)
+    assert plan_of(path, force=["a"])["a"] == ("run", "forced")
+    assert run_all(path, force=["a"]) == {"a": "ran", "b": "reused", "c": "reused", "side": "reused"}
+
+
+def test_changed_model_file_is_noticed(write_yaml, workdir):
+    path = write_yaml(PIPE)
+    run_all(path)
+    with open(workdir / "models" / "cls.onnx", "ab") as f:
+        f.write(b"\0")
+    plan = plan_of(path)
+    assert plan["a"] == ("run", "input 'model' changed") and plan["side"] == ("run", "input 'model' changed")
+
+
+def test_editing_the_stage_function_invalidates(write_yaml, workdir, monkeypatch):
+    mod = workdir / "userstage.py"
+    mod.write_text("from stages.base import StageResult\n"
+                   "def go(params, inputs, out_dir):\n"
+                   "    (out_dir / 'r.json').write_text('1')\n"
+                   "    return StageResult(outputs={'report': out_dir / 'r.json'})\n")
+    monkeypatch.syspath_prepend(str(workdir))
+    path = write_yaml("""
+        version: 1
+        name: user
+        model: models/cls.onnx
+        stages:
+          mine: {kind: "userstage:go", outputs: {report: json}}
+        """)
+    assert run_all(path) == {"mine": "ran"}
+    assert run_all(path) == {"mine": "reused"}
+    import importlib
+    import sys
+    mod.write_text(mod.read_text().replace("write_text('1')", "write_text('2')"))
+    importlib.reload(sys.modules["userstage"])
+    assert "stage implementation changed" in plan_of(path)["mine"][1]
+
+
+def test_failed_stage_publishes_nothing(write_yaml):
+    path = write_yaml(PIPE.replace("tests.stage_fns:copy_model\", outputs: {model: onnx}, inputs: {model: a}",
+                                   "tests.stage_fns:fail\", outputs: {model: onnx}, inputs: {model: a}"))
+    with pytest.raises(StageError, match="planted failure"):
+        run_all(path)
+    store = load_pipeline(path).store_root
+    assert not list((store / "b").iterdir()), "no staging directory or result left behind"
+    assert (store / "a" / "last.json").exists()
+
+
+def test_crash_in_child_process_is_a_clear_error(write_yaml):
+    path = write_yaml(PIPE.replace("tests.stage_fns:copy_model\", outputs: {model: onnx}, inputs: {model: a}",
+                                   "tests.stage_fns:die\", timeout: 60, outputs: {model: onnx}, inputs: {model: a}"))
+    with pytest.raises(StageError, match=r"stage 'b' crashed \(its process exited with code 17\)"):
+        run_all(path)
+    assert not list((load_pipeline(path).store_root / "b").iterdir())
+
+
+def test_timeout_kills_the_stage(write_yaml):
+    path = write_yaml("""
+        version: 1
+        name: slow
+        model: models/cls.onnx
+        stages:
+          nap: {kind: "tests.stage_fns:sleep", timeout: 1s, params: {seconds: 60}}
+        """)
+    with pytest.raises(StageError, match=r"stage 'nap' timed out after 1 s"):
+        run_all(path)
+
+
+def test_missing_declared_output(write_yaml):
+    path = write_yaml("""
+        version: 1
+        name: liar
+        model: models/cls.onnx
+        stages:
+          x: {kind: "tests.stage_fns:no_outputs", outputs: {model: onnx}}
+        """)
+    with pytest.raises(StageError, match="did not produce its declared output"):
+        run_all(path)
+
+
+def test_half_written_result_is_never_a_cache_hit(write_yaml):
+    path = write_yaml(PIPE)
+    run_all(path)
+    runner = Runner(load_pipeline(path))
+    last = runner.store.last("a")
+    directory = runner.store.path("a", last["key"])
+    # a run killed between writing outputs and the manifest: as if the manifest never got written
+    (directory / "manifest.json").unlink()
+    assert plan_of(path)["a"] == ("run", "its published result is missing or incomplete")
+    assert run_all(path)["a"] == "ran"
+    # a truncated output under a complete manifest is not trusted either
+    model = directory / "model.onnx"
+    model.write_bytes(model.read_bytes()[:10])
+    assert plan_of(path)["a"][0] == "run"
+
+
+def test_manifest_contents(write_yaml):
+    path = write_yaml(PIPE)
+    run_all(path)
+    runner = Runner(load_pipeline(path))
+    key = runner.store.last("b")["key"]
+    m = json.loads((runner.store.path("b", key) / "manifest.json").read_text())
+    assert m["status"] == "ok" and m["key"] == key and m["stage"] == "b"
+    out = m["outputs"]["model"]
+    assert out["path"] == "model.onnx" and out["type"] == "onnx" and out["size"] > 500_000
+    assert m["inputs"]["model"]["digest"] == json.loads(
+        (runner.store.path("a", runner.store.last("a")["key"]) / "manifest.json").read_text()
+    )["outputs"]["model"]["digest"]
+    assert m["key_parts"]["params"]["params"] == {}
+    assert m["metrics"]["bytes"] == out["size"]
+    assert (runner.store.path("b", key) / "summary.md").read_text().startswith("copied")
+
+
+def test_unwritable_store(write_yaml, workdir):
+    blocker = workdir / "not-a-dir"
+    blocker.write_text("")
+    store = LocalStore(blocker / "store")
+    with pytest.raises(StoreError, match=r"cannot write the artifact store at .*not-a-dir/store"):
+        store.ensure_writable()
+
+
+def test_unknown_stage_selected(write_yaml):
+    from pipelines.errors import SpecError
+    runner = Runner(load_pipeline(write_yaml(PIPE)))
+    with pytest.raises(SpecError, match=r"--stage bb: no such stage .*did you mean 'b'"):
+        runner.select(["bb"])
+    assert runner.select(["c"]) == ["a", "b", "c"]
+
+
+def test_digest_cache_is_used(write_yaml, workdir):
+    path = write_yaml(PIPE)
+    run_all(path)
+    cache = json.loads((workdir / ".trtflow" / "digests.json").read_text())
+    assert str((workdir / "models" / "cls.onnx").resolve()) in cache
+    assert os.path.getsize(workdir / ".trtflow" / "digests.json") < 10_000
