@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -133,9 +132,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_STAGE_FAILED if any(i.action == "error" for i in items) else 0
 
 
+def _quiet_prefect_console() -> None:
+    """Prefect prints every task failure with a traceback; the CLI shows one line instead.
+
+    Only the console is quieted: logs still reach the Prefect server (UI) through its API handler.
+    """
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for h in lg.handlers:
+            if isinstance(h, PrefectConsoleHandler):
+                h.setLevel(logging.CRITICAL)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    if not args.verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # Fail fast on spec and store problems, before paying for Prefect's start-up.
     from flows.pipeline_flow import make_runner
 
@@ -147,6 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from flows import pipeline_flow as pf
 
+    if not args.verbose:
+        _quiet_prefect_console()
     started = time.perf_counter()
     status = out.status("starting Prefect ...")
     status.start()

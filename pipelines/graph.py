@@ -25,6 +25,7 @@ class Slot:
 
 
 MODEL_MAKERS = ("prepare", "precision", "calibrate")
+ANY_KIND = "*"
 
 SLOTS: dict[str, dict[str, Slot]] = {
     "prepare": {"model": Slot("onnx", source_ok=True)},
@@ -61,7 +62,10 @@ def outputs_of(stage: StageBase) -> dict[str, str]:
 
 def slots_of(stage: StageBase) -> dict[str, Slot]:
     if isinstance(stage, CustomStage):
-        return {}
+        # a user's stage declares its inputs; with none declared it gets the previous stage's model
+        if stage.inputs:
+            return {}
+        return {"model": Slot("onnx", required=False, prefer=(ANY_KIND,), source_ok=True)}
     return SLOTS[stage.kind]
 
 
@@ -120,7 +124,7 @@ def build_graph(p: LoadedPipeline) -> StageGraph:
         many: dict[str, bool] = {}
         base = ("stages", name, "inputs")
         for slot_name, given in spec.inputs.items():
-            if slots and slot_name not in slots:
+            if not isinstance(spec, CustomStage) and slot_name not in slots:
                 close = difflib.get_close_matches(slot_name, list(slots), n=1)
                 raise p.error(f"stage kind '{spec.kind}' has no input '{slot_name}'", base + (slot_name,),
                               hint=f"did you mean '{close[0]}'?" if close else f"inputs: {', '.join(slots)}")
@@ -200,7 +204,7 @@ def _default(stages: dict[str, StageBase], earlier: list[str], slot: Slot) -> li
     found: list[Edge] = []
     for name in reversed(earlier):
         spec = stages[name]
-        if spec.kind in slot.prefer:
+        if spec.kind in slot.prefer or ANY_KIND in slot.prefer:
             out = next((o for o, t in outputs_of(spec).items() if t == slot.type), None)
             if out:
                 found.append(Edge("", name, out, slot.type))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from pipelines.units import Duration, Fraction, Size
 
@@ -52,6 +52,11 @@ class CheckSpec(Strict):
     seed: int = 0
 
 
+def _yaml_off(value: Any) -> Any:
+    # YAML 1.1 reads a bare `off` as false (and `on` as true)
+    return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
+
 class PrepareStage(StageBase):
     kind: Literal["prepare"]
     target_opset: int | None = Field(None, ge=1, le=30,
@@ -61,7 +66,7 @@ class PrepareStage(StageBase):
     input_shapes: dict[str, list[int]] = Field(
         default_factory=dict,
         description="concrete shapes for random-input checks where an input has dynamic dimensions")
-    preflight: Literal["auto", "required", "off"] = Field(
+    preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(_yaml_off)] = Field(
         "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
     fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
                                                         "finds nodes it cannot parse")

@@ -1,0 +1,94 @@
+"""The CLI's contract for bad input: one line on stderr, a non-zero exit code, no traceback, nothing written."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows import cli
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+BAD = {
+    "yaml syntax": ("stages: {prepare: {kind: prepare}\n", "YAML syntax error"),
+    "unknown key": ("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare, opset: 17}\n",
+                    "unknown key 'opset'"),
+    "wrong type": ("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare, simplify: maybe}\n",
+                   "stages.p.simplify: Input should be a valid boolean"),
+    "missing model": ("version: 1\nname: x\nmodel: models/gone.onnx\nstages:\n  p: {kind: prepare}\n",
+                      "model file 'models/gone.onnx' not found"),
+    "unknown kind": ("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prep}\n",
+                     "unknown stage kind 'prep'"),
+    "missing reference": ("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n"
+                          "  p: {kind: prepare, inputs: {model: nothere}}\n",
+                          "reference to a stage that does not exist: 'nothere'"),
+    "cycle": ("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n"
+              "  a: {kind: 'm:f', outputs: {model: onnx}, inputs: {model: b}}\n"
+              "  b: {kind: 'm:f', outputs: {model: onnx}, inputs: {model: a}}\n",
+              "the stages form a cycle"),
+}
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "run"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_pipeline_is_one_line(capsys, write_yaml, workdir, case, command):
+    body, expected = BAD[case]
+    path = write_yaml(body)
+    code, out, err = run_cli(capsys, command, str(path))
+    assert code == 2
+    line = one_error_line(err)
+    assert expected in line and str(path.name) in line
+    assert not (workdir / ".trtflow").exists(), "a failed validation must not create the store"
+
+
+def test_verbose_shows_traceback(capsys, write_yaml):
+    path = write_yaml(BAD["unknown key"][0])
+    code, out, err = run_cli(capsys, "validate", str(path), "--verbose")
+    assert code == 2 and "Traceback" in err and "unknown key 'opset'" in err
+
+
+def test_unwritable_store_is_one_line(capsys, write_yaml, workdir):
+    path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare}\n")
+    (workdir / "blocker").write_text("")
+    code, out, err = run_cli(capsys, "run", str(path), "--store", str(workdir / "blocker" / "store"))
+    assert code == 2
+    assert "cannot write the artifact store" in one_error_line(err)
+
+
+def test_bad_set_and_unknown_stage(capsys, write_yaml):
+    path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare}\n")
+    code, _, err = run_cli(capsys, "plan", str(path), "--set", "stages.p.target_opset=latest")
+    assert code == 2 and "--set stages.p.target_opset:" in one_error_line(err)
+    code, _, err = run_cli(capsys, "run", str(path), "--stage", "q")
+    assert code == 2 and "--stage q: no such stage" in one_error_line(err)
+    code, _, err = run_cli(capsys, "plan", str(path), "--force", "pp")
+    assert code == 2 and "did you mean 'p'" in one_error_line(err)
+
+
+def test_validate_and_schema(capsys, write_yaml, tmp_path):
+    path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare}\n"
+                      "  b: {kind: build}\n")
+    code, out, err = run_cli(capsys, "validate", str(path))
+    assert code == 0 and "is valid" in out and "models <- p.model" in out
+    code, out, _ = run_cli(capsys, "schema")
+    assert code == 0 and json.loads(out)["title"] == "trtflow pipeline"
+
+
+def test_plan_says_unimplemented_kinds(capsys, write_yaml):
+    path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare, preflight: off}\n"
+                      "  b: {kind: build}\n")
+    code, out, _ = run_cli(capsys, "plan", str(path))
+    assert code == 1 and "not implemented" in out and "never run" in out

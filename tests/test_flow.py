@@ -1,0 +1,85 @@
+"""A real Prefect flow run (one temporary Prefect server for the whole module): tasks, artifacts, reuse."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from flows import cli
+from tests import stage_fns
+
+PIPE = """
+version: 1
+name: flowdemo
+model: models/cls.onnx
+stages:
+  a: {kind: "tests.stage_fns:copy_model", outputs: {model: onnx}, params: {tag: one}}
+  b: {kind: "tests.stage_fns:count_bytes", outputs: {report: json}, inputs: {model: a}, retries: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def _artifacts(key: str):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    async def read():  # newest first
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                               sort=ArtifactSort.CREATED_DESC)
+    return asyncio.run(read())
+
+
+def _task_runs(flow_run_name_filter=None):
+    from prefect.client.orchestration import get_client
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_task_runs()
+    return asyncio.run(read())
+
+
+def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
+    path = write_yaml(PIPE)
+    stage_fns.CALLS.clear()
+    assert cli.main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ran" in out and "2 stages (2 ran, 0 reused)" in out
+    assert stage_fns.CALLS == ["copy_model", "count_bytes"]
+
+    runs = {t.name for t in _task_runs()}
+    assert {"a", "b"} <= runs, "one Prefect task run per stage, named after the stage"
+    arts = _artifacts("flowdemo-b")
+    assert arts and "585535 bytes" in arts[0].data  # the stage's own summary, under a header
+    assert arts[0].data.startswith("**ran**")
+
+    stage_fns.CALLS.clear()
+    assert cli.main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 stages (0 ran, 2 reused)" in out
+    assert stage_fns.CALLS == []
+    assert _artifacts("flowdemo-b")[0].data.startswith("**reused**")
+
+    assert cli.main(["run", str(path), "--set", "stages.a.params.tag=two"]) == 0
+    assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
+
+
+def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, write_yaml, capsys):
+    path = write_yaml(PIPE.replace("tests.stage_fns:count_bytes", "tests.stage_fns:fail")
+                      .replace("outputs: {report: json}", "outputs: {model: onnx}"))
+    code = cli.main(["run", str(path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    errors = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
+    assert errors == ["error: planted failure"], captured.err
+    assert "Traceback" not in captured.err
+    b_runs = [t for t in _task_runs() if t.name == "b" and t.state and t.state.is_failed()]
+    assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"
