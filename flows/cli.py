@@ -17,7 +17,7 @@ from rich.table import Table
 EXIT_STAGE_FAILED = 1
 EXIT_BAD_INPUT = 2
 
-out = Console(highlight=False)
+out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
 
 

@@ -1,0 +1,54 @@
+"""The README's promise, as a user would see it: `trtflow run` on the example in fresh processes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def trtflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_HOME"] = str(cwd / ".prefect")  # a fresh Prefect database, as on a new machine
+    env["COLUMNS"] = "200"
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture
+def example(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "examples" / "ppocr-cls", tmp_path / "ppocr-cls")
+    shutil.copy(ROOT / "examples" / "trtflow.schema.json", tmp_path / "trtflow.schema.json")
+    return tmp_path / "ppocr-cls"
+
+
+def test_example_end_to_end(example: Path):
+    first = trtflow("run", "pipeline.yaml", cwd=example)
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert "1 stages (1 ran, 0 reused)" in first.stdout
+    assert "Traceback" not in first.stderr
+
+    store = example / ".trtflow" / "prepare"
+    key = json.loads((store / "last.json").read_text())["key"]
+    manifest = json.loads((store / key / "manifest.json").read_text())
+    report = json.loads((store / key / "report.json").read_text())
+    assert manifest["status"] == "ok" and set(manifest["outputs"]) == {"model", "report"}
+    assert manifest["key_parts"]["env"]["tensorrt"]["flavour"] in ("tensorrt", "tensorrt-rtx")
+    assert report["preflight"]["ran"] is True and report["preflight"]["failures"] == []
+    import onnx
+    prepared = onnx.load(str(store / key / "model.onnx"))
+    assert {o.domain: o.version for o in prepared.opset_import}[""] == 17
+
+    second = trtflow("run", "pipeline.yaml", cwd=example)
+    assert second.returncode == 0, second.stderr
+    assert "1 stages (0 ran, 1 reused)" in second.stdout
+
+    plan = trtflow("plan", "pipeline.yaml", "--set", "stages.prepare.target_opset=16", cwd=example)
+    assert plan.returncode == 0, plan.stderr
+    assert "params changed: target_opset 17 -> 16" in plan.stdout
