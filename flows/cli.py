@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,9 @@ def _quiet_prefect_console() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # Prefect's temporary server otherwise phones home, and on machines without internet access prints a
+    # traceback per attempt. A user who wants telemetry can set the variable to true.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # Fail fast on spec and store problems, before paying for Prefect's start-up.
     from flows.pipeline_flow import make_runner
 

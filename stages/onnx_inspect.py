@@ -1,0 +1,122 @@
+"""What a model is: opsets, ops per domain, inputs/outputs, dynamic dimensions; and sanitizing odd dims."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import onnx
+from onnx import helper
+
+
+def opsets(model: onnx.ModelProto) -> dict[str, int]:
+    return {(o.domain or "ai.onnx"): o.version for o in model.opset_import}
+
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list[Any] | None:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+
+
+def tensor_info(vi: onnx.ValueInfoProto) -> dict[str, Any]:
+    elem = vi.type.tensor_type.elem_type
+    return {"name": vi.name, "dtype": helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown",
+            "shape": _dims(vi)}
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Real inputs: graph inputs that are not initializers (old exporters list weights as inputs too)."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def inventory(model: onnx.ModelProto) -> dict[str, Any]:
+    ops: dict[str, Counter] = {}
+    for node in model.graph.node:
+        ops.setdefault(node.domain or "ai.onnx", Counter())[node.op_type] += 1
+    init_bytes = sum(_tensor_bytes(t) for t in model.graph.initializer)
+    return {
+        "ir_version": model.ir_version,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "opsets": opsets(model),
+        "nodes": len(model.graph.node),
+        "ops": {dom: dict(sorted(c.items())) for dom, c in sorted(ops.items())},
+        "initializers": len(model.graph.initializer),
+        "initializer_bytes": init_bytes,
+        "inputs": [tensor_info(i) for i in graph_inputs(model)],
+        "outputs": [tensor_info(o) for o in model.graph.output],
+    }
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    try:
+        return n * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError):
+        return 0
+
+
+def dynamic_dims(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Every input dimension without a fixed size: each needs a min/opt/max in the build's profiles."""
+    found = []
+    for vi in graph_inputs(model):
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if not d.HasField("dim_value") or d.dim_value <= 0:
+                found.append({"input": vi.name, "axis": axis, "name": d.dim_param or None})
+    return found
+
+
+_GOOD_PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def sanitize_dims(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """Give every anonymous or negative dimension of the graph's inputs and outputs a proper name.
+
+    Exporters write batch as dim_value -1 or dim_param "?" (PaddlePaddle does both); TensorRT and ONNX Runtime
+    read "?" as one shared symbol, which ties unrelated dimensions together. Returns what was renamed.
+    """
+    changes = []
+    for vi in list(graph_inputs(model)) + list(model.graph.output):
+        if not vi.type.tensor_type.HasField("shape"):
+            continue
+        base = re.sub(r"[^A-Za-z0-9_]", "_", vi.name)
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            negative = d.HasField("dim_value") and d.dim_value < 0
+            odd_param = d.HasField("dim_param") and not _GOOD_PARAM.match(d.dim_param)
+            if negative or odd_param:
+                old = d.dim_value if negative else d.dim_param
+                new = f"{base}_dim{axis}"
+                d.Clear()
+                d.dim_param = new
+                changes.append({"tensor": vi.name, "axis": axis, "was": old, "now": new})
+    return changes
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Turn `Constant` nodes holding a tensor into initializers (weights exported as Constants, as PaddlePaddle
+    does, are invisible to quantization tools that look for initializers). Returns how many were moved."""
+    keep, moved = [], 0
+    taken = {i.name for i in model.graph.initializer}
+    for node in model.graph.node:
+        attr = node.attribute[0] if node.op_type == "Constant" and len(node.attribute) == 1 else None
+        if attr is not None and attr.name == "value" and node.domain in ("", "ai.onnx") \
+                and node.output[0] not in taken:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(attr.t)
+            tensor.name = node.output[0]
+            model.graph.initializer.append(tensor)
+            moved += 1
+        else:
+            keep.append(node)
+    if moved:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return moved

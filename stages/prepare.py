@@ -1,0 +1,269 @@
+"""Stage `prepare`: check, sanitize, convert the opset, simplify, and pre-flight the model with TensorRT.
+
+Every transformation is checked against the model before it with ONNX Runtime; one that fails or changes the
+outputs is not applied, and the report says why.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from stages import onnx_inspect, onnx_io, ort_compare
+from stages.base import Artifact, StageError, StageResult
+from stages.trt_env import INSTALL_HINT, detect_tensorrt
+from stages.trt_preflight import run_preflight
+
+VERSION = "1"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+    src: Path = inputs["model"].path
+    timings: dict[str, float] = {}
+    warnings: list[str] = []
+    work = out_dir / "work"
+    work.mkdir()
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[name] = round(now - clock, 4)
+        clock = now
+
+    # --- load and check ----------------------------------------------------------------------------------
+    external_in = onnx_io.has_external_data(onnx_io.load(src, with_data=False))
+    model = onnx_io.load(src)
+    try:
+        onnx.checker.check_model(str(src))
+    except onnx.checker.ValidationError as exc:
+        raise StageError(f"{src.name} fails the ONNX checker: {_first_line(exc)}") from None
+    full_check: dict[str, Any] = {"ok": True}
+    try:
+        onnx.checker.check_model(str(src), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        full_check = {"ok": False, "error": _first_line(exc)}
+        warnings.append(f"strict shape inference fails on the source model: {_first_line(exc)}")
+    before = onnx_inspect.inventory(model)
+    lap("check")
+
+    # --- sanitize ----------------------------------------------------------------------------------------
+    sanitized = onnx_inspect.sanitize_dims(model)
+    model = _infer_shapes(model, work, warnings)
+    original = work / "original.onnx"
+    onnx_io.save(model, original, external=external_in or None)
+    current, current_path = model, original
+    lap("sanitize")
+
+    # --- opset conversion ----------------------------------------------------------------------------------
+    conversion: dict[str, Any] | None = None
+    source_opset = onnx_inspect.default_opset(model)
+    if params.target_opset and params.target_opset != source_opset:
+        converted = _convert(current, src.name, source_opset, params.target_opset)
+        conv_path = work / "converted.onnx"
+        onnx_io.save(converted, conv_path, external=external_in or None)
+        check = _compare(current_path, conv_path, params)
+        conversion = {"from": source_opset, "to": params.target_opset, "check": check}
+        if check.get("ok") is False:
+            raise StageError(f"converting {src.name} from opset {source_opset} to {params.target_opset} changed "
+                             f"its outputs ({_worst(check)}); leave target_opset unset or pick another opset")
+        if check.get("ok") is None:
+            warnings.append(f"opset conversion not verified: {check['skipped']}")
+        current, current_path = converted, conv_path
+    lap("convert")
+
+    # --- simplify ------------------------------------------------------------------------------------------
+    simplification: dict[str, Any] = {"requested": params.simplify, "applied": False}
+    if params.simplify:
+        simplification.update(_simplify(current, current_path, work, params, external_in))
+        if simplification["applied"]:
+            current, current_path = onnx_io.load(work / "simplified.onnx"), work / "simplified.onnx"
+        else:
+            warnings.append(f"not simplified: {simplification['reason']}")
+    lap("simplify")
+
+    # --- write the result -----------------------------------------------------------------------------------
+    constants_moved = onnx_inspect.constants_to_initializers(current)
+    final = out_dir / "model.onnx"
+    onnx_io.save(current, final, external=external_in or None)
+    after = onnx_inspect.inventory(current)
+    dynamic = onnx_inspect.dynamic_dims(current)
+    lap("save")
+
+    # --- TensorRT pre-flight ---------------------------------------------------------------------------------
+    preflight = _preflight(params.preflight, final)
+    lap("preflight")
+    shutil.rmtree(work)
+
+    report = {
+        "source": {"path": str(src), "digest": inputs["model"].digest, "external_data": external_in},
+        "before": before, "after": after, "full_check": full_check, "sanitized_dims": sanitized,
+        "conversion": conversion, "simplification": simplification, "dynamic_dims": dynamic,
+        "constants_to_initializers": constants_moved,
+        "preflight": preflight, "timings": timings, "warnings": warnings,
+    }
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    metrics = {"nodes_before": before["nodes"], "nodes_after": after["nodes"],
+               "opset": onnx_inspect.default_opset(current), "dynamic_dims": len(dynamic),
+               "simplified": simplification["applied"],
+               "preflight_failures": len(preflight["failures"]) if preflight.get("ran") else None,
+               "seconds": timings}
+
+    failures = preflight.get("failures") or []
+    if failures and params.fail_on_unsupported:
+        shown = "; ".join(f"{f['node']} ({f['op_type']}): {f['hint']}" if f["node"] or f["op_type"]
+                          else f"{f['code']}: {f['reason']}" for f in failures[:3])
+        more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+        raise StageError(f"TensorRT pre-flight ({preflight['runtime']}): {len(failures)} node(s) of {src.name} "
+                         f"cannot be parsed: {shown}{more} (set fail_on_unsupported: false to continue)")
+    for f in failures:
+        warnings.append(f"TensorRT cannot parse node {f['node']} ({f['op_type']}): {f['hint']}")
+
+    outputs = {"model": final, "report": out_dir / "report.json"}
+    return StageResult(outputs=outputs, summary=_summary(src, report), metrics=metrics, warnings=warnings)
+
+
+def _infer_shapes(model: onnx.ModelProto, work: Path, warnings: list[str]) -> onnx.ModelProto:
+    try:
+        if model.ByteSize() < onnx_io.EXTERNAL_THRESHOLD:
+            return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        # over 2 GB the in-memory API cannot serialize; infer on files instead
+        tmp_in, tmp_out = work / "infer_in.onnx", work / "infer_out.onnx"
+        onnx_io.save(model, tmp_in, external=True)
+        onnx.shape_inference.infer_shapes_path(str(tmp_in), str(tmp_out))
+        return onnx_io.load(tmp_out)
+    except Exception as exc:  # noqa: BLE001 - inference is a help, not a requirement
+        warnings.append(f"shape inference failed: {_first_line(exc)}")
+        return model
+
+
+def _convert(model: onnx.ModelProto, name: str, source: int | None, target: int) -> onnx.ModelProto:
+    from onnx import version_converter
+
+    todo = f"pick a target_opset the model's ops exist in (its current opset is {source}), or leave it unset"
+    try:
+        converted = version_converter.convert_version(model, target)
+        onnx.checker.check_model(converted)
+    except Exception as exc:  # noqa: BLE001 - the converter raises several types, all meaning "cannot"
+        raise StageError(f"cannot convert {name} from opset {source} to {target}: {_first_line(exc)}; {todo}") \
+            from None
+    if onnx_inspect.default_opset(converted) != target:
+        raise StageError(f"cannot convert {name} from opset {source} to {target}: the converter left it at "
+                         f"{onnx_inspect.default_opset(converted)}; {todo}")
+    return converted
+
+
+def _compare(ref: Path, new: Path, params: Any) -> dict[str, Any]:
+    c = params.check
+    try:
+        return ort_compare.compare_models(ref, new, c.samples, c.rtol, c.atol, c.seed, params.input_shapes)
+    except Exception as exc:  # noqa: BLE001 - e.g. custom ops ONNX Runtime cannot run
+        return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {_first_line(exc)}"}
+
+
+def _simplify(model: onnx.ModelProto, path: Path, work: Path, params: Any, external: bool) -> dict[str, Any]:
+    import onnxsim
+
+    t0 = time.perf_counter()
+    try:
+        simplified, ok = onnxsim.simplify(model, check_n=0)
+    except Exception as exc:  # noqa: BLE001 - onnxsim fails in many ways on unusual graphs
+        return {"applied": False, "reason": f"onnxsim failed: {_first_line(exc)}"}
+    if not ok:
+        return {"applied": False, "reason": "onnxsim reported its result as invalid"}
+    out = work / "simplified.onnx"
+    onnx_io.save(simplified, out, external=external or None)
+    check = _compare(path, out, params)
+    result: dict[str, Any] = {"tool": f"onnxsim {getattr(onnxsim, '__version__', '')}".strip(),
+                              "seconds": round(time.perf_counter() - t0, 3), "check": check}
+    if check.get("ok") is None:
+        return result | {"applied": False, "reason": f"could not verify the simplified model: {check['skipped']}"}
+    if not check["ok"]:
+        return result | {"applied": False,
+                         "reason": f"the simplified model's outputs differ from the original ({_worst(check)})"}
+    return result | {"applied": True}
+
+
+def _worst(check: dict[str, Any]) -> str:
+    parts = []
+    for name, r in check.get("outputs", {}).items():
+        if not r.get("ok", True):
+            parts.append(f"{name}: {r.get('error') or 'max |diff| %.3g' % r.get('max_abs', 0)}")
+    return ", ".join(parts) or "mismatch"
+
+
+def _preflight(mode: str, model: Path) -> dict[str, Any]:
+    if mode == "off":
+        return {"ran": False, "reason": "disabled (preflight: off)", "failures": []}
+    if detect_tensorrt() is None:
+        if mode == "required":
+            raise StageError(f"preflight: required, but no TensorRT flavour is installed: {INSTALL_HINT}")
+        return {"ran": False, "reason": f"no TensorRT flavour installed ({INSTALL_HINT})", "failures": []}
+    report = run_preflight(model)
+    if not report.get("ran") and mode == "required":
+        raise StageError(f"TensorRT pre-flight could not run: {report.get('reason')}")
+    return report
+
+
+def _summary(src: Path, r: dict[str, Any]) -> str:
+    b, a = r["before"], r["after"]
+    lines = [f"### prepare · `{src.name}`", "",
+             "| | before | after |", "|---|---|---|",
+             f"| default opset | {b['opsets'].get('ai.onnx')} | {a['opsets'].get('ai.onnx')} |",
+             f"| nodes | {b['nodes']} | {a['nodes']} |",
+             f"| initializers | {b['initializers']} ({b['initializer_bytes'] / 1e6:.1f} MB) | "
+             f"{a['initializers']} ({a['initializer_bytes'] / 1e6:.1f} MB) |",
+             f"| inputs | {_io(b['inputs'])} | {_io(a['inputs'])} |",
+             f"| outputs | {_io(b['outputs'])} | {_io(a['outputs'])} |", ""]
+    conv = r["conversion"]
+    if conv:
+        lines.append(f"- **opset conversion** {conv['from']} → {conv['to']}: {_check_text(conv['check'])}")
+    s = r["simplification"]
+    if s["requested"]:
+        lines.append(f"- **simplification**: " + (f"applied ({s.get('tool')}), {_check_text(s['check'])}"
+                                                  if s["applied"] else f"not applied: {s['reason']}"))
+    if r["constants_to_initializers"]:
+        lines.append(f"- **{r['constants_to_initializers']} Constant nodes** turned into initializers")
+    if r["sanitized_dims"]:
+        lines.append("- **sanitized dims**: " + ", ".join(f"`{d['tensor']}[{d['axis']}]` {d['was']!r}→`{d['now']}`"
+                                                       for d in r["sanitized_dims"]))
+    dyn = r["dynamic_dims"]
+    lines.append("- **dynamic input dims**: " + (", ".join(f"`{d['input']}[{d['axis']}]` ({d['name']})" for d in dyn)
+                                                 + " — each needs a min/opt/max in the build's profiles"
+                                                 if dyn else "none (static shapes)"))
+    p = r["preflight"]
+    if p.get("ran"):
+        verdict = (f"parsed, {p.get('layers', '?')} layers" if p.get("parsed")
+                   else f"**{len(p['failures'])} node(s) rejected**")
+        lines.append(f"- **TensorRT pre-flight** ({p['runtime']}): {verdict}")
+        if p["failures"]:
+            lines += ["", "| node | op | parser says | what to do |", "|---|---|---|---|"]
+            lines += [f"| `{f['node']}` | {f['op_type']} | {f['reason']} | {f['hint']} |" for f in p["failures"]]
+    else:
+        lines.append(f"- **TensorRT pre-flight did not run**: {p['reason']}")
+    if r["warnings"]:
+        lines += ["", "**Warnings**", ""] + [f"- {w}" for w in r["warnings"]]
+    lines += ["", "Top ops after: " + ", ".join(f"{op} ×{n}" for op, n in sorted(
+        ((op, n) for ops in a["ops"].values() for op, n in ops.items()), key=lambda x: -x[1])[:8])]
+    return "\n".join(lines) + "\n"
+
+
+def _io(items: list[dict[str, Any]]) -> str:
+    return "<br>".join(f"`{i['name']}` {i['dtype']} {i['shape']}" for i in items)
+
+
+def _check_text(check: dict[str, Any]) -> str:
+    if check.get("ok") is None:
+        return f"not verified ({check.get('skipped')})"
+    worst = max((o.get("max_abs", 0.0) for o in check["outputs"].values()), default=0.0)
+    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} random input(s) "
+            f"(max abs diff {worst:.3g}, rtol {check['rtol']:g}, atol {check['atol']:g}, {check['runtime']})")

@@ -1,0 +1,152 @@
+"""Stage `prepare` on the real PP-OCR classifier and on small planted models; TensorRT-RTX parses for real."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from pipelines.schema import PrepareStage
+from stages import prepare, trt_env
+from stages.base import Artifact, StageError
+from stages.onnx_inspect import constants_to_initializers
+from stages.onnx_io import has_external_data
+from stages.ort_compare import run, session
+from tests.conftest import EXAMPLE_MODEL
+
+HAVE_TRT = trt_env.detect_tensorrt() is not None
+
+
+def params(**kw) -> PrepareStage:
+    return PrepareStage.model_validate({"kind": "prepare", **kw})
+
+
+def run_prepare(model: Path, out: Path, **kw):
+    out.mkdir(parents=True, exist_ok=True)
+    return prepare.run(params(**kw), {"model": Artifact(model, "onnx", "test")}, out)
+
+
+def tiny_model(path: Path, nodes, inputs, outputs, opset=17, domains=(), initializers=()) -> Path:
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    onnx.save(helper.make_model(graph, opset_imports=imports), str(path))
+    return path
+
+
+def test_real_classifier(tmp_path):
+    result = run_prepare(EXAMPLE_MODEL, tmp_path / "out", target_opset=17, input_shapes={"x": [1, 3, 48, 192]})
+    report = json.loads(result.outputs["report"].read_text())
+    model = onnx.load(str(result.outputs["model"]))
+    onnx.checker.check_model(model, full_check=True)
+    assert {o.domain: o.version for o in model.opset_import}[""] == 17
+    assert report["before"]["opsets"]["ai.onnx"] == 11
+    # PaddlePaddle's -1 and "?" dims are renamed, and all three dynamic input dims are recorded
+    assert [(d["input"], d["axis"], d["name"]) for d in report["dynamic_dims"]] == \
+        [("x", 0, "x_dim0"), ("x", 2, "x_dim2"), ("x", 3, "x_dim3")]
+    assert report["simplification"]["applied"] and report["after"]["nodes"] < report["before"]["nodes"]
+    assert report["conversion"]["check"]["ok"] is True
+    # the prepared model computes what the shipped one does, on a realistic text-line-sized input
+    x = np.random.default_rng(1).uniform(-1, 1, (4, 3, 48, 192)).astype(np.float32)
+    ref = run(session(EXAMPLE_MODEL), {"x": x})
+    got = run(session(result.outputs["model"]), {"x": x})
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
+    if HAVE_TRT:
+        assert report["preflight"]["ran"] and report["preflight"]["parsed"]
+        assert report["preflight"]["failures"] == [] and report["preflight"]["layers"] > 50
+    assert "TensorRT pre-flight" in result.summary and "x_dim2" in result.summary
+    assert not (tmp_path / "out" / "work").exists()
+
+
+@pytest.mark.skipif(not HAVE_TRT, reason="needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+def test_preflight_lists_every_unsupported_node(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    model = tiny_model(tmp_path / "bad.onnx", [
+        helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+        helper.make_node("Unique", ["r"], ["y"], name="uniq0"),
+        helper.make_node("MyOp", ["r"], ["z"], name="custom0", domain="com.acme"),
+    ], [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["K"]),
+             helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])], domains=["com.acme"])
+    with pytest.raises(StageError) as info:
+        run_prepare(model, tmp_path / "a", simplify=False)
+    msg = str(info.value)
+    assert "2 node(s) of bad.onnx cannot be parsed" in msg and "uniq0 (Unique)" in msg and "custom0 (MyOp)" in msg
+    assert "\n" not in msg
+
+    result = run_prepare(model, tmp_path / "b", simplify=False, fail_on_unsupported=False)
+    pre = json.loads(result.outputs["report"].read_text())["preflight"]
+    assert [(f["node"], f["op_type"]) for f in pre["failures"]] == [("uniq0", "Unique"), ("custom0", "MyOp")]
+    assert "plugin" in pre["failures"][1]["hint"] and pre["failures"][1]["domain"] == "com.acme"
+    assert len(result.warnings) >= 2
+
+
+def test_preflight_modes_without_tensorrt(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare, "detect_tensorrt", lambda: None)
+    result = run_prepare(EXAMPLE_MODEL, tmp_path / "a", simplify=False)
+    pre = json.loads(result.outputs["report"].read_text())["preflight"]
+    assert pre["ran"] is False and "pip install tensorrt-rtx-cu13" in pre["reason"]
+    assert "pre-flight did not run" in result.summary
+    with pytest.raises(StageError, match="preflight: required, but no TensorRT flavour is installed"):
+        run_prepare(EXAMPLE_MODEL, tmp_path / "b", simplify=False, preflight="required")
+
+
+def test_truncated_and_missing_model(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(EXAMPLE_MODEL.read_bytes()[:20_000])
+    with pytest.raises(StageError, match=r"broken.onnx is not a valid ONNX model \(truncated or corrupt\)"):
+        run_prepare(broken, tmp_path / "a")
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_text("this is not a protobuf at all, just text\n" * 10)
+    with pytest.raises(StageError, match="garbage.onnx is not a valid ONNX model"):
+        run_prepare(garbage, tmp_path / "b")
+    with pytest.raises(StageError, match="model file not found"):
+        run_prepare(tmp_path / "absent.onnx", tmp_path / "c")
+
+
+def test_target_opset_too_low(tmp_path):
+    # LayerNormalization exists from opset 17 on: there is no way down to 13
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [8], np.ones(8, np.float32))
+    model = tiny_model(tmp_path / "ln.onnx", [helper.make_node("LayerNormalization", ["x", "scale"], ["y"])],
+                       [x], [y], initializers=[scale])
+    with pytest.raises(StageError) as info:
+        run_prepare(model, tmp_path / "out", target_opset=13, preflight="off")
+    msg = str(info.value)
+    assert msg.startswith("cannot convert ln.onnx from opset 17 to 13:") and "leave it unset" in msg
+
+
+def test_external_data_in_and_out(tmp_path):
+    src = tmp_path / "ext" / "model.onnx"
+    src.parent.mkdir()
+    model = onnx.load(str(EXAMPLE_MODEL))
+    constants_to_initializers(model)  # PaddlePaddle exports weights as Constant nodes
+    from stages.onnx_io import _as_raw_data
+    _as_raw_data(model)
+    onnx.save_model(model, str(src), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    assert (src.parent / "weights.bin").stat().st_size > 100_000
+    result = run_prepare(src, tmp_path / "out", input_shapes={"x": [1, 3, 48, 192]})
+    out = result.outputs["model"]
+    assert has_external_data(onnx.load(str(out), load_external_data=False))
+    assert (out.parent / "model.onnx.data").exists()
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)
+    np.testing.assert_allclose(run(session(out), {"x": x})["save_infer_model/scale_0.tmp_1"],
+                               run(session(EXAMPLE_MODEL), {"x": x})["save_infer_model/scale_0.tmp_1"],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_simplification_that_cannot_be_verified_is_not_applied(tmp_path):
+    # a custom op ONNX Runtime cannot run: onnxsim's result could not be checked, so the model is kept as is
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])
+    model = tiny_model(tmp_path / "custom.onnx", [
+        helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["b"]),
+        helper.make_node("MyOp", ["b"], ["z"], name="custom0", domain="com.acme")], [x], [z], domains=["com.acme"])
+    result = run_prepare(model, tmp_path / "out", preflight="off")
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["simplification"]["applied"] is False
+    assert any("not simplified" in w for w in result.warnings)
