@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,9 +35,12 @@ empty()
 """
 
 
+ENV = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # as `trtflow run` sets it
+
+
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=ENV)
     return time.perf_counter() - t0
 
 

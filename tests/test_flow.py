@@ -83,3 +83,21 @@ def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, wri
     assert "Traceback" not in captured.err
     b_runs = [t for t in _task_runs() if t.name == "b" and t.state and t.state.is_failed()]
     assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"
+
+
+@pytest.mark.parametrize("case", ["corrupt model", "opset too low"])
+def test_bad_model_through_the_cli(prefect_server, write_yaml, workdir, capsys, case):
+    if case == "corrupt model":
+        model = workdir / "models" / "cls.onnx"
+        model.write_bytes(model.read_bytes()[:30_000])
+        body, expected = "p: {kind: prepare}", "cls.onnx is not a valid ONNX model (truncated or corrupt)"
+    else:
+        body, expected = "p: {kind: prepare, target_opset: 3}", "cannot convert cls.onnx from opset 11 to 3"
+    path = write_yaml(f"version: 1\nname: bad\nmodel: models/cls.onnx\nstages:\n  {body}\n")
+    code = cli.main(["run", str(path)])
+    captured = capsys.readouterr()
+    errors = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert code == 1 and len(errors) == 1 and expected in errors[0], captured.err
+    assert "Traceback" not in captured.err
+    stage_dir = workdir / ".trtflow" / "p"
+    assert not [d for d in stage_dir.iterdir() if d.name != "last.json"], "nothing half-written is left"
