@@ -101,8 +101,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     table.add_column("inputs")
     for name in graph.order:
         node = graph.nodes[name]
-        ins = ", ".join(f"{slot} <- " + ", ".join(f"{e.stage}.{e.output}" for e in edges)
-                        for slot, edges in node.inputs.items())
+        ins = ", ".join([f"{slot} <- " + ", ".join(f"{e.stage}.{e.output}" for e in edges)
+                         for slot, edges in node.inputs.items()]
+                        + [f"{slot} <- {pattern}" for slot, (pattern, _) in node.spec.data_globs().items()])
         table.add_row(name, node.spec.kind, ins or "-")
     out.print(table)
     out.print(f"[green]ok[/] {args.pipeline} is valid")

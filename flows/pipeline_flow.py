@@ -11,7 +11,7 @@ from prefect.cache_policies import NONE
 from flows.fingerprint import describe
 from flows.runner import Runner, StageOutcome
 from pipelines.loader import load_pipeline
-from stages.base import StageError
+from stages.base import StageError, StageFailed
 from pipelines.errors import TrtflowError
 
 # Called with (event, stage name, payload) as stages start and finish; the CLI listens here.
@@ -36,11 +36,17 @@ def artifact_key(pipeline: str, stage: str) -> str:
 @task(cache_policy=NONE, persist_result=False)
 def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
                force: list[str] | None) -> StageOutcome:
-    outcome = runner.run_stage(name, produced, force)
+    key = artifact_key(runner.pipeline.spec.name, name)
+    try:
+        outcome = runner.run_stage(name, produced, force)
+    except StageFailed as exc:  # the verdict is failure, but its report is worth showing
+        create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
+                                 description=f"trtflow stage {name}: failed")
+        raise
     env = describe(outcome.manifest["key_parts"].get("env"))
     header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
               f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "") + "\n\n")
-    create_markdown_artifact(key=artifact_key(runner.pipeline.spec.name, name), markdown=header + outcome.summary,
+    create_markdown_artifact(key=key, markdown=header + outcome.summary,
                              description=f"trtflow stage {name}: {outcome.status}")
     return outcome
 

@@ -21,7 +21,7 @@ from pipelines.errors import SpecError, TrtflowError
 from pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from pipelines.loader import LoadedPipeline
 from stages import registry
-from stages.base import Artifact, StageError, StageResult
+from stages.base import Artifact, StageError, StageFailed, StageResult
 
 KEY_FORMAT = 1  # bump when the recipe below changes, so no old result is mistaken for a new one
 
@@ -113,7 +113,24 @@ class Runner:
                     arts.append(Artifact(self.store.path(e.stage, m["key"]) / out["path"], out["type"],
                                          out["digest"]))
             resolved[slot] = arts if node.many.get(slot) else arts[0]
+        for slot, (pattern, keypath) in node.spec.data_globs().items():
+            resolved[slot] = self._data_files(name, pattern, keypath)
         return resolved
+
+    def _data_files(self, stage: str, pattern: str, keypath: tuple) -> list[Artifact]:
+        """Files a parameter names by glob (sample images, saved tensors): inputs like any other."""
+        base = self.pipeline.base_dir
+        matches = sorted(p for p in base.glob(pattern) if p.is_file()) if not Path(pattern).is_absolute() \
+            else sorted(p for p in Path("/").glob(pattern.lstrip("/")) if p.is_file())
+        if not matches:
+            raise self.pipeline.error(f"no file matches '{pattern}'", ("stages", stage) + keypath,
+                                      hint=f"the glob is relative to {base}")
+        arts = []
+        for p in matches:
+            rel = p.relative_to(base).as_posix() if p.is_relative_to(base) else str(p)
+            digest = hashlib.sha256(f"{rel}\0{self.digests.sha256(p)}".encode()).hexdigest()
+            arts.append(Artifact(p.resolve(), "file", digest))
+        return arts
 
     def key_for(self, name: str, inputs: dict[str, Artifact | list[Artifact]],
                 impl: registry.StageImpl) -> tuple[str, dict[str, Any]]:
@@ -127,6 +144,9 @@ class Runner:
                        for slot, v in sorted(inputs.items())},
             "env": fingerprint(impl.env_facets),
         }
+        refs = spec.code_refs()
+        if refs:  # a user's callable named in the parameters: editing it re-runs the stage
+            parts["code"] = {ref: registry.source_digest(ref) for ref in refs}
         blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:32], parts
 
@@ -171,6 +191,8 @@ class Runner:
             return "never run"
         old = last.get("parts", {})
         if last.get("key") == key:
+            if last.get("status") == "failed":
+                return "its last run failed"
             return "its published result is missing or incomplete"
         reasons = []
         if old.get("format") != parts["format"]:
@@ -210,23 +232,33 @@ class Runner:
             reason = "forced"
 
         staging = self.store.staging(name, key)
+        failed: StageFailed | None = None
         try:
             began = datetime.now(timezone.utc)
             t0 = time.perf_counter()
-            result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name)
+            try:
+                result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name)
+            except StageFailed as exc:
+                failed, result = exc, exc.result
             work = time.perf_counter() - t0
-            manifest = self._manifest(name, key, parts, inputs, result, staging, began, work)
+            manifest = self._manifest(name, key, parts, inputs, result, staging, began, work,
+                                      status="failed" if failed else "ok")
             directory = self.store.publish(name, key, staging, manifest)
         except BaseException:
             self.store.discard(staging)
             raise
+        if failed is not None:
+            self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed"})
+            failed.directory = directory  # type: ignore[attr-defined]
+            failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
+            raise failed
         self.store.mark_last(name, {"key": key, "parts": parts})
         self.digests.save()
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
 
     def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
-                  staging: Path, began: datetime, work: float) -> dict[str, Any]:
+                  staging: Path, began: datetime, work: float, status: str = "ok") -> dict[str, Any]:
         spec = self.graph.nodes[name].spec
         if not isinstance(result, StageResult):
             raise StageError(f"stage '{name}' returned {type(result).__name__}, not a StageResult")
@@ -250,7 +282,7 @@ class Runner:
             return {"path": str(a.path), "type": a.type, "digest": a.digest}
 
         return {
-            "status": "ok",
+            "status": status,
             "stage": name,
             "kind": spec.kind,
             "key": key,

@@ -36,6 +36,17 @@ class StageBase(Strict):
 
     EXECUTION_FIELDS: ClassVar[frozenset[str]] = frozenset({"description", "inputs", "retries", "retry_delay", "timeout"})
 
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        """Files this stage reads that a parameter names by glob: input slot -> (glob, key path)."""
+        data = getattr(self, "data", None)
+        if isinstance(data, SampleData):
+            return {k: (v, ("data", k)) for k in ("images", "tensors") if (v := getattr(data, k))}
+        return {}
+
+    def code_refs(self) -> list[str]:
+        """User callables (package.module:function) named in the parameters."""
+        return []
+
     def key_params(self) -> dict[str, Any]:
         """The parameters that define the stage's work (and so its cache key)."""
         data = self.model_dump(mode="json", exclude=set(self.EXECUTION_FIELDS))
@@ -173,6 +184,16 @@ class ParityStage(StageBase):
     training: TrainingRef
     tolerances: ParityTolerances = Field(default_factory=ParityTolerances)
     on_mismatch: Literal["error", "warn"] = "error"
+    max_images: int = Field(64, ge=1, description="compare at most this many of the matched images")
+
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        globs = {"images": (self.images, ("images",))}
+        if self.training.tensors:
+            globs["training_tensors"] = (self.training.tensors, ("training", "tensors"))
+        return globs
+
+    def code_refs(self) -> list[str]:
+        return [self.training.callable] if self.training.callable else []
 
 
 # --- precision / calibrate -------------------------------------------------------------------------------------

@@ -29,3 +29,18 @@ class StageResult:
     summary: str = ""  # Markdown shown as the stage's Prefect artifact
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+
+
+class StageFailed(StageError):
+    """The stage did its work and its verdict is failure (e.g. parity out of tolerance).
+
+    Unlike a plain StageError its result (the report saying why) is published for inspection, marked failed,
+    so it is never reused as a success.
+    """
+
+    def __init__(self, message: str, result: StageResult):
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self):  # keep the result when crossing a process boundary
+        return (type(self), (str(self), self.result))

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 import cv2
 import numpy as np
 
+from stages import resample
 from stages.base import StageError
 
 INTERP = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC,
@@ -73,10 +74,11 @@ def _resize(img: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
             nh, nw = s, int(s * w / h)
         else:
             nh, nw = int(s * h / w), s
-    interp = INTERP[spec.get("interp", "linear")]
-    if spec.get("antialias") and (nh < h or nw < w) and interp in (cv2.INTER_LINEAR, cv2.INTER_CUBIC):
-        interp = cv2.INTER_AREA  # OpenCV's linear/cubic do not low-pass when shrinking; area averaging does
-    out = cv2.resize(img, (nw, nh), interpolation=interp)
+    name = spec.get("interp", "linear")
+    if spec.get("antialias") and name in resample.FILTERS:
+        # PIL/torchvision resampling: OpenCV's linear and cubic do not low-pass when shrinking
+        return resample.resize(img, nh, nw, name)
+    out = cv2.resize(img, (nw, nh), interpolation=INTERP[name])
     return out[:, :, None] if out.ndim == 2 else out
 
 

@@ -9,8 +9,8 @@ from typing import Any, Callable
 
 from stages.base import StageError
 
-IMPLEMENTED = {"prepare": "stages.prepare"}
-PLANNED = ("parity", "precision", "calibrate", "build", "validate", "benchmark")
+IMPLEMENTED = {"prepare": "stages.prepare", "parity": "stages.parity"}
+PLANNED = ("precision", "calibrate", "build", "validate", "benchmark")
 
 # The environment facts that enter a kind's cache key. The TensorRT parser's verdict depends on its version;
 # engines and measurements depend on the GPU and driver too.
@@ -44,17 +44,27 @@ def resolve(spec: Any) -> StageImpl:
 
 
 def _custom(spec: Any) -> StageImpl:
-    module_name, _, func_name = spec.kind.partition(":")
+    func = import_callable(spec.kind, f"stage kind '{spec.kind}'")
+    facets = ("tensorrt", "gpu") if spec.env_dependent else ()
+    # editing the function re-runs the stage, like DVC's dependency on the code
+    return StageImpl(func, f"{spec.version}+{source_digest(spec.kind)}", facets)
+
+
+def import_callable(ref: str, what: str) -> Callable[..., Any]:
+    module_name, _, func_name = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or the user's module failing at import
-        raise StageError(f"cannot import '{module_name}' for stage kind '{spec.kind}': {exc}") from None
+        raise StageError(f"cannot import '{module_name}' for {what}: {type(exc).__name__}: {exc}") from None
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise StageError(f"'{module_name}' has no function '{func_name}' (stage kind '{spec.kind}')")
-    try:  # editing the function re-runs the stage, like DVC's dependency on the code
-        source = hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
+        raise StageError(f"'{module_name}' has no function '{func_name}' ({what})")
+    return func
+
+
+def source_digest(ref: str) -> str:
+    func = import_callable(ref, ref)
+    try:
+        return hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
     except (OSError, TypeError):
-        source = "unknown"
-    facets = ("tensorrt", "gpu") if spec.env_dependent else ()
-    return StageImpl(func, f"{spec.version}+{source}", facets)
+        return "unknown"

@@ -44,3 +44,10 @@ def sleep(params, inputs, out_dir: Path) -> StageResult:
 
 def no_outputs(params, inputs, out_dir: Path) -> StageResult:
     return StageResult(outputs={})
+
+
+def verdict_fail(params, inputs, out_dir: Path) -> StageResult:
+    (out_dir / "report.json").write_text('{"verdict": "fail"}')
+    from stages.base import StageFailed
+    raise StageFailed("checked, and it is wrong", StageResult(outputs={"report": out_dir / "report.json"},
+                                                              summary="# why it failed"))

@@ -52,3 +52,25 @@ def test_example_end_to_end(example: Path):
     plan = trtflow("plan", "pipeline.yaml", "--set", "stages.prepare.target_opset=16", cwd=example)
     assert plan.returncode == 0, plan.stderr
     assert "params changed: target_opset 17 -> 16" in plan.stdout
+
+
+@pytest.fixture
+def squeezenet(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "examples" / "squeezenet-cls", tmp_path / "squeezenet-cls",
+                    ignore=shutil.ignore_patterns(".trtflow"))
+    shutil.copy(ROOT / "examples" / "trtflow.schema.json", tmp_path / "trtflow.schema.json")
+    return tmp_path / "squeezenet-cls"
+
+
+def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
+    pytest.importorskip("torchvision")
+    bad = trtflow("run", "pipeline.yaml", "--set", "stages.parity.deploy.0.read=bgr", cwd=squeezenet)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    errors = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "likely cause: R and B swapped — fix: read: rgb" in errors[0], bad.stderr
+    good = trtflow("run", "pipeline.yaml", cwd=squeezenet)
+    assert good.returncode == 0, good.stderr
+    assert "2 stages (1 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
+    key = json.loads((squeezenet / ".trtflow" / "parity" / "last.json").read_text())["key"]
+    report = json.loads((squeezenet / ".trtflow" / "parity" / key / "report.json").read_text())
+    assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0

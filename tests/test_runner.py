@@ -200,3 +200,23 @@ def test_digest_cache_is_used(write_yaml, workdir):
     cache = json.loads((workdir / ".trtflow" / "digests.json").read_text())
     assert str((workdir / "models" / "cls.onnx").resolve()) in cache
     assert os.path.getsize(workdir / ".trtflow" / "digests.json") < 10_000
+
+
+@pytest.mark.parametrize("timeout", ["", ", timeout: 60"])
+def test_failed_verdict_keeps_its_report_but_is_never_reused(write_yaml, timeout):
+    path = write_yaml(f"""
+        version: 1
+        name: verdict
+        model: models/cls.onnx
+        stages:
+          check: {{kind: "tests.stage_fns:verdict_fail", outputs: {{report: json}}{timeout}}}
+        """)
+    from stages.base import StageFailed
+    with pytest.raises(StageFailed, match=r"checked, and it is wrong \(details: .*summary.md\)") as info:
+        run_all(path)
+    directory = info.value.directory
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and (directory / "summary.md").read_text() == "# why it failed"
+    assert plan_of(path)["check"] == ("run", "its last run failed")
+    with pytest.raises(StageFailed):
+        run_all(path)

@@ -1,0 +1,213 @@
+"""Stage `parity`: the declared deploy preprocessing, checked against the training transforms.
+
+Writes the resolved preprocessing (`preprocess.json`, the one source of truth later stages run), compares it with
+the training reference on the sample images (pixels and, when a model is at hand, the model's outputs), and when
+they disagree names the single change that brings them into agreement.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from stages import parity_diagnosis as dx
+from stages import preprocess, training_ref
+from stages.base import Artifact, StageError, StageFailed, StageResult
+from stages.parity_picture import worst_picture
+
+VERSION = "1"
+DIAGNOSIS_SAMPLES = 4
+
+
+def _deploy(pre: preprocess.Preprocessor, path: Path) -> np.ndarray:
+    return pre(path)
+
+
+def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+    images: list[Artifact] = inputs["images"][: params.max_images]
+    steps = preprocess.canonical(params.deploy)
+    pre = preprocess.Preprocessor(steps)
+    train_fn, train_label = training_ref.build(params.training, inputs.get("training_tensors"), images)
+
+    rows, tensors = [], []
+    for art in images:
+        d = pre(art.path)
+        t = train_fn(art.path)
+        m = dx.pixel_metrics(d, t)
+        m.update(image=art.path.name, channels=_channel_stats(d, t) if m["shape_ok"] else None)
+        rows.append(m)
+        tensors.append((art.path, d, t))
+    tol = params.tolerances
+    passed = [dx.passes(m, tol) for m in rows]
+
+    model_check = None
+    if "model" in inputs:
+        model_check = _model_check(inputs["model"].path, tensors, rows, tol)
+
+    pixel_ok = all(passed)
+    model_ok = model_check is None or model_check.get("ok", True)
+    diagnosis = None
+    if not pixel_ok:
+        order = sorted(range(len(rows)), key=lambda i: -rows[i]["mean_abs"])[:DIAGNOSIS_SAMPLES]
+        diagnosis = dx.diagnose(steps, _deploy, [(tensors[i][0], tensors[i][2]) for i in order], tol)
+
+    worst = max(range(len(rows)), key=lambda i: rows[i]["mean_abs"])
+    picture = None
+    if rows[worst]["shape_ok"]:
+        picture = worst_picture(tensors[worst][1], tensors[worst][2], out_dir / "worst.png",
+                                title=f"{rows[worst]['image']}: deploy | training | |difference|")
+
+    preprocess.save(steps, out_dir / "preprocess.json")
+    report = {
+        "verdict": "pass" if pixel_ok and model_ok else "fail",
+        "preprocess_digest": pre.digest, "steps": steps,
+        "runtimes": {"deploy": f"opencv {cv2.__version__}", "training": train_label},
+        "tolerances": tol.model_dump(), "images": rows, "model": model_check, "diagnosis": diagnosis,
+        "worst_image": rows[worst]["image"],
+    }
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json) + "\n")
+    outputs = {"preprocess": out_dir / "preprocess.json", "report": out_dir / "report.json"}
+    if picture:
+        outputs["picture"] = picture
+    summary = _summary(report, picture)
+    finite = [r["mean_abs"] for r in rows if r["shape_ok"]]
+    metrics = {"images": len(rows), "failing_images": passed.count(False),
+               "worst_mean_abs": max(finite) if finite else None,
+               "top1_agreement": (model_check or {}).get("top1")}
+    result = StageResult(outputs=outputs, summary=summary, metrics=metrics)
+
+    if pixel_ok and model_ok:
+        return result
+    message = _failure_line(report)
+    if params.on_mismatch == "warn":
+        result.warnings.append(message)
+        return result
+    raise StageFailed(message, result)
+
+
+def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
+    d, t = dx.align(d, t)
+    axis = 0 if d.ndim == 3 and d.shape[0] <= 4 else -1
+    n = d.shape[axis] if d.ndim == 3 else 1
+    stats = []
+    for c in range(n):
+        dc = np.take(d, c, axis=axis) if d.ndim == 3 else d
+        tc = np.take(t, c, axis=axis) if t.ndim == 3 else t
+        stats.append({"deploy_mean": float(dc.mean()), "training_mean": float(tc.mean()),
+                      "deploy_std": float(dc.std()), "training_std": float(tc.std())})
+    return stats
+
+
+def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, Any]:
+    """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
+    from stages.ort_compare import RUNTIME, session
+
+    sess = session(model)
+    inp = sess.get_inputs()[0]
+    want = list(inp.shape)
+
+    def fit(x: np.ndarray) -> np.ndarray:
+        while x.ndim < len(want):
+            x = x[None]
+        return x.astype(np.float32)
+
+    def fits(x: np.ndarray) -> bool:
+        return x.ndim == len(want) and all(not isinstance(w, int) or w <= 0 or w == s for w, s in zip(want, x.shape))
+
+    deploy_in = [fit(d) for _, d, _ in tensors]
+    if not fits(deploy_in[0]):
+        channel_axis = 1 if len(want) == 4 else None
+        if channel_axis and isinstance(want[1], int) and deploy_in[0].shape[1] != want[1] \
+                and deploy_in[0].shape[1] in (1, 3) and want[1] in (1, 3):
+            raise StageError(f"the preprocessed images have {deploy_in[0].shape[1]} channel(s) but the model's input "
+                             f"'{inp.name}' wants {want[1]} (read: {'rgb' if want[1] == 3 else 'gray'} fixes it)")
+        raise StageError(f"the preprocessed shape {list(deploy_in[0].shape)} does not fit the model's input "
+                         f"'{inp.name}' {want}; fix the resize/crop/layout/batch steps")
+    out_name = sess.get_outputs()[0].name
+    agree1 = agree5 = 0
+    max_diff = 0.0
+    classifier = False
+    for (path, _, t), d_in in zip(tensors, deploy_in):
+        t_in = fit(t)
+        if t_in.shape != d_in.shape:
+            return {"ran": False, "reason": "deploy and training tensors have different shapes", "ok": False}
+        a = sess.run([out_name], {inp.name: d_in})[0]
+        b = sess.run([out_name], {inp.name: t_in})[0]
+        max_diff = max(max_diff, float(np.abs(a.astype(np.float64) - b).max()))
+        if a.ndim == 2 and a.shape[1] > 1:
+            classifier = True
+            ta, tb = np.argsort(-a, axis=1), np.argsort(-b, axis=1)
+            agree1 += int(np.all(ta[:, 0] == tb[:, 0]))
+            agree5 += int((tb[:, :1] == ta[:, :5]).any(axis=1).all())
+    n = len(tensors)
+    result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": max_diff}
+    if classifier:
+        result.update(top1=agree1 / n, top5=agree5 / n)
+        result["ok"] = tol.top1 is None or result["top1"] >= tol.top1
+    return result
+
+
+def _failure_line(r: dict[str, Any]) -> str:
+    rows = r["images"]
+    bad = [x for x in rows if not dx.passes_record(x, r["tolerances"])]
+    worst = max(rows, key=lambda x: x["mean_abs"])
+    what = (f"shape {worst['deploy_shape']} vs training {worst['training_shape']}" if not worst["shape_ok"]
+            else f"worst mean |diff| {worst['mean_abs']:.3g}, max {worst['max_abs']:.3g}")
+    line = f"parity: deploy preprocessing differs from training on {len(bad)}/{len(rows)} image(s) ({what})"
+    if r["model"] and r["model"].get("top1") is not None:
+        line += f"; model top-1 agreement {r['model']['top1']:.0%}"
+    d = r["diagnosis"]
+    if d and d.get("fix"):
+        line += f"; likely cause: {d['cause']} — fix: {d['fix']}"
+    elif d is not None:
+        line += "; no single usual cause explains it"
+    return line
+
+
+def _summary(r: dict[str, Any], picture: Path | None) -> str:
+    ok = r["verdict"] == "pass"
+    lines = [f"### parity · {'✅ pass' if ok else '❌ fail'}", "",
+             f"deploy: {r['runtimes']['deploy']} · training: {r['runtimes']['training']} · "
+             f"preprocess digest `{r['preprocess_digest'][:12]}`", "",
+             "| image | max abs | mean abs | PSNR dB | within tolerance |", "|---|---|---|---|---|"]
+    tol = r["tolerances"]
+    for x in r["images"]:
+        if x["shape_ok"]:
+            lines.append(f"| {x['image']} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
+                         f"{'yes' if dx.passes_record(x, tol) else '**no**'} |")
+        else:
+            lines.append(f"| {x['image']} | shape {x['deploy_shape']} vs {x['training_shape']} | | | **no** |")
+    lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
+                 + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
+    m = r["model"]
+    if m and m.get("ran"):
+        line = f"\n**model outputs** ({m['runtime']}): max |diff| {m['max_abs_diff']:.4g}"
+        if "top1" in m:
+            line += f", top-1 agreement {m['top1']:.0%}, top-5 {m['top5']:.0%}"
+        lines.append(line)
+    d = r["diagnosis"]
+    if d:
+        if d.get("fix"):
+            lines += ["", f"**Diagnosis**: {d['cause']}. Fix: `{d['fix']}`", "", "```yaml", d["yaml"].rstrip(),
+                      "```"]
+        else:
+            lines += ["", "**Diagnosis**: no single usual cause brings them into agreement. Closest:"]
+        lines += ["", "| change tried | worst mean abs | agrees |", "|---|---|---|"]
+        for t in d["tried"][:6]:
+            lines.append(f"| {t['fix']} | {t.get('mean_abs', float('nan')):.4g} | {'yes' if t['ok'] else 'no'} |")
+    if picture:
+        lines += ["", f"Worst image `{r['worst_image']}` (deploy, training, difference): `{picture.name}`"]
+        data = picture.read_bytes()
+        if len(data) < 200_000:  # inline, so the Prefect artifact shows it
+            lines += ["", f"![worst](data:image/png;base64,{base64.b64encode(data).decode()})"]
+    return "\n".join(lines) + "\n"
+
+
+def _json(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    return str(o)

@@ -1,0 +1,198 @@
+"""Stage `parity` on real photos (scikit-image's samples) against real torchvision transforms."""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.schema import ParityStage
+from stages import parity, preprocess
+from stages.base import Artifact, StageError, StageFailed
+
+pytest.importorskip("torchvision")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "squeezenet-cls"
+PHOTOS = sorted(p for p in (EXAMPLE / "data").iterdir() if p.suffix in (".png", ".jpg"))
+MODEL = EXAMPLE / "models" / "squeezenet1_1.onnx"
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+DEPLOY = [{"read": "rgb"}, {"resize": {"shorter": 256, "antialias": True}}, {"center_crop": 224},
+          {"scale": "1/255"}, {"normalize": {"mean": MEAN, "std": STD}}, {"layout": "chw"}, {"batch": True}]
+TRAINING = {"torchvision": ["Resize(256)", "CenterCrop(224)", "ToTensor()", f"Normalize(mean={MEAN}, std={STD})"]}
+
+
+def stage(deploy=None, training=None, **kw) -> ParityStage:
+    return ParityStage.model_validate({"kind": "parity", "images": "*", "deploy": deploy or DEPLOY,
+                                       "training": training or TRAINING, **kw})
+
+
+def images(paths=PHOTOS) -> list[Artifact]:
+    return [Artifact(p, "file", p.name) for p in paths]
+
+
+def run(params, tmp_path: Path, model: Path | None = None, **extra):
+    out = tmp_path / "out"
+    out.mkdir(parents=True)
+    inputs = {"images": images(), **extra}
+    if model:
+        inputs["model"] = Artifact(model, "onnx", "m")
+    return parity.run(params, inputs, out)
+
+
+def test_declared_pipeline_matches_torchvision(tmp_path):
+    result = run(stage(), tmp_path, model=MODEL)
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["verdict"] == "pass"
+    assert all(r["max_abs"] < 0.02 and r["mean_abs"] < 1e-4 for r in report["images"])
+    assert report["model"]["top1"] == 1.0 and report["model"]["top5"] == 1.0
+    assert report["model"]["runtime"] == "onnxruntime-cpu"
+    # the resolved preprocessing is an artifact later stages run, and it reproduces the tensors
+    pre = preprocess.load(result.outputs["preprocess"])
+    assert pre.digest == report["preprocess_digest"]
+    assert pre(PHOTOS[0]).shape == (1, 3, 224, 224)
+    assert result.outputs["picture"].stat().st_size > 10_000
+
+
+def _variant(change) -> list:
+    steps = copy.deepcopy(DEPLOY)
+    change(steps)
+    return steps
+
+
+CAUSES = {
+    "bgr": (lambda s: s.__setitem__(0, {"read": "bgr"}), "R and B swapped", "read: rgb"),
+    "interpolation": (lambda s: s.__setitem__(1, {"resize": {"shorter": 256, "antialias": True, "interp": "nearest"}}),
+                      "resize interpolation differs", "resize with interp: linear"),
+    "x255": (lambda s: s.__setitem__(3, {"scale": 1}), "pixel scale differs (/255)", "scale: 1/255"),
+    "mean/std scale": (lambda s: s.__setitem__(4, {"normalize": {"mean": [m * 255 for m in MEAN],
+                                                                 "std": [x * 255 for x in STD]}}),
+                       "mean/std on the other scale (/255)", "normalize: {mean: [0.485, 0.456, 0.406]"),
+    "layout": (lambda s: s.__setitem__(5, {"layout": "hwc"}), "layout differs", "layout: chw"),
+    "crop/resize order": (lambda s: s.__setitem__(slice(1, 3), [{"center_crop": 224}, s[1]]),
+                          "crop and resize in the other order", "resize before center_crop"),
+    "antialias": (lambda s: s.__setitem__(1, {"resize": {"shorter": 256}}), "antialiasing differs",
+                  "resize with antialias: true"),
+}
+
+
+@pytest.mark.parametrize("case", list(CAUSES))
+def test_planted_difference_is_diagnosed(tmp_path, case):
+    change, cause, fix = CAUSES[case]
+    with pytest.raises(StageFailed) as info:
+        run(stage(deploy=_variant(change)), tmp_path)
+    msg = str(info.value)
+    assert "\n" not in msg and f"likely cause: {cause}" in msg and fix in msg, msg
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["verdict"] == "fail" and report["diagnosis"]["cause"] == cause
+    # the YAML snippet is the full fixed deploy list, and it really agrees with training
+    import yaml
+    fixed = yaml.safe_load(report["diagnosis"]["yaml"])["deploy"]
+    (tmp_path / "fixed").mkdir()
+    out = parity.run(stage(deploy=fixed), {"images": images()}, tmp_path / "fixed")
+    assert json.loads(out.outputs["report"].read_text())["verdict"] == "pass"
+
+
+def test_mismatch_as_warning(tmp_path):
+    result = run(stage(deploy=_variant(CAUSES["bgr"][0]), on_mismatch="warn"), tmp_path)
+    assert result.warnings and "R and B swapped" in result.warnings[0]
+
+
+def test_model_predictions_reported_on_mismatch(tmp_path):
+    with pytest.raises(StageFailed) as info:
+        run(stage(deploy=_variant(CAUSES["bgr"][0])), tmp_path, model=MODEL)
+    assert "model top-1 agreement" in str(info.value)
+    model = json.loads((tmp_path / "out" / "report.json").read_text())["model"]
+    # random weights predict nearly one class whatever the input, so top-1 may still agree; the logits do not
+    assert model["max_abs_diff"] > 100 * 4.9e-05
+
+
+def test_corrupt_image(tmp_path):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(PHOTOS[0].read_bytes()[:100])
+    out = tmp_path / "o"
+    out.mkdir()
+    with pytest.raises(StageError, match="cannot read image .*broken.jpg"):
+        parity.run(stage(), {"images": images([bad])}, out)
+
+
+def test_grayscale_where_model_wants_three_channels(tmp_path):
+    gray = _variant(lambda s: s.__setitem__(0, {"read": "gray"}))
+    gray[4] = {"normalize": {"mean": [0.5], "std": [0.25]}}
+    with pytest.raises(StageError, match=r"preprocessed images have 1 channel\(s\) but the model's input 'input' "
+                                         r"wants 3"):
+        run(stage(deploy=gray, on_mismatch="warn"), tmp_path, model=MODEL)
+
+
+def test_shape_that_does_not_fit_the_model(tmp_path):
+    small = _variant(lambda s: s.__setitem__(2, {"center_crop": 200}))
+    training = {"torchvision": ["Resize(256)", "CenterCrop(200)", "ToTensor()", f"Normalize(mean={MEAN}, std={STD})"]}
+    with pytest.raises(StageError, match=r"preprocessed shape \[1, 3, 200, 200\] does not fit the model's input "
+                                         r"'input'"):
+        run(stage(deploy=small, training=training), tmp_path, model=MODEL)
+
+
+def _reference(path: str) -> np.ndarray:
+    """A training-side callable, as users would write one."""
+    from PIL import Image
+    from torchvision import transforms as T
+    tf = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(MEAN, STD)])
+    return tf(Image.open(path).convert("RGB")).numpy()
+
+
+def _broken(path: str) -> np.ndarray:
+    raise ValueError("boom")
+
+
+def test_callable_reference(tmp_path):
+    result = run(stage(training={"callable": "tests.test_parity_stage:_reference"}), tmp_path)
+    assert json.loads(result.outputs["report"].read_text())["runtimes"]["training"].startswith("callable")
+    with pytest.raises(StageError, match=r"training.callable tests.test_parity_stage:_broken raised ValueError"):
+        run(stage(training={"callable": "tests.test_parity_stage:_broken"}), tmp_path / "b")
+    with pytest.raises(StageError, match="cannot import 'tests.nothere'"):
+        run(stage(training={"callable": "tests.nothere:f"}), tmp_path / "c")
+
+
+def test_saved_tensors_reference(tmp_path):
+    tensors = []
+    for p in PHOTOS:
+        f = tmp_path / f"{p.stem}.npy"
+        np.save(f, _reference(str(p)))
+        tensors.append(Artifact(f, "file", f.name))
+    result = run(stage(training={"tensors": "*.npy"}), tmp_path, training_tensors=tensors)
+    assert json.loads(result.outputs["report"].read_text())["verdict"] == "pass"
+    with pytest.raises(StageError, match=r"training.tensors: 3 tensor file\(s\) for 4 image\(s\)"):
+        run(stage(training={"tensors": "*.npy"}), tmp_path / "b", training_tensors=tensors[:3])
+
+
+def test_unknown_torchvision_transform(tmp_path):
+    with pytest.raises(StageError, match="unknown transform 'CentreCrop' \\(did you mean 'CenterCrop'\\?\\)"):
+        run(stage(training={"torchvision": ["Resize(256)", "CentreCrop(224)"]}), tmp_path)
+
+
+def test_no_image_matches_the_glob(write_yaml, workdir):
+    from flows.runner import Runner
+    from pipelines.errors import SpecError
+    from pipelines.loader import load_pipeline
+
+    path = write_yaml(f"""
+        version: 1
+        name: p
+        model: models/cls.onnx
+        stages:
+          parity:
+            kind: parity
+            images: photos/*.jpg
+            deploy: [{{read: rgb}}]
+            training: {{torchvision: ["ToTensor()"]}}
+        """)
+    runner = Runner(load_pipeline(path))
+    with pytest.raises(SpecError, match=r"pipeline.yaml:7: stages.parity.images: no file matches 'photos/\*.jpg'"):
+        runner.run_stage("parity", {})
+    (workdir / "photos").mkdir()
+    shutil.copy(PHOTOS[0], workdir / "photos" / "a.jpg")
+    assert runner.plan()[0].action == "run"

@@ -1,0 +1,69 @@
+"""The declared preprocessing executor and the PIL-exact antialiased resize."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.schema import ParityStage
+from stages import preprocess, resample
+from stages.base import StageError
+
+ROOT = Path(__file__).resolve().parents[1]
+PHOTOS = sorted(p for p in (ROOT / "examples" / "squeezenet-cls" / "data").iterdir() if p.suffix in (".png", ".jpg"))
+
+
+@pytest.mark.parametrize("interp,pil", [("linear", Image.BILINEAR), ("cubic", Image.BICUBIC),
+                                        ("lanczos", Image.LANCZOS)])
+@pytest.mark.parametrize("size", [(256, 300), (224, 224), (97, 131)])
+def test_antialiased_resize_matches_pil(interp, pil, size):
+    for photo in PHOTOS:
+        im = Image.open(photo).convert("RGB")
+        ref = np.asarray(im.resize((size[1], size[0]), pil)).astype(int)
+        got = resample.resize(np.asarray(im), size[0], size[1], interp).astype(int)
+        diff = np.abs(ref - got)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (photo.name, diff.max(), (diff > 0).mean())
+
+
+def _steps(deploy):
+    return preprocess.canonical(ParityStage.model_validate(
+        {"kind": "parity", "images": "*", "deploy": deploy, "training": {"tensors": "*"}}).deploy)
+
+
+def test_canonical_form_and_digest():
+    a = _steps([{"resize": {"shorter": 256}}, {"center_crop": 224}, {"scale": "1/255"}])
+    b = _steps([{"read": "rgb"}, {"resize": {"shorter": 256, "interp": "linear"}}, {"center_crop": [224, 224]},
+                {"scale": 1 / 255}])
+    assert a == b and preprocess.digest(a) == preprocess.digest(b)
+    assert a[0] == {"read": {"color": "rgb", "depth": 8}}
+    c = _steps([{"read": "bgr"}, {"resize": {"shorter": 256}}])
+    assert preprocess.digest(c) != preprocess.digest(a)
+
+
+def test_letterbox_gray_and_layouts():
+    pre = preprocess.Preprocessor(_steps([{"read": "gray"}, {"letterbox": {"size": [320, 320], "pad": 0}},
+                                          {"dtype": "float32"}, {"layout": "chw"}, {"batch": True}]))
+    chelsea = next(p for p in PHOTOS if p.name == "chelsea.png")  # 451 x 300: padded above and below
+    x = pre(chelsea)
+    assert x.shape == (1, 1, 320, 320) and x.dtype == np.float32
+    assert x[0, 0, 0, :].max() == 0 and x[0, 0, 160, :].max() > 0
+
+
+@pytest.mark.parametrize("deploy,message", [
+    ([{"center_crop": 4000}], "center_crop 4000x4000 is larger than the image"),
+    ([{"resize": {"shorter": 64}}, {"read": "rgb"}], "'read' must be the first preprocessing step"),
+    ([{"normalize": {"mean": [0.5, 0.5], "std": [0.5, 0.5]}}], "normalize has 2 means / 2 stds for an image with 3"),
+    ([{"layout": "chw"}, {"resize": {"shorter": 64}}], "'resize' must come before 'layout: chw'"),
+])
+def test_step_errors(deploy, message):
+    with pytest.raises(StageError, match=message):
+        preprocess.Preprocessor(_steps(deploy))(PHOTOS[0])
+
+
+def test_unreadable_image(tmp_path):
+    bad = tmp_path / "x.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    with pytest.raises(StageError, match="cannot read image .*x.png"):
+        preprocess.read_image(bad)
