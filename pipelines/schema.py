@@ -200,10 +200,13 @@ class ParityStage(StageBase):
 
 class SampleData(Strict):
     """Where sample inputs come from: images through the parity preprocessing, saved tensors, or random."""
-    images: str | None = None
-    tensors: str | None = None
+    images: str | None = Field(None, description="glob of images, fed through the parity stage's preprocessing")
+    tensors: str | None = Field(None, description="glob of .npy (single input) or .npz (one array per input)")
     random: bool = False
-    samples: int = Field(8, ge=1)
+    samples: int = Field(8, ge=1, description="how many samples to use (at most; files beyond are ignored)")
+    shapes: dict[str, list[int]] = Field(default_factory=dict,
+                                         description="shapes for random inputs where the model's are dynamic")
+    seed: int = 0
 
     @model_validator(mode="after")
     def _one_of(self) -> "SampleData":

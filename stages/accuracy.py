@@ -1,0 +1,66 @@
+"""Comparing a model variant's outputs with the FP32 reference over many samples (the comparator, apart from
+the runners): per output max/mean absolute error, cosine similarity, NaN/Inf counts, top-1 agreement."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class OutputStats:
+    def __init__(self) -> None:
+        self.max_abs = 0.0
+        self.sum_abs = 0.0
+        self.count = 0
+        self.dot = self.ref_sq = self.got_sq = 0.0
+        self.nan = self.inf = 0
+        self.top1_agree = self.top1_total = 0
+
+    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+        r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        self.nan += int(np.isnan(g).sum())
+        self.inf += int(np.isinf(g).sum())
+        ok = np.isfinite(g) & np.isfinite(r)
+        d = np.abs(r[ok] - g[ok])
+        if d.size:
+            self.max_abs = max(self.max_abs, float(d.max()))
+        self.sum_abs += float(d.sum())
+        self.count += int(ok.sum())
+        self.dot += float(np.dot(r[ok], g[ok]))
+        self.ref_sq += float(np.dot(r[ok], r[ok]))
+        self.got_sq += float(np.dot(g[ok], g[ok]))
+        if ref.ndim == 2 and ref.shape[1] > 1:  # (batch, classes): a classifier's scores
+            self.top1_agree += int((ref.argmax(1) == np.nan_to_num(got.astype(np.float64)).argmax(1)).sum())
+            self.top1_total += ref.shape[0]
+
+    def result(self) -> dict[str, Any]:
+        cosine = self.dot / np.sqrt(self.ref_sq * self.got_sq) if self.ref_sq and self.got_sq else 0.0
+        out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "cosine": float(cosine),
+               "nan": self.nan, "inf": self.inf}
+        if self.top1_total:
+            out["top1"] = self.top1_agree / self.top1_total
+        return out
+
+
+class Comparison:
+    def __init__(self) -> None:
+        self.outputs: dict[str, OutputStats] = {}
+        self.samples = 0
+
+    def add(self, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+        self.samples += 1
+        for name, r in ref.items():
+            self.outputs.setdefault(name, OutputStats()).add(r, got[name])
+
+    def result(self, runtime: str) -> dict[str, Any]:
+        return {"runtime": runtime, "samples": self.samples,
+                "outputs": {n: s.result() for n, s in self.outputs.items()}}
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    lines = ["| output | max abs | mean abs | cosine | NaN/Inf | top-1 agree |", "|---|---|---|---|---|---|"]
+    for name, r in result["outputs"].items():
+        top1 = f"{r['top1']:.1%}" if "top1" in r else "-"
+        lines.append(f"| `{name}` | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | {r['cosine']:.6f} | "
+                     f"{r['nan']}/{r['inf']} | {top1} |")
+    return lines

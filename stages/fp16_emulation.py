@@ -1,0 +1,65 @@
+"""A faithful CPU simulation of an FP16 variant: the FP32 graph with every FP16 tensor rounded to FP16.
+
+ONNX Runtime's CPU provider has few FP16 kernels: it runs an FP16 model by casting whole regions back to FP32 and
+dropping the rounding between nodes, so an activation that overflows FP16 (> 65504) does not overflow there.
+Here each output of a node that the variant runs in FP16 goes through Cast(FLOAT16) -> Cast(FLOAT), which ONNX
+Runtime keeps (cast-chain elimination is off by default), and its FP32 weights are rounded to FP16: storage
+precision and overflow are simulated per node; accumulation inside a kernel stays FP32, as TensorRT's does.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+FLOAT = TensorProto.FLOAT
+
+
+def emulate(model: onnx.ModelProto, fp32_nodes: set[str], op_block_list: set[str],
+            keep_io_types: bool) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    float_tensors = {vi.name for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
+                     + list(inferred.graph.output) if vi.type.tensor_type.elem_type == FLOAT}
+    half = {n.name for n in model.graph.node if n.name not in fp32_nodes and n.op_type not in op_block_list}
+    inits = {i.name: i for i in out.graph.initializer}
+    consumers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n.name)
+
+    for name, init in inits.items():  # weights stored as FP16 where an FP16 node reads them
+        if init.data_type == FLOAT and any(c in half for c in consumers.get(name, [])):
+            rounded = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(rounded, name))
+
+    nodes: list[onnx.NodeProto] = []
+
+    def round_trip(tensor: str) -> tuple[str, list[onnx.NodeProto]]:
+        raw = f"{tensor}__fp32"
+        return raw, [helper.make_node("Cast", [raw], [f"{tensor}__fp16"], to=TensorProto.FLOAT16,
+                                      name=f"{tensor}__to_fp16"),
+                     helper.make_node("Cast", [f"{tensor}__fp16"], [tensor], to=FLOAT, name=f"{tensor}__to_fp32")]
+
+    if not keep_io_types:  # the variant's inputs are FP16 themselves
+        for inp in out.graph.input:
+            if inp.name in float_tensors and inp.name not in inits:
+                renamed = f"{inp.name}__in"
+                for n in out.graph.node:
+                    n.input[:] = [renamed if t == inp.name else t for t in n.input]
+                nodes.append(helper.make_node("Cast", [inp.name], [f"{renamed}__fp16"], to=TensorProto.FLOAT16))
+                nodes.append(helper.make_node("Cast", [f"{renamed}__fp16"], [renamed], to=FLOAT))
+    for node in out.graph.node:
+        extra: list[onnx.NodeProto] = []
+        if node.name in half:
+            for i, t in enumerate(node.output):
+                if t in float_tensors:
+                    raw, casts = round_trip(t)
+                    node.output[i] = raw
+                    extra += casts
+        nodes.append(node)
+        nodes += extra
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out

@@ -1,0 +1,57 @@
+"""Run a model in ONNX Runtime with every intermediate float tensor exposed and record each tensor's magnitude.
+
+The reference for deciding which nodes FP16 cannot carry (as ModelOpt AutoCast does), and for locating where a
+variant's values first drift from the reference.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import onnx
+
+from stages import onnx_io
+from stages.ort_compare import session
+
+FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+
+
+def expose_all(model: onnx.ModelProto, out: Path) -> list[str]:
+    """Write a copy of `model` whose outputs include every float tensor a node produces; returns their names."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    have = {o.name for o in model.graph.output}
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    names = []
+    for node in model.graph.node:
+        for name in node.output:
+            vi = types.get(name)
+            if not name or vi is None or vi.type.tensor_type.elem_type not in FLOATS:
+                continue
+            names.append(name)
+            if name not in have:
+                exposed.graph.output.append(vi)
+    onnx_io.save(exposed, out)
+    return names
+
+
+def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
+    """max |x| of every float tensor (graph inputs included) over the samples; inf/NaN show as inf."""
+    path = work / "exposed.onnx"
+    names = expose_all(model, path)
+    sess = session(path)
+    outs = [o.name for o in sess.get_outputs() if o.name in set(names) | {o.name for o in model.graph.output}]
+    peak: dict[str, float] = {}
+    for feed in feeds:
+        for name, value in feed.items():
+            if np.issubdtype(value.dtype, np.floating):
+                peak[name] = max(peak.get(name, 0.0), float(np.abs(value).max(initial=0.0)))
+        for name, value in zip(outs, sess.run(outs, feed)):
+            if np.issubdtype(value.dtype, np.floating) and value.size:
+                v = np.abs(value.astype(np.float64))
+                m = float("inf") if not np.isfinite(v).all() else float(v.max())
+                peak[name] = max(peak.get(name, 0.0), m)
+    path.unlink()
+    return peak

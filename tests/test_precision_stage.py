@@ -1,0 +1,132 @@
+"""Stage `precision`: FP16 with automatic FP32 fallback, on a planted overflow and on real models; every variant
+is built into an engine by TensorRT-RTX on the CPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipelines.schema import PrecisionStage
+from stages import precision, trt_env
+from stages.base import Artifact, StageError
+from stages.ort_compare import run, session
+from tests.conftest import EXAMPLE_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+SQUEEZENET = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"
+HAVE_TRT = trt_env.detect_tensorrt() is not None
+
+
+def overflow_model(path: Path) -> Path:
+    """y = ((x @ W) * 20) / 1000: x @ W reaches ~8000 and the product ~160000, past FP16's 65504."""
+    w = numpy_helper.from_array(np.full((16, 16), 1000.0, np.float32), "W")
+    k20 = numpy_helper.from_array(np.array(20.0, np.float32), "k20")
+    k1000 = numpy_helper.from_array(np.array(1000.0, np.float32), "k1000")
+    w2 = numpy_helper.from_array(np.eye(16, dtype=np.float32) * 0.5, "W2")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="big_matmul"),
+             helper.make_node("Mul", ["h", "k20"], ["h20"], name="overflowing_mul"),
+             helper.make_node("Div", ["h20", "k1000"], ["small"], name="rescale"),
+             helper.make_node("MatMul", ["small", "W2"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "overflow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w, k20, k1000, w2])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def tensors_dir(tmp_path: Path, n: int = 8) -> list[Artifact]:
+    rng = np.random.default_rng(0)
+    arts = []
+    for i in range(n):
+        f = tmp_path / f"s{i}.npy"
+        np.save(f, rng.uniform(0.2, 0.5, (1, 16)).astype(np.float32))
+        arts.append(Artifact(f, "file", f.name))
+    return arts
+
+
+def run_precision(model: Path, out: Path, extra_inputs=None, **kw):
+    out.mkdir(parents=True)
+    params = PrecisionStage.model_validate({"kind": "precision", **kw})
+    return precision.run(params, {"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}, out)
+
+
+def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path):
+    model = overflow_model(tmp_path / "overflow.onnx")
+    data = {"tensors": tensors_dir(tmp_path)}
+    spec = {"data": {"tensors": "*.npy"}, "holdout": 4}
+
+    naive = run_precision(model, tmp_path / "naive", data, fallback={"auto": False}, **spec)
+    assert naive.metrics["nan_inf"] > 0, "without fallback the FP16 variant overflows to inf"
+    assert naive.warnings and "NaN/Inf" in naive.warnings[0]
+
+    result = run_precision(model, tmp_path / "auto", data, **spec)
+    report = json.loads(result.outputs["report"].read_text())
+    kept = report["kept_fp32"]
+    assert {"big_matmul", "overflowing_mul", "rescale"} <= set(kept) and "head" not in kept
+    assert "data_max" in kept["overflowing_mul"]
+    out = report["accuracy"]["outputs"]["y"]
+    assert out["nan"] == 0 and out["inf"] == 0 and out["cosine"] > 0.9999
+    x = np.full((1, 16), 0.3, np.float32)
+    np.testing.assert_allclose(run(session(result.outputs["model"]), {"x": x})["y"],
+                               run(session(model), {"x": x})["y"], rtol=2e-3)
+    assert "simulated" in report["accuracy"]["runtime"] and "not a TensorRT number" in result.summary
+    if HAVE_TRT:
+        from stages.trt_backend import build_engine, static_profile
+        out_model = result.outputs["model"]
+        assert len(build_engine(out_model, [static_profile(out_model)])["engine"]) > 1000
+
+
+def test_block_lists_and_bad_names(tmp_path):
+    model = overflow_model(tmp_path / "m.onnx")
+    data = {"tensors": tensors_dir(tmp_path)}
+    result = run_precision(model, tmp_path / "a", data, data={"tensors": "*.npy"}, fallback={"auto": False},
+                           block_ops=["Div"], block_nodes=["big_.*"])
+    kept = json.loads(result.outputs["report"].read_text())["kept_fp32"]
+    assert kept == {"big_matmul": "named in block_nodes", "rescale": "op type Div in block_ops"}
+    with pytest.raises(StageError, match=r"block_nodes: no node matches 'big_matmull' \(did you mean 'big_matmul'\?\)"):
+        run_precision(model, tmp_path / "b", data, data={"tensors": "*.npy"}, block_nodes=["big_matmull"])
+    with pytest.raises(StageError, match=r"block_ops: the model has no 'Softmax' node"):
+        run_precision(model, tmp_path / "c", data, data={"tensors": "*.npy"}, block_ops=["Softmax"])
+
+
+def test_max_rel_error_refinement(tmp_path):
+    model = overflow_model(tmp_path / "m.onnx")
+    data = {"tensors": tensors_dir(tmp_path)}
+    # data_max high enough that the magnitude rule lets the overflow through; the error rule must catch it
+    result = run_precision(model, tmp_path / "a", data, data={"tensors": "*.npy"},
+                           fallback={"data_max": 1e9, "max_rel_error": 0.01})
+    kept = json.loads(result.outputs["report"].read_text())["kept_fp32"]
+    assert any("max_rel_error" in why for why in kept.values())
+    assert result.metrics["nan_inf"] == 0
+
+
+@pytest.mark.parametrize("model,shapes", [(SQUEEZENET, {"input": [1, 3, 224, 224]}),
+                                          (EXAMPLE_MODEL, {"x": [1, 3, 48, 192]})])
+def test_real_models_fp16_and_tensorrt_rtx_builds_them(tmp_path, model, shapes):
+    # as `prepare` hands it over: PP-OCR names both H and W "?", which TensorRT reads as one dimension (H == W)
+    from stages.onnx_inspect import sanitize_dims
+    m = onnx.load(str(model))
+    sanitize_dims(m)
+    model = tmp_path / "prepared.onnx"
+    onnx.save(m, str(model))
+    result = run_precision(model, tmp_path / "out", data={"random": True, "shapes": shapes, "samples": 4},
+                           holdout=4)
+    report = json.loads(result.outputs["report"].read_text())
+    for out in report["accuracy"]["outputs"].values():
+        assert out["nan"] == 0 and out["inf"] == 0 and out["cosine"] > 0.999
+    fp16 = onnx.load(str(result.outputs["model"]))
+    weights = list(fp16.graph.initializer) + [n.attribute[0].t for n in fp16.graph.node if n.op_type == "Constant"]
+    assert any(w.data_type == TensorProto.FLOAT16 for w in weights)
+    assert fp16.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT  # keep_io_types
+    if HAVE_TRT:
+        from stages.trt_backend import build_engine
+        built = build_engine(result.outputs["model"], [{k: (v, v, v) for k, v in shapes.items()}])
+        assert len(built["engine"]) > 100_000 and built["runtime"].startswith("tensorrt")
+
+
+def test_images_need_the_parity_preprocessing(tmp_path):
+    with pytest.raises(StageError, match="data.images needs the parity stage's preprocessing"):
+        run_precision(SQUEEZENET, tmp_path / "a", {"images": []}, data={"images": "*.png"})
