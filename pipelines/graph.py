@@ -47,7 +47,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     "prepare": {"model": "onnx", "report": "json"},
     "parity": {"preprocess": "preprocess", "report": "json"},
     "precision": {"model": "onnx", "report": "json"},
-    "calibrate": {"model": "onnx", "ranges": "ranges", "report": "json"},
+    "calibrate": {"model": "onnx", "ranges": "ranges", "report": "json"},  # (+ trt_calibration_cache)
     "build": {"engines": "engines", "report": "json"},
     "validate": {"report": "json"},
     "benchmark": {"report": "json"},

@@ -104,7 +104,7 @@ def name_nodes(model: onnx.ModelProto) -> None:
 def split(data: SampleSource, holdout: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """Calibration samples first, held-out ones last; with random data the held-out ones are extra samples."""
     n = len(data)
-    if data.files:
+    if data.from_files:
         h = min(holdout, n // 2) if n > 1 else 0
         return (0, n - h), ((n - h, n) if h else (0, n))
     data.count = n + holdout

@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 from stages.base import StageError
 
-IMPLEMENTED = {"prepare": "stages.prepare", "parity": "stages.parity", "precision": "stages.precision"}
-PLANNED = ("calibrate", "build", "validate", "benchmark")
+IMPLEMENTED = {"prepare": "stages.prepare", "parity": "stages.parity", "precision": "stages.precision",
+               "calibrate": "stages.calibrate"}
+PLANNED = ("build", "validate", "benchmark")
 
 # The environment facts that enter a kind's cache key. The TensorRT parser's verdict depends on its version;
 # engines and measurements depend on the GPU and driver too.

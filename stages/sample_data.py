@@ -29,7 +29,8 @@ class SampleSource:
             self.files = [a.path for a in inputs["images"]][: data.samples]
         elif data.tensors:
             self.files = [a.path for a in inputs["tensors"]][: data.samples]
-        self.count = len(self.files) if self.files else data.samples
+        self.from_files = bool(data.images or data.tensors)
+        self.count = len(self.files) if self.from_files else data.samples
         self.label = ("images via preprocess " + self.pre.digest[:12] if self.pre else
                       "saved tensors" if data.tensors else f"random (seed {data.seed})")
 
@@ -45,7 +46,7 @@ class SampleSource:
         first = self.model_inputs[0]
         if self.pre is not None:
             return {first.name: self._fit(first, self.pre(self.files[i]), self.files[i])}
-        if self.files:
+        if self.from_files:
             f = self.files[i]
             data = np.load(f)
             if isinstance(data, np.lib.npyio.NpzFile):
@@ -68,10 +69,11 @@ class SampleSource:
 
     def _fit(self, m: Any, x: np.ndarray, source: Path) -> np.ndarray:
         want = list(m.shape)
+        given = list(x.shape)
         while x.ndim < len(want):
             x = x[None]
         ok = x.ndim == len(want) and all(not isinstance(w, int) or w <= 0 or w == s for w, s in zip(want, x.shape))
         if not ok:
-            raise StageError(f"{self.stage}: {source.name} gives shape {list(x.shape)}, which does not fit the "
+            raise StageError(f"{self.stage}: {source.name} gives shape {given}, which does not fit the "
                              f"model's input '{m.name}' {want}")
         return x.astype(_NP.get(m.type, np.float32))

@@ -1,0 +1,181 @@
+"""Stage `calibrate`: INT8 explicit quantization (Q/DQ) from calibration data, with a CPU accuracy pre-flight.
+
+ONNX Runtime's quantization tools configured as ModelOpt configures them for TensorRT: Q/DQ format, symmetric
+INT8 activations and weights, per-channel weights, bias left in float (TensorRT rejects an INT32
+DequantizeLinear). Calibration streams: statistics are folded into the calibrator every few samples, so memory
+does not grow with the number of samples. The per-tensor ranges are an output of their own (`ranges.json`).
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stages import accuracy, onnx_io, ort_compare, progress
+from stages.base import Artifact, StageError, StageResult
+from stages.ort_compare import RUNTIME, session
+from stages.sample_data import SampleSource
+
+VERSION = "1"
+SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
+FLUSH_EVERY = 16  # calibration outputs held in memory before they are folded into the statistics
+
+
+def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    work = out_dir / "work"
+    work.mkdir()
+    src = inputs["model"].path
+    model = onnx_io.load(src)
+    ref = session(src)
+    data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate")
+    warnings: list[str] = []
+    if len(data) == 0:
+        raise StageError("calibrate: the calibration set is empty")
+    holdout = min(params.holdout, len(data) // 2) if data.from_files else params.holdout
+    n_calib = len(data) - holdout if data.from_files else len(data)
+    if n_calib < params.min_samples:
+        msg = f"calibrate: {n_calib} calibration sample(s), fewer than min_samples {params.min_samples}"
+        if params.on_too_few == "error":
+            raise StageError(msg + " (add data, or set on_too_few: warn)")
+        warnings.append(msg)
+    if not data.from_files:
+        data.count = n_calib + holdout
+
+    from stages.onnx_inspect import default_opset
+    opset = default_opset(model) or 0
+    if opset < 13:  # QuantizeLinear's axis (per-channel) and TensorRT's Q/DQ support start at opset 13
+        raise StageError(f"calibrate: Q/DQ quantization needs opset >= 13, the model is at opset {opset}; "
+                         f"set target_opset: 17 in the prepare stage")
+    excluded = _excluded_nodes(model, params)
+    if not any(n.op_type in params.quantize_ops and n.name not in excluded for n in model.graph.node):
+        raise StageError(f"calibrate: nothing to quantize: the model has no {'/'.join(params.quantize_ops)} node "
+                         f"outside the exclusions")
+
+    pre = work / "pre.onnx"
+    try:
+        quant_pre_process(str(src), str(pre))
+    except Exception:  # noqa: BLE001 - ORT's symbolic shape inference asserts on some valid graphs
+        try:
+            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+            warnings.append("ONNX Runtime's symbolic shape inference failed on this model; used ONNX's instead")
+        except Exception as exc:  # noqa: BLE001
+            shutil.copy(src, pre)
+            warnings.append(f"quantization pre-processing failed ({str(exc).splitlines()[0] if str(exc) else exc!r}); "
+                            f"quantized the model as is")
+    reader_feeds = data.feeds(0, n_calib)
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.done = 0
+
+        def get_next(self):  # noqa: ANN201 - ONNX Runtime's interface
+            feed = next(reader_feeds, None)
+            if feed is not None:
+                self.done += 1
+                progress.report("calibrating", self.done, n_calib)
+            return feed
+
+    method = {"entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile,
+              "minmax": CalibrationMethod.MinMax}[params.method]
+    ranges = out_dir / "ranges.json"
+    out = out_dir / "model.onnx"
+    reader = Reader()
+    with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
+        quantize_static(
+            str(pre), str(out), reader, quant_format=QuantFormat.QDQ, per_channel=params.per_channel,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=method,
+            op_types_to_quantize=list(params.quantize_ops), nodes_to_exclude=sorted(excluded),
+            calibration_cache_path=str(ranges),
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
+                           "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
+                           "CalibMaxIntermediateOutputs": FLUSH_EVERY, "CalibPercentile": params.percentile})
+
+    cand = session(out)
+    cmp = accuracy.Comparison()
+    for feed in data.feeds(n_calib, n_calib + holdout) if holdout else []:
+        cmp.add(ort_compare.run(ref, feed), ort_compare.run(cand, feed))
+    acc = cmp.result(SIMULATED)
+    if not holdout:
+        warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
+
+    outputs = {"model": out, "ranges": ranges, "report": out_dir / "report.json"}
+    if params.trt_calibration_cache:
+        outputs["trt_calibration_cache"] = write_trt_cache(ranges, out_dir / "calibration.cache")
+    shutil.rmtree(work)
+
+    import onnx
+    qdq = onnx.load(str(out), load_external_data=False)
+    n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
+    report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
+              "data": data.label, "calibration_samples": reader.done, "holdout_samples": holdout,
+              "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
+              "quantize_linear_nodes": n_q, "accuracy": acc, "warnings": warnings}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    metrics = {"calibration_samples": reader.done, "quantize_linear_nodes": n_q,
+               "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
+    return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
+
+
+def _excluded_nodes(model: Any, params: Any) -> set[str]:
+    names = [n.name for n in model.graph.node]
+    for name in params.exclude_nodes:
+        if name not in names:
+            close = difflib.get_close_matches(name, [n for n in names if n], n=1)
+            raise StageError(f"calibrate: exclude_nodes: no node named '{name}'"
+                             + (f" (did you mean '{close[0]}'?)" if close else ""))
+    ops = {n.op_type for n in model.graph.node}
+    for op in params.exclude_ops:
+        if op not in ops:
+            close = difflib.get_close_matches(op, sorted(ops), n=1)
+            raise StageError(f"calibrate: exclude_ops: the model has no '{op}' node"
+                             + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return set(params.exclude_nodes) | {n.name for n in model.graph.node if n.op_type in params.exclude_ops}
+
+
+def write_trt_cache(ranges: Path, out: Path, version: str | None = None) -> Path:
+    """The TensorRT <= 10 implicit-quantization calibration cache: a header line, then
+    `tensor: <big-endian hex of the float32 scale>` with scale = amax / 127."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    if version is None:
+        from stages.trt_env import detect_tensorrt
+        trt = detect_tensorrt()
+        version = "100000"
+        if trt and trt["flavour"] == "tensorrt" and trt["version"].split(".")[0] in ("8", "9", "10"):
+            major, minor, patch = (trt["version"].split(".") + ["0", "0"])[:3]
+            version = str(int(major) * (1000 if int(major) < 10 else 10000) + int(minor) * 100 + int(patch))
+    lines = [f"TRT-{version}-EntropyCalibration2"]
+    data = load_tensors_data(ranges)
+    for name, td in sorted(data.data.items()):
+        lo, hi = (float(np.asarray(v).max()) if np.size(v) == 1 else float(np.abs(v).max()) for v in td.range_value)
+        amax = max(abs(lo), abs(hi))
+        scale = amax / 127.0 if amax > 0 else 1.0 / 127.0
+        lines.append(f"{name}: {struct.pack('>f', scale).hex()}")
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def summary(r: dict[str, Any]) -> str:
+    lines = [f"### calibrate · INT8 Q/DQ · {r['method']} · {r['calibration_samples']} samples", "",
+             f"data: {r['data']} · {r['quantize_linear_nodes']} QuantizeLinear nodes · quantized ops: "
+             f"{', '.join(r['quantize_ops'])} · symmetric, per-channel weights, bias in float", ""]
+    if r["excluded_nodes"]:
+        lines.append(f"excluded: {', '.join(f'`{n}`' for n in r['excluded_nodes'][:20])}\n")
+    if r["holdout_samples"]:
+        lines += [f"**CPU accuracy pre-flight** ({r['accuracy']['runtime']}, not a TensorRT number), "
+                  f"INT8 variant vs FP32 reference on {r['holdout_samples']} held-out samples:", ""]
+        lines += accuracy.table(r["accuracy"])
+    for w in r["warnings"]:
+        lines.append(f"\n- warning: {w}")
+    return "\n".join(lines) + "\n"

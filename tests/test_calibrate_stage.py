@@ -1,0 +1,143 @@
+"""Stage `calibrate`: INT8 Q/DQ from calibration data (real photos through the parity preprocessing, saved
+tensors, random), built into engines by TensorRT-RTX on the CPU; bad input; reuse of the ranges."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from pipelines.schema import CalibrateStage
+from stages import calibrate, preprocess, trt_env
+from stages.base import Artifact, StageError
+from tests.conftest import EXAMPLE_MODEL
+
+ROOT = Path(__file__).resolve().parents[1]
+SQUEEZENET = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"
+PHOTOS = sorted(p for p in (ROOT / "examples" / "squeezenet-cls" / "data").iterdir() if p.suffix in (".png", ".jpg"))
+HAVE_TRT = trt_env.detect_tensorrt() is not None
+IMAGENET = [{"read": {"color": "rgb", "depth": 8}}, {"resize": {"shorter": 256, "antialias": True}},
+            {"center_crop": [224, 224]}, {"scale": 1 / 255},
+            {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}, {"layout": "chw"},
+            {"batch": True}]
+
+
+def run_calibrate(model: Path, out: Path, extra_inputs=None, **kw):
+    out.mkdir(parents=True)
+    params = CalibrateStage.model_validate({"kind": "calibrate", **kw})
+    return calibrate.run(params, {"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}, out)
+
+
+def assert_trt_ready(model: Path, shape: dict[str, list[int]]) -> None:
+    q = onnx.load(str(model))
+    dq_inputs = {n.input[0] for n in q.graph.node if n.op_type == "DequantizeLinear"}
+    int32 = [i.name for i in q.graph.initializer if i.name in dq_inputs and i.data_type == TensorProto.INT32]
+    assert not int32, f"a quantized bias (INT32 DequantizeLinear) breaks TensorRT: {int32}"
+    assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) > 10
+    if HAVE_TRT:
+        from stages.trt_backend import build_engine
+        built = build_engine(model, [{k: (v, v, v) for k, v in shape.items()}])
+        assert len(built["engine"]) > 100_000
+
+
+def test_real_photos_through_the_parity_preprocessing(tmp_path):
+    pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
+    inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
+    result = run_calibrate(SQUEEZENET, tmp_path / "out", inputs, data={"images": "*.png", "samples": 4},
+                           holdout=1, trt_calibration_cache=True, method="percentile", percentile=99.9)
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["calibration_samples"] == 3 and report["holdout_samples"] == 1
+    assert report["data"].startswith("images via preprocess")
+    out = report["accuracy"]["outputs"]["logits"]
+    assert out["cosine"] > 0.99 and out["nan"] == 0 and "simulated" in report["accuracy"]["runtime"]
+    assert_trt_ready(result.outputs["model"], {"input": [1, 3, 224, 224]})
+    cache = result.outputs["trt_calibration_cache"].read_text().splitlines()
+    assert cache[0].startswith("TRT-") and cache[0].endswith("-EntropyCalibration2")
+    name, hexscale = cache[1].split(": ")
+    scale = struct.unpack(">f", bytes.fromhex(hexscale))[0]
+    ranges = json.loads(result.outputs["ranges"].read_text())["data"]
+    assert name in ranges and 0 < scale < 10
+
+
+def test_prepared_ppocr_with_random_data_builds(tmp_path):
+    from stages.onnx_inspect import constants_to_initializers, sanitize_dims
+    from onnx import version_converter
+    m = onnx.load(str(EXAMPLE_MODEL))
+    with pytest.raises(StageError, match="Q/DQ quantization needs opset >= 13, the model is at opset 11"):
+        run_calibrate(EXAMPLE_MODEL, tmp_path / "raw", data={"random": True})
+    sanitize_dims(m)
+    m = version_converter.convert_version(m, 17)
+    constants_to_initializers(m)  # what prepare hands over: weights as initializers, so they get quantized
+    model = tmp_path / "prepared.onnx"
+    onnx.save(m, str(model))
+    result = run_calibrate(model, tmp_path / "out", data={"random": True, "samples": 8, "shapes": {"x": [1, 3, 48, 192]}},
+                           method="minmax", holdout=4)
+    assert result.metrics["quantize_linear_nodes"] > 10
+    assert_trt_ready(result.outputs["model"], {"x": [1, 3, 48, 192]})
+
+
+def _tensors(tmp_path: Path, n: int, shape=(1, 3, 224, 224)) -> list[Artifact]:
+    rng = np.random.default_rng(1)
+    arts = []
+    for i in range(n):
+        f = tmp_path / f"t{i:03d}.npy"
+        np.save(f, rng.standard_normal(shape).astype(np.float32))
+        arts.append(Artifact(f, "file", f.name))
+    return arts
+
+
+def test_bad_input(tmp_path):
+    tensors = {"tensors": _tensors(tmp_path, 4)}
+    data = {"tensors": "*.npy", "samples": 100}
+    with pytest.raises(StageError, match=r"2 calibration sample\(s\), fewer than min_samples 10"):
+        run_calibrate(SQUEEZENET, tmp_path / "a", tensors, data=data, min_samples=10, holdout=2)
+    warned = run_calibrate(SQUEEZENET, tmp_path / "b", tensors, data=data, min_samples=10, holdout=2,
+                           on_too_few="warn", method="minmax")
+    assert any("fewer than min_samples" in w for w in warned.warnings)
+    with pytest.raises(StageError, match=r"exclude_nodes: no node named '/features/features.0/Conv_'"):
+        run_calibrate(SQUEEZENET, tmp_path / "c", tensors, data=data, exclude_nodes=["/features/features.0/Conv_"])
+    (tmp_path / "w").mkdir()
+    wrong = {"tensors": _tensors(tmp_path / "w", 3, (1, 3, 64))}
+    with pytest.raises(StageError, match=r"gives shape \[1, 3, 64\], which does not fit the model's input 'input'"):
+        run_calibrate(SQUEEZENET, tmp_path / "d", wrong, data=data)
+    with pytest.raises(StageError, match="the calibration set is empty"):
+        run_calibrate(SQUEEZENET, tmp_path / "e", {"tensors": []}, data=data)
+
+
+def test_nothing_to_quantize(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = tmp_path / "relu.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    with pytest.raises(StageError, match="nothing to quantize: the model has no Conv/ConvTranspose/Gemm/MatMul"):
+        run_calibrate(model, tmp_path / "out", data={"random": True})
+
+
+def test_ranges_are_reused_until_the_data_changes(write_yaml, workdir):
+    from flows.runner import Runner
+    from pipelines.loader import load_pipeline
+
+    (workdir / "calib").mkdir()
+    _tensors(workdir / "calib", 6)
+    import shutil
+    shutil.copy(SQUEEZENET, workdir / "models" / "sq.onnx")
+    path = write_yaml("""
+        version: 1
+        name: int8
+        model: models/sq.onnx
+        stages:
+          int8: {kind: calibrate, data: {tensors: "calib/*.npy", samples: 6}, method: minmax, holdout: 2}
+        """)
+    runner = Runner(load_pipeline(path))
+    runner.store.ensure_writable()
+    first = runner.run_stage("int8", {})
+    assert set(first.manifest["outputs"]) >= {"model", "ranges", "report"}
+    assert Runner(load_pipeline(path)).plan()[0].action == "reuse"
+    np.save(workdir / "calib" / "t000.npy", np.zeros((1, 3, 224, 224), np.float32))
+    item = Runner(load_pipeline(path)).plan()[0]
+    assert (item.action, item.reason) == ("run", "input 'tensors' changed")
