@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 EXIT_STAGE_FAILED = 1
@@ -68,7 +69,7 @@ def _fail(exc: BaseException, verbose: bool) -> int:
         err.print_exception(show_locals=False)
     known = isinstance(exc, TrtflowError | StageError)
     message = str(exc) if known else f"{type(exc).__name__}: {exc}"
-    err.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     if not known and not verbose:
         err.print("(unexpected: run again with --verbose for the traceback)")
     return EXIT_BAD_INPUT if isinstance(exc, SpecError) or type(exc).__name__ == "StoreError" else \
@@ -104,7 +105,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         ins = ", ".join([f"{slot} <- " + ", ".join(f"{e.stage}.{e.output}" for e in edges)
                          for slot, edges in node.inputs.items()]
                         + [f"{slot} <- {pattern}" for slot, (pattern, _) in node.spec.data_globs().items()])
-        table.add_row(name, node.spec.kind, ins or "-")
+        table.add_row(name, escape(node.spec.kind), escape(ins) or "-")
     out.print(table)
     out.print(f"[green]ok[/] {args.pipeline} is valid")
     return 0
@@ -126,7 +127,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     style = {"reuse": "green", "run": "yellow", "error": "red"}
     for it in items:
-        table.add_row(it.name, it.kind, f"[{style[it.action]}]{it.action}[/]", it.reason,
+        table.add_row(it.name, escape(it.kind), f"[{style[it.action]}]{it.action}[/]", escape(it.reason),
                       (it.key or "")[:12], it.environment)
     out.print(table)
     n_run = sum(i.action == "run" for i in items)
@@ -178,20 +179,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif event == "done":
             o = payload
             mark = "[green]reused[/]" if o.status == "reused" else "[cyan]ran[/]"
-            out.print(f"  {mark:>20} [bold]{name}[/] ({o.kind}) {o.seconds:6.2f}s  key {o.key[:12]}  "
-                      f"[dim]{o.reason}[/]")
+            out.print(f"  {mark:>20} [bold]{name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key {o.key[:12]}  "
+                      f"[dim]{escape(o.reason)}[/]")
             for w in o.manifest.get("warnings", []) if o.status == "ran" else []:
-                out.print(f"           [yellow]warning:[/] {w}")
+                out.print(f"           [yellow]warning:[/] {escape(w)}")
         elif event == "fail":
             out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/]")
 
+    def on_progress(what: str, done: int, total: int) -> None:
+        status.update(f"{what} {done}/{total} ...")
+
+    from stages import progress
+
     pf.LISTENERS.append(listen)
+    progress.LISTENERS.append(on_progress)
     try:
         results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
                                    force=args.force, store=str(runner.store.root))
     finally:
         status.stop()
         pf.LISTENERS.remove(listen)
+        progress.LISTENERS.remove(on_progress)
     ran = sum(r["status"] == "ran" for r in results)
     out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
               f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.root}")

@@ -5,12 +5,13 @@ import re
 from typing import Any, Callable
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
 from flows.fingerprint import describe
 from flows.runner import Runner, StageOutcome
 from pipelines.loader import load_pipeline
+from stages import progress
 from stages.base import StageError, StageFailed
 from pipelines.errors import TrtflowError
 
@@ -33,16 +34,37 @@ def artifact_key(pipeline: str, stage: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{pipeline}-{stage}".lower()).strip("-")
 
 
+def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
+    """A Prefect progress artifact for a stage's long work, updated every 5%."""
+    state: dict[str, Any] = {}
+
+    def on_progress(what: str, done: int, total: int) -> None:
+        pct = 100.0 * done / max(total, 1)
+        if "id" not in state:
+            state["id"] = create_progress_artifact(progress=pct, key=f"{key}-progress",
+                                                   description=f"trtflow stage {stage}: {what}")
+            state["last"] = pct
+        elif pct - state["last"] >= 5 or done == total:
+            update_progress_artifact(state["id"], progress=pct)
+            state["last"] = pct
+
+    return on_progress
+
+
 @task(cache_policy=NONE, persist_result=False)
 def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
                force: list[str] | None) -> StageOutcome:
     key = artifact_key(runner.pipeline.spec.name, name)
+    listener = _progress_artifact(key, name)
+    progress.LISTENERS.append(listener)
     try:
         outcome = runner.run_stage(name, produced, force)
     except StageFailed as exc:  # the verdict is failure, but its report is worth showing
         create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
         raise
+    finally:
+        progress.LISTENERS.remove(listener)
     env = describe(outcome.manifest["key_parts"].get("env"))
     header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
               f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "") + "\n\n")

@@ -70,7 +70,11 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     assert len(errors) == 1 and "likely cause: R and B swapped — fix: read: rgb" in errors[0], bad.stderr
     good = trtflow("run", "pipeline.yaml", cwd=squeezenet)
     assert good.returncode == 0, good.stderr
-    assert "2 stages (1 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
+    assert "4 stages (3 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
     key = json.loads((squeezenet / ".trtflow" / "parity" / "last.json").read_text())["key"]
     report = json.loads((squeezenet / ".trtflow" / "parity" / key / "report.json").read_text())
     assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0
+    for variant in ("fp16", "int8"):  # both precision variants were made from the real photos
+        key = json.loads((squeezenet / ".trtflow" / variant / "last.json").read_text())["key"]
+        r = json.loads((squeezenet / ".trtflow" / variant / key / "report.json").read_text())
+        assert r["data"].startswith("images via preprocess") and r["accuracy"]["samples"] >= 1

@@ -101,3 +101,20 @@ def test_bad_model_through_the_cli(prefect_server, write_yaml, workdir, capsys, 
     assert "Traceback" not in captured.err
     stage_dir = workdir / ".trtflow" / "p"
     assert not [d for d in stage_dir.iterdir() if d.name != "last.json"], "nothing half-written is left"
+
+
+def test_calibration_progress_artifact(prefect_server, write_yaml, workdir, capsys):
+    import shutil
+
+    import numpy as np
+    from tests.test_calibrate_stage import SQUEEZENET
+    shutil.copy(SQUEEZENET, workdir / "models" / "sq.onnx")
+    (workdir / "calib").mkdir()
+    for i in range(6):
+        np.save(workdir / "calib" / f"{i}.npy", np.random.default_rng(i).standard_normal((1, 3, 224, 224))
+                .astype(np.float32))
+    path = write_yaml("version: 1\nname: prog\nmodel: models/sq.onnx\nstages:\n"
+                      "  int8: {kind: calibrate, data: {tensors: 'calib/*.npy'}, method: minmax, holdout: 1}\n")
+    assert cli.main(["run", str(path)]) == 0, capsys.readouterr().err
+    arts = _artifacts("prog-int8-progress")
+    assert arts and arts[0].type == "progress" and float(arts[0].data) == 100.0
