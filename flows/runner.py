@@ -23,7 +23,8 @@ from pipelines.loader import LoadedPipeline
 from stages import registry
 from stages.base import Artifact, StageError, StageFailed, StageResult
 
-KEY_FORMAT = 1  # bump when the recipe below changes, so no old result is mistaken for a new one
+KEY_FORMAT = 1
+SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)  # bump when the recipe below changes, so no old result is mistaken for a new one
 
 
 @dataclass
@@ -106,15 +107,20 @@ class Runner:
             for e in edges:
                 if e.stage == SOURCE:
                     path = self.pipeline.model_path
-                    arts.append(Artifact(path, "onnx", self.digests.artifact(path, "onnx")))
+                    arts.append(Artifact(path, "onnx", self.digests.artifact(path, "onnx"), SOURCE))
                 else:
                     m = produced[e.stage]
                     out = m["outputs"][e.output]
                     arts.append(Artifact(self.store.path(e.stage, m["key"]) / out["path"], out["type"],
-                                         out["digest"]))
+                                         out["digest"], e.stage))
             resolved[slot] = arts if node.many.get(slot) else arts[0]
         for slot, (pattern, keypath) in node.spec.data_globs().items():
             resolved[slot] = self._data_files(name, pattern, keypath)
+        if getattr(node.spec, "timing_cache", False):
+            # shared across runs and pipelines on this store; it speeds builds up and is not part of the key
+            shared = self.store.root / "shared"
+            shared.mkdir(parents=True, exist_ok=True)
+            resolved["timing_cache"] = Artifact(shared, SHARED_CACHE, "")
         return resolved
 
     def _data_files(self, stage: str, pattern: str, keypath: tuple) -> list[Artifact]:
@@ -141,7 +147,8 @@ class Runner:
             "version": impl.version,
             "params": spec.key_params(),
             "inputs": {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest)
-                       for slot, v in sorted(inputs.items())},
+                       for slot, v in sorted(inputs.items())
+                       if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
             "env": fingerprint(impl.env_facets),
         }
         refs = spec.code_refs()

@@ -21,6 +21,7 @@ class Artifact:
     path: Path
     type: str  # "onnx", "preprocess", "engines", "ranges", "json", ...
     digest: str  # sha256 of the content (for a model with external data: of all its files)
+    origin: str = ""  # the stage that produced it ("source" for the pipeline's model)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from stages.sample_data import SampleSource
 
 VERSION = "1"
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
-FLUSH_EVERY = 16  # calibration outputs held in memory before they are folded into the statistics
+FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 
 
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
@@ -73,17 +73,26 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
             shutil.copy(src, pre)
             warnings.append(f"quantization pre-processing failed ({str(exc).splitlines()[0] if str(exc) else exc!r}); "
                             f"quantized the model as is")
-    reader_feeds = data.feeds(0, n_calib)
-
     class Reader(CalibrationDataReader):
+        """Samples in chunks: ONNX Runtime folds each chunk into its statistics before asking for the next
+        (its entropy and percentile calibrators otherwise keep every intermediate output until the end)."""
+
         def __init__(self) -> None:
-            self.done = 0
+            self.done, self.pos, self.end = 0, 0, n_calib
+
+        def __len__(self) -> int:
+            return n_calib
+
+        def set_range(self, start_index: int, end_index: int) -> None:
+            self.pos, self.end = start_index, end_index
 
         def get_next(self):  # noqa: ANN201 - ONNX Runtime's interface
-            feed = next(reader_feeds, None)
-            if feed is not None:
-                self.done += 1
-                progress.report("calibrating", self.done, n_calib)
+            if self.pos >= self.end:
+                return None
+            feed = data.sample(self.pos)
+            self.pos += 1
+            self.done += 1
+            progress.report("calibrating", self.done, n_calib)
             return feed
 
     method = {"entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile,
@@ -99,7 +108,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
             calibration_cache_path=str(ranges),
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                            "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
-                           "CalibMaxIntermediateOutputs": FLUSH_EVERY, "CalibPercentile": params.percentile})
+                           "CalibStridedMinMax": _chunk(n_calib), "CalibPercentile": params.percentile})
 
     cand = session(out)
     cmp = accuracy.Comparison()
@@ -125,6 +134,11 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     metrics = {"calibration_samples": reader.done, "quantize_linear_nodes": n_q,
                "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
     return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
+
+
+def _chunk(n: int) -> int:
+    """The largest chunk size up to FLUSH_EVERY that divides n (ONNX Runtime requires equal chunks)."""
+    return max(d for d in range(1, min(FLUSH_EVERY, n) + 1) if n % d == 0)
 
 
 def _excluded_nodes(model: Any, params: Any) -> set[str]:

@@ -10,8 +10,8 @@ from typing import Any, Callable
 from stages.base import StageError
 
 IMPLEMENTED = {"prepare": "stages.prepare", "parity": "stages.parity", "precision": "stages.precision",
-               "calibrate": "stages.calibrate"}
-PLANNED = ("build", "validate", "benchmark")
+               "calibrate": "stages.calibrate", "build": "stages.build"}
+PLANNED = ("validate", "benchmark")
 
 # The environment facts that enter a kind's cache key. The TensorRT parser's verdict depends on its version;
 # engines and measurements depend on the GPU and driver too.

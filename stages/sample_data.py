@@ -40,9 +40,9 @@ class SampleSource:
     def feeds(self, start: int = 0, stop: int | None = None) -> Iterator[Feeds]:
         stop = self.count if stop is None else stop
         for i in range(start, stop):
-            yield self._one(i)
+            yield self.sample(i)
 
-    def _one(self, i: int) -> Feeds:
+    def sample(self, i: int) -> Feeds:
         first = self.model_inputs[0]
         if self.pre is not None:
             return {first.name: self._fit(first, self.pre(self.files[i]), self.files[i])}

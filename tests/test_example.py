@@ -70,7 +70,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     assert len(errors) == 1 and "likely cause: R and B swapped — fix: read: rgb" in errors[0], bad.stderr
     good = trtflow("run", "pipeline.yaml", cwd=squeezenet)
     assert good.returncode == 0, good.stderr
-    assert "4 stages (3 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
+    assert "5 stages (4 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
     key = json.loads((squeezenet / ".trtflow" / "parity" / "last.json").read_text())["key"]
     report = json.loads((squeezenet / ".trtflow" / "parity" / key / "report.json").read_text())
     assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0
@@ -78,3 +78,6 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
         key = json.loads((squeezenet / ".trtflow" / variant / "last.json").read_text())["key"]
         r = json.loads((squeezenet / ".trtflow" / variant / key / "report.json").read_text())
         assert r["data"].startswith("images via preprocess") and r["accuracy"]["samples"] >= 1
+    key = json.loads((squeezenet / ".trtflow" / "build" / "last.json").read_text())["key"]
+    cells = json.loads((squeezenet / ".trtflow" / "build" / key / "report.json").read_text())["cells"]
+    assert len(cells) == 6 and all(c["status"] == "ok" for c in cells)  # 3 variants x 2 profiles, built in CI

@@ -1,0 +1,163 @@
+"""Build one engine (one cell of the build matrix) in its own process: `python -m stages.trt_build_worker SPEC`.
+
+A crash inside the TensorRT library ends this process only; the build stage reports that cell as failed.
+Writes `engine.plan`, `build.log` and `build.json` into the cell directory named in the spec.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
+
+
+def build(spec: dict[str, Any]) -> dict[str, Any]:
+    import importlib
+
+    trt = importlib.import_module(spec["module"])
+    cell = Path(spec["cell_dir"])
+    log_lines: list[str] = []
+    threshold = getattr(trt.ILogger.Severity, SEVERITY[spec["log_severity"]])
+
+    class Capture(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg) -> None:  # noqa: ANN001 - TensorRT's signature
+            if severity <= threshold:
+                log_lines.append(f"[{str(severity).split('.')[-1]}] {msg}")
+
+    logger = Capture()
+    t0 = time.perf_counter()
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    try:
+        if not parser.parse_from_file(spec["model"]):
+            errs = [parser.get_error(i) for i in range(parser.num_errors)]
+            raise BuildError("parse failed: " + "; ".join(f"{e.node_name()} ({e.node_operator()}): {e.desc()}"
+                                                          for e in errs[:5]),
+                             failures=[{"node": e.node_name(), "op_type": e.node_operator(), "reason": e.desc()}
+                                       for e in errs])
+        config = builder.create_builder_config()
+        applied = configure(trt, builder, config, spec)
+        cache = None
+        if spec.get("timing_cache"):
+            path = Path(spec["timing_cache"])
+            cache = config.create_timing_cache(path.read_bytes() if path.exists() else b"")
+            config.set_timing_cache(cache, ignore_mismatch=False)
+        for prof in spec["profiles"]:
+            p = builder.create_optimization_profile()
+            for name, (lo, opt, hi) in prof["shapes"].items():
+                p.set_shape(name, lo, opt, hi)
+            config.add_optimization_profile(p)
+        engine = builder.build_serialized_network(network, config)
+        if engine is None:
+            raise BuildError("the builder returned no engine: " + (log_lines[-1] if log_lines else "no log"))
+        data = bytes(engine)
+        seconds = time.perf_counter() - t0
+        (cell / "engine.plan").write_bytes(data)
+        if cache is not None:
+            _save_atomic(Path(spec["timing_cache"]), bytes(config.get_timing_cache().serialize()))
+        info: dict[str, Any] = {
+            "status": "ok", "runtime": f"{spec['flavour']} {spec['version']}", "seconds": round(seconds, 3),
+            "engine_bytes": len(data), "layers": network.num_layers, "options": applied,
+            "inputs": [_tensor(network.get_input(i)) for i in range(network.num_inputs)],
+            "outputs": [_tensor(network.get_output(i)) for i in range(network.num_outputs)],
+            "profiles": spec["profiles"], "target": spec["target"],
+        }
+        info["validity"] = validity(trt, logger, data, log_lines)
+        return info
+    finally:
+        (cell / "build.log").write_text("\n".join(log_lines) + "\n")
+
+
+class BuildError(Exception):
+    def __init__(self, message: str, failures: list | None = None):
+        super().__init__(message)
+        self.failures = failures or []
+
+
+def configure(trt: Any, builder: Any, config: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Apply builder options; the build stage has already refused the ones this backend lacks."""
+    o = spec["options"]
+    applied: dict[str, Any] = {}
+    if o.get("optimization_level") is not None:
+        config.builder_optimization_level = o["optimization_level"]
+        applied["optimization_level"] = o["optimization_level"]
+    if o.get("workspace") is not None:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, o["workspace"])
+        applied["workspace"] = o["workspace"]
+    if o.get("aux_streams") is not None:
+        config.max_aux_streams = o["aux_streams"]
+        applied["aux_streams"] = o["aux_streams"]
+    if o.get("hardware_compatibility"):
+        level = {"none": "NONE", "ampere_plus": "AMPERE_PLUS",
+                 "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}[o["hardware_compatibility"]]
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
+        applied["hardware_compatibility"] = o["hardware_compatibility"]
+    for key, flag in (("version_compatible", "VERSION_COMPATIBLE"), ("strip_plan", "STRIP_PLAN"),
+                      ("weight_streaming", "WEIGHT_STREAMING")):
+        if o.get(key):
+            config.set_flag(getattr(trt.BuilderFlag, flag))
+            applied[key] = True
+    for flag in o.get("legacy_precision", []):  # TensorRT 10 only; checked by the stage
+        config.set_flag(getattr(trt.BuilderFlag, flag.upper()))
+        applied.setdefault("legacy_precision", []).append(flag)
+    target = spec["target"]
+    if target != "native":
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(getattr(trt.ComputeCapability, target.upper()), 0)
+        applied["compute_capability"] = target
+    return applied
+
+
+def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> dict[str, Any]:
+    """Whether this machine could run the engine (TensorRT-RTX answers without a GPU); None where unknown."""
+    runtime = trt.Runtime(logger)
+    if not hasattr(runtime, "get_engine_validity"):
+        return {"checked": False, "reason": "this TensorRT has no Runtime.get_engine_validity"}
+    state, diagnostics = runtime.get_engine_validity(data)
+    names = [d for d in ("CUDA_ERROR", "INSUFFICIENT_GPU_MEMORY", "MALFORMED_ENGINE", "OLD_CUDA_DRIVER",
+                         "OLD_CUDA_RUNTIME", "UNSUPPORTED_CC", "VERSION_MISMATCH")
+             if int(diagnostics) & int(getattr(trt.EngineInvalidityDiagnostics, d))]
+    result = {"checked": True, "validity": str(state).split(".")[-1], "diagnostics": names}
+    if str(state).endswith("INVALID") and not names:  # e.g. no GPU or driver at all: the log says which
+        result["reason"] = next((ln for ln in reversed(log_lines) if "GPU" in ln or "CUDA" in ln), None)
+    return result
+
+
+def _tensor(t: Any) -> dict[str, Any]:
+    return {"name": t.name, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[-1]}
+
+
+def _save_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    cell = Path(spec["cell_dir"])
+    try:
+        info = build(spec)
+        code = 0
+    except BuildError as exc:
+        info, code = {"status": "failed", "error": str(exc), "failures": exc.failures}, 2
+    except Exception as exc:  # noqa: BLE001 - reported in build.json; the cell fails, not the stage process
+        info, code = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}, 2
+    info["peak_host_memory_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    (cell / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
