@@ -1,0 +1,82 @@
+"""Engine build matrix wall time: serial vs parallel, and a cold vs a warm (reused) timing cache.
+
+The matrix is the squeezenet example's: FP32, FP16 and INT8 variants (made by the precision and calibrate
+stages) x two profiles (batch 1; batch 1..32) = 6 engines, built by the installed TensorRT flavour (TensorRT-RTX
+on a machine without a GPU). All configurations run in the same session, median of N rounds.
+
+    python bench/build.py [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from pipelines.schema import BuildStage, CalibrateStage, PrecisionStage
+from stages import build, calibrate, precision
+from stages.base import Artifact
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"
+PROFILES = {"bs1": {"input": {"min": [1, 3, 224, 224], "opt": [1, 3, 224, 224], "max": [1, 3, 224, 224]}},
+            "dynamic": {"input": {"min": [1, 3, 224, 224], "opt": [8, 3, 224, 224], "max": [32, 3, 224, 224]}}}
+
+
+def variants(tmp: Path) -> list[Artifact]:
+    random = {"random": True, "samples": 8, "shapes": {"input": [1, 3, 224, 224]}}
+    fp32 = Artifact(MODEL, "onnx", "a", "fp32")
+    (tmp / "fp16").mkdir()
+    fp16 = precision.run(PrecisionStage.model_validate({"kind": "precision", "data": random, "holdout": 1}),
+                         {"model": fp32}, tmp / "fp16").outputs["model"]
+    (tmp / "int8").mkdir()
+    int8 = calibrate.run(CalibrateStage.model_validate({"kind": "calibrate", "data": random, "holdout": 0}),
+                         {"model": fp32}, tmp / "int8").outputs["model"]
+    return [fp32, Artifact(fp16, "onnx", "b", "fp16"), Artifact(int8, "onnx", "c", "int8")]
+
+
+def timed_build(models: list[Artifact], parallel: int, cache_dir: Path | None) -> float:
+    params = BuildStage.model_validate({"kind": "build", "profiles": PROFILES, "parallel": parallel,
+                                        "timing_cache": cache_dir is not None})
+    inputs: dict = {"models": models}
+    if cache_dir is not None:
+        inputs["timing_cache"] = Artifact(cache_dir, "shared-cache", "")
+    with tempfile.TemporaryDirectory() as out:
+        t0 = time.perf_counter()
+        build.run(params, inputs, Path(out))
+        return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    times: dict[str, list[float]] = {k: [] for k in ("serial", "parallel", "cold cache", "warm cache")}
+    with tempfile.TemporaryDirectory() as tmp:
+        models = variants(Path(tmp))
+        runtime = build.backend("auto")
+        for _ in range(args.rounds):
+            times["serial"].append(timed_build(models, 1, None))
+            times["parallel"].append(timed_build(models, 2, None))
+            with tempfile.TemporaryDirectory() as cache:
+                times["cold cache"].append(timed_build(models, 1, Path(cache)))
+                times["warm cache"].append(timed_build(models, 1, Path(cache)))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    table = Table(title=f"build matrix: 3 variants x 2 profiles = 6 engines, {runtime['flavour']} "
+                        f"{runtime['version']}, median of {args.rounds}", title_justify="left")
+    for col in ("configuration", "wall s", "x baseline"):
+        table.add_column(col, justify="left" if col == "configuration" else "right")
+    table.add_row("serial (parallel: 1) — baseline", f"{med['serial']:.2f}", "1.00")
+    table.add_row("parallel: 2", f"{med['parallel']:.2f}", f"{med['serial'] / med['parallel']:.2f}x faster")
+    table.add_row("serial, timing cache cold — baseline", f"{med['cold cache']:.2f}", "1.00")
+    table.add_row("serial, timing cache reused", f"{med['warm cache']:.2f}",
+                  f"{med['cold cache'] / med['warm cache']:.2f}x faster")
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    main()
