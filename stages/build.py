@@ -6,7 +6,6 @@ report instead of the pipeline. Strongly typed by default: precision comes from 
 """
 from __future__ import annotations
 
-import difflib
 import json
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import onnx
 
 from stages import progress
 from stages.base import Artifact, StageError, StageFailed, StageResult
-from stages.onnx_inspect import graph_inputs
+from stages.onnx_inspect import did_you_mean, graph_inputs
 from stages.trt_env import INSTALL_HINT, detect_tensorrt
 
 VERSION = "1"
@@ -28,30 +27,16 @@ CELL_TIMEOUT_S = 3600
 
 
 def backend(requested: str) -> dict[str, str]:
-    found = detect_tensorrt()
     if requested == "auto":
+        found = detect_tensorrt()
         if found is None:
             raise StageError(f"build: no TensorRT flavour is installed: {INSTALL_HINT}")
         return found
-    import importlib.util
-    module = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}[requested]
-    if importlib.util.find_spec(module) is None:
-        hint = "pip install tensorrt-rtx-cu13" if requested == "tensorrt-rtx" else "install TensorRT (pip install tensorrt)"
+    found = detect_tensorrt(only={"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}[requested])
+    if found is None:
+        hint = "pip install tensorrt-rtx-cu13" if requested == "tensorrt-rtx" else "install TensorRT"
         raise StageError(f"build: backend: {requested} is not installed ({hint}), or use backend: auto")
-    if found and found["module"] == module:
-        return found
-    from stages.trt_env import FLAVOURS
-    import importlib.metadata as md
-    version = "unknown"
-    for mod, _, dists in FLAVOURS:
-        if mod == module:
-            for d in dists:
-                try:
-                    version = md.version(d)
-                    break
-                except md.PackageNotFoundError:
-                    pass
-    return {"flavour": requested, "module": module, "version": version}
+    return found
 
 
 def check_options(params: Any, be: dict[str, str]) -> None:
@@ -72,9 +57,8 @@ def check_options(params: Any, be: dict[str, str]) -> None:
         known = {m.lower() for m in trt.ComputeCapability.__members__ if m.startswith("SM")}
         for t in bad_targets:
             if t.lower() not in known:
-                close = difflib.get_close_matches(t.lower(), sorted(known), n=1)
                 raise StageError(f"build: unknown target '{t}' for {be['flavour']} {be['version']}; known: "
-                                 f"{', '.join(sorted(known))}" + (f" (did you mean '{close[0]}'?)" if close else ""))
+                                 f"{', '.join(sorted(known))}{did_you_mean(t.lower(), sorted(known))}")
         for opt, attr in (("hardware_compatibility", "hardware_compatibility_level"),):
             if getattr(params, opt) and not hasattr(trt.IBuilderConfig, attr):
                 raise StageError(f"build: {opt} is not available in {be['flavour']} {be['version']}")
@@ -104,10 +88,8 @@ def resolve_profiles(params: Any, inputs: dict[str, list[Any]], variant: str) ->
         where = f"profiles.{pname}"
         for name in shapes:
             if name not in inputs:
-                close = [i for i in inputs if i.lower() == name.lower()] or \
-                    difflib.get_close_matches(name, list(inputs), n=1)
                 raise StageError(f"build: {where}: model '{variant}' has no input '{name}'"
-                                 + (f" (did you mean '{close[0]}'?)" if close else f"; inputs: {', '.join(inputs)}"))
+                                 f"{did_you_mean(name, list(inputs)) or '; inputs: ' + ', '.join(inputs)}")
         out: dict[str, tuple] = {}
         for name, dims in inputs.items():
             rng = shapes.get(name)

@@ -8,7 +8,6 @@ does not grow with the number of samples. The per-tensor ranges are an output of
 from __future__ import annotations
 
 import contextlib
-import difflib
 import io
 import json
 import shutil
@@ -20,6 +19,7 @@ import numpy as np
 
 from stages import accuracy, onnx_io, ort_compare, progress
 from stages.base import Artifact, StageError, StageResult
+from stages.onnx_inspect import did_you_mean, require_op_types
 from stages.ort_compare import RUNTIME, session
 from stages.sample_data import SampleSource
 
@@ -142,18 +142,11 @@ def _chunk(n: int) -> int:
 
 
 def _excluded_nodes(model: Any, params: Any) -> set[str]:
-    names = [n.name for n in model.graph.node]
+    names = [n.name for n in model.graph.node if n.name]
     for name in params.exclude_nodes:
         if name not in names:
-            close = difflib.get_close_matches(name, [n for n in names if n], n=1)
-            raise StageError(f"calibrate: exclude_nodes: no node named '{name}'"
-                             + (f" (did you mean '{close[0]}'?)" if close else ""))
-    ops = {n.op_type for n in model.graph.node}
-    for op in params.exclude_ops:
-        if op not in ops:
-            close = difflib.get_close_matches(op, sorted(ops), n=1)
-            raise StageError(f"calibrate: exclude_ops: the model has no '{op}' node"
-                             + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise StageError(f"calibrate: exclude_nodes: no node named '{name}'{did_you_mean(name, names)}")
+    require_op_types(model, params.exclude_ops, "calibrate: exclude_ops")
     return set(params.exclude_nodes) | {n.name for n in model.graph.node if n.op_type in params.exclude_ops}
 
 

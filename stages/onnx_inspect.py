@@ -1,12 +1,15 @@
 """What a model is: opsets, ops per domain, inputs/outputs, dynamic dimensions; and sanitizing odd dims."""
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from typing import Any
 
 import onnx
 from onnx import helper
+
+from stages.base import StageError
 
 
 def opsets(model: onnx.ModelProto) -> dict[str, int]:
@@ -120,3 +123,16 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
         del model.graph.node[:]
         model.graph.node.extend(keep)
     return moved
+
+
+def did_you_mean(name: str, options: list[str]) -> str:
+    close = [o for o in options if o.lower() == name.lower()] or difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def require_op_types(model: onnx.ModelProto, ops: list[str], where: str) -> None:
+    """Every op type a parameter names must occur in the model: a typo otherwise silently does nothing."""
+    present = sorted({n.op_type for n in model.graph.node})
+    for op in ops:
+        if op not in present:
+            raise StageError(f"{where}: the model has no '{op}' node{did_you_mean(op, present)}")

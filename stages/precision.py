@@ -7,7 +7,6 @@ cannot carry, the ones the YAML blocks, and, with `fallback.max_rel_error`, thos
 """
 from __future__ import annotations
 
-import difflib
 import json
 import warnings
 import re
@@ -21,6 +20,7 @@ from onnx import numpy_helper
 
 from stages import accuracy, onnx_io
 from stages.base import Artifact, StageError, StageResult
+from stages.onnx_inspect import did_you_mean, require_op_types
 from stages import ort_compare
 from stages.ort_compare import RUNTIME, session
 from stages.sample_data import SampleSource
@@ -116,15 +116,8 @@ def block_list(model: onnx.ModelProto, params: Any, peak: dict[str, float]) -> d
     names = [n.name for n in model.graph.node]
     for pattern in params.block_nodes:
         if not any(re.fullmatch(pattern, n) for n in names):
-            close = difflib.get_close_matches(pattern, names, n=1)
-            raise StageError(f"precision: block_nodes: no node matches '{pattern}'"
-                             + (f" (did you mean '{close[0]}'?)" if close else ""))
-    ops = {n.op_type for n in model.graph.node}
-    for op in params.block_ops:
-        if op not in ops:
-            close = difflib.get_close_matches(op, sorted(ops), n=1)
-            raise StageError(f"precision: block_ops: the model has no '{op}' node"
-                             + (f" (did you mean '{close[0]}'?)" if close else ""))
+            raise StageError(f"precision: block_nodes: no node matches '{pattern}'{did_you_mean(pattern, names)}")
+    require_op_types(model, params.block_ops, "precision: block_ops")
     inits = {i.name: i for i in model.graph.initializer}
     fb = params.fallback
     blocked: dict[str, str] = {}

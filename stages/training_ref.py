@@ -3,7 +3,6 @@ a user's callable, or tensors the training code saved."""
 from __future__ import annotations
 
 import ast
-import difflib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,10 +57,9 @@ def _parse_transform(text: str, T: Any) -> Any:
     name = node.func.id
     cls = getattr(T, name, None)
     if cls is None or not isinstance(cls, type):
+        from stages.onnx_inspect import did_you_mean
         names = [n for n in dir(T) if n[:1].isupper()]
-        close = difflib.get_close_matches(name, names, n=1)
-        raise StageError(f"training.torchvision: unknown transform '{name}'"
-                         + (f" (did you mean '{close[0]}'?)" if close else ""))
+        raise StageError(f"training.torchvision: unknown transform '{name}'{did_you_mean(name, names)}")
 
     def value(v: ast.AST) -> Any:
         if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "InterpolationMode":

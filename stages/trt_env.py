@@ -15,8 +15,11 @@ FLAVOURS = (
 INSTALL_HINT = "pip install tensorrt-rtx-cu13 (parses and builds without a GPU), or install TensorRT"
 
 
-def detect_tensorrt() -> dict[str, str] | None:
+def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
+    """The preferred installed flavour, or with `only` ("tensorrt" / "tensorrt_rtx") that module's, if installed."""
     for module, flavour, dists in FLAVOURS:
+        if only is not None and module != only:
+            continue
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
