@@ -23,7 +23,7 @@ def trtflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def example(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "examples" / "ppocr-cls", tmp_path / "ppocr-cls")
+    shutil.copytree(ROOT / "examples" / "ppocr-cls", tmp_path / "ppocr-cls", ignore=shutil.ignore_patterns(".trtflow"))
     shutil.copy(ROOT / "examples" / "trtflow.schema.json", tmp_path / "trtflow.schema.json")
     return tmp_path / "ppocr-cls"
 
@@ -31,7 +31,7 @@ def example(tmp_path: Path) -> Path:
 def test_example_end_to_end(example: Path):
     first = trtflow("run", "pipeline.yaml", cwd=example)
     assert first.returncode == 0, first.stderr + first.stdout
-    assert "1 stages (1 ran, 0 reused)" in first.stdout
+    assert "3 stages (3 ran, 0 reused)" in first.stdout
     assert "Traceback" not in first.stderr
 
     store = example / ".trtflow" / "prepare"
@@ -47,11 +47,17 @@ def test_example_end_to_end(example: Path):
 
     second = trtflow("run", "pipeline.yaml", cwd=example)
     assert second.returncode == 0, second.stderr
-    assert "1 stages (0 ran, 1 reused)" in second.stdout
+    assert "3 stages (0 ran, 3 reused)" in second.stdout
+
+    build = example / ".trtflow" / "build"
+    cells = json.loads((build / json.loads((build / "last.json").read_text())["key"] / "report.json").read_text())
+    assert [c["name"] for c in cells["cells"]] == ["prepare.lines.native", "fp16.lines.native"]
+    assert all(c["status"] == "ok" for c in cells["cells"])
 
     plan = trtflow("plan", "pipeline.yaml", "--set", "stages.prepare.target_opset=16", cwd=example)
     assert plan.returncode == 0, plan.stderr
     assert "params changed: target_opset 17 -> 16" in plan.stdout
+    assert "upstream prepare will run" in plan.stdout and "upstream fp16, prepare will run" in plan.stdout
 
 
 @pytest.fixture
