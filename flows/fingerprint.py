@@ -1,28 +1,9 @@
 """The environment facts that enter the keys of environment-dependent stages."""
 from __future__ import annotations
 
-import functools
-import shutil
-import subprocess
 from typing import Any
 
-
-@functools.lru_cache(maxsize=1)
-def gpus() -> list[dict[str, str]]:
-    """GPUs as nvidia-smi reports them; empty where there is none (as on CI)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    found = []
-    for line in out.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            found.append({"name": parts[0], "compute_capability": parts[1], "driver": parts[2]})
-    return found
+from stages.trt_env import gpus
 
 
 def fingerprint(facets: tuple[str, ...]) -> dict[str, Any] | None:

@@ -19,7 +19,8 @@ import onnx
 from stages import progress
 from stages.base import Artifact, StageError, StageFailed, StageResult
 from stages.onnx_inspect import did_you_mean, graph_inputs
-from stages.trt_env import INSTALL_HINT, detect_tensorrt
+from stages.trt_env import INSTALL_HINT, detect_tensorrt, gpus
+from stages.trt_preflight import hint_for
 
 VERSION = "1"
 RTX_ONLY = ("targets",)
@@ -165,8 +166,11 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         results = [f.result() for f in futures]
     wall = time.perf_counter() - t0
 
+    for r in results:
+        for f in r.get("failures", []):
+            f["hint"] = hint_for(f)
     failed = [r for r in results if r["status"] != "ok"]
-    report = {"backend": be, "cells": results, "wall_seconds": round(wall, 3), "parallel": params.parallel,
+    report = {"backend": be, "environment": {"tensorrt": be, "gpu": gpus() or None}, "cells": results, "wall_seconds": round(wall, 3), "parallel": params.parallel,
               "timing_cache": str(cache) if cache else None}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     result = StageResult(outputs={"engines": engines, "report": out_dir / "report.json"}, summary=summary(report),

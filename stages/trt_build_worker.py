@@ -73,6 +73,9 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
             "profiles": spec["profiles"], "target": spec["target"],
         }
         info["validity"] = validity(trt, logger, data, log_lines)
+        from stages.trt_env import gpus
+        info["environment"] = {"tensorrt": {"flavour": spec["flavour"], "version": spec["version"]},
+                               "gpu": gpus() or None}
         return info
     finally:
         (cell / "build.log").write_text("\n".join(log_lines) + "\n")

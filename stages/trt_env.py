@@ -1,8 +1,11 @@
 """Which TensorRT flavour is installed, found without importing it (importing TensorRT is slow and heavy)."""
 from __future__ import annotations
 
+import functools
 import importlib.metadata as md
 import importlib.util
+import shutil
+import subprocess
 
 # (module, flavour, distributions that may carry its version); full TensorRT first: it is what users deploy
 FLAVOURS = (
@@ -35,3 +38,21 @@ def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
                 continue
         return {"flavour": flavour, "module": module, "version": version}
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def gpus() -> list[dict[str, str]]:
+    """GPUs as nvidia-smi reports them; empty where there is none (as on CI)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3:
+            found.append({"name": parts[0], "compute_capability": parts[1], "driver": parts[2]})
+    return found

@@ -63,6 +63,7 @@ def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants):
         assert info["inputs"][0]["name"] == "input" and info["inputs"][0]["shape"] == [-1, 3, 224, 224]
         assert info["validity"]["checked"] and info["validity"]["validity"] in ("VALID", "INVALID", "SUBOPTIMAL")
         assert info["peak_host_memory_mb"] > 10 and (engine.parent / "build.log").exists()
+        assert info["environment"]["tensorrt"]["version"] == trt_env.detect_tensorrt()["version"]
     dyn = next(c for c in report["cells"] if c["name"] == "fp16.dynamic.native")
     assert dyn["shapes"]["dynamic"]["input"][2] == [8, 3, 224, 224]
     sizes = {c["variant"]: c["engine_bytes"] for c in report["cells"] if "bs1" in c["name"]}
@@ -88,6 +89,9 @@ def test_failing_parse_fails_the_cell_with_a_report(tmp_path):
                                           r"uniq0 \(Unique\)") as info:
         run_build([Artifact(bad, "onnx", "x", "prepare")], tmp_path / "out")
     assert "**failed**" in info.value.result.summary
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    failure = report["cells"][0]["failures"][0]
+    assert (failure["node"], failure["op_type"]) == ("uniq0", "Unique") and "host" in failure["hint"]
 
 
 def _prepared_ppocr(tmp_path: Path) -> Artifact:
