@@ -23,8 +23,8 @@ from pipelines.loader import LoadedPipeline
 from stages import registry
 from stages.base import Artifact, StageError, StageFailed, StageResult
 
-KEY_FORMAT = 1
-SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)  # bump when the recipe below changes, so no old result is mistaken for a new one
+KEY_FORMAT = 1  # bump when the recipe below changes, so no old result is mistaken for a new one
+SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)
 
 
 @dataclass
@@ -116,11 +116,11 @@ class Runner:
             resolved[slot] = arts if node.many.get(slot) else arts[0]
         for slot, (pattern, keypath) in node.spec.data_globs().items():
             resolved[slot] = self._data_files(name, pattern, keypath)
-        if getattr(node.spec, "timing_cache", False):
-            # shared across runs and pipelines on this store; it speeds builds up and is not part of the key
+        for slot in node.spec.shared_caches():
+            # shared across runs and pipelines on this store; it saves time and is not part of the key
             shared = self.store.root / "shared"
             shared.mkdir(parents=True, exist_ok=True)
-            resolved["timing_cache"] = Artifact(shared, SHARED_CACHE, "")
+            resolved[slot] = Artifact(shared, SHARED_CACHE, "")
         return resolved
 
     def _data_files(self, stage: str, pattern: str, keypath: tuple) -> list[Artifact]:

@@ -47,6 +47,10 @@ class StageBase(Strict):
         """User callables (package.module:function) named in the parameters."""
         return []
 
+    def shared_caches(self) -> list[str]:
+        """Input slots for caches shared across runs (outside the key), e.g. TensorRT timing caches."""
+        return []
+
     def key_params(self) -> dict[str, Any]:
         """The parameters that define the stage's work (and so its cache key)."""
         data = self.model_dump(mode="json", exclude=set(self.EXECUTION_FIELDS))
@@ -286,6 +290,9 @@ class BuildStage(StageBase):
         default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
     parallel: int = Field(2, ge=1, le=64)
     log_severity: Literal["error", "warning", "info", "verbose"] = "warning"
+
+    def shared_caches(self) -> list[str]:
+        return ["timing_cache"] if self.timing_cache else []
 
 
 # --- validate / benchmark --------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from stages.trt_env import INSTALL_HINT, detect_tensorrt, gpus
 from stages.trt_preflight import hint_for
 
 VERSION = "1"
-RTX_ONLY = ("targets",)
 CELL_TIMEOUT_S = 3600
 
 
@@ -60,9 +59,8 @@ def check_options(params: Any, be: dict[str, str]) -> None:
             if t.lower() not in known:
                 raise StageError(f"build: unknown target '{t}' for {be['flavour']} {be['version']}; known: "
                                  f"{', '.join(sorted(known))}{did_you_mean(t.lower(), sorted(known))}")
-        for opt, attr in (("hardware_compatibility", "hardware_compatibility_level"),):
-            if getattr(params, opt) and not hasattr(trt.IBuilderConfig, attr):
-                raise StageError(f"build: {opt} is not available in {be['flavour']} {be['version']}")
+        if params.hardware_compatibility and not hasattr(trt.IBuilderConfig, "hardware_compatibility_level"):
+            raise StageError(f"build: hardware_compatibility is not available in {be['flavour']} {be['version']}")
 
 
 def model_inputs(model: Path) -> dict[str, list[Any]]:

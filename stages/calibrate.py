@@ -19,7 +19,7 @@ import numpy as np
 
 from stages import accuracy, onnx_io, ort_compare, progress
 from stages.base import Artifact, StageError, StageResult
-from stages.onnx_inspect import did_you_mean, require_op_types
+from stages.onnx_inspect import default_opset, did_you_mean, require_op_types
 from stages.ort_compare import RUNTIME, session
 from stages.sample_data import SampleSource
 
@@ -42,17 +42,14 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     warnings: list[str] = []
     if len(data) == 0:
         raise StageError("calibrate: the calibration set is empty")
-    holdout = min(params.holdout, len(data) // 2) if data.from_files else params.holdout
-    n_calib = len(data) - holdout if data.from_files else len(data)
+    calib, hold = data.split(params.holdout)
+    n_calib, holdout = len(calib), len(hold)
     if n_calib < params.min_samples:
         msg = f"calibrate: {n_calib} calibration sample(s), fewer than min_samples {params.min_samples}"
         if params.on_too_few == "error":
             raise StageError(msg + " (add data, or set on_too_few: warn)")
         warnings.append(msg)
-    if not data.from_files:
-        data.count = n_calib + holdout
 
-    from stages.onnx_inspect import default_opset
     opset = default_opset(model) or 0
     if opset < 13:  # QuantizeLinear's axis (per-channel) and TensorRT's Q/DQ support start at opset 13
         raise StageError(f"calibrate: Q/DQ quantization needs opset >= 13, the model is at opset {opset}; "
@@ -112,7 +109,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
 
     cand = session(out)
     cmp = accuracy.Comparison()
-    for feed in data.feeds(n_calib, n_calib + holdout) if holdout else []:
+    for feed in data.feeds(hold):
         cmp.add(ort_compare.run(ref, feed), ort_compare.run(cand, feed))
     acc = cmp.result(SIMULATED)
     if not holdout:

@@ -20,9 +20,9 @@ def session(path: Path):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-       "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
-       "tensor(bool)": np.bool_}
+NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+            "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+            "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
 def concrete_shape(name: str, shape: list[Any], given: dict[str, list[int]]) -> list[int]:
@@ -32,20 +32,31 @@ def concrete_shape(name: str, shape: list[Any], given: dict[str, list[int]]) -> 
             for axis, d in enumerate(shape)]
 
 
+def random_input(inp: Any, given: dict[str, list[int]], rng: np.random.Generator) -> np.ndarray:
+    """Random data for one session input (normal floats, small integers, booleans)."""
+    shape = concrete_shape(inp.name, list(inp.shape), given)
+    dtype = NP_TYPES.get(inp.type)
+    if dtype is None:
+        raise ValueError(f"input '{inp.name}' has type {inp.type}, which random inputs do not cover")
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    if dtype is np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    return rng.integers(0, 8, shape).astype(dtype)
+
+
 def random_feeds(sess, given: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    feeds = {}
-    for inp in sess.get_inputs():
-        shape = concrete_shape(inp.name, list(inp.shape), given)
-        dtype = _NP.get(inp.type)
-        if dtype is None:
-            raise ValueError(f"input '{inp.name}' has type {inp.type}, which random inputs do not cover")
-        if np.issubdtype(dtype, np.floating):
-            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype is np.bool_:
-            feeds[inp.name] = rng.integers(0, 2, shape).astype(np.bool_)
-        else:
-            feeds[inp.name] = rng.integers(0, 8, shape).astype(dtype)
-    return feeds
+    return {inp.name: random_input(inp, given, rng) for inp in sess.get_inputs()}
+
+
+def fit_to_input(x: np.ndarray, inp: Any) -> np.ndarray | None:
+    """`x` with leading batch dimensions added and the input's dtype, or None if its shape cannot fit."""
+    want = list(inp.shape)
+    while x.ndim < len(want):
+        x = x[None]
+    if x.ndim != len(want) or any(isinstance(w, int) and w > 0 and w != s for w, s in zip(want, x.shape)):
+        return None
+    return x.astype(NP_TYPES.get(inp.type, np.float32))
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

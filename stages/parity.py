@@ -23,10 +23,6 @@ VERSION = "1"
 DIAGNOSIS_SAMPLES = 4
 
 
-def _deploy(pre: preprocess.Preprocessor, path: Path) -> np.ndarray:
-    return pre(path)
-
-
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     images: list[Artifact] = inputs["images"][: params.max_images]
     steps = preprocess.canonical(params.deploy)
@@ -41,7 +37,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         m.update(image=art.path.name, channels=_channel_stats(d, t) if m["shape_ok"] else None)
         rows.append(m)
         tensors.append((art.path, d, t))
-    tol = params.tolerances
+    tol = params.tolerances.model_dump()
     passed = [dx.passes(m, tol) for m in rows]
 
     model_check = None
@@ -53,7 +49,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     diagnosis = None
     if not pixel_ok:
         order = sorted(range(len(rows)), key=lambda i: -rows[i]["mean_abs"])[:DIAGNOSIS_SAMPLES]
-        diagnosis = dx.diagnose(steps, _deploy, [(tensors[i][0], tensors[i][2]) for i in order], tol)
+        diagnosis = dx.diagnose(steps, [(tensors[i][0], tensors[i][2]) for i in order], tol)
 
     worst = max(range(len(rows)), key=lambda i: rows[i]["mean_abs"])
     picture = None
@@ -66,7 +62,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         "verdict": "pass" if pixel_ok and model_ok else "fail",
         "preprocess_digest": pre.digest, "steps": steps,
         "runtimes": {"deploy": f"opencv {cv2.__version__}", "training": train_label},
-        "tolerances": tol.model_dump(), "images": rows, "model": model_check, "diagnosis": diagnosis,
+        "tolerances": tol, "images": rows, "model": model_check, "diagnosis": diagnosis,
         "worst_image": rows[worst]["image"],
     }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json) + "\n")
@@ -104,36 +100,30 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
 
 def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, Any]:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
-    from stages.ort_compare import RUNTIME, session
+    from stages.ort_compare import RUNTIME, fit_to_input, session
 
     sess = session(model)
     inp = sess.get_inputs()[0]
     want = list(inp.shape)
-
-    def fit(x: np.ndarray) -> np.ndarray:
-        while x.ndim < len(want):
-            x = x[None]
-        return x.astype(np.float32)
-
-    def fits(x: np.ndarray) -> bool:
-        return x.ndim == len(want) and all(not isinstance(w, int) or w <= 0 or w == s for w, s in zip(want, x.shape))
-
-    deploy_in = [fit(d) for _, d, _ in tensors]
-    if not fits(deploy_in[0]):
-        channel_axis = 1 if len(want) == 4 else None
-        if channel_axis and isinstance(want[1], int) and deploy_in[0].shape[1] != want[1] \
-                and deploy_in[0].shape[1] in (1, 3) and want[1] in (1, 3):
-            raise StageError(f"the preprocessed images have {deploy_in[0].shape[1]} channel(s) but the model's input "
+    first = tensors[0][1]
+    if fit_to_input(first, inp) is None:
+        while first.ndim < len(want):
+            first = first[None]
+        shape = list(first.shape)
+        if len(want) == 4 and len(shape) == 4 and isinstance(want[1], int) and shape[1] != want[1] \
+                and shape[1] in (1, 3) and want[1] in (1, 3):
+            raise StageError(f"the preprocessed images have {shape[1]} channel(s) but the model's input "
                              f"'{inp.name}' wants {want[1]} (read: {'rgb' if want[1] == 3 else 'gray'} fixes it)")
-        raise StageError(f"the preprocessed shape {list(deploy_in[0].shape)} does not fit the model's input "
+        raise StageError(f"the preprocessed shape {shape} does not fit the model's input "
                          f"'{inp.name}' {want}; fix the resize/crop/layout/batch steps")
+    deploy_in = [fit_to_input(d, inp) for _, d, _ in tensors]
     out_name = sess.get_outputs()[0].name
     agree1 = agree5 = 0
     max_diff = 0.0
     classifier = False
     for (path, _, t), d_in in zip(tensors, deploy_in):
-        t_in = fit(t)
-        if t_in.shape != d_in.shape:
+        t_in = fit_to_input(t, inp)
+        if t_in is None or t_in.shape != d_in.shape:
             return {"ran": False, "reason": "deploy and training tensors have different shapes", "ok": False}
         a = sess.run([out_name], {inp.name: d_in})[0]
         b = sess.run([out_name], {inp.name: t_in})[0]
@@ -147,13 +137,13 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, 
     result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": max_diff}
     if classifier:
         result.update(top1=agree1 / n, top5=agree5 / n)
-        result["ok"] = tol.top1 is None or result["top1"] >= tol.top1
+        result["ok"] = tol["top1"] is None or result["top1"] >= tol["top1"]
     return result
 
 
 def _failure_line(r: dict[str, Any]) -> str:
     rows = r["images"]
-    bad = [x for x in rows if not dx.passes_record(x, r["tolerances"])]
+    bad = [x for x in rows if not dx.passes(x, r["tolerances"])]
     worst = max(rows, key=lambda x: x["mean_abs"])
     what = (f"shape {worst['deploy_shape']} vs training {worst['training_shape']}" if not worst["shape_ok"]
             else f"worst mean |diff| {worst['mean_abs']:.3g}, max {worst['max_abs']:.3g}")
@@ -178,7 +168,7 @@ def _summary(r: dict[str, Any], picture: Path | None) -> str:
     for x in r["images"]:
         if x["shape_ok"]:
             lines.append(f"| {x['image']} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
-                         f"{'yes' if dx.passes_record(x, tol) else '**no**'} |")
+                         f"{'yes' if dx.passes(x, tol) else '**no**'} |")
         else:
             lines.append(f"| {x['image']} | shape {x['deploy_shape']} vs {x['training_shape']} | | | **no** |")
     lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"

@@ -39,12 +39,13 @@ def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> dict[str, Any]:
             "mean_abs": float(diff.mean()), "psnr": psnr}
 
 
-def passes(m: dict[str, Any], tol: Any) -> bool:
+def passes(m: dict[str, Any], tol: dict[str, Any]) -> bool:
+    """Whether one image's metrics are within the tolerances (as `ParityTolerances.model_dump()`)."""
     if not m["shape_ok"]:
         return False
-    ok = m["max_abs"] <= tol.max_abs and m["mean_abs"] <= tol.mean_abs
-    if tol.min_psnr is not None:
-        ok &= m["psnr"] >= tol.min_psnr
+    ok = m["max_abs"] <= tol["max_abs"] and m["mean_abs"] <= tol["mean_abs"]
+    if tol.get("min_psnr") is not None:
+        ok &= m["psnr"] >= tol["min_psnr"]
     return ok
 
 
@@ -97,7 +98,7 @@ def candidates(steps: Steps) -> Iterator[tuple[str, str, Steps]]:
         yield ("layout differs", "add layout: chw", steps[:at] + [{"layout": "chw"}] + steps[at:])
 
 
-def diagnose(steps: Steps, run_deploy, samples: list[tuple[Any, np.ndarray]], tol: Any) -> dict[str, Any]:
+def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str, Any]) -> dict[str, Any]:
     """Try every candidate on the worst samples; the best one that passes is the diagnosis."""
     from stages.preprocess import Preprocessor
     from stages.base import StageError
@@ -106,7 +107,7 @@ def diagnose(steps: Steps, run_deploy, samples: list[tuple[Any, np.ndarray]], to
     for cause, fix, changed in candidates(steps):
         try:
             pre = Preprocessor(changed)
-            metrics = [pixel_metrics(run_deploy(pre, path), train) for path, train in samples]
+            metrics = [pixel_metrics(pre(path), train) for path, train in samples]
         except StageError as exc:  # e.g. a crop larger than the image after the change
             tried.append({"cause": cause, "fix": fix, "ok": False, "error": str(exc)})
             continue
@@ -164,13 +165,3 @@ def friendly(steps: Steps) -> list[dict[str, Any]]:
 
 def to_yaml(steps: Steps) -> str:
     return yaml.safe_dump({"deploy": friendly(steps)}, default_flow_style=None, sort_keys=False, width=120)
-
-
-def passes_record(m: dict[str, Any], tol: dict[str, Any]) -> bool:
-    """`passes` for a metrics record and tolerances already written as JSON."""
-    if not m["shape_ok"]:
-        return False
-    ok = m["max_abs"] <= tol["max_abs"] and m["mean_abs"] <= tol["mean_abs"]
-    if tol.get("min_psnr") is not None:
-        ok &= m["psnr"] >= tol["min_psnr"]
-    return ok

@@ -42,9 +42,10 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     onnx_io.save(model, ref_path)
     ref = session(ref_path)
     data = SampleSource(params.data, inputs, ref.get_inputs(), "precision")
-    calib, hold = split(data, params.holdout)
+    calib, hold = data.split(params.holdout)
+    hold = hold or calib  # nothing to hold out: check accuracy on the samples used for the analysis
 
-    blocked = block_list(model, params, magnitudes(model, work, data.feeds(*calib)) if params.fallback.auto else {})
+    blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else {})
     if params.fallback.max_rel_error is not None:
         refined = too_inaccurate(model, emulated(model, params, blocked), work, data, calib,
                                  params.fallback.max_rel_error, blocked)
@@ -54,7 +55,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     onnx_io.save(fp16, out)
     try:
         real = session(out)
-        ort_compare.run(real, feed16(real, next(data.feeds(*hold))))
+        ort_compare.run(real, feed16(real, next(data.feeds(hold))))
     except Exception as exc:  # noqa: BLE001 - a converter bug shows up as an invalid graph here
         raise StageError(f"precision: the FP16 model does not run in ONNX Runtime: {str(exc).splitlines()[0]}; "
                          f"block the op type it names with block_ops") from None
@@ -63,14 +64,14 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     onnx_io.save(emulated(model, params, blocked), sim_path)
     sim = session(sim_path)
     cmp = accuracy.Comparison()
-    for feed in data.feeds(*hold):
+    for feed in data.feeds(hold):
         cmp.add(ort_compare.run(ref, feed), ort_compare.run(sim, feed))
     acc = cmp.result(SIMULATED)
     shutil.rmtree(work)
 
     total = len(model.graph.node)
     report = {"to": "fp16", "nodes": total, "kept_fp32": blocked, "data": data.label,
-              "calibration_samples": calib[1] - calib[0], "holdout_samples": hold[1] - hold[0],
+              "calibration_samples": len(calib), "holdout_samples": len(hold),
               "fallback": params.fallback.model_dump(), "accuracy": acc}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics = {"kept_fp32": len(blocked), "nodes": total,
@@ -99,16 +100,6 @@ def name_nodes(model: onnx.ModelProto) -> None:
                 name += "_"
             node.name = name
             taken.add(name)
-
-
-def split(data: SampleSource, holdout: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Calibration samples first, held-out ones last; with random data the held-out ones are extra samples."""
-    n = len(data)
-    if data.from_files:
-        h = min(holdout, n // 2) if n > 1 else 0
-        return (0, n - h), ((n - h, n) if h else (0, n))
-    data.count = n + holdout
-    return (0, n), (n, n + holdout) if holdout else (0, n)
 
 
 def block_list(model: onnx.ModelProto, params: Any, peak: dict[str, float]) -> dict[str, str]:
@@ -166,7 +157,7 @@ def emulated(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> on
 
 
 def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, data: SampleSource,
-                   calib: tuple[int, int], limit: float, blocked: dict[str, str]) -> list[str]:
+                   calib: range, limit: float, blocked: dict[str, str]) -> list[str]:
     """Nodes (not yet blocked) whose output differs from FP32 by more than `limit`, relative to its magnitude,
     in the per-node FP16 emulation."""
     from stages.tensor_ranges import expose_all
@@ -177,7 +168,7 @@ def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, dat
     common = sorted(ref_names & cand_names)
     ref, cand = session(ref_path), session(cand_path)
     worst: dict[str, float] = {}
-    for feed in data.feeds(calib[0], min(calib[1], calib[0] + 4)):
+    for feed in data.feeds(calib[:4]):
         r = dict(zip(common, ref.run(common, feed)))
         c = dict(zip(common, cand.run(common, feed)))
         for name in common:

@@ -9,7 +9,7 @@ import numpy as np
 
 from stages import preprocess
 from stages.base import Artifact, StageError
-from stages.ort_compare import _NP, concrete_shape
+from stages.ort_compare import fit_to_input, random_input
 
 Feeds = dict[str, np.ndarray]
 
@@ -37,9 +37,18 @@ class SampleSource:
     def __len__(self) -> int:
         return self.count
 
-    def feeds(self, start: int = 0, stop: int | None = None) -> Iterator[Feeds]:
-        stop = self.count if stop is None else stop
-        for i in range(start, stop):
+    def split(self, holdout: int) -> tuple[range, range]:
+        """(calibration, held out): files keep their last `holdout` (at most half) for holding out; random data
+        gets `holdout` extra samples instead. The held-out range is empty when nothing can be held out."""
+        n = self.count
+        if self.from_files:
+            h = min(holdout, n // 2)
+            return range(0, n - h), range(n - h, n)
+        self.count = n + holdout
+        return range(0, n), range(n, n + holdout)
+
+    def feeds(self, which: range) -> Iterator[Feeds]:
+        for i in which:
             yield self.sample(i)
 
     def sample(self, i: int) -> Feeds:
@@ -59,21 +68,14 @@ class SampleSource:
                                  f"with one array per input name")
             return {first.name: self._fit(first, data, f)}
         rng = np.random.default_rng([self.data.seed, i])
-        feeds = {}
-        for m in self.model_inputs:
-            shape = concrete_shape(m.name, list(m.shape), self.data.shapes)
-            dtype = _NP.get(m.type, np.float32)
-            feeds[m.name] = (rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating)
-                             else rng.integers(0, 8, shape).astype(dtype))
-        return feeds
+        try:
+            return {m.name: random_input(m, self.data.shapes, rng) for m in self.model_inputs}
+        except ValueError as exc:
+            raise StageError(f"{self.stage}: {exc}; give data.tensors instead") from None
 
     def _fit(self, m: Any, x: np.ndarray, source: Path) -> np.ndarray:
-        want = list(m.shape)
-        given = list(x.shape)
-        while x.ndim < len(want):
-            x = x[None]
-        ok = x.ndim == len(want) and all(not isinstance(w, int) or w <= 0 or w == s for w, s in zip(want, x.shape))
-        if not ok:
-            raise StageError(f"{self.stage}: {source.name} gives shape {given}, which does not fit the "
-                             f"model's input '{m.name}' {want}")
-        return x.astype(_NP.get(m.type, np.float32))
+        fitted = fit_to_input(x, m)
+        if fitted is None:
+            raise StageError(f"{self.stage}: {source.name} gives shape {list(x.shape)}, which does not fit the "
+                             f"model's input '{m.name}' {list(m.shape)}")
+        return fitted

@@ -18,33 +18,17 @@ SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "
 
 
 def build(spec: dict[str, Any]) -> dict[str, Any]:
-    import importlib
+    from stages import trt_parse
 
-    trt = importlib.import_module(spec["module"])
     cell = Path(spec["cell_dir"])
-    log_lines: list[str] = []
-    threshold = getattr(trt.ILogger.Severity, SEVERITY[spec["log_severity"]])
-
-    class Capture(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-
-        def log(self, severity, msg) -> None:  # noqa: ANN001 - TensorRT's signature
-            if severity <= threshold:
-                log_lines.append(f"[{str(severity).split('.')[-1]}] {msg}")
-
-    logger = Capture()
     t0 = time.perf_counter()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
+    parsed = trt_parse.parse(spec, Path(spec["model"]), SEVERITY[spec["log_severity"]])
+    trt, builder, network, log_lines = parsed.trt, parsed.builder, parsed.network, parsed.log
     try:
-        if not parser.parse_from_file(spec["model"]):
-            errs = [parser.get_error(i) for i in range(parser.num_errors)]
-            raise BuildError("parse failed: " + "; ".join(f"{e.node_name()} ({e.node_operator()}): {e.desc()}"
-                                                          for e in errs[:5]),
-                             failures=[{"node": e.node_name(), "op_type": e.node_operator(), "reason": e.desc()}
-                                       for e in errs])
+        if not parsed.ok:
+            found = trt_parse.failures(parsed.parser, Path(spec["model"]))
+            raise BuildError("parse failed: " + "; ".join(f"{f['node']} ({f['op_type']}): {f['reason']}"
+                                                          for f in found[:5]), failures=found)
         config = builder.create_builder_config()
         applied = configure(trt, builder, config, spec)
         cache = None
@@ -68,11 +52,9 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
         info: dict[str, Any] = {
             "status": "ok", "runtime": f"{spec['flavour']} {spec['version']}", "seconds": round(seconds, 3),
             "engine_bytes": len(data), "layers": network.num_layers, "options": applied,
-            "inputs": [_tensor(network.get_input(i)) for i in range(network.num_inputs)],
-            "outputs": [_tensor(network.get_output(i)) for i in range(network.num_outputs)],
-            "profiles": spec["profiles"], "target": spec["target"],
+            **trt_parse.io_tensors(network), "profiles": spec["profiles"], "target": spec["target"],
         }
-        info["validity"] = validity(trt, logger, data, log_lines)
+        info["validity"] = validity(trt, parsed.logger, data, log_lines)
         from stages.trt_env import gpus
         info["environment"] = {"tensorrt": {"flavour": spec["flavour"], "version": spec["version"]},
                                "gpu": gpus() or None}
@@ -134,10 +116,6 @@ def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> dict[s
     if str(state).endswith("INVALID") and not names:  # e.g. no GPU or driver at all: the log says which
         result["reason"] = next((ln for ln in reversed(log_lines) if "GPU" in ln or "CUDA" in ln), None)
     return result
-
-
-def _tensor(t: Any) -> dict[str, Any]:
-    return {"name": t.name, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[-1]}
 
 
 def _save_atomic(path: Path, data: bytes) -> None:

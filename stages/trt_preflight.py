@@ -63,58 +63,16 @@ def _label(trt: dict[str, str]) -> str:
 
 
 def _parse(model: Path) -> dict[str, Any]:
-    import importlib
-
-    import onnx
+    from stages import trt_parse
 
     trt_info = detect_tensorrt()
     assert trt_info is not None
-    trt = importlib.import_module(trt_info["module"])
-
-    class Capture(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.lines: list[str] = []
-
-        def log(self, severity, msg) -> None:  # noqa: ANN001 - TensorRT's signature
-            if severity <= trt.ILogger.Severity.WARNING:
-                self.lines.append(f"[{str(severity).split('.')[-1]}] {msg}")
-
-    logger = Capture()
-    builder = trt.Builder(logger)
-    flags = 0
-    major = int(str(getattr(trt, "__version__", "10")).split(".")[0])
-    if trt_info["flavour"] == "tensorrt" and major < 10:
-        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
-    ok = parser.parse_from_file(str(model))
-
-    graph = onnx.load(str(model), load_external_data=False).graph
-    domains = {n.name: n.domain for n in graph.node}
-    failures = []
-    for i in range(parser.num_errors):
-        e = parser.get_error(i)
-        name = e.node_name() if hasattr(e, "node_name") else ""
-        failures.append({
-            "node": name,
-            "op_type": e.node_operator() if hasattr(e, "node_operator") else "",
-            "node_index": e.node(),
-            "domain": domains.get(name, "") or "ai.onnx",
-            "code": str(e.code()).split(".")[-1],
-            "reason": e.desc() if e.desc() not in ("", "false") else "the parser does not support this node",
-            "where": f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else "",
-        })
-    result: dict[str, Any] = {"ran": True, "runtime": _label(trt_info), "parsed": bool(ok), "failures": failures,
-                              "log": logger.lines[-50:]}
-    if ok:
-        result["layers"] = network.num_layers
-        result["inputs"] = [{"name": network.get_input(i).name, "shape": list(network.get_input(i).shape),
-                             "dtype": str(network.get_input(i).dtype).split(".")[-1]}
-                            for i in range(network.num_inputs)]
-        result["outputs"] = [{"name": network.get_output(i).name, "shape": list(network.get_output(i).shape),
-                              "dtype": str(network.get_output(i).dtype).split(".")[-1]}
-                             for i in range(network.num_outputs)]
+    parsed = trt_parse.parse(trt_info, model)
+    result: dict[str, Any] = {"ran": True, "runtime": _label(trt_info), "parsed": parsed.ok,
+                              "failures": trt_parse.failures(parsed.parser, model), "log": parsed.log[-50:]}
+    if parsed.ok:
+        result["layers"] = parsed.network.num_layers
+        result.update(trt_parse.io_tensors(parsed.network))
     return result
 
 

@@ -1,0 +1,76 @@
+"""Parsing ONNX with the installed TensorRT flavour: shared by the pre-flight and the engine builds, so both see
+the same network and report failures the same way. Call only in a child process (a parser crash is native)."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Parsed:
+    trt: Any
+    builder: Any
+    network: Any
+    parser: Any
+    ok: bool
+    logger: Any  # the ILogger: must live as long as the builder
+    log: list[str] = field(default_factory=list)
+
+
+def parse(info: dict[str, str], model: Path, severity: str = "WARNING") -> Parsed:
+    """`info` as from `detect_tensorrt()`; log lines at `severity` or worse are kept in `Parsed.log`."""
+    trt = importlib.import_module(info["module"])
+    lines: list[str] = []
+    threshold = getattr(trt.ILogger.Severity, severity)
+
+    class Capture(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, sev, msg) -> None:  # noqa: ANN001 - TensorRT's signature
+            if sev <= threshold:
+                lines.append(f"[{str(sev).split('.')[-1]}] {msg}")
+
+    logger = Capture()
+    builder = trt.Builder(logger)
+    flags = 0
+    major = int(str(getattr(trt, "__version__", "10")).split(".")[0])
+    if info["flavour"] == "tensorrt" and major < 10:  # explicit batch is the default (and only) mode from 10 on
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    ok = bool(parser.parse_from_file(str(model)))
+    return Parsed(trt, builder, network, parser, ok, logger, lines)
+
+
+def failures(parser: Any, model: Path) -> list[dict[str, Any]]:
+    """Every node the parser rejected: name, op type, index, domain, error code, reason, where in the parser."""
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    domains = {n.name: n.domain for n in graph.node}
+    found = []
+    for i in range(parser.num_errors):
+        e = parser.get_error(i)
+        name = e.node_name() if hasattr(e, "node_name") else ""
+        found.append({
+            "node": name,
+            "op_type": e.node_operator() if hasattr(e, "node_operator") else "",
+            "node_index": e.node(),
+            "domain": domains.get(name, "") or "ai.onnx",
+            "code": str(e.code()).split(".")[-1],
+            "reason": e.desc() if e.desc() not in ("", "false") else "the parser does not support this node",
+            "where": f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else "",
+        })
+    return found
+
+
+def tensor_info(t: Any) -> dict[str, Any]:
+    return {"name": t.name, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[-1]}
+
+
+def io_tensors(network: Any) -> dict[str, list[dict[str, Any]]]:
+    return {"inputs": [tensor_info(network.get_input(i)) for i in range(network.num_inputs)],
+            "outputs": [tensor_info(network.get_output(i)) for i in range(network.num_outputs)]}
