@@ -17,9 +17,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pipelines.schema import BuildStage, CalibrateStage, PrecisionStage
-from stages import build, calibrate, precision
-from stages.base import Artifact
+from trtflow.artifact import Artifact
+from trtflow.pipelines.schema import BuildStage, CalibrateStage, PrecisionStage
+from trtflow.stages import build, calibrate, precision
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"

@@ -28,9 +28,9 @@ SETTINGS = dict(ActivationSymmetric=True, WeightSymmetric=True, QuantizeBias=Fal
 
 def prepared_model(directory: Path) -> Path:
     """The example model through the real `prepare` stage (opset 17, simplified, weights as initializers)."""
-    from pipelines.schema import PrepareStage
-    from stages import prepare
-    from stages.base import Artifact
+    from trtflow.artifact import Artifact
+    from trtflow.pipelines.schema import PrepareStage
+    from trtflow.stages import prepare
 
     src = ROOT / "examples" / "ppocr-cls" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
     out = directory / "prepared"
@@ -43,9 +43,9 @@ def prepared_model(directory: Path) -> Path:
 def worker(kind: str, model: Path, samples: int, method: str, out: Path) -> dict:
     t0 = time.perf_counter()
     if kind == "trtflow":
-        from pipelines.schema import CalibrateStage
-        from stages import calibrate
-        from stages.base import Artifact
+        from trtflow.artifact import Artifact
+        from trtflow.pipelines.schema import CalibrateStage
+        from trtflow.stages import calibrate
         params = CalibrateStage.model_validate({"kind": "calibrate", "method": method, "holdout": 0,
                                                 "data": {"random": True, "samples": samples, "shapes": {"x": SHAPE}}})
         calibrate.run(params, {"model": Artifact(model, "onnx", "m")}, out)
@@ -53,8 +53,13 @@ def worker(kind: str, model: Path, samples: int, method: str, out: Path) -> dict
         import contextlib
         import io
 
-        from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                              quantize_static)
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_static,
+        )
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
         class Reader(CalibrationDataReader):

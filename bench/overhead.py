@@ -59,11 +59,11 @@ def direct_stage_calls(pipeline: Path) -> float:
     code = f"""
 import time, tempfile, pathlib
 t0 = time.perf_counter()
-from flows.runner import Runner
-from flows.store import LocalStore
-from pipelines.loader import load_pipeline
-from stages import registry
-from stages.base import Artifact
+from trtflow.flows.runner import Runner
+from trtflow.flows.store import LocalStore
+from trtflow.pipelines.loader import load_pipeline
+from trtflow.flows import implementation
+from trtflow.artifact import Artifact
 r = Runner(load_pipeline({str(pipeline)!r}), store=LocalStore(pathlib.Path(tempfile.mkdtemp())))
 artifacts = {{}}
 for name in r.graph.order:
@@ -74,7 +74,7 @@ for name in r.graph.order:
         path = r.pipeline.model_path if e.stage == 'source' else artifacts[e.stage][e.output]
         inputs[slot] = Artifact(path, e.type, 'x')
     out = pathlib.Path(tempfile.mkdtemp())
-    artifacts[name] = registry.resolve(node.spec).run(node.spec, inputs, out).outputs
+    artifacts[name] = implementation.resolve(node.spec).run(node.spec, inputs, out).outputs
 print(time.perf_counter() - t0)
 """
     t0 = time.perf_counter()
@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     pipeline = Path(args.pipeline).resolve()
-    trtflow = [sys.executable, "-m", "flows.cli", "run", str(pipeline)]
+    trtflow = [sys.executable, "-m", "trtflow.flows.cli", "run", str(pipeline)]
 
     rows: dict[str, list[float]] = {k: [] for k in ("direct", "empty", "cold", "cold_work", "cached")}
     for _ in range(args.repeat):

@@ -1,4 +1,4 @@
-"""Throughput of the declared preprocessing (stages/preprocess.py) against hand-written OpenCV of the same steps.
+"""Throughput of the declared preprocessing (stages/image/preprocess.py) against hand-written OpenCV of the same steps.
 
 Both read the example photos from disk (decode included), resize the shorter side to 256, center-crop 224,
 scale, normalize, and lay out CHW with a batch dimension. Measured in the same run, alternating, best of N
@@ -18,7 +18,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from stages.preprocess import Preprocessor, canonical
+from trtflow.stages.image.preprocess import Preprocessor, canonical
 
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = sorted(p for p in (ROOT / "examples" / "squeezenet-cls" / "data").iterdir() if p.suffix in (".png", ".jpg"))

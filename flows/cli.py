@@ -16,8 +16,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-EXIT_STAGE_FAILED = 1
-EXIT_BAD_INPUT = 2
+from trtflow.errors import PrefectUnavailable, StageError, TrtflowError
+
+EPHEMERAL_STARTUP_S = 120
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -62,24 +63,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(exc: BaseException, verbose: bool) -> int:
-    from pipelines.errors import SpecError, TrtflowError
-    from stages.base import StageError
-
     if verbose:
         err.print_exception(show_locals=False)
-    known = isinstance(exc, TrtflowError | StageError)
+    known = isinstance(exc, TrtflowError)
     message = str(exc) if known else f"{type(exc).__name__}: {exc}"
     err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     if not known and not verbose:
         err.print("(unexpected: run again with --verbose for the traceback)")
-    return EXIT_BAD_INPUT if isinstance(exc, SpecError) or type(exc).__name__ == "StoreError" else \
-        EXIT_STAGE_FAILED
+    return exc.exit_code if known else 1
 
 
 # --- commands --------------------------------------------------------------------------------------------------
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from pipelines.schema import json_schema
+    from trtflow.pipelines.pipeline import json_schema
 
     text = json.dumps(json_schema(), indent=2)
     if args.output:
@@ -91,8 +88,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pipelines.graph import build_graph
-    from pipelines.loader import load_pipeline
+    from trtflow.pipelines.graph import build_graph
+    from trtflow.pipelines.loader import load_pipeline
 
     loaded = load_pipeline(args.pipeline, args.overrides)
     graph = build_graph(loaded)
@@ -112,9 +109,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from flows.store import LocalStore
-    from flows.runner import Runner
-    from pipelines.loader import load_pipeline
+    from trtflow.flows.runner import Runner
+    from trtflow.flows.store import LocalStore
+    from trtflow.pipelines.loader import load_pipeline
 
     loaded = load_pipeline(args.pipeline, args.overrides)
     runner = Runner(loaded, store=LocalStore(Path(args.store).resolve() if args.store else loaded.store_root))
@@ -132,7 +129,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(table)
     n_run = sum(i.action == "run" for i in items)
     out.print(f"{n_run} to run, {sum(i.action == 'reuse' for i in items)} reused")
-    return EXIT_STAGE_FAILED if any(i.action == "error" for i in items) else 0
+    return StageError.exit_code if any(i.action == "error" for i in items) else 0
 
 
 def _quiet_prefect_console() -> None:
@@ -156,8 +153,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Prefect's temporary server otherwise phones home, and on machines without internet access prints a
     # traceback per attempt. A user who wants telemetry can set the variable to true.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its temporary server 20 s to start, which a busy machine misses: give it more.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_S))
     # Fail fast on spec and store problems, before paying for Prefect's start-up.
-    from flows.pipeline_flow import make_runner
+    from trtflow.flows.pipeline_flow import make_runner
 
     runner = make_runner(args.pipeline, args.overrides, args.store)
     for name in args.force or []:
@@ -165,7 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner.check_stage_name(name, "--force")
     runner.select(args.stages)
 
-    from flows import pipeline_flow as pf
+    from trtflow.flows import pipeline_flow as pf
 
     if not args.verbose:
         _quiet_prefect_console()
@@ -189,13 +188,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_progress(what: str, done: int, total: int) -> None:
         status.update(f"{what} {done}/{total} ...")
 
-    from stages import progress
+    from trtflow.stages import progress
 
     pf.LISTENERS.append(listen)
     progress.LISTENERS.append(on_progress)
     try:
         results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
                                    force=args.force, store=str(runner.store.root))
+    except RuntimeError as exc:
+        raise _prefect_unavailable(exc) or exc from None
     finally:
         status.stop()
         pf.LISTENERS.remove(listen)
@@ -204,6 +205,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
               f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.root}")
     return 0
+
+
+def _prefect_unavailable(exc: RuntimeError) -> PrefectUnavailable | None:
+    """Prefect's own errors when its API cannot be reached, as one line saying what to do."""
+    text = str(exc)
+    if "ephemeral Prefect API server" in text:
+        budget = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")
+        return PrefectUnavailable(
+            f"Prefect's temporary server did not start within {budget} s (a busy machine?): start a server once "
+            f"with 'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api, or raise "
+            f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+    if text.startswith("Failed to reach API at"):
+        return PrefectUnavailable(f"{text.rstrip('.')} (PREFECT_API_URL): start that server ('prefect server "
+                                  f"start'), or unset PREFECT_API_URL to use a temporary one")
+    return None
 
 
 COMMANDS = {"run": cmd_run, "plan": cmd_plan, "validate": cmd_validate, "schema": cmd_schema}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stages.trt_env import gpus
+from trtflow.stages.trt.env import gpus
 
 
 def fingerprint(facets: tuple[str, ...]) -> dict[str, Any] | None:
@@ -11,7 +11,7 @@ def fingerprint(facets: tuple[str, ...]) -> dict[str, Any] | None:
         return None
     env: dict[str, Any] = {}
     if "tensorrt" in facets:
-        from stages.trt_env import detect_tensorrt
+        from trtflow.stages.trt.env import detect_tensorrt
 
         trt = detect_tensorrt()
         env["tensorrt"] = {"flavour": trt["flavour"], "version": trt["version"]} if trt else None

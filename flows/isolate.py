@@ -9,7 +9,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any, Callable
 
-from stages.base import StageError
+from trtflow.errors import StageError
 
 
 def _child(conn, func: Callable[..., Any], args: tuple) -> None:

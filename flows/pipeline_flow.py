@@ -8,12 +8,11 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
-from flows.fingerprint import describe
-from flows.runner import Runner, StageOutcome
-from pipelines.loader import load_pipeline
-from stages import progress
-from stages.base import StageError, StageFailed
-from pipelines.errors import TrtflowError
+from trtflow.errors import StageFailed, TrtflowError
+from trtflow.flows.fingerprint import describe
+from trtflow.flows.runner import Runner, StageOutcome
+from trtflow.pipelines.loader import load_pipeline
+from trtflow.stages import progress
 
 # Called with (event, stage name, payload) as stages start and finish; the CLI listens here.
 LISTENERS: list[Callable[[str, str, Any], None]] = []
@@ -25,9 +24,10 @@ def _notify(event: str, name: str, payload: Any = None) -> None:
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:
-    # A StageError (bad input, bad parameters) fails the same way every time: retrying only wastes time.
+    # A TrtflowError (bad input, bad parameters, a failed verdict) fails the same way every time: retrying only
+    # wastes time.
     exc = state.result(raise_on_failure=False)
-    return not isinstance(exc, TrtflowError | StageError)
+    return not isinstance(exc, TrtflowError)
 
 
 def artifact_key(pipeline: str, stage: str) -> str:
@@ -102,7 +102,7 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
     from pathlib import Path
 
-    from flows.store import LocalStore
+    from trtflow.flows.store import LocalStore
 
     loaded = load_pipeline(pipeline_file, overrides)
     root = Path(store).resolve() if store else loaded.store_root

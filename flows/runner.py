@@ -5,7 +5,6 @@ No Prefect here: the Prefect flow (flows/pipeline_flow.py) and `trtflow plan` bo
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 import time
 from dataclasses import dataclass, field
@@ -13,17 +12,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from flows.digest import DigestCache
-from flows.fingerprint import describe, fingerprint
-from flows.isolate import call_stage
-from flows.store import ArtifactStore, LocalStore
-from pipelines.errors import SpecError, TrtflowError
-from pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
-from pipelines.loader import LoadedPipeline
-from stages import registry
-from stages.base import Artifact, StageError, StageFailed, StageResult
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import SpecError, StageError, StageFailed
+from trtflow.flows import implementation, keys
+from trtflow.flows.digest import DigestCache
+from trtflow.flows.fingerprint import describe, fingerprint
+from trtflow.flows.isolate import call_stage
+from trtflow.flows.store import ArtifactStore, LocalStore
+from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
+from trtflow.pipelines.kinds import kind_of
+from trtflow.pipelines.loader import LoadedPipeline
+from trtflow.text import suggestion
+from trtflow.usercode import source_digest
 
-KEY_FORMAT = 1  # bump when the recipe below changes, so no old result is mistaken for a new one
 SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)
 
 
@@ -89,9 +90,7 @@ class Runner:
 
     def check_stage_name(self, name: str, option: str) -> None:
         if name not in self.graph.nodes:
-            import difflib
-            close = difflib.get_close_matches(name, list(self.graph.nodes), n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"stages: {', '.join(self.graph.order)}"
+            hint = suggestion(name, list(self.graph.nodes)) or f"stages: {', '.join(self.graph.order)}"
             raise SpecError(f"{option} {name}: no such stage in {self.pipeline.file.name}", hint=hint)
 
     def forced(self, name: str, force: list[str] | None) -> bool:
@@ -116,7 +115,7 @@ class Runner:
             resolved[slot] = arts if node.many.get(slot) else arts[0]
         for slot, (pattern, keypath) in node.spec.data_globs().items():
             resolved[slot] = self._data_files(name, pattern, keypath)
-        for slot in node.spec.shared_caches():
+        for slot in kind_of(node.spec).shared_caches(node.spec):
             # shared across runs and pipelines on this store; it saves time and is not part of the key
             shared = self.store.root / "shared"
             shared.mkdir(parents=True, exist_ok=True)
@@ -139,23 +138,15 @@ class Runner:
         return arts
 
     def key_for(self, name: str, inputs: dict[str, Artifact | list[Artifact]],
-                impl: registry.StageImpl) -> tuple[str, dict[str, Any]]:
+                impl: implementation.StageImpl) -> tuple[str, dict[str, Any]]:
         spec = self.graph.nodes[name].spec
-        parts = {
-            "format": KEY_FORMAT,
-            "kind": spec.kind,
-            "version": impl.version,
-            "params": spec.key_params(),
-            "inputs": {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest)
-                       for slot, v in sorted(inputs.items())
-                       if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
-            "env": fingerprint(impl.env_facets),
-        }
-        refs = spec.code_refs()
-        if refs:  # a user's callable named in the parameters: editing it re-runs the stage
-            parts["code"] = {ref: registry.source_digest(ref) for ref in refs}
-        blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:32], parts
+        parts = keys.key_parts(
+            spec.kind, impl.version, spec.key_params(),
+            {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest) for slot, v in inputs.items()
+             if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
+            fingerprint(impl.env_facets),
+            {ref: source_digest(ref) for ref in spec.code_refs()})
+        return keys.stage_key(parts), parts
 
     # --- plan -------------------------------------------------------------------------------------------------
 
@@ -166,7 +157,7 @@ class Runner:
         for name in self.select(stages):
             spec = self.graph.nodes[name].spec
             try:
-                impl = registry.resolve(spec)
+                impl = implementation.resolve(spec)
             except StageError as exc:
                 items.append(PlanItem(name, spec.kind, "error", str(exc)))
                 will_run.add(name)
@@ -193,29 +184,7 @@ class Runner:
         return items
 
     def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
-        last = self.store.last(name)
-        if not last:
-            return "never run"
-        old = last.get("parts", {})
-        if last.get("key") == key:
-            if last.get("status") == "failed":
-                return "its last run failed"
-            return "its published result is missing or incomplete"
-        reasons = []
-        if old.get("format") != parts["format"]:
-            reasons.append("trtflow's key format changed")
-        if old.get("version") != parts["version"] or old.get("kind") != parts["kind"]:
-            reasons.append(f"stage implementation changed ({old.get('kind')} v{old.get('version')} -> "
-                           f"{parts['kind']} v{parts['version']})")
-        changed = _diff(old.get("params", {}), parts["params"])
-        if changed:
-            reasons.append("params changed: " + ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""))
-        for slot in sorted(set(old.get("inputs", {})) | set(parts["inputs"])):
-            if old.get("inputs", {}).get(slot) != parts["inputs"].get(slot):
-                reasons.append(f"input '{slot}' changed")
-        if old.get("env") != parts["env"]:
-            reasons.append(f"environment changed: {describe(old.get('env'))} -> {describe(parts['env'])}")
-        return "; ".join(reasons) or "not in the store"
+        return keys.why_stale(self.store.last(name), key, parts, describe)
 
     # --- run --------------------------------------------------------------------------------------------------
 
@@ -224,7 +193,7 @@ class Runner:
         started = time.perf_counter()
         node = self.graph.nodes[name]
         spec = node.spec
-        impl = registry.resolve(spec)
+        impl = implementation.resolve(spec)
         inputs = self.inputs_for(name, produced)
         key, parts = self.key_for(name, inputs, impl)
         if not self.forced(name, force):
@@ -306,15 +275,4 @@ class Runner:
         }
 
 
-def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new), key=str):
-            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    if old != new:
-        return [f"{prefix.rstrip('.')} {json.dumps(old)} -> {json.dumps(new)}"]
-    return []
-
-
-__all__ = ["Runner", "StageOutcome", "PlanItem", "TrtflowError"]
+__all__ = ["Runner", "StageOutcome", "PlanItem"]

@@ -14,14 +14,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipelines.errors import TrtflowError
+from trtflow.errors import StoreError
 
 MANIFEST = "manifest.json"
 LAST = "last.json"
-
-
-class StoreError(TrtflowError):
-    pass
 
 
 class ArtifactStore(Protocol):

@@ -1,72 +1,19 @@
 """The stage graph: what each stage consumes, resolved and checked (missing references, cycles, types).
 
-Each stage kind declares its input slots and its outputs. An omitted slot gets a default: the nearest earlier
+Each stage kind declares its input slots and its outputs (`kinds.py`). An omitted slot gets a default: the nearest earlier
 stage (in file order) of the kinds the slot prefers, or the pipeline's model (`source`) for an ONNX slot.
 """
 from __future__ import annotations
 
-import difflib
 import graphlib
 from dataclasses import dataclass
 
-from pipelines.loader import LoadedPipeline
-from pipelines.schema import CustomStage, StageBase
+from trtflow.pipelines.kinds import ANY_KIND, USER, Slot, kind_of
+from trtflow.pipelines.loader import LoadedPipeline
+from trtflow.pipelines.schema import StageBase
+from trtflow.text import suggestion
 
 SOURCE = "source"  # the pipeline's `model:` file, as an artifact
-
-
-@dataclass(frozen=True)
-class Slot:
-    type: str
-    many: bool = False
-    required: bool = True
-    prefer: tuple[str, ...] = ()  # kinds a default is taken from, nearest first; () = no default
-    source_ok: bool = False  # fall back to the pipeline's model when no preferred stage exists
-
-
-MODEL_MAKERS = ("prepare", "precision", "calibrate")
-ANY_KIND = "*"
-
-SLOTS: dict[str, dict[str, Slot]] = {
-    "prepare": {"model": Slot("onnx", source_ok=True)},
-    "parity": {"model": Slot("onnx", required=False, prefer=("prepare",), source_ok=True)},
-    "precision": {"model": Slot("onnx", prefer=("prepare",), source_ok=True),
-                  "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
-    "calibrate": {"model": Slot("onnx", prefer=("prepare",), source_ok=True),
-                  "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
-    "build": {"models": Slot("onnx", many=True, prefer=MODEL_MAKERS, source_ok=True)},
-    "validate": {"engines": Slot("engines", required=False, prefer=("build",)),
-                 "models": Slot("onnx", many=True, required=False, prefer=("precision", "calibrate")),
-                 "reference": Slot("onnx", prefer=("prepare",), source_ok=True),
-                 "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
-    "benchmark": {"engines": Slot("engines", prefer=("build",)),
-                  "preprocess": Slot("preprocess", required=False, prefer=("parity",))},
-}
-
-OUTPUTS: dict[str, dict[str, str]] = {
-    "prepare": {"model": "onnx", "report": "json"},
-    "parity": {"preprocess": "preprocess", "report": "json"},
-    "precision": {"model": "onnx", "report": "json"},
-    "calibrate": {"model": "onnx", "ranges": "ranges", "report": "json"},  # (+ trt_calibration_cache)
-    "build": {"engines": "engines", "report": "json"},
-    "validate": {"report": "json"},
-    "benchmark": {"report": "json"},
-}
-
-
-def outputs_of(stage: StageBase) -> dict[str, str]:
-    if isinstance(stage, CustomStage):
-        return dict(stage.outputs)
-    return OUTPUTS[stage.kind]
-
-
-def slots_of(stage: StageBase) -> dict[str, Slot]:
-    if isinstance(stage, CustomStage):
-        # a user's stage declares its inputs; with none declared it gets the previous stage's model
-        if stage.inputs:
-            return {}
-        return {"model": Slot("onnx", required=False, prefer=(ANY_KIND,), source_ok=True)}
-    return SLOTS[stage.kind]
 
 
 @dataclass(frozen=True)
@@ -119,15 +66,15 @@ def build_graph(p: LoadedPipeline) -> StageGraph:
     nodes: dict[str, StageNode] = {}
     for idx, name in enumerate(names):
         spec = stages[name]
-        slots = slots_of(spec)
+        kind = kind_of(spec)
+        slots = kind.slots_for(spec)
         inputs: dict[str, list[Edge]] = {}
         many: dict[str, bool] = {}
         base = ("stages", name, "inputs")
         for slot_name, given in spec.inputs.items():
-            if not isinstance(spec, CustomStage) and slot_name not in slots:
-                close = difflib.get_close_matches(slot_name, list(slots), n=1)
+            if kind is not USER and slot_name not in slots:
                 raise p.error(f"stage kind '{spec.kind}' has no input '{slot_name}'", base + (slot_name,),
-                              hint=f"did you mean '{close[0]}'?" if close else f"inputs: {', '.join(slots)}")
+                              hint=suggestion(slot_name, list(slots)) or f"inputs: {', '.join(slots)}")
             slot = slots.get(slot_name)
             refs = given if isinstance(given, list) else [given]
             if slot is not None and not slot.many and len(refs) != 1:
@@ -173,9 +120,8 @@ def _resolve(p: LoadedPipeline, names: list[str], me: str, slot_name: str, ref: 
     if stage_name == me:
         raise p.error(f"stage '{me}' cannot consume its own output", path)
     if stage_name not in p.spec.stages:
-        close = difflib.get_close_matches(stage_name, names + [SOURCE], n=1)
         raise p.error(f"reference to a stage that does not exist: '{stage_name}'", path,
-                      hint=f"did you mean '{close[0]}'?" if close else f"stages: {', '.join(names)}")
+                      hint=suggestion(stage_name, names + [SOURCE]) or f"stages: {', '.join(names)}")
     outs = outputs_of(p.spec.stages[stage_name])
     if output:
         if output not in outs:
@@ -214,3 +160,8 @@ def _default(stages: dict[str, StageBase], earlier: list[str], slot: Slot) -> li
         found.append(Edge("", SOURCE, "model", "onnx"))
     found.reverse()
     return found
+
+
+def outputs_of(spec: StageBase) -> dict[str, str]:
+    """Output name -> artifact type, as the stage's kind (or, for a user's stage, its declaration) says."""
+    return kind_of(spec).outputs_for(spec)

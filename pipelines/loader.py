@@ -4,7 +4,6 @@ Every failure is a ``SpecError`` naming the file, the line and the key path.
 """
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import types
@@ -16,8 +15,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipelines.errors import SpecError
-from pipelines.schema import BUILTIN_KINDS, Pipeline, StageBase, stage_model_for
+from trtflow.errors import SpecError
+from trtflow.pipelines.kinds import KINDS, kind_named
+from trtflow.pipelines.pipeline import Pipeline
+from trtflow.pipelines.schema import StageBase
+from trtflow.text import suggestion
 
 Path_ = tuple  # a key path such as ("stages", "build", "workspace")
 
@@ -182,14 +184,14 @@ def validate(data: dict, shown: str, lines: dict[Path_, int]) -> Pipeline:
             kind = raw.get("kind")
             if kind is None:
                 raise SpecError("missing required key 'kind'", file=shown, line=_line_for(lines, path), path=path,
-                                hint=f"one of {', '.join(BUILTIN_KINDS)}, or package.module:function")
-            model = stage_model_for(str(kind))
-            if model is None:
-                close = difflib.get_close_matches(str(kind), BUILTIN_KINDS, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else \
-                    f"kinds: {', '.join(BUILTIN_KINDS)}, or package.module:function for your own stage"
+                                hint=f"one of {', '.join(KINDS)}, or package.module:function")
+            row = kind_named(str(kind))
+            if row is None:
+                hint = suggestion(str(kind), list(KINDS)) or \
+                    f"kinds: {', '.join(KINDS)}, or package.module:function for your own stage"
                 raise SpecError(f"unknown stage kind '{kind}'", file=shown, line=_line_for(lines, path + ("kind",)),
                                 path=path + ("kind",), hint=hint)
+            model = row.params
             try:
                 validated[name] = model.model_validate(raw)
             except ValidationError as exc:
@@ -209,11 +211,9 @@ def _convert(exc: ValidationError, model: type[BaseModel], data: Any, prefix: Pa
     hint = f"and {more} more problem{'s' if more > 1 else ''}" if more else None
     if err["type"] == "extra_forbidden":
         allowed = _fields_at(model, path[:-1])
-        close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
-        suggestion = f"did you mean '{close[0]}'?" if close else \
-            (f"allowed: {', '.join(allowed)}" if allowed else None)
+        fix = suggestion(str(path[-1]), allowed) or (f"allowed: {', '.join(allowed)}" if allowed else None)
         return SpecError(f"unknown key '{path[-1]}'", file=shown, line=_line_for(lines, full), path=full[:-1],
-                         hint=suggestion if not more else f"{suggestion}; {hint}" if suggestion else hint)
+                         hint=fix if not more else f"{fix}; {hint}" if fix else hint)
     if err["type"] == "missing":
         return SpecError(f"missing required key '{path[-1]}'", file=shown, line=_line_for(lines, full[:-1]),
                          path=full[:-1] or None, hint=hint)

@@ -5,12 +5,11 @@ everything else a stage model declares is a parameter of the stage's work and en
 """
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from pipelines.units import Duration, Fraction, Size
+from trtflow.pipelines.units import Duration, Fraction, Size
 
 STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
 CUSTOM_KIND = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # package.module:function
@@ -45,10 +44,6 @@ class StageBase(Strict):
 
     def code_refs(self) -> list[str]:
         """User callables (package.module:function) named in the parameters."""
-        return []
-
-    def shared_caches(self) -> list[str]:
-        """Input slots for caches shared across runs (outside the key), e.g. TensorRT timing caches."""
         return []
 
     def key_params(self) -> dict[str, Any]:
@@ -269,7 +264,21 @@ class ShapeRange(Strict):
         return self
 
 
-class BuildStage(StageBase):
+class BuilderOptions(Strict):
+    """The TensorRT builder's options, typed once: this object travels from the YAML to the build worker, which
+    validates it again; `trtflow.stages.trt.config` checks it against the installed TensorRT and applies it."""
+    optimization_level: int | None = Field(None, ge=0, le=5)
+    workspace: Size | None = None
+    aux_streams: int | None = Field(None, ge=0)
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = None
+    version_compatible: bool = False
+    strip_plan: bool = False
+    weight_streaming: bool = False
+    legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
+        default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
+
+
+class BuildStage(StageBase, BuilderOptions):
     kind: Literal["build"]
     backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"
     profiles: dict[str, dict[str, ShapeRange]] = Field(
@@ -278,21 +287,12 @@ class BuildStage(StageBase):
         "separate", description="one engine per profile, or all profiles in one engine")
     targets: list[str] = Field(default_factory=lambda: ["native"],
                                description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)")
-    optimization_level: int | None = Field(None, ge=0, le=5)
-    workspace: Size | None = None
     timing_cache: bool = True
-    aux_streams: int | None = Field(None, ge=0)
-    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = None
-    version_compatible: bool = False
-    strip_plan: bool = False
-    weight_streaming: bool = False
-    legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
-        default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
     parallel: int = Field(2, ge=1, le=64)
     log_severity: Literal["error", "warning", "info", "verbose"] = "warning"
 
-    def shared_caches(self) -> list[str]:
-        return ["timing_cache"] if self.timing_cache else []
+    def builder_options(self) -> BuilderOptions:
+        return BuilderOptions.model_validate(self.model_dump(include=set(BuilderOptions.model_fields)))
 
 
 # --- validate / benchmark --------------------------------------------------------------------------------------
@@ -341,55 +341,3 @@ class CustomStage(StageBase):
         default_factory=dict, description="names and types of what the function writes")
     version: str = Field("1", description="bump to invalidate cached results when the function changes")
     env_dependent: bool = False
-
-
-BUILTIN_KINDS: dict[str, type[StageBase]] = {
-    "prepare": PrepareStage,
-    "parity": ParityStage,
-    "precision": PrecisionStage,
-    "calibrate": CalibrateStage,
-    "build": BuildStage,
-    "validate": ValidateStage,
-    "benchmark": BenchmarkStage,
-}
-
-
-def stage_model_for(kind: str) -> type[StageBase] | None:
-    if kind in BUILTIN_KINDS:
-        return BUILTIN_KINDS[kind]
-    if re.match(CUSTOM_KIND, kind):
-        return CustomStage
-    return None
-
-
-def _kind_tag(value: Any) -> str:
-    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    return kind if kind in BUILTIN_KINDS else "custom"
-
-
-AnyStage = Annotated[
-    Union[tuple(Annotated[m, Tag(k)] for k, m in BUILTIN_KINDS.items()) + (Annotated[CustomStage, Tag("custom")],)],
-    Discriminator(_kind_tag),
-]
-
-
-class Pipeline(Strict):
-    version: Literal[1] = Field(description="spec version; 1 is the only one so far")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    model: str = Field(description="the ONNX model, relative to the pipeline file")
-    artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
-    stages: dict[Annotated[str, Field(pattern=STAGE_NAME)], AnyStage] = Field(min_length=1)
-
-    @field_validator("stages")
-    @classmethod
-    def _no_reserved(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if "source" in v:
-            raise ValueError("'source' is reserved: it names the pipeline's model")
-        return v
-
-
-def json_schema() -> dict[str, Any]:
-    schema = Pipeline.model_json_schema(mode="validation")
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "trtflow pipeline"
-    return schema

@@ -1,11 +1,12 @@
 """Stage `build`: one TensorRT engine per model variant x optimization profile x target.
 
 Profiles are checked against each model's inputs before anything is built. Each cell builds in its own process
-(`stages/trt_build_worker.py`), at most `parallel` at a time, so a crash inside TensorRT fails that cell with a
+(`trt/build_worker.py`), at most `parallel` at a time, so a crash inside TensorRT fails that cell with a
 report instead of the pipeline. Strongly typed by default: precision comes from the ONNX variants.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -16,11 +17,14 @@ from typing import Any
 
 import onnx
 
-from stages import progress
-from stages.base import Artifact, StageError, StageFailed, StageResult
-from stages.onnx_inspect import did_you_mean, graph_inputs
-from stages.trt_env import INSTALL_HINT, detect_tensorrt, gpus
-from stages.trt_preflight import hint_for
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import StageError, StageFailed
+from trtflow.stages import progress
+from trtflow.stages.onnx.graph import graph_inputs
+from trtflow.stages.trt import config
+from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
+from trtflow.stages.trt.preflight import hint_for
+from trtflow.text import did_you_mean
 
 VERSION = "1"
 CELL_TIMEOUT_S = 3600
@@ -37,30 +41,6 @@ def backend(requested: str) -> dict[str, str]:
         hint = "pip install tensorrt-rtx-cu13" if requested == "tensorrt-rtx" else "install TensorRT"
         raise StageError(f"build: backend: {requested} is not installed ({hint}), or use backend: auto")
     return found
-
-
-def check_options(params: Any, be: dict[str, str]) -> None:
-    """Refuse options the installed backend lacks, rather than ignoring them."""
-    rtx = be["flavour"] == "tensorrt-rtx"
-    major = int(be["version"].split(".")[0]) if be["version"][:1].isdigit() else 0
-    if params.legacy_precision and (rtx or major >= 11):
-        raise StageError(f"build: legacy_precision ({', '.join(params.legacy_precision)}) needs TensorRT 10's "
-                         f"builder flags, which {be['flavour']} {be['version']} does not have: precision comes "
-                         f"from the ONNX (use the precision/calibrate stages' models)")
-    bad_targets = [t for t in params.targets if t != "native"]
-    if bad_targets and not rtx:
-        raise StageError(f"build: targets {bad_targets}: choosing compute capabilities needs TensorRT-RTX; "
-                         f"TensorRT builds for the GPU it runs on (use targets: [native])")
-    if rtx:
-        import importlib
-        trt = importlib.import_module(be["module"])
-        known = {m.lower() for m in trt.ComputeCapability.__members__ if m.startswith("SM")}
-        for t in bad_targets:
-            if t.lower() not in known:
-                raise StageError(f"build: unknown target '{t}' for {be['flavour']} {be['version']}; known: "
-                                 f"{', '.join(sorted(known))}{did_you_mean(t.lower(), sorted(known))}")
-        if params.hardware_compatibility and not hasattr(trt.IBuilderConfig, "hardware_compatibility_level"):
-            raise StageError(f"build: hardware_compatibility is not available in {be['flavour']} {be['version']}")
 
 
 def model_inputs(model: Path) -> dict[str, list[Any]]:
@@ -114,61 +94,27 @@ def resolve_profiles(params: Any, inputs: dict[str, list[Any]], variant: str) ->
 
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     be = backend(params.backend)
-    check_options(params, be)
+    options = params.builder_options()
+    config.check(options, importlib.import_module(be["module"]), be, params.targets)
     models: list[Artifact] = inputs["models"] if isinstance(inputs["models"], list) else [inputs["models"]]
-    cells = []
-    for art in models:
-        variant = art.origin or art.path.stem
-        profiles = resolve_profiles(params, model_inputs(art.path), variant)
-        groups = [[p] for p in profiles] if params.profile_mode == "separate" else [profiles]
-        for group in groups:
-            for target in params.targets:
-                cells.append({"variant": variant, "model": str(art.path), "profiles": group, "target": target,
-                              "name": f"{variant}.{'+'.join(p['name'] for p in group)}.{target}"})
+    cells = plan_cells(params, models)  # every profile is checked against every model before anything builds
     engines = out_dir / "engines"
     engines.mkdir()
     cache = None
     if params.timing_cache and "timing_cache" in inputs:
         cache = inputs["timing_cache"].path / f"timing-{be['flavour']}-{be['version']}.cache"
-    options = {k: getattr(params, k) for k in ("optimization_level", "workspace", "aux_streams",
-                                               "hardware_compatibility", "version_compatible", "strip_plan",
-                                               "weight_streaming", "legacy_precision")}
+    worker = {**be, "options": options.model_dump(mode="json"), "log_severity": params.log_severity,
+              "timing_cache": str(cache) if cache else None}
     t0 = time.perf_counter()
-
-    def build_cell(cell: dict[str, Any]) -> dict[str, Any]:
-        cell_dir = engines / cell["name"]
-        cell_dir.mkdir()
-        spec = {**cell, **be, "cell_dir": str(cell_dir), "options": options, "log_severity": params.log_severity,
-                "timing_cache": str(cache) if cache else None}
-        (cell_dir / "spec.json").write_text(json.dumps(spec, indent=2))
-        try:
-            proc = subprocess.run([sys.executable, "-m", "stages.trt_build_worker", str(cell_dir / "spec.json")],
-                                  capture_output=True, text=True, timeout=CELL_TIMEOUT_S)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-        info_path = cell_dir / "build.json"
-        if info_path.exists():
-            info = json.loads(info_path.read_text())
-        else:  # the process died inside TensorRT before it could say anything
-            info = {"status": "failed", "error": f"the build process crashed (exit code {code})"}
-            info_path.write_text(json.dumps(info, indent=2) + "\n")
-        return {**info, **{k: cell[k] for k in ("name", "variant", "target")},
-                "profiles": [p["name"] for p in cell["profiles"]], "shapes": {p["name"]: p["shapes"]
-                                                                               for p in cell["profiles"]}}
-
-    with ThreadPoolExecutor(max_workers=params.parallel) as pool:  # threads wait; the builds are processes
-        futures = [pool.submit(build_cell, c) for c in cells]
-        for n, _ in enumerate(as_completed(futures), 1):  # progress from this thread: listeners need its context
-            progress.report("building engines", n, len(cells))
-        results = [f.result() for f in futures]
+    results = build_cells(cells, engines, worker, params.parallel)
     wall = time.perf_counter() - t0
 
     for r in results:
         for f in r.get("failures", []):
             f["hint"] = hint_for(f)
     failed = [r for r in results if r["status"] != "ok"]
-    report = {"backend": be, "environment": {"tensorrt": be, "gpu": gpus() or None}, "cells": results, "wall_seconds": round(wall, 3), "parallel": params.parallel,
+    report = {"backend": be, "environment": {"tensorrt": be, "gpu": gpus() or None}, "cells": results,
+              "wall_seconds": round(wall, 3), "parallel": params.parallel,
               "timing_cache": str(cache) if cache else None}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     result = StageResult(outputs={"engines": engines, "report": out_dir / "report.json"}, summary=summary(report),
@@ -179,6 +125,51 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         raise StageFailed(f"build: {len(failed)} of {len(results)} engine(s) failed; {first['name']}: "
                           f"{first.get('error')}", result)
     return result
+
+
+def plan_cells(params: Any, models: list[Artifact]) -> list[dict[str, Any]]:
+    """The build matrix: model variant x profile (or all profiles, combined) x target."""
+    cells = []
+    for art in models:
+        variant = art.origin or art.path.stem
+        profiles = resolve_profiles(params, model_inputs(art.path), variant)
+        groups = [[p] for p in profiles] if params.profile_mode == "separate" else [profiles]
+        for group in groups:
+            for target in params.targets:
+                cells.append({"variant": variant, "model": str(art.path), "profiles": group, "target": target,
+                              "name": f"{variant}.{'+'.join(p['name'] for p in group)}.{target}"})
+    return cells
+
+
+def build_cells(cells: list[dict[str, Any]], engines: Path, worker: dict[str, Any],
+                parallel: int) -> list[dict[str, Any]]:
+    """Each cell in its own worker process, `parallel` at a time; results in the order of `cells`."""
+    with ThreadPoolExecutor(max_workers=parallel) as pool:  # threads wait; the builds are processes
+        futures = [pool.submit(build_cell, c, engines / c["name"], worker) for c in cells]
+        for n, _ in enumerate(as_completed(futures), 1):  # progress from this thread: listeners need its context
+            progress.report("building engines", n, len(cells))
+        return [f.result() for f in futures]
+
+
+def build_cell(cell: dict[str, Any], cell_dir: Path, worker: dict[str, Any]) -> dict[str, Any]:
+    cell_dir.mkdir()
+    spec = {**cell, **worker, "cell_dir": str(cell_dir)}
+    (cell_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.build_worker", str(cell_dir / "spec.json")],
+                              capture_output=True, text=True, timeout=CELL_TIMEOUT_S)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        code = "timeout"
+    info_path = cell_dir / "build.json"
+    if info_path.exists():
+        info = json.loads(info_path.read_text())
+    else:  # the process died inside TensorRT before it could say anything
+        info = {"status": "failed", "error": f"the build process crashed (exit code {code})"}
+        info_path.write_text(json.dumps(info, indent=2) + "\n")
+    return {**info, **{k: cell[k] for k in ("name", "variant", "target")},
+            "profiles": [p["name"] for p in cell["profiles"]],
+            "shapes": {p["name"]: p["shapes"] for p in cell["profiles"]}}
 
 
 def summary(r: dict[str, Any]) -> str:

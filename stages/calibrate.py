@@ -17,11 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from stages import accuracy, onnx_io, ort_compare, progress
-from stages.base import Artifact, StageError, StageResult
-from stages.onnx_inspect import default_opset, did_you_mean, require_op_types
-from stages.ort_compare import RUNTIME, session
-from stages.sample_data import SampleSource
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import StageError
+from trtflow.stages import progress
+from trtflow.stages.compare import accuracy
+from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.graph import default_opset, require_op_types
+from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.runner import RUNTIME, session
+from trtflow.stages.ort.samples import SampleSource
+from trtflow.text import did_you_mean
 
 VERSION = "1"
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
@@ -29,14 +34,19 @@ FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held bef
 
 
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
-    from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     work = out_dir / "work"
     work.mkdir()
     src = inputs["model"].path
-    model = onnx_io.load(src)
+    model = model_io.load(src)
     ref = session(src)
     data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate")
     warnings: list[str] = []
@@ -110,7 +120,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     cand = session(out)
     cmp = accuracy.Comparison()
     for feed in data.feeds(hold):
-        cmp.add(ort_compare.run(ref, feed), ort_compare.run(cand, feed))
+        cmp.add(ort_runner.run(ref, feed), ort_runner.run(cand, feed))
     acc = cmp.result(SIMULATED)
     if not holdout:
         warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
@@ -153,7 +163,7 @@ def write_trt_cache(ranges: Path, out: Path, version: str | None = None) -> Path
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     if version is None:
-        from stages.trt_env import detect_tensorrt
+        from trtflow.stages.trt.env import detect_tensorrt
         trt = detect_tensorrt()
         version = "100000"
         if trt and trt["flavour"] == "tensorrt" and trt["version"].split(".")[0] in ("8", "9", "10"):

@@ -14,10 +14,11 @@ from typing import Any
 import cv2
 import numpy as np
 
-from stages import parity_diagnosis as dx
-from stages import preprocess, training_ref
-from stages.base import Artifact, StageError, StageFailed, StageResult
-from stages.parity_picture import worst_picture
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import StageError, StageFailed
+from trtflow.stages.image import diagnosis as dx
+from trtflow.stages.image import preprocess, training_ref
+from trtflow.stages.image.picture import worst_picture
 
 VERSION = "1"
 DIAGNOSIS_SAMPLES = 4
@@ -100,7 +101,7 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
 
 def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, Any]:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
-    from stages.ort_compare import RUNTIME, fit_to_input, session
+    from trtflow.stages.ort.runner import RUNTIME, fit_to_input, session
 
     sess = session(model)
     inp = sess.get_inputs()[0]

@@ -8,9 +8,9 @@ cannot carry, the ones the YAML blocks, and, with `fallback.max_rel_error`, thos
 from __future__ import annotations
 
 import json
-import warnings
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +18,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from stages import accuracy, onnx_io
-from stages.base import Artifact, StageError, StageResult
-from stages.onnx_inspect import did_you_mean, require_op_types
-from stages import ort_compare
-from stages.ort_compare import RUNTIME, session
-from stages.sample_data import SampleSource
-from stages.tensor_ranges import magnitudes
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import StageError
+from trtflow.stages.compare import accuracy
+from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.graph import require_op_types
+from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.ranges import magnitudes
+from trtflow.stages.ort.runner import RUNTIME, session
+from trtflow.stages.ort.samples import SampleSource
+from trtflow.text import did_you_mean
 
 VERSION = "1"
 FP16_MAX = 65504.0
@@ -36,10 +39,10 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         raise StageError(f"precision: to: {params.to} is not supported yet; use fp16")
     work = out_dir / "work"
     work.mkdir()
-    model = onnx_io.load(inputs["model"].path)
+    model = model_io.load(inputs["model"].path)
     name_nodes(model)
     ref_path = work / "fp32.onnx"
-    onnx_io.save(model, ref_path)
+    model_io.save(model, ref_path)
     ref = session(ref_path)
     data = SampleSource(params.data, inputs, ref.get_inputs(), "precision")
     calib, hold = data.split(params.holdout)
@@ -52,20 +55,20 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         blocked.update({n: f"FP16 error above max_rel_error {params.fallback.max_rel_error:g}" for n in refined})
     fp16 = convert(model, params, blocked)
     out = out_dir / "model.onnx"
-    onnx_io.save(fp16, out)
+    model_io.save(fp16, out)
     try:
         real = session(out)
-        ort_compare.run(real, feed16(real, next(data.feeds(hold))))
+        ort_runner.run(real, feed16(real, next(data.feeds(hold))))
     except Exception as exc:  # noqa: BLE001 - a converter bug shows up as an invalid graph here
         raise StageError(f"precision: the FP16 model does not run in ONNX Runtime: {str(exc).splitlines()[0]}; "
                          f"block the op type it names with block_ops") from None
 
     sim_path = work / "emulated.onnx"
-    onnx_io.save(emulated(model, params, blocked), sim_path)
+    model_io.save(emulated(model, params, blocked), sim_path)
     sim = session(sim_path)
     cmp = accuracy.Comparison()
     for feed in data.feeds(hold):
-        cmp.add(ort_compare.run(ref, feed), ort_compare.run(sim, feed))
+        cmp.add(ort_runner.run(ref, feed), ort_runner.run(sim, feed))
     acc = cmp.result(SIMULATED)
     shutil.rmtree(work)
 
@@ -151,7 +154,7 @@ def convert(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> onn
 def emulated(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> onnx.ModelProto:
     from onnxconverter_common import float16
 
-    from stages.fp16_emulation import emulate
+    from trtflow.stages.onnx.fp16_emulation import emulate
     return emulate(model, set(blocked), set(float16.DEFAULT_OP_BLOCK_LIST) | set(params.block_ops),
                    params.keep_io_types)
 
@@ -160,7 +163,7 @@ def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, dat
                    calib: range, limit: float, blocked: dict[str, str]) -> list[str]:
     """Nodes (not yet blocked) whose output differs from FP32 by more than `limit`, relative to its magnitude,
     in the per-node FP16 emulation."""
-    from stages.tensor_ranges import expose_all
+    from trtflow.stages.ort.ranges import expose_all
 
     ref_path, cand_path = work / "ref_all.onnx", work / "fp16_all.onnx"
     ref_names = set(expose_all(model, ref_path))

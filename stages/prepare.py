@@ -13,10 +13,13 @@ from typing import Any
 
 import onnx
 
-from stages import onnx_inspect, onnx_io, ort_compare
-from stages.base import Artifact, StageError, StageResult
-from stages.trt_env import INSTALL_HINT, detect_tensorrt
-from stages.trt_preflight import run_preflight
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import StageError
+from trtflow.stages.onnx import graph as onnx_graph
+from trtflow.stages.onnx import model_io
+from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
+from trtflow.stages.trt.preflight import run_preflight
 
 VERSION = "1"
 
@@ -41,8 +44,8 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         clock = now
 
     # --- load and check ----------------------------------------------------------------------------------
-    external_in = onnx_io.has_external_data(onnx_io.load(src, with_data=False))
-    model = onnx_io.load(src)
+    external_in = model_io.has_external_data(model_io.load(src, with_data=False))
+    model = model_io.load(src)
     try:
         onnx.checker.check_model(str(src))
     except onnx.checker.ValidationError as exc:
@@ -53,24 +56,24 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         full_check = {"ok": False, "error": _first_line(exc)}
         warnings.append(f"strict shape inference fails on the source model: {_first_line(exc)}")
-    before = onnx_inspect.inventory(model)
+    before = onnx_graph.inventory(model)
     lap("check")
 
     # --- sanitize ----------------------------------------------------------------------------------------
-    sanitized = onnx_inspect.sanitize_dims(model)
+    sanitized = onnx_graph.sanitize_dims(model)
     model = _infer_shapes(model, work, warnings)
     original = work / "original.onnx"
-    onnx_io.save(model, original, external=external_in or None)
+    model_io.save(model, original, external=external_in or None)
     current, current_path = model, original
     lap("sanitize")
 
     # --- opset conversion ----------------------------------------------------------------------------------
     conversion: dict[str, Any] | None = None
-    source_opset = onnx_inspect.default_opset(model)
+    source_opset = onnx_graph.default_opset(model)
     if params.target_opset and params.target_opset != source_opset:
         converted = _convert(current, src.name, source_opset, params.target_opset)
         conv_path = work / "converted.onnx"
-        onnx_io.save(converted, conv_path, external=external_in or None)
+        model_io.save(converted, conv_path, external=external_in or None)
         check = _compare(current_path, conv_path, params)
         conversion = {"from": source_opset, "to": params.target_opset, "check": check}
         if check.get("ok") is False:
@@ -86,17 +89,17 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     if params.simplify:
         simplification.update(_simplify(current, current_path, work, params, external_in))
         if simplification["applied"]:
-            current, current_path = onnx_io.load(work / "simplified.onnx"), work / "simplified.onnx"
+            current, current_path = model_io.load(work / "simplified.onnx"), work / "simplified.onnx"
         else:
             warnings.append(f"not simplified: {simplification['reason']}")
     lap("simplify")
 
     # --- write the result -----------------------------------------------------------------------------------
-    constants_moved = onnx_inspect.constants_to_initializers(current)
+    constants_moved = onnx_graph.constants_to_initializers(current)
     final = out_dir / "model.onnx"
-    onnx_io.save(current, final, external=external_in or None)
-    after = onnx_inspect.inventory(current)
-    dynamic = onnx_inspect.dynamic_dims(current)
+    model_io.save(current, final, external=external_in or None)
+    after = onnx_graph.inventory(current)
+    dynamic = onnx_graph.dynamic_dims(current)
     lap("save")
 
     # --- TensorRT pre-flight ---------------------------------------------------------------------------------
@@ -113,7 +116,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     metrics = {"nodes_before": before["nodes"], "nodes_after": after["nodes"],
-               "opset": onnx_inspect.default_opset(current), "dynamic_dims": len(dynamic),
+               "opset": onnx_graph.default_opset(current), "dynamic_dims": len(dynamic),
                "simplified": simplification["applied"],
                "preflight_failures": len(preflight["failures"]) if preflight.get("ran") else None,
                "seconds": timings}
@@ -134,13 +137,13 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
 
 def _infer_shapes(model: onnx.ModelProto, work: Path, warnings: list[str]) -> onnx.ModelProto:
     try:
-        if model.ByteSize() < onnx_io.EXTERNAL_THRESHOLD:
+        if model.ByteSize() < model_io.EXTERNAL_THRESHOLD:
             return onnx.shape_inference.infer_shapes(model, data_prop=True)
         # over 2 GB the in-memory API cannot serialize; infer on files instead
         tmp_in, tmp_out = work / "infer_in.onnx", work / "infer_out.onnx"
-        onnx_io.save(model, tmp_in, external=True)
+        model_io.save(model, tmp_in, external=True)
         onnx.shape_inference.infer_shapes_path(str(tmp_in), str(tmp_out))
-        return onnx_io.load(tmp_out)
+        return model_io.load(tmp_out)
     except Exception as exc:  # noqa: BLE001 - inference is a help, not a requirement
         warnings.append(f"shape inference failed: {_first_line(exc)}")
         return model
@@ -156,16 +159,16 @@ def _convert(model: onnx.ModelProto, name: str, source: int | None, target: int)
     except Exception as exc:  # noqa: BLE001 - the converter raises several types, all meaning "cannot"
         raise StageError(f"cannot convert {name} from opset {source} to {target}: {_first_line(exc)}; {todo}") \
             from None
-    if onnx_inspect.default_opset(converted) != target:
+    if onnx_graph.default_opset(converted) != target:
         raise StageError(f"cannot convert {name} from opset {source} to {target}: the converter left it at "
-                         f"{onnx_inspect.default_opset(converted)}; {todo}")
+                         f"{onnx_graph.default_opset(converted)}; {todo}")
     return converted
 
 
 def _compare(ref: Path, new: Path, params: Any) -> dict[str, Any]:
     c = params.check
     try:
-        return ort_compare.compare_models(ref, new, c.samples, c.rtol, c.atol, c.seed, params.input_shapes)
+        return ort_runner.compare_models(ref, new, c.samples, c.rtol, c.atol, c.seed, params.input_shapes)
     except Exception as exc:  # noqa: BLE001 - e.g. custom ops ONNX Runtime cannot run
         return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {_first_line(exc)}"}
 
@@ -181,7 +184,7 @@ def _simplify(model: onnx.ModelProto, path: Path, work: Path, params: Any, exter
     if not ok:
         return {"applied": False, "reason": "onnxsim reported its result as invalid"}
     out = work / "simplified.onnx"
-    onnx_io.save(simplified, out, external=external or None)
+    model_io.save(simplified, out, external=external or None)
     check = _compare(path, out, params)
     result: dict[str, Any] = {"tool": f"onnxsim {getattr(onnxsim, '__version__', '')}".strip(),
                               "seconds": round(time.perf_counter() - t0, 3), "check": check}
@@ -229,7 +232,7 @@ def _summary(src: Path, r: dict[str, Any]) -> str:
         lines.append(f"- **opset conversion** {conv['from']} → {conv['to']}: {_check_text(conv['check'])}")
     s = r["simplification"]
     if s["requested"]:
-        lines.append(f"- **simplification**: " + (f"applied ({s.get('tool')}), {_check_text(s['check'])}"
+        lines.append("- **simplification**: " + (f"applied ({s.get('tool')}), {_check_text(s['check'])}"
                                                   if s["applied"] else f"not applied: {s['reason']}"))
     if r["constants_to_initializers"]:
         lines.append(f"- **{r['constants_to_initializers']} Constant nodes** turned into initializers")

@@ -1,20 +1,46 @@
+"""Fixtures shared by the tests; paths of the real models and photos are in tests/assets.py."""
 from __future__ import annotations
 
+import json
 import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE_MODEL = ROOT / "examples" / "ppocr-cls" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+from tests.assets import PPOCR
+from trtflow.stages.trt.env import detect_tensorrt
+
+TENSORRT = detect_tensorrt()
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "tensorrt: needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+
+
+def pytest_runtest_setup(item) -> None:
+    if item.get_closest_marker("tensorrt") and TENSORRT is None:
+        pytest.skip("needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+
+
+@pytest.fixture
+def tensorrt_available() -> bool:
+    return TENSORRT is not None
+
+
+@pytest.fixture
+def tensorrt_backend() -> dict[str, str]:
+    """The installed flavour as `detect_tensorrt()` describes it (module, flavour, version)."""
+    if TENSORRT is None:
+        pytest.skip("needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+    return TENSORRT
 
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     """A model repo: the real PP-OCR classifier as models/cls.onnx."""
     (tmp_path / "models").mkdir()
-    shutil.copy(EXAMPLE_MODEL, tmp_path / "models" / "cls.onnx")
+    shutil.copy(PPOCR, tmp_path / "models" / "cls.onnx")
     return tmp_path
 
 
@@ -27,18 +53,19 @@ def write_yaml(workdir: Path):
     return write
 
 
-def engine_bytes(model: Path, shapes: dict[str, list[int]] | None, out: Path) -> int:
-    """Build `model` with the real build stage (TensorRT-RTX on the CPU here) and return the engine's size."""
-    import json
+@pytest.fixture
+def engine_size():
+    """Build a model with the real build stage (TensorRT-RTX on the CPU here); returns the engine's size."""
+    from trtflow.artifact import Artifact
+    from trtflow.pipelines.schema import BuildStage
+    from trtflow.stages import build
 
-    from pipelines.schema import BuildStage
-    from stages import build
-    from stages.base import Artifact
-
-    profiles = {"p": {k: {"min": v, "opt": v, "max": v} for k, v in shapes.items()}} if shapes else {}
-    out.mkdir(parents=True)
-    result = build.run(BuildStage.model_validate({"kind": "build", "profiles": profiles}),
-                       {"models": [Artifact(model, "onnx", "m", "variant")]}, out)
-    cell = json.loads(result.outputs["report"].read_text())["cells"][0]
-    assert cell["status"] == "ok" and cell["runtime"].startswith("tensorrt")
-    return cell["engine_bytes"]
+    def size(model: Path, shapes: dict[str, list[int]] | None, out: Path) -> int:
+        profiles = {"p": {k: {"min": v, "opt": v, "max": v} for k, v in shapes.items()}} if shapes else {}
+        out.mkdir(parents=True)
+        result = build.run(BuildStage.model_validate({"kind": "build", "profiles": profiles}),
+                           {"models": [Artifact(model, "onnx", "m", "variant")]}, out)
+        cell = json.loads(result.outputs["report"].read_text())["cells"][0]
+        assert cell["status"] == "ok" and cell["runtime"].startswith("tensorrt")
+        return cell["engine_bytes"]
+    return size

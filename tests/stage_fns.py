@@ -1,12 +1,13 @@
-"""Small user stages (kind: tests.stage_fns:NAME) used to exercise the runner without ONNX work."""
+"""Small user stages (kind: tests.stage_fns:NAME) used to exercise the runner without ONNX work.
+
+Written as users write theirs: against the public API, `from trtflow import ...`."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 
-from stages.base import StageError, StageResult
+from trtflow import StageError, StageFailed, StageResult
 
 CALLS: list[str] = []
 
@@ -48,6 +49,5 @@ def no_outputs(params, inputs, out_dir: Path) -> StageResult:
 
 def verdict_fail(params, inputs, out_dir: Path) -> StageResult:
     (out_dir / "report.json").write_text('{"verdict": "fail"}')
-    from stages.base import StageFailed
     raise StageFailed("checked, and it is wrong", StageResult(outputs={"report": out_dir / "report.json"},
                                                               summary="# why it failed"))

@@ -11,14 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipelines.schema import BuildStage
-from stages import build, trt_env
-from stages.base import Artifact, StageError, StageFailed
-from tests.conftest import EXAMPLE_MODEL
+from tests.assets import PPOCR, SQUEEZENET
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError, StageFailed
+from trtflow.pipelines.schema import BuildStage
+from trtflow.stages import build
 
-ROOT = Path(__file__).resolve().parents[1]
-SQUEEZENET = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"
-pytestmark = pytest.mark.skipif(trt_env.detect_tensorrt() is None, reason="needs tensorrt-rtx-cu13 (pip install)")
+pytestmark = pytest.mark.tensorrt
 
 PROFILES = {"bs1": {"input": {"min": [1, 3, 224, 224], "opt": [1, 3, 224, 224], "max": [1, 3, 224, 224]}},
             "dynamic": {"input": {"min": [1, 3, 224, 224], "opt": [4, 3, 224, 224], "max": [8, 3, 224, 224]}}}
@@ -36,8 +35,8 @@ def run_build(models: list[Artifact], out: Path, **kw):
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory) -> list[Artifact]:
     """FP32, FP16 and INT8 SqueezeNet, made by the real precision and calibrate stages."""
-    from pipelines.schema import CalibrateStage, PrecisionStage
-    from stages import calibrate, precision
+    from trtflow.pipelines.schema import CalibrateStage, PrecisionStage
+    from trtflow.stages import calibrate, precision
     tmp = tmp_path_factory.mktemp("variants")
     fp32 = Artifact(SQUEEZENET, "onnx", "a", "prepare")
     random = {"random": True, "samples": 4, "shapes": {"input": [1, 3, 224, 224]}}
@@ -50,7 +49,7 @@ def variants(tmp_path_factory) -> list[Artifact]:
     return [fp32, Artifact(fp16, "onnx", "b", "fp16"), Artifact(int8, "onnx", "c", "int8")]
 
 
-def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants):
+def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants, tensorrt_backend):
     result = run_build(variants, tmp_path / "out", profiles=PROFILES)
     report = json.loads(result.outputs["report"].read_text())
     assert [c["name"] for c in report["cells"]] == [f"{v}.{p}.native" for v in ("prepare", "fp16", "int8")
@@ -63,7 +62,7 @@ def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants):
         assert info["inputs"][0]["name"] == "input" and info["inputs"][0]["shape"] == [-1, 3, 224, 224]
         assert info["validity"]["checked"] and info["validity"]["validity"] in ("VALID", "INVALID", "SUBOPTIMAL")
         assert info["peak_host_memory_mb"] > 10 and (engine.parent / "build.log").exists()
-        assert info["environment"]["tensorrt"]["version"] == trt_env.detect_tensorrt()["version"]
+        assert info["environment"]["tensorrt"]["version"] == tensorrt_backend["version"]
     dyn = next(c for c in report["cells"] if c["name"] == "fp16.dynamic.native")
     assert dyn["shapes"]["dynamic"]["input"][2] == [8, 3, 224, 224]
     sizes = {c["variant"]: c["engine_bytes"] for c in report["cells"] if "bs1" in c["name"]}
@@ -95,8 +94,8 @@ def test_failing_parse_fails_the_cell_with_a_report(tmp_path):
 
 
 def _prepared_ppocr(tmp_path: Path) -> Artifact:
-    from stages.onnx_inspect import sanitize_dims
-    m = onnx.load(str(EXAMPLE_MODEL))
+    from trtflow.stages.onnx.graph import sanitize_dims
+    m = onnx.load(str(PPOCR))
     sanitize_dims(m)
     path = tmp_path / "ppocr.onnx"
     onnx.save(m, str(path))
@@ -124,8 +123,8 @@ def test_ppocr_dynamic_height_and_width(tmp_path):
     assert json.loads(result.outputs["report"].read_text())["cells"][0]["status"] == "ok"
 
 
-def test_options_the_backend_lacks(tmp_path, variants, monkeypatch):
-    if trt_env.detect_tensorrt()["flavour"] == "tensorrt-rtx":
+def test_options_the_backend_lacks(tmp_path, variants, monkeypatch, tensorrt_backend):
+    if tensorrt_backend["flavour"] == "tensorrt-rtx":
         with pytest.raises(StageError, match=r"legacy_precision \(fp16\) needs TensorRT 10's builder flags"):
             run_build(variants[:1], tmp_path / "a", legacy_precision=["fp16"], profiles=PROFILES)
         with pytest.raises(StageError, match=r"unknown target 'sm99'"):
@@ -147,9 +146,9 @@ def test_builder_options_and_timing_cache(tmp_path, variants):
     assert list(shared.glob("timing-*.cache"))
 
 
-def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, variants):
+def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, variants, tensorrt_backend):
     # seen here: TensorRT-RTX 1.7 needs CUDA to build a weight-stripped plan; the cell reports the builder's error
-    if trt_env.detect_tensorrt()["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend["flavour"] != "tensorrt-rtx":
         pytest.skip("a TensorRT-RTX observation")
     with pytest.raises(StageFailed, match="the builder returned no engine"):
         run_build(variants[:1], tmp_path / "out", profiles={"bs1": PROFILES["bs1"]}, strip_plan=True)

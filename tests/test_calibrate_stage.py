@@ -11,15 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipelines.schema import CalibrateStage
-from stages import calibrate, preprocess, trt_env
-from stages.base import Artifact, StageError
-from tests.conftest import EXAMPLE_MODEL, engine_bytes
+from tests.assets import PHOTOS, PPOCR, SQUEEZENET
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError
+from trtflow.pipelines.schema import CalibrateStage
+from trtflow.stages import calibrate
+from trtflow.stages.image import preprocess
 
-ROOT = Path(__file__).resolve().parents[1]
-SQUEEZENET = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"
-PHOTOS = sorted(p for p in (ROOT / "examples" / "squeezenet-cls" / "data").iterdir() if p.suffix in (".png", ".jpg"))
-HAVE_TRT = trt_env.detect_tensorrt() is not None
 IMAGENET = [{"read": {"color": "rgb", "depth": 8}}, {"resize": {"shorter": 256, "antialias": True}},
             {"center_crop": [224, 224]}, {"scale": 1 / 255},
             {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}, {"layout": "chw"},
@@ -32,17 +30,18 @@ def run_calibrate(model: Path, out: Path, extra_inputs=None, **kw):
     return calibrate.run(params, {"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}, out)
 
 
-def assert_trt_ready(model: Path, shape: dict[str, list[int]], build_dir: Path) -> None:
+def assert_trt_ready(model: Path, shape: dict[str, list[int]], build_dir: Path, engine_size=None) -> None:
+    """Q/DQ as TensorRT wants it; built with the real builder when `engine_size` (a TensorRT flavour) is given."""
     q = onnx.load(str(model))
     dq_inputs = {n.input[0] for n in q.graph.node if n.op_type == "DequantizeLinear"}
     int32 = [i.name for i in q.graph.initializer if i.name in dq_inputs and i.data_type == TensorProto.INT32]
     assert not int32, f"a quantized bias (INT32 DequantizeLinear) breaks TensorRT: {int32}"
     assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) > 10
-    if HAVE_TRT:
-        assert engine_bytes(model, shape, build_dir) > 100_000
+    if engine_size is not None:
+        assert engine_size(model, shape, build_dir) > 100_000
 
 
-def test_real_photos_through_the_parity_preprocessing(tmp_path):
+def test_real_photos_through_the_parity_preprocessing(tmp_path, tensorrt_available, engine_size):
     pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
     result = run_calibrate(SQUEEZENET, tmp_path / "out", inputs, data={"images": "*.png", "samples": 4},
@@ -52,7 +51,8 @@ def test_real_photos_through_the_parity_preprocessing(tmp_path):
     assert report["data"].startswith("images via preprocess")
     out = report["accuracy"]["outputs"]["logits"]
     assert out["cosine"] > 0.99 and out["nan"] == 0 and "simulated" in report["accuracy"]["runtime"]
-    assert_trt_ready(result.outputs["model"], {"input": [1, 3, 224, 224]}, tmp_path / "engine")
+    assert_trt_ready(result.outputs["model"], {"input": [1, 3, 224, 224]}, tmp_path / "engine",
+                     engine_size if tensorrt_available else None)
     cache = result.outputs["trt_calibration_cache"].read_text().splitlines()
     assert cache[0].startswith("TRT-") and cache[0].endswith("-EntropyCalibration2")
     name, hexscale = cache[1].split(": ")
@@ -61,12 +61,13 @@ def test_real_photos_through_the_parity_preprocessing(tmp_path):
     assert name in ranges and 0 < scale < 10
 
 
-def test_prepared_ppocr_with_random_data_builds(tmp_path):
-    from stages.onnx_inspect import constants_to_initializers, sanitize_dims
+def test_prepared_ppocr_with_random_data_builds(tmp_path, tensorrt_available, engine_size):
     from onnx import version_converter
-    m = onnx.load(str(EXAMPLE_MODEL))
+
+    from trtflow.stages.onnx.graph import constants_to_initializers, sanitize_dims
+    m = onnx.load(str(PPOCR))
     with pytest.raises(StageError, match="Q/DQ quantization needs opset >= 13, the model is at opset 11"):
-        run_calibrate(EXAMPLE_MODEL, tmp_path / "raw", data={"random": True})
+        run_calibrate(PPOCR, tmp_path / "raw", data={"random": True})
     sanitize_dims(m)
     m = version_converter.convert_version(m, 17)
     constants_to_initializers(m)  # what prepare hands over: weights as initializers, so they get quantized
@@ -75,7 +76,8 @@ def test_prepared_ppocr_with_random_data_builds(tmp_path):
     result = run_calibrate(model, tmp_path / "out", data={"random": True, "samples": 8, "shapes": {"x": [1, 3, 48, 192]}},
                            method="minmax", holdout=4)
     assert result.metrics["quantize_linear_nodes"] > 10
-    assert_trt_ready(result.outputs["model"], {"x": [1, 3, 48, 192]}, tmp_path / "engine")
+    assert_trt_ready(result.outputs["model"], {"x": [1, 3, 48, 192]}, tmp_path / "engine",
+                     engine_size if tensorrt_available else None)
 
 
 def _tensors(tmp_path: Path, n: int, shape=(1, 3, 224, 224)) -> list[Artifact]:
@@ -117,8 +119,8 @@ def test_nothing_to_quantize(tmp_path):
 
 
 def test_ranges_are_reused_until_the_data_changes(write_yaml, workdir):
-    from flows.runner import Runner
-    from pipelines.loader import load_pipeline
+    from trtflow.flows.runner import Runner
+    from trtflow.pipelines.loader import load_pipeline
 
     (workdir / "calib").mkdir()
     _tensors(workdir / "calib", 6)

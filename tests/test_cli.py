@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from flows import cli
+from trtflow.flows import cli
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -92,3 +92,29 @@ def test_plan_says_unimplemented_kinds(capsys, write_yaml):
                       "  b: {kind: validate}\n")
     code, out, _ = run_cli(capsys, "plan", str(path))
     assert code == 1 and "implemented" in out and "never run" in out and "error" in out
+
+
+PREFECT_DOWN = {
+    # the temporary server given no time to start: what a busy machine sees when Prefect's 20 s run out
+    "temporary server": ({"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"},
+                         "Prefect's temporary server did not start within 0 s"),
+    "PREFECT_API_URL": ({"PREFECT_API_URL": "http://127.0.0.1:9/api"},
+                        "Failed to reach API at http://127.0.0.1:9/api/ (PREFECT_API_URL): start that server"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFECT_DOWN))
+def test_prefect_unreachable_is_one_line(write_yaml, workdir, case):
+    import os
+    import subprocess
+    import sys
+
+    path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare}\n")
+    env_vars, message = PREFECT_DOWN[case]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | env_vars
+    env["PREFECT_HOME"] = str(workdir / ".prefect")
+    proc = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "run", str(path)], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert message in one_error_line(proc.stderr)
+    assert not (workdir / ".trtflow" / "p").exists() or not any((workdir / ".trtflow" / "p").iterdir())

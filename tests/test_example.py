@@ -17,7 +17,7 @@ def trtflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(cwd / ".prefect")  # a fresh Prefect database, as on a new machine
     env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
 
 

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from flows import cli
 from tests import stage_fns
+from trtflow.flows import cli
 
 PIPE = """
 version: 1
@@ -107,7 +107,8 @@ def test_calibration_progress_artifact(prefect_server, write_yaml, workdir, caps
     import shutil
 
     import numpy as np
-    from tests.test_calibrate_stage import SQUEEZENET
+
+    from tests.assets import SQUEEZENET
     shutil.copy(SQUEEZENET, workdir / "models" / "sq.onnx")
     (workdir / "calib").mkdir()
     for i in range(6):

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.schema import ParityStage
-from stages import parity, preprocess
-from stages.base import Artifact, StageError, StageFailed
+from tests.assets import PHOTOS, SQUEEZENET
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError, StageFailed
+from trtflow.pipelines.schema import ParityStage
+from trtflow.stages import parity
+from trtflow.stages.image import preprocess
 
 pytest.importorskip("torchvision")
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "squeezenet-cls"
-PHOTOS = sorted(p for p in (EXAMPLE / "data").iterdir() if p.suffix in (".png", ".jpg"))
-MODEL = EXAMPLE / "models" / "squeezenet1_1.onnx"
+MODEL = SQUEEZENET
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 DEPLOY = [{"read": "rgb"}, {"resize": {"shorter": 256, "antialias": True}}, {"center_crop": 224},
@@ -175,11 +175,11 @@ def test_unknown_torchvision_transform(tmp_path):
 
 
 def test_no_image_matches_the_glob(write_yaml, workdir):
-    from flows.runner import Runner
-    from pipelines.errors import SpecError
-    from pipelines.loader import load_pipeline
+    from trtflow.errors import SpecError
+    from trtflow.flows.runner import Runner
+    from trtflow.pipelines.loader import load_pipeline
 
-    path = write_yaml(f"""
+    path = write_yaml("""
         version: 1
         name: p
         model: models/cls.onnx
@@ -187,8 +187,8 @@ def test_no_image_matches_the_glob(write_yaml, workdir):
           parity:
             kind: parity
             images: photos/*.jpg
-            deploy: [{{read: rgb}}]
-            training: {{torchvision: ["ToTensor()"]}}
+            deploy: [{read: rgb}]
+            training: {torchvision: ["ToTensor()"]}
         """)
     runner = Runner(load_pipeline(path))
     with pytest.raises(SpecError, match=r"pipeline.yaml:7: stages.parity.images: no file matches 'photos/\*.jpg'"):

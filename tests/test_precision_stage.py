@@ -10,15 +10,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipelines.schema import PrecisionStage
-from stages import precision, trt_env
-from stages.base import Artifact, StageError
-from stages.ort_compare import run, session
-from tests.conftest import EXAMPLE_MODEL, engine_bytes
-
-ROOT = Path(__file__).resolve().parents[1]
-SQUEEZENET = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"
-HAVE_TRT = trt_env.detect_tensorrt() is not None
+from tests.assets import PPOCR, SQUEEZENET
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError
+from trtflow.pipelines.schema import PrecisionStage
+from trtflow.stages import precision
+from trtflow.stages.ort.runner import run, session
 
 
 def overflow_model(path: Path) -> Path:
@@ -53,7 +50,7 @@ def run_precision(model: Path, out: Path, extra_inputs=None, **kw):
     return precision.run(params, {"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}, out)
 
 
-def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path):
+def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path, tensorrt_available, engine_size):
     model = overflow_model(tmp_path / "overflow.onnx")
     data = {"tensors": tensors_dir(tmp_path)}
     spec = {"data": {"tensors": "*.npy"}, "holdout": 4}
@@ -73,8 +70,8 @@ def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path):
     np.testing.assert_allclose(run(session(result.outputs["model"]), {"x": x})["y"],
                                run(session(model), {"x": x})["y"], rtol=2e-3)
     assert "simulated" in report["accuracy"]["runtime"] and "not a TensorRT number" in result.summary
-    if HAVE_TRT:
-        assert engine_bytes(result.outputs["model"], None, tmp_path / "engine") > 1000
+    if tensorrt_available:
+        assert engine_size(result.outputs["model"], None, tmp_path / "engine") > 1000
 
 
 def test_block_lists_and_bad_names(tmp_path):
@@ -102,10 +99,10 @@ def test_max_rel_error_refinement(tmp_path):
 
 
 @pytest.mark.parametrize("model,shapes", [(SQUEEZENET, {"input": [1, 3, 224, 224]}),
-                                          (EXAMPLE_MODEL, {"x": [1, 3, 48, 192]})])
-def test_real_models_fp16_and_tensorrt_rtx_builds_them(tmp_path, model, shapes):
+                                          (PPOCR, {"x": [1, 3, 48, 192]})])
+def test_real_models_fp16_and_tensorrt_rtx_builds_them(tmp_path, model, shapes, tensorrt_available, engine_size):
     # as `prepare` hands it over: PP-OCR names both H and W "?", which TensorRT reads as one dimension (H == W)
-    from stages.onnx_inspect import sanitize_dims
+    from trtflow.stages.onnx.graph import sanitize_dims
     m = onnx.load(str(model))
     sanitize_dims(m)
     model = tmp_path / "prepared.onnx"
@@ -119,8 +116,8 @@ def test_real_models_fp16_and_tensorrt_rtx_builds_them(tmp_path, model, shapes):
     weights = list(fp16.graph.initializer) + [n.attribute[0].t for n in fp16.graph.node if n.op_type == "Constant"]
     assert any(w.data_type == TensorProto.FLOAT16 for w in weights)
     assert fp16.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT  # keep_io_types
-    if HAVE_TRT:
-        assert engine_bytes(result.outputs["model"], shapes, tmp_path / "engine") > 100_000
+    if tensorrt_available:
+        assert engine_size(result.outputs["model"], shapes, tmp_path / "engine") > 100_000
 
 
 def test_images_need_the_parity_preprocessing(tmp_path):

@@ -9,15 +9,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipelines.schema import PrepareStage
-from stages import prepare, trt_env
-from stages.base import Artifact, StageError
-from stages.onnx_inspect import constants_to_initializers
-from stages.onnx_io import has_external_data
-from stages.ort_compare import run, session
-from tests.conftest import EXAMPLE_MODEL
-
-HAVE_TRT = trt_env.detect_tensorrt() is not None
+from tests.assets import PPOCR
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError
+from trtflow.pipelines.schema import PrepareStage
+from trtflow.stages import prepare
+from trtflow.stages.onnx.graph import constants_to_initializers
+from trtflow.stages.onnx.model_io import has_external_data
+from trtflow.stages.ort.runner import run, session
 
 
 def params(**kw) -> PrepareStage:
@@ -36,8 +35,8 @@ def tiny_model(path: Path, nodes, inputs, outputs, opset=17, domains=(), initial
     return path
 
 
-def test_real_classifier(tmp_path):
-    result = run_prepare(EXAMPLE_MODEL, tmp_path / "out", target_opset=17, input_shapes={"x": [1, 3, 48, 192]})
+def test_real_classifier(tmp_path, tensorrt_available):
+    result = run_prepare(PPOCR, tmp_path / "out", target_opset=17, input_shapes={"x": [1, 3, 48, 192]})
     report = json.loads(result.outputs["report"].read_text())
     model = onnx.load(str(result.outputs["model"]))
     onnx.checker.check_model(model, full_check=True)
@@ -50,18 +49,18 @@ def test_real_classifier(tmp_path):
     assert report["conversion"]["check"]["ok"] is True
     # the prepared model computes what the shipped one does, on a realistic text-line-sized input
     x = np.random.default_rng(1).uniform(-1, 1, (4, 3, 48, 192)).astype(np.float32)
-    ref = run(session(EXAMPLE_MODEL), {"x": x})
+    ref = run(session(PPOCR), {"x": x})
     got = run(session(result.outputs["model"]), {"x": x})
     for name in ref:
         np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5)
-    if HAVE_TRT:
+    if tensorrt_available:
         assert report["preflight"]["ran"] and report["preflight"]["parsed"]
         assert report["preflight"]["failures"] == [] and report["preflight"]["layers"] > 50
     assert "TensorRT pre-flight" in result.summary and "x_dim2" in result.summary
     assert not (tmp_path / "out" / "work").exists()
 
 
-@pytest.mark.skipif(not HAVE_TRT, reason="needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+@pytest.mark.tensorrt
 def test_preflight_lists_every_unsupported_node(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
     model = tiny_model(tmp_path / "bad.onnx", [
@@ -85,17 +84,17 @@ def test_preflight_lists_every_unsupported_node(tmp_path):
 
 def test_preflight_modes_without_tensorrt(tmp_path, monkeypatch):
     monkeypatch.setattr(prepare, "detect_tensorrt", lambda: None)
-    result = run_prepare(EXAMPLE_MODEL, tmp_path / "a", simplify=False)
+    result = run_prepare(PPOCR, tmp_path / "a", simplify=False)
     pre = json.loads(result.outputs["report"].read_text())["preflight"]
     assert pre["ran"] is False and "pip install tensorrt-rtx-cu13" in pre["reason"]
     assert "pre-flight did not run" in result.summary
     with pytest.raises(StageError, match="preflight: required, but no TensorRT flavour is installed"):
-        run_prepare(EXAMPLE_MODEL, tmp_path / "b", simplify=False, preflight="required")
+        run_prepare(PPOCR, tmp_path / "b", simplify=False, preflight="required")
 
 
 def test_truncated_and_missing_model(tmp_path):
     broken = tmp_path / "broken.onnx"
-    broken.write_bytes(EXAMPLE_MODEL.read_bytes()[:20_000])
+    broken.write_bytes(PPOCR.read_bytes()[:20_000])
     with pytest.raises(StageError, match=r"broken.onnx is not a valid ONNX model \(truncated or corrupt\)"):
         run_prepare(broken, tmp_path / "a")
     garbage = tmp_path / "garbage.onnx"
@@ -122,9 +121,9 @@ def test_target_opset_too_low(tmp_path):
 def test_external_data_in_and_out(tmp_path):
     src = tmp_path / "ext" / "model.onnx"
     src.parent.mkdir()
-    model = onnx.load(str(EXAMPLE_MODEL))
+    model = onnx.load(str(PPOCR))
     constants_to_initializers(model)  # PaddlePaddle exports weights as Constant nodes
-    from stages.onnx_io import _as_raw_data
+    from trtflow.stages.onnx.model_io import _as_raw_data
     _as_raw_data(model)
     onnx.save_model(model, str(src), save_as_external_data=True, all_tensors_to_one_file=True,
                     location="weights.bin", size_threshold=0)
@@ -135,7 +134,7 @@ def test_external_data_in_and_out(tmp_path):
     assert (out.parent / "model.onnx.data").exists()
     x = np.random.default_rng(2).uniform(-1, 1, (1, 3, 48, 192)).astype(np.float32)
     np.testing.assert_allclose(run(session(out), {"x": x})["save_infer_model/scale_0.tmp_1"],
-                               run(session(EXAMPLE_MODEL), {"x": x})["save_infer_model/scale_0.tmp_1"],
+                               run(session(PPOCR), {"x": x})["save_infer_model/scale_0.tmp_1"],
                                rtol=1e-4, atol=1e-5)
 
 

@@ -1,18 +1,14 @@
 """The declared preprocessing executor and the PIL-exact antialiased resize."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.schema import ParityStage
-from stages import preprocess, resample
-from stages.base import StageError
-
-ROOT = Path(__file__).resolve().parents[1]
-PHOTOS = sorted(p for p in (ROOT / "examples" / "squeezenet-cls" / "data").iterdir() if p.suffix in (".png", ".jpg"))
+from tests.assets import PHOTOS
+from trtflow.errors import StageError
+from trtflow.pipelines.schema import ParityStage
+from trtflow.stages.image import preprocess, resample
 
 
 @pytest.mark.parametrize("interp,pil", [("linear", Image.BILINEAR), ("cubic", Image.BICUBIC),

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.runner import Runner
-from flows.store import LocalStore, StoreError
-from pipelines.loader import load_pipeline
-from stages.base import StageError
 from tests import stage_fns
+from trtflow.errors import StageError
+from trtflow.flows.runner import Runner
+from trtflow.flows.store import LocalStore, StoreError
+from trtflow.pipelines.loader import load_pipeline
 
 PIPE = """
 version: 1
@@ -82,7 +82,7 @@ def test_changed_model_file_is_noticed(write_yaml, workdir):
 
 def test_editing_the_stage_function_invalidates(write_yaml, workdir, monkeypatch):
     mod = workdir / "userstage.py"
-    mod.write_text("from stages.base import StageResult\n"
+    mod.write_text("from trtflow import StageResult\n"
                    "def go(params, inputs, out_dir):\n"
                    "    (out_dir / 'r.json').write_text('1')\n"
                    "    return StageResult(outputs={'report': out_dir / 'r.json'})\n")
@@ -187,7 +187,7 @@ def test_unwritable_store(write_yaml, workdir):
 
 
 def test_unknown_stage_selected(write_yaml):
-    from pipelines.errors import SpecError
+    from trtflow.errors import SpecError
     runner = Runner(load_pipeline(write_yaml(PIPE)))
     with pytest.raises(SpecError, match=r"--stage bb: no such stage .*did you mean 'b'"):
         runner.select(["bb"])
@@ -211,7 +211,7 @@ def test_failed_verdict_keeps_its_report_but_is_never_reused(write_yaml, timeout
         stages:
           check: {{kind: "tests.stage_fns:verdict_fail", outputs: {{report: json}}{timeout}}}
         """)
-    from stages.base import StageFailed
+    from trtflow.errors import StageFailed
     with pytest.raises(StageFailed, match=r"checked, and it is wrong \(details: .*summary.md\)") as info:
         run_all(path)
     directory = info.value.directory

@@ -8,10 +8,10 @@ import jsonschema
 import pytest
 import yaml
 
-from pipelines.errors import SpecError
-from pipelines.graph import SOURCE, build_graph
-from pipelines.loader import load_pipeline
-from pipelines.schema import json_schema
+from trtflow.errors import SpecError
+from trtflow.pipelines.graph import SOURCE, build_graph
+from trtflow.pipelines.loader import load_pipeline
+from trtflow.pipelines.pipeline import json_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,9 @@ def test_cycle(write_yaml):
     with pytest.raises(SpecError) as info:
         build_graph(load_pipeline(path))
     msg = str(info.value)
-    assert "the stages form a cycle:" in msg and "a -> b" in msg or "b -> a" in msg
+    assert msg.startswith(f"{path}:")
+    assert "the stages form a cycle:" in msg
+    assert "a -> b -> a" in msg or "b -> a -> b" in msg
 
 
 def test_env_interpolation(write_yaml):

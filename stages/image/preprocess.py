@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterable
 import cv2
 import numpy as np
 
-from stages import resample
-from stages.base import StageError
+from trtflow.errors import StageError
+from trtflow.stages.image import resample
 
 INTERP = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC,
           "area": cv2.INTER_AREA, "lanczos": cv2.INTER_LANCZOS4}

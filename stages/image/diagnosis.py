@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from stages.preprocess import INTERP
+from trtflow.stages.image.preprocess import INTERP
 
 Steps = list[dict[str, Any]]
 
@@ -100,8 +100,8 @@ def candidates(steps: Steps) -> Iterator[tuple[str, str, Steps]]:
 
 def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str, Any]) -> dict[str, Any]:
     """Try every candidate on the worst samples; the best one that passes is the diagnosis."""
-    from stages.preprocess import Preprocessor
-    from stages.base import StageError
+    from trtflow.errors import StageError
+    from trtflow.stages.image.preprocess import Preprocessor
 
     tried = []
     for cause, fix, changed in candidates(steps):

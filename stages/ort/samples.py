@@ -7,9 +7,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from stages import preprocess
-from stages.base import Artifact, StageError
-from stages.ort_compare import fit_to_input, random_input
+from trtflow.errors import StageError
+from trtflow.stages.image import preprocess
+from trtflow.stages.ort.runner import fit_to_input, random_input
 
 Feeds = dict[str, np.ndarray]
 

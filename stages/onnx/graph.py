@@ -1,7 +1,6 @@
 """What a model is: opsets, ops per domain, inputs/outputs, dynamic dimensions; and sanitizing odd dims."""
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from typing import Any
@@ -9,7 +8,8 @@ from typing import Any
 import onnx
 from onnx import helper
 
-from stages.base import StageError
+from trtflow.errors import StageError
+from trtflow.text import did_you_mean
 
 
 def opsets(model: onnx.ModelProto) -> dict[str, int]:
@@ -123,11 +123,6 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
         del model.graph.node[:]
         model.graph.node.extend(keep)
     return moved
-
-
-def did_you_mean(name: str, options: list[str]) -> str:
-    close = [o for o in options if o.lower() == name.lower()] or difflib.get_close_matches(name, options, n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def require_op_types(model: onnx.ModelProto, ops: list[str], where: str) -> None:

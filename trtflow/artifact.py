@@ -1,17 +1,13 @@
 """The contract every stage implements, with no Prefect and no TensorRT in sight.
 
-A stage is a plain function ``run(params, inputs, out_dir) -> StageResult``:
-it reads only ``inputs``, writes only under ``out_dir`` and returns what it wrote.
+A stage is a plain function ``run(params, inputs, out_dir) -> StageResult``: it reads only ``inputs`` (name ->
+`Artifact`, or a list of them), writes only under ``out_dir`` and returns what it wrote.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-
-class StageError(Exception):
-    """A failure the user can act on: the message is one line, shown without a traceback."""
 
 
 @dataclass(frozen=True)
@@ -30,18 +26,3 @@ class StageResult:
     summary: str = ""  # Markdown shown as the stage's Prefect artifact
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-class StageFailed(StageError):
-    """The stage did its work and its verdict is failure (e.g. parity out of tolerance).
-
-    Unlike a plain StageError its result (the report saying why) is published for inspection, marked failed,
-    so it is never reused as a success.
-    """
-
-    def __init__(self, message: str, result: StageResult):
-        super().__init__(message)
-        self.result = result
-
-    def __reduce__(self):  # keep the result when crossing a process boundary
-        return (type(self), (str(self), self.result))

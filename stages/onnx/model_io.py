@@ -6,7 +6,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from stages.base import StageError
+from trtflow.errors import StageError
 
 PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_THRESHOLD = int(1.8 * 2**30)  # leave headroom below protobuf's 2 GB

@@ -11,8 +11,8 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from stages import onnx_io
-from stages.ort_compare import session
+from trtflow.stages.onnx import model_io
+from trtflow.stages.ort.runner import session
 
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
@@ -33,7 +33,7 @@ def expose_all(model: onnx.ModelProto, out: Path) -> list[str]:
             names.append(name)
             if name not in have:
                 exposed.graph.output.append(vi)
-    onnx_io.save(exposed, out)
+    model_io.save(exposed, out)
     return names
 
 

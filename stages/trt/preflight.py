@@ -1,6 +1,6 @@
 """TensorRT pre-flight: parse the model with the real TensorRT ONNX parser and list every node it rejects.
 
-The parse runs in a child process (`python -m stages.trt_preflight MODEL`), so a crash inside the native parser
+The parse runs in a child process (`python -m trtflow.stages.trt.preflight MODEL`), so a crash inside the native parser
 fails the pre-flight with a message instead of taking the pipeline down.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stages.trt_env import INSTALL_HINT, detect_tensorrt
+from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 
 TIMEOUT_S = 900
 
@@ -42,7 +42,7 @@ def run_preflight(model: Path, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     if trt is None:
         return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
     try:
-        proc = subprocess.run([sys.executable, "-m", "stages.trt_preflight", str(model)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.preflight", str(model)], capture_output=True,
                               text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
@@ -63,7 +63,7 @@ def _label(trt: dict[str, str]) -> str:
 
 
 def _parse(model: Path) -> dict[str, Any]:
-    from stages import trt_parse
+    from trtflow.stages.trt import parse as trt_parse
 
     trt_info = detect_tensorrt()
     assert trt_info is not None

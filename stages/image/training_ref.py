@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stages.base import Artifact, StageError
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError
 
 TrainingFn = Callable[[Path], np.ndarray]
 
@@ -57,7 +58,7 @@ def _parse_transform(text: str, T: Any) -> Any:
     name = node.func.id
     cls = getattr(T, name, None)
     if cls is None or not isinstance(cls, type):
-        from stages.onnx_inspect import did_you_mean
+        from trtflow.text import did_you_mean
         names = [n for n in dir(T) if n[:1].isupper()]
         raise StageError(f"training.torchvision: unknown transform '{name}'{did_you_mean(name, names)}")
 
@@ -77,7 +78,7 @@ def _parse_transform(text: str, T: Any) -> Any:
 
 
 def _callable(ref: str) -> tuple[TrainingFn, str]:
-    from stages.registry import import_callable
+    from trtflow.usercode import import_callable
 
     func = import_callable(ref, "training.callable")
 

@@ -1,4 +1,4 @@
-"""Build one engine (one cell of the build matrix) in its own process: `python -m stages.trt_build_worker SPEC`.
+"""Build one engine (one cell of the build matrix) in its own process: `python -m trtflow.stages.trt.build_worker SPEC`.
 
 A crash inside the TensorRT library ends this process only; the build stage reports that cell as failed.
 Writes `engine.plan`, `build.log` and `build.json` into the cell directory named in the spec.
@@ -18,7 +18,9 @@ SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "
 
 
 def build(spec: dict[str, Any]) -> dict[str, Any]:
-    from stages import trt_parse
+    from trtflow.pipelines.schema import BuilderOptions
+    from trtflow.stages.trt import config as trt_config
+    from trtflow.stages.trt import parse as trt_parse
 
     cell = Path(spec["cell_dir"])
     t0 = time.perf_counter()
@@ -29,8 +31,10 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
             found = trt_parse.failures(parsed.parser, Path(spec["model"]))
             raise BuildError("parse failed: " + "; ".join(f"{f['node']} ({f['op_type']}): {f['reason']}"
                                                           for f in found[:5]), failures=found)
+        options = BuilderOptions.model_validate(spec["options"])  # typed again on this side of the process
+        trt_config.check(options, trt, spec, [spec["target"]])
         config = builder.create_builder_config()
-        applied = configure(trt, builder, config, spec)
+        applied = trt_config.apply(options, trt, config, spec["target"])
         cache = None
         if spec.get("timing_cache"):
             path = Path(spec["timing_cache"])
@@ -55,7 +59,7 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
             **trt_parse.io_tensors(network), "profiles": spec["profiles"], "target": spec["target"],
         }
         info["validity"] = validity(trt, parsed.logger, data, log_lines)
-        from stages.trt_env import gpus
+        from trtflow.stages.trt.env import gpus
         info["environment"] = {"tensorrt": {"flavour": spec["flavour"], "version": spec["version"]},
                                "gpu": gpus() or None}
         return info
@@ -67,40 +71,6 @@ class BuildError(Exception):
     def __init__(self, message: str, failures: list | None = None):
         super().__init__(message)
         self.failures = failures or []
-
-
-def configure(trt: Any, builder: Any, config: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """Apply builder options; the build stage has already refused the ones this backend lacks."""
-    o = spec["options"]
-    applied: dict[str, Any] = {}
-    if o.get("optimization_level") is not None:
-        config.builder_optimization_level = o["optimization_level"]
-        applied["optimization_level"] = o["optimization_level"]
-    if o.get("workspace") is not None:
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, o["workspace"])
-        applied["workspace"] = o["workspace"]
-    if o.get("aux_streams") is not None:
-        config.max_aux_streams = o["aux_streams"]
-        applied["aux_streams"] = o["aux_streams"]
-    if o.get("hardware_compatibility"):
-        level = {"none": "NONE", "ampere_plus": "AMPERE_PLUS",
-                 "same_compute_capability": "SAME_COMPUTE_CAPABILITY"}[o["hardware_compatibility"]]
-        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
-        applied["hardware_compatibility"] = o["hardware_compatibility"]
-    for key, flag in (("version_compatible", "VERSION_COMPATIBLE"), ("strip_plan", "STRIP_PLAN"),
-                      ("weight_streaming", "WEIGHT_STREAMING")):
-        if o.get(key):
-            config.set_flag(getattr(trt.BuilderFlag, flag))
-            applied[key] = True
-    for flag in o.get("legacy_precision", []):  # TensorRT 10 only; checked by the stage
-        config.set_flag(getattr(trt.BuilderFlag, flag.upper()))
-        applied.setdefault("legacy_precision", []).append(flag)
-    target = spec["target"]
-    if target != "native":
-        config.num_compute_capabilities = 1
-        config.set_compute_capability(getattr(trt.ComputeCapability, target.upper()), 0)
-        applied["compute_capability"] = target
-    return applied
 
 
 def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> dict[str, Any]:

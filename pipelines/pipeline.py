@@ -1,0 +1,43 @@
+"""The pipeline file as a whole: version, name, model, store and the stages of every kind (the JSON Schema too)."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from trtflow.pipelines.kinds import KINDS, USER
+from trtflow.pipelines.schema import STAGE_NAME, Strict
+
+
+def _kind_tag(value: Any) -> str:
+    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+    return kind if kind in KINDS else USER.name
+
+
+AnyStage = Annotated[
+    Union[tuple(Annotated[k.params, Tag(name)] for name, k in KINDS.items())
+          + (Annotated[USER.params, Tag(USER.name)],)],
+    Discriminator(_kind_tag),
+]
+
+
+class Pipeline(Strict):
+    version: Literal[1] = Field(description="spec version; 1 is the only one so far")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    model: str = Field(description="the ONNX model, relative to the pipeline file")
+    artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
+    stages: dict[Annotated[str, Field(pattern=STAGE_NAME)], AnyStage] = Field(min_length=1)
+
+    @field_validator("stages")
+    @classmethod
+    def _no_reserved(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "source" in v:
+            raise ValueError("'source' is reserved: it names the pipeline's model")
+        return v
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Pipeline.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "trtflow pipeline"
+    return schema

@@ -1,0 +1,1 @@
+"""ONNX graphs: loading and saving (external data included), what a model is, rewriting it (FP16 emulation)."""

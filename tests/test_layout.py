@@ -1,0 +1,118 @@
+"""What trtflow installs lives under one import name, `trtflow`, so a model repo's own `flows/`, `pipelines/` or
+`stages/` packages (the usual Prefect layout) neither hide trtflow's nor are hidden by them."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.assets import PPOCR, ROOT
+
+# repository folder -> the import package it installs as (pyproject.toml's package-dir)
+FOLDERS = {"trtflow": "trtflow", "pipelines": "trtflow/pipelines", "flows": "trtflow/flows", "stages": "trtflow/stages"}
+
+
+def _sources() -> dict[str, Path]:
+    """Every Python module of the product, by the path it must have inside the wheel."""
+    return {f"{FOLDERS[folder]}/{p.relative_to(ROOT / folder).as_posix()}": p
+            for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def test_the_wheel_holds_every_module_under_trtflow(tmp_path):
+    src = tmp_path / "src"  # build from a copy: an in-tree build would write build/ and *.egg-info here
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in FOLDERS:
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = (tmp_path / "dist").glob("trtflow-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = {n for n in names if n.endswith(".py")}
+    assert modules and all(n.startswith("trtflow/") for n in modules), sorted(modules)
+    missing = set(_sources()) - modules
+    assert not missing, f"modules left out of the wheel (a subpackage missing from pyproject's packages?): {missing}"
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "trtflow = trtflow.flows.cli:main" in text
+
+
+def test_no_module_imports_the_repository_folders_by_their_own_names():
+    """`import stages` works in this checkout only by accident (the repository root is on sys.path)."""
+    bad = []
+    for name, path in _sources().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            bad += [f"{name}: {m}" for m in mods if m.split(".")[0] in ("flows", "pipelines", "stages")]
+    assert not bad, bad
+
+
+# layer -> the trtflow packages it may not import (arrows run downward: trtflow < pipelines < stages < flows)
+FORBIDDEN = {
+    "trtflow": ("trtflow.pipelines", "trtflow.stages", "trtflow.flows", "prefect"),
+    "trtflow/pipelines": ("trtflow.stages", "trtflow.flows", "prefect"),
+    "trtflow/stages": ("trtflow.flows", "prefect"),
+}
+STAGE_MODULES = tuple(f"trtflow.stages.{k}" for k in ("prepare", "parity", "precision", "calibrate", "build"))
+
+
+def _imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return found
+
+
+def test_imports_run_downward_only():
+    bad = []
+    for name, path in _sources().items():
+        layer = next((lay for lay in sorted(FORBIDDEN, key=len, reverse=True)
+                      if name.startswith(lay + "/") and (lay != "trtflow" or name.count("/") == 1)), None)
+        helper = name.startswith("trtflow/stages/") and name.count("/") == 3  # stages/<technology>/x.py
+        for mod in _imports(path):
+            if layer and mod.startswith(FORBIDDEN[layer]):
+                bad.append(f"{name} imports {mod}")
+            if helper and mod.startswith(STAGE_MODULES):
+                bad.append(f"{name} (a helper) imports the stage module {mod}")
+    assert not bad, bad
+
+
+def test_a_model_repo_with_its_own_flows_pipelines_and_stages(tmp_path):
+    repo = tmp_path / "repo"
+    for pkg in ("flows", "pipelines", "stages"):
+        (repo / pkg).mkdir(parents=True)
+        (repo / pkg / "__init__.py").write_text("MARK = 'the user\\'s own'\n")
+    (repo / "flows" / "pipeline_flow.py").write_text("raise ImportError('this is the repo\\'s flows package')\n")
+    (repo / "stages" / "base.py").write_text("raise ImportError('this is the repo\\'s stages package')\n")
+    (repo / "models").mkdir()
+    shutil.copy(PPOCR, repo / "models" / "cls.onnx")
+    (repo / "pipeline.yaml").write_text("version: 1\nname: repo\nmodel: models/cls.onnx\n"
+                                        "stages:\n  prepare: {kind: prepare, preflight: off}\n")
+    # the repository first on sys.path, as for a Prefect worker started in it
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}, "PYTHONPATH": str(repo),
+           "PREFECT_HOME": str(tmp_path / ".prefect")}
+
+    def python(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True, text=True,
+                              timeout=300)
+
+    validate = python("-m", "trtflow.flows.cli", "validate", "pipeline.yaml")
+    assert validate.returncode == 0, validate.stderr
+    assert "pipeline.yaml is valid" in validate.stdout
+
+    entry = python("-c", "from prefect.flows import load_flow_from_entrypoint\n"
+                         "flow = load_flow_from_entrypoint('trtflow.flows.pipeline_flow:pipeline_flow')\n"
+                         "import flows, stages\n"
+                         "print(flow.fn.__module__, flows.MARK, stages.MARK, sep='|')")
+    assert entry.returncode == 0, entry.stderr
+    assert entry.stdout.strip().splitlines()[-1] == "trtflow.flows.pipeline_flow|the user's own|the user's own"

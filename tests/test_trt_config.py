@@ -1,0 +1,151 @@
+"""Each builder option, applied to a real IBuilderConfig of the installed TensorRT flavour on a tiny network, in
+this process (as Polygraphy's test_config.py does): the option is read back from the config, and the engine
+builds where this machine can build it. TensorRT-RTX here; nothing is mocked except where a test says so."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtflow.errors import StageError
+from trtflow.pipelines.schema import BuilderOptions
+from trtflow.stages.trt import config, parse
+
+pytestmark = pytest.mark.tensorrt
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """Conv + Relu on a 1x3x16x16 input: builds in well under a second on the CPU."""
+    w = numpy_helper.from_array(np.random.default_rng(0).random((4, 3, 3, 3), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["y"], name="relu")], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], [w])
+    path = tmp_path_factory.mktemp("tiny") / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.fixture
+def session(tiny, tensorrt_backend):
+    parsed = parse.parse(tensorrt_backend, tiny)
+    assert parsed.ok, parsed.log
+    return parsed, parsed.builder.create_builder_config()
+
+
+def _configure(session, backend, target="native", **options):
+    parsed, cfg = session
+    opts = BuilderOptions.model_validate(options)
+    config.check(opts, parsed.trt, backend, [target])
+    return parsed, cfg, config.apply(opts, parsed.trt, cfg, target)
+
+
+def _builds(parsed, cfg) -> bool:
+    return parsed.builder.build_serialized_network(parsed.network, cfg) is not None
+
+
+def test_no_options_sets_nothing_and_builds(session, tensorrt_backend):
+    parsed, cfg, applied = _configure(session, tensorrt_backend)
+    assert applied == {}
+    assert _builds(parsed, cfg)
+
+
+def test_optimization_level(session, tensorrt_backend):
+    parsed, cfg, applied = _configure(session, tensorrt_backend, optimization_level=0)
+    assert cfg.builder_optimization_level == 0 and applied == {"optimization_level": 0}
+    assert _builds(parsed, cfg)
+
+
+def test_workspace_takes_units(session, tensorrt_backend):
+    parsed, cfg, applied = _configure(session, tensorrt_backend, workspace="64MiB")
+    assert cfg.get_memory_pool_limit(parsed.trt.MemoryPoolType.WORKSPACE) == 64 * 2**20
+    assert applied == {"workspace": 64 * 2**20}
+    assert _builds(parsed, cfg)
+
+
+def test_aux_streams(session, tensorrt_backend):
+    parsed, cfg, _ = _configure(session, tensorrt_backend, aux_streams=2)
+    assert cfg.max_aux_streams == 2
+    assert _builds(parsed, cfg)
+
+
+@pytest.mark.parametrize("level", ["ampere_plus", "same_compute_capability", "none"])
+def test_hardware_compatibility(session, tensorrt_backend, level):
+    if tensorrt_backend["flavour"] == "tensorrt-rtx":
+        # seen here: TensorRT-RTX has the attribute, logs "setHardwareCompatibilityLevel() is unsupported in
+        # TensorRT-RTX" and keeps NONE; trtflow refuses the option instead of letting it do nothing
+        parsed, cfg = session
+        with pytest.raises(StageError, match="hardware_compatibility is not supported by tensorrt-rtx"):
+            _configure(session, tensorrt_backend, hardware_compatibility=level)
+        config.apply(BuilderOptions(hardware_compatibility=level), parsed.trt, cfg, "native")
+        assert cfg.hardware_compatibility_level == parsed.trt.HardwareCompatibilityLevel.NONE
+        return
+    parsed, cfg, _ = _configure(session, tensorrt_backend, hardware_compatibility=level)
+    assert cfg.hardware_compatibility_level == getattr(parsed.trt.HardwareCompatibilityLevel,
+                                                       config.HARDWARE_LEVELS[level])
+
+
+def test_weight_streaming(session, tensorrt_backend):
+    parsed, cfg, _ = _configure(session, tensorrt_backend, weight_streaming=True)
+    assert cfg.get_flag(parsed.trt.BuilderFlag.WEIGHT_STREAMING)
+    assert _builds(parsed, cfg)
+
+
+@pytest.mark.parametrize("option,flag", [("version_compatible", "VERSION_COMPATIBLE"), ("strip_plan", "STRIP_PLAN")])
+def test_flags_that_need_more_than_this_machine_has(session, tensorrt_backend, option, flag):
+    # Set and read back. Seen here, TensorRT-RTX 1.7 without a GPU cannot build either: version_compatible
+    # needs libnvinfer_lean.so, strip_plan needs CUDA (tests/test_build_stage.py checks the cell's report).
+    parsed, cfg, applied = _configure(session, tensorrt_backend, **{option: True})
+    assert cfg.get_flag(getattr(parsed.trt.BuilderFlag, flag)) and applied == {option: True}
+
+
+def test_compute_capability_target(session, tensorrt_backend):
+    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+        pytest.skip("targets are a TensorRT-RTX feature")
+    parsed, cfg, applied = _configure(session, tensorrt_backend, target="sm89")
+    assert cfg.num_compute_capabilities == 1
+    assert cfg.get_compute_capability(0) == parsed.trt.ComputeCapability.SM89
+    assert applied == {"compute_capability": "sm89"}
+    assert _builds(parsed, cfg)
+
+
+def test_refused_with_the_reason(session, tensorrt_backend):
+    parsed, _ = session
+    if tensorrt_backend["flavour"] == "tensorrt-rtx":
+        with pytest.raises(StageError, match=r"legacy_precision \(fp16\) needs TensorRT 10's builder flags"):
+            config.check(BuilderOptions(legacy_precision=["fp16"]), parsed.trt, tensorrt_backend, ["native"])
+        with pytest.raises(StageError, match=r"unknown target 'sm8'.*known: sm120, sm121, sm75, sm80"):
+            config.check(BuilderOptions(), parsed.trt, tensorrt_backend, ["sm8"])
+    full = {**tensorrt_backend, "flavour": "tensorrt"}  # our rule, not TensorRT's: targets need the RTX flavour
+    with pytest.raises(StageError, match=r"targets \['sm89'\]: choosing compute capabilities needs TensorRT-RTX"):
+        config.check(BuilderOptions(), parsed.trt, full, ["native", "sm89"])
+
+
+def test_an_option_the_installed_tensorrt_lacks_is_refused(tensorrt_backend):
+    # A stand-in for an older TensorRT without aux streams or weight streaming: this checks trtflow's refusal,
+    # not TensorRT (which is why a stand-in is enough here).
+    old = SimpleNamespace(IBuilderConfig=SimpleNamespace(), BuilderFlag=SimpleNamespace())
+    backend = {"flavour": "tensorrt", "version": "8.6.1", "module": "tensorrt"}
+    with pytest.raises(StageError, match=r"aux_streams is not available in tensorrt 8.6.1 \(no IBuilderConfig"):
+        config.check(BuilderOptions(aux_streams=1), old, backend, ["native"])
+    with pytest.raises(StageError, match=r"weight_streaming is not available in tensorrt 8.6.1 \(no BuilderFlag"):
+        config.check(BuilderOptions(weight_streaming=True), old, backend, ["native"])
+
+
+def test_options_survive_the_trip_to_the_worker():
+    """The build stage hands the worker JSON; the worker validates it into the same typed object."""
+    from trtflow.pipelines.schema import BuildStage
+
+    stage = BuildStage.model_validate({"kind": "build", "workspace": "1GiB", "optimization_level": 3,
+                                       "hardware_compatibility": "ampere_plus"})
+    sent = stage.builder_options().model_dump(mode="json")
+    assert BuilderOptions.model_validate(sent) == stage.builder_options()
+    assert sent["workspace"] == 2**30
+    with pytest.raises(ValueError, match="optimization_level"):
+        BuilderOptions.model_validate({**sent, "optimization_level": 9})

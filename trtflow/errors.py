@@ -1,0 +1,78 @@
+"""Every error trtflow shows the user: one line saying what is wrong and what to do (a traceback only with
+--verbose), and the exit code the CLI ends with. The CLI and Prefect's retry condition each test one type:
+`TrtflowError`. Anything else escaping a stage is a bug, reported as such."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtflow.artifact import StageResult
+
+
+class TrtflowError(Exception):
+    """Root of the errors the user can act on. Never retried: the same input fails the same way."""
+
+    exit_code = 1
+
+
+class SpecError(TrtflowError):
+    """The pipeline file, an override or a command-line argument is wrong: names the file, line and key path."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 path: tuple | None = None, hint: str | None = None):
+        self.message, self.file, self.line, self.path, self.hint = message, file, line, path, hint
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        hint = f" ({self.hint})" if self.hint else ""
+        if self.line == 0:  # the value came from --set, not from a line of the file
+            where = f"--set {format_path(self.path)}: " if self.path else "--set: "
+            return f"{where}{self.message}{hint}"
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+        key = f"{format_path(self.path)}: " if self.path else ""
+        return f"{where}{key}{self.message}{hint}"
+
+
+class StoreError(TrtflowError):
+    """The artifact store cannot be used (not writable, unreadable)."""
+
+    exit_code = 2
+
+
+class PrefectUnavailable(TrtflowError):
+    """Prefect's API server (the temporary one, or PREFECT_API_URL's) cannot be reached."""
+
+    exit_code = 3
+
+
+class StageError(TrtflowError):
+    """A stage cannot do its work with what it was given (bad model, bad parameters, missing data)."""
+
+    exit_code = 1
+
+
+class StageFailed(StageError):
+    """The stage did its work and its verdict is failure (e.g. parity out of tolerance).
+
+    Unlike a plain StageError its result (the report saying why) is published for inspection, marked failed,
+    so it is never reused as a success.
+    """
+
+    def __init__(self, message: str, result: StageResult):
+        super().__init__(message)
+        self.result = result
+
+    def __reduce__(self):  # keep the result when crossing a process boundary
+        return (type(self), (str(self), self.result))
+
+
+def format_path(path: tuple | None) -> str:
+    """("stages", "build", "profiles", 0) -> "stages.build.profiles[0]"."""
+    out = ""
+    for part in path or ():
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out

@@ -1,0 +1,28 @@
+"""Small text helpers shared by every layer."""
+from __future__ import annotations
+
+import difflib
+
+
+def closest(name: str, options: list[str]) -> str | None:
+    """The option `name` was probably meant to be: same letters in another case, or a near spelling."""
+    same = [o for o in options if o.lower() == name.lower()]
+    close = same or difflib.get_close_matches(name, options, n=1)
+    return close[0] if close else None
+
+
+def suggestion(name: str, options: list[str]) -> str | None:
+    """"did you mean 'x'?", or None: for an error's hint."""
+    match = closest(name, options)
+    return f"did you mean '{match}'?" if match else None
+
+
+def did_you_mean(name: str, options: list[str]) -> str:
+    """" (did you mean 'x'?)", or "": to append to an error message."""
+    hint = suggestion(name, options)
+    return f" ({hint})" if hint else ""
+
+
+def first_line(text: object) -> str:
+    """The first non-empty line of an exception's or a tool's message."""
+    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")

@@ -1,0 +1,31 @@
+"""The user's own code named in a pipeline file (`package.module:function`): imported, and fingerprinted so that
+editing it re-runs the stages that use it, like DVC's dependency on code."""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from typing import Any, Callable
+
+from trtflow.errors import StageError
+
+
+def import_callable(ref: str, what: str) -> Callable[..., Any]:
+    module_name, _, func_name = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, or the user's module failing at import
+        raise StageError(f"cannot import '{module_name}' for {what}: {type(exc).__name__}: {exc}") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise StageError(f"'{module_name}' has no function '{func_name}' ({what})")
+    return func
+
+
+def source_digest(ref: str) -> str:
+    """sha256 (16 hex digits) of the function's source, or "unknown" where Python cannot show it."""
+    func = import_callable(ref, ref)
+    try:
+        return hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return "unknown"
