@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import StageError
@@ -26,7 +27,7 @@ from trtflow.stages.onnx.graph import default_opset, require_op_types
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.text import did_you_mean
+from trtflow.text import did_you_mean, first_line
 
 VERSION = "1"
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
@@ -34,15 +35,6 @@ FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held bef
 
 
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
     work = out_dir / "work"
     work.mkdir()
     src = inputs["model"].path
@@ -50,16 +42,54 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     ref = session(src)
     data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate")
     warnings: list[str] = []
+    calib, hold = _split(data, params, warnings)
+    excluded = _check_model(model, params)
+
+    pre = work / "pre.onnx"
+    _pre_process(src, pre, warnings)
+    ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
+    calibrated = _quantize(pre, out, ranges, data, len(calib), params, excluded)
+
+    cand = session(out)
+    cmp = accuracy.Comparison()
+    for feed in data.feeds(hold):
+        cmp.add(ort_runner.run(ref, feed), ort_runner.run(cand, feed))
+    acc = cmp.result(SIMULATED)
+    if not hold:
+        warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
+
+    outputs = {"model": out, "ranges": ranges, "report": out_dir / "report.json"}
+    if params.trt_calibration_cache:
+        outputs["trt_calibration_cache"] = write_trt_cache(ranges, out_dir / "calibration.cache")
+    shutil.rmtree(work)
+
+    qdq = onnx.load(str(out), load_external_data=False)
+    n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
+    report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
+              "data": data.label, "calibration_samples": calibrated, "holdout_samples": len(hold),
+              "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
+              "quantize_linear_nodes": n_q, "accuracy": acc, "warnings": warnings}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
+               "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
+    return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
+
+
+def _split(data: SampleSource, params: Any, warnings: list[str]) -> tuple[range, range]:
+    """Calibration samples and held-out ones; too few calibration samples is an error or a warning."""
     if len(data) == 0:
         raise StageError("calibrate: the calibration set is empty")
     calib, hold = data.split(params.holdout)
-    n_calib, holdout = len(calib), len(hold)
-    if n_calib < params.min_samples:
-        msg = f"calibrate: {n_calib} calibration sample(s), fewer than min_samples {params.min_samples}"
+    if len(calib) < params.min_samples:
+        msg = f"calibrate: {len(calib)} calibration sample(s), fewer than min_samples {params.min_samples}"
         if params.on_too_few == "error":
             raise StageError(msg + " (add data, or set on_too_few: warn)")
         warnings.append(msg)
+    return calib, hold
 
+
+def _check_model(model: onnx.ModelProto, params: Any) -> set[str]:
+    """The nodes excluded from quantization, once the model is known to be quantizable."""
     opset = default_opset(model) or 0
     if opset < 13:  # QuantizeLinear's axis (per-channel) and TensorRT's Q/DQ support start at opset 13
         raise StageError(f"calibrate: Q/DQ quantization needs opset >= 13, the model is at opset {opset}; "
@@ -68,8 +98,13 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     if not any(n.op_type in params.quantize_ops and n.name not in excluded for n in model.graph.node):
         raise StageError(f"calibrate: nothing to quantize: the model has no {'/'.join(params.quantize_ops)} node "
                          f"outside the exclusions")
+    return excluded
 
-    pre = work / "pre.onnx"
+
+def _pre_process(src: Path, pre: Path, warnings: list[str]) -> None:
+    """ONNX Runtime's quantization pre-processing (shape inference), with fallbacks where it fails."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
     try:
         quant_pre_process(str(src), str(pre))
     except Exception:  # noqa: BLE001 - ORT's symbolic shape inference asserts on some valid graphs
@@ -78,8 +113,21 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
             warnings.append("ONNX Runtime's symbolic shape inference failed on this model; used ONNX's instead")
         except Exception as exc:  # noqa: BLE001
             shutil.copy(src, pre)
-            warnings.append(f"quantization pre-processing failed ({str(exc).splitlines()[0] if str(exc) else exc!r}); "
-                            f"quantized the model as is")
+            warnings.append(f"quantization pre-processing failed ({first_line(exc)}); quantized the model as is")
+
+
+def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, n_calib: int, params: Any,
+              excluded: set[str]) -> int:
+    """Q/DQ with ONNX Runtime's tools, configured as ModelOpt configures them for TensorRT; returns how many
+    samples were calibrated on."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
     class Reader(CalibrationDataReader):
         """Samples in chunks: ONNX Runtime folds each chunk into its statistics before asking for the next
         (its entropy and percentile calibrators otherwise keep every intermediate output until the end)."""
@@ -104,8 +152,6 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
 
     method = {"entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile,
               "minmax": CalibrationMethod.MinMax}[params.method]
-    ranges = out_dir / "ranges.json"
-    out = out_dir / "model.onnx"
     reader = Reader()
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
         quantize_static(
@@ -116,31 +162,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                            "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
                            "CalibStridedMinMax": _chunk(n_calib), "CalibPercentile": params.percentile})
-
-    cand = session(out)
-    cmp = accuracy.Comparison()
-    for feed in data.feeds(hold):
-        cmp.add(ort_runner.run(ref, feed), ort_runner.run(cand, feed))
-    acc = cmp.result(SIMULATED)
-    if not holdout:
-        warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
-
-    outputs = {"model": out, "ranges": ranges, "report": out_dir / "report.json"}
-    if params.trt_calibration_cache:
-        outputs["trt_calibration_cache"] = write_trt_cache(ranges, out_dir / "calibration.cache")
-    shutil.rmtree(work)
-
-    import onnx
-    qdq = onnx.load(str(out), load_external_data=False)
-    n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
-    report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
-              "data": data.label, "calibration_samples": reader.done, "holdout_samples": holdout,
-              "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
-              "quantize_linear_nodes": n_q, "accuracy": acc, "warnings": warnings}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    metrics = {"calibration_samples": reader.done, "quantize_linear_nodes": n_q,
-               "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
-    return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
+    return reader.done
 
 
 def _chunk(n: int) -> int:

@@ -27,7 +27,7 @@ from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.text import did_you_mean
+from trtflow.text import did_you_mean, first_line
 
 VERSION = "1"
 FP16_MAX = 65504.0
@@ -60,7 +60,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         real = session(out)
         ort_runner.run(real, feed16(real, next(data.feeds(hold))))
     except Exception as exc:  # noqa: BLE001 - a converter bug shows up as an invalid graph here
-        raise StageError(f"precision: the FP16 model does not run in ONNX Runtime: {str(exc).splitlines()[0]}; "
+        raise StageError(f"precision: the FP16 model does not run in ONNX Runtime: {first_line(exc)}; "
                          f"block the op type it names with block_ops") from None
 
     sim_path = work / "emulated.onnx"
@@ -148,7 +148,7 @@ def convert(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> onn
                 op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST) + list(params.block_ops),  # replaces the list
                 node_block_list=list(blocked), check_fp16_ready=False)
     except Exception as exc:  # noqa: BLE001
-        raise StageError(f"precision: FP16 conversion failed: {str(exc).splitlines()[0]}") from None
+        raise StageError(f"precision: FP16 conversion failed: {first_line(exc)}") from None
 
 
 def emulated(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> onnx.ModelProto:

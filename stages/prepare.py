@@ -20,119 +20,127 @@ from trtflow.stages.onnx import model_io
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 from trtflow.stages.trt.preflight import run_preflight
+from trtflow.text import first_line
 
 VERSION = "1"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     src: Path = inputs["model"].path
-    timings: dict[str, float] = {}
-    warnings: list[str] = []
     work = out_dir / "work"
     work.mkdir()
-    clock = time.perf_counter()
+    warnings: list[str] = []
+    lap = _Stopwatch()
 
-    def lap(name: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[name] = round(now - clock, 4)
-        clock = now
-
-    # --- load and check ----------------------------------------------------------------------------------
-    external_in = model_io.has_external_data(model_io.load(src, with_data=False))
-    model = model_io.load(src)
-    try:
-        onnx.checker.check_model(str(src))
-    except onnx.checker.ValidationError as exc:
-        raise StageError(f"{src.name} fails the ONNX checker: {_first_line(exc)}") from None
-    full_check: dict[str, Any] = {"ok": True}
-    try:
-        onnx.checker.check_model(str(src), full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        full_check = {"ok": False, "error": _first_line(exc)}
-        warnings.append(f"strict shape inference fails on the source model: {_first_line(exc)}")
+    model, external, full_check = _load_and_check(src, warnings)
     before = onnx_graph.inventory(model)
     lap("check")
 
-    # --- sanitize ----------------------------------------------------------------------------------------
     sanitized = onnx_graph.sanitize_dims(model)
     model = _infer_shapes(model, work, warnings)
-    original = work / "original.onnx"
-    model_io.save(model, original, external=external_in or None)
-    current, current_path = model, original
+    path = work / "original.onnx"
+    model_io.save(model, path, external=external or None)
     lap("sanitize")
 
-    # --- opset conversion ----------------------------------------------------------------------------------
-    conversion: dict[str, Any] | None = None
-    source_opset = onnx_graph.default_opset(model)
-    if params.target_opset and params.target_opset != source_opset:
-        converted = _convert(current, src.name, source_opset, params.target_opset)
-        conv_path = work / "converted.onnx"
-        model_io.save(converted, conv_path, external=external_in or None)
-        check = _compare(current_path, conv_path, params)
-        conversion = {"from": source_opset, "to": params.target_opset, "check": check}
-        if check.get("ok") is False:
-            raise StageError(f"converting {src.name} from opset {source_opset} to {params.target_opset} changed "
-                             f"its outputs ({_worst(check)}); leave target_opset unset or pick another opset")
-        if check.get("ok") is None:
-            warnings.append(f"opset conversion not verified: {check['skipped']}")
-        current, current_path = converted, conv_path
+    model, path, conversion = _convert_opset(model, path, src.name, params, work, external, warnings)
     lap("convert")
 
-    # --- simplify ------------------------------------------------------------------------------------------
     simplification: dict[str, Any] = {"requested": params.simplify, "applied": False}
     if params.simplify:
-        simplification.update(_simplify(current, current_path, work, params, external_in))
+        simplification.update(_simplify(model, path, work, params, external))
         if simplification["applied"]:
-            current, current_path = model_io.load(work / "simplified.onnx"), work / "simplified.onnx"
+            model, path = model_io.load(work / "simplified.onnx"), work / "simplified.onnx"
         else:
             warnings.append(f"not simplified: {simplification['reason']}")
     lap("simplify")
 
-    # --- write the result -----------------------------------------------------------------------------------
-    constants_moved = onnx_graph.constants_to_initializers(current)
+    constants_moved = onnx_graph.constants_to_initializers(model)
     final = out_dir / "model.onnx"
-    model_io.save(current, final, external=external_in or None)
-    after = onnx_graph.inventory(current)
-    dynamic = onnx_graph.dynamic_dims(current)
+    model_io.save(model, final, external=external or None)
+    after, dynamic = onnx_graph.inventory(model), onnx_graph.dynamic_dims(model)
     lap("save")
 
-    # --- TensorRT pre-flight ---------------------------------------------------------------------------------
     preflight = _preflight(params.preflight, final)
     lap("preflight")
     shutil.rmtree(work)
 
     report = {
-        "source": {"path": str(src), "digest": inputs["model"].digest, "external_data": external_in},
+        "source": {"path": str(src), "digest": inputs["model"].digest, "external_data": external},
         "before": before, "after": after, "full_check": full_check, "sanitized_dims": sanitized,
         "conversion": conversion, "simplification": simplification, "dynamic_dims": dynamic,
         "constants_to_initializers": constants_moved,
-        "preflight": preflight, "timings": timings, "warnings": warnings,
+        "preflight": preflight, "timings": lap.timings, "warnings": warnings,
     }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     metrics = {"nodes_before": before["nodes"], "nodes_after": after["nodes"],
-               "opset": onnx_graph.default_opset(current), "dynamic_dims": len(dynamic),
+               "opset": onnx_graph.default_opset(model), "dynamic_dims": len(dynamic),
                "simplified": simplification["applied"],
                "preflight_failures": len(preflight["failures"]) if preflight.get("ran") else None,
-               "seconds": timings}
+               "seconds": lap.timings}
+    _verdict(preflight, params.fail_on_unsupported, src.name, warnings)
+    outputs = {"model": final, "report": out_dir / "report.json"}
+    return StageResult(outputs=outputs, summary=_summary(src, report), metrics=metrics, warnings=warnings)
 
+
+class _Stopwatch:
+    """`lap(name)` records the seconds since the previous lap under `name`."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self._last, 4)
+        self._last = now
+
+
+def _load_and_check(src: Path, warnings: list[str]) -> tuple[onnx.ModelProto, bool, dict[str, Any]]:
+    """The model, whether it keeps its weights in external data, and the full checker's verdict."""
+    external = model_io.has_external_data(model_io.load(src, with_data=False))
+    model = model_io.load(src)
+    try:
+        onnx.checker.check_model(str(src))
+    except onnx.checker.ValidationError as exc:
+        raise StageError(f"{src.name} fails the ONNX checker: {first_line(exc)}") from None
+    full_check: dict[str, Any] = {"ok": True}
+    try:
+        onnx.checker.check_model(str(src), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        full_check = {"ok": False, "error": first_line(exc)}
+        warnings.append(f"strict shape inference fails on the source model: {first_line(exc)}")
+    return model, external, full_check
+
+
+def _convert_opset(model: onnx.ModelProto, path: Path, name: str, params: Any, work: Path, external: bool,
+                   warnings: list[str]) -> tuple[onnx.ModelProto, Path, dict[str, Any] | None]:
+    """To `target_opset`, checked against the model before; a conversion that changes outputs stops the stage."""
+    source_opset = onnx_graph.default_opset(model)
+    if not params.target_opset or params.target_opset == source_opset:
+        return model, path, None
+    converted = _convert(model, name, source_opset, params.target_opset)
+    conv_path = work / "converted.onnx"
+    model_io.save(converted, conv_path, external=external or None)
+    check = _compare(path, conv_path, params)
+    if check.get("ok") is False:
+        raise StageError(f"converting {name} from opset {source_opset} to {params.target_opset} changed "
+                         f"its outputs ({_worst(check)}); leave target_opset unset or pick another opset")
+    if check.get("ok") is None:
+        warnings.append(f"opset conversion not verified: {check['skipped']}")
+    return converted, conv_path, {"from": source_opset, "to": params.target_opset, "check": check}
+
+
+def _verdict(preflight: dict[str, Any], fail_on_unsupported: bool, name: str, warnings: list[str]) -> None:
+    """Nodes TensorRT cannot parse fail the stage (or, if the user chose so, become warnings)."""
     failures = preflight.get("failures") or []
-    if failures and params.fail_on_unsupported:
+    if failures and fail_on_unsupported:
         shown = "; ".join(f"{f['node']} ({f['op_type']}): {f['hint']}" if f["node"] or f["op_type"]
                           else f"{f['code']}: {f['reason']}" for f in failures[:3])
         more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
-        raise StageError(f"TensorRT pre-flight ({preflight['runtime']}): {len(failures)} node(s) of {src.name} "
+        raise StageError(f"TensorRT pre-flight ({preflight['runtime']}): {len(failures)} node(s) of {name} "
                          f"cannot be parsed: {shown}{more} (set fail_on_unsupported: false to continue)")
     for f in failures:
         warnings.append(f"TensorRT cannot parse node {f['node']} ({f['op_type']}): {f['hint']}")
-
-    outputs = {"model": final, "report": out_dir / "report.json"}
-    return StageResult(outputs=outputs, summary=_summary(src, report), metrics=metrics, warnings=warnings)
 
 
 def _infer_shapes(model: onnx.ModelProto, work: Path, warnings: list[str]) -> onnx.ModelProto:
@@ -145,7 +153,7 @@ def _infer_shapes(model: onnx.ModelProto, work: Path, warnings: list[str]) -> on
         onnx.shape_inference.infer_shapes_path(str(tmp_in), str(tmp_out))
         return model_io.load(tmp_out)
     except Exception as exc:  # noqa: BLE001 - inference is a help, not a requirement
-        warnings.append(f"shape inference failed: {_first_line(exc)}")
+        warnings.append(f"shape inference failed: {first_line(exc)}")
         return model
 
 
@@ -157,7 +165,7 @@ def _convert(model: onnx.ModelProto, name: str, source: int | None, target: int)
         converted = version_converter.convert_version(model, target)
         onnx.checker.check_model(converted)
     except Exception as exc:  # noqa: BLE001 - the converter raises several types, all meaning "cannot"
-        raise StageError(f"cannot convert {name} from opset {source} to {target}: {_first_line(exc)}; {todo}") \
+        raise StageError(f"cannot convert {name} from opset {source} to {target}: {first_line(exc)}; {todo}") \
             from None
     if onnx_graph.default_opset(converted) != target:
         raise StageError(f"cannot convert {name} from opset {source} to {target}: the converter left it at "
@@ -170,7 +178,7 @@ def _compare(ref: Path, new: Path, params: Any) -> dict[str, Any]:
     try:
         return ort_runner.compare_models(ref, new, c.samples, c.rtol, c.atol, c.seed, params.input_shapes)
     except Exception as exc:  # noqa: BLE001 - e.g. custom ops ONNX Runtime cannot run
-        return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {_first_line(exc)}"}
+        return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {first_line(exc)}"}
 
 
 def _simplify(model: onnx.ModelProto, path: Path, work: Path, params: Any, external: bool) -> dict[str, Any]:
@@ -180,7 +188,7 @@ def _simplify(model: onnx.ModelProto, path: Path, work: Path, params: Any, exter
     try:
         simplified, ok = onnxsim.simplify(model, check_n=0)
     except Exception as exc:  # noqa: BLE001 - onnxsim fails in many ways on unusual graphs
-        return {"applied": False, "reason": f"onnxsim failed: {_first_line(exc)}"}
+        return {"applied": False, "reason": f"onnxsim failed: {first_line(exc)}"}
     if not ok:
         return {"applied": False, "reason": "onnxsim reported its result as invalid"}
     out = work / "simplified.onnx"

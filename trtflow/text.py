@@ -23,6 +23,7 @@ def did_you_mean(name: str, options: list[str]) -> str:
     return f" ({hint})" if hint else ""
 
 
-def first_line(text: object) -> str:
-    """The first non-empty line of an exception's or a tool's message."""
-    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+def first_line(message: object) -> str:
+    """The first non-empty line of a tool's message or an exception's (its type's name if it says nothing)."""
+    line = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")
+    return line or (type(message).__name__ if isinstance(message, BaseException) else "")

@@ -7,8 +7,8 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from trtflow.errors import StageError
+from trtflow.text import first_line
 
-PROTOBUF_LIMIT = 2**31 - 1
 EXTERNAL_THRESHOLD = int(1.8 * 2**30)  # leave headroom below protobuf's 2 GB
 
 
@@ -25,15 +25,11 @@ def load(path: Path, with_data: bool = True) -> onnx.ModelProto:
         return onnx.load(str(path), load_external_data=with_data)
     except (DecodeError, ValueError, RuntimeError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
         raise StageError(f"{path} is not a valid ONNX model (truncated or corrupt): "
-                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                         f"{first_line(exc)}") from None
     except FileNotFoundError as exc:
         raise StageError(f"{path}: external data file missing: {exc.filename or exc}") from None
     except OSError as exc:
         raise StageError(f"cannot read {path}: {exc}") from None
-
-
-def uses_external_data(path: Path) -> bool:
-    return has_external_data(load(path, with_data=False))
 
 
 def save(model: onnx.ModelProto, path: Path, external: bool | None = None) -> list[Path]:
