@@ -24,6 +24,7 @@ from trtflow.stages import progress
 from trtflow.stages.compare import accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, require_op_types
+from trtflow.stages.ort import calibration
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
@@ -48,7 +49,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     pre = work / "pre.onnx"
     _pre_process(src, pre, warnings)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
-    calibrated = _quantize(pre, out, ranges, data, len(calib), params, excluded)
+    calibrated = _quantize(pre, out, ranges, data, calib, params, excluded, work)
 
     cand = session(out)
     cmp = accuracy.Comparison()
@@ -116,58 +117,27 @@ def _pre_process(src: Path, pre: Path, warnings: list[str]) -> None:
             warnings.append(f"quantization pre-processing failed ({first_line(exc)}); quantized the model as is")
 
 
-def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, n_calib: int, params: Any,
-              excluded: set[str]) -> int:
-    """Q/DQ with ONNX Runtime's tools, configured as ModelOpt configures them for TensorRT; returns how many
-    samples were calibrated on."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
+def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: Any,
+              excluded: set[str], work: Path) -> int:
+    """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ with
+    ONNX Runtime's tools configured as ModelOpt configures them for TensorRT; returns the samples used."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
 
-    class Reader(CalibrationDataReader):
-        """Samples in chunks: ONNX Runtime folds each chunk into its statistics before asking for the next
-        (its entropy and percentile calibrators otherwise keep every intermediate output until the end)."""
-
-        def __init__(self) -> None:
-            self.done, self.pos, self.end = 0, 0, n_calib
-
-        def __len__(self) -> int:
-            return n_calib
-
-        def set_range(self, start_index: int, end_index: int) -> None:
-            self.pos, self.end = start_index, end_index
-
-        def get_next(self):  # noqa: ANN201 - ONNX Runtime's interface
-            if self.pos >= self.end:
-                return None
-            feed = data.sample(self.pos)
-            self.pos += 1
-            self.done += 1
-            progress.report("calibrating", self.done, n_calib)
-            return feed
-
-    method = {"entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile,
-              "minmax": CalibrationMethod.MinMax}[params.method]
-    reader = Reader()
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
+        tensors, used = calibration.calibrate(
+            pre, list(params.quantize_ops), params.method, params.percentile, data.feeds(calib), len(calib), work,
+            FLUSH_EVERY, lambda done, total: progress.report("calibrating", done, total))
+        save_tensors_data(tensors, ranges)
         quantize_static(
-            str(pre), str(out), reader, quant_format=QuantFormat.QDQ, per_channel=params.per_channel,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=method,
+            str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=params.per_channel,
+            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+            calibrate_method=tensors.calibration_method,
             op_types_to_quantize=list(params.quantize_ops), nodes_to_exclude=sorted(excluded),
-            calibration_cache_path=str(ranges),
+            calibration_cache_path=str(ranges),  # exists: quantize_static takes these ranges as they are
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
-                           "AddQDQPairToWeight": True, "DedicatedQDQPair": False,
-                           "CalibStridedMinMax": _chunk(n_calib), "CalibPercentile": params.percentile})
-    return reader.done
-
-
-def _chunk(n: int) -> int:
-    """The largest chunk size up to FLUSH_EVERY that divides n (ONNX Runtime requires equal chunks)."""
-    return max(d for d in range(1, min(FLUSH_EVERY, n) + 1) if n % d == 0)
+                           "AddQDQPairToWeight": True, "DedicatedQDQPair": False})
+    return used
 
 
 def _excluded_nodes(model: Any, params: Any) -> set[str]:

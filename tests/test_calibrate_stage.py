@@ -141,3 +141,83 @@ def test_ranges_are_reused_until_the_data_changes(write_yaml, workdir):
     np.save(workdir / "calib" / "t000.npy", np.zeros((1, 3, 224, 224), np.float32))
     item = Runner(load_pipeline(path)).plan()[0]
     assert (item.action, item.reason) == ("run", "input 'tensors' changed")
+
+
+def _nvidia_entropy_reference(calib_hist, calib_bin_edges, num_bits=8, start_bin=128):
+    """NVIDIA pytorch-quantization's `_compute_amax_entropy` (the reference for TensorRT's entropy calibration),
+    transcribed loop for loop: the independent computation the stage's vectorized search is checked against."""
+    from collections import Counter
+
+    from scipy.stats import entropy
+
+    bins = np.array(calib_hist, dtype=np.float64)
+    bins[0] = bins[1]
+    nbins = 1 << (num_bits - 1)
+    divergences = []
+    for i in range(start_bin, len(bins) + 1):
+        digitized = np.digitize(range(i), np.linspace(0, i, num=nbins + 1)) - 1
+        digitized[bins[:i] == 0] = -1
+        counts = np.zeros(nbins)
+        for idx, d in enumerate(digitized):
+            if d != -1:
+                counts[d] += bins[idx]
+        for key, val in Counter(digitized).items():
+            if key != -1:
+                counts[key] /= val
+        q = np.array([counts[d] if d != -1 else 0.0 for d in digitized])
+        p = np.array(bins[:i])
+        p[-1] += bins[i:].sum()
+        divergences.append(entropy(p / p.sum(), q / q.sum()))
+    divergences = np.array(divergences)
+    return calib_bin_edges[len(divergences) - 1 - np.argmin(divergences[::-1]) + start_bin]
+
+
+@pytest.mark.parametrize("kind", ["laplace with outliers", "relu with outliers"])
+def test_entropy_threshold_is_tensorrts_kl_rule(kind):
+    from trtflow.stages.ort.calibration import entropy_threshold
+
+    rng = np.random.default_rng(0)
+    if kind == "laplace with outliers":
+        x = np.abs(np.concatenate([rng.laplace(0, 1, 100_000), rng.normal(0, 30, 50)]))
+    else:
+        x = np.maximum(rng.normal(0, 1, 100_000), 0)
+        x[:10] = 40
+    hist, edges = np.histogram(x, bins=2048, range=(0, x.max()))
+    got = entropy_threshold(hist, edges)
+    assert got == _nvidia_entropy_reference(hist, edges)
+    assert got < 0.5 * x.max()  # the outliers are clipped: this is not MinMax
+
+
+def test_percentile_threshold_is_taken_on_absolute_values():
+    from trtflow.stages.ort.calibration import percentile_threshold
+
+    rng = np.random.default_rng(1)
+    x = -np.abs(rng.normal(0, 2, 200_000))  # every large value negative: ONNX Runtime's rule would clip to ~0
+    hist, edges = np.histogram(np.abs(x), bins=2048, range=(0, np.abs(x).max()))
+    width = edges[1] - edges[0]
+    assert abs(percentile_threshold(hist, edges, 99.9) - np.percentile(np.abs(x), 99.9)) <= width
+
+
+def test_entropy_is_not_minmax_on_real_photos(tmp_path):
+    """Seen before: ONNX Runtime's defaults made `entropy` give MinMax's scales exactly (0 of 70 differed)."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    from trtflow.stages.ort.calibration import entropy_threshold
+
+    pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
+    inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
+    scales = {}
+    for method in ("minmax", "entropy"):
+        result = run_calibrate(SQUEEZENET, tmp_path / method, inputs, data={"images": "*.png", "samples": 4},
+                               holdout=1, method=method)
+        model = onnx.load(str(result.outputs["model"]))
+        scales[method] = {i.name: float(onnx.numpy_helper.to_array(i)) for i in model.graph.initializer
+                          if i.name.endswith("_scale") and not i.dims}
+        if method == "entropy":
+            ranges = load_tensors_data(result.outputs["ranges"])
+            name, td = next(iter(ranges.data.items()))
+            assert float(td.highest) == pytest.approx(entropy_threshold(td.hist, td.hist_edges))
+    common = scales["minmax"].keys() & scales["entropy"].keys()
+    differ = [k for k in common if scales["entropy"][k] != pytest.approx(scales["minmax"][k])]
+    assert len(common) > 30 and len(differ) > len(common) // 2
+    assert all(scales["entropy"][k] <= scales["minmax"][k] * 1.0001 for k in common)

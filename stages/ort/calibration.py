@@ -1,0 +1,139 @@
+"""INT8 calibration: activation statistics streamed through ONNX Runtime's calibrators, thresholds chosen as
+TensorRT chooses them, written as ONNX Runtime's calibration cache (which `quantize_static` then uses as is).
+
+ONNX Runtime's `EntropyCalibrater` defaults to 128 histogram bins and 128 quantized bins, so its KL search has
+one candidate, the full range: "entropy" through `quantize_static` is MinMax. TensorRT's entropy calibration
+(IInt8EntropyCalibrator2) takes a 2048-bin histogram of |x| and picks, among thresholds from bin 128 up, the one
+whose 128-level quantization diverges least (KL) from the clipped distribution. Here the |x| histogram is ONNX
+Runtime's own (its percentile calibrator collects exactly that, growing the range bin by bin as larger values
+arrive), and the threshold search follows NVIDIA's reference implementation (pytorch-quantization's
+`_compute_amax_entropy`), vectorized. Percentile is taken on the same |x| histogram, as TensorRT's tools do
+(ONNX Runtime's own clips the threshold to the largest *signed* value, which loses a tensor whose large values are
+negative). MinMax is ONNX Runtime's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+HISTOGRAM_BINS = 2048  # TensorRT's
+START_BIN = 128  # the smallest threshold TensorRT considers, in bins
+QUANTIZED_LEVELS = 128  # int8, signed: 0..127 on |x|
+
+Feeds = dict[str, np.ndarray]
+
+
+def entropy_threshold(hist: np.ndarray, edges: np.ndarray, start_bin: int = START_BIN,
+                      levels: int = QUANTIZED_LEVELS) -> float:
+    """The |x| threshold with the least KL divergence between the clipped histogram and its `levels`-level
+    quantization, searched over bin edges from `start_bin` up (the largest such edge on ties)."""
+    bins = np.asarray(hist, dtype=np.float64).copy()
+    if len(bins) <= start_bin:
+        return float(edges[-1])
+    bins[0] = bins[1]  # as NVIDIA's reference: the zero bin (ReLU outputs) would dominate the distribution
+    total = bins.sum()
+    if total == 0:
+        return float(edges[-1])
+    suffix = np.concatenate([np.cumsum(bins[::-1])[::-1], [0.0]])  # suffix[i] = sum(bins[i:])
+    best_i, best_kl = len(bins), np.inf
+    for i in range(start_bin, len(bins) + 1):
+        kl = _kl_for(bins[:i], suffix[i], levels)
+        if kl <= best_kl:  # `<=`: the last minimum, as the reference takes it
+            best_i, best_kl = i, kl
+    return float(edges[best_i])
+
+
+def _kl_for(kept: np.ndarray, outliers: float, levels: int) -> float:
+    i = len(kept)
+    level = (np.arange(i) * levels) // i  # = the reference's np.digitize over linspace(0, i, levels + 1), exactly
+    nonzero = kept != 0
+    counts = np.bincount(level[nonzero], weights=kept[nonzero], minlength=levels)
+    members = np.bincount(level[nonzero], minlength=levels)
+    mean = np.divide(counts, members, out=np.zeros(levels), where=members > 0)
+    q = np.where(nonzero, mean[level], 0.0)
+    p = kept.copy()
+    p[-1] += outliers
+    p_sum, q_sum = p.sum(), q.sum()
+    if q_sum == 0 or p_sum == 0:
+        return np.inf
+    p, q = p / p_sum, q / q_sum
+    mask = p > 0
+    if np.any(q[mask] == 0):
+        return np.inf
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+
+
+def percentile_threshold(hist: np.ndarray, edges: np.ndarray, percentile: float) -> float:
+    """The |x| below which `percentile` % of the values fall, at the bin edge (pytorch-quantization's rule)."""
+    total = float(np.sum(hist))
+    if total == 0:
+        return float(edges[-1])
+    cdf = np.cumsum(np.asarray(hist, dtype=np.float64) / total)
+    return float(edges[min(int(np.searchsorted(cdf, percentile / 100.0)), len(edges) - 1)])
+
+
+class StreamedCalibration:
+    """Feed samples in chunks; ONNX Runtime folds each chunk into its statistics before the next is run, so
+    memory does not grow with the calibration set (its calibrators otherwise keep every intermediate output)."""
+
+    def __init__(self, model: Path, op_types: list[str], method: str, percentile: float, work: Path):
+        from onnxruntime.quantization import CalibrationMethod, create_calibrator
+
+        self.method, self.percentile = method, percentile
+        # the histogram methods need the |x| histogram, which ONNX Runtime's percentile calibrator collects
+        collector, options = (CalibrationMethod.MinMax, {"symmetric": True}) if method == "minmax" else \
+            (CalibrationMethod.Percentile, {"symmetric": True, "num_bins": HISTOGRAM_BINS})
+        self.calibrator = create_calibrator(model, op_types, augmented_model_path=str(work / "augmented.onnx"),
+                                            calibrate_method=collector, extra_options=options)
+        self.samples = 0
+
+    def add(self, chunk: list[Feeds]) -> None:
+        self.calibrator.collect_data(_Reader(chunk))
+        self.samples += len(chunk)
+
+    def ranges(self) -> Any:
+        """ONNX Runtime's `TensorsData`: per tensor, the symmetric range [-t, t] and, for histogram methods,
+        the histogram it came from."""
+        from onnxruntime.quantization import CalibrationMethod
+        from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+        if self.method == "minmax":
+            return self.calibrator.compute_data()
+        data = {}
+        for name, (hist, edges, _, _) in self.calibrator.collector.histogram_dict.items():
+            amax = entropy_threshold(hist, edges) if self.method == "entropy" else \
+                percentile_threshold(hist, edges, self.percentile)
+            t = np.array(amax, dtype=np.float32)
+            data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
+        method = CalibrationMethod.Entropy if self.method == "entropy" else CalibrationMethod.Percentile
+        return TensorsData(method, data)
+
+
+class _Reader:
+    """ONNX Runtime's CalibrationDataReader protocol over one chunk of samples."""
+
+    def __init__(self, chunk: list[Feeds]) -> None:
+        self._it: Iterator[Feeds] = iter(chunk)
+
+    def get_next(self) -> Feeds | None:
+        return next(self._it, None)
+
+
+def calibrate(model: Path, op_types: list[str], method: str, percentile: float, samples: Iterator[Feeds],
+              total: int, work: Path, chunk: int, on_progress: Callable[[int, int], None]) -> tuple[Any, int]:
+    """Collect statistics over `samples`, `chunk` at a time; returns ONNX Runtime's `TensorsData` and the number
+    of samples used."""
+    cal = StreamedCalibration(model, op_types, method, percentile, work)
+    batch: list[Feeds] = []
+    for feed in samples:
+        batch.append(feed)
+        if len(batch) == chunk:
+            cal.add(batch)
+            batch = []
+            on_progress(cal.samples, total)
+    if batch:
+        cal.add(batch)
+        on_progress(cal.samples, total)
+    return cal.ranges(), cal.samples
