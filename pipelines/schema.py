@@ -52,6 +52,31 @@ class StageBase(Strict):
         return data
 
 
+# --- sample data (precision, calibrate, prepare's checks) ------------------------------------------------
+
+class SampleData(Strict):
+    """Where sample inputs come from: images through the parity preprocessing, saved tensors, or random."""
+    images: str | None = Field(None, description="glob of images, fed through the parity stage's preprocessing")
+    tensors: str | None = Field(None, description="glob of .npy (single input) or .npz (one array per input)")
+    random: bool = False
+    samples: int = Field(8, ge=1, description="how many samples to use (at most; files beyond are ignored)")
+    shapes: dict[str, list[int]] = Field(default_factory=dict,
+                                         description="shapes for random inputs where the model's are dynamic")
+    ranges: dict[str, list[float]] = Field(
+        default_factory=dict, description="per input, [low, high] of its random values (equal bounds pin a "
+                                          "constant), e.g. {token_type_ids: [0, 1], sample_rate: [16000, 16000]}")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "SampleData":
+        if sum((self.images is not None, self.tensors is not None, self.random)) > 1:
+            raise ValueError("give only one of 'images', 'tensors' or 'random: true'")
+        for name, bounds in self.ranges.items():
+            if len(bounds) != 2 or bounds[0] > bounds[1]:
+                raise ValueError(f"ranges.{name}: give [low, high] with low <= high, got {bounds}")
+        return self
+
+
 # --- prepare --------------------------------------------------------------------------------------------------
 
 class CheckSpec(Strict):
@@ -60,6 +85,16 @@ class CheckSpec(Strict):
     rtol: float = Field(1e-3, ge=0)
     atol: float = Field(1e-4, ge=0)
     seed: int = 0
+    data: SampleData | None = Field(
+        None, description="the inputs to compare on: tensors, or random with shapes and ranges (default: random, "
+                          "`samples` of them, shaped by input_shapes)")
+
+    @model_validator(mode="after")
+    def _no_images(self) -> "CheckSpec":
+        if self.data is not None and self.data.images is not None:
+            raise ValueError("data.images needs the parity stage's preprocessing, which comes after prepare: "
+                             "give data.tensors, or random data with ranges")
+        return self
 
 
 def _yaml_off(value: Any) -> Any:
@@ -80,6 +115,10 @@ class PrepareStage(StageBase):
         "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
     fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
                                                         "finds nodes it cannot parse")
+
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        data = self.check.data
+        return {} if data is None or not data.tensors else {"tensors": (data.tensors, ("check", "data", "tensors"))}
 
 
 # --- parity ---------------------------------------------------------------------------------------------------
@@ -196,23 +235,6 @@ class ParityStage(StageBase):
 
 
 # --- precision / calibrate -------------------------------------------------------------------------------------
-
-class SampleData(Strict):
-    """Where sample inputs come from: images through the parity preprocessing, saved tensors, or random."""
-    images: str | None = Field(None, description="glob of images, fed through the parity stage's preprocessing")
-    tensors: str | None = Field(None, description="glob of .npy (single input) or .npz (one array per input)")
-    random: bool = False
-    samples: int = Field(8, ge=1, description="how many samples to use (at most; files beyond are ignored)")
-    shapes: dict[str, list[int]] = Field(default_factory=dict,
-                                         description="shapes for random inputs where the model's are dynamic")
-    seed: int = 0
-
-    @model_validator(mode="after")
-    def _one_of(self) -> "SampleData":
-        if sum((self.images is not None, self.tensors is not None, self.random)) > 1:
-            raise ValueError("give only one of 'images', 'tensors' or 'random: true'")
-        return self
-
 
 class FallbackSpec(Strict):
     auto: bool = Field(True, description="keep nodes in FP32 whose activations overflow or lose accuracy")

@@ -24,13 +24,13 @@ from trtflow.stages import progress
 from trtflow.stages.compare import accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, require_op_types
-from trtflow.stages.ort import calibration
+from trtflow.stages.ort import calibration, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.text import did_you_mean, first_line
+from trtflow.text import did_you_mean
 
-VERSION = "1"
+VERSION = "2"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 
@@ -41,13 +41,14 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     src = inputs["model"].path
     model = model_io.load(src)
     ref = session(src)
-    data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate")
+    data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate", model)
     warnings: list[str] = []
     calib, hold = _split(data, params, warnings)
+    data.check_reference(ref)
     excluded = _check_model(model, params)
 
     pre = work / "pre.onnx"
-    _pre_process(src, pre, warnings)
+    warnings += quant_prep.pre_process(src, pre, work)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
     calibrated = _quantize(pre, out, ranges, data, calib, params, excluded, work)
 
@@ -100,21 +101,6 @@ def _check_model(model: onnx.ModelProto, params: Any) -> set[str]:
         raise StageError(f"calibrate: nothing to quantize: the model has no {'/'.join(params.quantize_ops)} node "
                          f"outside the exclusions")
     return excluded
-
-
-def _pre_process(src: Path, pre: Path, warnings: list[str]) -> None:
-    """ONNX Runtime's quantization pre-processing (shape inference), with fallbacks where it fails."""
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    try:
-        quant_pre_process(str(src), str(pre))
-    except Exception:  # noqa: BLE001 - ORT's symbolic shape inference asserts on some valid graphs
-        try:
-            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
-            warnings.append("ONNX Runtime's symbolic shape inference failed on this model; used ONNX's instead")
-        except Exception as exc:  # noqa: BLE001
-            shutil.copy(src, pre)
-            warnings.append(f"quantization pre-processing failed ({first_line(exc)}); quantized the model as is")
 
 
 def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: Any,

@@ -29,7 +29,7 @@ from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "1"
+VERSION = "2"  # 2: ranges and table bounds for random inputs
 FP16_MAX = 65504.0
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 
@@ -44,9 +44,10 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     ref_path = work / "fp32.onnx"
     model_io.save(model, ref_path)
     ref = session(ref_path)
-    data = SampleSource(params.data, inputs, ref.get_inputs(), "precision")
+    data = SampleSource(params.data, inputs, ref.get_inputs(), "precision", model)
     calib, hold = data.split(params.holdout)
     hold = hold or calib  # nothing to hold out: check accuracy on the samples used for the analysis
+    data.check_reference(ref)
 
     blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else {})
     if params.fallback.max_rel_error is not None:

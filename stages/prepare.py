@@ -15,14 +15,16 @@ import onnx
 
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import StageError
+from trtflow.pipelines.schema import SampleData
 from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io
 from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 from trtflow.stages.trt.preflight import run_preflight
 from trtflow.text import first_line
 
-VERSION = "1"
+VERSION = "2"  # 2: checks on check.data, ranges and table bounds for random inputs
 
 
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
@@ -42,12 +44,14 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     model_io.save(model, path, external=external or None)
     lap("sanitize")
 
-    model, path, conversion = _convert_opset(model, path, src.name, params, work, external, warnings)
+    check = _Checker(params, inputs, model, path)
+    model, path, conversion = _convert_opset(model, path, src.name, params.target_opset, check, work, external,
+                                             warnings)
     lap("convert")
 
     simplification: dict[str, Any] = {"requested": params.simplify, "applied": False}
     if params.simplify:
-        simplification.update(_simplify(model, path, work, params, external))
+        simplification.update(_simplify(model, path, work, check, external))
         if simplification["applied"]:
             model, path = model_io.load(work / "simplified.onnx"), work / "simplified.onnx"
         else:
@@ -112,22 +116,22 @@ def _load_and_check(src: Path, warnings: list[str]) -> tuple[onnx.ModelProto, bo
     return model, external, full_check
 
 
-def _convert_opset(model: onnx.ModelProto, path: Path, name: str, params: Any, work: Path, external: bool,
-                   warnings: list[str]) -> tuple[onnx.ModelProto, Path, dict[str, Any] | None]:
-    """To `target_opset`, checked against the model before; a conversion that changes outputs stops the stage."""
+def _convert_opset(model: onnx.ModelProto, path: Path, name: str, target: int | None, checker: "_Checker",
+                   work: Path, external: bool, warnings: list[str]) -> tuple[onnx.ModelProto, Path, dict | None]:
+    """To `target`, checked against the model before; a conversion that changes outputs stops the stage."""
     source_opset = onnx_graph.default_opset(model)
-    if not params.target_opset or params.target_opset == source_opset:
+    if not target or target == source_opset:
         return model, path, None
-    converted = _convert(model, name, source_opset, params.target_opset)
+    converted = _convert(model, name, source_opset, target)
     conv_path = work / "converted.onnx"
     model_io.save(converted, conv_path, external=external or None)
-    check = _compare(path, conv_path, params)
+    check = checker(path, conv_path)
     if check.get("ok") is False:
-        raise StageError(f"converting {name} from opset {source_opset} to {params.target_opset} changed "
+        raise StageError(f"converting {name} from opset {source_opset} to {target} changed "
                          f"its outputs ({_worst(check)}); leave target_opset unset or pick another opset")
     if check.get("ok") is None:
         warnings.append(f"opset conversion not verified: {check['skipped']}")
-    return converted, conv_path, {"from": source_opset, "to": params.target_opset, "check": check}
+    return converted, conv_path, {"from": source_opset, "to": target, "check": check}
 
 
 def _verdict(preflight: dict[str, Any], fail_on_unsupported: bool, name: str, warnings: list[str]) -> None:
@@ -173,15 +177,37 @@ def _convert(model: onnx.ModelProto, name: str, source: int | None, target: int)
     return converted
 
 
-def _compare(ref: Path, new: Path, params: Any) -> dict[str, Any]:
-    c = params.check
-    try:
-        return ort_runner.compare_models(ref, new, c.samples, c.rtol, c.atol, c.seed, params.input_shapes)
-    except Exception as exc:  # noqa: BLE001 - e.g. custom ops ONNX Runtime cannot run
-        return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {first_line(exc)}"}
+class _Checker:
+    """Compares a transformed model with the model before it, in ONNX Runtime, on the check data: `check.data`
+    (saved tensors, or random with shapes and ranges), by default `check.samples` random inputs shaped by
+    `input_shapes`. Inputs the reference cannot run on stop the stage, naming them (never a silent skip)."""
+
+    def __init__(self, params: Any, inputs: dict[str, Artifact], model: onnx.ModelProto, path: Path):
+        c = params.check
+        self.rtol, self.atol = c.rtol, c.atol
+        data = c.data or SampleData(random=True, samples=c.samples, seed=c.seed)
+        data = data.model_copy(update={"shapes": {**params.input_shapes, **data.shapes}})
+        self.source: SampleSource | None = None
+        try:
+            model_inputs = ort_runner.session(path).get_inputs()
+        except Exception as exc:  # noqa: BLE001 - e.g. custom ops ONNX Runtime cannot run
+            self.unavailable = first_line(exc)
+            return
+        self.source = SampleSource(data, inputs, model_inputs, "prepare", model, key="check.data")
+
+    def __call__(self, ref: Path, new: Path) -> dict[str, Any]:
+        if self.source is None:
+            return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {self.unavailable}"}
+        try:
+            return ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
+                                             self.atol)
+        except ort_runner.ReferenceFailed as exc:
+            raise self.source.failure(exc.error) from None
+        except Exception as exc:  # noqa: BLE001 - the new model fails in ONNX Runtime
+            return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {first_line(exc)}"}
 
 
-def _simplify(model: onnx.ModelProto, path: Path, work: Path, params: Any, external: bool) -> dict[str, Any]:
+def _simplify(model: onnx.ModelProto, path: Path, work: Path, checker: _Checker, external: bool) -> dict[str, Any]:
     import onnxsim
 
     t0 = time.perf_counter()
@@ -193,7 +219,7 @@ def _simplify(model: onnx.ModelProto, path: Path, work: Path, params: Any, exter
         return {"applied": False, "reason": "onnxsim reported its result as invalid"}
     out = work / "simplified.onnx"
     model_io.save(simplified, out, external=external or None)
-    check = _compare(path, out, params)
+    check = checker(path, out)
     result: dict[str, Any] = {"tool": f"onnxsim {getattr(onnxsim, '__version__', '')}".strip(),
                               "seconds": round(time.perf_counter() - t0, 3), "check": check}
     if check.get("ok") is None:

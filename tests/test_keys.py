@@ -41,4 +41,4 @@ def test_key_of_a_real_stage_is_pinned(tmp_path):
 
 
 PINNED_RECIPE = "e2f25c64db5d59af9072da01fccb7806"
-PINNED_PREPARE = "699f36bc96521349bb0b6f5e1599d8d9"  # the same as before the move to one package
+PINNED_PREPARE = "95a365d5d989d4195c0ef28c17d21b53"  # prepare v2: check.data, ranges

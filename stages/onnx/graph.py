@@ -131,3 +131,59 @@ def require_op_types(model: onnx.ModelProto, ops: list[str], where: str) -> None
     for op in ops:
         if op not in present:
             raise StageError(f"{where}: the model has no '{op}' node{did_you_mean(op, present)}")
+
+
+# ops through which an integer input reaches a Gather's indices unchanged in value
+_VALUE_PRESERVING = {"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Transpose"}
+
+
+def index_bounds(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """Integer graph inputs used as indices into a table (Gather on a weight, as an embedding lookup does):
+    input -> (0, rows - 1). Random values outside it do not run, so random data stays inside."""
+    tables = {i.name: list(i.dims) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            tables[node.output[0]] = list(node.attribute[0].t.dims)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for t in node.input:
+            consumers.setdefault(t, []).append(node)
+    ints = {vi.name for vi in graph_inputs(model) if vi.type.tensor_type.elem_type in
+            (onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
+    bounds: dict[str, tuple[int, int]] = {}
+    for name in ints:
+        todo, seen = [name], set()
+        while todo:
+            tensor = todo.pop()
+            if tensor in seen:
+                continue
+            seen.add(tensor)
+            for node in consumers.get(tensor, []):
+                if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor \
+                        and node.input[0] in tables:
+                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                    rows = tables[node.input[0]][axis]
+                    bounds[name] = (0, min(rows - 1, bounds.get(name, (0, rows - 1))[1]))
+                elif node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
+                    todo += list(node.output)
+    return bounds
+
+
+def inputs_upstream_of(model: onnx.ModelProto, node_name: str) -> list[str]:
+    """The graph inputs whose values reach the node named `node_name` (in graph order)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = next((n for n in model.graph.node if n.name == node_name), None)
+    if node is None:
+        return []
+    names = {vi.name for vi in graph_inputs(model)}
+    found, todo, seen = set(), list(node.input), set()
+    while todo:
+        tensor = todo.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        if tensor in names:
+            found.add(tensor)
+        elif tensor in producer:
+            todo += list(producer[tensor].input)
+    return [vi.name for vi in graph_inputs(model) if vi.name in found]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -32,21 +32,22 @@ def concrete_shape(name: str, shape: list[Any], given: dict[str, list[int]]) -> 
             for axis, d in enumerate(shape)]
 
 
-def random_input(inp: Any, given: dict[str, list[int]], rng: np.random.Generator) -> np.ndarray:
-    """Random data for one session input (normal floats, small integers, booleans)."""
+def random_input(inp: Any, given: dict[str, list[int]], rng: np.random.Generator,
+                 value_range: tuple[float, float] | None = None) -> np.ndarray:
+    """Random data for one session input: uniform in `value_range` (both ends included for integers) where
+    given, else normal floats, small integers and booleans."""
     shape = concrete_shape(inp.name, list(inp.shape), given)
     dtype = NP_TYPES.get(inp.type)
     if dtype is None:
         raise ValueError(f"input '{inp.name}' has type {inp.type}, which random inputs do not cover")
-    if np.issubdtype(dtype, np.floating):
-        return rng.standard_normal(shape).astype(dtype)
     if dtype is np.bool_:
         return rng.integers(0, 2, shape).astype(np.bool_)
-    return rng.integers(0, 8, shape).astype(dtype)
-
-
-def random_feeds(sess, given: dict[str, list[int]], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    return {inp.name: random_input(inp, given, rng) for inp in sess.get_inputs()}
+    if np.issubdtype(dtype, np.floating):
+        if value_range is None:
+            return rng.standard_normal(shape).astype(dtype)
+        return rng.uniform(value_range[0], value_range[1], shape).astype(dtype)
+    low, high = (0, 7) if value_range is None else (int(np.ceil(value_range[0])), int(np.floor(value_range[1])))
+    return rng.integers(low, high + 1, shape).astype(dtype)
 
 
 def fit_to_input(x: np.ndarray, inp: Any) -> np.ndarray | None:
@@ -90,17 +91,21 @@ def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float,
     return {"ok": ok, "outputs": per_output}
 
 
-def compare_models(ref_path: Path, new_path: Path, samples: int, rtol: float, atol: float, seed: int,
-                   shapes: dict[str, list[int]]) -> dict[str, Any]:
-    """Both models on the same random inputs; the worst difference per output over all samples."""
+def compare_models(ref_path: Path, new_path: Path, feeds: Iterable[dict[str, np.ndarray]], rtol: float,
+                   atol: float) -> dict[str, Any]:
+    """Both models on the same inputs; the worst difference per output over all samples. A failure of the
+    reference model itself raises `ReferenceFailed` (the inputs, not the transformation, are at fault)."""
     ref_sess, new_sess = session(ref_path), session(new_path)
-    rng = np.random.default_rng(seed)
-    worst: dict[str, Any] = {"ok": True, "outputs": {}, "samples": samples, "rtol": rtol, "atol": atol,
+    worst: dict[str, Any] = {"ok": True, "outputs": {}, "samples": 0, "rtol": rtol, "atol": atol,
                              "runtime": RUNTIME}
-    for _ in range(samples):
-        feeds = random_feeds(ref_sess, shapes, rng)
-        worst["input_shapes"] = {k: list(v.shape) for k, v in feeds.items()}
-        result = compare(run(ref_sess, feeds), run(new_sess, feeds), rtol, atol)
+    for feed in feeds:
+        worst["input_shapes"] = {k: list(v.shape) for k, v in feed.items()}
+        try:
+            ref = run(ref_sess, feed)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+            raise ReferenceFailed(exc, feed) from None
+        result = compare(ref, run(new_sess, feed), rtol, atol)
+        worst["samples"] += 1
         worst["ok"] &= result["ok"]
         for name, r in result["outputs"].items():
             prev = worst["outputs"].get(name)
@@ -108,3 +113,11 @@ def compare_models(ref_path: Path, new_path: Path, samples: int, rtol: float, at
                 if prev is None or prev.get("ok", True):
                     worst["outputs"][name] = r
     return worst
+
+
+class ReferenceFailed(Exception):
+    """The reference model cannot run on the given inputs (ONNX Runtime's error in `error`)."""
+
+    def __init__(self, error: BaseException, feed: dict[str, np.ndarray]):
+        super().__init__(str(error))
+        self.error, self.feed = error, feed

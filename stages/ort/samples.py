@@ -2,23 +2,38 @@
 preprocessing artifact, tensors saved to files, or seeded random data. Produced one sample at a time."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import onnx
 
 from trtflow.errors import StageError
 from trtflow.stages.image import preprocess
-from trtflow.stages.ort.runner import fit_to_input, random_input
+from trtflow.stages.onnx.graph import index_bounds, inputs_upstream_of
+from trtflow.stages.ort.runner import fit_to_input, random_input, run
+from trtflow.text import did_you_mean, first_line
 
 Feeds = dict[str, np.ndarray]
 
 
 class SampleSource:
-    """`len()` samples, each a feed dict for the model's inputs; `split(n)` keeps the last n for holding out."""
+    """`len()` samples, each a feed dict for the model's inputs; `split(n)` keeps the last n for holding out.
 
-    def __init__(self, data: Any, inputs: dict[str, Any], model_inputs: list[Any], stage: str):
-        self.data, self.model_inputs, self.stage = data, model_inputs, stage
+    Random values follow `data.ranges`; integer inputs that index a table (an embedding's Gather) stay within
+    it unless a range says otherwise. `key` is where the data block sits in the YAML (for messages)."""
+
+    def __init__(self, data: Any, inputs: dict[str, Any], model_inputs: list[Any], stage: str,
+                 model: onnx.ModelProto | None = None, key: str = "data"):
+        self.data, self.model_inputs, self.stage, self.model, self.key = data, model_inputs, stage, model, key
+        known = {m.name for m in model_inputs}
+        for name in data.ranges:
+            if name not in known:
+                raise StageError(f"{stage}: {key}.ranges: the model has no input '{name}'"
+                                 f"{did_you_mean(name, sorted(known))}")
+        self.ranges = {**(index_bounds(model) if model is not None else {}),
+                       **{k: (v[0], v[1]) for k, v in data.ranges.items()}}
         self.files: list[Path] = []
         self.pre = None
         if data.images:
@@ -69,9 +84,37 @@ class SampleSource:
             return {first.name: self._fit(first, data, f)}
         rng = np.random.default_rng([self.data.seed, i])
         try:
-            return {m.name: random_input(m, self.data.shapes, rng) for m in self.model_inputs}
+            return {m.name: random_input(m, self.data.shapes, rng, self.ranges.get(m.name))
+                    for m in self.model_inputs}
         except ValueError as exc:
-            raise StageError(f"{self.stage}: {exc}; give data.tensors instead") from None
+            raise StageError(f"{self.stage}: {exc}; give {self.key}.tensors instead") from None
+
+    def check_reference(self, sess: Any) -> None:
+        """Run the reference model on the first sample: inputs it cannot run on are named, with the fix."""
+        if len(self):
+            feed = self.sample(0)
+            try:
+                run(sess, feed)
+            except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+                raise self.failure(exc) from None
+
+    def failure(self, exc: BaseException) -> StageError:
+        """A StageError for the reference model failing on these samples, naming the inputs that reach the
+        failing node and how to give their realistic values."""
+        node = re.search(r"Name:'([^']+)'", str(exc))
+        suspects = inputs_upstream_of(self.model, node.group(1)) if node and self.model is not None else []
+        floats = {m.name for m in self.model_inputs if "float" in m.type}
+        suspects = suspects or [m.name for m in self.model_inputs]
+        suspects = [s for s in suspects if s not in floats] or suspects  # integer and control inputs first
+        where = f" (inputs {', '.join(suspects)} reach node '{node.group(1)}')" if node else ""
+        if self.from_files:
+            fix = "check that the saved tensors hold what the model is fed in deployment"
+        else:
+            example = ", ".join(f"{s}: [low, high]" for s in suspects[:3])
+            fix = (f"give their realistic values: {self.key}.ranges: {{{example}}} (equal bounds pin a constant), "
+                   f"or saved inputs in {self.key}.tensors")
+        return StageError(f"{self.stage}: the model does not run on the {self.label} inputs: {first_line(exc)}"
+                          f"{where}; {fix}")
 
     def _fit(self, m: Any, x: np.ndarray, source: Path) -> np.ndarray:
         fitted = fit_to_input(x, m)

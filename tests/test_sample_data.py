@@ -1,0 +1,123 @@
+"""Random inputs that real inputs could be: value ranges per input, table-bounded indices, and a clear error
+naming the input when random values break the model (instead of a silently dropped simplification)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxsim
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError
+from trtflow.pipelines.schema import CalibrateStage, PrepareStage
+from trtflow.stages import calibrate, prepare
+from trtflow.stages.onnx.graph import index_bounds
+
+
+def bert_like(path: Path, opset: int = 14) -> Path:
+    """input_ids into a 50-row word table, token_type_ids into a 2-row type table (as BERT's), a projection, and
+    constant arithmetic onnxsim folds away."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "word"),
+             numpy_helper.from_array(rng.standard_normal((2, 16)).astype(np.float32), "types"),
+             numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "proj"),
+             numpy_helper.from_array(np.full((8,), 0.5, np.float32), "k1"),
+             numpy_helper.from_array(np.full((8,), 0.25, np.float32), "k2")]
+    nodes = [helper.make_node("Gather", ["word", "input_ids"], ["we"], name="word_lookup"),
+             helper.make_node("Gather", ["types", "token_type_ids"], ["te"], name="type_lookup"),
+             helper.make_node("Add", ["we", "te"], ["emb"], name="emb_add"),
+             helper.make_node("MatMul", ["emb", "proj"], ["h"], name="proj_mm"),
+             helper.make_node("Add", ["k1", "k2"], ["k"], name="fold_me"),
+             helper.make_node("Mul", ["k", "k"], ["kk"], name="fold_me_too"),
+             helper.make_node("Add", ["h", "kk"], ["y"], name="bias")]
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["N", "S"]) for n in ("input_ids", "token_type_ids")]
+    graph = helper.make_graph(nodes, "bert_like", ids, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", 8])],
+                              inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def control_input(path: Path) -> Path:
+    """A scalar `sample_rate` selects a branch; only 16000 takes the one that runs for this input."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    good = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="relu_branch")], "good", [],
+                             [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4])])
+    bad = helper.make_graph([helper.make_node("Gather", ["x", "past_end"], ["b"], name="gather_branch", axis=1)],
+                            "bad", [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1])],
+                            [numpy_helper.from_array(np.array([9], np.int64), "past_end")])
+    nodes = [helper.make_node("Equal", ["sample_rate", "sr16k"], ["is16k"], name="which_rate"),
+             helper.make_node("If", ["is16k"], ["y"], name="branch", then_branch=good, else_branch=bad)]
+    graph = helper.make_graph(nodes, "control", [x, helper.make_tensor_value_info("sample_rate", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "W"])],
+                              [numpy_helper.from_array(np.array(16000, np.int64), "sr16k")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
+    return path
+
+
+def run_prepare(model: Path, out: Path, **kw):
+    out.mkdir(parents=True)
+    params = PrepareStage.model_validate({"kind": "prepare", "preflight": "off", **kw})
+    return prepare.run(params, {"model": Artifact(model, "onnx", "m")}, out)
+
+
+def test_table_bounds_are_found():
+    assert index_bounds(onnx.load(str(bert_like(Path("/tmp") / "trtflow-bounds.onnx")))) == \
+        {"input_ids": (0, 49), "token_type_ids": (0, 1)}
+
+
+def test_token_type_ids_within_their_table_keep_the_simplification(tmp_path):
+    """Seen before: random token_type_ids up to 7 broke the equivalence check, and the simplification was
+    dropped silently (445 nodes kept where onnxsim alone gives 420)."""
+    result = run_prepare(bert_like(tmp_path / "m.onnx"), tmp_path / "out", target_opset=17,
+                         input_shapes={"input_ids": [2, 5], "token_type_ids": [2, 5]})
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["conversion"]["check"]["ok"] is True
+    assert report["simplification"]["applied"] is True and report["simplification"]["check"]["ok"] is True
+    assert "Mul" not in report["after"]["ops"]["ai.onnx"]  # the constant arithmetic is folded
+    alone, ok = onnxsim.simplify(onnx.load(str(tmp_path / "out" / "model.onnx")))  # nothing left for onnxsim
+    assert ok and len(alone.graph.node) == report["after"]["nodes"]
+    assert not result.warnings
+
+
+def test_a_range_outside_the_table_names_the_input_and_the_fix(tmp_path):
+    with pytest.raises(StageError) as info:
+        run_prepare(bert_like(tmp_path / "m.onnx"), tmp_path / "out", target_opset=17,
+                    check={"data": {"random": True, "ranges": {"token_type_ids": [0, 5]},
+                                    "shapes": {"input_ids": [1, 4], "token_type_ids": [1, 4]}}})
+    msg = str(info.value)
+    assert msg.startswith("prepare: the model does not run on the random (seed 0) inputs:")
+    assert "inputs token_type_ids reach node 'type_lookup'" in msg
+    assert "check.data.ranges: {token_type_ids: [low, high]}" in msg
+
+
+def test_a_control_input_needs_its_range(tmp_path):
+    model = control_input(tmp_path / "m.onnx")
+    with pytest.raises(StageError, match=r"sample_rate.*check\.data\.ranges: \{sample_rate: \[low, high\]\}"):
+        run_prepare(model, tmp_path / "a", target_opset=17)
+    result = run_prepare(model, tmp_path / "b", target_opset=17,
+                         check={"data": {"random": True, "ranges": {"sample_rate": [16000, 16000]}}})
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["conversion"]["check"]["ok"] is True and not result.warnings
+
+
+def test_ranges_name_real_inputs(tmp_path):
+    with pytest.raises(StageError, match=r"check.data.ranges: the model has no input 'token_types' "
+                                         r"\(did you mean 'token_type_ids'\?\)"):
+        run_prepare(bert_like(tmp_path / "m.onnx"), tmp_path / "out",
+                    check={"data": {"random": True, "ranges": {"token_types": [0, 1]}}})
+
+
+def test_calibrate_with_random_token_ids(tmp_path):
+    model = tmp_path / "m.onnx"
+    bert_like(model, opset=17)
+    (tmp_path / "out").mkdir()
+    params = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 2, "data": {
+        "random": True, "samples": 4, "shapes": {"input_ids": [1, 6], "token_type_ids": [1, 6]}}})
+    result = calibrate.run(params, {"model": Artifact(model, "onnx", "m")}, tmp_path / "out")
+    assert result.metrics["quantize_linear_nodes"] >= 1
+    out = json.loads(result.outputs["report"].read_text())["accuracy"]["outputs"]["y"]
+    assert out["nan"] == 0 and out["cosine"] > 0.99
