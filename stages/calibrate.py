@@ -32,6 +32,7 @@ from trtflow.text import did_you_mean
 
 VERSION = "2"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
+MIN_COSINE = 0.99  # below this on any output, the INT8 pre-flight warns
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 
 
@@ -59,6 +60,10 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     acc = cmp.result(SIMULATED)
     if not hold:
         warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
+    warnings += accuracy.warnings(acc, MIN_COSINE, "the INT8 variant")
+    if not data.from_files:
+        warnings.append("calibrated on random inputs: the ranges say nothing about real activations; give "
+                        "data.images or data.tensors from the deployment's distribution")
 
     outputs = {"model": out, "ranges": ranges, "report": out_dir / "report.json"}
     if params.trt_calibration_cache:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,19 @@ from onnx import numpy_helper
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import StageError
 from trtflow.stages.compare import accuracy
-from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx import fp16, model_io
+from trtflow.stages.onnx.fp16_emulation import emulate
 from trtflow.stages.onnx.graph import require_op_types
 from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "2"  # 2: ranges and table bounds for random inputs
-FP16_MAX = 65504.0
+VERSION = "2"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
+MIN_COSINE = 0.999  # below this on any output, the FP16 pre-flight warns
 
 
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
@@ -50,48 +51,50 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     data.check_reference(ref)
 
     blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else {})
+    block_ops = set(params.block_ops)
     if params.fallback.max_rel_error is not None:
-        refined = too_inaccurate(model, emulated(model, params, blocked), work, data, calib,
-                                 params.fallback.max_rel_error, blocked)
+        sim = emulate(model, fp16.plan(model, blocked, block_ops).half, params.keep_io_types)
+        refined = too_inaccurate(model, sim, work, data, calib, params.fallback.max_rel_error, blocked)
         blocked.update({n: f"FP16 error above max_rel_error {params.fallback.max_rel_error:g}" for n in refined})
-    fp16 = convert(model, params, blocked)
+    fp16_model, assignment, island = _convert(model, blocked, params, work, next(data.feeds(hold)))
     out = out_dir / "model.onnx"
-    model_io.save(fp16, out)
-    try:
-        real = session(out)
-        ort_runner.run(real, feed16(real, next(data.feeds(hold))))
-    except Exception as exc:  # noqa: BLE001 - a converter bug shows up as an invalid graph here
-        raise StageError(f"precision: the FP16 model does not run in ONNX Runtime: {first_line(exc)}; "
-                         f"block the op type it names with block_ops") from None
-
+    model_io.save(fp16_model, out)
     sim_path = work / "emulated.onnx"
-    model_io.save(emulated(model, params, blocked), sim_path)
-    sim = session(sim_path)
-    cmp = accuracy.Comparison()
+    model_io.save(emulate(model, assignment.half, params.keep_io_types), sim_path)
+    sim, cmp = session(sim_path), accuracy.Comparison()
     for feed in data.feeds(hold):
         cmp.add(ort_runner.run(ref, feed), ort_runner.run(sim, feed))
     acc = cmp.result(SIMULATED)
     shutil.rmtree(work)
 
     total = len(model.graph.node)
-    report = {"to": "fp16", "nodes": total, "kept_fp32": blocked, "data": data.label,
+    report = {"to": "fp16", "nodes": total, "fp16_nodes": len(assignment.half), "kept_fp32": assignment.fp32,
+              "island": island, "data": data.label,
               "calibration_samples": len(calib), "holdout_samples": len(hold),
-              "fallback": params.fallback.model_dump(), "accuracy": acc}
+              "fallback": params.fallback.model_dump(), "accuracy": acc,
+              "warnings": accuracy.warnings(acc, MIN_COSINE, "the FP16 variant")}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    metrics = {"kept_fp32": len(blocked), "nodes": total,
+    metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o["max_abs"] for o in acc["outputs"].values()), default=None),
                "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
-    warnings = []
-    if metrics["nan_inf"]:
-        warnings.append(f"the FP16 variant produces {metrics['nan_inf']} NaN/Inf values on held-out samples")
     return StageResult(outputs={"model": out, "report": out_dir / "report.json"}, summary=summary(report),
-                       metrics=metrics, warnings=warnings)
+                       metrics=metrics, warnings=report["warnings"])
 
 
-def feed16(sess: Any, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The same inputs, cast to FP16 where the variant's inputs are FP16 (keep_io_types: false)."""
-    return {i.name: feed[i.name].astype(np.float16) if i.type == "tensor(float16)" else feed[i.name]
-            for i in sess.get_inputs()}
+def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: Any, work: Path,
+             probe_feed: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, fp16.Plan, dict[str, str]]:
+    """The FP16 variant, checked to load and run in ONNX Runtime on one sample (in a child process: ONNX Runtime
+    can crash on FP16 graphs), with its FP32 island."""
+    def runs(candidate: onnx.ModelProto) -> None:
+        path = work / "candidate.onnx"
+        model_io.save(candidate, path)
+        probe(path, probe_feed, work)
+
+    try:
+        return fp16.convert_valid(model, blocked, set(params.block_ops), params.keep_io_types, runs)
+    except fp16.InvalidFP16 as exc:
+        kept = f" (after keeping {', '.join(list(exc.island)[:5])} in FP32)" if exc.island else ""
+        raise StageError(f"precision: no valid FP16 variant found{kept}: {first_line(exc.error)}") from None
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
@@ -136,30 +139,6 @@ def block_list(model: onnx.ModelProto, params: Any, peak: dict[str, float]) -> d
     return blocked
 
 
-def convert(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> onnx.ModelProto:
-    from onnxconverter_common import float16
-
-    src = onnx.ModelProto()
-    src.CopyFrom(model)
-    try:
-        with warnings.catch_warnings():  # it warns once per tiny weight flushed to 1e-7: thousands of lines
-            warnings.simplefilter("ignore", UserWarning)
-            return float16.convert_float_to_float16(
-                src, keep_io_types=params.keep_io_types, max_finite_val=FP16_MAX,  # default 1e4 clamps silently
-                op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST) + list(params.block_ops),  # replaces the list
-                node_block_list=list(blocked), check_fp16_ready=False)
-    except Exception as exc:  # noqa: BLE001
-        raise StageError(f"precision: FP16 conversion failed: {first_line(exc)}") from None
-
-
-def emulated(model: onnx.ModelProto, params: Any, blocked: dict[str, str]) -> onnx.ModelProto:
-    from onnxconverter_common import float16
-
-    from trtflow.stages.onnx.fp16_emulation import emulate
-    return emulate(model, set(blocked), set(float16.DEFAULT_OP_BLOCK_LIST) | set(params.block_ops),
-                   params.keep_io_types)
-
-
 def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, data: SampleSource,
                    calib: range, limit: float, blocked: dict[str, str]) -> list[str]:
     """Nodes (not yet blocked) whose output differs from FP32 by more than `limit`, relative to its magnitude,
@@ -190,6 +169,7 @@ def summary(r: dict[str, Any]) -> str:
              f"{r['holdout_samples']} held out for the accuracy check", "",
              f"**CPU accuracy pre-flight** ({r['accuracy']['runtime']}, not a TensorRT number), "
              f"FP16 variant vs FP32 reference:", ""] + accuracy.table(r["accuracy"])
+    lines += [f"\n**warning**: {w}" for w in r.get("warnings", [])]
     if kept:
         lines += ["", "| node kept in FP32 | why |", "|---|---|"]
         lines += [f"| `{n}` | {why} |" for n, why in list(kept.items())[:40]]

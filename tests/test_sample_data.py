@@ -121,3 +121,17 @@ def test_calibrate_with_random_token_ids(tmp_path):
     assert result.metrics["quantize_linear_nodes"] >= 1
     out = json.loads(result.outputs["report"].read_text())["accuracy"]["outputs"]["y"]
     assert out["nan"] == 0 and out["cosine"] > 0.99
+    assert any(w.startswith("calibrated on random inputs") for w in result.warnings)
+
+
+def test_poor_int8_accuracy_is_not_quiet(tmp_path):
+    """A threshold at the 20th percentile clips most activations: the pre-flight falls below the bar and says so."""
+    model = tmp_path / "m.onnx"
+    bert_like(model, opset=17)
+    (tmp_path / "out").mkdir()
+    params = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 2, "method": "percentile",
+                                            "percentile": 20, "data": {"random": True, "samples": 4}})
+    result = calibrate.run(params, {"model": Artifact(model, "onnx", "m")}, tmp_path / "out")
+    bar = [w for w in result.warnings if "has cosine" in w]
+    assert bar and "< 0.99 against FP32" in bar[0] and "onnxruntime-cpu" in bar[0]
+    assert "**warning**" in result.summary or "warning:" in result.summary

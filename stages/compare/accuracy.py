@@ -64,3 +64,17 @@ def table(result: dict[str, Any]) -> list[str]:
         lines.append(f"| `{name}` | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | {r['cosine']:.6f} | "
                      f"{r['nan']}/{r['inf']} | {top1} |")
     return lines
+
+
+def warnings(result: dict[str, Any], min_cosine: float, what: str) -> list[str]:
+    """What a pre-flight result should not pass quietly: NaN/Inf, and outputs below the cosine bar."""
+    found = []
+    nan_inf = sum(o["nan"] + o["inf"] for o in result["outputs"].values())
+    if nan_inf:
+        found.append(f"{what} produces {nan_inf} NaN/Inf values on held-out samples")
+    for name, o in result["outputs"].items():
+        if result["samples"] and o["cosine"] < min_cosine:
+            found.append(f"{what}: output '{name}' has cosine {o['cosine']:.4f} < {min_cosine} against FP32 "
+                         f"(max abs error {o['max_abs']:.4g}) on {result['samples']} held-out samples "
+                         f"({result['runtime']})")
+    return found

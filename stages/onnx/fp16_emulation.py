@@ -15,14 +15,13 @@ from onnx import TensorProto, helper, numpy_helper
 FLOAT = TensorProto.FLOAT
 
 
-def emulate(model: onnx.ModelProto, fp32_nodes: set[str], op_block_list: set[str],
-            keep_io_types: bool) -> onnx.ModelProto:
+def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx.ModelProto:
+    """`half`: the nodes the FP16 variant runs in FP16 (`fp16.plan(...).half`), so both agree node by node."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inferred = onnx.shape_inference.infer_shapes(model)
     float_tensors = {vi.name for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
                      + list(inferred.graph.output) if vi.type.tensor_type.elem_type == FLOAT}
-    half = {n.name for n in model.graph.node if n.name not in fp32_nodes and n.op_type not in op_block_list}
     inits = {i.name: i for i in out.graph.initializer}
     consumers: dict[str, list[str]] = {}
     for n in model.graph.node:
@@ -31,7 +30,7 @@ def emulate(model: onnx.ModelProto, fp32_nodes: set[str], op_block_list: set[str
 
     for name, init in inits.items():  # weights stored as FP16 where an FP16 node reads them
         if init.data_type == FLOAT and any(c in half for c in consumers.get(name, [])):
-            rounded = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+            rounded = np.clip(numpy_helper.to_array(init), -65504, 65504).astype(np.float16).astype(np.float32)
             init.CopyFrom(numpy_helper.from_array(rounded, name))
 
     nodes: list[onnx.NodeProto] = []

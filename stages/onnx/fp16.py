@@ -1,0 +1,326 @@
+"""FP16 conversion as a precision assignment: each node of the main graph runs in FP16 or in FP32, each float
+tensor has the precision of the node that produces it, and a Cast sits on every edge where the two differ.
+
+onnxconverter-common's converter writes invalid graphs where models are not plain: a `Cast(to=FLOAT)` after shape
+arithmetic keeps its `to` while its output is retyped (YOLO-style box decoding), subgraphs of `If`/`Loop` are
+converted without their outer-scope inputs, models already holding FP16 parts end in type errors, and
+`op_block_list=[Cast]` never terminates. Here:
+- `Cast(to=FLOAT)` in an FP16 node becomes `Cast(to=FLOAT16)`; `Constant`/`ConstantOfShape` values follow their
+  node; `Cast`, `Shape` and `Size` take their input in whatever precision it has;
+- control flow (`If`, `Loop`, `Scan`) stays FP32 as a whole: outer-scope tensors its subgraphs read are cast back
+  to FP32 at the boundary, and the subgraphs are pointed at the casts;
+- tensors that are FP16 already, and the nodes that only touch them, are left as they are;
+- the work is one pass over the graph: nothing loops.
+`convert_valid` then checks the result in ONNX Runtime and keeps in FP32 each node an error names, a bounded
+number of rounds: the FP32 island that makes the graph valid, reported node by node.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
+FP16_MAX = 65504.0
+# op types never run in FP16: onnxconverter-common's default block list (ops whose FP16 kernels are missing or
+# whose inputs must stay float: Resize's scales, NonMaxSuppression's boxes, ...), control flow, quantization,
+# and generators whose output type is an attribute
+ALWAYS_FP32 = {
+    "ArrayFeatureExtractor", "Binarizer", "CastMap", "CategoryMapper", "DictVectorizer", "FeatureVectorizer",
+    "Imputer", "LabelEncoder", "LinearClassifier", "LinearRegressor", "Normalizer", "OneHotEncoder",
+    "RandomUniformLike", "SVMClassifier", "SVMRegressor", "Scaler", "TreeEnsembleClassifier",
+    "TreeEnsembleRegressor", "ZipMap", "NonMaxSuppression", "TopK", "RoiAlign", "Resize", "Range", "CumSum", "Min",
+    "Max", "Upsample",
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+    "RandomNormal", "RandomUniform", "RandomNormalLike", "EyeLike", "Multinomial", "Bernoulli",
+}
+# ops that accept their input in any precision: no Cast is put in front of them
+ANY_INPUT = {"Cast", "Shape", "Size", "CastLike"}
+ISLAND_ROUNDS = 24  # at most this many rounds of "keep the node the error names in FP32"
+
+
+@dataclass
+class Plan:
+    half: set[str]  # nodes of the main graph that run in FP16
+    fp32: dict[str, str] = field(default_factory=dict)  # node -> why it stays FP32 (for nodes touching floats)
+
+
+def _float_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.input) + list(g.output)
+             if vi.type.HasField("tensor_type")}
+    types.update({i.name: i.data_type for i in g.initializer})
+    for node in g.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            types[node.output[0]] = node.attribute[0].t.data_type
+    return types
+
+
+def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str]) -> Plan:
+    """Which nodes run in FP16: every node that touches a float32 tensor, except those kept in FP32."""
+    types = _float_types(model)
+    result = Plan(half=set())
+    for node in model.graph.node:
+        touches = [t for t in list(node.input) + list(node.output) if t and types.get(t) == FLOAT]
+        if not touches:
+            continue
+        if node.name in keep_fp32:
+            result.fp32[node.name] = keep_fp32[node.name]
+        elif _subgraphs(node):
+            result.fp32[node.name] = f"control flow ({node.op_type}) runs in FP32 as a whole, cast at its boundary"
+        elif node.op_type in block_ops:
+            result.fp32[node.name] = f"op type {node.op_type} in block_ops"
+        elif node.op_type in ALWAYS_FP32:
+            result.fp32[node.name] = f"op type {node.op_type} runs in FP32"
+        elif node.domain not in ("", "ai.onnx"):
+            result.fp32[node.name] = f"custom-domain op {node.domain}.{node.op_type}"
+        elif node.op_type == "Constant" and _attr_name(node) != "value":
+            result.fp32[node.name] = "a Constant given as value_float(s)"
+        else:
+            result.half.add(node.name)
+    return result
+
+
+def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx.ModelProto:
+    """The FP16 variant of `model` under plan `p` (a copy; `model` is left as it is)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    types = _float_types(model)
+    half_nodes = [n for n in g.node if n.name in p.half]
+    # precision of every float32 tensor of the main graph after conversion
+    is_half: dict[str, bool] = {t: False for t, ty in types.items() if ty == FLOAT}
+    for node in half_nodes:
+        for t in node.output:
+            if t in is_half or (node.op_type == "Cast" and _attr(node, "to") == FLOAT):
+                is_half[t] = True
+    inputs = {i.name for i in g.input}
+    if not keep_io_types:
+        for i in g.input:
+            if types.get(i.name) == FLOAT and i.name not in {x.name for x in g.initializer}:
+                is_half[i.name] = True
+                i.type.tensor_type.elem_type = HALF
+
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for t in node.input:
+            consumers.setdefault(t, []).append(node)
+    outer_refs = {node.name: _outer_refs(node) for node in g.node if _subgraphs(node)}
+    fp32_readers = {t for refs in outer_refs.values() for t in refs}
+
+    # weights: FP16 where FP16 nodes read them; a second, FP16 copy where FP32 readers need the original too
+    half_copy: dict[str, str] = {}
+    for init in list(g.initializer):
+        if init.data_type != FLOAT:
+            continue
+        readers = consumers.get(init.name, [])
+        wants_half = [n for n in readers if n.name in p.half and n.op_type not in ANY_INPUT]
+        if not wants_half:
+            continue
+        needs_fp32 = [n for n in readers if n.name not in p.half] or init.name in fp32_readers \
+            or init.name in inputs or init.name in {o.name for o in g.output}
+        data = np.clip(numpy_helper.to_array(init), -FP16_MAX, FP16_MAX).astype(np.float16)
+        if needs_fp32:
+            half_copy[init.name] = f"{init.name}__fp16"
+            g.initializer.append(numpy_helper.from_array(data, half_copy[init.name]))
+        else:
+            init.CopyFrom(numpy_helper.from_array(data, init.name))
+            is_half[init.name] = True
+
+    casts: dict[tuple[str, int], str] = {}
+    new_nodes: list[onnx.NodeProto] = []
+
+    def cast(tensor: str, to: int) -> str:
+        key = (tensor, to)
+        if key not in casts:
+            suffix = "fp16" if to == HALF else "fp32"
+            casts[key] = f"{tensor}__to_{suffix}"
+            new_nodes.append(helper.make_node("Cast", [tensor], [casts[key]], to=to,
+                                              name=f"{tensor}__trtflow_cast_{suffix}"))
+        return casts[key]
+
+    for node in g.node:
+        half = node.name in p.half
+        for i, t in enumerate(node.input):
+            if t not in is_half or node.op_type in ANY_INPUT:
+                continue
+            if half and t in half_copy:
+                node.input[i] = half_copy[t]
+            elif is_half[t] != half:
+                node.input[i] = cast(t, HALF if half else FLOAT)
+        if node.name in outer_refs:  # control flow stays FP32: its subgraphs read FP32 copies
+            renames = {t: cast(t, FLOAT) for t in outer_refs[node.name] if is_half.get(t)}
+            for sub in _subgraphs(node):
+                _rename_refs(sub, renames)
+        if half:
+            _retype_attributes(node)
+        new_nodes.append(node)
+
+    for o in g.output:
+        if not is_half.get(o.name):
+            continue
+        if keep_io_types:  # the graph keeps its FP32 output; the FP16 value is cast back under the same name
+            inner = f"{o.name}__fp16"
+            for node in new_nodes:
+                node.output[:] = [inner if t == o.name else t for t in node.output]
+                node.input[:] = [inner if t == o.name else t for t in node.input]
+            new_nodes.append(helper.make_node("Cast", [inner], [o.name], to=FLOAT,
+                                              name=f"{o.name}__trtflow_cast_output"))
+        else:
+            o.type.tensor_type.elem_type = HALF
+    del g.node[:]
+    g.node.extend(new_nodes)
+    del g.value_info[:]  # stale types; inference fills them in again
+    try:
+        return onnx.shape_inference.infer_shapes(out)
+    except Exception:  # noqa: BLE001 - the graph is still valid without value_info
+        return out
+
+
+def convert_valid(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str], keep_io_types: bool,
+                  check: Callable[[onnx.ModelProto], None]) -> tuple[onnx.ModelProto, Plan, dict[str, str]]:
+    """Convert, then run `check` (which raises on an invalid model); each node an error names is kept in FP32
+    and the conversion redone. An error naming no node (a crash) is narrowed down by op type, assuming one op
+    type is at fault. At most ISLAND_ROUNDS conversions in all. Returns the model, its plan and the island
+    (node -> why). Raises `InvalidFP16` when no island is found."""
+    keep = dict(keep_fp32)
+    island: dict[str, str] = {}
+    rounds = 0
+
+    def attempt(extra: dict[str, str]) -> tuple[onnx.ModelProto, Plan, str | None]:
+        nonlocal rounds
+        rounds += 1
+        p = plan(model, {**keep, **extra}, block_ops)
+        converted = convert(model, p, keep_io_types)
+        try:
+            check(converted)
+            return converted, p, None
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime and the checker raise their own types
+            return converted, p, str(exc) or type(exc).__name__
+
+    while rounds < ISLAND_ROUNDS:
+        converted, p, error = attempt({})
+        if error is None:
+            return converted, p, island
+        named = _named_nodes(error, model, p.half)
+        if not named:
+            named = _culprit_op_type(model, p, error, attempt, lambda: rounds < ISLAND_ROUNDS)
+        if not named:
+            raise InvalidFP16(error, island)
+        why = f"kept in FP32 so the FP16 graph is valid ({_first_line(error)[:160]})"
+        for n in named:
+            island[n] = _first_line(error)
+            keep[n] = why
+    raise InvalidFP16(error, island)
+
+
+def _culprit_op_type(model: onnx.ModelProto, p: Plan, error: str, attempt, rounds_left) -> list[str]:
+    """The FP16 nodes of the one op type whose return to FP32 makes the graph valid (binary search)."""
+    by_type: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        if node.name in p.half:
+            by_type.setdefault(node.op_type, []).append(node.name)
+    types = sorted(by_type)
+    while len(types) > 1 and rounds_left():
+        first = types[:len(types) // 2]
+        nodes = {n: "bisect" for t in first for n in by_type[t]}
+        types = first if attempt(nodes)[2] is None else types[len(types) // 2:]
+    if len(types) != 1 or not rounds_left():
+        return []
+    return by_type[types[0]] if attempt({n: "bisect" for n in by_type[types[0]]})[2] is None else []
+
+
+class InvalidFP16(Exception):
+    def __init__(self, error: str, island: dict[str, str]):
+        super().__init__(error)
+        self.error, self.island = error, island
+
+
+def _named_nodes(error: str, model: onnx.ModelProto, half: set[str]) -> list[str]:
+    """FP16 nodes of the original graph an error message points at: the node it names, or, where it names a
+    node that is not FP16 (an inserted Cast, an FP32 node), the FP16 nodes next to it."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    by_name = {n.name: n for n in model.graph.node}
+    found: list[str] = []
+    for raw in re.findall(r"node \(([^)]+)\)|Name:'([^']+)'|node name: ([^\s),]+)", error):
+        name = next(x for x in raw if x)
+        if "__trtflow_cast_" in name:  # a Cast this module inserted: look at the node whose output it casts
+            tensor = name.split("__trtflow_cast_")[0]
+            name = producer[tensor].name if tensor in producer else name
+        if name in half:
+            candidates = [name]
+        elif name in by_name:
+            node = by_name[name]
+            candidates = [producer[i].name for i in node.input if i in producer and producer[i].name in half]
+            candidates += [n.name for n in model.graph.node if n.name in half and set(n.input) & set(node.output)]
+        else:
+            candidates = []
+        found += [c for c in candidates if c not in found]
+    return found
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), text)
+
+
+def _attr(node: onnx.NodeProto, name: str) -> int | None:
+    return next((a.i for a in node.attribute if a.name == name), None)
+
+
+def _attr_name(node: onnx.NodeProto) -> str | None:
+    return node.attribute[0].name if node.attribute else None
+
+
+def _retype_attributes(node: onnx.NodeProto) -> None:
+    """An FP16 node's own float32 literals become FP16: Cast targets, Constant and ConstantOfShape values."""
+    for a in node.attribute:
+        if node.op_type == "Cast" and a.name == "to" and a.i == FLOAT:
+            a.i = HALF
+        elif node.op_type in ("Constant", "ConstantOfShape") and a.name == "value" and a.t.data_type == FLOAT:
+            data = np.clip(numpy_helper.to_array(a.t), -FP16_MAX, FP16_MAX).astype(np.float16)
+            a.t.CopyFrom(numpy_helper.from_array(data, a.t.name))
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    subs = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            subs.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            subs.extend(a.graphs)
+    return subs
+
+
+def _outer_refs(node: onnx.NodeProto) -> list[str]:
+    """Tensors of the enclosing graph that the node's subgraphs (at any depth) read by name."""
+    refs: list[str] = []
+
+    def walk(graph: onnx.GraphProto, defined: set[str]) -> None:
+        local = defined | {i.name for i in graph.input} | {i.name for i in graph.initializer}
+        for n in graph.node:
+            for t in n.input:
+                if t and t not in local and t not in refs:
+                    refs.append(t)
+            for sub in _subgraphs(n):
+                walk(sub, local)
+            local |= set(n.output)
+
+    for sub in _subgraphs(node):
+        walk(sub, set())
+    return refs
+
+
+def _rename_refs(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
+    """Point reads of outer-scope tensors at new names, at any depth, where no local name shadows them."""
+    local = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    active = {k: v for k, v in renames.items() if k not in local}
+    for n in graph.node:
+        n.input[:] = [active.get(t, t) if t not in local else t for t in n.input]
+        for sub in _subgraphs(n):
+            _rename_refs(sub, {k: v for k, v in active.items() if k not in local})
+        local |= set(n.output)
