@@ -20,13 +20,13 @@ import onnx
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.stages import progress
-from trtflow.stages.onnx.graph import graph_inputs
+from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.trt import config
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
 from trtflow.stages.trt.preflight import hint_for
 from trtflow.text import did_you_mean
 
-VERSION = "1"
+VERSION = "2"  # 2: precision per cell, size warnings
 CELL_TIMEOUT_S = 3600
 
 
@@ -113,11 +113,13 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         for f in r.get("failures", []):
             f["hint"] = hint_for(f)
     failed = [r for r in results if r["status"] != "ok"]
+    warnings = size_warnings(results, be)
     report = {"backend": be, "environment": {"tensorrt": be, "gpu": gpus() or None}, "cells": results,
               "wall_seconds": round(wall, 3), "parallel": params.parallel,
-              "timing_cache": str(cache) if cache else None}
+              "timing_cache": str(cache) if cache else None, "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     result = StageResult(outputs={"engines": engines, "report": out_dir / "report.json"}, summary=summary(report),
+                         warnings=warnings,
                          metrics={"cells": len(results), "failed": len(failed), "wall_seconds": round(wall, 3),
                                   "engine_bytes": sum(r.get("engine_bytes", 0) for r in results)})
     if failed:
@@ -132,11 +134,13 @@ def plan_cells(params: Any, models: list[Artifact]) -> list[dict[str, Any]]:
     cells = []
     for art in models:
         variant = art.origin or art.path.stem
+        kind = precision(onnx.load(str(art.path), load_external_data=False))
         profiles = resolve_profiles(params, model_inputs(art.path), variant)
         groups = [[p] for p in profiles] if params.profile_mode == "separate" else [profiles]
         for group in groups:
             for target in params.targets:
-                cells.append({"variant": variant, "model": str(art.path), "profiles": group, "target": target,
+                cells.append({"variant": variant, "precision": kind, "model": str(art.path), "profiles": group,
+                              "target": target,
                               "name": f"{variant}.{'+'.join(p['name'] for p in group)}.{target}"})
     return cells
 
@@ -167,9 +171,28 @@ def build_cell(cell: dict[str, Any], cell_dir: Path, worker: dict[str, Any]) -> 
     else:  # the process died inside TensorRT before it could say anything
         info = {"status": "failed", "error": f"the build process crashed (exit code {code})"}
         info_path.write_text(json.dumps(info, indent=2) + "\n")
-    return {**info, **{k: cell[k] for k in ("name", "variant", "target")},
+    return {**info, **{k: cell[k] for k in ("name", "variant", "precision", "target")},
             "profiles": [p["name"] for p in cell["profiles"]],
             "shapes": {p["name"]: p["shapes"] for p in cell["profiles"]}}
+
+
+def size_warnings(cells: list[dict[str, Any]], be: dict[str, str]) -> list[str]:
+    """An INT8 engine larger than the FP32 engine of the same profiles and target defeats a reason to quantize."""
+    found = []
+    groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for c in cells:
+        if c["status"] == "ok":
+            groups.setdefault((tuple(c["profiles"]), c["target"]), {}).setdefault(c["precision"], c)
+    for group in groups.values():
+        fp32, int8 = group.get("fp32"), group.get("int8")
+        if fp32 and int8 and int8["engine_bytes"] > fp32["engine_bytes"]:
+            why = ("TensorRT-RTX engines carry the source of their JIT-compiled kernels (about 150 KB each, "
+                   "measured) and INT8 adds an epilogue kernel per quantized op: leave small ops in float "
+                   "(calibrate: min_weight_params: 48000) or use the FP16 variant"
+                   if be["flavour"] == "tensorrt-rtx" else "quantize fewer, larger ops, or use the FP16 variant")
+            found.append(f"the INT8 engine {int8['name']} ({int8['engine_bytes'] / 1e6:.2f} MB) is larger than the "
+                         f"FP32 engine {fp32['name']} ({fp32['engine_bytes'] / 1e6:.2f} MB): {why}")
+    return found
 
 
 def summary(r: dict[str, Any]) -> str:
@@ -177,16 +200,18 @@ def summary(r: dict[str, Any]) -> str:
     ok = sum(c["status"] == "ok" for c in r["cells"])
     lines = [f"### build · {be['flavour']} {be['version']} · {ok}/{len(r['cells'])} engines · "
              f"{r['wall_seconds']:.1f} s wall ({r['parallel']} in parallel)", "",
-             "| engine | variant | profiles | target | status | size MB | build s | layers | peak host MB | valid here |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| engine | variant | precision | profiles | target | status | size MB | build s | layers | peak host MB "
+             "| valid here |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["cells"]:
         v = c.get("validity") or {}
         valid = (v.get("validity", "?") + (f" ({', '.join(v['diagnostics'])})" if v.get("diagnostics") else "")
                  if v.get("checked") else "unknown")
         status = "ok" if c["status"] == "ok" else f"**failed**: {c.get('error', '')[:120]}"
-        lines.append(f"| `{c['name']}` | {c['variant']} | {', '.join(c['profiles'])} | {c['target']} | {status} | "
+        lines.append(f"| `{c['name']}` | {c['variant']} | {c['precision']} | {', '.join(c['profiles'])} | "
+                     f"{c['target']} | {status} | "
                      f"{c.get('engine_bytes', 0) / 1e6:.2f} | {c.get('seconds', 0):.2f} | {c.get('layers', '')} | "
                      f"{c.get('peak_host_memory_mb', '')} | {valid} |")
+    lines += [f"\n**warning**: {w}" for w in r.get("warnings", [])]
     lines += ["", "Engines cannot run on this machine unless it has a GPU the engine targets; `valid here` is "
                   "TensorRT-RTX's own verdict (Runtime.get_engine_validity)."]
     return "\n".join(lines) + "\n"

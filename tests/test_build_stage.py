@@ -152,3 +152,27 @@ def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, vari
         pytest.skip("a TensorRT-RTX observation")
     with pytest.raises(StageFailed, match="the builder returned no engine"):
         run_build(variants[:1], tmp_path / "out", profiles={"bs1": PROFILES["bs1"]}, strip_plan=True)
+
+
+def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend):
+    """PP-OCR's classifier (small depthwise convs): TensorRT-RTX's INT8 engine is about 3x its FP32 engine."""
+    from onnx import version_converter
+
+    from trtflow.pipelines.schema import CalibrateStage
+    from trtflow.stages import calibrate
+
+    fp32 = _prepared_ppocr(tmp_path)
+    onnx.save(version_converter.convert_version(onnx.load(str(fp32.path)), 17), str(fp32.path))
+    (tmp_path / "q").mkdir()
+    shapes = {"x": [1, 3, 48, 192]}
+    int8 = calibrate.run(CalibrateStage.model_validate({"kind": "calibrate", "holdout": 0, "data": {
+        "random": True, "samples": 2, "shapes": shapes}}), {"model": fp32}, tmp_path / "q").outputs["model"]
+    profile = {"lines": {"x": {"min": shapes["x"], "opt": shapes["x"], "max": shapes["x"]}}}
+    result = run_build([fp32, Artifact(int8, "onnx", "q", "int8")], tmp_path / "out", profiles=profile)
+    cells = {c["variant"]: c for c in json.loads(result.outputs["report"].read_text())["cells"]}
+    assert cells["prepare"]["precision"] == "fp32" and cells["int8"]["precision"] == "int8"
+    if tensorrt_backend["flavour"] == "tensorrt-rtx":
+        assert cells["int8"]["engine_bytes"] > cells["prepare"]["engine_bytes"]
+        (warning,) = result.warnings
+        assert "is larger than the FP32 engine" in warning and "min_weight_params: 48000" in warning
+        assert "**warning**" in result.summary

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.assets import PHOTOS, PPOCR, SQUEEZENET
+from tests.graphs import fpn, if_with_outer_refs, only_inside_if
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import CalibrateStage
@@ -221,3 +222,29 @@ def test_entropy_is_not_minmax_on_real_photos(tmp_path):
     differ = [k for k in common if scales["entropy"][k] != pytest.approx(scales["minmax"][k])]
     assert len(common) > 30 and len(differ) > len(common) // 2
     assert all(scales["entropy"][k] <= scales["minmax"][k] * 1.0001 for k in common)
+
+
+def test_nothing_is_written_outside_the_output_directory(tmp_path, monkeypatch):
+    """Seen before: every calibrate run left sym_shape_infer_temp.onnx and a <uuid>.data weight copy in the
+    directory trtflow was started from."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    model = fpn(tmp_path / "fpn.onnx")
+    result = run_calibrate(model, tmp_path / "out", data={"random": True, "samples": 2, "shapes": {"x": [1, 3, 32, 32]}},
+                           holdout=1)
+    assert list(cwd.iterdir()) == []
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "ranges.json", "report.json"]
+    assert result.metrics["quantize_linear_nodes"] >= 3
+
+
+def test_control_flow_is_named(tmp_path):
+    """Seen before: "the model has no Conv/ConvTranspose/Gemm/MatMul node" when they sat inside If branches."""
+    onnx.save(only_inside_if(), str(tmp_path / "inside.onnx"))
+    with pytest.raises(StageError, match=r"its 2 such node\(s\) sit inside control flow \(branch\), which is not "
+                                         r"quantized"):
+        run_calibrate(tmp_path / "inside.onnx", tmp_path / "a", data={"random": True, "samples": 2})
+    onnx.save(if_with_outer_refs(), str(tmp_path / "mixed.onnx"))
+    result = run_calibrate(tmp_path / "mixed.onnx", tmp_path / "b", data={"random": True, "samples": 2}, holdout=1)
+    assert result.metrics["quantize_linear_nodes"] >= 1
+    assert any("1 MatMul node(s) inside the subgraphs of branch are not quantized" in w for w in result.warnings)

@@ -10,96 +10,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
 
+from tests.graphs import RNG, celu_in_the_middle, if_with_outer_refs, loop_carried, lstm_model, partly_fp16, yolo_like
 from trtflow.artifact import Artifact
 from trtflow.pipelines.schema import PrecisionStage
 from trtflow.stages import precision
 from trtflow.stages.onnx import fp16
-
-RNG = np.random.default_rng(0)
-
-
-def _w(name: str, *shape: int) -> onnx.TensorProto:
-    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
-
-
-def _model(nodes, inputs, outputs, inits, opset=17) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "m", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
-
-
-def yolo_like() -> onnx.ModelProto:
-    """Box decoding scales by a width read from the feature map's shape: Shape -> Gather -> Cast(to=FLOAT)."""
-    return _model(
-        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("Shape", ["y"], ["s"], name="shape"),
-         helper.make_node("Gather", ["s", "idx"], ["wd"], name="width", axis=0),
-         helper.make_node("Cast", ["wd"], ["wf"], name="to_float", to=TP.FLOAT),
-         helper.make_node("Mul", ["y", "wf"], ["z"], name="scale")],
-        [helper.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, "W"])],
-        [helper.make_tensor_value_info("z", TP.FLOAT, [1, 4, 8, "W"])],
-        [_w("w", 4, 3, 3, 3), numpy_helper.from_array(np.array(3, np.int64), "idx")])
-
-
-def if_with_outer_refs() -> onnx.ModelProto:
-    """Both branches read `h` (computed in FP16 outside) and a weight from the enclosing graph."""
-    then = helper.make_graph([helper.make_node("MatMul", ["h", "w2"], ["t"], name="then_mm")], "then", [],
-                             [helper.make_tensor_value_info("t", TP.FLOAT, [2, 4])])
-    other = helper.make_graph([helper.make_node("Identity", ["h"], ["e"], name="else_id")], "else", [],
-                              [helper.make_tensor_value_info("e", TP.FLOAT, [2, 4])])
-    return _model(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
-         helper.make_node("ReduceSum", ["x"], ["sx"], name="sum", keepdims=0),
-         helper.make_node("Greater", ["sx", "zero"], ["pos"], name="is_pos"),
-         helper.make_node("If", ["pos"], ["b"], name="branch", then_branch=then, else_branch=other),
-         helper.make_node("Relu", ["b"], ["y"], name="relu")],
-        [helper.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
-        [_w("w1", 4, 4), _w("w2", 4, 4), numpy_helper.from_array(np.array(0, np.float32), "zero")])
-
-
-def partly_fp16() -> onnx.ModelProto:
-    """A front-end already in FP16 (its own Casts and an FP16 weight), FP32 layers after it."""
-    w16 = numpy_helper.from_array((RNG.standard_normal((4, 4)) * 0.3).astype(np.float16), "w16")
-    return _model(
-        [helper.make_node("Cast", ["x"], ["x16"], name="to_half", to=TP.FLOAT16),
-         helper.make_node("MatMul", ["x16", "w16"], ["f16"], name="front"),
-         helper.make_node("Cast", ["f16"], ["f"], name="to_single", to=TP.FLOAT),
-         helper.make_node("MatMul", ["f", "w"], ["g"], name="body"),
-         helper.make_node("Tanh", ["g"], ["y"], name="act")],
-        [helper.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])], [w16, _w("w", 4, 4)])
-
-
-def loop_carried() -> onnx.ModelProto:
-    """A recurrent cell: a Loop carries a float state that its body updates with a weight from outside."""
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["s_in", "w"], ["m"], name="cell_mm"),
-         helper.make_node("Add", ["m", "x"], ["a"], name="cell_add"),
-         helper.make_node("Tanh", ["a"], ["s_out"], name="cell_act"),
-         helper.make_node("Identity", ["c_in"], ["c_out"], name="keep_going")],
-        "body", [helper.make_tensor_value_info("i", TP.INT64, []), helper.make_tensor_value_info("c_in", TP.BOOL, []),
-                 helper.make_tensor_value_info("s_in", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("c_out", TP.BOOL, []), helper.make_tensor_value_info("s_out", TP.FLOAT, [2, 4])])
-    return _model(
-        [helper.make_node("MatMul", ["x0", "w0"], ["x"], name="embed"),
-         helper.make_node("Loop", ["steps", "", "s0"], ["s"], name="recur", body=body),
-         helper.make_node("MatMul", ["s", "w0"], ["y"], name="head")],
-        [helper.make_tensor_value_info("x0", TP.FLOAT, [2, 4]), helper.make_tensor_value_info("s0", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
-        [_w("w0", 4, 4), _w("w", 4, 4), numpy_helper.from_array(np.array(3, np.int64), "steps")], opset=17)
-
-
-def celu_in_the_middle() -> onnx.ModelProto:
-    """Celu has no FP16 form in ONNX: the converted graph is invalid until Celu stays FP32."""
-    return _model(
-        [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"), helper.make_node("Celu", ["a"], ["b"], name="celu"),
-         helper.make_node("MatMul", ["b", "w"], ["y"], name="mm2")],
-        [helper.make_tensor_value_info("x", TP.FLOAT, [2, 4])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])], [_w("w", 4, 4)])
 
 
 def _feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -180,21 +96,6 @@ def test_bounded(monkeypatch):
     with pytest.raises(fp16.InvalidFP16):
         fp16.convert_valid(model, {}, set(), True, always_invalid)
     assert len(calls) <= 3
-
-
-def lstm_model() -> onnx.ModelProto:
-    """x -> MatMul -> LSTM (hidden 8) -> MatMul: ONNX Runtime's CPU provider crashes loading its FP16 form."""
-    hidden, feat = 8, 4
-    w = numpy_helper.from_array((RNG.standard_normal((1, 4 * hidden, feat)) * 0.3).astype(np.float32), "W")
-    r = numpy_helper.from_array((RNG.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32), "R")
-    return _model(
-        [helper.make_node("MatMul", ["x", "proj"], ["xp"], name="proj_mm"),
-         helper.make_node("LSTM", ["xp", "W", "R"], ["seq"], name="lstm", hidden_size=hidden),
-         helper.make_node("Squeeze", ["seq", "axis1"], ["s"], name="squeeze"),
-         helper.make_node("MatMul", ["s", "head"], ["y"], name="head_mm")],
-        [helper.make_tensor_value_info("x", TP.FLOAT, [5, 2, feat])],
-        [helper.make_tensor_value_info("y", TP.FLOAT, [5, 2, 3])],
-        [_w("proj", feat, feat), w, r, _w("head", hidden, 3), numpy_helper.from_array(np.array([1], np.int64), "axis1")])
 
 
 def test_an_error_naming_no_node_is_narrowed_to_its_op_type(tmp_path):

@@ -5,57 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import onnx
 import onnxsim
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
+from tests.graphs import bert_like, control_input
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import CalibrateStage, PrepareStage
 from trtflow.stages import calibrate, prepare
 from trtflow.stages.onnx.graph import index_bounds
-
-
-def bert_like(path: Path, opset: int = 14) -> Path:
-    """input_ids into a 50-row word table, token_type_ids into a 2-row type table (as BERT's), a projection, and
-    constant arithmetic onnxsim folds away."""
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "word"),
-             numpy_helper.from_array(rng.standard_normal((2, 16)).astype(np.float32), "types"),
-             numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "proj"),
-             numpy_helper.from_array(np.full((8,), 0.5, np.float32), "k1"),
-             numpy_helper.from_array(np.full((8,), 0.25, np.float32), "k2")]
-    nodes = [helper.make_node("Gather", ["word", "input_ids"], ["we"], name="word_lookup"),
-             helper.make_node("Gather", ["types", "token_type_ids"], ["te"], name="type_lookup"),
-             helper.make_node("Add", ["we", "te"], ["emb"], name="emb_add"),
-             helper.make_node("MatMul", ["emb", "proj"], ["h"], name="proj_mm"),
-             helper.make_node("Add", ["k1", "k2"], ["k"], name="fold_me"),
-             helper.make_node("Mul", ["k", "k"], ["kk"], name="fold_me_too"),
-             helper.make_node("Add", ["h", "kk"], ["y"], name="bias")]
-    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["N", "S"]) for n in ("input_ids", "token_type_ids")]
-    graph = helper.make_graph(nodes, "bert_like", ids, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "S", 8])],
-                              inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
-    return path
-
-
-def control_input(path: Path) -> Path:
-    """A scalar `sample_rate` selects a branch; only 16000 takes the one that runs for this input."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    good = helper.make_graph([helper.make_node("Relu", ["x"], ["a"], name="relu_branch")], "good", [],
-                             [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4])])
-    bad = helper.make_graph([helper.make_node("Gather", ["x", "past_end"], ["b"], name="gather_branch", axis=1)],
-                            "bad", [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 1])],
-                            [numpy_helper.from_array(np.array([9], np.int64), "past_end")])
-    nodes = [helper.make_node("Equal", ["sample_rate", "sr16k"], ["is16k"], name="which_rate"),
-             helper.make_node("If", ["is16k"], ["y"], name="branch", then_branch=good, else_branch=bad)]
-    graph = helper.make_graph(nodes, "control", [x, helper.make_tensor_value_info("sample_rate", TensorProto.INT64, [])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "W"])],
-                              [numpy_helper.from_array(np.array(16000, np.int64), "sr16k")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), str(path))
-    return path
 
 
 def run_prepare(model: Path, out: Path, **kw):

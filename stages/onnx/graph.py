@@ -187,3 +187,32 @@ def inputs_upstream_of(model: onnx.ModelProto, node_name: str) -> list[str]:
         elif tensor in producer:
             todo += list(producer[tensor].input)
     return [vi.name for vi in graph_inputs(model) if vi.name in found]
+
+
+def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto]]:
+    """(control-flow node of the main graph, node) for every node inside an If/Loop/Scan body, at any depth."""
+    found: list[tuple[str, onnx.NodeProto]] = []
+
+    def walk(graph: onnx.GraphProto, owner: str) -> None:
+        for node in graph.node:
+            if owner:
+                found.append((owner, node))
+            for a in node.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                            list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                    walk(sub, owner or node.name)
+
+    walk(model.graph, "")
+    return found
+
+
+def precision(model: onnx.ModelProto) -> str:
+    """"int8" for a Q/DQ model, "fp16" where FP16 weights or casts to FP16 appear, else "fp32"."""
+    ops = {n.op_type for n in model.graph.node}
+    if ops & {"QuantizeLinear", "DequantizeLinear"}:
+        return "int8"
+    if any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer) or any(
+            n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)
+            for n in model.graph.node):
+        return "fp16"
+    return "fp32"
