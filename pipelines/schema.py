@@ -114,7 +114,9 @@ class PrepareStage(StageBase):
     preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(_yaml_off)] = Field(
         "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
     fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
-                                                        "finds nodes it cannot parse")
+                                                        "finds nodes it cannot parse, or the trial build fails")
+    trial_build: bool = Field(True, description="the pre-flight also builds an engine at input_shapes (parsing "
+                                                "is not building)")
 
     def data_globs(self) -> dict[str, tuple[str, tuple]]:
         data = self.check.data

@@ -64,7 +64,8 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     after, dynamic = onnx_graph.inventory(model), onnx_graph.dynamic_dims(model)
     lap("save")
 
-    preflight = _preflight(params.preflight, final)
+    trial = _trial_shapes(model, params.input_shapes) if params.trial_build else None
+    preflight = _preflight(params.preflight, final, trial)
     lap("preflight")
     shutil.rmtree(work)
 
@@ -145,6 +146,13 @@ def _verdict(preflight: dict[str, Any], fail_on_unsupported: bool, name: str, wa
                          f"cannot be parsed: {shown}{more} (set fail_on_unsupported: false to continue)")
     for f in failures:
         warnings.append(f"TensorRT cannot parse node {f['node']} ({f['op_type']}): {f['hint']}")
+    trial = preflight.get("trial_build")
+    if trial and not trial["ok"]:
+        msg = (f"TensorRT pre-flight ({preflight['runtime']}): {name} parses, but the trial build at "
+               f"{trial['shapes']} fails: {trial['error']} ({trial['hint']})")
+        if fail_on_unsupported and not trial.get("needs_gpu"):
+            raise StageError(msg + "; set fail_on_unsupported: false to continue")
+        warnings.append(msg)
 
 
 def _infer_shapes(model: onnx.ModelProto, work: Path, warnings: list[str]) -> onnx.ModelProto:
@@ -238,14 +246,22 @@ def _worst(check: dict[str, Any]) -> str:
     return ", ".join(parts) or "mismatch"
 
 
-def _preflight(mode: str, model: Path) -> dict[str, Any]:
+def _trial_shapes(model: onnx.ModelProto, given: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Concrete shapes for the trial build: `input_shapes`, else 1 for a dynamic batch and 64 for other dynamic
+    dimensions (as the checks use)."""
+    return {vi.name: ort_runner.concrete_shape(vi.name, [d.dim_value if d.HasField("dim_value") else None
+                                                         for d in vi.type.tensor_type.shape.dim], given)
+            for vi in onnx_graph.graph_inputs(model)}
+
+
+def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> dict[str, Any]:
     if mode == "off":
         return {"ran": False, "reason": "disabled (preflight: off)", "failures": []}
     if detect_tensorrt() is None:
         if mode == "required":
             raise StageError(f"preflight: required, but no TensorRT flavour is installed: {INSTALL_HINT}")
         return {"ran": False, "reason": f"no TensorRT flavour installed ({INSTALL_HINT})", "failures": []}
-    report = run_preflight(model)
+    report = run_preflight(model, trial)
     if not report.get("ran") and mode == "required":
         raise StageError(f"TensorRT pre-flight could not run: {report.get('reason')}")
     return report
@@ -281,6 +297,10 @@ def _summary(src: Path, r: dict[str, Any]) -> str:
     if p.get("ran"):
         verdict = (f"parsed, {p.get('layers', '?')} layers" if p.get("parsed")
                    else f"**{len(p['failures'])} node(s) rejected**")
+        trial = p.get("trial_build")
+        if trial:
+            verdict += (f"; trial build at {trial['shapes']}: " + (f"ok, {trial['engine_bytes'] / 1e6:.1f} MB engine in "
+                        f"{trial['seconds']:.1f} s" if trial["ok"] else f"**failed**: {trial['error']} ({trial['hint']})"))
         lines.append(f"- **TensorRT pre-flight** ({p['runtime']}): {verdict}")
         if p["failures"]:
             lines += ["", "| node | op | parser says | what to do |", "|---|---|---|---|"]

@@ -182,3 +182,13 @@ def only_inside_if() -> onnx.ModelProto:
          helper.make_node("If", ["pos"], ["y"], name="branch", then_branch=then, else_branch=other)],
         [helper.make_tensor_value_info("x", TP.FLOAT, [2, 4])], [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
         [_w("w", 4, 4), _w("w2", 4, 4), numpy_helper.from_array(np.array(0, np.float32), "zero")])
+
+
+def baked_reshape() -> onnx.ModelProto:
+    """A batch-dynamic input reshaped to a constant shape traced at export (batch 2): parses, and builds only at
+    batch 2 (seen in a Transformer encoder exported with a fixed sequence length baked into a Reshape)."""
+    return _model([helper.make_node("Reshape", ["x", "shape"], ["r"], name="baked_reshape"),
+                   helper.make_node("Relu", ["r"], ["y"], name="relu")],
+                  [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4])],
+                  [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
+                  [numpy_helper.from_array(np.array([2, 4], np.int64), "shape")])

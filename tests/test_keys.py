@@ -41,4 +41,4 @@ def test_key_of_a_real_stage_is_pinned(tmp_path):
 
 
 PINNED_RECIPE = "e2f25c64db5d59af9072da01fccb7806"
-PINNED_PREPARE = "95a365d5d989d4195c0ef28c17d21b53"  # prepare v2: check.data, ranges
+PINNED_PREPARE = "2235884dcec5515111b6396b2adbebec"  # prepare v2: check.data, ranges, trial_build

@@ -56,6 +56,8 @@ def test_real_classifier(tmp_path, tensorrt_available):
     if tensorrt_available:
         assert report["preflight"]["ran"] and report["preflight"]["parsed"]
         assert report["preflight"]["failures"] == [] and report["preflight"]["layers"] > 50
+        trial = report["preflight"]["trial_build"]
+        assert trial["ok"] and trial["shapes"] == {"x": [1, 3, 48, 192]} and trial["engine_bytes"] > 100_000
     assert "TensorRT pre-flight" in result.summary and "x_dim2" in result.summary
     assert not (tmp_path / "out" / "work").exists()
 
@@ -149,3 +151,21 @@ def test_simplification_that_cannot_be_verified_is_not_applied(tmp_path):
     report = json.loads(result.outputs["report"].read_text())
     assert report["simplification"]["applied"] is False
     assert any("not simplified" in w for w in result.warnings)
+
+
+@pytest.mark.tensorrt
+def test_a_model_that_parses_but_does_not_build(tmp_path):
+    """Parsing is not building: the trial build at the check shapes catches what the build stage would hit."""
+    from tests.graphs import baked_reshape
+
+    path = tmp_path / "baked.onnx"
+    onnx.save(baked_reshape(), str(path))
+    with pytest.raises(StageError) as info:
+        run_prepare(path, tmp_path / "a", simplify=False, input_shapes={"x": [1, 4]})
+    msg = str(info.value)
+    assert "baked.onnx parses, but the trial build at {'x': [1, 4]} fails" in msg
+    assert "reshape changes volume" in msg and "set prepare.input_shapes to the shapes it runs with" in msg
+    result = run_prepare(path, tmp_path / "b", simplify=False, input_shapes={"x": [2, 4]})
+    assert json.loads(result.outputs["report"].read_text())["preflight"]["trial_build"]["ok"]
+    warned = run_prepare(path, tmp_path / "c", simplify=False, input_shapes={"x": [1, 4]}, fail_on_unsupported=False)
+    assert any("trial build" in w for w in warned.warnings)

@@ -36,13 +36,35 @@ def hint_for(failure: dict[str, Any]) -> str:
     return "see the TensorRT ONNX operator support matrix for this op's supported types and attributes"
 
 
-def run_preflight(model: Path, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """Parse in a child process. Always returns a report; `ran` says whether a parser was actually used."""
+# what a failed trial build's log says -> what the user can do about it
+BUILD_HINTS = (
+    (("graphScope", "ScopeType::kUNDEFINED"),
+     "TensorRT cannot build this model's control flow (If/Loop): export it with the control flow resolved "
+     "(fixed shapes or branches), or run that part outside the engine"),
+    (("violate shape constraints", "reshape changes volume"),
+     "the trial shapes contradict the model's own shape constraints (a shape baked into a Reshape?): set "
+     "prepare.input_shapes to the shapes it runs with, or re-export with dynamic axes"),
+    (("Could not find any implementation", "no implementation"),
+     "TensorRT has no kernel for a layer at these shapes and types: see the log; try another precision variant"),
+)
+NEEDS_GPU = ("CUDA_SUCCESS", "cudaError", "CUDA driver version is insufficient")
+
+
+def build_hint(error: str) -> str:
+    return next((hint for keys, hint in BUILD_HINTS if any(k in error for k in keys)),
+                "see the builder's log in the report")
+
+
+def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
+                  timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
+    shapes. Always returns a report; `ran` says whether a parser was actually used."""
     trt = detect_tensorrt()
     if trt is None:
         return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
+    args = [str(model)] + ([json.dumps(shapes)] if shapes is not None else [])
     try:
-        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.preflight", str(model)], capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.preflight", *args], capture_output=True,
                               text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
@@ -55,6 +77,10 @@ def run_preflight(model: Path, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     report = json.loads(lines[-1])
     for f in report["failures"]:
         f["hint"] = hint_for(f)
+    trial = report.get("trial_build")
+    if trial and not trial["ok"]:
+        trial["hint"] = "the build needs a GPU at build time here, not a model problem" if trial.get("needs_gpu") \
+            else build_hint(trial["error"])
     return report
 
 
@@ -62,7 +88,7 @@ def _label(trt: dict[str, str]) -> str:
     return f"{trt['flavour']} {trt['version']} parser"
 
 
-def _parse(model: Path) -> dict[str, Any]:
+def _parse(model: Path, shapes: dict[str, list[int]] | None) -> dict[str, Any]:
     from trtflow.stages.trt import parse as trt_parse
 
     trt_info = detect_tensorrt()
@@ -73,8 +99,40 @@ def _parse(model: Path) -> dict[str, Any]:
     if parsed.ok:
         result["layers"] = parsed.network.num_layers
         result.update(trt_parse.io_tensors(parsed.network))
+        if shapes is not None:
+            result["trial_build"] = _trial_build(parsed, shapes)
     return result
 
 
+def _trial_build(parsed: Any, shapes: dict[str, list[int]]) -> dict[str, Any]:
+    """Build an engine at fixed shapes: parsing is not building (TensorRT-RTX can parse control flow it then
+    cannot build)."""
+    import time
+
+    net, builder = parsed.network, parsed.builder
+    fixed = {}
+    for i in range(net.num_inputs):
+        t = net.get_input(i)
+        fixed[t.name] = [d if d >= 0 else s for d, s in zip(t.shape, shapes.get(t.name, list(t.shape)))]
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for name, shape in fixed.items():
+        if any(d < 0 for d in shape):
+            return {"ok": False, "shapes": fixed, "error": f"no concrete shape for input '{name}' {shape}"}
+        profile.set_shape(name, shape, shape, shape)
+    config.add_optimization_profile(profile)
+    before = len(parsed.log)
+    t0 = time.perf_counter()
+    engine = builder.build_serialized_network(net, config)
+    seconds = round(time.perf_counter() - t0, 3)
+    if engine is None:
+        errors = [ln for ln in parsed.log[before:] if ln.startswith("[ERROR]") or "Error" in ln]
+        real = [e for e in errors if not any(k in e for k in NEEDS_GPU)]  # no GPU: CUDA errors are noise
+        return {"ok": False, "shapes": fixed, "seconds": seconds, "needs_gpu": bool(errors) and not real,
+                "error": (real or errors or ["the builder returned no engine"])[0][:500],
+                "log": parsed.log[before:][-20:]}
+    return {"ok": True, "shapes": fixed, "seconds": seconds, "engine_bytes": len(bytes(engine))}
+
+
 if __name__ == "__main__":
-    print(json.dumps(_parse(Path(sys.argv[1]))))
+    print(json.dumps(_parse(Path(sys.argv[1]), json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)))
