@@ -192,3 +192,32 @@ def baked_reshape() -> onnx.ModelProto:
                   [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 4])],
                   [helper.make_tensor_value_info("y", TP.FLOAT, [2, 4])],
                   [numpy_helper.from_array(np.array([2, 4], np.int64), "shape")])
+
+
+def lstm_in_if_unused_y() -> onnx.ModelProto:
+    """An LSTM inside an If branch whose `Y` output (all time steps) nobody reads, as a torch LSTMCell exports
+    under `if sr == 16000:` (Silero-VAD style): ONNX Runtime runs it and TensorRT-RTX 1.7 parses it, but its
+    builder asserts (graphScope.cpp::analyze::471, ScopeType::kUNDEFINED). Found by reducing such a model."""
+    hidden = 4
+    weights = [numpy_helper.from_array((RNG.standard_normal((1, 4 * hidden, hidden)) * 0.3).astype(np.float32), n)
+               for n in ("W", "R")]
+    lstm = helper.make_node("LSTM", ["x", "W", "R", "", "", "h0", "c0"], ["Y_unused", "Yh", "Yc"],
+                            name="branch_lstm", hidden_size=hidden)
+    then = helper.make_graph([lstm, helper.make_node("Concat", ["Yh", "Yc"], ["st"], name="new_state", axis=0)],
+                             "then", [], [helper.make_tensor_value_info("Yh", TP.FLOAT, [1, 1, hidden]),
+                                          helper.make_tensor_value_info("st", TP.FLOAT, [2, 1, hidden])])
+    other = helper.make_graph([helper.make_node("Identity", ["h0"], ["eh"], name="keep_h"),
+                               helper.make_node("Identity", ["state"], ["est"], name="keep_state")], "else", [],
+                              [helper.make_tensor_value_info("eh", TP.FLOAT, [1, 1, hidden]),
+                               helper.make_tensor_value_info("est", TP.FLOAT, [2, 1, hidden])])
+    return _model(
+        [helper.make_node("Split", ["state", "split2"], ["h0", "c0"], name="split_state", axis=0),
+         helper.make_node("Equal", ["sr", "k16000"], ["is16k"], name="which_rate"),
+         helper.make_node("If", ["is16k"], ["y", "state_out"], name="by_rate", then_branch=then, else_branch=other)],
+        [helper.make_tensor_value_info("x", TP.FLOAT, [1, 1, hidden]),
+         helper.make_tensor_value_info("state", TP.FLOAT, [2, 1, hidden]),
+         helper.make_tensor_value_info("sr", TP.INT64, [])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [1, 1, hidden]),
+         helper.make_tensor_value_info("state_out", TP.FLOAT, [2, 1, hidden])],
+        weights + [numpy_helper.from_array(np.array([1, 1], np.int64), "split2"),
+                   numpy_helper.from_array(np.array(16000, np.int64), "k16000")])

@@ -169,3 +169,21 @@ def test_a_model_that_parses_but_does_not_build(tmp_path):
     assert json.loads(result.outputs["report"].read_text())["preflight"]["trial_build"]["ok"]
     warned = run_prepare(path, tmp_path / "c", simplify=False, input_shapes={"x": [1, 4]}, fail_on_unsupported=False)
     assert any("trial build" in w for w in warned.warnings)
+
+
+@pytest.mark.tensorrt
+def test_control_flow_that_parses_but_does_not_build(tmp_path, tensorrt_backend):
+    """Seen before: a recurrent model with If branches passed the pre-flight ("parsed, 2437 layers") and every
+    build failed with TensorRT-RTX's graphScope assertion."""
+    from tests.graphs import lstm_in_if_unused_y
+
+    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+        pytest.skip("a TensorRT-RTX 1.7 observation")
+    path = tmp_path / "vad.onnx"
+    onnx.save(lstm_in_if_unused_y(), str(path))
+    with pytest.raises(StageError) as info:
+        run_prepare(path, tmp_path / "a", simplify=False,
+                    check={"data": {"random": True, "ranges": {"sr": [16000, 16000]}}})
+    msg = str(info.value)
+    assert "vad.onnx parses, but the trial build" in msg and "graphScope" in msg
+    assert "an LSTM/GRU/RNN inside an If branch whose Y output is unused" in msg

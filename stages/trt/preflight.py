@@ -39,8 +39,9 @@ def hint_for(failure: dict[str, Any]) -> str:
 # what a failed trial build's log says -> what the user can do about it
 BUILD_HINTS = (
     (("graphScope", "ScopeType::kUNDEFINED"),
-     "TensorRT cannot build this model's control flow (If/Loop): export it with the control flow resolved "
-     "(fixed shapes or branches), or run that part outside the engine"),
+     "TensorRT cannot build this model's control flow (If/Loop); seen with an LSTM/GRU/RNN inside an If branch "
+     "whose Y output is unused (a torch LSTMCell): read Y in the branch (Y_h = Y[-1]), resolve the branch at "
+     "export (one model per sample rate), or run that part outside the engine"),
     (("violate shape constraints", "reshape changes volume"),
      "the trial shapes contradict the model's own shape constraints (a shape baked into a Reshape?): set "
      "prepare.input_shapes to the shapes it runs with, or re-export with dynamic axes"),
