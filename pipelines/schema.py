@@ -261,6 +261,10 @@ class CalibrateStage(StageBase):
     data: SampleData
     method: Literal["entropy", "percentile", "minmax"] = "entropy"
     percentile: float = Field(99.99, gt=0, le=100)
+    entropy_floor: float | None = Field(
+        99.99, gt=0, le=100, description="method: entropy never clips below this percentile of |x| (TensorRT's KL "
+                                         "rule alone clips heavy-tailed early activations to a few % of their "
+                                         "range); null: TensorRT's rule as it is")
     min_samples: int = Field(1, ge=1)
     on_too_few: Literal["error", "warn"] = "error"
     quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])

@@ -51,7 +51,11 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     pre = work / "pre.onnx"
     warnings += quant_prep.pre_process(src, pre, work)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
-    calibrated = _quantize(pre, out, ranges, data, calib, params, excluded, work)
+    calibrated, full_range = _quantize(pre, out, ranges, data, calib, params, excluded, work)
+    if full_range:
+        warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
+                        f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
+                        f"give them a threshold")
 
     cand = session(out)
     cmp = accuracy.Comparison()
@@ -74,6 +78,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
     report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
               "data": data.label, "calibration_samples": calibrated, "holdout_samples": len(hold),
+              "full_range_tensors": full_range,
               "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
               "quantize_linear_nodes": n_q, "accuracy": acc, "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -116,16 +121,17 @@ def _check_model(model: onnx.ModelProto, params: Any, warnings: list[str]) -> se
 
 
 def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: Any,
-              excluded: set[str], work: Path) -> int:
+              excluded: set[str], work: Path) -> tuple[int, list[str]]:
     """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ with
-    ONNX Runtime's tools configured as ModelOpt configures them for TensorRT; returns the samples used."""
+    ONNX Runtime's tools configured as ModelOpt configures them for TensorRT; returns the samples used and the
+    tensors whose histogram was too sparse for the entropy rule."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
-        tensors, used = calibration.calibrate(
+        tensors, used, full_range = calibration.calibrate(
             pre, list(params.quantize_ops), params.method, params.percentile, data.feeds(calib), len(calib), work,
-            FLUSH_EVERY, lambda done, total: progress.report("calibrating", done, total))
+            FLUSH_EVERY, lambda done, total: progress.report("calibrating", done, total), floor=params.entropy_floor)
         save_tensors_data(tensors, ranges)
         quantize_static(
             str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=params.per_channel,
@@ -137,7 +143,7 @@ def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: ran
             # about 3.6x smaller; TensorRT folds either form into INT8 weights
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                            "AddQDQPairToWeight": False, "DedicatedQDQPair": False})
-    return used
+    return used, full_range
 
 
 def _excluded_nodes(model: Any, params: Any) -> set[str]:

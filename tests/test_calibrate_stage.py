@@ -190,7 +190,7 @@ def test_entropy_threshold_is_tensorrts_kl_rule(kind):
 
 
 def test_percentile_threshold_is_taken_on_absolute_values():
-    from trtflow.stages.ort.calibration import percentile_threshold
+    from trtflow.stages.ort.calibration import MIN_VALUES_FOR_KL, percentile_threshold
 
     rng = np.random.default_rng(1)
     x = -np.abs(rng.normal(0, 2, 200_000))  # every large value negative: ONNX Runtime's rule would clip to ~0
@@ -207,17 +207,24 @@ def test_entropy_is_not_minmax_on_real_photos(tmp_path):
 
     pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
+    from trtflow.stages.ort.calibration import MIN_VALUES_FOR_KL, percentile_threshold
+
     scales = {}
-    for method in ("minmax", "entropy"):
+    for method, floor in (("minmax", None), ("entropy", None), ("entropy_floored", 99.99)):
         result = run_calibrate(SQUEEZENET, tmp_path / method, inputs, data={"images": "*.png", "samples": 4},
-                               holdout=1, method=method)
+                               holdout=1, method=method.split("_")[0], entropy_floor=floor)
         model = onnx.load(str(result.outputs["model"]))
         scales[method] = {i.name: float(onnx.numpy_helper.to_array(i)) for i in model.graph.initializer
                           if i.name.endswith("_scale") and not i.dims}
-        if method == "entropy":
-            ranges = load_tensors_data(result.outputs["ranges"])
-            name, td = next(iter(ranges.data.items()))
-            assert float(td.highest) == pytest.approx(entropy_threshold(td.hist, td.hist_edges))
+        if method.startswith("entropy"):
+            sparse = set(json.loads(result.outputs["report"].read_text())["full_range_tensors"])
+            for name, td in load_tensors_data(result.outputs["ranges"]).data.items():
+                kl = entropy_threshold(td.hist, td.hist_edges)
+                want = kl if floor is None else max(kl, percentile_threshold(td.hist, td.hist_edges, floor))
+                if name in sparse:  # too few values for the KL search: the full range
+                    assert td.hist.sum() < MIN_VALUES_FOR_KL
+                    want = float(td.hist_edges[-1])
+                assert float(td.highest) == pytest.approx(want)
     common = scales["minmax"].keys() & scales["entropy"].keys()
     differ = [k for k in common if scales["entropy"][k] != pytest.approx(scales["minmax"][k])]
     assert len(common) > 30 and len(differ) > len(common) // 2

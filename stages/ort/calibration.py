@@ -19,6 +19,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 HISTOGRAM_BINS = 2048  # TensorRT's
+# below this many values a 2048-bin histogram is too sparse for the KL search to mean anything (a squeeze-excite
+# vector or a classifier's logits over a few samples): such tensors keep their full range, as MinMax
+MIN_VALUES_FOR_KL = 16 * HISTOGRAM_BINS
 START_BIN = 128  # the smallest threshold TensorRT considers, in bins
 QUANTIZED_LEVELS = 128  # int8, signed: 0..127 on |x|
 
@@ -78,16 +81,18 @@ class StreamedCalibration:
     """Feed samples in chunks; ONNX Runtime folds each chunk into its statistics before the next is run, so
     memory does not grow with the calibration set (its calibrators otherwise keep every intermediate output)."""
 
-    def __init__(self, model: Path, op_types: list[str], method: str, percentile: float, work: Path):
+    def __init__(self, model: Path, op_types: list[str], method: str, percentile: float, work: Path,
+                 floor: float | None = None):
         from onnxruntime.quantization import CalibrationMethod, create_calibrator
 
-        self.method, self.percentile = method, percentile
+        self.method, self.percentile, self.floor = method, percentile, floor
         # the histogram methods need the |x| histogram, which ONNX Runtime's percentile calibrator collects
         collector, options = (CalibrationMethod.MinMax, {"symmetric": True}) if method == "minmax" else \
             (CalibrationMethod.Percentile, {"symmetric": True, "num_bins": HISTOGRAM_BINS})
         self.calibrator = create_calibrator(model, op_types, augmented_model_path=str(work / "augmented.onnx"),
                                             calibrate_method=collector, extra_options=options)
         self.samples = 0
+        self.full_range: list[str] = []  # tensors whose histogram was too sparse for the KL search
 
     def add(self, chunk: list[Feeds]) -> None:
         self.calibrator.collect_data(_Reader(chunk))
@@ -102,9 +107,17 @@ class StreamedCalibration:
         if self.method == "minmax":
             return self.calibrator.compute_data()
         data = {}
+        self.full_range = []
         for name, (hist, edges, _, _) in self.calibrator.collector.histogram_dict.items():
-            amax = entropy_threshold(hist, edges) if self.method == "entropy" else \
-                percentile_threshold(hist, edges, self.percentile)
+            if self.method == "entropy" and hist.sum() < MIN_VALUES_FOR_KL:
+                self.full_range.append(name)
+                amax = float(edges[-1])
+            elif self.method == "entropy":
+                amax = entropy_threshold(hist, edges)
+                if self.floor is not None:
+                    amax = max(amax, percentile_threshold(hist, edges, self.floor))
+            else:
+                amax = percentile_threshold(hist, edges, self.percentile)
             t = np.array(amax, dtype=np.float32)
             data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
         method = CalibrationMethod.Entropy if self.method == "entropy" else CalibrationMethod.Percentile
@@ -122,12 +135,16 @@ class _Reader:
 
 
 def calibrate(model: Path, op_types: list[str], method: str, percentile: float, samples: Iterator[Feeds],
-              total: int, work: Path, chunk: int, on_progress: Callable[[int, int], None]) -> tuple[Any, int]:
-    """Collect statistics over `samples`, `chunk` at a time; returns ONNX Runtime's `TensorsData` and the number
-    of samples used."""
-    cal = StreamedCalibration(model, op_types, method, percentile, work)
+              total: int, work: Path, chunk: int, on_progress: Callable[[int, int], None],
+              floor: float | None = None) -> tuple[Any, int, list[str]]:
+    """Collect statistics over `samples`, `chunk` at a time (samples of one shape per chunk); returns ONNX
+    Runtime's `TensorsData`, the number of samples used, and the tensors entropy left at their full range."""
+    cal = StreamedCalibration(model, op_types, method, percentile, work, floor)
     batch: list[Feeds] = []
     for feed in samples:
+        if batch and _shapes(feed) != _shapes(batch[0]):  # ONNX Runtime stacks a chunk's outputs: one shape each
+            cal.add(batch)
+            batch = []
         batch.append(feed)
         if len(batch) == chunk:
             cal.add(batch)
@@ -136,4 +153,8 @@ def calibrate(model: Path, op_types: list[str], method: str, percentile: float, 
     if batch:
         cal.add(batch)
         on_progress(cal.samples, total)
-    return cal.ranges(), cal.samples
+    return cal.ranges(), cal.samples, cal.full_range
+
+
+def _shapes(feed: Feeds) -> dict[str, tuple[int, ...]]:
+    return {k: v.shape for k, v in feed.items()}

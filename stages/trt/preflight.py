@@ -28,7 +28,10 @@ def hint_for(failure: dict[str, Any]) -> str:
                 "or replace it in the exporter")
     if "DequantizeLinear" in op and "INT32" in desc.upper():
         return "a quantized bias: quantize with QuantizeBias=False (TensorRT rejects INT32 DequantizeLinear)"
-    if "opset" in desc.lower() or "version" in desc.lower():
+    if "plugin" in desc.lower():  # a standard op this TensorRT implements with a plugin it does not ship
+        return (f"this TensorRT implements '{op}' with a plugin it does not have: move the op out of the model "
+                f"(post-processing on the host, e.g. after NMS-free outputs) or load that plugin's library")
+    if "opset" in desc.lower():
         return "the opset may be newer than this parser supports: set prepare.target_opset lower"
     if op in NO_IMPORTER or failure.get("code") == "UNSUPPORTED_NODE":
         return (f"TensorRT has no '{op}' layer: move it out of the model (pre/post-processing on the host) "
