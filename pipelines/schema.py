@@ -265,6 +265,9 @@ class CalibrateStage(StageBase):
         99.99, gt=0, le=100, description="method: entropy never clips below this percentile of |x| (TensorRT's KL "
                                          "rule alone clips heavy-tailed early activations to a few % of their "
                                          "range); null: TensorRT's rule as it is")
+    entropy_check: bool = Field(
+        True, description="method: entropy also quantizes at the full ranges and keeps whichever tracks the FP32 "
+                          "model better on (up to 8 of) the calibration samples, never the held-out ones")
     min_samples: int = Field(1, ge=1)
     on_too_few: Literal["error", "warn"] = "error"
     quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])

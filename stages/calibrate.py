@@ -33,6 +33,7 @@ from trtflow.text import did_you_mean
 VERSION = "2"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 MIN_COSINE = 0.99  # below this on any output, the INT8 pre-flight warns
+ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which entropy's ranges are checked against the full ranges
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 
 
@@ -51,7 +52,11 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     pre = work / "pre.onnx"
     warnings += quant_prep.pre_process(src, pre, work)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
-    calibrated, full_range = _quantize(pre, out, ranges, data, calib, params, excluded, work)
+    calibrated, full_range, entropy_check = _quantize(pre, out, ranges, data, calib, params, excluded, work, ref)
+    if entropy_check and entropy_check["used"] == "full_range":
+        warnings.append(f"on the calibration samples the entropy ranges did worse than the full ranges (cosine "
+                        f"{entropy_check['entropy']:.5f} < {entropy_check['full_range']:.5f}): the full ranges "
+                        f"(MinMax) are used; set entropy_check: false for TensorRT's entropy rule regardless")
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
@@ -78,7 +83,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
     report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
               "data": data.label, "calibration_samples": calibrated, "holdout_samples": len(hold),
-              "full_range_tensors": full_range,
+              "full_range_tensors": full_range, "entropy_check": entropy_check,
               "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
               "quantize_linear_nodes": n_q, "accuracy": acc, "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -121,18 +126,36 @@ def _check_model(model: onnx.ModelProto, params: Any, warnings: list[str]) -> se
 
 
 def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: Any,
-              excluded: set[str], work: Path) -> tuple[int, list[str]]:
-    """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ with
-    ONNX Runtime's tools configured as ModelOpt configures them for TensorRT; returns the samples used and the
-    tensors whose histogram was too sparse for the entropy rule."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
-
+              excluded: set[str], work: Path, ref: Any) -> tuple[int, list[str], dict[str, Any] | None]:
+    """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ. Returns
+    the samples used, the tensors too sparse for the entropy rule, and the entropy check (entropy's ranges against
+    the full ranges on the calibration samples; the better is kept)."""
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
         tensors, used, full_range = calibration.calibrate(
             pre, list(params.quantize_ops), params.method, params.percentile, data.feeds(calib), len(calib), work,
             FLUSH_EVERY, lambda done, total: progress.report("calibrating", done, total), floor=params.entropy_floor)
-        save_tensors_data(tensors, ranges)
+    _write_qdq(pre, out, ranges, tensors, params, excluded)
+    if params.method != "entropy" or not params.entropy_check:
+        return used, full_range, None
+    full_model, full_ranges = work / "full_range.onnx", work / "full_range.json"
+    _write_qdq(pre, full_model, full_ranges, calibration.full_ranges(tensors), params, excluded)
+    probe = calib[:ENTROPY_CHECK_SAMPLES]
+    check = {"samples": len(probe), "entropy": _worst_cosine(ref, session(out), data.feeds(probe)),
+             "full_range": _worst_cosine(ref, session(full_model), data.feeds(probe))}
+    check["used"] = "full_range" if check["full_range"] > check["entropy"] else "entropy"
+    if check["used"] == "full_range":
+        shutil.copy(full_model, out)
+        shutil.copy(full_ranges, ranges)
+    return used, full_range, check
+
+
+def _write_qdq(pre: Path, out: Path, ranges: Path, tensors: Any, params: Any, excluded: set[str]) -> None:
+    """Q/DQ with ONNX Runtime's tools, configured as ModelOpt configures them for TensorRT, at `tensors`' ranges."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    save_tensors_data(tensors, ranges)
+    with contextlib.redirect_stdout(io.StringIO()):
         quantize_static(
             str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=params.per_channel,
             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -143,7 +166,13 @@ def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: ran
             # about 3.6x smaller; TensorRT folds either form into INT8 weights
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                            "AddQDQPairToWeight": False, "DedicatedQDQPair": False})
-    return used, full_range
+
+
+def _worst_cosine(ref: Any, cand: Any, feeds: Any) -> float:
+    cmp = accuracy.Comparison()
+    for feed in feeds:
+        cmp.add(ort_runner.run(ref, feed), ort_runner.run(cand, feed))
+    return min(o["cosine"] for o in cmp.result(SIMULATED)["outputs"].values())
 
 
 def _excluded_nodes(model: Any, params: Any) -> set[str]:

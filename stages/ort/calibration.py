@@ -124,6 +124,18 @@ class StreamedCalibration:
         return TensorsData(method, data)
 
 
+def full_ranges(tensors: Any) -> Any:
+    """The same tensors with every threshold at the largest |x| seen (MinMax, from the histograms already
+    collected: no second pass over the data)."""
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    data = {}
+    for name, td in tensors.data.items():
+        t = np.array(float(np.asarray(td.hist_edges)[-1]), dtype=np.float32)
+        data[name] = TensorData(lowest=-t, highest=t, hist=td.hist, hist_edges=td.hist_edges)
+    return TensorsData(tensors.calibration_method, data)
+
+
 class _Reader:
     """ONNX Runtime's CalibrationDataReader protocol over one chunk of samples."""
 
