@@ -1,0 +1,178 @@
+"""The zoo: real architectures of many families through prepare -> fp16 -> int8 (entropy, percentile, minmax) ->
+build, each as a trtflow pipeline run by the runner (no Prefect), on each model's own sample data.
+
+Prints per model: nodes before/after prepare against onnxsim alone, FP16 nodes kept in FP32, the FP16 and INT8
+CPU pre-flights (worst output's cosine and max abs error; ONNX Runtime, simulated precision), the engine size of
+every variant (the installed TensorRT flavour: TensorRT-RTX on a machine without a GPU), the INT8 size against
+FP32 (the baseline measured in the same run), and the time of every stage. Models come from bench/zoo_models.py
+(made on first use into $TRTFLOW_ZOO, default ~/.cache/trtflow-zoo).
+
+    python bench/zoo.py [MODEL ...] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+from trtflow.flows.runner import Runner
+from trtflow.flows.store import LocalStore
+from trtflow.pipelines.loader import load_pipeline
+
+ZOO = Path(os.environ.get("TRTFLOW_ZOO", Path.home() / ".cache" / "trtflow-zoo"))
+METHODS = ("entropy", "percentile", "minmax")
+TRAINED = {"ppocr_rec", "ppocr_det", "ppocr_cls"}
+
+
+def ensure_zoo() -> dict[str, Any]:
+    manifest = ZOO / "models" / "manifest.json"
+    if not manifest.exists():
+        subprocess.run([sys.executable, str(Path(__file__).with_name("zoo_models.py"))], check=True,
+                       env={**os.environ, "TRTFLOW_ZOO": str(ZOO)})
+    return json.loads(manifest.read_text())
+
+
+def pipeline(name: str, facts: dict[str, Any]) -> str:
+    model = ZOO / "models" / f"{name}.onnx"
+    data = ZOO / "data" / name / "*.npz"
+    opt = {k: v[1] for k, v in facts["profiles"].items()}
+    profile = {k: {"min": v[0], "opt": v[1], "max": v[2]} for k, v in facts["profiles"].items()}
+    tensors = {"tensors": str(data), "samples": 8}
+    stages: dict[str, Any] = {
+        "prepare": {"kind": "prepare", "target_opset": 17, "input_shapes": opt, "check": {"data": tensors}},
+        "fp16": {"kind": "precision", "data": tensors, "holdout": 4},
+        **{f"int8_{m}": {"kind": "calibrate", "method": m, "data": tensors, "holdout": 4} for m in METHODS},
+        "build": {"kind": "build", "profiles": {"opt": profile}, "parallel": 2},
+    }
+    return json.dumps({"version": 1, "name": f"zoo-{name}", "model": str(model), "stages": stages})
+
+
+def run_model(name: str, facts: dict[str, Any], work: Path) -> dict[str, Any]:
+    (work / "pipeline.yaml").write_text(pipeline(name, facts))  # JSON is YAML
+    runner = Runner(load_pipeline(work / "pipeline.yaml"), store=LocalStore(work / "store"))
+    produced: dict[str, dict[str, Any]] = {}
+    row: dict[str, Any] = {"model": name, "seconds": {}, "errors": {}}
+    for stage in runner.graph.order:
+        if runner.graph.nodes[stage].upstream - set(produced):
+            row["errors"][stage] = "skipped: an input stage failed"
+            continue
+        t0 = time.perf_counter()
+        try:
+            outcome = runner.run_stage(stage, produced)
+            produced[stage] = outcome.manifest
+        except Exception as exc:  # noqa: BLE001 - a bench records failures and goes on
+            row["errors"][stage] = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            result = getattr(exc, "result", None)
+            if result is not None:  # a failed verdict still has its report
+                produced[stage] = {"outputs": {}, "_report": result.outputs.get("report")}
+        row["seconds"][stage] = round(time.perf_counter() - t0, 1)
+    row.update(_facts(runner, produced, name))
+    return row
+
+
+def _report(runner: Runner, produced: dict[str, dict[str, Any]], stage: str) -> dict[str, Any] | None:
+    m = produced.get(stage)
+    if not m:
+        return None
+    if "_report" in m:
+        return json.loads(Path(m["_report"]).read_text()) if m["_report"] else None
+    return json.loads((runner.store.path(stage, m["key"]) / m["outputs"]["report"]["path"]).read_text())
+
+
+def _worst(acc: dict[str, Any]) -> tuple[float, float]:
+    outs = acc["outputs"].values()
+    return min(o["cosine"] for o in outs), max(o["max_abs"] for o in outs)
+
+
+def _facts(runner: Runner, produced: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+    import onnxsim
+
+    out: dict[str, Any] = {}
+    prep = _report(runner, produced, "prepare")
+    if prep:
+        out["nodes"] = (prep["before"]["nodes"], prep["after"]["nodes"])
+        trial = prep["preflight"].get("trial_build") or {}
+        out["trial_build"] = "ok" if trial.get("ok") else trial.get("error", "-")[:60]
+    try:
+        alone, _ = onnxsim.simplify(onnx.load(str(ZOO / "models" / f"{name}.onnx")))
+        out["onnxsim_alone"] = len(alone.graph.node)
+    except Exception as exc:  # noqa: BLE001
+        out["onnxsim_alone"] = f"fails: {str(exc)[:40]}"
+    fp16 = _report(runner, produced, "fp16")
+    if fp16:
+        out["fp16"] = _worst(fp16["accuracy"])
+        out["kept_fp32"] = (len(fp16["kept_fp32"]), fp16["nodes"])
+    for m in METHODS:
+        r = _report(runner, produced, f"int8_{m}")
+        if r and r["accuracy"]["samples"]:
+            out[f"int8_{m}"] = _worst(r["accuracy"])
+    build = _report(runner, produced, "build")
+    if build:
+        out["engines"] = {c["variant"]: c.get("engine_bytes") if c["status"] == "ok" else None
+                          for c in build["cells"]}
+        out["runtime"] = f"{build['backend']['flavour']} {build['backend']['version']}"
+    return out
+
+
+def _fmt(pair: tuple[float, float] | None) -> str:
+    return "-" if not pair else f"{pair[0]:.5f} / {pair[1]:.3g}"
+
+
+def _mb(n: int | None) -> str:
+    return "-" if not n else f"{n / 1e6:.1f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    manifest = ensure_zoo()
+    names = args.models or [n for n in manifest if (ZOO / "models" / f"{n}.onnx").exists()]
+    console = Console(width=250)
+    rows = []
+    for name in names:
+        console.print(f"[dim]{name} ...[/]")
+        with tempfile.TemporaryDirectory(prefix=f"zoo-{name}-") as tmp:
+            try:
+                rows.append(run_model(name, manifest[name], Path(tmp)))
+            except Exception:  # noqa: BLE001
+                rows.append({"model": name, "errors": {"bench": traceback.format_exc().splitlines()[-1]},
+                             "seconds": {}})
+    runtime = next((r["runtime"] for r in rows if r.get("runtime")), "no TensorRT")
+    table = Table(title=f"zoo · pre-flights: onnxruntime-cpu (simulated precision), worst output cosine / max abs "
+                        f"error · engines: {runtime}", title_justify="left")
+    for col in ("model", "nodes before → after prepare", "onnxsim alone", "FP16 kept FP32", "FP16", "INT8 entropy",
+                "INT8 percentile", "INT8 minmax", "engine MB fp32 / fp16 / int8 (entropy)", "int8 / fp32 size",
+                "trial build", "stage seconds", "errors"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        e = r.get("engines", {})
+        fp32, int8 = e.get("prepare"), e.get("int8_entropy")
+        table.add_row(
+            r["model"] + (" (trained)" if r["model"] in TRAINED else ""),
+            "{} → {}".format(*r["nodes"]) if r.get("nodes") else "-", str(r.get("onnxsim_alone", "-")),
+            "{} of {}".format(*r["kept_fp32"]) if r.get("kept_fp32") else "-", _fmt(r.get("fp16")),
+            *(_fmt(r.get(f"int8_{m}")) for m in METHODS),
+            f"{_mb(fp32)} / {_mb(e.get('fp16'))} / {_mb(int8)}", f"{int8 / fp32:.2f}x" if fp32 and int8 else "-",
+            str(r.get("trial_build", "-")), ", ".join(f"{k} {v}" for k, v in r["seconds"].items()),
+            "; ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "-")
+    console.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
