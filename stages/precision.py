@@ -117,6 +117,8 @@ def block_list(model: onnx.ModelProto, params: Any, peak: dict[str, float]) -> d
             raise StageError(f"precision: block_nodes: no node matches '{pattern}'{did_you_mean(pattern, names)}")
     require_op_types(model, params.block_ops, "precision: block_ops")
     inits = {i.name: i for i in model.graph.initializer}
+    inits.update({n.output[0]: n.attribute[0].t for n in model.graph.node  # weights exported as Constants
+                  if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
     fb = params.fallback
     blocked: dict[str, str] = {}
     for node in model.graph.node:

@@ -123,3 +123,24 @@ def test_real_models_fp16_and_tensorrt_rtx_builds_them(tmp_path, model, shapes, 
 def test_images_need_the_parity_preprocessing(tmp_path):
     with pytest.raises(StageError, match="data.images needs the parity stage's preprocessing"):
         run_precision(SQUEEZENET, tmp_path / "a", {"images": []}, data={"images": "*.png"})
+
+
+def test_a_weight_in_a_constant_node_is_checked_too(tmp_path):
+    """PP-OCR's detector keeps a BatchNorm variance of 9.8e7 in a Constant node: over FP16's 65504 it would be
+    clamped (or become inf), so the node reading it stays FP32 even when the model comes without prepare."""
+    from onnx import TensorProto, helper
+
+    big = helper.make_tensor("var", TensorProto.FLOAT, [4], [9.8e7, 1.0, 2.0, 3.0])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["v"], name="variance", value=big),
+         helper.make_node("Div", ["x", "v"], ["y"], name="normalize")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    # the activation rule (data_max) is set out of reach: the weight rule alone must catch it
+    result = run_precision(path, tmp_path / "out", data={"random": True, "samples": 2}, holdout=2,
+                           fallback={"data_max": 1e12})
+    kept = json.loads(result.outputs["report"].read_text())["kept_fp32"]
+    assert "init_max" in kept["normalize"] and "variance" in kept
+    assert json.loads(result.outputs["report"].read_text())["accuracy"]["outputs"]["y"]["cosine"] > 0.999

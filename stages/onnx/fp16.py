@@ -83,7 +83,27 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str])
             result.fp32[node.name] = "a Constant given as value_float(s)"
         else:
             result.half.add(node.name)
+    _constants_follow_readers(model, result)
     return result
+
+
+def _constants_follow_readers(model: onnx.ModelProto, p: Plan) -> None:
+    """A Constant (a weight exported as a node) is FP16 only where every node reading it is, and its values fit
+    FP16; otherwise it stays FP32 and FP16 readers get a Cast (an FP32 reader would see a clamped value)."""
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node.name)
+    for node in model.graph.node:
+        if node.op_type != "Constant" or node.name not in p.half:
+            continue
+        value = numpy_helper.to_array(node.attribute[0].t)
+        if value.size and float(np.abs(value).max()) > FP16_MAX:
+            p.half.discard(node.name)
+            p.fp32[node.name] = f"its value reaches {float(np.abs(value).max()):.4g}, beyond FP16's {FP16_MAX:g}"
+        elif any(r not in p.half for r in readers.get(node.output[0], [])):
+            p.half.discard(node.name)
+            p.fp32[node.name] = "read by a node kept in FP32"
 
 
 def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx.ModelProto:
