@@ -129,6 +129,7 @@ def test_options_the_backend_lacks(tmp_path, variants, monkeypatch, tensorrt_bac
             run_build(variants[:1], tmp_path / "a", legacy_precision=["fp16"], profiles=PROFILES)
         with pytest.raises(StageError, match=r"unknown target 'sm99'"):
             run_build(variants[:1], tmp_path / "b", targets=["sm99"], profiles=PROFILES)
+    # a machine without any TensorRT flavour: this checks trtflow's message, nothing about TensorRT
     monkeypatch.setattr(build, "detect_tensorrt", lambda: None)
     with pytest.raises(StageError, match=r"no TensorRT flavour is installed: pip install tensorrt-rtx-cu13"):
         run_build(variants[:1], tmp_path / "c", profiles=PROFILES)

@@ -85,6 +85,7 @@ def test_preflight_lists_every_unsupported_node(tmp_path):
 
 
 def test_preflight_modes_without_tensorrt(tmp_path, monkeypatch):
+    # a machine without any TensorRT flavour: this checks trtflow's message, nothing about TensorRT
     monkeypatch.setattr(prepare, "detect_tensorrt", lambda: None)
     result = run_prepare(PPOCR, tmp_path / "a", simplify=False)
     pre = json.loads(result.outputs["report"].read_text())["preflight"]
