@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtflow.text import first_line
+
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = 65504.0
 # op types never run in FP16: onnxconverter-common's default block list (ops whose FP16 kernels are missing or
@@ -232,9 +234,9 @@ def convert_valid(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: 
             named = _culprit_op_type(model, p, error, attempt, lambda: rounds < ISLAND_ROUNDS)
         if not named:
             raise InvalidFP16(error, island)
-        why = f"kept in FP32 so the FP16 graph is valid ({_first_line(error)[:160]})"
+        why = f"kept in FP32 so the FP16 graph is valid ({first_line(error)[:160]})"
         for n in named:
-            island[n] = _first_line(error)
+            island[n] = first_line(error)
             keep[n] = why
     raise InvalidFP16(error, island)
 
@@ -282,10 +284,6 @@ def _named_nodes(error: str, model: onnx.ModelProto, half: set[str]) -> list[str
             candidates = []
         found += [c for c in candidates if c not in found]
     return found
-
-
-def _first_line(text: str) -> str:
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), text)
 
 
 def _attr(node: onnx.NodeProto, name: str) -> int | None:
