@@ -207,8 +207,8 @@ class _Checker:
         if self.source is None:
             return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {self.unavailable}"}
         try:
-            return ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
-                                             self.atol)
+            return {**ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
+                                                self.atol), "data": self.source.label}
         except ort_runner.ReferenceFailed as exc:
             raise self.source.failure(exc.error) from None
         except Exception as exc:  # noqa: BLE001 - the new model fails in ONNX Runtime
@@ -322,5 +322,5 @@ def _check_text(check: dict[str, Any]) -> str:
     if check.get("ok") is None:
         return f"not verified ({check.get('skipped')})"
     worst = max((o.get("max_abs", 0.0) for o in check["outputs"].values()), default=0.0)
-    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} random input(s) "
+    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} {check.get('data', 'random')} input(s) "
             f"(max abs diff {worst:.3g}, rtol {check['rtol']:g}, atol {check['atol']:g}, {check['runtime']})")
