@@ -62,11 +62,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
                         f"give them a threshold")
 
-    cand = session(out)
-    cmp = accuracy.Comparison()
-    for feed in data.feeds(hold):
-        cmp.add(ort_runner.run(ref, feed), ort_runner.run(cand, feed))
-    acc = cmp.result(SIMULATED)
+    acc = ort_runner.accuracy_of(ref, session(out), data.feeds(hold), SIMULATED)
     if not hold:
         warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
     warnings += accuracy.warnings(acc, MIN_COSINE, "the INT8 variant")
@@ -169,10 +165,7 @@ def _write_qdq(pre: Path, out: Path, ranges: Path, tensors: Any, params: Any, ex
 
 
 def _worst_cosine(ref: Any, cand: Any, feeds: Any) -> float:
-    cmp = accuracy.Comparison()
-    for feed in feeds:
-        cmp.add(ort_runner.run(ref, feed), ort_runner.run(cand, feed))
-    return min(o["cosine"] for o in cmp.result(SIMULATED)["outputs"].values())
+    return min(o["cosine"] for o in ort_runner.accuracy_of(ref, cand, feeds, SIMULATED)["outputs"].values())
 
 
 def _excluded_nodes(model: Any, params: Any) -> set[str]:

@@ -22,7 +22,7 @@ from trtflow.errors import StageError
 from trtflow.stages.compare import accuracy
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
-from trtflow.stages.onnx.graph import require_op_types
+from trtflow.stages.onnx.graph import constant_tensors, require_op_types
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
@@ -61,10 +61,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     model_io.save(fp16_model, out)
     sim_path = work / "emulated.onnx"
     model_io.save(emulate(model, assignment.half, params.keep_io_types), sim_path)
-    sim, cmp = session(sim_path), accuracy.Comparison()
-    for feed in data.feeds(hold):
-        cmp.add(ort_runner.run(ref, feed), ort_runner.run(sim, feed))
-    acc = cmp.result(SIMULATED)
+    acc = ort_runner.accuracy_of(ref, session(sim_path), data.feeds(hold), SIMULATED)
     shutil.rmtree(work)
 
     total = len(model.graph.node)
@@ -117,8 +114,7 @@ def block_list(model: onnx.ModelProto, params: Any, peak: dict[str, float]) -> d
             raise StageError(f"precision: block_nodes: no node matches '{pattern}'{did_you_mean(pattern, names)}")
     require_op_types(model, params.block_ops, "precision: block_ops")
     inits = {i.name: i for i in model.graph.initializer}
-    inits.update({n.output[0]: n.attribute[0].t for n in model.graph.node  # weights exported as Constants
-                  if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    inits.update(constant_tensors(model.graph))  # weights exported as Constant nodes
     fb = params.fallback
     blocked: dict[str, str] = {}
     for node in model.graph.node:

@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtflow.stages.onnx.graph import constant_tensors, subgraphs
 from trtflow.text import first_line
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -57,9 +58,7 @@ def _float_types(model: onnx.ModelProto) -> dict[str, int]:
     types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.value_info) + list(g.input) + list(g.output)
              if vi.type.HasField("tensor_type")}
     types.update({i.name: i.data_type for i in g.initializer})
-    for node in g.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            types[node.output[0]] = node.attribute[0].t.data_type
+    types.update({name: t.data_type for name, t in constant_tensors(g).items()})
     return types
 
 
@@ -73,7 +72,7 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str])
             continue
         if node.name in keep_fp32:
             result.fp32[node.name] = keep_fp32[node.name]
-        elif _subgraphs(node):
+        elif subgraphs(node):
             result.fp32[node.name] = f"control flow ({node.op_type}) runs in FP32 as a whole, cast at its boundary"
         elif node.op_type in block_ops:
             result.fp32[node.name] = f"op type {node.op_type} in block_ops"
@@ -132,7 +131,7 @@ def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx
     for node in g.node:
         for t in node.input:
             consumers.setdefault(t, []).append(node)
-    outer_refs = {node.name: _outer_refs(node) for node in g.node if _subgraphs(node)}
+    outer_refs = {node.name: _outer_refs(node) for node in g.node if subgraphs(node)}
     fp32_readers = {t for refs in outer_refs.values() for t in refs}
 
     # weights: FP16 where FP16 nodes read them; a second, FP16 copy where FP32 readers need the original too
@@ -177,7 +176,7 @@ def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx
                 node.input[i] = cast(t, HALF if half else FLOAT)
         if node.name in outer_refs:  # control flow stays FP32: its subgraphs read FP32 copies
             renames = {t: cast(t, FLOAT) for t in outer_refs[node.name] if is_half.get(t)}
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 _rename_refs(sub, renames)
         if half:
             _retype_attributes(node)
@@ -304,16 +303,6 @@ def _retype_attributes(node: onnx.NodeProto) -> None:
             a.t.CopyFrom(numpy_helper.from_array(data, a.t.name))
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    subs = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            subs.append(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            subs.extend(a.graphs)
-    return subs
-
-
 def _outer_refs(node: onnx.NodeProto) -> list[str]:
     """Tensors of the enclosing graph that the node's subgraphs (at any depth) read by name."""
     refs: list[str] = []
@@ -324,11 +313,11 @@ def _outer_refs(node: onnx.NodeProto) -> list[str]:
             for t in n.input:
                 if t and t not in local and t not in refs:
                     refs.append(t)
-            for sub in _subgraphs(n):
+            for sub in subgraphs(n):
                 walk(sub, local)
             local |= set(n.output)
 
-    for sub in _subgraphs(node):
+    for sub in subgraphs(node):
         walk(sub, set())
     return refs
 
@@ -339,6 +328,6 @@ def _rename_refs(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
     active = {k: v for k, v in renames.items() if k not in local}
     for n in graph.node:
         n.input[:] = [active.get(t, t) if t not in local else t for t in n.input]
-        for sub in _subgraphs(n):
+        for sub in subgraphs(n):
             _rename_refs(sub, {k: v for k, v in active.items() if k not in local})
         local |= set(n.output)

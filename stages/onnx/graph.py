@@ -140,10 +140,8 @@ _VALUE_PRESERVING = {"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Fla
 def index_bounds(model: onnx.ModelProto) -> dict[str, tuple[int, int]]:
     """Integer graph inputs used as indices into a table (Gather on a weight, as an embedding lookup does):
     input -> (0, rows - 1). Random values outside it do not run, so random data stays inside."""
-    tables = {i.name: list(i.dims) for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            tables[node.output[0]] = list(node.attribute[0].t.dims)
+    tables = {name: list(t.dims) for name, t in
+              [(i.name, i) for i in model.graph.initializer] + list(constant_tensors(model.graph).items())}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for t in node.input:
@@ -189,6 +187,23 @@ def inputs_upstream_of(model: onnx.ModelProto, node_name: str) -> list[str]:
     return [vi.name for vi in graph_inputs(model) if vi.name in found]
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies of a control-flow node (If branches, a Loop or Scan body); none for other nodes."""
+    subs: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            subs.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            subs.extend(a.graphs)
+    return subs
+
+
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """Output name -> value of every `Constant` node given as a tensor (weights some exporters write as nodes)."""
+    return {n.output[0]: n.attribute[0].t for n in graph.node
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+
+
 def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto]]:
     """(control-flow node of the main graph, node) for every node inside an If/Loop/Scan body, at any depth."""
     found: list[tuple[str, onnx.NodeProto]] = []
@@ -197,10 +212,8 @@ def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto
         for node in graph.node:
             if owner:
                 found.append((owner, node))
-            for a in node.attribute:
-                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                            list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-                    walk(sub, owner or node.name)
+            for sub in subgraphs(node):
+                walk(sub, owner or node.name)
 
     walk(model.graph, "")
     return found

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trtflow.child import run_module
+
 TIMEOUT_S = 900
 
 
@@ -23,15 +25,13 @@ def probe(model: Path, feed: dict[str, np.ndarray], work: Path) -> None:
     feed_path = work / "probe_feed.npz"
     np.savez(feed_path, **feed)
     try:
-        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.ort.probe", str(model), str(feed_path)],
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        result, proc = run_module("trtflow.stages.ort.probe", [str(model), str(feed_path)], TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ProbeFailed(f"ONNX Runtime did not load and run the model within {TIMEOUT_S} s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode == 0 and lines and json.loads(lines[-1])["ok"]:
+    if proc.returncode == 0 and result and result["ok"]:
         return
-    if lines:
-        raise ProbeFailed(json.loads(lines[-1])["error"])
+    if result:
+        raise ProbeFailed(result["error"])
     raise ProbeFailed(f"ONNX Runtime crashed loading or running the model (exit code {proc.returncode})")
 
 

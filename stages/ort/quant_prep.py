@@ -7,10 +7,10 @@ into the current directory when it cannot infer every shape; run in-process that
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from trtflow.child import run_module
 from trtflow.text import first_line
 
 TIMEOUT_S = 1800
@@ -18,16 +18,14 @@ TIMEOUT_S = 1800
 
 def pre_process(src: Path, dst: Path, work: Path) -> list[str]:
     """Write the pre-processed model to `dst` (the source as is when every attempt fails); returns warnings."""
-    proc = subprocess.run([sys.executable, "-m", "trtflow.stages.ort.quant_prep", str(src), str(dst)], cwd=work,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    result, proc = run_module("trtflow.stages.ort.quant_prep", [str(src), str(dst)], TIMEOUT_S, cwd=work)
+    if proc.returncode != 0 or result is None:
         import shutil
 
         shutil.copy(src, dst)
         tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
         return [f"quantization pre-processing failed ({tail}); quantized the model as is"]
-    return json.loads(lines[-1])["warnings"]
+    return result["warnings"]
 
 
 def _main(src: str, dst: str) -> dict[str, list[str]]:

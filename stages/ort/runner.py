@@ -65,6 +65,16 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, sess.run(names, feeds)))
 
 
+def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], runtime: str) -> dict[str, Any]:
+    """The candidate against the reference over `feeds`, per output (`accuracy.Comparison`'s result)."""
+    from trtflow.stages.compare.accuracy import Comparison
+
+    cmp = Comparison()
+    for feed in feeds:
+        cmp.add(run(ref_sess, feed), run(cand_sess, feed))
+    return cmp.result(runtime)
+
+
 def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float, atol: float) -> dict[str, Any]:
     """Per output: max absolute and relative difference, and whether all elements are within atol + rtol*|ref|."""
     per_output = {}

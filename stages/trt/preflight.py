@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trtflow.child import run_module
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 
 TIMEOUT_S = 900
@@ -68,17 +69,14 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
         return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
     args = [str(model)] + ([json.dumps(shapes)] if shapes is not None else [])
     try:
-        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.preflight", *args], capture_output=True,
-                              text=True, timeout=timeout)
+        report, proc = run_module("trtflow.stages.trt.preflight", args, timeout)
     except subprocess.TimeoutExpired:
         return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
                 "failures": [], "runtime": _label(trt)}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    if proc.returncode != 0 or report is None:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"ran": False, "reason": f"the TensorRT parser process failed (exit code {proc.returncode}): {tail}",
                 "failures": [], "runtime": _label(trt)}
-    report = json.loads(lines[-1])
     for f in report["failures"]:
         f["hint"] = hint_for(f)
     trial = report.get("trial_build")
