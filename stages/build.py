@@ -43,9 +43,9 @@ def backend(requested: str) -> dict[str, str]:
     return found
 
 
-def model_inputs(model: Path) -> dict[str, list[Any]]:
+def model_inputs(model: onnx.ModelProto) -> dict[str, list[Any]]:
     out = {}
-    for vi in graph_inputs(onnx.load(str(model), load_external_data=False)):
+    for vi in graph_inputs(model):
         out[vi.name] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
                         for d in vi.type.tensor_type.shape.dim]
     return out
@@ -134,8 +134,9 @@ def plan_cells(params: Any, models: list[Artifact]) -> list[dict[str, Any]]:
     cells = []
     for art in models:
         variant = art.origin or art.path.stem
-        kind = precision(onnx.load(str(art.path), load_external_data=False))
-        profiles = resolve_profiles(params, model_inputs(art.path), variant)
+        graph = onnx.load(str(art.path), load_external_data=False)
+        kind = precision(graph)
+        profiles = resolve_profiles(params, model_inputs(graph), variant)
         groups = [[p] for p in profiles] if params.profile_mode == "separate" else [profiles]
         for group in groups:
             for target in params.targets:
