@@ -48,11 +48,13 @@ def pipeline(name: str, facts: dict[str, Any]) -> str:
     data = ZOO / "data" / name / "*.npz"
     opt = {k: v[1] for k, v in facts["profiles"].items()}
     profile = {k: {"min": v[0], "opt": v[1], "max": v[2]} for k, v in facts["profiles"].items()}
-    tensors = {"tensors": str(data), "samples": 8}
+    samples = facts.get("samples", 8)  # as bench/zoo_models.py made them; a quarter (at least 4) held out
+    holdout = max(4, samples // 4)
+    tensors = {"tensors": str(data), "samples": samples}
     stages: dict[str, Any] = {
         "prepare": {"kind": "prepare", "target_opset": 17, "input_shapes": opt, "check": {"data": tensors}},
-        "fp16": {"kind": "precision", "data": tensors, "holdout": 4},
-        **{f"int8_{m}": {"kind": "calibrate", "method": m, "data": tensors, "holdout": 4} for m in METHODS},
+        "fp16": {"kind": "precision", "data": tensors, "holdout": holdout},
+        **{f"int8_{m}": {"kind": "calibrate", "method": m, "data": tensors, "holdout": holdout} for m in METHODS},
         "build": {"kind": "build", "profiles": {"opt": profile}, "parallel": 2},
     }
     return json.dumps({"version": 1, "name": f"zoo-{name}", "model": str(model), "stages": stages})

@@ -44,7 +44,7 @@ ROOT = Path(os.environ.get("TRTFLOW_ZOO", Path.home() / ".cache" / "trtflow-zoo"
 MODELS = ROOT / "models"
 DATA = ROOT / "data"
 OPSET = 17
-SAMPLES = 8
+SAMPLES = int(os.environ.get("TRTFLOW_ZOO_SAMPLES", "32"))  # per model; a quarter is held out by bench/zoo.py
 SEED = 0
 RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 
@@ -934,7 +934,7 @@ def _count(n):
 def write_models_md(manifest):
     lines = ["# trtflow test zoo: models", "",
              "Made by `python export.py` (seeded, deterministic). Sample inputs: `data/<name>/sample_NNN.npz` "
-             "(8 each, one array per input name). TensorRT profiles and per-model facts: `models/manifest.json`. "
+             f"({SAMPLES} each, one array per input name). TensorRT profiles and per-model facts: `models/manifest.json`. "
              "Checks (ORT, onnxsim, FP16 conversion, TensorRT-RTX): `REPORT.md`, made by `python check.py`.", "",
              "Reproduce: `python export.py` (about 1 min on 2 cores; every model under 15 s) needs torch + torchvision (CPU use), onnx, "
              "numpy, Pillow, scikit-image (bundled photos; smooth random images otherwise), `pip install --no-deps "
@@ -1021,6 +1021,7 @@ def main():
         try:
             entry = BUILDERS[name]()
             entry["export_seconds"] = round(time.perf_counter() - t0, 1)
+            entry["samples"] = len(list((DATA / name).glob("sample_*.npz")))
         except Exception as exc:  # noqa: BLE001 - recorded in the manifest and MODELS.md
             entry = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
             failed.append(name)

@@ -267,3 +267,39 @@ def test_entropy_is_checked_against_the_full_ranges(tmp_path):
     assert check["samples"] == 3 and check["used"] in ("entropy", "full_range")
     assert check[check["used"]] >= check["full_range" if check["used"] == "entropy" else "entropy"]
     assert (check["used"] == "full_range") == any("did worse than the full ranges" in w for w in result.warnings)
+
+
+def test_full_ranges_are_exactly_minmax(tmp_path):
+    """When the entropy check keeps the full ranges they must be MinMax's, not the histogram's last edge (which
+    ONNX Runtime widens by whole bins as chunks arrive: up to two bins past the largest |x|)."""
+    from trtflow.stages.ort.calibration import StreamedCalibration
+
+    w = onnx.numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                               helper.make_node("MatMul", ["r", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    rng = np.random.default_rng(1)
+    chunks = []
+    for top in (1.0, 3.0001, 2.0):  # the second chunk widens the histogram: 4096.2 bins of the first's width
+        xs = rng.uniform(-top, top, (3, 1, 8)).astype(np.float32)
+        xs[0, 0, 0] = top
+        chunks.append([{"x": x} for x in xs])
+
+    def collect(method):
+        (tmp_path / method).mkdir()
+        cal = StreamedCalibration(model, ["MatMul"], method, 99.99, tmp_path / method)
+        for chunk in chunks:
+            cal.add(chunk)
+        return cal
+
+    entropy, minmax = collect("entropy"), collect("minmax").ranges()
+    seen = max(float(np.abs(np.maximum(f["x"], 0)).max()) for c in chunks for f in c)
+    full = entropy.full_ranges()
+    assert float(full.data["r"].highest) == pytest.approx(seen, rel=1e-6)
+    assert float(full.data["r"].highest) == pytest.approx(float(np.max(minmax.data["r"].highest)), rel=1e-6)
+    edges = entropy.calibrator.collector.histogram_dict["r"][1]
+    assert edges[-1] > seen  # the case this guards against is real: the last edge lies past the largest value
+    assert float(entropy.ranges().data["r"].highest) <= seen

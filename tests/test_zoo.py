@@ -23,12 +23,14 @@ def _load(name: str):
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo")
-    before = os.environ.get("TRTFLOW_ZOO")
+    before = {k: os.environ.get(k) for k in ("TRTFLOW_ZOO", "TRTFLOW_ZOO_SAMPLES")}
     os.environ["TRTFLOW_ZOO"] = str(root)  # read when the bench modules load
+    os.environ["TRTFLOW_ZOO_SAMPLES"] = "8"  # the bench calibrates on 32; CI keeps it fast
     try:
         yield _load("zoo_models"), _load("zoo")
     finally:
-        os.environ.pop("TRTFLOW_ZOO") if before is None else os.environ.__setitem__("TRTFLOW_ZOO", before)
+        for k, v in before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.mark.tensorrt
@@ -37,7 +39,7 @@ def test_through_every_stage(zoo, name, tmp_path):
     models, bench = zoo
     models.MODELS.mkdir(parents=True, exist_ok=True)
     models.DATA.mkdir(parents=True, exist_ok=True)
-    facts = models.BUILDERS[name]()
+    facts = {**models.BUILDERS[name](), "samples": models.SAMPLES}
     row = bench.run_model(name, facts, tmp_path)
     assert row["errors"] == {}, row["errors"]
     assert row["trial_build"] == "ok"

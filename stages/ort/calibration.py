@@ -101,39 +101,51 @@ class StreamedCalibration:
     def ranges(self) -> Any:
         """ONNX Runtime's `TensorsData`: per tensor, the symmetric range [-t, t] and, for histogram methods,
         the histogram it came from."""
-        from onnxruntime.quantization import CalibrationMethod
         from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
         if self.method == "minmax":
             return self.calibrator.compute_data()
         data = {}
         self.full_range = []
-        for name, (hist, edges, _, _) in self.calibrator.collector.histogram_dict.items():
+        for name, (hist, edges, lo, hi) in self.calibrator.collector.histogram_dict.items():
+            # the histogram's last edge can lie up to two bins past the largest |x| (ONNX Runtime widens it by
+            # whole bins as new chunks arrive): no threshold goes past the largest |x| itself
+            seen = _largest(lo, hi)
             if self.method == "entropy" and hist.sum() < MIN_VALUES_FOR_KL:
                 self.full_range.append(name)
-                amax = float(edges[-1])
+                amax = seen
             elif self.method == "entropy":
                 amax = entropy_threshold(hist, edges)
                 if self.floor is not None:
                     amax = max(amax, percentile_threshold(hist, edges, self.floor))
             else:
                 amax = percentile_threshold(hist, edges, self.percentile)
-            t = np.array(amax, dtype=np.float32)
+            t = np.array(min(amax, seen), dtype=np.float32)
             data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
-        method = CalibrationMethod.Entropy if self.method == "entropy" else CalibrationMethod.Percentile
-        return TensorsData(method, data)
+        return TensorsData(self._histogram_method(), data)
+
+    def _histogram_method(self) -> Any:
+        from onnxruntime.quantization import CalibrationMethod
+
+        return CalibrationMethod.Entropy if self.method == "entropy" else CalibrationMethod.Percentile
 
 
-def full_ranges(tensors: Any) -> Any:
-    """The same tensors with every threshold at the largest |x| seen (MinMax, from the histograms already
-    collected: no second pass over the data)."""
-    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+    def full_ranges(self) -> Any:
+        """Every tensor at the largest |x| seen: MinMax's symmetric ranges, from the statistics already
+        collected (no second pass over the data)."""
+        from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
-    data = {}
-    for name, td in tensors.data.items():
-        t = np.array(float(np.asarray(td.hist_edges)[-1]), dtype=np.float32)
-        data[name] = TensorData(lowest=-t, highest=t, hist=td.hist, hist_edges=td.hist_edges)
-    return TensorsData(tensors.calibration_method, data)
+        if self.method == "minmax":
+            return self.calibrator.compute_data()
+        data = {}
+        for name, (hist, edges, lo, hi) in self.calibrator.collector.histogram_dict.items():
+            t = np.array(_largest(lo, hi), dtype=np.float32)
+            data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
+        return TensorsData(self._histogram_method(), data)
+
+
+def _largest(lo: Any, hi: Any) -> float:
+    return float(max(abs(float(lo)), abs(float(hi))))
 
 
 class _Reader:
@@ -148,9 +160,9 @@ class _Reader:
 
 def calibrate(model: Path, op_types: list[str], method: str, percentile: float, samples: Iterator[Feeds],
               total: int, work: Path, chunk: int, on_progress: Callable[[int, int], None],
-              floor: float | None = None) -> tuple[Any, int, list[str]]:
-    """Collect statistics over `samples`, `chunk` at a time (samples of one shape per chunk); returns ONNX
-    Runtime's `TensorsData`, the number of samples used, and the tensors entropy left at their full range."""
+              floor: float | None = None) -> StreamedCalibration:
+    """Collect statistics over `samples`, `chunk` at a time (samples of one shape per chunk); its `ranges()` are
+    ONNX Runtime's `TensorsData`."""
     cal = StreamedCalibration(model, op_types, method, percentile, work, floor)
     batch: list[Feeds] = []
     for feed in samples:
@@ -165,7 +177,7 @@ def calibrate(model: Path, op_types: list[str], method: str, percentile: float, 
     if batch:
         cal.add(batch)
         on_progress(cal.samples, total)
-    return cal.ranges(), cal.samples, cal.full_range
+    return cal
 
 
 def _shapes(feed: Feeds) -> dict[str, tuple[int, ...]]:
