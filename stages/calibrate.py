@@ -24,13 +24,13 @@ from trtflow.stages import progress
 from trtflow.stages.compare import accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, require_op_types
-from trtflow.stages.ort import calibration, quant_prep
+from trtflow.stages.ort import calibration, qdq, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean
 
-VERSION = "2"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs
+VERSION = "3"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold past the largest |x|
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 MIN_COSINE = 0.99  # below this on any output, the INT8 pre-flight warns
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which entropy's ranges are checked against the full ranges
@@ -75,8 +75,8 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         outputs["trt_calibration_cache"] = write_trt_cache(ranges, out_dir / "calibration.cache")
     shutil.rmtree(work)
 
-    qdq = onnx.load(str(out), load_external_data=False)
-    n_q = sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node)
+    quantized = onnx.load(str(out), load_external_data=False)
+    n_q = sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
     report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
               "data": data.label, "calibration_samples": calibrated, "holdout_samples": len(hold),
               "full_range_tensors": full_range, "entropy_check": entropy_check,
@@ -127,14 +127,16 @@ def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: ran
     the samples used, the tensors too sparse for the entropy rule, and the entropy check (entropy's ranges against
     the full ranges on the calibration samples; the better is kept)."""
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
-        tensors, used, full_range = calibration.calibrate(
+        cal = calibration.calibrate(
             pre, list(params.quantize_ops), params.method, params.percentile, data.feeds(calib), len(calib), work,
             FLUSH_EVERY, lambda done, total: progress.report("calibrating", done, total), floor=params.entropy_floor)
-    _write_qdq(pre, out, ranges, tensors, params, excluded)
+        tensors = cal.ranges()
+    used, full_range = cal.samples, cal.full_range
+    qdq.write(pre, out, ranges, tensors, params.per_channel, params.quantize_ops, excluded)
     if params.method != "entropy" or not params.entropy_check:
         return used, full_range, None
     full_model, full_ranges = work / "full_range.onnx", work / "full_range.json"
-    _write_qdq(pre, full_model, full_ranges, calibration.full_ranges(tensors), params, excluded)
+    qdq.write(pre, full_model, full_ranges, cal.full_ranges(), params.per_channel, params.quantize_ops, excluded)
     probe = calib[:ENTROPY_CHECK_SAMPLES]
     check = {"samples": len(probe), "entropy": _worst_cosine(ref, session(out), data.feeds(probe)),
              "full_range": _worst_cosine(ref, session(full_model), data.feeds(probe))}
@@ -143,25 +145,6 @@ def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: ran
         shutil.copy(full_model, out)
         shutil.copy(full_ranges, ranges)
     return used, full_range, check
-
-
-def _write_qdq(pre: Path, out: Path, ranges: Path, tensors: Any, params: Any, excluded: set[str]) -> None:
-    """Q/DQ with ONNX Runtime's tools, configured as ModelOpt configures them for TensorRT, at `tensors`' ranges."""
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
-
-    save_tensors_data(tensors, ranges)
-    with contextlib.redirect_stdout(io.StringIO()):
-        quantize_static(
-            str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=params.per_channel,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-            calibrate_method=tensors.calibration_method,
-            op_types_to_quantize=list(params.quantize_ops), nodes_to_exclude=sorted(excluded),
-            calibration_cache_path=str(ranges),  # exists: quantize_static takes these ranges as they are
-            # weights stored as INT8 with a DequantizeLinear (not FP32 + a Q/DQ pair): the same outputs, a file
-            # about 3.6x smaller; TensorRT folds either form into INT8 weights
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
-                           "AddQDQPairToWeight": False, "DedicatedQDQPair": False})
 
 
 def _worst_cosine(ref: Any, cand: Any, feeds: Any) -> float:

@@ -89,7 +89,7 @@ def test_validate_and_schema(capsys, write_yaml, tmp_path):
 
 def test_plan_says_unimplemented_kinds(capsys, write_yaml):
     path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n  p: {kind: prepare, preflight: off}\n"
-                      "  b: {kind: validate}\n")
+                      "  e: {kind: build}\n  b: {kind: benchmark}\n")
     code, out, _ = run_cli(capsys, "plan", str(path))
     assert code == 1 and "implemented" in out and "never run" in out and "error" in out
 

@@ -1,10 +1,13 @@
 """Comparing a model variant's outputs with the FP32 reference over many samples (the comparator, apart from
-the runners): per output max/mean absolute error, cosine similarity, NaN/Inf counts, top-1 agreement."""
+the runners): per output max/mean absolute error, max relative error, cosine similarity, NaN/Inf counts in the
+candidate and in the reference, top-1 and top-5 agreement for classifier scores."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
 
 
 class OutputStats:
@@ -13,32 +16,48 @@ class OutputStats:
         self.sum_abs = 0.0
         self.count = 0
         self.dot = self.ref_sq = self.got_sq = 0.0
-        self.nan = self.inf = 0
-        self.top1_agree = self.top1_total = 0
+        self.max_rel = 0.0
+        self.nan = self.inf = self.ref_nan = self.ref_inf = 0
+        self.top1_agree = self.top5_agree = self.top_total = 0
 
     def add(self, ref: np.ndarray, got: np.ndarray) -> None:
         r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
         self.nan += int(np.isnan(g).sum())
         self.inf += int(np.isinf(g).sum())
+        self.ref_nan += int(np.isnan(r).sum())
+        self.ref_inf += int(np.isinf(r).sum())
         ok = np.isfinite(g) & np.isfinite(r)
         d = np.abs(r[ok] - g[ok])
         if d.size:
             self.max_abs = max(self.max_abs, float(d.max()))
+            # relative to each reference element, over elements of at least REL_FLOOR of the output's largest
+            # magnitude: near-zero elements make any relative error meaningless
+            mag = np.abs(r[ok])
+            big = mag >= REL_FLOOR * float(mag.max())
+            if big.any() and mag.max() > 0:
+                self.max_rel = max(self.max_rel, float((d[big] / mag[big]).max()))
         self.sum_abs += float(d.sum())
         self.count += int(ok.sum())
         self.dot += float(np.dot(r[ok], g[ok]))
         self.ref_sq += float(np.dot(r[ok], r[ok]))
         self.got_sq += float(np.dot(g[ok], g[ok]))
         if ref.ndim == 2 and ref.shape[1] > 1:  # (batch, classes): a classifier's scores
-            self.top1_agree += int((ref.argmax(1) == np.nan_to_num(got.astype(np.float64)).argmax(1)).sum())
-            self.top1_total += ref.shape[0]
+            want = ref.argmax(1)
+            scores = np.nan_to_num(got.astype(np.float64))
+            self.top1_agree += int((want == scores.argmax(1)).sum())
+            k = min(5, ref.shape[1])
+            top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+            self.top5_agree += int((top == want[:, None]).any(1).sum())
+            self.top_total += ref.shape[0]
 
     def result(self) -> dict[str, Any]:
         cosine = self.dot / np.sqrt(self.ref_sq * self.got_sq) if self.ref_sq and self.got_sq else 0.0
-        out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "cosine": float(cosine),
-               "nan": self.nan, "inf": self.inf}
-        if self.top1_total:
-            out["top1"] = self.top1_agree / self.top1_total
+        out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "max_rel": self.max_rel,
+               "cosine": float(cosine), "nan": self.nan, "inf": self.inf,
+               "reference_nan": self.ref_nan, "reference_inf": self.ref_inf}
+        if self.top_total:
+            out["top1"] = self.top1_agree / self.top_total
+            out["top5"] = self.top5_agree / self.top_total
         return out
 
 

@@ -62,3 +62,16 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def half_nodes(variant: onnx.ModelProto, reference: onnx.ModelProto) -> set[str] | None:
+    """The reference's nodes that an FP16 variant runs in FP16 (a float output of the same-named node is FLOAT16
+    there); None when the variant was not converted from this reference (its nodes are not the reference's)."""
+    ref_names = {n.name for n in reference.graph.node}
+    var_nodes = [n for n in variant.graph.node if n.name in ref_names]
+    if not ref_names or len(var_nodes) < 0.9 * len(ref_names):
+        return None
+    inferred = onnx.shape_inference.infer_shapes(variant)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info)
+             + list(inferred.graph.output) + list(inferred.graph.input)}
+    return {n.name for n in var_nodes if any(types.get(t) == TensorProto.FLOAT16 for t in n.output)}

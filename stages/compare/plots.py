@@ -1,0 +1,62 @@
+"""Pictures of a comparison: the error distribution per output, and the drift node by node along the graph."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on build machines
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def error_histograms(errors: dict[str, list[np.ndarray]], path: Path, title: str) -> Path:
+    """One histogram of |candidate - reference| per output (log-spaced bins: errors span decades)."""
+    plt = _pyplot()
+    names = list(errors)
+    fig, axes = plt.subplots(1, max(len(names), 1), figsize=(4.2 * max(len(names), 1), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        e = np.concatenate(errors[name]) if errors[name] else np.zeros(1)
+        e = e[np.isfinite(e)]
+        positive = e[e > 0]
+        if positive.size:
+            bins = np.logspace(np.log10(positive.min()), np.log10(positive.max()) + 1e-9, 50)
+            ax.hist(positive, bins=bins, color="#4477aa")
+            ax.set_xscale("log")
+        ax.set_title(f"{name}\n{(e == 0).mean():.0%} exact, max {e.max(initial=0):.3g}", fontsize=9)
+        ax.set_xlabel("|error|")
+    axes[0][0].set_ylabel("elements")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def layer_drift(rows: list[dict[str, Any]], first: dict[str, Any] | None, path: Path, title: str) -> Path:
+    """1 - cosine of every compared tensor in graph order, the first bad node marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    drift = np.array([max(r["drift"], 1e-9) for r in rows])
+    ax.plot(np.arange(len(rows)), drift, lw=1, color="#4477aa")
+    bad = [i for i, r in enumerate(rows) if r["nonfinite"]]
+    if bad:
+        ax.scatter(bad, drift[bad], color="#cc3311", s=10, label="non-finite")
+    if first is not None:
+        i = next(k for k, r in enumerate(rows) if r["tensor"] == first["tensor"])
+        ax.axvline(i, color="#cc3311", ls="--", lw=1)
+        ax.annotate(first["node"], (i, drift[i]), fontsize=8, color="#cc3311")
+    ax.set_yscale("log")
+    ax.set_xlabel("tensor, in graph order")
+    ax.set_ylabel("1 - cosine vs reference")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

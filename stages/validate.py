@@ -1,0 +1,302 @@
+"""Stage `validate`: every candidate (each engine of a build, or each model variant when there is no build)
+against the FP32 reference on ONNX Runtime; per output metrics gated by tolerances; NaN/Inf; for a failing
+candidate, the first node that goes wrong and, with `repair: true`, the nodes to keep in higher precision.
+
+A candidate runs on TensorRT where this machine can execute its engine; otherwise its exact ONNX variant is
+simulated on ONNX Runtime (FP16 through the per-node FP16 emulation, Q/DQ as fake quantization) and every
+number says so.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import onnx
+
+from trtflow.artifact import Artifact, StageResult
+from trtflow.errors import StageError, StageFailed
+from trtflow.stages import progress
+from trtflow.stages.compare import accuracy, gate
+from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare.plots import error_histograms, layer_drift
+from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes
+from trtflow.stages.onnx.graph import precision
+from trtflow.stages.ort import layerwise
+from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.runner import RUNTIME, session
+from trtflow.stages.ort.samples import Feeds, SampleSource
+from trtflow.stages.precision import name_nodes
+
+VERSION = "1"
+SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
+              "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
+              "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
+ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
+
+
+@dataclass
+class Candidate:
+    name: str
+    variant: str
+    precision: str
+    model: Path  # the ONNX variant the engine was built from
+    engine: Path | None = None
+    module: str = ""  # TensorRT module that built the engine
+    profiles: list[dict[str, Any]] = field(default_factory=list)  # [{name, shapes: {input: [min, opt, max]}}]
+
+
+def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+    work = out_dir / "work"
+    work.mkdir()
+    reference = model_io.load(inputs["reference"].path)
+    name_nodes(reference)  # as the precision stage names them, so node names agree
+    ref_path = work / "reference.onnx"
+    model_io.save(reference, ref_path)
+    ref = session(ref_path)
+    outputs = [o.name for o in ref.get_outputs()]
+    gate.check_names(params.tolerances, outputs)
+    candidates = _candidates(inputs, inputs["reference"])
+    if params.repair:
+        fp32 = [c.name for c in candidates if c.precision == "fp32"]
+        if fp32 and len(fp32) == len(candidates):
+            raise StageError(f"validate: repair: true, but every candidate is FP32 ({', '.join(fp32)}): there is "
+                             f"no precision to give back; remove repair or validate FP16/INT8 variants")
+    (out_dir / "plots").mkdir()
+    ref_cache: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+    results = []
+    for n, cand in enumerate(candidates, 1):
+        progress.report("validating candidates", n - 1, len(candidates))
+        results.append(_validate(params, inputs, cand, reference, ref, ref_cache, work, out_dir))
+    progress.report("validating candidates", len(candidates), len(candidates))
+    shutil.rmtree(work)
+
+    failed = [r for r in results if not r["passed"]]
+    warnings = [w for r in results for w in r["warnings"]]
+    simulated = {}
+    for r in results:
+        if r.get("not_on_tensorrt"):
+            simulated.setdefault(r["not_on_tensorrt"], []).append(r["name"])
+    warnings += [f"TensorRT cannot run {len(names)} engine(s) here ({why}): their ONNX variants are simulated on "
+                 f"ONNX Runtime ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+                 for why, names in simulated.items()]
+    report = {"reference": {"model": inputs["reference"].origin, "runtime": RUNTIME}, "data": results[0]["data"],
+              "candidates": results, "passed": not failed, "warnings": warnings}
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
+    result = StageResult(outputs={"report": out_dir / "report.json"}, summary=summary(report), warnings=warnings,
+                         metrics={"candidates": len(results), "failed": len(failed),
+                                  "worst_cosine": min((o["cosine"] for r in results
+                                                       for o in r["accuracy"]["outputs"].values()), default=None)})
+    if failed:
+        first = failed[0]
+        raise StageFailed(f"validate: {len(failed)} of {len(results)} candidate(s) fail; {first['name']} "
+                          f"({first['runtime']}): {first['violations'][0]}", result)
+    return result
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return str(x)
+
+
+# --------------------------------------------------------------------------------------------- candidates
+
+def _candidates(inputs: dict[str, Artifact], reference: Artifact) -> list[Candidate]:
+    models = inputs.get("models") or []
+    models = models if isinstance(models, list) else [models]
+    by_variant = {m.origin or m.path.stem: m for m in models}
+    engines = inputs.get("engines")
+    if engines is None:
+        found = [Candidate(v, v, precision(onnx.load(str(m.path), load_external_data=False)), m.path)
+                 for v, m in by_variant.items() if m.digest != reference.digest]
+        if not found:
+            raise StageError("validate: nothing to validate: no build stage and no model variant other than the "
+                             "reference; add a precision/calibrate or build stage before it, or set inputs.engines")
+        return found
+    found = []
+    for cell_dir in sorted(p for p in engines.path.iterdir() if p.is_dir()):
+        spec_file, info_file = cell_dir / "spec.json", cell_dir / "build.json"
+        if not spec_file.exists() or not info_file.exists():
+            continue
+        spec, info = json.loads(spec_file.read_text()), json.loads(info_file.read_text())
+        if info.get("status") != "ok":
+            continue
+        variant = spec["variant"]
+        model = by_variant.get(variant)
+        if model is None:
+            raise StageError(f"validate: engine '{spec['name']}' was built from model variant '{variant}', which is "
+                             f"not among this stage's models ({', '.join(by_variant) or 'none'}): add "
+                             f"'{variant}' to inputs.models")
+        found.append(Candidate(spec["name"], variant, spec["precision"], model.path, cell_dir / "engine.plan",
+                               spec.get("module", ""), spec["profiles"]))
+    if not found:
+        raise StageError(f"validate: the build output {engines.path} holds no built engine")
+    return found
+
+
+# --------------------------------------------------------------------------------------------- one candidate
+
+def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, reference: onnx.ModelProto, ref: Any,
+              ref_cache: dict, work: Path, out_dir: Path) -> dict[str, Any]:
+    runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work)
+    sets = list(_sample_sets(params, inputs, ref, reference, cand))
+    cmp, errors = Comparison(), {}
+    shapes_seen: list[dict[str, list[int]]] = []
+    for label, source, which, profile_of in sets:
+        for i in which:
+            feed = source.sample(i)
+            profile = profile_of(feed)
+            shapes = {k: list(v.shape) for k, v in feed.items()}
+            if shapes not in shapes_seen:
+                shapes_seen.append(shapes)
+            key = (label, json.dumps(shapes), i)
+            if key not in ref_cache:
+                try:
+                    ref_cache[key] = ort_runner.run(ref, feed)
+                except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
+                    raise source.failure(exc) from None
+            got = runner(feed, profile)
+            cmp.add(ref_cache[key], got)
+            for name, r in ref_cache[key].items():
+                kept = errors.setdefault(name, [])
+                if sum(map(len, kept)) < ERROR_SAMPLE:
+                    kept.append(np.abs(r.astype(np.float64) - got[name].astype(np.float64)).ravel())
+    acc = cmp.result(runtime)
+    violations = gate.check(acc, cand.precision, params.tolerances, params.check_nan_inf)
+    warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
+                f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
+                for name, o in acc["outputs"].items() if o["reference_nan"] or o["reference_inf"]]
+    result: dict[str, Any] = {
+        "name": cand.name, "variant": cand.variant, "precision": cand.precision, "runtime": runtime,
+        "engine": cand.engine.name if cand.engine else None, "data": sets[0][1].label, "shapes": shapes_seen,
+        "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc["outputs"]},
+        "accuracy": acc, "passed": not violations, "violations": [v.line() for v in violations],
+        "not_on_tensorrt": why, "warnings": warnings}
+    slug = cand.name.replace("/", "_")
+    hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
+    result["plots"] = [str(hist.relative_to(out_dir))]
+    if violations and params.locate_first_bad_layer:
+        bound = gate.bounds_for(cand.precision, "*", params.tolerances).get("cosine", 0.999)
+        label, source, which, _ = sets[0]
+        feeds = (source.sample(i) for i in list(which)[: params.locate_samples])
+        qranges = layerwise.quantized_ranges(sim_model) if cand.precision == "int8" else None
+        found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
+        rows = found.pop("rows")
+        found["on"] = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
+                       f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
+        result["layerwise"] = found
+        pic = layer_drift(rows, found["first_bad"], out_dir / "plots" / f"{slug}.layers.png", cand.name)
+        result["plots"].append(str(pic.relative_to(out_dir)))
+    return result
+
+
+def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: Path
+             ) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str, onnx.ModelProto]:
+    """(runtime label, feed runner, why TensorRT was not used, the simulated ONNX model)."""
+    variant = model_io.load(cand.model)
+    sim_model, label = variant, SIMULATION.get(cand.precision, RUNTIME)
+    if cand.precision == "fp16":
+        half = half_nodes(variant, reference)
+        if half is None:
+            label = f"{RUNTIME} (the FP16 variant run directly: it was not converted from the reference, so FP16 " \
+                    f"rounding between nodes is not emulated)"
+        else:
+            keep_io = all(i.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for i in variant.graph.input)
+            sim_model = emulate(reference, half, keep_io)
+    why = ""
+    if requested != "onnxruntime" and cand.engine is not None:
+        from trtflow.stages.trt.runtime import EngineRunner, can_run
+
+        ok, reason = can_run(cand.module or "tensorrt", cand.engine)
+        if ok:
+            eng = EngineRunner(cand.module, cand.engine)
+            return f"{cand.module} engine (unverified path)", lambda f, p: eng.run(f, p), "", sim_model
+        if requested == "tensorrt":
+            raise StageError(f"validate: runtime: tensorrt, but engine '{cand.name}' cannot run here: {reason}; "
+                             f"use runtime: auto to simulate it on ONNX Runtime")
+        why = reason
+    path = work / f"{cand.variant}.sim.onnx"
+    if not path.exists():
+        model_io.save(sim_model, path)
+    sess = session(path)
+    return label, lambda f, p: ort_runner.run(sess, f), why, sim_model
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+def _sample_sets(params: Any, inputs: dict[str, Artifact], ref: Any, reference: onnx.ModelProto, cand: Candidate
+                 ) -> Iterator[tuple[str, SampleSource, range, Callable[[Feeds], int]]]:
+    """(label, source, sample indices, feed -> profile index) per shape set: random data at each profile's
+    min/opt/max shapes; files as they are, each fitted to a profile (or refused)."""
+    data = params.data
+    if data.random and cand.profiles:
+        seen = []
+        for index, prof in enumerate(cand.profiles):
+            for point in params.profile_shapes:
+                k = ("min", "opt", "max").index(point)
+                shapes = {name: list(dims[k]) for name, dims in prof["shapes"].items()}
+                if shapes in seen:
+                    continue
+                seen.append(shapes)
+                src = SampleSource(data.model_copy(update={"shapes": {**data.shapes, **shapes}}), inputs,
+                                   ref.get_inputs(), "validate", reference)
+                yield f"{prof['name']}.{point}", src, range(len(src)), lambda feed, i=index: i
+        return
+    src = SampleSource(data, inputs, ref.get_inputs(), "validate", reference)
+    if not len(src):
+        raise StageError(f"validate: data: no samples found ({src.label}); check the glob in data.images / "
+                         f"data.tensors, or use data: {{random: true}}")
+    yield "data", src, range(len(src)), lambda feed: _profile_for(feed, cand)
+
+
+def _profile_for(feed: Feeds, cand: Candidate) -> int:
+    if not cand.profiles:
+        return 0
+    for index, prof in enumerate(cand.profiles):
+        if all(name not in feed or all(lo <= s <= hi for lo, s, hi in zip(dims[0], feed[name].shape, dims[2]))
+               for name, dims in prof["shapes"].items()):
+            return index
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feed.items())
+    have = "; ".join(f"{p['name']}: " + ", ".join(f"{n} {d[0]}..{d[2]}" for n, d in p["shapes"].items())
+                     for p in cand.profiles)
+    raise StageError(f"validate: a sample ({shapes}) fits no optimization profile of engine '{cand.name}' "
+                     f"({have}): give data of shapes the engine was built for, or add a profile to the build stage")
+
+
+# --------------------------------------------------------------------------------------------- summary
+
+def summary(r: dict[str, Any]) -> str:
+    ok = sum(c["passed"] for c in r["candidates"])
+    lines = [f"### validate · {ok}/{len(r['candidates'])} candidates pass · reference: {r['reference']['model']} "
+             f"on {r['reference']['runtime']}", "", f"sample data: {r['data']}", ""]
+    for c in r["candidates"]:
+        verdict = "passes" if c["passed"] else "**fails**"
+        lines += [f"#### `{c['name']}` ({c['precision']}) {verdict}", "", f"runtime: {c['runtime']} · "
+                  f"{c['accuracy']['samples']} samples at shapes "
+                  + "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in c["shapes"][:4]), ""]
+        lines += accuracy.table(c["accuracy"])
+        lines += [f"\n**fails**: {v}" for v in c["violations"]]
+        loc = c.get("layerwise")
+        if loc:
+            first = loc["first_bad"]
+            lines += ["", f"**first node that goes wrong** (cosine < {loc['bound']} on {loc['samples']} samples, "
+                          f"{loc['on']}): " + (f"`{first['node']}` ({first['op']}), cosine {first['cosine']:.5f}, "
+                                              f"non-finite {first['nonfinite']}" if first else "none found"), "",
+                      "| node | op | cosine | drift added | max abs | reference max |", "|---|---|---|---|---|---|"]
+            lines += [f"| `{w['node']}` | {w['op']} | {w['cosine']:.5f} | {w['added']:.2e} | {w['max_abs']:.4g} | "
+                      f"{w['reference_max']:.4g} |" for w in loc["worst"]]
+            if loc["overflow"]:
+                lines += ["", "reference activations beyond FP16's 65504: " + ", ".join(
+                    f"`{o['tensor']}` ({o['reference_max']:.4g})" for o in loc["overflow"])]
+            if loc["clipping"]:
+                lines += ["", "INT8 ranges that do not fit the data: " + ", ".join(
+                    f"`{o['tensor']}` (clipped {o['clipped']:.2%}, range use {o['range_use']:.3f})"
+                    for o in loc["clipping"])]
+        lines += ["", " ".join(f"![{p}]({p})" for p in c.get("plots", [])), ""]
+    lines += [f"**warning**: {w}" for w in r.get("warnings", [])]
+    return "\n".join(lines) + "\n"
