@@ -78,6 +78,13 @@ class UserKind(Kind):
         return dict(spec.outputs)  # type: ignore[attr-defined]
 
 
+class ValidateKind(Kind):
+    """With `repair: true`, validate also publishes the repaired model."""
+
+    def outputs_for(self, spec: StageBase) -> dict[str, str]:
+        return {**self.outputs, **({"repaired": "onnx"} if spec.repair else {})}  # type: ignore[attr-defined]
+
+
 _PREPROCESS = Slot("preprocess", required=False, prefer=("parity",))
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -105,7 +112,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          module="trtflow.stages.build",
          env=lambda p: TENSORRT_AND_GPU,
          shared_caches=lambda p: ("timing_cache",) if p.timing_cache else ()),
-    Kind("validate", ValidateStage,
+    ValidateKind("validate", ValidateStage,
          slots={"engines": Slot("engines", required=False, prefer=("build",)),
                 "models": Slot("onnx", many=True, required=False, prefer=MODEL_MAKERS),
                 "reference": Slot("onnx", prefer=("prepare",), source_ok=True),

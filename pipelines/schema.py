@@ -359,7 +359,9 @@ class ValidateStage(StageBase):
     locate_samples: int = Field(2, ge=1, description="samples compared tensor by tensor when a candidate fails")
     repair: bool = Field(False, description="search for the nodes to keep in FP32 / leave unquantized so a "
                                             "failing FP16 / INT8 candidate passes")
-    repair_rounds: int = Field(8, ge=1, le=64, description="at most this many rebuild-and-check rounds per variant")
+    repair_rounds: int = Field(8, ge=1, le=64, description="at most this many rebuild-and-check rounds")
+    repair_variant: str | None = Field(None, description="the precision/calibrate stage whose variant is repaired and "
+                                                         "published as output 'repaired' (default: the only one)")
 
 
 class GateSpec(Strict):

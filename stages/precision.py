@@ -30,7 +30,7 @@ from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "2"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges
+VERSION = "3"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges. 3: emulation rounds values entering FP16 nodes
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 MIN_COSINE = 0.999  # below this on any output, the FP16 pre-flight warns
 

@@ -19,7 +19,7 @@ import onnx
 
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.stages import progress
+from trtflow.stages import progress, repair
 from trtflow.stages.compare import accuracy, gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
@@ -31,6 +31,7 @@ from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.precision import name_nodes
+from trtflow.text import did_you_mean
 
 VERSION = "1"
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
@@ -61,11 +62,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     outputs = [o.name for o in ref.get_outputs()]
     gate.check_names(params.tolerances, outputs)
     candidates = _candidates(inputs, inputs["reference"])
-    if params.repair:
-        fp32 = [c.name for c in candidates if c.precision == "fp32"]
-        if fp32 and len(fp32) == len(candidates):
-            raise StageError(f"validate: repair: true, but every candidate is FP32 ({', '.join(fp32)}): there is "
-                             f"no precision to give back; remove repair or validate FP16/INT8 variants")
+    target = _repair_target(params, candidates) if params.repair else None
     (out_dir / "plots").mkdir()
     ref_cache: dict[tuple[str, int], dict[str, np.ndarray]] = {}
     results = []
@@ -73,9 +70,21 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
         progress.report("validating candidates", n - 1, len(candidates))
         results.append(_validate(params, inputs, cand, reference, ref, ref_cache, work, out_dir))
     progress.report("validating candidates", len(candidates), len(candidates))
+    outputs = {"report": out_dir / "report.json"}
+    repaired = None
+    if params.repair:
+        repaired = _repair(params, target, candidates, results, reference, ref_path, ref, ref_cache, work)
+        outputs["repaired"] = out_dir / "repaired.onnx"
+        if repaired.get("model") is not None:
+            model_io.save(repaired.pop("model"), outputs["repaired"])
+        else:
+            repaired.pop("model", None)
+            shutil.copy(target.model, outputs["repaired"])
+    results = [r for r, _ in results]
     shutil.rmtree(work)
 
-    failed = [r for r in results if not r["passed"]]
+    fixed = repaired["variant"] if repaired and repaired["passed"] else None
+    failed = [r for r in results if not r["passed"] and r["variant"] != fixed]
     warnings = [w for r in results for w in r["warnings"]]
     simulated = {}
     for r in results:
@@ -84,10 +93,14 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     warnings += [f"TensorRT cannot run {len(names)} engine(s) here ({why}): their ONNX variants are simulated on "
                  f"ONNX Runtime ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
                  for why, names in simulated.items()]
+    if repaired and repaired.get("passed") and repaired.get("nodes"):
+        warnings.append(f"variant '{repaired['variant']}' fails as built; giving back {len(repaired['nodes'])} "
+                        f"node(s) repairs it (output 'repaired'); make it permanent in the pipeline file:\n"
+                        f"{repaired['yaml']}")
     report = {"reference": {"model": inputs["reference"].origin, "runtime": RUNTIME}, "data": results[0]["data"],
-              "candidates": results, "passed": not failed, "warnings": warnings}
+              "candidates": results, "repair": repaired, "passed": not failed, "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
-    result = StageResult(outputs={"report": out_dir / "report.json"}, summary=summary(report), warnings=warnings,
+    result = StageResult(outputs=outputs, summary=summary(report), warnings=warnings,
                          metrics={"candidates": len(results), "failed": len(failed),
                                   "worst_cosine": min((o["cosine"] for r in results
                                                        for o in r["accuracy"]["outputs"].values()), default=None)})
@@ -145,6 +158,41 @@ def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, referen
               ref_cache: dict, work: Path, out_dir: Path) -> dict[str, Any]:
     runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work)
     sets = list(_sample_sets(params, inputs, ref, reference, cand))
+    cmp, errors, shapes_seen = _measure(runner, sets, ref, ref_cache)
+    acc = cmp.result(runtime)
+    violations = gate.check(acc, cand.precision, params.tolerances, params.check_nan_inf)
+    warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
+                f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
+                for name, o in acc["outputs"].items() if o["reference_nan"] or o["reference_inf"]]
+    result: dict[str, Any] = {
+        "name": cand.name, "variant": cand.variant, "precision": cand.precision, "runtime": runtime,
+        "engine": cand.engine.name if cand.engine else None, "data": sets[0][1].label, "shapes": shapes_seen,
+        "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc["outputs"]},
+        "accuracy": acc, "passed": not violations, "violations": [v.line() for v in violations],
+        "not_on_tensorrt": why, "warnings": warnings}
+    ctx = {"sets": sets, "sim": sim_model, "locate_feeds": None}
+    slug = cand.name.replace("/", "_")
+    hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
+    result["plots"] = [str(hist.relative_to(out_dir))]
+    if violations and params.locate_first_bad_layer:
+        bound = gate.bounds_for(cand.precision, "*", params.tolerances).get("cosine", 0.999)
+        label, source, which, _ = sets[0]
+        feeds = (source.sample(i) for i in list(which)[: params.locate_samples])
+        qranges = layerwise.quantized_ranges(sim_model) if cand.precision == "int8" else None
+        found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
+        rows = found.pop("rows")
+        found["on"] = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
+                       f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
+        result["layerwise"] = found
+        pic = layer_drift(rows, found["first_bad"], out_dir / "plots" / f"{slug}.layers.png", cand.name)
+        result["plots"].append(str(pic.relative_to(out_dir)))
+    return result, ctx
+
+
+def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, ref: Any, ref_cache: dict
+             ) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
+    """The candidate against the reference over every sample of every shape set; a bounded sample of the
+    absolute errors per output (for the histogram); the shapes seen."""
     cmp, errors = Comparison(), {}
     shapes_seen: list[dict[str, list[int]]] = []
     for label, source, which, profile_of in sets:
@@ -166,33 +214,7 @@ def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, referen
                 kept = errors.setdefault(name, [])
                 if sum(map(len, kept)) < ERROR_SAMPLE:
                     kept.append(np.abs(r.astype(np.float64) - got[name].astype(np.float64)).ravel())
-    acc = cmp.result(runtime)
-    violations = gate.check(acc, cand.precision, params.tolerances, params.check_nan_inf)
-    warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
-                f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
-                for name, o in acc["outputs"].items() if o["reference_nan"] or o["reference_inf"]]
-    result: dict[str, Any] = {
-        "name": cand.name, "variant": cand.variant, "precision": cand.precision, "runtime": runtime,
-        "engine": cand.engine.name if cand.engine else None, "data": sets[0][1].label, "shapes": shapes_seen,
-        "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc["outputs"]},
-        "accuracy": acc, "passed": not violations, "violations": [v.line() for v in violations],
-        "not_on_tensorrt": why, "warnings": warnings}
-    slug = cand.name.replace("/", "_")
-    hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
-    result["plots"] = [str(hist.relative_to(out_dir))]
-    if violations and params.locate_first_bad_layer:
-        bound = gate.bounds_for(cand.precision, "*", params.tolerances).get("cosine", 0.999)
-        label, source, which, _ = sets[0]
-        feeds = (source.sample(i) for i in list(which)[: params.locate_samples])
-        qranges = layerwise.quantized_ranges(sim_model) if cand.precision == "int8" else None
-        found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
-        rows = found.pop("rows")
-        found["on"] = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
-                       f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
-        result["layerwise"] = found
-        pic = layer_drift(rows, found["first_bad"], out_dir / "plots" / f"{slug}.layers.png", cand.name)
-        result["plots"].append(str(pic.relative_to(out_dir)))
-    return result
+    return cmp, errors, shapes_seen
 
 
 def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: Path
@@ -225,6 +247,65 @@ def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: 
         model_io.save(sim_model, path)
     sess = session(path)
     return label, lambda f, p: ort_runner.run(sess, f), why, sim_model
+
+
+# ---------------------------------------------------------------------------------------------- repair
+
+def _repair_target(params: Any, candidates: list[Candidate]) -> Candidate:
+    low = {c.variant: c for c in candidates if c.precision in ("fp16", "int8")}
+    if params.repair_variant is not None:
+        if params.repair_variant not in low:
+            raise StageError(f"validate: repair_variant: '{params.repair_variant}' is not an FP16/INT8 variant "
+                             f"among the candidates{did_you_mean(params.repair_variant, list(low))}"
+                             + (f"; FP16/INT8 variants: {', '.join(low)}" if low else ""))
+        return low[params.repair_variant]
+    if not low:
+        raise StageError(f"validate: repair: true, but every candidate is FP32 "
+                         f"({', '.join(c.name for c in candidates)}): there is no precision to give back; remove "
+                         f"repair, or validate FP16/INT8 variants")
+    if len(low) > 1:
+        raise StageError(f"validate: repair: true with several FP16/INT8 variants ({', '.join(low)}): name the one "
+                         f"to repair and publish with repair_variant")
+    return next(iter(low.values()))
+
+
+def _repair(params: Any, target: Candidate, candidates: list[Candidate], results: list, reference: onnx.ModelProto,
+            ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> dict[str, Any]:
+    """Repair the target variant if any of its candidates fails; its simulation must then pass every sample set
+    those candidates were checked on."""
+    mine = [(r, ctx) for (r, ctx), c in zip(results, candidates) if c.variant == target.variant]
+    failing = [(r, ctx) for r, ctx in mine if not r["passed"]]
+    base = {"variant": target.variant, "precision": target.precision}
+    if not failing:
+        return {**base, "passed": True, "nodes": [], "rounds": [], "model": None, "note": "nothing to repair"}
+    sets = [s for _, ctx in failing for s in ctx["sets"]]
+    first_r, first_ctx = failing[0]
+    variant = model_io.load(target.model)
+    label, source, which, _ = sets[0]
+    locate_feeds = [source.sample(i) for i in list(which)[: params.locate_samples]]
+    bound = gate.bounds_for(target.precision, "*", params.tolerances).get("cosine", 0.999)
+
+    def check(sim: onnx.ModelProto) -> list[str]:
+        path = work / "repair_sim.onnx"
+        model_io.save(sim, path)
+        sess = session(path)
+        cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, ref, ref_cache)
+        return [v.line() for v in gate.check(cmp.result(RUNTIME), target.precision, params.tolerances,
+                                             params.check_nan_inf)]
+
+    def locate(sim: onnx.ModelProto) -> dict[str, Any]:
+        qranges = layerwise.quantized_ranges(sim) if target.precision == "int8" else None
+        return layerwise.compare(reference, sim, iter(locate_feeds), work, bound, qranges)
+
+    first = first_r.get("layerwise") or locate(first_ctx["sim"])
+    if target.precision == "fp16":
+        how = repair.fp16_variant(reference, variant, work, locate_feeds[0])
+    else:
+        how = repair.int8_variant(ref_path, reference, variant, work)
+    found = repair.search(how, first, check, locate, params.repair_rounds)
+    found["rounds"] = [{**h, "violations": h["violations"][:3]} for h in found["rounds"]]
+    return {**base, **found, "yaml": repair.yaml_fix(target.precision, found["nodes"], target.variant)
+            if found["passed"] else None}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -298,5 +379,22 @@ def summary(r: dict[str, Any]) -> str:
                     f"`{o['tensor']}` (clipped {o['clipped']:.2%}, range use {o['range_use']:.3f})"
                     for o in loc["clipping"])]
         lines += ["", " ".join(f"![{p}]({p})" for p in c.get("plots", [])), ""]
+    rep = r.get("repair")
+    if rep:
+        lines += [f"#### repair of `{rep['variant']}` ({rep['precision']})", ""]
+        if rep.get("note"):
+            lines.append(rep["note"])
+        else:
+            given = "kept in FP32" if rep["precision"] == "fp16" else "left unquantized"
+            lines += [("**repaired**: " if rep["passed"] else "**not repaired** ") +
+                      f"{len(rep['nodes'])} node(s) {given}: " + ", ".join(f"`{n}`" for n in rep["nodes"]) +
+                      f" ({len(rep['rounds'])} rebuild-and-check rounds)", ""]
+            lines += ["| round | node | passes |", "|---|---|---|"]
+            lines += [f"| {i} | {'+ ' + h['give_back'] if 'give_back' in h else '- ' + h['without']} | "
+                      f"{'yes' if not h['violations'] else h['violations'][0]} |"
+                      for i, h in enumerate(rep["rounds"], 1)]
+            if rep.get("yaml"):
+                lines += ["", "```yaml", rep["yaml"].rstrip(), "```"]
+        lines.append("")
     lines += [f"**warning**: {w}" for w in r.get("warnings", [])]
     return "\n".join(lines) + "\n"

@@ -11,18 +11,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tests.assets import PHOTOS, PPOCR, SQUEEZENET
+from tests.assets import IMAGENET, PHOTOS, PPOCR, SQUEEZENET
 from tests.graphs import fpn, if_with_outer_refs, only_inside_if
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import CalibrateStage
 from trtflow.stages import calibrate
 from trtflow.stages.image import preprocess
-
-IMAGENET = [{"read": {"color": "rgb", "depth": 8}}, {"resize": {"shorter": 256, "antialias": True}},
-            {"center_crop": [224, 224]}, {"scale": 1 / 255},
-            {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}, {"layout": "chw"},
-            {"batch": True}]
 
 
 def run_calibrate(model: Path, out: Path, extra_inputs=None, **kw):
@@ -190,7 +185,7 @@ def test_entropy_threshold_is_tensorrts_kl_rule(kind):
 
 
 def test_percentile_threshold_is_taken_on_absolute_values():
-    from trtflow.stages.ort.calibration import MIN_VALUES_FOR_KL, percentile_threshold
+    from trtflow.stages.ort.calibration import percentile_threshold
 
     rng = np.random.default_rng(1)
     x = -np.abs(rng.normal(0, 2, 200_000))  # every large value negative: ONNX Runtime's rule would clip to ~0

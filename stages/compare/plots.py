@@ -29,7 +29,8 @@ def error_histograms(errors: dict[str, list[np.ndarray]], path: Path, title: str
             bins = np.logspace(np.log10(positive.min()), np.log10(positive.max()) + 1e-9, 50)
             ax.hist(positive, bins=bins, color="#4477aa")
             ax.set_xscale("log")
-        ax.set_title(f"{name}\n{(e == 0).mean():.0%} exact, max {e.max(initial=0):.3g}", fontsize=9)
+        exact = f"{(e == 0).mean():.0%} exact, " if e.size else "no finite error, "
+        ax.set_title(f"{name}\n{exact}max {e.max(initial=0):.3g}", fontsize=9)
         ax.set_xlabel("|error|")
     axes[0][0].set_ylabel("elements")
     fig.suptitle(title, fontsize=9)

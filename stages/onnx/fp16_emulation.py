@@ -49,6 +49,23 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
                     n.input[:] = [renamed if t == inp.name else t for t in n.input]
                 nodes.append(helper.make_node("Cast", [inp.name], [f"{renamed}__fp16"], to=TensorProto.FLOAT16))
                 nodes.append(helper.make_node("Cast", [f"{renamed}__fp16"], [renamed], to=FLOAT))
+    # a float tensor an FP32 node produces and an FP16 node reads crosses a Cast to FP16 in the variant: round
+    # it where it enters (a value past 65504 becomes inf there, as in the variant)
+    producer = {t: n.name for n in model.graph.node for t in n.output}
+    graph_inputs = [i.name for i in model.graph.input if i.name not in inits]
+    entering: dict[str, str] = {}
+    for node in out.graph.node:
+        if node.name in half:
+            for i, t in enumerate(node.input):
+                from_fp32 = producer[t] not in half if t in producer else keep_io_types and t in graph_inputs
+                if t in float_tensors and from_fp32:
+                    node.input[i] = entering.setdefault(t, f"{t}__entering_fp16")
+
+    def enter(t: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("Cast", [t], [f"{t}__entering_h"], to=TensorProto.FLOAT16, name=f"{t}__enter_fp16"),
+                helper.make_node("Cast", [f"{t}__entering_h"], [entering[t]], to=FLOAT, name=f"{t}__enter_fp32")]
+
+    nodes += [c for t in graph_inputs if t in entering for c in enter(t)]
     for node in out.graph.node:
         extra: list[onnx.NodeProto] = []
         if node.name in half:
@@ -57,6 +74,9 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
                     raw, casts = round_trip(t)
                     node.output[i] = raw
                     extra += casts
+        for t in node.output:
+            if t in entering:
+                extra += enter(t)
         nodes.append(node)
         nodes += extra
     del out.graph.node[:]

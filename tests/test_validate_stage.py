@@ -1,0 +1,111 @@
+"""Stage `validate`: defects planted in a real architecture (SqueezeNet 1.1, real photos) are caught, localized to
+the planted node and repaired; every number names the runtime (ONNX Runtime simulations here: no GPU)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from tests.assets import IMAGENET, PHOTOS, SQUEEZENET
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError, StageFailed
+from trtflow.pipelines.schema import PrecisionStage, ValidateStage
+from trtflow.stages import precision, validate
+from trtflow.stages.image import preprocess
+from trtflow.stages.ort.runner import run, session
+
+IMAGES = {"images": "*.png", "samples": 4}
+
+
+def photos(tmp_path: Path, steps=IMAGENET) -> dict:
+    pre = preprocess.save(steps, tmp_path / f"preprocess{len(list(tmp_path.glob('preprocess*')))}.json")
+    return {"preprocess": Artifact(pre, "preprocess", "parity"),
+            "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
+
+
+def with_scale_pair(src: Path, dst: Path, tensor: str, factor: float) -> Path:
+    """Insert x * factor (node 'planted_up') then / factor ('planted_down') after `tensor`: the same math in FP32,
+    past FP16's 65504 in between when factor is large."""
+    m = onnx.load(str(src))
+    for node in m.graph.node:
+        node.input[:] = [f"{tensor}__down" if t == tensor else t for t in node.input]
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(factor, np.float32), "planted_k")])
+    at = next(i for i, n in enumerate(m.graph.node) if tensor in n.output) + 1
+    for offset, node in enumerate([helper.make_node("Mul", [tensor, "planted_k"], [f"{tensor}__up"], name="planted_up"),
+                                   helper.make_node("Div", [f"{tensor}__up", "planted_k"], [f"{tensor}__down"],
+                                                    name="planted_down")]):
+        m.graph.node.insert(at + offset, node)
+    onnx.save(m, str(dst))
+    return dst
+
+
+def run_stage(module, schema, out: Path, inputs: dict, **kw):
+    out.mkdir(parents=True)
+    return module.run(schema.model_validate({"kind": schema.model_fields["kind"].annotation.__args__[0], **kw}),
+                      inputs, out)
+
+
+def overflowing_squeezenet(tmp_path: Path) -> Path:
+    """SqueezeNet with a planted scale after the first fire module's ReLU, sized so it passes 65504 on the photos."""
+    tensor = next(n.output[0] for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Relu")
+    probe = with_scale_pair(SQUEEZENET, tmp_path / "probe.onnx", tensor, 1.0)
+    m = onnx.load(str(probe))
+    m.graph.output.extend([helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None)])
+    onnx.save(m, str(probe))
+    feeds = photos(tmp_path)
+    pre = preprocess.load(feeds["preprocess"].path)
+    peak = max(float(run(session(probe), {"input": pre(p)})[tensor].max()) for p in PHOTOS)
+    return with_scale_pair(SQUEEZENET, tmp_path / "overflow.onnx", tensor, 4 * 65504 / peak)
+
+
+def test_fp16_overflow_is_caught_localized_and_repaired(tmp_path):
+    model = overflowing_squeezenet(tmp_path)
+    inputs = photos(tmp_path)
+    fp16 = run_stage(precision, PrecisionStage, tmp_path / "fp16", {"model": Artifact(model, "onnx", "prepare"),
+                                                                     **inputs},
+                     data=IMAGES, holdout=1, fallback={"auto": False})
+    variant = Artifact(fp16.outputs["model"], "onnx", "fp16", "fp16")
+    reference = Artifact(model, "onnx", "ref", "prepare")
+    with pytest.raises(StageFailed) as failed:
+        run_stage(validate, ValidateStage, tmp_path / "v", {"reference": reference, "models": [variant], **inputs},
+                  data=IMAGES)
+    line = str(failed.value)
+    assert "fp16" in line and "output 'logits'" in line and "nan_inf" in line, line
+    report = json.loads(failed.value.result.outputs["report"].read_text())
+    cand = report["candidates"][0]
+    assert cand["runtime"].startswith("onnxruntime-cpu (simulated FP16")
+    assert cand["accuracy"]["outputs"]["logits"]["reference_nan"] == 0
+    assert cand["layerwise"]["first_bad"]["node"] == "planted_up"
+    assert any(o["node"] == "planted_up" for o in cand["layerwise"]["overflow"])
+    assert all((tmp_path / "v" / p).exists() for p in cand["plots"])
+
+    fixed = run_stage(validate, ValidateStage, tmp_path / "r", {"reference": reference, "models": [variant], **inputs},
+                      data=IMAGES, repair=True)
+    report = json.loads(fixed.outputs["report"].read_text())
+    assert set(report["repair"]["nodes"]) == {"planted_up", "planted_down"}, report["repair"]
+    assert "block_nodes" in report["repair"]["yaml"] and "planted_up" in report["repair"]["yaml"]
+    # the repaired model is a real FP16 model that now passes, and is what a later build takes
+    repaired = fixed.outputs["repaired"]
+    again = run_stage(validate, ValidateStage, tmp_path / "again",
+                      {"reference": reference, "models": [Artifact(repaired, "onnx", "r", "fp16")], **inputs},
+                      data=IMAGES)
+    assert json.loads(again.outputs["report"].read_text())["passed"]
+
+
+def test_bad_input(tmp_path):
+    reference = Artifact(SQUEEZENET, "onnx", "ref", "prepare")
+    inputs = photos(tmp_path)
+    with pytest.raises(StageError, match="tolerances.logit: the model has no output 'logit'.*logits"):
+        run_stage(validate, ValidateStage, tmp_path / "a", {"reference": reference, "models": [reference], **inputs},
+                  data=IMAGES, tolerances={"logit": {"cosine": 0.99}})
+    with pytest.raises(StageError, match="nothing to validate"):
+        run_stage(validate, ValidateStage, tmp_path / "b", {"reference": reference, "models": [reference], **inputs},
+                  data=IMAGES)
+    fp32 = Artifact(SQUEEZENET, "onnx", "other", "prepare2")
+    with pytest.raises(StageError, match="every candidate is FP32.*nothing|no precision to give back"):
+        run_stage(validate, ValidateStage, tmp_path / "c", {"reference": reference, "models": [fp32], **inputs},
+                  data=IMAGES, repair=True)
