@@ -20,16 +20,13 @@ profile that check.py uses.
 from __future__ import annotations
 
 import argparse
-import glob
 import hashlib
-import io
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 import zipfile

@@ -76,7 +76,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     assert len(errors) == 1 and "likely cause: R and B swapped — fix: read: rgb" in errors[0], bad.stderr
     good = trtflow("run", "pipeline.yaml", cwd=squeezenet)
     assert good.returncode == 0, good.stderr
-    assert "5 stages (4 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
+    assert "6 stages (5 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
     key = json.loads((squeezenet / ".trtflow" / "parity" / "last.json").read_text())["key"]
     report = json.loads((squeezenet / ".trtflow" / "parity" / key / "report.json").read_text())
     assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0
@@ -87,3 +87,8 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     key = json.loads((squeezenet / ".trtflow" / "build" / "last.json").read_text())["key"]
     cells = json.loads((squeezenet / ".trtflow" / "build" / key / "report.json").read_text())["cells"]
     assert len(cells) == 6 and all(c["status"] == "ok" for c in cells)  # 3 variants x 2 profiles, built in CI
+    key = json.loads((squeezenet / ".trtflow" / "validate" / "last.json").read_text())["key"]
+    checked = json.loads((squeezenet / ".trtflow" / "validate" / key / "report.json").read_text())
+    assert checked["passed"] and {c["name"] for c in checked["candidates"]} == {c["name"] for c in cells}
+    assert all(c["runtime"].startswith("onnxruntime-cpu") and c["accuracy"]["outputs"]["logits"]["top1"] == 1.0
+               for c in checked["candidates"])  # no GPU here: each engine's exact ONNX variant, simulated

@@ -13,8 +13,8 @@ from onnx import helper, numpy_helper
 from tests.assets import IMAGENET, PHOTOS, SQUEEZENET
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.schema import PrecisionStage, ValidateStage
-from trtflow.stages import precision, validate
+from trtflow.pipelines.schema import CalibrateStage, PrecisionStage, ValidateStage
+from trtflow.stages import calibrate, precision, validate
 from trtflow.stages.image import preprocess
 from trtflow.stages.ort.runner import run, session
 
@@ -109,3 +109,52 @@ def test_bad_input(tmp_path):
     with pytest.raises(StageError, match="every candidate is FP32.*nothing|no precision to give back"):
         run_stage(validate, ValidateStage, tmp_path / "c", {"reference": reference, "models": [fp32], **inputs},
                   data=IMAGES, repair=True)
+
+
+def test_int8_range_ruined_is_caught_localized_and_repaired(tmp_path):
+    """One activation's INT8 range made 2000x too wide (as one huge outlier in the calibration data does): its
+    values all round to zero; validate names the node that reads it and leaves that node unquantized."""
+    inputs = photos(tmp_path)
+    reference = Artifact(SQUEEZENET, "onnx", "ref", "prepare")
+    int8 = run_stage(calibrate, CalibrateStage, tmp_path / "int8", {"model": reference, **inputs}, data=IMAGES,
+                     holdout=1, min_samples=3)
+    m = onnx.load(str(int8.outputs["model"]))
+    inits = {i.name: i for i in m.graph.initializer}
+    consumers = {t: n for n in m.graph.node for t in n.input}
+    # a mid-network activation's QuantizeLinear: the Conv that reads its DequantizeLinear is the planted node
+    qs = [n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
+    q = qs[len(qs) // 2]
+    scale = inits[q.input[1]]
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * 2000, scale.name))
+    planted = consumers[consumers[q.output[0]].output[0]].name
+    ruined = tmp_path / "ruined.onnx"
+    onnx.save(m, str(ruined))
+    variant = Artifact(ruined, "onnx", "int8", "int8")
+
+    with pytest.raises(StageFailed) as failed:
+        run_stage(validate, ValidateStage, tmp_path / "v", {"reference": reference, "models": [variant], **inputs},
+                  data=IMAGES)
+    cand = json.loads(failed.value.result.outputs["report"].read_text())["candidates"][0]
+    assert "simulated INT8" in cand["runtime"] and not cand["passed"]
+    assert cand["layerwise"]["first_bad"]["node"] == planted, cand["layerwise"]["first_bad"]
+    assert cand["layerwise"]["clipping"][0]["tensor"] == q.input[0]  # the range that does not fit its data
+    assert cand["layerwise"]["clipping"][0]["range_use"] < 0.01
+
+    fixed = run_stage(validate, ValidateStage, tmp_path / "r", {"reference": reference, "models": [variant], **inputs},
+                      data=IMAGES, repair=True)
+    rep = json.loads(fixed.outputs["report"].read_text())["repair"]
+    assert rep["passed"] and rep["nodes"] == [planted], rep
+    assert f"exclude_nodes: ['{planted}']" in rep["yaml"]
+    repaired = onnx.load(str(fixed.outputs["repaired"]))
+    assert sum(n.op_type == "QuantizeLinear" for n in repaired.graph.node) > 10  # still an INT8 model
+
+    # a preprocessing mismatch: validation images fed without the 1/255 scale the model was calibrated with
+    wrong = photos(tmp_path, [s for s in IMAGENET if "scale" not in s])
+    good = Artifact(int8.outputs["model"], "onnx", "int8", "int8")
+    with pytest.raises(StageFailed) as failed:
+        run_stage(validate, ValidateStage, tmp_path / "pre", {"reference": reference, "models": [good], **wrong},
+                  data=IMAGES)
+    loc = json.loads(failed.value.result.outputs["report"].read_text())["candidates"][0]["layerwise"]
+    first_conv = next(n.name for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Conv")
+    assert loc["first_bad"]["node"] == first_conv  # where the wrongly scaled input is quantized
+    assert loc["clipping"] and loc["clipping"][0]["clipped"] > 0.1  # its values fall outside the calibrated ranges

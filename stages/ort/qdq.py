@@ -32,8 +32,10 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
 
 
 def quantized_nodes(model: onnx.ModelProto) -> dict[str, str]:
-    """Node name -> op type, for every node that reads a DequantizeLinear output (the nodes TensorRT runs in INT8)."""
-    dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    """Node name -> op type, for every node whose weights are quantized (it reads a DequantizeLinear of an
+    initializer): the nodes of the calibrate stage's `quantize_ops`, which TensorRT runs in INT8."""
+    inits = {i.name for i in model.graph.initializer}
+    dq = {o for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits for o in n.output}
     return {n.name: n.op_type for n in model.graph.node
             if n.op_type not in ("QuantizeLinear", "DequantizeLinear") and any(t in dq for t in n.input)}
 
