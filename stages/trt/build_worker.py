@@ -79,9 +79,9 @@ def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> dict[s
     if not hasattr(runtime, "get_engine_validity"):
         return {"checked": False, "reason": "this TensorRT has no Runtime.get_engine_validity"}
     state, diagnostics = runtime.get_engine_validity(data)
-    names = [d for d in ("CUDA_ERROR", "INSUFFICIENT_GPU_MEMORY", "MALFORMED_ENGINE", "OLD_CUDA_DRIVER",
-                         "OLD_CUDA_RUNTIME", "UNSUPPORTED_CC", "VERSION_MISMATCH")
-             if int(diagnostics) & int(getattr(trt.EngineInvalidityDiagnostics, d))]
+    from trtflow.stages.trt.runtime import diagnostic_names
+
+    names = diagnostic_names(trt, diagnostics)
     result = {"checked": True, "validity": str(state).split(".")[-1], "diagnostics": names}
     if str(state).endswith("INVALID") and not names:  # e.g. no GPU or driver at all: the log says which
         result["reason"] = next((ln for ln in reversed(log_lines) if "GPU" in ln or "CUDA" in ln), None)

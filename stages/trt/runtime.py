@@ -17,6 +17,13 @@ import numpy as np
 from trtflow.stages.trt.env import gpus
 
 
+def diagnostic_names(trt: Any, diagnostics: Any) -> list[str]:
+    """The flags set in `Runtime.get_engine_validity`'s diagnostics (TensorRT-RTX)."""
+    return [d for d in ("CUDA_ERROR", "INSUFFICIENT_GPU_MEMORY", "MALFORMED_ENGINE", "OLD_CUDA_DRIVER",
+                        "OLD_CUDA_RUNTIME", "UNSUPPORTED_CC", "VERSION_MISMATCH")
+            if int(diagnostics) & int(getattr(trt.EngineInvalidityDiagnostics, d))]
+
+
 def can_run(module: str, plan: Path) -> tuple[bool, str]:
     """(True, "") when this machine can execute the engine, else (False, why)."""
     if not gpus():
@@ -38,10 +45,7 @@ def can_run(module: str, plan: Path) -> tuple[bool, str]:
     state, diagnostics = runtime.get_engine_validity(plan.read_bytes())
     if str(state).endswith(".VALID"):
         return True, ""
-    names = [d for d in ("CUDA_ERROR", "INSUFFICIENT_GPU_MEMORY", "MALFORMED_ENGINE", "OLD_CUDA_DRIVER",
-                         "OLD_CUDA_RUNTIME", "UNSUPPORTED_CC", "VERSION_MISMATCH")
-             if int(diagnostics) & int(getattr(trt.EngineInvalidityDiagnostics, d))]
-    why = ", ".join(names) or next((ln for ln in reversed(lines) if "CUDA" in ln or "GPU" in ln), "invalid")
+    why = ", ".join(diagnostic_names(trt, diagnostics)) or next((ln for ln in reversed(lines) if "CUDA" in ln or "GPU" in ln), "invalid")
     return False, f"{str(state).split('.')[-1]} on this GPU ({why})"
 
 
