@@ -9,14 +9,14 @@ set stays small.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import onnx
 
 from trtflow.stages.onnx import fp16, model_io
-from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes
+from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
 from trtflow.stages.ort import qdq, quant_prep
 from trtflow.stages.ort.probe import probe
 
@@ -27,16 +27,14 @@ Locate = Callable[[onnx.ModelProto], dict[str, Any]]  # simulated model -> layer
 @dataclass
 class Variant:
     """How to rebuild one variant with some nodes given back, and its simulation."""
-    precision: str
     rebuild: Callable[[list[str]], tuple[onnx.ModelProto, onnx.ModelProto]]  # nodes -> (variant, simulation)
     fixable: Callable[[str], str | None]  # a node that goes wrong -> the node to give back for it
-    already: list[str] = field(default_factory=list)  # nodes the variant already keeps back
 
 
 def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path, probe_feed: dict) -> Variant:
     half = half_nodes(variant, reference) or set()
     fp32 = {n.name: "FP32 in the variant" for n in reference.graph.node if n.name not in half}
-    keep_io = all(i.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for i in variant.graph.input)
+    keep_io = keeps_io_types(variant)
 
     def runs(candidate: onnx.ModelProto) -> None:
         path = work / "repair_candidate.onnx"
@@ -49,7 +47,7 @@ def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Pat
         return model, emulate(reference, plan.half, keep_io)
 
     names = {n.name for n in reference.graph.node}
-    return Variant("fp16", rebuild, lambda n: n if n in names and n in half else None, sorted(fp32))
+    return Variant(rebuild, lambda n: n if n in names and n in half else None)
 
 
 def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path) -> Variant:
@@ -82,7 +80,7 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
             todo += [producer[t].name for t in by_name[n].input if t in producer]
         return None
 
-    return Variant("int8", rebuild, fixable, skipped)
+    return Variant(rebuild, fixable)
 
 
 def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, rounds: int) -> dict[str, Any]:

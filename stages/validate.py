@@ -24,9 +24,9 @@ from trtflow.stages.compare import accuracy, gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.onnx import model_io
-from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes
+from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
 from trtflow.stages.onnx.graph import precision
-from trtflow.stages.ort import layerwise
+from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
@@ -64,11 +64,12 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     candidates = _candidates(inputs, inputs["reference"])
     target = _repair_target(params, candidates) if params.repair else None
     (out_dir / "plots").mkdir()
-    ref_cache: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+    ref_cache: dict[tuple[str, str, int], dict[str, np.ndarray]] = {}
+    sims: dict[str, tuple[str, onnx.ModelProto]] = {}
     results = []
     for n, cand in enumerate(candidates, 1):
         progress.report("validating candidates", n - 1, len(candidates))
-        results.append(_validate(params, inputs, cand, reference, ref, ref_cache, work, out_dir))
+        results.append(_validate(params, inputs, cand, reference, ref, ref_cache, sims, work, out_dir))
     progress.report("validating candidates", len(candidates), len(candidates))
     outputs = {"report": out_dir / "report.json"}
     repaired = None
@@ -155,8 +156,8 @@ def _candidates(inputs: dict[str, Artifact], reference: Artifact) -> list[Candid
 # --------------------------------------------------------------------------------------------- one candidate
 
 def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, reference: onnx.ModelProto, ref: Any,
-              ref_cache: dict, work: Path, out_dir: Path) -> dict[str, Any]:
-    runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work)
+              ref_cache: dict, sims: dict, work: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work, sims)
     sets = list(_sample_sets(params, inputs, ref, reference, cand))
     cmp, errors, shapes_seen = _measure(runner, sets, ref, ref_cache)
     acc = cmp.result(runtime)
@@ -170,15 +171,15 @@ def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, referen
         "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc["outputs"]},
         "accuracy": acc, "passed": not violations, "violations": [v.line() for v in violations],
         "not_on_tensorrt": why, "warnings": warnings}
-    ctx = {"sets": sets, "sim": sim_model, "locate_feeds": None}
+    ctx = {"sets": sets, "sim": sim_model}
     slug = cand.name.replace("/", "_")
     hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
     result["plots"] = [str(hist.relative_to(out_dir))]
     if violations and params.locate_first_bad_layer:
-        bound = gate.bounds_for(cand.precision, "*", params.tolerances).get("cosine", 0.999)
+        bound = gate.layer_bound(cand.precision, params.tolerances)
         label, source, which, _ = sets[0]
         feeds = (source.sample(i) for i in list(which)[: params.locate_samples])
-        qranges = layerwise.quantized_ranges(sim_model) if cand.precision == "int8" else None
+        qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
         found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
         rows = found.pop("rows")
         found["on"] = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
@@ -217,19 +218,25 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, 
     return cmp, errors, shapes_seen
 
 
-def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: Path
-             ) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str, onnx.ModelProto]:
-    """(runtime label, feed runner, why TensorRT was not used, the simulated ONNX model)."""
+def _simulation(cand: Candidate, reference: onnx.ModelProto) -> tuple[str, onnx.ModelProto]:
+    """(runtime label, the ONNX model that simulates the candidate's variant)."""
     variant = model_io.load(cand.model)
-    sim_model, label = variant, SIMULATION.get(cand.precision, RUNTIME)
-    if cand.precision == "fp16":
-        half = half_nodes(variant, reference)
-        if half is None:
-            label = f"{RUNTIME} (the FP16 variant run directly: it was not converted from the reference, so FP16 " \
-                    f"rounding between nodes is not emulated)"
-        else:
-            keep_io = all(i.type.tensor_type.elem_type != onnx.TensorProto.FLOAT16 for i in variant.graph.input)
-            sim_model = emulate(reference, half, keep_io)
+    if cand.precision != "fp16":
+        return SIMULATION.get(cand.precision, RUNTIME), variant
+    half = half_nodes(variant, reference)
+    if half is None:
+        return (f"{RUNTIME} (the FP16 variant run directly: it was not converted from the reference, so FP16 "
+                f"rounding between nodes is not emulated)"), variant
+    return SIMULATION["fp16"], emulate(reference, half, keeps_io_types(variant))
+
+
+def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: Path, sims: dict[str, Any]
+             ) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str, onnx.ModelProto]:
+    """(runtime label, feed runner, why TensorRT was not used, the simulated ONNX model); `sims` holds each
+    variant's simulation, made once however many engines the variant has."""
+    if cand.variant not in sims:
+        sims[cand.variant] = _simulation(cand, reference)
+    label, sim_model = sims[cand.variant]
     why = ""
     if requested != "onnxruntime" and cand.engine is not None:
         from trtflow.stages.trt.runtime import EngineRunner, can_run
@@ -283,7 +290,7 @@ def _repair(params: Any, target: Candidate, candidates: list[Candidate], results
     variant = model_io.load(target.model)
     label, source, which, _ = sets[0]
     locate_feeds = [source.sample(i) for i in list(which)[: params.locate_samples]]
-    bound = gate.bounds_for(target.precision, "*", params.tolerances).get("cosine", 0.999)
+    bound = gate.layer_bound(target.precision, params.tolerances)
 
     def check(sim: onnx.ModelProto) -> list[str]:
         path = work / "repair_sim.onnx"
@@ -294,7 +301,7 @@ def _repair(params: Any, target: Candidate, candidates: list[Candidate], results
                                              params.check_nan_inf)]
 
     def locate(sim: onnx.ModelProto) -> dict[str, Any]:
-        qranges = layerwise.quantized_ranges(sim) if target.precision == "int8" else None
+        qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None
         return layerwise.compare(reference, sim, iter(locate_feeds), work, bound, qranges)
 
     first = first_r.get("layerwise") or locate(first_ctx["sim"])

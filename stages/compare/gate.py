@@ -47,6 +47,11 @@ def bounds_for(precision: str, output: str, tolerances: dict[str, Any]) -> dict[
     return bounds
 
 
+def layer_bound(precision: str, tolerances: dict[str, Any]) -> float:
+    """The cosine below which an intermediate tensor counts as gone wrong: the bound every output gets."""
+    return bounds_for(precision, "*", tolerances)["cosine"]
+
+
 def check(result: dict[str, Any], precision: str, tolerances: dict[str, Any], nan_inf: bool) -> list[Violation]:
     """Every bound an output misses. NaN/Inf the candidate adds beyond the reference's own fail when `nan_inf`."""
     found = []

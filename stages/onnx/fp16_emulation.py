@@ -84,6 +84,11 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     return out
 
 
+def keeps_io_types(variant: onnx.ModelProto) -> bool:
+    """Whether an FP16 variant kept FP32 inputs (the precision stage's `keep_io_types`)."""
+    return all(i.type.tensor_type.elem_type != TensorProto.FLOAT16 for i in variant.graph.input)
+
+
 def half_nodes(variant: onnx.ModelProto, reference: onnx.ModelProto) -> set[str] | None:
     """The reference's nodes that an FP16 variant runs in FP16 (a float output of the same-named node is FLOAT16
     there); None when the variant was not converted from this reference (its nodes are not the reference's)."""

@@ -10,13 +10,11 @@ from typing import Any, Iterable
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from trtflow.stages.ort.ranges import expose_all
 from trtflow.stages.ort.runner import session
 
 FP16_MAX = 65504.0
-INT_RANGES = {onnx.TensorProto.INT8: (-128, 127), onnx.TensorProto.UINT8: (0, 255)}
 
 
 class TensorStats:
@@ -55,25 +53,6 @@ class TensorStats:
     def drift(self) -> float:
         """1 - cosine; 1 where the candidate turned a finite value non-finite."""
         return 1.0 if self.bad else max(0.0, 1.0 - self.cosine)
-
-
-def quantized_ranges(qdq: onnx.ModelProto) -> dict[str, tuple[float, float]]:
-    """Activation tensor -> the float range its QuantizeLinear can represent ((qmin - zp) * scale, (qmax - zp) *
-    scale), for per-tensor activation quantization."""
-    protos = {i.name: i for i in qdq.graph.initializer}
-    out = {}
-    for n in qdq.graph.node:
-        if n.op_type != "QuantizeLinear" or n.input[0] in protos or n.input[1] not in protos:
-            continue
-        scale = numpy_helper.to_array(protos[n.input[1]])
-        zp = protos.get(n.input[2]) if len(n.input) > 2 else None
-        if scale.size != 1:
-            continue
-        lo, hi = INT_RANGES.get(zp.data_type if zp is not None else onnx.TensorProto.UINT8, (0, 255))
-        z = float(numpy_helper.to_array(zp).ravel()[0]) if zp is not None else 0.0
-        s = float(scale.ravel()[0])
-        out[n.input[0]] = ((lo - z) * s, (hi - z) * s)
-    return out
 
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]],

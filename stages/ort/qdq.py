@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import onnx
 from onnx import numpy_helper
@@ -46,6 +46,29 @@ def is_per_channel(model: onnx.ModelProto) -> bool:
                and numpy_helper.to_array(inits[n.input[1]]).size > 1 for n in model.graph.node)
 
 
+INT_RANGES = {onnx.TensorProto.INT8: (-128, 127), onnx.TensorProto.UINT8: (0, 255)}
+
+
+def _activation_quantizers(model: onnx.ModelProto) -> Iterator[tuple[str, float, onnx.TensorProto | None]]:
+    """(activation tensor, scale, zero-point initializer or None) of each per-tensor QuantizeLinear."""
+    inits = {i.name: i for i in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
+            scale = numpy_helper.to_array(inits[n.input[1]])
+            if scale.size == 1:
+                yield n.input[0], float(scale.ravel()[0]), inits.get(n.input[2]) if len(n.input) > 2 else None
+
+
+def representable_ranges(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
+    """Activation tensor -> the float range its QuantizeLinear can represent: ((qmin - zp) s, (qmax - zp) s)."""
+    out = {}
+    for tensor, s, zp in _activation_quantizers(model):
+        lo, hi = INT_RANGES.get(zp.data_type if zp is not None else onnx.TensorProto.UINT8, (0, 255))
+        z = float(numpy_helper.to_array(zp).ravel()[0]) if zp is not None else 0.0
+        out[tensor] = ((lo - z) * s, (hi - z) * s)
+    return out
+
+
 def activation_ranges(model: onnx.ModelProto) -> Any:
     """The symmetric range [-127 s, 127 s] of each activation's per-tensor QuantizeLinear, as `TensorsData`
     `write` takes: quantizing again at these ranges gives the same scales."""
@@ -53,12 +76,8 @@ def activation_ranges(model: onnx.ModelProto) -> Any:
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
-    inits = {i.name: i for i in model.graph.initializer}
     data = {}
-    for n in model.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
-            scale = numpy_helper.to_array(inits[n.input[1]])
-            if scale.size == 1:
-                t = np.array(127.0 * float(scale.ravel()[0]), dtype=np.float32)
-                data[n.input[0]] = TensorData(lowest=-t, highest=t)
+    for tensor, s, _ in _activation_quantizers(model):
+        t = np.array(127.0 * s, dtype=np.float32)
+        data[tensor] = TensorData(lowest=-t, highest=t)
     return TensorsData(CalibrationMethod.MinMax, data)
