@@ -41,7 +41,7 @@ ROOT = Path(os.environ.get("TRTFLOW_ZOO", Path.home() / ".cache" / "trtflow-zoo"
 MODELS = ROOT / "models"
 DATA = ROOT / "data"
 OPSET = 17
-SAMPLES = int(os.environ.get("TRTFLOW_ZOO_SAMPLES", "32"))  # per model; a quarter is held out by bench/zoo.py
+SAMPLES = int(os.environ.get("TRTFLOW_ZOO_SAMPLES", "32"))  # generated inputs per model (image models use the 8 bundled photos); bench/zoo.py holds out a quarter, at least 4
 SEED = 0
 RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
 
@@ -931,7 +931,8 @@ def _count(n):
 def write_models_md(manifest):
     lines = ["# trtflow test zoo: models", "",
              "Made by `python export.py` (seeded, deterministic). Sample inputs: `data/<name>/sample_NNN.npz` "
-             f"({SAMPLES} each, one array per input name). TensorRT profiles and per-model facts: `models/manifest.json`. "
+             "(as many as `samples` in models/manifest.json says: the 8 bundled photos for image models, up to "
+             f"{SAMPLES} generated inputs for the others; one array per input name). TensorRT profiles and per-model facts: `models/manifest.json`. "
              "Checks (ORT, onnxsim, FP16 conversion, TensorRT-RTX): `REPORT.md`, made by `python check.py`.", "",
              "Reproduce: `python export.py` (about 1 min on 2 cores; every model under 15 s) needs torch + torchvision (CPU use), onnx, "
              "numpy, Pillow, scikit-image (bundled photos; smooth random images otherwise), `pip install --no-deps "
