@@ -203,6 +203,20 @@ def cnn_mobilenet_v3():
                 profiles={"input": [[1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224]]})
 
 
+def cnn_efficientnet_b1():
+    torch = _torch()
+    import torchvision
+    m = recalibrate_bn(torchvision.models.efficientnet_b1(weights=None), calib_images(224, imagenet_chw))
+    export_torch(m, (torch.zeros(1, 3, 224, 224),), "cnn_efficientnet_b1", ["input"], ["logits"],
+                 {"input": {0: "batch"}, "logits": {0: "batch"}})
+    save_samples("cnn_efficientnet_b1", image_samples("input", 224, imagenet_chw))
+    return dict(family="CNN classifier (EfficientNet-B1: MBConv, SiLU, Squeeze-Excitation; 341 nodes simplified)",
+                made="torchvision.models.efficientnet_b1(weights=None), random init, eval; legacy exporter opset 17"
+                     + "; " + BN_NOTE,
+                data="8 real photos, 224x224, ImageNet mean/std normalized",
+                profiles={"input": [[1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224]]})
+
+
 def _yolo_head_module():
     torch = _torch()
     from torch import nn
@@ -842,7 +856,7 @@ def ppocr_cls():
                 trained=True)
 
 
-BUILDERS = {f.__name__: f for f in (cnn_resnet18, cnn_mobilenet_v3, yolo_head, yolov8n, transformer_encoder, lstm,
+BUILDERS = {f.__name__: f for f in (cnn_resnet18, cnn_mobilenet_v3, cnn_efficientnet_b1, yolo_head, yolov8n, transformer_encoder, lstm,
                                      if_model, fp16_mixed, segmentation, ppocr_rec, ppocr_det, ppocr_cls, ssdlite)}
 
 # ------------------------------------------------------------------------------------------ MODELS.md

@@ -33,7 +33,7 @@ from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.precision import name_nodes
 from trtflow.text import did_you_mean
 
-VERSION = "1"
+VERSION = "2"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1)
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
               "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}

@@ -1,7 +1,11 @@
 """Paths of the real models and photos the tests use (all in the repository; nothing is downloaded)."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import os
 from pathlib import Path
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -14,3 +18,27 @@ IMAGENET = [{"read": {"color": "rgb", "depth": 8}}, {"resize": {"shorter": 256, 
             {"center_crop": [224, 224]}, {"scale": 1 / 255},
             {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}, {"layout": "chw"},
             {"batch": True}]
+
+
+def load_bench(name: str) -> Any:
+    """A module of bench/ (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def zoo(root: Path, samples: int = 8) -> Iterator[Any]:
+    """bench/zoo_models.py making its models under `root` (8 generated samples: CI stays fast)."""
+    before = {k: os.environ.get(k) for k in ("TRTFLOW_ZOO", "TRTFLOW_ZOO_SAMPLES")}
+    os.environ["TRTFLOW_ZOO"] = str(root)  # read when the bench modules load
+    os.environ["TRTFLOW_ZOO_SAMPLES"] = str(samples)
+    try:
+        models = load_bench("zoo_models")
+        models.MODELS.mkdir(parents=True, exist_ok=True)
+        models.DATA.mkdir(parents=True, exist_ok=True)
+        yield models
+    finally:
+        for k, v in before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)

@@ -18,7 +18,9 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     save_tensors_data(tensors, ranges)
-    with contextlib.redirect_stdout(io.StringIO()):
+    # quantize_static logs "consider pre-processing" through the root logger for models it was not run on
+    # (the pre-processing is done, or the model is a subgraph cut from a pre-processed one)
+    with contextlib.redirect_stdout(io.StringIO()), _quiet_root_logger():
         quantize_static(
             str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=per_channel,
             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
@@ -29,6 +31,19 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
             # about 3.6x smaller; TensorRT folds either form into INT8 weights
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                            "AddQDQPairToWeight": False, "DedicatedQDQPair": False})
+
+
+@contextlib.contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def quantized_nodes(model: onnx.ModelProto) -> dict[str, str]:

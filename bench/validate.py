@@ -1,0 +1,182 @@
+"""Cost of validate's localization and of `trtflow reduce`, on EfficientNet-B1 (341 nodes after simplification,
+real photos) with an FP16 overflow planted in a mid-network projection conv.
+
+Localization (every intermediate tensor of candidate and reference compared, one sample at a time) against one
+plain reference pass per sample, in the same run, each measured in a fresh process (its peak RSS is its own), for a
+growing number of samples: the time ratio should stay within 3x and the peak memory flat.
+Then `trtflow reduce` on three planted failures: nodes before and after, checks run, seconds.
+
+    python bench/validate.py [--samples 4 16 64]      (models made under $TRTFLOW_ZOO, ~/.cache/trtflow-zoo)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import defects  # noqa: E402
+import zoo_models  # noqa: E402
+
+PLANT = "/features/features.4/features.4.0/block/block.3/block.3.0/Conv"
+console = Console(width=150)
+
+
+def prepared(work: Path) -> tuple[Path, Path, list[np.ndarray]]:
+    """The simplified FP32 model, the same with the planted overflow, and the 8 photos."""
+    from onnxsim import simplify
+
+    raw = zoo_models.MODELS / "cnn_efficientnet_b1.onnx"
+    if not raw.exists():
+        zoo_models.MODELS.mkdir(parents=True, exist_ok=True)
+        zoo_models.DATA.mkdir(parents=True, exist_ok=True)
+        zoo_models.cnn_efficientnet_b1()
+    model, _ = simplify(onnx.load(raw))
+    clean, planted = work / "effnet.onnx", work / "planted.onnx"
+    onnx.save(model, clean)
+    onnx.save(defects.scale_weights(model, PLANT, 3e4), planted)
+    photos = [np.load(f)["input"] for f in sorted((zoo_models.DATA / "cnn_efficientnet_b1").glob("*.npz"))]
+    return clean, planted, photos
+
+
+def feeds(photos: list[np.ndarray], n: int):
+    for i in range(n):  # the photos, then mirrored, then shifted: no two samples alike
+        x = photos[i % len(photos)]
+        x = x[..., ::-1] if (i // len(photos)) % 2 else x
+        yield {"input": np.ascontiguousarray(np.roll(x, i // (2 * len(photos)), axis=-2))}
+
+
+def one(kind: str, planted: Path, photos_npz: Path, n: int, work: Path) -> dict:
+    """One measurement, in this (fresh) process."""
+    from trtflow.stages.onnx import fp16
+    from trtflow.stages.onnx.fp16_emulation import emulate
+    from trtflow.stages.ort import layerwise
+    from trtflow.stages.ort.runner import session
+
+    photos = list(np.load(photos_npz)["input"])
+    reference = onnx.load(planted)
+    if kind == "reference":
+        sess = session(planted)
+        sess.run(None, next(feeds(photos, 1)))  # first run's allocations, as compare's sessions have them too
+        t0 = time.perf_counter()
+        for f in feeds(photos, n):
+            sess.run(None, f)
+        result = {"seconds": time.perf_counter() - t0}
+    else:
+        candidate = emulate(reference, fp16.plan(reference, {}, set()).half, True)
+        t0 = time.perf_counter()
+        loc = layerwise.compare(reference, candidate, feeds(photos, n), work, 0.999)
+        result = {"seconds": time.perf_counter() - t0, "first_bad": loc["first_bad"]["node"],
+                  "tensors": loc["tensors"]}
+    result["peak_mb"] = peak_rss_mb()
+    return result
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak RSS (VmHWM: ru_maxrss would include the parent's from before exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(kind: str, planted: Path, photos: Path, n: int, work: Path) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--one", kind, str(planted), str(photos), str(n), str(work)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def reduce_cases(clean: Path, planted: Path, photos: list[np.ndarray], work: Path) -> list[dict]:
+    from trtflow.stages import reduce as rd
+    from trtflow.stages.trt.env import detect_tensorrt
+
+    data = [dict(f) for f in feeds(photos, 2)]
+    model = onnx.load(clean)
+    cases = [("fp16 overflow (weights x3e4)", onnx.load(planted), rd.fp16_check(0.999))]
+    qdq_path = work / "qdq.onnx"
+    _quantize(clean, qdq_path, photos)
+    bad, _ = defects.ruin_input_range(onnx.load(qdq_path), PLANT, 2000)
+    cases.append(("int8 range ruined (scale x2000)", model, rd.int8_check(0.9, bad)))
+    if detect_tensorrt() is not None:
+        cases.append(("TensorRT parser rejects (Unique)", defects.insert_op(model, PLANT, "Unique"),
+                      rd.tensorrt_check(build=False)))
+    rows = []
+    for name, m, check in cases:
+        r = rd.reduce(m, check, data, work)
+        rows.append({"case": name, "before": r.nodes_before, "after": len(r.nodes), "nodes": r.nodes,
+                     "checks": r.checks, "seconds": r.seconds})
+    return rows
+
+
+def _quantize(model: Path, out: Path, photos: list[np.ndarray]) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"input": x} for x in photos)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    import logging
+
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_static's "consider pre-processing" (it is simplified)
+    quantize_static(str(model), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["Conv", "Gemm"],
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False})
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--one"]:
+        kind, planted, photos, n, work = sys.argv[2:]
+        print(json.dumps(one(kind, Path(planted), Path(photos), int(n), Path(work))))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, nargs="+", default=[4, 16, 64])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        clean, planted, photos = prepared(work)
+        photos_npz = work / "photos.npz"
+        np.savez(photos_npz, input=np.stack(photos))
+        nodes = len(onnx.load(clean).graph.node)
+        table = Table(title=f"localization vs one reference pass per sample: EfficientNet-B1, {nodes} nodes, "
+                            "onnxruntime-cpu, FP16 simulated", title_justify="left")
+        for col in ("samples", "reference s", "localize s", "ratio", "reference peak MB", "localize peak MB",
+                    "first bad node"):
+            table.add_column(col, justify="right" if col != "first bad node" else "left")
+        rows = [(n, measure("reference", planted, photos_npz, n, work), measure("localize", planted, photos_npz, n,
+                                                                                  work)) for n in args.samples]
+        for n, ref, loc in rows:
+            table.add_row(str(n), f"{ref['seconds']:.2f}", f"{loc['seconds']:.2f}",
+                          f"{loc['seconds'] / ref['seconds']:.2f}x", f"{ref['peak_mb']:.0f}", f"{loc['peak_mb']:.0f}",
+                          loc["first_bad"].split("/")[-3] + "/.../" + loc["first_bad"].split("/")[-1])
+        (n0, r0, l0), (n1, r1, l1) = rows[0], rows[-1]
+        per_ref, per_loc = (r1["seconds"] - r0["seconds"]) / (n1 - n0), (l1["seconds"] - l0["seconds"]) / (n1 - n0)
+        table.caption = (f"per added sample: reference {per_ref * 1000:.0f} ms, localization {per_loc * 1000:.0f} ms "
+                         f"({per_loc / per_ref:.2f}x); localization's fixed cost (exposing both models, one "
+                         f"session): {l0['seconds'] - n0 * per_loc:.2f} s")
+        console.print(table)
+        rows = reduce_cases(clean, planted, photos, work)
+        t = Table(title="trtflow reduce (2 samples)", title_justify="left")
+        for col in ("planted failure", "nodes before", "nodes after", "checks", "seconds", "reduced to"):
+            t.add_column(col, justify="left" if col in ("planted failure", "reduced to") else "right")
+        for r in rows:
+            t.add_row(r["case"], str(r["before"]), str(r["after"]), str(r["checks"]), f"{r['seconds']:.1f}",
+                      ", ".join(r["nodes"])[:90])
+        console.print(t)
+
+
+if __name__ == "__main__":
+    main()
