@@ -29,56 +29,64 @@ sys.path.insert(0, str(HERE))
 import defects  # noqa: E402
 import zoo_models  # noqa: E402
 
+EFFNET = "cnn_efficientnet_b1"
 PLANT = "/features/features.4/features.4.0/block/block.3/block.3.0/Conv"
 console = Console(width=150)
 
 
-def prepared(work: Path) -> tuple[Path, Path, list[np.ndarray]]:
-    """The simplified FP32 model, the same with the planted overflow, and the 8 photos."""
+def prepared(name: str, work: Path) -> tuple[Path, Path]:
+    """The zoo model simplified, and the model localization runs on: EfficientNet-B1 with the planted overflow,
+    any other zoo model as it is (its FP16 simulation is compared all the same)."""
     from onnxsim import simplify
 
-    raw = zoo_models.MODELS / "cnn_efficientnet_b1.onnx"
+    raw = zoo_models.MODELS / f"{name}.onnx"
     if not raw.exists():
         zoo_models.MODELS.mkdir(parents=True, exist_ok=True)
         zoo_models.DATA.mkdir(parents=True, exist_ok=True)
-        zoo_models.cnn_efficientnet_b1()
+        zoo_models.BUILDERS[name]()
     model, _ = simplify(onnx.load(raw))
-    clean, planted = work / "effnet.onnx", work / "planted.onnx"
+    clean = work / f"{name}.onnx"
     onnx.save(model, clean)
+    if name != EFFNET:
+        return clean, clean
+    planted = work / "planted.onnx"
     onnx.save(defects.scale_weights(model, PLANT, 3e4), planted)
-    photos = [np.load(f)["input"] for f in sorted((zoo_models.DATA / "cnn_efficientnet_b1").glob("*.npz"))]
-    return clean, planted, photos
+    return clean, planted
 
 
-def feeds(photos: list[np.ndarray], n: int):
-    for i in range(n):  # the photos, then mirrored, then shifted: no two samples alike
-        x = photos[i % len(photos)]
-        x = x[..., ::-1] if (i // len(photos)) % 2 else x
-        yield {"input": np.ascontiguousarray(np.roll(x, i // (2 * len(photos)), axis=-2))}
+def samples(name: str) -> list[dict[str, np.ndarray]]:
+    return [dict(np.load(f)) for f in sorted((zoo_models.DATA / name).glob("*.npz"))]
 
 
-def one(kind: str, planted: Path, photos_npz: Path, n: int, work: Path) -> dict:
+def feeds(base: list[dict[str, np.ndarray]], n: int):
+    for i in range(n):  # the samples, then mirrored (float inputs), then again: no two neighbours alike
+        flip = (i // len(base)) % 2
+        yield {k: np.ascontiguousarray(v[..., ::-1]) if flip and v.dtype.kind == "f" else v
+               for k, v in base[i % len(base)].items()}
+
+
+def one(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
     """One measurement, in this (fresh) process."""
     from trtflow.stages.onnx import fp16
     from trtflow.stages.onnx.fp16_emulation import emulate
     from trtflow.stages.ort import layerwise
     from trtflow.stages.ort.runner import session
 
-    photos = list(np.load(photos_npz)["input"])
-    reference = onnx.load(planted)
+    base = samples(name)
+    reference = onnx.load(model)
     if kind == "reference":
-        sess = session(planted)
-        sess.run(None, next(feeds(photos, 1)))  # first run's allocations, as compare's sessions have them too
+        sess = session(model)
+        sess.run(None, next(feeds(base, 1)))  # first run's allocations, as compare's sessions have them too
         t0 = time.perf_counter()
-        for f in feeds(photos, n):
+        for f in feeds(base, n):
             sess.run(None, f)
         result = {"seconds": time.perf_counter() - t0}
     else:
         candidate = emulate(reference, fp16.plan(reference, {}, set()).half, True)
         t0 = time.perf_counter()
-        loc = layerwise.compare(reference, candidate, feeds(photos, n), work, 0.999)
-        result = {"seconds": time.perf_counter() - t0, "first_bad": loc["first_bad"]["node"],
-                  "tensors": loc["tensors"]}
+        loc = layerwise.compare(reference, candidate, feeds(base, n), work, 0.999)
+        result = {"seconds": time.perf_counter() - t0, "tensors": loc["tensors"],
+                  "first_bad": (loc["first_bad"] or {}).get("node", "-")}
     result["peak_mb"] = peak_rss_mb()
     return result
 
@@ -91,17 +99,18 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def measure(kind: str, planted: Path, photos: Path, n: int, work: Path) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--one", kind, str(planted), str(photos), str(n), str(work)],
+def measure(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--one", kind, str(model), name, str(n), str(work)],
                           capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def reduce_cases(clean: Path, planted: Path, photos: list[np.ndarray], work: Path) -> list[dict]:
+def reduce_cases(clean: Path, planted: Path, work: Path) -> list[dict]:
     from trtflow.stages import reduce as rd
     from trtflow.stages.trt.env import detect_tensorrt
 
-    data = [dict(f) for f in feeds(photos, 2)]
+    photos = [s["input"] for s in samples(EFFNET)]
+    data = [dict(f) for f in feeds(samples(EFFNET), 2)]
     model = onnx.load(clean)
     cases = [("fp16 overflow (weights x3e4)", onnx.load(planted), rd.fp16_check(0.999))]
     qdq_path = work / "qdq.onnx"
@@ -139,36 +148,20 @@ def _quantize(model: Path, out: Path, photos: list[np.ndarray]) -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
-        kind, planted, photos, n, work = sys.argv[2:]
-        print(json.dumps(one(kind, Path(planted), Path(photos), int(n), Path(work))))
+        kind, model, name, n, work = sys.argv[2:]
+        print(json.dumps(one(kind, Path(model), name, int(n), Path(work))))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, nargs="+", default=[4, 16, 64])
+    ap.add_argument("--models", nargs="+", default=[EFFNET], choices=sorted(zoo_models.BUILDERS),
+                    help="zoo models to localize on (EfficientNet-B1 carries the planted overflow)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        clean, planted, photos = prepared(work)
-        photos_npz = work / "photos.npz"
-        np.savez(photos_npz, input=np.stack(photos))
-        nodes = len(onnx.load(clean).graph.node)
-        table = Table(title=f"localization vs one reference pass per sample: EfficientNet-B1, {nodes} nodes, "
-                            "onnxruntime-cpu, FP16 simulated", title_justify="left")
-        for col in ("samples", "reference s", "localize s", "ratio", "reference peak MB", "localize peak MB",
-                    "first bad node"):
-            table.add_column(col, justify="right" if col != "first bad node" else "left")
-        rows = [(n, measure("reference", planted, photos_npz, n, work), measure("localize", planted, photos_npz, n,
-                                                                                  work)) for n in args.samples]
-        for n, ref, loc in rows:
-            table.add_row(str(n), f"{ref['seconds']:.2f}", f"{loc['seconds']:.2f}",
-                          f"{loc['seconds'] / ref['seconds']:.2f}x", f"{ref['peak_mb']:.0f}", f"{loc['peak_mb']:.0f}",
-                          loc["first_bad"].split("/")[-3] + "/.../" + loc["first_bad"].split("/")[-1])
-        (n0, r0, l0), (n1, r1, l1) = rows[0], rows[-1]
-        per_ref, per_loc = (r1["seconds"] - r0["seconds"]) / (n1 - n0), (l1["seconds"] - l0["seconds"]) / (n1 - n0)
-        table.caption = (f"per added sample: reference {per_ref * 1000:.0f} ms, localization {per_loc * 1000:.0f} ms "
-                         f"({per_loc / per_ref:.2f}x); localization's fixed cost (exposing both models, one "
-                         f"session): {l0['seconds'] - n0 * per_loc:.2f} s")
-        console.print(table)
-        rows = reduce_cases(clean, planted, photos, work)
+        for name in args.models:
+            localization_table(name, args.samples, work)
+        clean, planted = prepared(EFFNET, work)
+        rows = reduce_cases(clean, planted, work)
         t = Table(title="trtflow reduce (2 samples)", title_justify="left")
         for col in ("planted failure", "nodes before", "nodes after", "checks", "seconds", "reduced to"):
             t.add_column(col, justify="left" if col in ("planted failure", "reduced to") else "right")
@@ -176,6 +169,28 @@ def main() -> None:
             t.add_row(r["case"], str(r["before"]), str(r["after"]), str(r["checks"]), f"{r['seconds']:.1f}",
                       ", ".join(r["nodes"])[:90])
         console.print(t)
+
+
+def localization_table(name: str, counts: list[int], work: Path) -> None:
+    _, model = prepared(name, work)
+    nodes = len(onnx.load(model).graph.node)
+    table = Table(title=f"localization vs one reference pass per sample: {name}, {nodes} nodes, onnxruntime-cpu, "
+                        "FP16 simulated", title_justify="left")
+    for col in ("samples", "reference s", "localize s", "ratio", "reference peak MB", "localize peak MB",
+                "first bad node"):
+        table.add_column(col, justify="right" if col != "first bad node" else "left")
+    rows = [(n, measure("reference", model, name, n, work), measure("localize", model, name, n, work))
+            for n in counts]
+    for n, ref, loc in rows:
+        table.add_row(str(n), f"{ref['seconds']:.2f}", f"{loc['seconds']:.2f}",
+                      f"{loc['seconds'] / ref['seconds']:.2f}x", f"{ref['peak_mb']:.0f}", f"{loc['peak_mb']:.0f}",
+                      "/".join(loc["first_bad"].split("/")[-2:]))
+    (n0, r0, l0), (n1, r1, l1) = rows[0], rows[-1]
+    per_ref, per_loc = (r1["seconds"] - r0["seconds"]) / (n1 - n0), (l1["seconds"] - l0["seconds"]) / (n1 - n0)
+    table.caption = (f"per added sample: reference {per_ref * 1000:.0f} ms, localization {per_loc * 1000:.0f} ms "
+                     f"({per_loc / per_ref:.2f}x); localization's fixed cost (exposing both models, one session): "
+                     f"{l0['seconds'] - n0 * per_loc:.2f} s")
+    console.print(table)
 
 
 if __name__ == "__main__":
