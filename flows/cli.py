@@ -1,4 +1,4 @@
-"""`trtflow`: run, plan and validate pipeline files; print the JSON Schema.
+"""`trtflow`: run, plan and validate pipeline files; verify the store; reduce a failing model; print the JSON Schema.
 
 Every failure ends with one line on stderr and a non-zero exit code; `--verbose` adds the traceback.
 """
@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trtflow.errors import PrefectUnavailable, StageError, TrtflowError
+from trtflow.errors import PrefectUnavailable, StageError, StoreError, TrtflowError
 
 EPHEMERAL_STARTUP_S = 120
 
@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     red.add_argument("-o", "--output", help="where to write the reduced model (default: <model>.reduced.onnx in "
                                             "the current directory)")
     red.add_argument("--json", action="store_true", help="print the result as JSON")
+    ver = sub.add_parser("verify", parents=[common],
+                         help="re-hash every stored result against its manifest (--repair drops what differs)")
+    ver.add_argument("pipeline", nargs="?", help="a pipeline file: verify its store (default: --store)")
+    ver.add_argument("--store", help="artifact store root (default: the pipeline's, else .trtflow/)")
+    ver.add_argument("--repair", action="store_true",
+                     help="remove results that do not match and staging of dead runs (the next run recomputes)")
     sch = sub.add_parser("schema", parents=[common], help="print the pipeline JSON Schema (for editors)")
     sch.add_argument("-o", "--output", help="write to this file instead of stdout")
     return ap
@@ -305,7 +311,34 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"reduce": cmd_reduce, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate, "schema": cmd_schema}
+def cmd_verify(args: argparse.Namespace) -> int:
+    from trtflow.flows.store import LocalStore
+
+    if args.store:
+        root = Path(args.store)
+    elif args.pipeline:
+        from trtflow.pipelines.loader import load_pipeline
+
+        root = load_pipeline(args.pipeline, []).store_root
+    else:
+        root = Path(".trtflow")
+    if not root.is_dir():
+        raise StoreError(f"no artifact store at {root}: give --store DIR or the pipeline file")
+    started = time.perf_counter()
+    result = LocalStore(root).verify(repair=args.repair)
+    seconds = time.perf_counter() - started
+    bad = [r for r in result["rows"] if r["status"] != "ok"]
+    for r in bad:
+        action = "removed" if args.repair else "bad"
+        out.print(f"  [red]{action}[/] {escape(r['stage'])}/{escape(r['key'][:24])}: {escape(r['problem'])}")
+    ok = len(result["rows"]) - len(bad)
+    mb = result["bytes"] / 2**20
+    out.print(f"{ok} results verified, {len(bad)} {'removed' if args.repair else 'bad'}; {mb:.1f} MB hashed in "
+              f"{seconds:.2f}s ({mb / max(seconds, 1e-9):.0f} MB/s) in {root}")
+    return 0 if not bad or args.repair else 1
+
+
+COMMANDS = {"verify": cmd_verify, "reduce": cmd_reduce, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate, "schema": cmd_schema}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -46,9 +46,12 @@ class DigestCache:
         self._dirty = False
         if file is not None and file.is_file():
             try:
-                self._entries = json.loads(file.read_text())
+                entries = json.loads(file.read_text())
             except (OSError, ValueError):
-                self._entries = {}
+                entries = {}
+            # an entry of another shape (a hand edit, another tool) is dropped: it is only a cache
+            self._entries = {k: v for k, v in entries.items() if isinstance(v, list) and len(v) == 4
+                             and all(isinstance(x, int) for x in v[:3])} if isinstance(entries, dict) else {}
 
     def sha256(self, path: Path) -> str:
         path = path.resolve()

@@ -184,6 +184,8 @@ class Runner:
         return items
 
     def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
+        if (name, key) in self.store.rejected:
+            return self.store.rejected[(name, key)]
         return keys.why_stale(self.store.last(name), key, parts, describe)
 
     # --- run --------------------------------------------------------------------------------------------------

@@ -1,32 +1,102 @@
 """The artifact store: one directory per (stage, key), published atomically, with a manifest written last.
 
 `<root>/<stage>/<key>/manifest.json` + the stage's outputs. A directory without a complete manifest is never
-a cache hit. `ArtifactStore` is the interface; `LocalStore` the only implementation so far (a shared fsspec
-store can implement the same methods).
+a cache hit, and neither is one whose files differ from the manifest's record of them (every file: path, size,
+sha256, mtime): on reuse each file's size and mtime are checked, and a file whose mtime moved is hashed again.
+`verify` hashes everything. Staging directories carry their owner (host, pid); those of dead owners are removed
+when the store is next used. `ArtifactStore` is the interface; `LocalStore` the only implementation so far (a
+shared fsspec store can implement the same methods).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
 from trtflow.errors import StoreError
+from trtflow.flows.digest import file_sha256
 
 MANIFEST = "manifest.json"
 LAST = "last.json"
+HOST = socket.gethostname().replace("-", "_")[:32]
+
+
+def file_records(directory: Path) -> dict[str, dict[str, Any]]:
+    """relative path -> size, sha256, mtime_ns of every file under `directory` but the manifest."""
+    out = {}
+    for f in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+        st = f.stat()
+        out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": file_sha256(f),
+                                                    "mtime_ns": st.st_mtime_ns}
+    return out
+
+
+def check_files(directory: Path, records: Any, rehash: bool = False) -> str | None:
+    """Why `directory` no longer holds what `records` says (None: it does). Without `rehash`, a file whose size
+    and mtime match is taken as unchanged; one whose mtime moved is hashed."""
+    if not isinstance(records, dict) or not records:
+        return "its manifest records no files (written by an older trtflow)"
+    for rel, rec in records.items():
+        f = directory / rel
+        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
+            return f"its manifest's record of {rel} is malformed"
+        try:
+            st = f.stat()
+        except OSError:
+            return f"{rel} is missing"
+        if st.st_size != rec.get("size"):
+            return f"{rel} changed size ({rec.get('size')} -> {st.st_size} bytes)"
+        if (rehash or st.st_mtime_ns != rec.get("mtime_ns")) and file_sha256(f) != rec["sha256"]:
+            return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {file_sha256(f)[:12]})"
+    return None
+
+
+def _valid_manifest(m: Any, key: str) -> bool:
+    return (isinstance(m, dict) and m.get("key") == key and isinstance(m.get("status"), str)
+            and isinstance(m.get("outputs"), dict)
+            and all(isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("digest"), str)
+                    for o in m["outputs"].values()))
+
+
+def read_json(path: Path) -> tuple[Any, str | None]:
+    """(data, None), or (None, why it cannot be used) for a file that is missing or not JSON."""
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"{path} is unreadable ({type(exc).__name__}); ignored"
+
+
+def _owner_alive(name: str) -> bool:
+    """Whether the run that made staging directory `name` (`.tmp-<key>-<host>-<pid>-<rand>`) may still be alive;
+    a directory from another host, or of an unknown form, is assumed alive."""
+    parts = name.split("-")
+    if len(parts) < 5 or parts[-3] != HOST or not parts[-2].isdigit():
+        return True
+    try:
+        os.kill(int(parts[-2]), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 class ArtifactStore(Protocol):
     root: Path
+    rejected: dict[tuple[str, str], str]
 
     def ensure_writable(self) -> None: ...
     def lookup(self, stage: str, key: str) -> dict[str, Any] | None: ...
     def staging(self, stage: str, key: str) -> Path: ...
     def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any]) -> Path: ...
+    def verify(self, repair: bool = False) -> dict[str, Any]: ...
     def discard(self, staging: Path) -> None: ...
     def last(self, stage: str) -> dict[str, Any] | None: ...
     def mark_last(self, stage: str, record: dict[str, Any]) -> None: ...
@@ -62,6 +132,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
 class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.rejected: dict[tuple[str, str], str] = {}
 
     def ensure_writable(self) -> None:
         try:
@@ -69,6 +140,7 @@ class LocalStore:
             probe = self.root / f".probe-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
+            self.clean_staging()
         except OSError as exc:
             raise StoreError(f"cannot write the artifact store at {self.root}: {exc.strerror or exc}; "
                              f"choose another with --store or the pipeline's 'artifacts:' key") from None
@@ -77,31 +149,45 @@ class LocalStore:
         return self.root / stage / key
 
     def lookup(self, stage: str, key: str) -> dict[str, Any] | None:
+        """The manifest of a published OK result whose files are as recorded; otherwise None, and
+        `rejected[(stage, key)]` says why when a result was there."""
         directory = self.path(stage, key)
-        try:
-            manifest = json.loads((directory / MANIFEST).read_text())
-        except (OSError, ValueError):
+        manifest, problem = read_json(directory / MANIFEST)
+        if manifest is None:
+            if problem:
+                self.rejected[(stage, key)] = problem
             return None
-        if manifest.get("status") != "ok" or manifest.get("key") != key:
+        if not _valid_manifest(manifest, key):
+            self.rejected[(stage, key)] = f"{directory / MANIFEST} is not a trtflow manifest; ignored"
             return None
-        for out in manifest.get("outputs", {}).values():
-            target = directory / out["path"]
-            if not target.exists():
-                return None
-            if target.is_file() and target.stat().st_size != out.get("size"):
-                return None
+        if manifest["status"] != "ok":
+            return None
+        problem = check_files(directory, manifest.get("files"))
+        if problem:
+            self.rejected[(stage, key)] = f"its stored result failed verification: {problem}"
+            return None
         return manifest
 
     def staging(self, stage: str, key: str) -> Path:
         parent = self.root / stage
         parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-", dir=parent))
+        return Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-{HOST}-{os.getpid()}-", dir=parent))
+
+    def clean_staging(self) -> list[Path]:
+        """Remove staging (and half-removed trash) left by runs that died; returns what was removed."""
+        removed = []
+        for d in list(self.root.glob("*/.tmp-*")) + list(self.root.glob("*/.trash-*")):
+            if d.is_dir() and (d.name.startswith(".trash-") or not _owner_alive(d.name)):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+        return removed
 
     def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any]) -> Path:
         for f in staging.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        manifest = {**manifest, "files": file_records(staging)}
         write_json_atomic(staging / MANIFEST, manifest)  # last: its presence means complete
         _fsync_dir(staging)
         target = self.path(stage, key)
@@ -116,14 +202,42 @@ class LocalStore:
         _fsync_dir(target.parent)
         return target
 
+    def verify(self, repair: bool = False) -> dict[str, Any]:
+        """Hash every file of every published result against its manifest. With `repair`, results that do not
+        match (and staging left by dead runs) are removed, so the next run recomputes them."""
+        rows, hashed = [], 0
+        for directory in sorted(d for d in self.root.glob("*/*") if d.is_dir()):
+            if directory.parent.name.startswith(".") or directory.name.startswith("."):
+                continue
+            manifest, problem = read_json(directory / MANIFEST)
+            if manifest is None:
+                problem = problem or "no manifest (an interrupted publish)"
+            elif not _valid_manifest(manifest, directory.name):
+                problem = "its manifest is not a trtflow manifest"
+            else:
+                problem = check_files(directory, manifest.get("files"), rehash=True)
+                hashed += sum(r.get("size", 0) for r in (manifest.get("files") or {}).values()
+                              if isinstance(r, dict) and isinstance(r.get("size"), int))
+            rows.append({"stage": directory.parent.name, "key": directory.name,
+                         "status": "ok" if problem is None else "bad", "problem": problem})
+            if problem and repair:
+                trash = directory.with_name(f".trash-{directory.name[:12]}-{uuid.uuid4().hex[:8]}")
+                os.replace(directory, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+        stale = [d for d in self.root.glob("*/.tmp-*") if d.is_dir() and not _owner_alive(d.name)]
+        for d in stale:
+            rows.append({"stage": d.parent.name, "key": d.name, "status": "stale staging",
+                         "problem": "staging of a run that is gone"})
+        if repair:
+            self.clean_staging()
+        return {"rows": rows, "bytes": hashed}
+
     def discard(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
     def last(self, stage: str) -> dict[str, Any] | None:
-        try:
-            return json.loads((self.root / stage / LAST).read_text())
-        except (OSError, ValueError):
-            return None
+        data, _ = read_json(self.root / stage / LAST)
+        return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
 
     def mark_last(self, stage: str, record: dict[str, Any]) -> None:
         (self.root / stage).mkdir(parents=True, exist_ok=True)

@@ -51,3 +51,13 @@ def verdict_fail(params, inputs, out_dir: Path) -> StageResult:
     (out_dir / "report.json").write_text('{"verdict": "fail"}')
     raise StageFailed("checked, and it is wrong", StageResult(outputs={"report": out_dir / "report.json"},
                                                               summary="# why it failed"))
+
+
+def engines(params, inputs, out_dir: Path) -> StageResult:
+    """A directory output of several files, as the build stage publishes (one engine per cell)."""
+    CALLS.append("engines")
+    data = inputs["model"].path.read_bytes()
+    for cell in ("fp32", "fp16"):
+        (out_dir / "engines" / cell).mkdir(parents=True)
+        (out_dir / "engines" / cell / "engine.plan").write_bytes(cell.encode() + data[:1000])
+    return StageResult(outputs={"engines": out_dir / "engines"}, summary="2 engines")
