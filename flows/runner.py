@@ -18,7 +18,7 @@ from trtflow.flows import implementation, keys
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import call_stage
-from trtflow.flows.store import ArtifactStore, LocalStore
+from trtflow.flows.store import ArtifactStore, LocalStore, file_records
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
@@ -274,6 +274,7 @@ class Runner:
             "timings": {"started": began.isoformat(), "work_seconds": round(work, 4)},
             "environment": {"python": platform.python_version(), "platform": platform.platform(),
                             "fingerprint": parts["env"]},
+            "files": file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
         }
 
 

@@ -16,7 +16,7 @@ import socket
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from trtflow.errors import StoreError
 from trtflow.flows.digest import file_sha256
@@ -26,12 +26,12 @@ LAST = "last.json"
 HOST = socket.gethostname().replace("-", "_")[:32]
 
 
-def file_records(directory: Path) -> dict[str, dict[str, Any]]:
+def file_records(directory: Path, sha256: Callable[[Path], str] = file_sha256) -> dict[str, dict[str, Any]]:
     """relative path -> size, sha256, mtime_ns of every file under `directory` but the manifest."""
     out = {}
     for f in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
         st = f.stat()
-        out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": file_sha256(f),
+        out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": sha256(f),
                                                     "mtime_ns": st.st_mtime_ns}
     return out
 
@@ -187,7 +187,8 @@ class LocalStore:
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-        manifest = {**manifest, "files": file_records(staging)}
+        if "files" not in manifest:
+            manifest = {**manifest, "files": file_records(staging)}
         write_json_atomic(staging / MANIFEST, manifest)  # last: its presence means complete
         _fsync_dir(staging)
         target = self.path(stage, key)
