@@ -1,6 +1,8 @@
 """Defects planted on purpose in real models, for the tests and benches of validate and `trtflow reduce`."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -58,3 +60,29 @@ def ruin_input_range(qdq: onnx.ModelProto, consumer: str, factor: float) -> tupl
     s = inits[q.input[1]]
     s.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(s) * np.float32(factor), s.name))
     return out, q.input[0]
+
+
+def quantize(model: Path, out: Path, samples: list[dict[str, np.ndarray]]) -> None:
+    """A Q/DQ model of `model` calibrated on `samples` with ONNX Runtime's `quantize_static` (MinMax, symmetric
+    INT8, per-channel weights, Conv and Gemm): a variant whose ranges a defect can then ruin."""
+    import logging
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(samples)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # "consider pre-processing": the model is simplified already
+    try:
+        quantize_static(str(model), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["Conv", "Gemm"],
+                        extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False})
+    finally:
+        root.setLevel(level)

@@ -109,12 +109,11 @@ def reduce_cases(clean: Path, planted: Path, work: Path) -> list[dict]:
     from trtflow.stages import reduce as rd
     from trtflow.stages.trt.env import detect_tensorrt
 
-    photos = [s["input"] for s in samples(EFFNET)]
     data = [dict(f) for f in feeds(samples(EFFNET), 2)]
     model = onnx.load(clean)
     cases = [("fp16 overflow (weights x3e4)", onnx.load(planted), rd.fp16_check(0.999))]
     qdq_path = work / "qdq.onnx"
-    _quantize(clean, qdq_path, photos)
+    defects.quantize(clean, qdq_path, samples(EFFNET))
     bad, _ = defects.ruin_input_range(onnx.load(qdq_path), PLANT, 2000)
     cases.append(("int8 range ruined (scale x2000)", model, rd.int8_check(0.9, bad)))
     if detect_tensorrt() is not None:
@@ -126,24 +125,6 @@ def reduce_cases(clean: Path, planted: Path, work: Path) -> list[dict]:
         rows.append({"case": name, "before": r.nodes_before, "after": len(r.nodes), "nodes": r.nodes,
                      "checks": r.checks, "seconds": r.seconds})
     return rows
-
-
-def _quantize(model: Path, out: Path, photos: list[np.ndarray]) -> None:
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"input": x} for x in photos)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    import logging
-
-    logging.getLogger().setLevel(logging.ERROR)  # quantize_static's "consider pre-processing" (it is simplified)
-    quantize_static(str(model), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, op_types_to_quantize=["Conv", "Gemm"],
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False})
 
 
 def main() -> None:

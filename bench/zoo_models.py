@@ -174,47 +174,45 @@ BN_NOTE = ("BatchNorm running statistics re-estimated on 32 augmented crops of t
 # Each builder exports models/<name>.onnx, writes data/<name>/, and returns its manifest entry.
 
 
-def cnn_resnet18():
+def _torchvision_classifier(name, arch):
+    """torchvision `arch`, random init with BatchNorm re-estimated on the photos, exported with a dynamic batch;
+    8 photo samples. Returns the profiles entry."""
     torch = _torch()
     import torchvision
-    m = recalibrate_bn(torchvision.models.resnet18(weights=None), calib_images(224, imagenet_chw))
-    export_torch(m, (torch.zeros(1, 3, 224, 224),), "cnn_resnet18", ["input"], ["logits"],
+    m = recalibrate_bn(getattr(torchvision.models, arch)(weights=None), calib_images(224, imagenet_chw))
+    export_torch(m, (torch.zeros(1, 3, 224, 224),), name, ["input"], ["logits"],
                  {"input": {0: "batch"}, "logits": {0: "batch"}})
-    save_samples("cnn_resnet18", image_samples("input", 224, imagenet_chw))
+    save_samples(name, image_samples("input", 224, imagenet_chw))
+    return {"input": [[1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224]]}
+
+
+def cnn_resnet18():
+    profiles = _torchvision_classifier("cnn_resnet18", "resnet18")
     return dict(family="CNN classifier (ResNet, residual BasicBlocks)",
                 made="torchvision.models.resnet18(weights=None), random init (torch.manual_seed(0)), eval mode; "
                      "legacy exporter opset 17" + "; " + BN_NOTE,
                 data="8 real photos, centre-cropped to 224x224, ImageNet mean/std normalized, NCHW float32",
-                profiles={"input": [[1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224]]},
+                profiles=profiles,
                 notes="11.7M parameters: the FP32 file is ~45 MB, over the 30 MB target; kept because it is the "
                       "real torchvision resnet18 (no width change is possible without rewriting torchvision's class).")
 
 
 def cnn_mobilenet_v3():
-    torch = _torch()
-    import torchvision
-    m = recalibrate_bn(torchvision.models.mobilenet_v3_small(weights=None), calib_images(224, imagenet_chw))
-    export_torch(m, (torch.zeros(1, 3, 224, 224),), "cnn_mobilenet_v3", ["input"], ["logits"],
-                 {"input": {0: "batch"}, "logits": {0: "batch"}})
-    save_samples("cnn_mobilenet_v3", image_samples("input", 224, imagenet_chw))
+    profiles = _torchvision_classifier("cnn_mobilenet_v3", "mobilenet_v3_small")
     return dict(family="CNN classifier (MobileNetV3-Small: depthwise convs, HardSwish, Squeeze-Excitation)",
-                made="torchvision.models.mobilenet_v3_small(weights=None), random init, eval; legacy exporter opset 17" + "; " + BN_NOTE,
+                made="torchvision.models.mobilenet_v3_small(weights=None), random init, eval; legacy exporter "
+                     "opset 17" + "; " + BN_NOTE,
                 data="8 real photos, 224x224, ImageNet mean/std normalized",
-                profiles={"input": [[1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224]]})
+                profiles=profiles)
 
 
 def cnn_efficientnet_b1():
-    torch = _torch()
-    import torchvision
-    m = recalibrate_bn(torchvision.models.efficientnet_b1(weights=None), calib_images(224, imagenet_chw))
-    export_torch(m, (torch.zeros(1, 3, 224, 224),), "cnn_efficientnet_b1", ["input"], ["logits"],
-                 {"input": {0: "batch"}, "logits": {0: "batch"}})
-    save_samples("cnn_efficientnet_b1", image_samples("input", 224, imagenet_chw))
+    profiles = _torchvision_classifier("cnn_efficientnet_b1", "efficientnet_b1")
     return dict(family="CNN classifier (EfficientNet-B1: MBConv, SiLU, Squeeze-Excitation; 341 nodes simplified)",
                 made="torchvision.models.efficientnet_b1(weights=None), random init, eval; legacy exporter opset 17"
                      + "; " + BN_NOTE,
                 data="8 real photos, 224x224, ImageNet mean/std normalized",
-                profiles={"input": [[1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224]]})
+                profiles=profiles)
 
 
 def _yolo_head_module():

@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
                           "installed TensorRT rejects it; command: --command exits non-zero")
     red.add_argument("--qdq", metavar="MODEL", help="int8: a Q/DQ model of MODEL (the calibrate stage's variant): "
                                                     "its ranges and quantized nodes (default: MinMax of the samples)")
-    red.add_argument("--command", dest="check_command", metavar="CMD", help="command: run on each subgraph; {model} is its path, {inputs} "
-                                                      "an .npz of its input values")
+    red.add_argument("--command", dest="check_command", metavar="CMD",
+                     help="command: run on each subgraph; {model} is its path, {inputs} an .npz of its input values")
     red.add_argument("--data", metavar="FILE", help=".npz of input arrays by name (.npy for one input); a leading "
                                                     "extra axis holds several samples (default: random)")
     red.add_argument("--shapes", action="append", default=[], metavar="NAME=1x3x224x224",
@@ -338,7 +338,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if not bad or args.repair else 1
 
 
-COMMANDS = {"verify": cmd_verify, "reduce": cmd_reduce, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate, "schema": cmd_schema}
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "validate": cmd_validate, "verify": cmd_verify, "reduce": cmd_reduce,
+            "schema": cmd_schema}
 
 if __name__ == "__main__":
     raise SystemExit(main())

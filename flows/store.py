@@ -51,8 +51,10 @@ def check_files(directory: Path, records: Any, rehash: bool = False) -> str | No
             return f"{rel} is missing"
         if st.st_size != rec.get("size"):
             return f"{rel} changed size ({rec.get('size')} -> {st.st_size} bytes)"
-        if (rehash or st.st_mtime_ns != rec.get("mtime_ns")) and file_sha256(f) != rec["sha256"]:
-            return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {file_sha256(f)[:12]})"
+        if rehash or st.st_mtime_ns != rec.get("mtime_ns"):
+            now = file_sha256(f)
+            if now != rec["sha256"]:
+                return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {now[:12]})"
     return None
 
 
@@ -151,6 +153,7 @@ class LocalStore:
     def lookup(self, stage: str, key: str) -> dict[str, Any] | None:
         """The manifest of a published OK result whose files are as recorded; otherwise None, and
         `rejected[(stage, key)]` says why when a result was there."""
+        self.rejected.pop((stage, key), None)
         directory = self.path(stage, key)
         manifest, problem = read_json(directory / MANIFEST)
         if manifest is None:

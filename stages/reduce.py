@@ -65,7 +65,7 @@ class Values:
         self.cache: list[dict[str, np.ndarray]] = [dict(f) for f in feeds]
         # dtype and shape of every tensor (a dimension that differs between samples stays symbolic)
         self.info: dict[str, tuple[np.dtype, list[int | None]]] = {}
-        for i, feed in enumerate(feeds):
+        for feed in feeds:
             for name, value in zip(self.produced, self.sess.run(self.produced, feed)):
                 self._note(name, value)
             for name, value in feed.items():
@@ -219,11 +219,11 @@ def reduce(model: onnx.ModelProto, check: Check, feeds: list[Feeds], work: Path,
         return g.cone(outputs, cuts)[1], cuts
 
     lo, hi = 0, len(cone) - 1
-    if fails(*_io(suffix(hi), outputs)):
+    if fails(suffix(hi)[0], outputs):
         lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fails(*_io(suffix(mid), outputs)):
+        if fails(suffix(mid)[0], outputs):
             lo = mid
         else:
             hi = mid
@@ -249,10 +249,6 @@ def reduce(model: onnx.ModelProto, check: Check, feeds: list[Feeds], work: Path,
     assert final is not None  # every accepted step was checked to fail
     reduced = g.extract(ins, outputs)
     return Result(reduced, final, len(g.nodes), steps, checks, round(time.perf_counter() - t0, 2))
-
-
-def _io(cut: tuple[list[str], set[str]], outputs: list[str]) -> tuple[list[str], list[str]]:
-    return cut[0], outputs
 
 
 def sample_feeds(model: onnx.ModelProto, path: Path, data: Path | None, shapes: dict[str, list[int]], samples: int,

@@ -65,24 +65,10 @@ def test_fp16_overflow_is_reduced_to_the_planted_conv(effnet, tmp_path, capsys, 
 
 
 def test_int8_range_ruined_is_reduced_to_the_conv_reading_it(effnet, tmp_path, capsys):
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
     model, data = effnet
     defects = assets.load_bench("defects")
-    photos = np.load(data)["input"]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter({"input": x} for x in photos)
-
-        def get_next(self):
-            return next(self.it, None)
-
     qdq = tmp_path / "qdq.onnx"
-    quantize_static(str(model), str(qdq), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                    op_types_to_quantize=["Conv", "Gemm"],
-                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False})
+    defects.quantize(model, qdq, [{"input": x} for x in np.load(data)["input"]])
     bad, tensor = defects.ruin_input_range(onnx.load(qdq), PLANT, 2000)
     onnx.save(bad, tmp_path / "bad.onnx")
     # random weights: this EfficientNet's own INT8 error reaches a logits cosine of ~0.93, so the bound is 0.9

@@ -15,7 +15,7 @@ from onnx import helper
 
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import subgraphs
-from trtflow.stages.ort.ranges import expose_all
+from trtflow.stages.ort.ranges import expose_all, float_outputs
 from trtflow.stages.ort.runner import session
 
 FP16_MAX = 65504.0
@@ -80,15 +80,18 @@ class TensorStats:
 CANDIDATE = "candidate::"
 
 
-def _paired(reference: onnx.ModelProto, candidate: onnx.ModelProto, names: list[str],
-            work: Path) -> Callable[[dict[str, np.ndarray]], tuple[list[np.ndarray], list[np.ndarray]]]:
+def _paired(reference: onnx.ModelProto, candidate: onnx.ModelProto, names: list[str], work: Path,
+            tensors: tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]],
+            ) -> Callable[[dict[str, np.ndarray]], tuple[list[np.ndarray], list[np.ndarray]]]:
     """feed -> (reference's values, candidate's values) of `names`. Both models in one ONNX Runtime session where
-    they read the same inputs under the same opsets (the candidate's names prefixed): one run, one set of output
-    copies; otherwise the two exposed copies `expose_all` wrote, run one after the other."""
+    they read the same inputs under the same opsets (the candidate's names prefixed): one run; otherwise each
+    model with its float tensors (`tensors`) exposed, run one after the other."""
     same_inputs = [(i.name, i.type) for i in reference.graph.input] == [(i.name, i.type) for i in candidate.graph.input]
     same_opsets = {(o.domain, o.version) for o in reference.opset_import} == \
         {(o.domain, o.version) for o in candidate.opset_import}
     if not (same_inputs and same_opsets):
+        expose_all(reference, work / "layerwise_ref.onnx", tensors[0])
+        expose_all(candidate, work / "layerwise_cand.onnx", tensors[1])
         ref, cand = session(work / "layerwise_ref.onnx"), session(work / "layerwise_cand.onnx")
         return lambda feed: (_run(ref, names, feed), _run(cand, names, feed))
     inputs = {i.name for i in candidate.graph.input}
@@ -150,10 +153,10 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     reference's magnitude, non-finite values, FP16 overflow in the reference, and clipping by the candidate's
     quantized range. `first_bad` is the first node whose output's cosine falls below `bound` (or turns
     non-finite); `worst` ranks nodes by the drift they add over their inputs."""
-    ref_names = expose_all(reference, work / "layerwise_ref.onnx")
-    cand_names = set(expose_all(candidate, work / "layerwise_cand.onnx"))
-    common = [n for n in ref_names if n in cand_names]
-    run = _paired(reference, candidate, common, work)
+    ref_tensors, cand_tensors = float_outputs(reference), float_outputs(candidate)
+    cand_names = {vi.name for vi in cand_tensors}
+    common = [vi.name for vi in ref_tensors if vi.name in cand_names]
+    run = _paired(reference, candidate, common, work, (ref_tensors, cand_tensors))
     qranges = qranges or {}
     stats = {n: TensorStats() for n in common}
 

@@ -17,24 +17,24 @@ from trtflow.stages.ort.runner import session
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
-def expose_all(model: onnx.ModelProto, out: Path) -> list[str]:
-    """Write a copy of `model` whose outputs include every float tensor a node produces; returns their names."""
+def float_outputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The typed value info of every float tensor a node produces, in graph order."""
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    return [types[name] for node in model.graph.node for name in node.output
+            if name and name in types and types[name].type.tensor_type.elem_type in FLOATS]
+
+
+def expose_all(model: onnx.ModelProto, out: Path, tensors: list[onnx.ValueInfoProto] | None = None) -> list[str]:
+    """Write a copy of `model` whose outputs include every float tensor a node produces (`tensors`, when already
+    known); returns their names."""
+    tensors = float_outputs(model) if tensors is None else tensors
     have = {o.name for o in model.graph.output}
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
-    names = []
-    for node in model.graph.node:
-        for name in node.output:
-            vi = types.get(name)
-            if not name or vi is None or vi.type.tensor_type.elem_type not in FLOATS:
-                continue
-            names.append(name)
-            if name not in have:
-                exposed.graph.output.append(vi)
+    exposed.graph.output.extend(vi for vi in tensors if vi.name not in have)
     model_io.save(exposed, out)
-    return names
+    return [vi.name for vi in tensors]
 
 
 def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
