@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,19 +81,40 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or `kill` ending the run): unwound like Ctrl-C, so stages' processes are killed and
+    staging is removed on the way out."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         return COMMANDS[args.command](args)
+    except Terminated:
+        err.print("[red]error:[/] terminated (SIGTERM); nothing half-written was kept")
+        return 143
     except KeyboardInterrupt:
-        err.print("[red]error:[/] interrupted")
+        err.print("[red]error:[/] interrupted; nothing half-written was kept")
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place that turns failures into one line
         return _fail(exc, args.verbose)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _fail(exc: BaseException, verbose: bool) -> int:
     if verbose:
+        for what in ("child_log", "child_traceback"):
+            text = getattr(exc, what, "")
+            if text:
+                err.print(f"[dim]--- the stage process's {what.removeprefix('child_')} ---[/]\n{escape(text)}")
         err.print_exception(show_locals=False)
     known = isinstance(exc, TrtflowError)
     message = str(exc) if known else f"{type(exc).__name__}: {exc}"
@@ -142,7 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from trtflow.pipelines.loader import load_pipeline
 
     loaded = load_pipeline(args.pipeline, args.overrides)
-    runner = Runner(loaded, store=LocalStore(Path(args.store).resolve() if args.store else loaded.store_root))
+    runner = Runner(loaded, store=LocalStore(_store_option(args.store) or loaded.store_root))
     for name in args.force or []:
         if name != "*":
             runner.check_stage_name(name, "--force")
@@ -158,6 +181,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
     n_run = sum(i.action == "run" for i in items)
     out.print(f"{n_run} to run, {sum(i.action == 'reuse' for i in items)} reused")
     return StageError.exit_code if any(i.action == "error" for i in items) else 0
+
+
+def _store_option(value: str | None) -> Path | None:
+    """--store, resolved; a system directory is refused like the pipeline's `artifacts:`."""
+    if not value:
+        return None
+    from trtflow.errors import SpecError
+    from trtflow.pipelines.loader import unsafe_store_root
+
+    root = Path(value).resolve()
+    why = unsafe_store_root(root)
+    if why:
+        raise SpecError(f"--store {value}: {why}", hint="give a directory of its own")
+    return root
 
 
 def _quiet_prefect_console() -> None:
@@ -186,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Fail fast on spec and store problems, before paying for Prefect's start-up.
     from trtflow.flows.pipeline_flow import make_runner
 
-    runner = make_runner(args.pipeline, args.overrides, args.store)
+    runner = make_runner(args.pipeline, args.overrides, str(_store_option(args.store) or "") or None)
     for name in args.force or []:
         if name != "*":
             runner.check_stage_name(name, "--force")
@@ -315,7 +352,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from trtflow.flows.store import LocalStore
 
     if args.store:
-        root = Path(args.store)
+        root = _store_option(args.store)
     elif args.pipeline:
         from trtflow.pipelines.loader import load_pipeline
 

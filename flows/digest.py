@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -19,7 +20,9 @@ def file_sha256(path: Path) -> str:
 
 
 def onnx_external_files(path: Path) -> list[Path]:
-    """The external-data files an ONNX model refers to (none for a self-contained model)."""
+    """The external-data files an ONNX model refers to (none for a self-contained model). Each must be a regular
+    file inside the model's directory: anything else (`../../dev/zero`, `/etc/passwd`, a FIFO) is a SpecError
+    before a byte of it is read."""
     import onnx
     from onnx.external_data_helper import _get_all_tensors
 
@@ -28,12 +31,31 @@ def onnx_external_files(path: Path) -> list[Path]:
     except Exception:  # not our job to judge the model here; the stage will
         return []
     found: set[Path] = set()
+    base = path.parent.resolve()
     for tensor in _get_all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             for entry in tensor.external_data:
                 if entry.key == "location":
-                    found.add(path.parent / entry.value)
+                    found.add(_external_file(path, base, tensor.name, entry.value))
     return sorted(found)
+
+
+def _external_file(model: Path, base: Path, tensor: str, location: str) -> Path:
+    from trtflow.errors import SpecError
+
+    target = (base / location).resolve()
+    where = f"tensor '{tensor}' keeps its data in '{location}'"
+    if not target.is_relative_to(base):
+        raise SpecError(f"{where}, outside the model's directory {base}",
+                        file=str(model), hint="external data must sit beside the model, saved with a relative location")
+    try:
+        st = target.stat()
+    except OSError:
+        raise SpecError(f"{where}, which does not exist", file=str(model),
+                        hint="copy the model together with its external data files") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError(f"{where}, which is not a regular file", file=str(model))
+    return model.parent / location
 
 
 class DigestCache:
@@ -56,6 +78,9 @@ class DigestCache:
     def sha256(self, path: Path) -> str:
         path = path.resolve()
         st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a device or a FIFO would be read for ever
+            from trtflow.errors import SpecError
+            raise SpecError(f"{path} is not a regular file", hint="name a file")
         stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
         with self._lock:
             hit = self._entries.get(str(path))
@@ -80,7 +105,7 @@ class DigestCache:
             if extra:
                 h = hashlib.sha256(own.encode())
                 for f in extra:
-                    h.update(f"{f.name}\0{self.sha256(f) if f.exists() else 'missing'}\n".encode())
+                    h.update(f"{f.name}\0{self.sha256(f)}\n".encode())
                 return h.hexdigest()
         return own
 
@@ -91,8 +116,9 @@ class DigestCache:
         key = f"{path}#external-data"
         with self._lock:
             hit = self._entries.get(key)
-        if hit and hit[:3] == stamp:
-            return [path.parent / n for n in hit[3]]
+        if hit and hit[:3] == stamp:  # the locations are the model's; what they point at is checked again
+            base = path.parent.resolve()
+            return [_external_file(path, base, "?", n) for n in hit[3]]
         files = onnx_external_files(path)
         with self._lock:
             self._entries[key] = stamp + [[str(f.relative_to(path.parent)) for f in files]]

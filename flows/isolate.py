@@ -1,51 +1,163 @@
-"""Call a stage function, in a killable child process when it has a timeout.
+"""Call a stage function in a child process of its own, with or without `timeout:`.
 
-Prefect's task timeout cannot interrupt blocking native code in a worker thread, so a stage with `timeout:`
-runs in a spawned process that is killed when the time is up. A crash in native code (a segfault inside a
-parser or builder) then fails that stage with a clear message instead of killing the flow.
+Stage work is native code (ONNX Runtime, TensorRT parsers and builders, the user's own code), and a crash there
+(a segfault, `os._exit`) must fail the stage with one line, not kill the pipeline silently. Prefect's task
+timeout cannot interrupt blocking native code either. So every stage runs in a spawned process that
+
+- leads its own process group: a timeout, Ctrl-C or SIGTERM kills the stage *and* whatever it started;
+- dies with its parent (Linux `PR_SET_PDEATHSIG`), so a killed `trtflow run` leaves nothing behind;
+- writes its stdout/stderr (libjpeg's and ONNX Runtime's own lines) to a log shown only with --verbose;
+- reports progress back over its pipe, to the same listeners as in-process work.
+
+`TRTFLOW_IN_PROCESS=1` runs stages in the calling process instead, for a debugger (no timeout, no isolation).
 """
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
 from typing import Any, Callable
 
-from trtflow.errors import StageError
+from trtflow.errors import TransientStageError, TrtflowError
+from trtflow.stages import progress
+
+IN_PROCESS = "TRTFLOW_IN_PROCESS"
+_PR_SET_PDEATHSIG = 1
 
 
-def _child(conn, func: Callable[..., Any], args: tuple) -> None:
+def _die_with_parent() -> None:
     try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends the stage's wait
+        pass
+
+
+def _child(conn, payload: bytes, sys_path: list[str], log: str) -> None:
+    os.setpgrp()
+    _die_with_parent()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    faulthandler.enable()  # a native crash's Python stack, into the log
+    sys.path[:] = sys_path
+    progress.LISTENERS[:] = [lambda what, done, total: conn.send(("progress", (what, done, total)))]
+    try:
+        func, args = pickle.loads(payload)
         conn.send(("ok", func(*args)))
     except BaseException as exc:  # report everything, including the user's own exceptions
+        text = traceback.format_exc()
         try:
-            conn.send(("error", exc))
+            conn.send(("error", (exc, text)))
         except Exception:  # an exception that cannot be pickled
-            conn.send(("error", StageError(f"{type(exc).__name__}: {exc}")))
+            conn.send(("error", (RuntimeError(f"{type(exc).__name__}: {exc}"), text)))
     finally:
         conn.close()
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _how_it_ended(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _last_line(log: Path) -> str:
+    """The stage's last line of output before Python's fatal-error report (which --verbose shows whole)."""
+    try:
+        text = log.read_text(errors="replace").split("Fatal Python error:")[0]
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return f"; its last output: {lines[-1][:200]}" if lines else ""
+
+
+def unexpected(exc: BaseException, name: str, child_traceback: str = "") -> TransientStageError:
+    """An exception a stage did not mean to raise (a bug, or the environment): one line naming the stage."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    error = TransientStageError(f"stage '{name}' failed unexpectedly: {type(exc).__name__}: {first} "
+                                f"(run with --verbose for the traceback)")
+    error.child_traceback = child_traceback or "".join(traceback.format_exception(exc))
+    return error
+
+
 def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, name: str) -> Any:
-    if timeout is None:
-        return func(*args)
+    """`func(*args)` in an isolated child. Errors a stage raises on purpose (TrtflowError) come back as they
+    are; anything else, a crash and a timeout come back as a TransientStageError naming the stage. An error
+    carries the child's traceback and its own output (`child_traceback`, `child_log`) for --verbose."""
+    if os.environ.get(IN_PROCESS) == "1":
+        try:
+            return func(*args)
+        except TrtflowError:
+            raise
+        except Exception as exc:
+            raise unexpected(exc, name) from exc
+    payload = pickle.dumps((func, args))
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, func, args), name=f"trtflow-{name}", daemon=True)
-    proc.start()
-    child.close()
+    fd, log_name = tempfile.mkstemp(prefix=f"trtflow-{name}-", suffix=".log")
+    os.close(fd)
+    log = Path(log_name)
+    proc = ctx.Process(target=_child, args=(child, payload, list(sys.path), log_name), name=f"trtflow-{name}",
+                       daemon=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    output = ""
     try:
-        if not parent.poll(timeout):
-            proc.kill()
-            proc.join()
-            raise StageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the pipeline "
-                             f"file if the work is expected to take longer)")
-        try:
-            status, value = parent.recv()
-        except EOFError:
-            proc.join()
-            raise StageError(f"stage '{name}' crashed (its process exited with code {proc.exitcode})") from None
+        proc.start()
+        child.close()
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not parent.poll(wait):
+                _kill_group(proc.pid)
+                proc.join()
+                raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
+                                          f"pipeline file if the work is expected to take longer)")
+            try:
+                status, value = parent.recv()
+            except EOFError:
+                proc.join()
+                error = TransientStageError(f"stage '{name}' crashed (its process {_how_it_ended(proc.exitcode)}"
+                                            f"{_last_line(log)})")
+                error.child_log = log.read_text(errors="replace")
+                raise error from None
+            if status == "progress":
+                progress.report(*value)
+                continue
+            break
+        proc.join()
     finally:
         parent.close()
-    proc.join()
+        if proc.pid is not None:
+            _kill_group(proc.pid)  # anything the stage started and left running
+            proc.join()
+        try:
+            output = log.read_text(errors="replace")
+        except OSError:
+            pass
+        log.unlink(missing_ok=True)
     if status == "error":
-        raise value
+        exc, text = value
+        error = exc if isinstance(exc, TrtflowError) else unexpected(exc, name, text)
+        error.child_traceback, error.child_log = text, output
+        raise error
     return value
+
+
+__all__ = ["call_stage", "unexpected", "IN_PROCESS"]

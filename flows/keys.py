@@ -35,7 +35,8 @@ def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], desc
     old = last.get("parts", {})
     if last.get("key") == key:
         if last.get("status") == "failed":
-            return "its last run failed"
+            error = last.get("error")
+            return f"its last run failed: {error}" if isinstance(error, str) and error else "its last run failed"
         return "its published result is missing or incomplete"
     reasons = []
     if old.get("format") != parts["format"]:

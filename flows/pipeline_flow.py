@@ -8,7 +8,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 
-from trtflow.errors import StageFailed, TrtflowError
+from trtflow.errors import StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.runner import Runner, StageOutcome
 from trtflow.pipelines.loader import load_pipeline
@@ -25,9 +25,9 @@ def _notify(event: str, name: str, payload: Any = None) -> None:
 
 def _retry_unless_user_error(task, task_run, state) -> bool:
     # A TrtflowError (bad input, bad parameters, a failed verdict) fails the same way every time: retrying only
-    # wastes time.
+    # wastes time. A crash or a timeout may not happen again.
     exc = state.result(raise_on_failure=False)
-    return not isinstance(exc, TrtflowError)
+    return isinstance(exc, TransientStageError) or not isinstance(exc, TrtflowError)
 
 
 def artifact_key(pipeline: str, stage: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.artifact import Artifact, StageResult
-from trtflow.errors import SpecError, StageError, StageFailed
+from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
 from trtflow.flows import implementation, keys
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
@@ -75,7 +75,7 @@ class Runner:
     def digests(self) -> DigestCache:
         if self._digests is None:
             path = self.store.root / "digests.json"
-            self._digests = DigestCache(path if self.store.root.is_dir() else None)
+            self._digests = DigestCache(path if self.store.root.is_dir() and not self.store.read_only else None)
         return self._digests
 
     # --- selection ------------------------------------------------------------------------------------------
@@ -116,10 +116,9 @@ class Runner:
         for slot, (pattern, keypath) in node.spec.data_globs().items():
             resolved[slot] = self._data_files(name, pattern, keypath)
         for slot in kind_of(node.spec).shared_caches(node.spec):
-            # shared across runs and pipelines on this store; it saves time and is not part of the key
-            shared = self.store.root / "shared"
-            shared.mkdir(parents=True, exist_ok=True)
-            resolved[slot] = Artifact(shared, SHARED_CACHE, "")
+            # shared across runs and pipelines on this store; it saves time and is not part of the key (made
+            # only when the stage runs: a read-only store serves cached results)
+            resolved[slot] = Artifact(self.store.root / "shared", SHARED_CACHE, "")
         return resolved
 
     def _data_files(self, stage: str, pattern: str, keypath: tuple) -> list[Artifact]:
@@ -209,6 +208,7 @@ class Runner:
         else:
             reason = "forced"
 
+        self._make_shared_caches(name, inputs)
         staging = self.store.staging(name, key)
         failed: StageFailed | None = None
         try:
@@ -221,19 +221,30 @@ class Runner:
             work = time.perf_counter() - t0
             manifest = self._manifest(name, key, parts, inputs, result, staging, began, work,
                                       status="failed" if failed else "ok")
-            directory = self.store.publish(name, key, staging, manifest)
+            directory, manifest = self.store.publish(name, key, staging, manifest, replace=self.forced(name, force))
+        except TrtflowError as exc:
+            self.store.discard(staging)
+            _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
+            self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(exc)})
+            raise
         except BaseException:
             self.store.discard(staging)
             raise
         if failed is not None:
-            self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed"})
+            _retarget(failed, staging, str(directory))
             failed.directory = directory  # type: ignore[attr-defined]
             failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
+            self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(failed)})
             raise failed
         self.store.mark_last(name, {"key": key, "parts": parts})
         self.digests.save()
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
+
+    def _make_shared_caches(self, name: str, inputs: dict[str, Any]) -> None:
+        for art in inputs.values():
+            if isinstance(art, Artifact) and art.type == SHARED_CACHE:
+                art.path.mkdir(parents=True, exist_ok=True)
 
     def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> dict[str, Any]:
@@ -276,6 +287,17 @@ class Runner:
                             "fingerprint": parts["env"]},
             "files": file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
         }
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _retarget(exc: BaseException, staging: Path, instead: str) -> None:
+    """An error's message names the staging directory, which is renamed or removed: name what exists."""
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (exc.args[0].replace(str(staging.resolve()), instead).replace(str(staging), instead),
+                    *exc.args[1:])
 
 
 __all__ = ["Runner", "StageOutcome", "PlanItem"]

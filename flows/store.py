@@ -24,6 +24,8 @@ from trtflow.flows.digest import file_sha256
 MANIFEST = "manifest.json"
 LAST = "last.json"
 HOST = socket.gethostname().replace("-", "_")[:32]
+UMASK = os.umask(0o022)
+os.umask(UMASK)
 
 
 def file_records(directory: Path, sha256: Callable[[Path], str] = file_sha256) -> dict[str, dict[str, Any]]:
@@ -93,11 +95,13 @@ def _owner_alive(name: str) -> bool:
 class ArtifactStore(Protocol):
     root: Path
     rejected: dict[tuple[str, str], str]
+    read_only: bool
 
     def ensure_writable(self) -> None: ...
     def lookup(self, stage: str, key: str) -> dict[str, Any] | None: ...
     def staging(self, stage: str, key: str) -> Path: ...
-    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any]) -> Path: ...
+    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
+                replace: bool = False) -> tuple[Path, dict[str, Any]]: ...
     def verify(self, repair: bool = False) -> dict[str, Any]: ...
     def discard(self, staging: Path) -> None: ...
     def last(self, stage: str) -> dict[str, Any] | None: ...
@@ -121,6 +125,7 @@ def _fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~UMASK)  # mkstemp's 0600 would hide it from teammates sharing the store
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True, default=str)
             f.flush()
@@ -135,17 +140,23 @@ class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.rejected: dict[tuple[str, str], str] = {}
+        self.read_only = False
 
     def ensure_writable(self) -> None:
+        """Create the store if needed; a store that exists but cannot be written (CI reading a store someone
+        else filled) is opened read-only: it serves what is published, and refuses only work that must run."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
-            self.clean_staging()
         except OSError as exc:
-            raise StoreError(f"cannot write the artifact store at {self.root}: {exc.strerror or exc}; "
-                             f"choose another with --store or the pipeline's 'artifacts:' key") from None
+            if not (self.root.is_dir() and os.access(self.root, os.R_OK | os.X_OK)):
+                raise StoreError(f"cannot write the artifact store at {self.root}: {exc.strerror or exc}; "
+                                 f"choose another with --store or the pipeline's 'artifacts:' key") from None
+            self.read_only = True
+            return
+        self.clean_staging()
 
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
@@ -172,9 +183,14 @@ class LocalStore:
         return manifest
 
     def staging(self, stage: str, key: str) -> Path:
+        if self.read_only:
+            raise StoreError(f"stage '{stage}' must run but the artifact store at {self.root} is read-only; "
+                             f"give a writable one with --store")
         parent = self.root / stage
         parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-{HOST}-{os.getpid()}-", dir=parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-{HOST}-{os.getpid()}-", dir=parent))
+        staging.chmod(0o777 & ~UMASK)  # mkdtemp's 0700 would hide a shared store's results from teammates
+        return staging
 
     def clean_staging(self) -> list[Path]:
         """Remove staging (and half-removed trash) left by runs that died; returns what was removed."""
@@ -185,7 +201,11 @@ class LocalStore:
                 removed.append(d)
         return removed
 
-    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any]) -> Path:
+    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
+                replace: bool = False) -> tuple[Path, dict[str, Any]]:
+        """Move `staging` into place as the result of (stage, key); returns its directory and the manifest that
+        is published there. An OK result already in place (a concurrent run that won) is kept, and its manifest
+        returned, unless `replace` (a forced re-run: its result, whatever the verdict, is the one that counts)."""
         for f in staging.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
@@ -195,16 +215,22 @@ class LocalStore:
         write_json_atomic(staging / MANIFEST, manifest)  # last: its presence means complete
         _fsync_dir(staging)
         target = self.path(stage, key)
-        if target.exists():  # a broken earlier publish, or a concurrent run that won
-            if self.lookup(stage, key) is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-                return target
-            trash = target.with_name(f".trash-{key[:12]}-{uuid.uuid4().hex[:8]}")
-            os.replace(target, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+        if target.exists():  # a broken earlier publish, a concurrent run that won, or what a forced run replaces
+            if not replace:
+                existing = self.lookup(stage, key)
+                if existing is not None:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    return target, existing
+            self._drop(target)
         os.replace(staging, target)
         _fsync_dir(target.parent)
-        return target
+        return target, manifest
+
+    def _drop(self, directory: Path) -> None:
+        """Remove a published directory: renamed first, so no reader sees it half-deleted."""
+        trash = directory.with_name(f".trash-{directory.name[:12]}-{uuid.uuid4().hex[:8]}")
+        os.replace(directory, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def verify(self, repair: bool = False) -> dict[str, Any]:
         """Hash every file of every published result against its manifest. With `repair`, results that do not
@@ -225,9 +251,7 @@ class LocalStore:
             rows.append({"stage": directory.parent.name, "key": directory.name,
                          "status": "ok" if problem is None else "bad", "problem": problem})
             if problem and repair:
-                trash = directory.with_name(f".trash-{directory.name[:12]}-{uuid.uuid4().hex[:8]}")
-                os.replace(directory, trash)
-                shutil.rmtree(trash, ignore_errors=True)
+                self._drop(directory)
         stale = [d for d in self.root.glob("*/.tmp-*") if d.is_dir() and not _owner_alive(d.name)]
         for d in stale:
             rows.append({"stage": d.parent.name, "key": d.name, "status": "stale staging",
@@ -244,5 +268,7 @@ class LocalStore:
         return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
 
     def mark_last(self, stage: str, record: dict[str, Any]) -> None:
+        if self.read_only:
+            return
         (self.root / stage).mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.root / stage / LAST, record)

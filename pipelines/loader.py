@@ -73,27 +73,94 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
 
     spec = validate(data, shown, lines)
     loaded = LoadedPipeline(spec=spec, file=path.resolve(), lines=lines)
+    why = unsafe_store_root(loaded.store_root)
+    if why:
+        raise loaded.error(f"'{spec.artifacts}' {why}", ("artifacts",),
+                           hint="use a directory of its own, e.g. .trtflow beside the pipeline file")
     if check_files and not loaded.model_path.is_file():
         raise loaded.error(f"model file '{spec.model}' not found (looked at {loaded.model_path})", ("model",),
                            hint="fix the path; it is relative to the pipeline file")
     return loaded
 
 
+_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                 "/sys", "/usr")
+_SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/var")
+
+
+def unsafe_store_root(root: Path) -> str | None:
+    """Why `root` must not be an artifact store (a system directory, or a directory many things share)."""
+    root = Path(os.path.abspath(root))
+    if str(root) in _SYSTEM_DIRS or root == Path.home():
+        return f"resolves to {root}, a directory shared with everything else: the store would write stage " \
+               f"directories into it"
+    for tree in _SYSTEM_TREES:
+        if root == Path(tree) or root.is_relative_to(tree):
+            return f"resolves to {root}, inside the system directory {tree}"
+    return None
+
+
 # --- YAML with line numbers ------------------------------------------------------------------------------------
 
+MAX_YAML_NODES = 100_000  # a pipeline file has hundreds; an alias bomb expands to billions
+
+
 def parse_yaml(text: str, shown: str) -> tuple[Any, dict[Path_, int]]:
+    """The data and the line of every key path. Composed once, then checked before anything expands aliases:
+    an alias bomb, an alias inside itself and a key given twice are errors, not silently accepted or fatal."""
+    loader = yaml.SafeLoader(text)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is not None:
+            _check_node(node, shown)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(f"YAML syntax error: {problem}", file=shown,
                         line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from None
+    finally:
+        loader.dispose()
     lines: dict[Path_, int] = {}
     if node is not None:
         _collect_lines(node, (), lines)
     return data, lines
+
+
+def _check_node(root: yaml.Node, shown: str) -> None:
+    size: dict[int, int] = {}  # expanded size of each node, aliases counted every time they are used
+    on_path: set[int] = set()
+
+    def walk(node: yaml.Node, path: Path_) -> int:
+        if id(node) in on_path:
+            raise SpecError("an alias refers to a node that contains it (a YAML structure inside itself)",
+                            file=shown, line=node.start_mark.line + 1, path=path, hint="remove the alias")
+        if id(node) in size:
+            return size[id(node)]
+        on_path.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    line = key_node.start_mark.line + 1
+                    if key_node.value in seen:
+                        raise SpecError(f"key '{key_node.value}' is given twice (first on line "
+                                        f"{seen[key_node.value]}); YAML would keep only the last", file=shown,
+                                        line=line, path=path, hint="remove or rename one of them")
+                    seen[key_node.value] = line
+                total += walk(key_node, path) + walk(value_node, path + (str(key_node.value),))
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(walk(item, path + (i,)) for i, item in enumerate(node.value))
+        on_path.discard(id(node))
+        if total > MAX_YAML_NODES:
+            raise SpecError(f"the file expands to more than {MAX_YAML_NODES} YAML nodes through aliases "
+                            f"(an alias bomb?)", file=shown, line=node.start_mark.line + 1, path=path,
+                            hint="use fewer aliases")
+        size[id(node)] = total
+        return total
+
+    walk(root, ())
 
 
 def _collect_lines(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from trtflow.pipelines.units import Duration, Fraction, Size
 
@@ -17,6 +17,23 @@ ARTIFACT_TYPES = ("onnx", "preprocess", "ranges", "engines", "json", "file", "di
 
 Ref = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)?$",
                            description="'stage' or 'stage.output', or 'source' for the pipeline's model")]
+
+
+MAX_SAMPLES = 10_000  # calibration wants hundreds; more only costs time and memory
+MAX_ELEMENTS = 2**31  # per tensor: 8 GiB of float32
+
+
+def _bounded_shape(dims: list[int]) -> list[int]:
+    count = 1
+    for d in dims:
+        count *= d
+    if count > MAX_ELEMENTS:
+        raise ValueError(f"shape {dims} has {count:.3g} elements, more than {MAX_ELEMENTS:.3g}")
+    return dims
+
+
+Dim = Annotated[int, Field(ge=1, description="a dimension (at least 1)")]
+Shape = Annotated[list[Dim], Field(max_length=16), AfterValidator(_bounded_shape)]
 
 
 class Strict(BaseModel):
@@ -33,7 +50,8 @@ class StageBase(Strict):
     retry_delay: Duration = Field(0.0, description="Seconds (or '30s', '2m') between retries")
     timeout: Duration | None = Field(None, description="Fail the stage after this long ('30m')")
 
-    EXECUTION_FIELDS: ClassVar[frozenset[str]] = frozenset({"description", "inputs", "retries", "retry_delay", "timeout"})
+    EXECUTION_FIELDS: ClassVar[frozenset[str]] = frozenset({"description", "inputs", "retries", "retry_delay",
+                                                            "timeout"})
 
     def data_globs(self) -> dict[str, tuple[str, tuple]]:
         """Files this stage reads that a parameter names by glob: input slot -> (glob, key path)."""
@@ -59,8 +77,9 @@ class SampleData(Strict):
     images: str | None = Field(None, description="glob of images, fed through the parity stage's preprocessing")
     tensors: str | None = Field(None, description="glob of .npy (single input) or .npz (one array per input)")
     random: bool = False
-    samples: int = Field(8, ge=1, description="how many samples to use (at most; files beyond are ignored)")
-    shapes: dict[str, list[int]] = Field(default_factory=dict,
+    samples: int = Field(8, ge=1, le=MAX_SAMPLES,
+                         description="how many samples to use (at most; files beyond are ignored)")
+    shapes: dict[str, Shape] = Field(default_factory=dict,
                                          description="shapes for random inputs where the model's are dynamic")
     ranges: dict[str, list[float]] = Field(
         default_factory=dict, description="per input, [low, high] of its random values (equal bounds pin a "
@@ -108,7 +127,7 @@ class PrepareStage(StageBase):
                                      description="convert the default-domain opset to this version")
     simplify: bool = Field(True, description="run onnxsim (constant folding, dead-code removal)")
     check: CheckSpec = Field(default_factory=CheckSpec)
-    input_shapes: dict[str, list[int]] = Field(
+    input_shapes: dict[str, Shape] = Field(
         default_factory=dict,
         description="concrete shapes for random-input checks where an input has dynamic dimensions")
     preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(_yaml_off)] = Field(
@@ -134,7 +153,7 @@ class ReadSpec(Strict):
 
 
 class ResizeSpec(Strict):
-    size: list[int] | None = Field(None, min_length=2, max_length=2, description="[height, width]")
+    size: list[Dim] | None = Field(None, min_length=2, max_length=2, description="[height, width]")
     shorter: int | None = Field(None, gt=0, description="resize so the shorter side has this length")
     interp: Interp = "linear"
     antialias: bool = False
@@ -147,7 +166,7 @@ class ResizeSpec(Strict):
 
 
 class LetterboxSpec(Strict):
-    size: list[int] = Field(min_length=2, max_length=2, description="[height, width]")
+    size: list[Dim] = Field(min_length=2, max_length=2, description="[height, width]")
     pad: float = 114
     interp: Interp = "linear"
 
@@ -224,7 +243,8 @@ class ParityStage(StageBase):
     training: TrainingRef
     tolerances: ParityTolerances = Field(default_factory=ParityTolerances)
     on_mismatch: Literal["error", "warn"] = "error"
-    max_images: int = Field(64, ge=1, description="compare at most this many of the matched images")
+    max_images: int = Field(64, ge=1, le=MAX_SAMPLES,
+                            description="compare at most this many of the matched images")
 
     def data_globs(self) -> dict[str, tuple[str, tuple]]:
         globs = {"images": (self.images, ("images",))}
@@ -253,7 +273,7 @@ class PrecisionStage(StageBase):
     block_ops: list[str] = Field(default_factory=list, description="op types kept in FP32")
     block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32")
     data: SampleData = Field(default_factory=lambda: SampleData(random=True))
-    holdout: int = Field(8, ge=0, description="samples for the CPU accuracy pre-flight")
+    holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="samples for the CPU accuracy pre-flight")
 
 
 class CalibrateStage(StageBase):
@@ -268,7 +288,7 @@ class CalibrateStage(StageBase):
     entropy_check: bool = Field(
         True, description="method: entropy also quantizes at the full ranges and keeps whichever tracks the FP32 "
                           "model better on (up to 8 of) the calibration samples, never the held-out ones")
-    min_samples: int = Field(1, ge=1)
+    min_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     on_too_few: Literal["error", "warn"] = "error"
     quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])
     exclude_ops: list[str] = Field(default_factory=list)
@@ -278,16 +298,16 @@ class CalibrateStage(StageBase):
         0, ge=0, description="leave ops with fewer weight parameters in float: on TensorRT-RTX each quantized op "
                              "adds a kernel of ~150 KB to the engine, which saves 3 bytes per weight (48000 "
                              "makes MobileNet-style INT8 engines smaller than FP32)")
-    holdout: int = Field(8, ge=0)
+    holdout: int = Field(8, ge=0, le=MAX_SAMPLES)
     trt_calibration_cache: bool = Field(False, description="also write a TensorRT <= 10 calibration cache")
 
 
 # --- build ----------------------------------------------------------------------------------------------------
 
 class ShapeRange(Strict):
-    min: list[int]
-    opt: list[int]
-    max: list[int]
+    min: Shape
+    opt: Shape
+    max: Shape
 
     @model_validator(mode="after")
     def _ordered(self) -> "ShapeRange":
@@ -356,7 +376,7 @@ class ValidateStage(StageBase):
         default_factory=dict, description="per output name, or '*' for all outputs")
     check_nan_inf: bool = True
     locate_first_bad_layer: bool = True
-    locate_samples: int = Field(2, ge=1, description="samples compared tensor by tensor when a candidate fails")
+    locate_samples: int = Field(2, ge=1, le=100, description="samples compared tensor by tensor when a candidate fails")
     repair: bool = Field(False, description="search for the nodes to keep in FP32 / leave unquantized so a "
                                             "failing FP16 / INT8 candidate passes")
     repair_rounds: int = Field(8, ge=1, le=64, description="at most this many rebuild-and-check rounds")
@@ -376,7 +396,7 @@ class BenchmarkStage(StageBase):
     tool: Literal["auto", "trtexec", "builtin"] = "auto"
     warmup: Duration = 0.2
     duration: Duration = 3.0
-    iterations: int | None = Field(None, ge=1)
+    iterations: int | None = Field(None, ge=1, le=10_000_000)
     trtexec_args: list[str] = Field(default_factory=list)
     gate: GateSpec | None = None
 

@@ -23,6 +23,12 @@ def pytest_runtest_setup(item) -> None:
         pytest.skip("needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
 
 
+@pytest.fixture(autouse=True)
+def _stage_calls(tmp_path: Path, monkeypatch) -> None:
+    """Where tests.stage_fns records its calls (stages run in child processes)."""
+    monkeypatch.setenv("TRTFLOW_TEST_CALLS", str(tmp_path / "stage-calls.txt"))
+
+
 @pytest.fixture
 def tensorrt_available() -> bool:
     return TENSORRT is not None

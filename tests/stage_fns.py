@@ -9,7 +9,38 @@ from pathlib import Path
 
 from trtflow import StageError, StageFailed, StageResult
 
-CALLS: list[str] = []
+
+class _Calls:
+    """The stage functions called, across processes (stages run in a child process): one line each in the
+    file `TRTFLOW_TEST_CALLS` names (tests/conftest.py sets it per test)."""
+
+    def _file(self) -> Path:
+        return Path(os.environ["TRTFLOW_TEST_CALLS"])
+
+    def append(self, name: str) -> None:
+        with open(self._file(), "a") as f:
+            f.write(name + "\n")
+
+    def clear(self) -> None:
+        self._file().write_text("")
+
+    def list(self) -> list[str]:
+        try:
+            return self._file().read_text().split()
+        except FileNotFoundError:
+            return []
+
+    def __len__(self) -> int:
+        return len(self.list())
+
+    def __eq__(self, other: object) -> bool:
+        return self.list() == other
+
+    def __repr__(self) -> str:
+        return repr(self.list())
+
+
+CALLS = _Calls()
 
 
 def copy_model(params, inputs, out_dir: Path) -> StageResult:
@@ -61,3 +92,52 @@ def engines(params, inputs, out_dir: Path) -> StageResult:
         (out_dir / "engines" / cell).mkdir(parents=True)
         (out_dir / "engines" / cell / "engine.plan").write_bytes(cell.encode() + data[:1000])
     return StageResult(outputs={"engines": out_dir / "engines"}, summary="2 engines")
+
+
+def crash(params, inputs, out_dir: Path) -> StageResult:
+    """A native crash: `how: segfault` dereferences NULL, `how: exit` is os._exit(3)."""
+    (out_dir / "model.onnx").write_bytes(b"half")
+    print("about to crash", flush=True)
+    if params.params.get("how") == "segfault":
+        import ctypes
+        ctypes.string_at(0)
+    os._exit(3)
+
+
+def spawn_and_sleep(params, inputs, out_dir: Path) -> StageResult:
+    """Starts a long-lived process of its own (its pid written to params['pidfile']), then sleeps."""
+    import subprocess
+    proc = subprocess.Popen(["sleep", "300"])
+    Path(params.params["pidfile"]).write_text(str(proc.pid))
+    time.sleep(float(params.params.get("seconds", 300)))
+    return StageResult(outputs={})
+
+
+def flaky(params, inputs, out_dir: Path) -> StageResult:
+    """Crashes on its first attempt (no marker yet at params['marker']), succeeds after."""
+    marker = Path(params.params["marker"])
+    CALLS.append("flaky")
+    if not marker.exists():
+        marker.write_text("crashed once")
+        os._exit(9)
+    (out_dir / "report.json").write_text("{}")
+    return StageResult(outputs={"report": out_dir / "report.json"})
+
+
+def raise_value_error(params, inputs, out_dir: Path) -> StageResult:
+    raise ValueError("the user's own bug\nwith a second line")
+
+
+def judge(params, inputs, out_dir: Path) -> StageResult:
+    """A verdict that depends on something outside its key (the file params['fail_if'] names): a flaky check."""
+    (out_dir / "report.json").write_text(inputs["model"].path.read_bytes()[:10].hex())
+    if Path(params.params["fail_if"]).exists():
+        raise StageFailed("judged wrong this time", StageResult(outputs={"report": out_dir / "report.json"},
+                                                                summary="# failed this time"))
+    return StageResult(outputs={"report": out_dir / "report.json"}, summary="# ok")
+
+
+def random_model(params, inputs, out_dir: Path) -> StageResult:
+    """A non-deterministic stage: every run writes other bytes."""
+    (out_dir / "model.onnx").write_bytes(os.urandom(4096))
+    return StageResult(outputs={"model": out_dir / "model.onnx"})

@@ -85,6 +85,27 @@ def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, wri
     assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"
 
 
+def test_a_crash_is_retried_and_a_user_exception_is_one_line(prefect_server, write_yaml, tmp_path, capsys):
+    marker = tmp_path / "crashed-once"
+    path = write_yaml(f"""
+        version: 1
+        name: flaky
+        model: models/cls.onnx
+        stages:
+          f: {{kind: "tests.stage_fns:flaky", outputs: {{report: json}}, params: {{marker: '{marker}'}}, retries: 1}}
+        """)
+    stage_fns.CALLS.clear()
+    assert cli.main(["run", str(path)]) == 0, capsys.readouterr().err
+    assert stage_fns.CALLS == ["flaky", "flaky"], "the crash was transient: retried once, then it succeeded"
+
+    path = write_yaml(PIPE.replace("tests.stage_fns:count_bytes", "tests.stage_fns:raise_value_error"))
+    assert cli.main(["run", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert [ln for ln in err.splitlines() if ln.strip()] == [
+        "error: stage 'b' failed unexpectedly: ValueError: the user's own bug (run with --verbose for the "
+        "traceback)"], err
+
+
 @pytest.mark.parametrize("case", ["corrupt model", "opset too low"])
 def test_bad_model_through_the_cli(prefect_server, write_yaml, workdir, capsys, case):
     if case == "corrupt model":

@@ -109,7 +109,8 @@ def test_failed_stage_publishes_nothing(write_yaml):
     with pytest.raises(StageError, match="planted failure"):
         run_all(path)
     store = load_pipeline(path).store_root
-    assert not list((store / "b").iterdir()), "no staging directory or result left behind"
+    assert [p.name for p in (store / "b").iterdir()] == ["last.json"], "no staging directory or result left behind"
+    assert plan_of(path)["b"] == ("run", "its last run failed: planted failure")
     assert (store / "a" / "last.json").exists()
 
 
@@ -118,7 +119,7 @@ def test_crash_in_child_process_is_a_clear_error(write_yaml):
                                    "tests.stage_fns:die\", timeout: 60, outputs: {model: onnx}, inputs: {model: a}"))
     with pytest.raises(StageError, match=r"stage 'b' crashed \(its process exited with code 17\)"):
         run_all(path)
-    assert not list((load_pipeline(path).store_root / "b").iterdir())
+    assert [p.name for p in (load_pipeline(path).store_root / "b").iterdir()] == ["last.json"]
 
 
 def test_timeout_kills_the_stage(write_yaml):
@@ -217,6 +218,7 @@ def test_failed_verdict_keeps_its_report_but_is_never_reused(write_yaml, timeout
     directory = info.value.directory
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["status"] == "failed" and (directory / "summary.md").read_text() == "# why it failed"
-    assert plan_of(path)["check"] == ("run", "its last run failed")
+    action, why = plan_of(path)["check"]
+    assert action == "run" and why.startswith("its last run failed: checked, and it is wrong (details: ")
     with pytest.raises(StageFailed):
         run_all(path)

@@ -111,3 +111,127 @@ def test_published_results_record_every_file(pipe):
     manifest = json.loads((published(store, "build") / "manifest.json").read_text())
     assert sorted(manifest["files"]) == ["engines/fp16/engine.plan", "engines/fp32/engine.plan", "summary.md"]
     assert all(len(r["sha256"]) == 64 and r["size"] > 0 for k, r in manifest["files"].items() if k != "summary.md")
+
+
+# --- --force (item 3) -------------------------------------------------------------------------------------------
+
+def test_a_forced_run_that_fails_replaces_the_ok_result_and_keeps_its_report(write_yaml, tmp_path):
+    flag = tmp_path / "fail-now"
+    path = write_yaml(f"""
+        version: 1
+        name: forced
+        model: models/cls.onnx
+        stages:
+          j: {{kind: "tests.stage_fns:judge", outputs: {{report: json}}, params: {{fail_if: '{flag}'}}}}
+        """)
+    assert run_all(path) == {"j": "ran"}
+    flag.write_text("")
+    from trtflow.errors import StageFailed
+    with pytest.raises(StageFailed) as info:
+        run_all(path, force=["j"])
+    details = Path(str(info.value).split("(details: ")[1].rstrip(")"))
+    assert details.read_text() == "# failed this time", "the failed report is reachable where the error says"
+    assert json.loads((details.parent / "manifest.json").read_text())["status"] == "failed"
+    assert plan_of(path)["j"] == ("run", f"its last run failed: {info.value}")
+    flag.unlink()
+    assert run_all(path) == {"j": "ran"}, "the failed verdict replaced the OK result: it is not reused"
+
+
+def test_a_forced_nondeterministic_run_keeps_manifests_truthful(write_yaml, workdir):
+    path = write_yaml("""
+        version: 1
+        name: nondet
+        model: models/cls.onnx
+        stages:
+          r: {kind: "tests.stage_fns:random_model", outputs: {model: onnx}}
+          c: {kind: "tests.stage_fns:count_bytes", outputs: {report: json}, inputs: {model: r}}
+        """)
+    run_all(path)
+    assert run_all(path, force=["r"]) == {"r": "ran", "c": "ran"}
+    store = workdir / ".trtflow"
+    from trtflow.flows.digest import file_sha256
+    model = published(store, "r") / "model.onnx"
+    (c_dir,) = [d for d in (store / "c").iterdir() if d.is_dir() and json.loads(
+        (store / "c" / "last.json").read_text())["key"] == d.name]
+    recorded = json.loads((c_dir / "manifest.json").read_text())["inputs"]["model"]
+    assert recorded["path"] == str(model) and recorded["digest"] == file_sha256(model), \
+        "the downstream manifest records the digest of the file it read"
+
+
+def test_publishing_over_a_concurrent_winner_returns_the_winners_manifest(pipe):
+    path, store = pipe
+    from trtflow.flows.store import LocalStore
+    s = LocalStore(store)
+    key = published(store, "a").name
+    staging = s.staging("a", key)
+    (staging / "model.onnx").write_bytes(b"another run's bytes")
+    mine = {"status": "ok", "key": key, "outputs": {"model": {"path": "model.onnx", "digest": "mine"}}}
+    directory, manifest = s.publish("a", key, staging, mine)
+    assert manifest["outputs"]["model"]["digest"] != "mine" and not staging.exists()
+    assert (directory / "model.onnx").read_bytes() != b"another run's bytes"
+
+
+# --- shared and read-only stores (item 6) --------------------------------------------------------------------
+
+def test_published_results_respect_the_umask(pipe):
+    path, store = pipe
+    from trtflow.flows.store import UMASK
+    for stage in ("a", "build", "c"):
+        assert published(store, stage).stat().st_mode & 0o777 == 0o777 & ~UMASK
+
+
+def _as_reader(fn):
+    """fn() where the store cannot be written: as user nobody when we are root (permissions do not bind root),
+    else after removing write permission. Returns fn's result or the exception it raised."""
+    import multiprocessing
+    if os.geteuid() != 0:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - returned for the test to inspect
+            return exc
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def target():
+        os.setgid(65534)
+        os.setuid(65534)
+        try:
+            child.send(fn())
+        except Exception as exc:  # noqa: BLE001
+            child.send(exc)
+    proc = ctx.Process(target=target)
+    proc.start()
+    result = parent.recv()
+    proc.join()
+    return result
+
+
+def test_a_read_only_store_serves_a_fully_cached_run(write_yaml, workdir, tmp_path):
+    import shutil
+    import stat
+    import tempfile
+    shared = Path(tempfile.mkdtemp(prefix="trtflow-shared-"))  # outside pytest's 0700 directory, for `nobody`
+    try:
+        shared.chmod(0o755)
+        repo = shared / "repo"
+        shutil.copytree(workdir, repo)
+        path = repo / "pipeline.yaml"
+        path.write_text(PIPE)
+        for p in [repo, *repo.rglob("*")]:
+            p.chmod(p.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if p.is_dir() else 0))
+        assert set(run_all(path).values()) == {"ran"}
+        store = repo / ".trtflow"
+        if os.geteuid() != 0:
+            for p in [store, *store.rglob("*")]:
+                p.chmod(p.stat().st_mode & ~0o222)
+        before = sorted(str(p) for p in store.rglob("*"))
+        assert _as_reader(lambda: run_all(path)) == {"a": "reused", "build": "reused", "c": "reused"}
+        error = _as_reader(lambda: run_all(path, overrides=["stages.c.params.x=1"]))
+        assert str(error) == (f"stage 'c' must run but the artifact store at {store} is read-only; give a "
+                              f"writable one with --store")
+        assert sorted(str(p) for p in store.rglob("*")) == before
+    finally:
+        for p in [shared, *shared.rglob("*")]:
+            if p.is_dir():
+                p.chmod(0o755)
+        shutil.rmtree(shared, ignore_errors=True)

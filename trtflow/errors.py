@@ -10,9 +10,12 @@ if TYPE_CHECKING:
 
 
 class TrtflowError(Exception):
-    """Root of the errors the user can act on. Never retried: the same input fails the same way."""
+    """Root of the errors the user can act on. Never retried (but TransientStageError): the same input fails
+    the same way. `child_traceback` holds the traceback of an error raised in a stage's process (for --verbose)."""
 
     exit_code = 1
+    child_traceback = ""
+    child_log = ""  # what a stage's process printed (its own and native libraries' lines)
 
 
 class SpecError(TrtflowError):
@@ -53,6 +56,11 @@ class StageError(TrtflowError):
     """A stage cannot do its work with what it was given (bad model, bad parameters, missing data)."""
 
     exit_code = 1
+
+
+class TransientStageError(StageError):
+    """The stage crashed, timed out or raised what it did not mean to: it may not happen again, so Prefect's
+    `retries:` apply (unlike every other TrtflowError)."""
 
 
 class StageFailed(StageError):

@@ -1,0 +1,90 @@
+"""Bad input from a new user or an attacker (issue #11, items 11-13, 15): one line naming the file, the line or key,
+exit 2, before any work, and nothing read that could hang."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtflow.flows import cli
+
+HEAD = "version: 1\nname: bad\nmodel: models/cls.onnx\n"
+LAUGHS = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10))
+
+
+def errors_of(capsys) -> list[str]:
+    return [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("body, expected", [
+    # a billion laughs: 9^9 strings once aliases are expanded
+    ("l0: &l0 ['lol']\n" + LAUGHS + "stages: *l9\n",
+     "pipeline.yaml:9: l5: the file expands to more than 100000 YAML nodes through aliases (an alias bomb?)"),
+    ("stages: &s\n  p: *s\n",
+     "pipeline.yaml:4: stages.p: an alias refers to a node that contains it (a YAML structure inside itself)"),
+    ("stages:\n  prepare: {kind: prepare}\n  prepare: {kind: prepare, target_opset: 13}\n",
+     "pipeline.yaml:6: stages: key 'prepare' is given twice (first on line 5); YAML would keep only the last"),
+    ("stages:\n  p: {kind: prepare, simplify: true, simplify: false}\n",
+     "pipeline.yaml:5: stages.p: key 'simplify' is given twice (first on line 5)"),
+    ("stages:\n  p: {kind: prepare, input_shapes: {input: [1, -3, 224, 224]}}\n",
+     "pipeline.yaml:5: stages.p.input_shapes.input[1]: Input should be greater than or equal to 1, got -3"),
+    ("stages:\n  p: {kind: prepare, input_shapes: {input: [100000, 3, 224, 224]}}\n",
+     "pipeline.yaml:5: stages.p.input_shapes.input: shape [100000, 3, 224, 224] has 1.51e+10 "
+     "elements"),
+    ("stages:\n  c: {kind: calibrate, data: {random: true, samples: 1000000000}}\n",
+     "pipeline.yaml:5: stages.c.data.samples: Input should be less than or equal to 10000, got 1000000000"),
+    ("artifacts: /\nstages:\n  p: {kind: prepare}\n",
+     "pipeline.yaml:4: artifacts: '/' resolves to /, a directory shared with everything else"),
+    ("artifacts: /etc/trtflow\nstages:\n  p: {kind: prepare}\n",
+     "pipeline.yaml:4: artifacts: '/etc/trtflow' resolves to /etc/trtflow, inside the system directory /etc"),
+], ids=["alias bomb", "alias recursion", "duplicate stage", "duplicate key", "negative dim", "huge shape",
+        "huge samples", "store at /", "store in /etc"])
+def test_bad_pipeline_files_are_one_line(write_yaml, capsys, body, expected):
+    path = write_yaml(HEAD + body)
+    assert cli.main(["validate", str(path)]) == 2
+    (line,) = errors_of(capsys)
+    assert line.startswith(f"error: {path.parent}/{expected}"), line
+
+
+def test_a_system_directory_as_store_is_refused(write_yaml, capsys):
+    path = write_yaml(HEAD + "stages:\n  p: {kind: prepare}\n")
+    for argv, store in ((["plan", str(path), "--store", "/usr/lib"], "/usr/lib"),
+                        (["verify", "--store", "/", "--repair"], "/")):
+        assert cli.main(argv) == 2
+        (line,) = errors_of(capsys)
+        assert line.startswith(f"error: --store {store}: resolves to "), line
+
+
+def _external_model(directory, location: str) -> None:
+    """A model whose weight lives in external data at `location` (written as a real file, then redirected)."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, str(directory / "ext.onnx"), save_as_external_data=True, location="ext.data",
+                    size_threshold=0)
+    model = onnx.load(str(directory / "ext.onnx"), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    onnx.save_model(model, str(directory / "ext.onnx"))
+
+
+@pytest.mark.parametrize("location, expected", [
+    ("../../../../../../../dev/zero", "outside the model's directory"),
+    ("/dev/zero", "outside the model's directory"),
+    ("nothere.bin", "which does not exist"),
+    ("fifo", "which is not a regular file"),
+])
+def test_external_data_is_read_only_inside_the_models_directory(write_yaml, workdir, capsys, location, expected):
+    import os
+    models = workdir / "models"
+    if location == "fifo":
+        os.mkfifo(models / "fifo")  # reading it would block for ever
+    _external_model(models, location)
+    path = write_yaml("version: 1\nname: ext\nmodel: models/ext.onnx\nstages:\n  p: {kind: prepare}\n")
+    assert cli.main(["plan", str(path)]) == 2
+    (line,) = errors_of(capsys)
+    assert line.startswith(f"error: {models / 'ext.onnx'}: tensor 'w' keeps its data in '{location}', {expected}")

@@ -1,0 +1,116 @@
+"""Faults inside a stage (issue #11, items 7-10 and 14): a native crash, a timeout, processes a stage started, a
+SIGTERM to `trtflow run`, an exception from the user's own code. Each ends in one line naming the stage, with
+nothing left behind: no staging directory, no process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_runner import plan_of, run_all
+from trtflow.errors import TransientStageError
+from trtflow.pipelines.loader import load_pipeline
+
+ONE = """
+version: 1
+name: faults
+model: models/cls.onnx
+stages:
+  s: {{kind: "tests.stage_fns:{fn}", outputs: {{model: onnx}}, params: {params}{extra}}}
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids, seconds: float = 10) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def store_entries(path: Path, stage: str) -> list[str]:
+    return sorted(p.name for p in (load_pipeline(path).store_root / stage).iterdir())
+
+
+@pytest.mark.parametrize("how, ended", [("exit", "exited with code 3"), ("segfault", "was killed by SIGSEGV")])
+def test_a_crash_without_timeout_is_one_line_and_leaves_no_staging(write_yaml, capsys, how, ended):
+    path = write_yaml(ONE.format(fn="crash", params=f"{{how: {how}}}", extra=""))
+    with pytest.raises(TransientStageError) as info:
+        run_all(path)
+    assert str(info.value) == f"stage 's' crashed (its process {ended}; its last output: about to crash)"
+    assert store_entries(path, "s") == ["last.json"]
+    assert plan_of(path)["s"] == ("run", f"its last run failed: {info.value}")
+    if how == "segfault":
+        assert "Segmentation fault" in info.value.child_log, "the crash's Python stack is kept for --verbose"
+
+
+@pytest.mark.parametrize("timeout", ["", ", timeout: 60"])
+def test_a_user_exception_is_one_line_naming_the_stage(write_yaml, timeout):
+    path = write_yaml(ONE.format(fn="raise_value_error", params="{}", extra=timeout))
+    with pytest.raises(TransientStageError) as info:
+        run_all(path)
+    assert str(info.value) == ("stage 's' failed unexpectedly: ValueError: the user's own bug "
+                               "(run with --verbose for the traceback)")
+    assert "raise ValueError" in info.value.child_traceback
+
+
+def test_a_timeout_kills_what_the_stage_started(write_yaml, tmp_path):
+    pidfile = tmp_path / "pid"
+    path = write_yaml(ONE.format(fn="spawn_and_sleep", params=f"{{pidfile: '{pidfile}'}}", extra=", timeout: 3s"))
+    with pytest.raises(TransientStageError, match=r"stage 's' timed out after 3 s"):
+        run_all(path)
+    grandchild = int(pidfile.read_text())
+    assert wait_gone([grandchild]) == [], "the process the stage started was killed with it"
+    assert store_entries(path, "s") == ["last.json"]
+
+
+def test_sigterm_is_one_line_and_leaves_no_process(write_yaml, tmp_path):
+    pidfile = tmp_path / "pid"
+    path = write_yaml(ONE.format(fn="spawn_and_sleep", params=f"{{pidfile: '{pidfile}'}}", extra=""))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-m", "trtflow.flows.cli", "run", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    while not pidfile.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert pidfile.exists(), proc.communicate()
+    ours = descendants(proc.pid)
+    assert int(pidfile.read_text()) in ours
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert err.strip().splitlines() == ["error: terminated (SIGTERM); nothing half-written was kept"]
+    assert wait_gone(ours) == [], "no process of ours (stage, its children, Prefect's server) outlives the run"
+    assert [p for p in store_entries(path, "s") if p.startswith(".tmp-")] == []
