@@ -139,11 +139,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from trtflow.flows import precheck
     from trtflow.pipelines.graph import build_graph
     from trtflow.pipelines.loader import load_pipeline
 
     loaded = load_pipeline(args.pipeline, args.overrides)
     graph = build_graph(loaded)
+    precheck.check(loaded, graph)
     table = Table(title=f"{loaded.spec.name}: {len(graph.order)} stages", title_justify="left")
     table.add_column("stage")
     table.add_column("kind")
@@ -364,11 +366,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     result = LocalStore(root).verify(repair=args.repair)
     seconds = time.perf_counter() - started
-    bad = [r for r in result["rows"] if r["status"] != "ok"]
+    bad = [r for r in result["rows"] if r["status"] == "bad"]
+    stale = [r for r in result["rows"] if r["status"] == "stale staging"]
     for r in bad:
         action = "removed" if args.repair else "bad"
         out.print(f"  [red]{action}[/] {escape(r['stage'])}/{escape(r['key'][:24])}: {escape(r['problem'])}")
-    ok = len(result["rows"]) - len(bad)
+    for r in stale:
+        out.print(f"  [yellow]staging[/] {escape(r['stage'])}/{escape(r['key'])}: {escape(r['problem'])} "
+                  f"({'removed' if args.repair else 'the next run removes it'})")
+    ok = len(result["rows"]) - len(bad) - len(stale)
     mb = result["bytes"] / 2**20
     out.print(f"{ok} results verified, {len(bad)} {'removed' if args.repair else 'bad'}; {mb:.1f} MB hashed in "
               f"{seconds:.2f}s ({mb / max(seconds, 1e-9):.0f} MB/s) in {root}")

@@ -14,7 +14,7 @@ from typing import Any
 
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
-from trtflow.flows import implementation, keys
+from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import call_stage
@@ -68,6 +68,7 @@ class Runner:
     def __post_init__(self) -> None:
         if self.graph is None:
             self.graph = build_graph(self.pipeline)
+            precheck.check(self.pipeline, self.graph)
         if self.store is None:
             self.store = LocalStore(self.pipeline.store_root)
 
@@ -225,6 +226,7 @@ class Runner:
         except TrtflowError as exc:
             self.store.discard(staging)
             _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
+            _name_stage(exc, name)
             self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(exc)})
             raise
         except BaseException:
@@ -232,6 +234,7 @@ class Runner:
             raise
         if failed is not None:
             _retarget(failed, staging, str(directory))
+            _name_stage(failed, name)
             failed.directory = directory  # type: ignore[attr-defined]
             failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
             self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(failed)})
@@ -291,6 +294,15 @@ class Runner:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _name_stage(exc: TrtflowError, name: str) -> None:
+    """Every stage error's one line names the stage (a SpecError names its key path already)."""
+    if isinstance(exc, SpecError) or not exc.args or not isinstance(exc.args[0], str):
+        return
+    message = exc.args[0]
+    if f"'{name}'" not in message and not message.startswith(f"{name}:"):
+        exc.args = (f"{name}: {message}", *exc.args[1:])
 
 
 def _retarget(exc: BaseException, staging: Path, instead: str) -> None:

@@ -1,7 +1,8 @@
 """The stage graph: what each stage consumes, resolved and checked (missing references, cycles, types).
 
 Each stage kind declares its input slots and its outputs (`kinds.py`). An omitted slot gets a default: the
-nearest earlier stage (in file order) of the kinds the slot prefers, or the pipeline's model (`source`) for an ONNX slot.
+nearest earlier stage (in file order) of the kinds the slot prefers, or the pipeline's model (`source`) for an
+ONNX slot.
 """
 from __future__ import annotations
 

@@ -88,3 +88,20 @@ def test_external_data_is_read_only_inside_the_models_directory(write_yaml, work
     assert cli.main(["plan", str(path)]) == 2
     (line,) = errors_of(capsys)
     assert line.startswith(f"error: {models / 'ext.onnx'}: tensor 'w' keeps its data in '{location}', {expected}")
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_a_profile_naming_a_missing_input_is_found_before_anything_runs(write_yaml, capsys, command):
+    path = write_yaml(HEAD + """stages:
+  prepare: {kind: prepare}
+  fp16: {kind: precision, to: fp16}
+  build:
+    kind: build
+    profiles:
+      bs1: {imgs: {min: [1, 3, 224, 224], opt: [1, 3, 224, 224], max: [1, 3, 224, 224]}}
+""")
+    assert cli.main([command, str(path)]) == 2
+    (line,) = errors_of(capsys)
+    assert line.startswith(f"error: {path}:10: stages.build.profiles.bs1.imgs: model 'models/cls.onnx' has no "
+                           f"input 'imgs' (")
+    assert not (path.parent / ".trtflow").exists(), "nothing ran"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_runner import plan_of, run_all
-from trtflow.errors import TransientStageError
+from trtflow.errors import StageError, TransientStageError
 from trtflow.pipelines.loader import load_pipeline
 
 ONE = """
@@ -114,3 +114,26 @@ def test_sigterm_is_one_line_and_leaves_no_process(write_yaml, tmp_path):
     assert err.strip().splitlines() == ["error: terminated (SIGTERM); nothing half-written was kept"]
     assert wait_gone(ours) == [], "no process of ours (stage, its children, Prefect's server) outlives the run"
     assert [p for p in store_entries(path, "s") if p.startswith(".tmp-")] == []
+
+
+def test_a_truncated_jpeg_is_one_line_and_libjpeg_stays_off_the_console(workdir, capfd):
+    import cv2
+    import yaml
+
+    from tests.assets import ROOT
+    example = ROOT / "examples" / "squeezenet-cls"
+    (workdir / "data").mkdir()
+    ok, jpeg = cv2.imencode(".jpg", cv2.imread(str(example / "data" / "chelsea.png")))
+    (workdir / "data" / "cat.jpg").write_bytes(jpeg.tobytes()[: len(jpeg) // 2])
+    spec = yaml.safe_load((example / "pipeline.yaml").read_text())
+    parity = {**spec["stages"]["parity"], "images": "data/*.jpg"}
+    path = workdir / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "name": "jpeg", "model": "models/cls.onnx",
+                                    "stages": {"parity": parity}}))
+    with pytest.raises(StageError) as info:
+        run_all(path)
+    message = str(info.value)
+    assert message.startswith("parity: cannot read image ") and "cat.jpg" in message and "\n" not in message
+    captured = capfd.readouterr()
+    assert "JPEG" not in captured.err + captured.out, "libjpeg's own lines went to the stage's log"
+    assert "Premature end of JPEG" in info.value.child_log or "Corrupt JPEG" in info.value.child_log

@@ -79,7 +79,7 @@ def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, wri
     captured = capsys.readouterr()
     assert code == 1
     errors = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
-    assert errors == ["error: planted failure"], captured.err
+    assert errors == ["error: b: planted failure"], captured.err
     assert "Traceback" not in captured.err
     b_runs = [t for t in _task_runs() if t.name == "b" and t.state and t.state.is_failed()]
     assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"

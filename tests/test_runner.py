@@ -110,7 +110,7 @@ def test_failed_stage_publishes_nothing(write_yaml):
         run_all(path)
     store = load_pipeline(path).store_root
     assert [p.name for p in (store / "b").iterdir()] == ["last.json"], "no staging directory or result left behind"
-    assert plan_of(path)["b"] == ("run", "its last run failed: planted failure")
+    assert plan_of(path)["b"] == ("run", "its last run failed: b: planted failure")
     assert (store / "a" / "last.json").exists()
 
 
@@ -219,6 +219,6 @@ def test_failed_verdict_keeps_its_report_but_is_never_reused(write_yaml, timeout
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["status"] == "failed" and (directory / "summary.md").read_text() == "# why it failed"
     action, why = plan_of(path)["check"]
-    assert action == "run" and why.startswith("its last run failed: checked, and it is wrong (details: ")
+    assert action == "run" and why.startswith("its last run failed: check: checked, and it is wrong (details: ")
     with pytest.raises(StageFailed):
         run_all(path)
