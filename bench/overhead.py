@@ -5,7 +5,11 @@ a fresh artifact store), then again fully cached, and measures in the same sessi
 functions called directly (no trtflow, no Prefect) and an empty Prefect flow in a fresh process (Prefect's
 fixed start-up cost).
 
-    python bench/overhead.py [PIPELINE.yaml] [--repeat N]
+Then, on the cached store, what issue #11's integrity checks cost: the check of every published file on reuse
+(size and mtime against the manifest) as a share of the fully cached run, and `trtflow verify` (re-hash
+everything) in MB/s against `sha256sum` over the same files.
+
+    python bench/overhead.py [PIPELINE.yaml ...] [--repeat N]     (default: every example)
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "examples" / "ppocr-cls" / "pipeline.yaml"
+DEFAULTS = [ROOT / "examples" / "ppocr-cls" / "pipeline.yaml", ROOT / "examples" / "squeezenet-cls" / "pipeline.yaml"]
 
 EMPTY_FLOW = """
 from prefect import flow, task
@@ -70,9 +74,11 @@ for name in r.graph.order:
     node = r.graph.nodes[name]
     inputs = {{}}
     for slot, edges in node.inputs.items():
-        e = edges[0]
-        path = r.pipeline.model_path if e.stage == 'source' else artifacts[e.stage][e.output]
-        inputs[slot] = Artifact(path, e.type, 'x')
+        arts = [Artifact(r.pipeline.model_path if e.stage == 'source' else artifacts[e.stage][e.output], e.type,
+                         'x', e.stage) for e in edges]
+        inputs[slot] = arts if node.many.get(slot) else arts[0]
+    for slot, (pattern, keypath) in node.spec.data_globs().items():
+        inputs[slot] = r._data_files(name, pattern, keypath)
     out = pathlib.Path(tempfile.mkdtemp())
     artifacts[name] = implementation.resolve(node.spec).run(node.spec, inputs, out).outputs
 print(time.perf_counter() - t0)
@@ -82,27 +88,57 @@ print(time.perf_counter() - t0)
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("pipeline", nargs="?", default=str(DEFAULT))
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
-    pipeline = Path(args.pipeline).resolve()
-    trtflow = [sys.executable, "-m", "trtflow.flows.cli", "run", str(pipeline)]
+def reuse_check_seconds(store: Path, repeat: int = 20) -> float:
+    """Seconds to check every file of every published result as a cached run does (median of `repeat`)."""
+    from trtflow.flows.store import MANIFEST, check_files
 
-    rows: dict[str, list[float]] = {k: [] for k in ("direct", "empty", "cold", "cold_work", "cached")}
-    for _ in range(args.repeat):
-        rows["direct"].append(direct_stage_calls(pipeline))
-        rows["empty"].append(timed([sys.executable, "-c", EMPTY_FLOW]))
-        with tempfile.TemporaryDirectory() as tmp:
-            store = Path(tmp) / "store"
+    manifests = [(d, json.loads((d / MANIFEST).read_text())) for d in store.glob("*/*") if (d / MANIFEST).is_file()]
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for directory, manifest in manifests:
+            assert check_files(directory, manifest["files"]) is None
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def verify_vs_sha256sum(store: Path) -> tuple[float, float, float, float]:
+    """(MB hashed, MB/s of `trtflow verify` as a command and of its hashing alone, MB/s of sha256sum on the same
+    files), page cache warm for all."""
+    from trtflow.flows.store import MANIFEST, LocalStore
+
+    files = [str(d / rel) for d in store.glob("*/*") if (d / MANIFEST).is_file()
+             for rel in json.loads((d / MANIFEST).read_text())["files"]]  # what verify hashes
+    size = sum(Path(f).stat().st_size for f in files) / 2**20
+    subprocess.run(["sha256sum", *files], check=True, stdout=subprocess.DEVNULL)  # warm the page cache
+    verify = min(timed([sys.executable, "-m", "trtflow.flows.cli", "verify", "--store", str(store)])
+                 for _ in range(3))
+    shasum = min(timed(["sha256sum", *files]) for _ in range(3))
+    inside = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        LocalStore(store).verify()
+        inside.append(time.perf_counter() - t0)
+    return size, size / verify, size / min(inside), size / shasum
+
+
+def overhead(pipeline: Path, repeat: int) -> None:
+    trtflow = [sys.executable, "-m", "trtflow.flows.cli", "run", str(pipeline)]
+    rows: dict[str, list[float]] = {k: [] for k in ("direct", "empty", "cold", "cold_work", "cached", "check")}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeat):
+            rows["direct"].append(direct_stage_calls(pipeline))
+            rows["empty"].append(timed([sys.executable, "-c", EMPTY_FLOW]))
+            store = Path(tmp) / f"store{i}"
             rows["cold"].append(timed(trtflow + ["--store", str(store)]))
             rows["cold_work"].append(stage_work(store))
             rows["cached"].append(timed(trtflow + ["--store", str(store)]))
+            rows["check"].append(reuse_check_seconds(store))
+        mb, verify_rate, hash_rate, sha_rate = verify_vs_sha256sum(store)
 
     med = {k: statistics.median(v) for k, v in rows.items()}
-    table = Table(title=f"trtflow overhead: {pipeline.relative_to(ROOT) if pipeline.is_relative_to(ROOT) else pipeline}"
-                        f" (median of {args.repeat}, fresh process each)", title_justify="left")
+    name = pipeline.relative_to(ROOT) if pipeline.is_relative_to(ROOT) else pipeline
+    table = Table(title=f"trtflow overhead: {name} (median of {repeat}, fresh process each)", title_justify="left")
     for col in ("what", "wall s", "stage work s", "outside stage work", "x direct calls"):
         table.add_column(col, justify="right" if col != "what" else "left")
     table.add_row("baseline: stage functions called directly (process incl. imports)", f"{med['direct']:.2f}",
@@ -113,9 +149,54 @@ def main() -> None:
                   f"{cold_out:.2f} s ({cold_out / med['cold']:.0%})", f"{med['cold'] / med['direct']:.2f}")
     table.add_row("trtflow run, everything cached", f"{med['cached']:.2f}", "0",
                   f"{med['cached']:.2f} s (100%)", f"{med['cached'] / med['direct']:.2f}")
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
     print(f"trtflow's own share of the cold run beyond Prefect's start-up: "
           f"{max(cold_out - med['empty'], 0):.2f} s")
+
+    integrity = Table(title=f"store integrity: {name}", title_justify="left")
+    for col in ("what", "value", "against"):
+        integrity.add_column(col, justify="right" if col != "what" else "left")
+    integrity.add_row("checking every published file on reuse (size, mtime)", f"{med['check'] * 1e3:.2f} ms",
+                      f"{med['check'] / med['cached']:.2%} of the cached run ({med['cached']:.2f} s)")
+    integrity.add_row(f"trtflow verify: the command (re-hash {mb:.1f} MB, incl. Python start-up)",
+                      f"{verify_rate:.0f} MB/s", f"sha256sum {sha_rate:.0f} MB/s (x{verify_rate / sha_rate:.2f})")
+    integrity.add_row("trtflow verify: its hashing (LocalStore.verify)", f"{hash_rate:.0f} MB/s",
+                      f"sha256sum {sha_rate:.0f} MB/s (x{hash_rate / sha_rate:.2f})")
+    console.print(integrity)
+
+
+def verify_at_scale(megabytes: int) -> None:
+    """The examples' stores hold a few MB, where start-up dominates: one synthetic result of `megabytes` MB
+    (four engine-sized random files, published through the store) shows the hashing rate itself."""
+    from trtflow.flows.store import LocalStore
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = LocalStore(Path(tmp) / "store")
+        store.ensure_writable()
+        staging = store.staging("build", "0" * 32)
+        for i in range(4):
+            (staging / f"engine{i}.plan").write_bytes(os.urandom(megabytes * 2**20 // 4))
+        store.publish("build", "0" * 32, staging, {"status": "ok", "key": "0" * 32, "outputs": {}})
+        mb, verify_rate, hash_rate, sha_rate = verify_vs_sha256sum(store.root)
+    table = Table(title=f"trtflow verify at scale: one result of {mb:.0f} MB (page cache warm)", title_justify="left")
+    for col in ("what", "MB/s", "x sha256sum"):
+        table.add_column(col, justify="right" if col != "what" else "left")
+    table.add_row("baseline: sha256sum on the same files", f"{sha_rate:.0f}", "1.00")
+    table.add_row("trtflow verify (the command)", f"{verify_rate:.0f}", f"{verify_rate / sha_rate:.2f}")
+    table.add_row("trtflow verify (its hashing, LocalStore.verify)", f"{hash_rate:.0f}", f"{hash_rate / sha_rate:.2f}")
+    Console(width=160).print(table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pipelines", nargs="*", default=[str(p) for p in DEFAULTS])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--verify-mb", type=int, default=1024, help="size of the synthetic result verify re-hashes")
+    args = ap.parse_args()
+    verify_at_scale(args.verify_mb)
+    for pipeline in args.pipelines:
+        overhead(Path(pipeline).resolve(), args.repeat)
 
 
 if __name__ == "__main__":

@@ -225,16 +225,16 @@ class Runner:
             directory, manifest = self.store.publish(name, key, staging, manifest, replace=self.forced(name, force))
         except TrtflowError as exc:
             self.store.discard(staging)
-            _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
             _name_stage(exc, name)
+            _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
             self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(exc)})
             raise
         except BaseException:
             self.store.discard(staging)
             raise
         if failed is not None:
-            _retarget(failed, staging, str(directory))
             _name_stage(failed, name)
+            _retarget(failed, staging, str(directory))
             failed.directory = directory  # type: ignore[attr-defined]
             failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
             self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(failed)})

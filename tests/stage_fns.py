@@ -141,3 +141,8 @@ def random_model(params, inputs, out_dir: Path) -> StageResult:
     """A non-deterministic stage: every run writes other bytes."""
     (out_dir / "model.onnx").write_bytes(os.urandom(4096))
     return StageResult(outputs={"model": out_dir / "model.onnx"})
+
+
+def fail_naming_its_output(params, inputs, out_dir: Path) -> StageResult:
+    (out_dir / "half.onnx").write_bytes(b"half")
+    raise StageError(f"cannot finish {out_dir / 'half.onnx'}")

@@ -137,3 +137,20 @@ def test_a_truncated_jpeg_is_one_line_and_libjpeg_stays_off_the_console(workdir,
     captured = capfd.readouterr()
     assert "JPEG" not in captured.err + captured.out, "libjpeg's own lines went to the stage's log"
     assert "Premature end of JPEG" in info.value.child_log or "Corrupt JPEG" in info.value.child_log
+
+
+def test_errors_never_cite_a_staging_path_that_is_gone(write_yaml):
+    path = write_yaml(ONE.format(fn="fail_naming_its_output", params="{}", extra=""))
+    with pytest.raises(StageError) as info:
+        run_all(path)
+    assert ".tmp-" not in str(info.value)
+    assert str(info.value) == "s: cannot finish (the output directory of stage 's', removed)/half.onnx"
+
+
+def test_a_model_that_is_not_onnx_is_one_line_naming_the_stage(write_yaml, workdir):
+    path = write_yaml("version: 1\nname: x\nmodel: ../../../../../../../../etc/passwd\nstages:\n"
+                      "  p: {kind: prepare}\n")
+    with pytest.raises(StageError) as info:
+        run_all(path)
+    assert str(info.value).startswith("p: /etc/passwd is not a valid ONNX model (truncated or corrupt)")
+    assert "\n" not in str(info.value)
