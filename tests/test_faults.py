@@ -154,3 +154,22 @@ def test_a_model_that_is_not_onnx_is_one_line_naming_the_stage(write_yaml, workd
         run_all(path)
     assert str(info.value).startswith("p: /etc/passwd is not a valid ONNX model (truncated or corrupt)")
     assert "\n" not in str(info.value)
+
+
+def test_onnx_runtime_error_lines_stay_off_the_console(write_yaml, workdir, capfd):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([3], np.int64), "shape")  # [1, 4] cannot become [3]: fails in Run
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [shape])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), workdir / "models" / "bad.onnx")
+    path = write_yaml("version: 1\nname: ort\nmodel: models/bad.onnx\nstages:\n  p: {kind: prepare, preflight: 'off'}\n")
+    with pytest.raises(StageError) as info:
+        run_all(path)
+    assert str(info.value).startswith("p: ") and "\n" not in str(info.value)
+    captured = capfd.readouterr()
+    assert "[E:onnxruntime" not in captured.err + captured.out
+    assert "[E:onnxruntime" in info.value.child_log, "ONNX Runtime's own line is kept for --verbose"

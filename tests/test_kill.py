@@ -30,7 +30,7 @@ stages:
       bs1: {x: {min: [1, 3, 48, 192], opt: [1, 3, 48, 192], max: [1, 3, 48, 192]}}
       lines: {x: {min: [1, 3, 48, 48], opt: [4, 3, 48, 192], max: [8, 3, 48, 320]}}
 """
-KILLS = 5
+KILLS = 4
 ENV = {**os.environ, "PYTHONPATH": os.getcwd()}
 
 
