@@ -166,7 +166,8 @@ def test_onnx_runtime_error_lines_stay_off_the_console(write_yaml, workdir, capf
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], [shape])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), workdir / "models" / "bad.onnx")
-    path = write_yaml("version: 1\nname: ort\nmodel: models/bad.onnx\nstages:\n  p: {kind: prepare, preflight: 'off'}\n")
+    path = write_yaml("version: 1\nname: ort\nmodel: models/bad.onnx\nstages:\n"
+                      "  p: {kind: prepare, preflight: 'off'}\n")
     with pytest.raises(StageError) as info:
         run_all(path)
     assert str(info.value).startswith("p: ") and "\n" not in str(info.value)
