@@ -1,0 +1,1 @@
+"""trtexec, NVIDIA's command-line builder and benchmark: its text output and exported JSON read into numbers."""

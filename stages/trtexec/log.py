@@ -1,0 +1,247 @@
+"""trtexec's text output as numbers, for every layout from TensorRT 7 to 11.
+
+- 8.2 and later: `=== Performance summary ===`, then `Throughput: N qps` and one line per measure
+  (`Latency: min = .. ms, max = .., mean = .., median = .., percentile(90%) = .., ...`), `Total Host Walltime`,
+  `Total GPU Compute Time` and `* ...` warnings about the measurement.
+- 7.x and 8.0: blocks (`Host Latency`, `Enqueue Time`, `GPU Compute`) of `min: X ms (end to end Y ms)` lines and
+  `percentile: X ms at 99% (...)`, with `throughput:`, `walltime:` and `total compute time:` inside them; and
+  `Average on N runs - GPU latency: ...` trace lines (used when a log was cut before the blocks).
+- Before 7: `Average over N runs is X ms (host walltime is Y ms, 99% percentile time is Z).`
+
+Lines are found by trtexec's severity tag (`[I]`, `[W]`, `[E]`), so a prefix another logger adds, Markdown
+indentation and Windows line ends do not matter. A log may hold several runs (`&&&& RUNNING` each): one result
+per run.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+MEASURES = {  # the names trtexec has printed -> our key
+    "latency": "latency_ms", "host latency": "latency_ms", "end-to-end host latency": "end_to_end_ms",
+    "enqueue time": "enqueue_ms", "h2d latency": "h2d_ms", "gpu compute time": "gpu_compute_ms",
+    "gpu compute": "gpu_compute_ms", "d2h latency": "d2h_ms",
+}
+STAT_KEYS = ("latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "end_to_end_ms")
+
+_TAG = re.compile(r"\[([IWEVF])\] ?(.*)$")
+_STATUS = re.compile(r"&&&& (RUNNING|PASSED|FAILED|WAIVED)\b(.*)$")
+_N = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_NUM = f"({_N})"
+_VERSION_DOTTED = re.compile(r"TensorRT(?:-RTX)? version:? (\d+(?:\.\d+)*)", re.I)  # 8.0 printed "8003"
+_VERSION_PACKED = re.compile(r"\[TensorRT(?:-RTX)? v(\d{4,6})\]")
+_ENTRY = re.compile(rf"(min|max|mean|median|percentile\({_NUM}%\))\s*[=:]\s*{_NUM}\s*ms")
+_LINE_MEASURE = re.compile(r"^([A-Za-z0-9 -]+?)\s*:\s*(.*(?:min|max|mean|median|percentile).*)$")
+_THROUGHPUT = re.compile(rf"^throughput:\s*{_NUM}\s*qps", re.I)
+_HOST_WALLTIME = re.compile(rf"^(?:Total Host Walltime|walltime):\s*{_NUM}\s*s\b", re.I)
+_GPU_TOTAL = re.compile(rf"^(?:Total GPU Compute Time|total compute time):\s*{_NUM}\s*s\b", re.I)
+_BLOCK_STAT = re.compile(rf"^(min|max|mean|median):\s*{_NUM}\s*ms(?:\s*\(end to end\s*{_NUM}\s*ms\))?")
+_BLOCK_PCT = re.compile(rf"^percentile:\s*{_NUM}\s*ms at\s*{_NUM}%(?:\s*\(end to end\s*{_NUM}\s*ms at\s*{_NUM}%\))?")
+_TRACE = re.compile(rf"^Average on (\d+) runs - GPU latency: {_NUM} ms - Host latency: {_NUM} ms "
+                    rf"\(end to end {_NUM} ms, enqueue {_NUM} ms\)")
+_OLD_AVERAGE = re.compile(rf"Average over (\d+) runs is {_NUM} ms \(host walltime is {_NUM} ms, "
+                          rf"{_NUM}% percentile time is {_NUM}")
+_SUMMARY_START = re.compile(r"=== Performance summary ===|^Host Latency$|^Trace averages of")
+
+
+def percentile_key(pct: str) -> str:
+    return f"p{float(pct):g}"
+
+
+@dataclass
+class TrtexecResult:
+    """One trtexec run's numbers. Every measure is a dict of min/max/mean/median/pNN as printed, or None when
+    the log has no such line; nothing is ever filled with zeros."""
+    tensorrt_version: str | None = None
+    status: str | None = None  # "passed" | "failed" | None (the log has no &&&& line)
+    command: str | None = None
+    throughput_qps: float | None = None
+    latency_ms: dict[str, float] | None = None
+    gpu_compute_ms: dict[str, float] | None = None
+    enqueue_ms: dict[str, float] | None = None
+    h2d_ms: dict[str, float] | None = None
+    d2h_ms: dict[str, float] | None = None
+    end_to_end_ms: dict[str, float] | None = None
+    total_host_walltime_s: float | None = None
+    total_gpu_compute_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+    layout: str | None = None  # which trtexec layout the numbers came from
+    last_line: str | None = None  # the last message before the &&&& status, for a failure without an error
+
+    @property
+    def has_summary(self) -> bool:
+        return self.throughput_qps is not None or any(getattr(self, k) for k in STAT_KEYS)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("tensorrt_version", "status", "throughput_qps", *STAT_KEYS,
+                                             "total_host_walltime_s", "total_gpu_compute_s", "warnings", "error",
+                                             "command", "layout")}
+        out["has_summary"] = self.has_summary
+        if not self.has_summary:
+            out["note"] = self.no_summary_reason()
+        return out
+
+    def no_summary_reason(self) -> str:
+        if self.error:
+            why = f": trtexec says {self.error!r}"
+        elif self.status == "failed":
+            why = f": trtexec failed without an error line; its last line was {self.last_line!r}"
+        else:
+            why = ""
+        return f"the log holds no performance summary (a failed build, --skipInference, or a cut log){why}"
+
+
+def decode_packed_version(digits: str) -> str:
+    """`[TensorRT v8601]` -> 8.6.1, `v100300` -> 10.3.0, `v7103` -> 7.1.3."""
+    if len(digits) >= 6:
+        return f"{int(digits[:-4])}.{int(digits[-4:-2])}.{int(digits[-2:])}"
+    return f"{int(digits[0])}.{int(digits[1])}.{int(digits[2:])}"
+
+
+def messages(text: str) -> list[tuple[str, str]]:
+    """(severity, message) per line; '&' for &&&& status lines, '' for untagged lines of a log that has no
+    tags at all (numbers pasted without trtexec's prefix)."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    out: list[tuple[str, str]] = []
+    tagged = False
+    for line in lines:
+        status = _STATUS.search(line)
+        if status:
+            out.append(("&", f"{status.group(1)}{status.group(2)}"))
+            continue
+        m = _TAG.search(line)
+        if m:
+            tagged = True
+            out.append((m.group(1), m.group(2).rstrip()))
+        else:
+            out.append(("", line.strip()))
+    return out if tagged else [(sev or "I", msg) for sev, msg in out]
+
+
+def parse_log(text: str) -> list[TrtexecResult]:
+    """One result per run in the log (a log without `&&&& RUNNING` lines is one run)."""
+    runs: list[list[tuple[str, str]]] = [[]]
+    version = None
+    for sev, msg in messages(text):
+        if sev == "&" and msg.startswith("RUNNING") and any(m for _, m in runs[-1]):
+            runs.append([])
+        runs[-1].append((sev, msg))
+    results = [_parse_run(run) for run in runs]
+    for r in results:  # a multi-run log prints the version once per run, or once for all
+        version = r.tensorrt_version or version
+        r.tensorrt_version = r.tensorrt_version or version
+    return results
+
+
+def parse_summary(text: str) -> TrtexecResult:
+    """The run that has a performance summary (the last one, in a log of several), else the last run."""
+    results = parse_log(text)
+    with_summary = [r for r in results if r.has_summary]
+    return (with_summary or results)[-1]
+
+
+def _stats(rest: str) -> dict[str, float]:
+    out = {}
+    for m in _ENTRY.finditer(rest):
+        key = percentile_key(m.group(2)) if m.group(2) else m.group(1)
+        out[key] = float(m.group(3))
+    return out
+
+
+def _parse_run(run: list[tuple[str, str]]) -> TrtexecResult:
+    r = TrtexecResult()
+    block: str | None = None  # the 7.x/8.0 block a `min:` line belongs to
+    in_summary = False
+    traces: list[tuple[float, ...]] = []
+    for sev, msg in run:
+        if sev != "&" and msg.strip():
+            r.last_line = msg.strip()
+        if sev == "&":
+            if msg.startswith(("PASSED", "FAILED")):
+                r.status = msg.split()[0].lower()
+            if "#" in msg and r.command is None:
+                r.command = msg.split("#", 1)[1].strip()
+            packed = _VERSION_PACKED.search(msg)
+            if packed and not r.tensorrt_version:
+                r.tensorrt_version = decode_packed_version(packed.group(1))
+            continue
+        if r.tensorrt_version is None:
+            dotted = _VERSION_DOTTED.search(msg)
+            packed = _VERSION_PACKED.search(msg)
+            if dotted:
+                v = dotted.group(1)
+                r.tensorrt_version = decode_packed_version(v) if "." not in v and len(v) >= 4 else v
+            elif packed:
+                r.tensorrt_version = decode_packed_version(packed.group(1))
+        if sev in ("E", "F"):
+            if r.error is None and msg.strip():
+                r.error = msg.strip()
+            continue
+        stripped = msg.strip()
+        if _SUMMARY_START.search(stripped):
+            in_summary = True
+        if sev == "W":
+            if in_summary and stripped.startswith("*"):
+                r.warnings.append(stripped.lstrip("* ").strip())
+            elif in_summary and r.warnings and msg.startswith(" "):
+                r.warnings[-1] += " " + stripped
+            elif "throttl" in stripped.lower():
+                r.warnings.append(stripped)
+            continue
+        if sev not in ("I", ""):
+            continue
+        _parse_info(r, stripped, traces, block)
+        block = _next_block(stripped, block)
+    if traces and r.latency_ms is None and r.gpu_compute_ms is None:
+        n = len(traces)
+        gpu, host, e2e, enq = (sum(t[i] for t in traces) / n for i in range(4))
+        r.gpu_compute_ms, r.latency_ms, r.end_to_end_ms, r.enqueue_ms = ({"mean": gpu}, {"mean": host},
+                                                                         {"mean": e2e}, {"mean": enq})
+        r.layout = f"trace averages ({n} lines; the summary blocks are missing)"
+    return r
+
+
+def _next_block(line: str, block: str | None) -> str | None:
+    name = line.lower().rstrip(":")
+    if name in MEASURES:
+        return MEASURES[name]
+    if _BLOCK_STAT.match(line) or _BLOCK_PCT.match(line) or _THROUGHPUT.match(line) or _HOST_WALLTIME.match(line) \
+            or _GPU_TOTAL.match(line):
+        return block
+    return None
+
+
+def _merge(r: TrtexecResult, key: str, values: dict[str, float]) -> None:
+    if values:
+        setattr(r, key, {**(getattr(r, key) or {}), **values})
+
+
+def _parse_info(r: TrtexecResult, line: str, traces: list, block: str | None) -> None:
+    if m := _THROUGHPUT.match(line):
+        r.throughput_qps = float(m.group(1))
+    elif m := _HOST_WALLTIME.match(line):
+        r.total_host_walltime_s = float(m.group(1))
+    elif m := _GPU_TOTAL.match(line):
+        r.total_gpu_compute_s = float(m.group(1))
+    elif m := _TRACE.match(line):
+        traces.append(tuple(float(m.group(i)) for i in (2, 3, 4, 5)))
+    elif m := _OLD_AVERAGE.search(line):
+        r.gpu_compute_ms = {"mean": float(m.group(2)), percentile_key(m.group(4)): float(m.group(5))}
+        r.latency_ms = {"mean": float(m.group(3))}
+        r.layout = "TensorRT 6 and earlier ('Average over N runs')"
+    elif block and (m := _BLOCK_STAT.match(line)):
+        _merge(r, block, {m.group(1): float(m.group(2))})
+        if m.group(3) is not None and block == "latency_ms":
+            _merge(r, "end_to_end_ms", {m.group(1): float(m.group(3))})
+        r.layout = r.layout or "TensorRT 7/8.0 blocks"
+    elif block and (m := _BLOCK_PCT.match(line)):
+        _merge(r, block, {percentile_key(m.group(2)): float(m.group(1))})
+        if m.group(3) is not None and block == "latency_ms":
+            _merge(r, "end_to_end_ms", {percentile_key(m.group(4)): float(m.group(3))})
+    elif (m := _LINE_MEASURE.match(line)) and m.group(1).strip().lower() in MEASURES:
+        stats = _stats(m.group(2))
+        if stats:
+            _merge(r, MEASURES[m.group(1).strip().lower()], stats)
+            r.layout = "TensorRT 8.2+ summary lines"
