@@ -388,7 +388,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_parse_trtexec(args: argparse.Namespace) -> int:
     from trtflow.errors import SpecError
-    from trtflow.stages.trtexec.log import STAT_KEYS, parse_log
+    from trtflow.stages.trtexec.log import parse_log
+    from trtflow.stages.trtexec.result import STAT_KEYS
 
     try:
         text = Path(args.log).read_bytes().decode("utf-8", errors="replace")
@@ -426,7 +427,8 @@ def cmd_parse_trtexec(args: argparse.Namespace) -> int:
     return 0 if found else 1
 
 
-COMMANDS = {"parse-trtexec": cmd_parse_trtexec, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate, "verify": cmd_verify, "reduce": cmd_reduce,
+COMMANDS = {"parse-trtexec": cmd_parse_trtexec, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate,
+            "verify": cmd_verify, "reduce": cmd_reduce,
             "schema": cmd_schema}
 
 if __name__ == "__main__":

@@ -121,10 +121,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          module="trtflow.stages.validate",
          env=lambda p: TENSORRT_AND_GPU),
     Kind("benchmark", BenchmarkStage,
-         slots={"engines": Slot("engines", prefer=("build",)), "preprocess": _PREPROCESS},
+         slots={"engines": Slot("engines", required=False, prefer=("build",)),
+                "models": Slot("onnx", many=True, required=False, prefer=MODEL_MAKERS),
+                "preprocess": _PREPROCESS},
          outputs={"report": "json"},
-         module=None,
-         env=lambda p: TENSORRT_AND_GPU),
+         module="trtflow.stages.benchmark",
+         env=lambda p: TENSORRT_AND_GPU,
+         # the accepted results a `baseline: previous` gate compares with: outside the key, like timing caches
+         shared_caches=lambda p: ("baselines",) if p.gate is not None and p.gate.baseline == "previous" else ()),
 )}
 
 USER = UserKind("user", CustomStage, slots={}, outputs={}, module=None,

@@ -393,12 +393,22 @@ class GateSpec(Strict):
 
 class BenchmarkStage(StageBase):
     kind: Literal["benchmark"]
-    tool: Literal["auto", "trtexec", "builtin"] = "auto"
+    tool: Literal["auto", "trtexec", "builtin"] = Field(
+        "auto", description="auto: trtexec where found, else the built-in harness (the engine on a GPU that can "
+                            "run it, else its ONNX variant on ONNX Runtime, labelled as such)")
+    trtexec: str | None = Field(None, description="path of trtexec (default: PATH, TENSORRT_ROOT, usual places)")
+    shapes: list[Literal["min", "opt", "max"]] = Field(
+        default_factory=lambda: ["opt"], min_length=1, description="which shapes of each profile to measure")
     warmup: Duration = 0.2
     duration: Duration = 3.0
     iterations: int | None = Field(None, ge=1, le=10_000_000)
     trtexec_args: list[str] = Field(default_factory=list)
     gate: GateSpec | None = None
+
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        if self.gate is not None and self.gate.baseline != "previous":
+            return {"baseline": (self.gate.baseline, ("gate", "baseline"))}
+        return {}
 
 
 # --- a user's own stage ---------------------------------------------------------------------------------------

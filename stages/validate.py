@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -20,12 +19,12 @@ import onnx
 from trtflow.artifact import Artifact, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.stages import progress, repair
+from trtflow.stages.candidates import Candidate, engine_candidates
 from trtflow.stages.compare import accuracy, gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
-from trtflow.stages.onnx.graph import precision
 from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
@@ -40,17 +39,6 @@ SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
 ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
 
 
-@dataclass
-class Candidate:
-    name: str
-    variant: str
-    precision: str
-    model: Path  # the ONNX variant the engine was built from
-    engine: Path | None = None
-    module: str = ""  # TensorRT module that built the engine
-    profiles: list[dict[str, Any]] = field(default_factory=list)  # [{name, shapes: {input: [min, opt, max]}}]
-
-
 def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
@@ -61,7 +49,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     ref = session(ref_path)
     outputs = [o.name for o in ref.get_outputs()]
     gate.check_names(params.tolerances, outputs)
-    candidates = _candidates(inputs, inputs["reference"])
+    candidates = engine_candidates(inputs, "validate", exclude=inputs["reference"].digest)
     target = _repair_target(params, candidates) if params.repair else None
     (out_dir / "plots").mkdir()
     ref_cache: dict[tuple[str, str, int], dict[str, np.ndarray]] = {}
@@ -119,39 +107,6 @@ def _json_default(x: Any) -> Any:
 
 
 # --------------------------------------------------------------------------------------------- candidates
-
-def _candidates(inputs: dict[str, Artifact], reference: Artifact) -> list[Candidate]:
-    models = inputs.get("models") or []
-    models = models if isinstance(models, list) else [models]
-    by_variant = {m.origin or m.path.stem: m for m in models}
-    engines = inputs.get("engines")
-    if engines is None:
-        found = [Candidate(v, v, precision(onnx.load(str(m.path), load_external_data=False)), m.path)
-                 for v, m in by_variant.items() if m.digest != reference.digest]
-        if not found:
-            raise StageError("validate: nothing to validate: no build stage and no model variant other than the "
-                             "reference; add a precision/calibrate or build stage before it, or set inputs.engines")
-        return found
-    found = []
-    for cell_dir in sorted(p for p in engines.path.iterdir() if p.is_dir()):
-        spec_file, info_file = cell_dir / "spec.json", cell_dir / "build.json"
-        if not spec_file.exists() or not info_file.exists():
-            continue
-        spec, info = json.loads(spec_file.read_text()), json.loads(info_file.read_text())
-        if info.get("status") != "ok":
-            continue
-        variant = spec["variant"]
-        model = by_variant.get(variant)
-        if model is None:
-            raise StageError(f"validate: engine '{spec['name']}' was built from model variant '{variant}', which is "
-                             f"not among this stage's models ({', '.join(by_variant) or 'none'}): add "
-                             f"'{variant}' to inputs.models")
-        found.append(Candidate(spec["name"], variant, spec["precision"], model.path, cell_dir / "engine.plan",
-                               spec.get("module", ""), spec["profiles"]))
-    if not found:
-        raise StageError(f"validate: the build output {engines.path} holds no built engine")
-    return found
-
 
 # --------------------------------------------------------------------------------------------- one candidate
 

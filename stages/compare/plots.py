@@ -61,3 +61,23 @@ def layer_drift(rows: list[dict[str, Any]], first: dict[str, Any] | None, path: 
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def latency_histograms(samples: dict[str, list[float]], path: Path, title: str) -> Path:
+    """One histogram of per-iteration latency per cell, with its median and p99 marked."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(samples), 1, figsize=(8, 1.8 * len(samples) + 0.6), squeeze=False)
+    for ax, (name, values) in zip(axes[:, 0], samples.items()):
+        a = np.asarray(values)
+        hi = np.percentile(a, 99.5)
+        ax.hist(a[a <= hi], bins=60, color="#4c72b0")
+        for q, style in ((50, "-"), (99, "--")):
+            ax.axvline(np.percentile(a, q), color="#c44e52", linestyle=style, linewidth=1)
+        ax.set_title(f"{name}: median {np.median(a):.3g} ms, p99 {np.percentile(a, 99):.3g} ms (n={a.size})",
+                     fontsize=9)
+        ax.set_xlabel("ms", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -74,7 +74,8 @@ class EngineRunner:
             self.contexts[profile] = ctx
         return self.contexts[profile]
 
-    def run(self, feed: dict[str, np.ndarray], profile: int = 0) -> dict[str, np.ndarray]:
+    def bind(self, feed: dict[str, np.ndarray], profile: int = 0) -> tuple[Any, dict[str, Any], list[Any]]:
+        """(context, output device tensors, input device tensors) with every address set for `feed`."""
         torch, trt = self.torch, self.trt
         ctx = self._context(profile)
         keep = []
@@ -92,7 +93,38 @@ class EngineRunner:
             dev = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device="cuda")
             ctx.set_tensor_address(name, dev.data_ptr())
             results[name] = dev
+        return ctx, results, keep
+
+    def run(self, feed: dict[str, np.ndarray], profile: int = 0) -> dict[str, np.ndarray]:
+        ctx, results, _ = self.bind(feed, profile)
         if not ctx.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("execute_async_v3 failed")
         self.stream.synchronize()
         return {name: t.cpu().numpy() for name, t in results.items()}
+
+    def time(self, feed: dict[str, np.ndarray], profile: int, warmup_s: float, duration_s: float,
+             iterations: int | None) -> tuple[list[float], float]:
+        """GPU milliseconds per execution (CUDA events around each enqueue, inputs already on the device) after
+        `warmup_s` of untimed executions, and the wall seconds of the timed part."""
+        import time as _time
+
+        torch = self.torch
+        ctx, _, _ = self.bind(feed, profile)
+        handle = self.stream.cuda_stream
+        end = _time.perf_counter() + warmup_s
+        while _time.perf_counter() < end:
+            ctx.execute_async_v3(handle)
+        self.stream.synchronize()
+        pairs = []
+        start = _time.perf_counter()
+        while (len(pairs) < iterations) if iterations else (_time.perf_counter() - start < duration_s):
+            begin, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(self.stream)
+            ctx.execute_async_v3(handle)
+            done.record(self.stream)
+            pairs.append((begin, done))
+            if len(pairs) % 64 == 0:
+                self.stream.synchronize()
+        self.stream.synchronize()
+        wall = _time.perf_counter() - start
+        return [b.elapsed_time(d) for b, d in pairs], wall

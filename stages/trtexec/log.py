@@ -15,15 +15,14 @@ per run.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+
+from trtflow.stages.trtexec.result import PerfResult
 
 MEASURES = {  # the names trtexec has printed -> our key
     "latency": "latency_ms", "host latency": "latency_ms", "end-to-end host latency": "end_to_end_ms",
     "enqueue time": "enqueue_ms", "h2d latency": "h2d_ms", "gpu compute time": "gpu_compute_ms",
     "gpu compute": "gpu_compute_ms", "d2h latency": "d2h_ms",
 }
-STAT_KEYS = ("latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "end_to_end_ms")
 
 _TAG = re.compile(r"\[([IWEVF])\] ?(.*)$")
 _STATUS = re.compile(r"&&&& (RUNNING|PASSED|FAILED|WAIVED)\b(.*)$")
@@ -47,50 +46,6 @@ _SUMMARY_START = re.compile(r"=== Performance summary ===|^Host Latency$|^Trace 
 
 def percentile_key(pct: str) -> str:
     return f"p{float(pct):g}"
-
-
-@dataclass
-class TrtexecResult:
-    """One trtexec run's numbers. Every measure is a dict of min/max/mean/median/pNN as printed, or None when
-    the log has no such line; nothing is ever filled with zeros."""
-    tensorrt_version: str | None = None
-    status: str | None = None  # "passed" | "failed" | None (the log has no &&&& line)
-    command: str | None = None
-    throughput_qps: float | None = None
-    latency_ms: dict[str, float] | None = None
-    gpu_compute_ms: dict[str, float] | None = None
-    enqueue_ms: dict[str, float] | None = None
-    h2d_ms: dict[str, float] | None = None
-    d2h_ms: dict[str, float] | None = None
-    end_to_end_ms: dict[str, float] | None = None
-    total_host_walltime_s: float | None = None
-    total_gpu_compute_s: float | None = None
-    warnings: list[str] = field(default_factory=list)
-    error: str | None = None
-    layout: str | None = None  # which trtexec layout the numbers came from
-    last_line: str | None = None  # the last message before the &&&& status, for a failure without an error
-
-    @property
-    def has_summary(self) -> bool:
-        return self.throughput_qps is not None or any(getattr(self, k) for k in STAT_KEYS)
-
-    def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("tensorrt_version", "status", "throughput_qps", *STAT_KEYS,
-                                             "total_host_walltime_s", "total_gpu_compute_s", "warnings", "error",
-                                             "command", "layout")}
-        out["has_summary"] = self.has_summary
-        if not self.has_summary:
-            out["note"] = self.no_summary_reason()
-        return out
-
-    def no_summary_reason(self) -> str:
-        if self.error:
-            why = f": trtexec says {self.error!r}"
-        elif self.status == "failed":
-            why = f": trtexec failed without an error line; its last line was {self.last_line!r}"
-        else:
-            why = ""
-        return f"the log holds no performance summary (a failed build, --skipInference, or a cut log){why}"
 
 
 def decode_packed_version(digits: str) -> str:
@@ -120,7 +75,7 @@ def messages(text: str) -> list[tuple[str, str]]:
     return out if tagged else [(sev or "I", msg) for sev, msg in out]
 
 
-def parse_log(text: str) -> list[TrtexecResult]:
+def parse_log(text: str) -> list[PerfResult]:
     """One result per run in the log (a log without `&&&& RUNNING` lines is one run)."""
     runs: list[list[tuple[str, str]]] = [[]]
     version = None
@@ -135,7 +90,7 @@ def parse_log(text: str) -> list[TrtexecResult]:
     return results
 
 
-def parse_summary(text: str) -> TrtexecResult:
+def parse_summary(text: str) -> PerfResult:
     """The run that has a performance summary (the last one, in a log of several), else the last run."""
     results = parse_log(text)
     with_summary = [r for r in results if r.has_summary]
@@ -150,8 +105,8 @@ def _stats(rest: str) -> dict[str, float]:
     return out
 
 
-def _parse_run(run: list[tuple[str, str]]) -> TrtexecResult:
-    r = TrtexecResult()
+def _parse_run(run: list[tuple[str, str]]) -> PerfResult:
+    r = PerfResult()
     block: str | None = None  # the 7.x/8.0 block a `min:` line belongs to
     in_summary = False
     traces: list[tuple[float, ...]] = []
@@ -194,6 +149,9 @@ def _parse_run(run: list[tuple[str, str]]) -> TrtexecResult:
             continue
         _parse_info(r, stripped, traces, block)
         block = _next_block(stripped, block)
+    if r.throughput_qps == 0 and (r.latency_ms or r.gpu_compute_ms):
+        r.warnings.append("trtexec printed a throughput of 0 qps next to non-zero latencies (TensorRT 7's "
+                          "trtexec miscounts queries in some modes): use the latencies")
     if traces and r.latency_ms is None and r.gpu_compute_ms is None:
         n = len(traces)
         gpu, host, e2e, enq = (sum(t[i] for t in traces) / n for i in range(4))
@@ -213,12 +171,12 @@ def _next_block(line: str, block: str | None) -> str | None:
     return None
 
 
-def _merge(r: TrtexecResult, key: str, values: dict[str, float]) -> None:
+def _merge(r: PerfResult, key: str, values: dict[str, float]) -> None:
     if values:
         setattr(r, key, {**(getattr(r, key) or {}), **values})
 
 
-def _parse_info(r: TrtexecResult, line: str, traces: list, block: str | None) -> None:
+def _parse_info(r: PerfResult, line: str, traces: list, block: str | None) -> None:
     if m := _THROUGHPUT.match(line):
         r.throughput_qps = float(m.group(1))
     elif m := _HOST_WALLTIME.match(line):

@@ -1,0 +1,284 @@
+"""Stage `benchmark`: every engine the build stage made, timed at its profiles' shapes — by trtexec where it is
+installed, else by the built-in harness (the engine with CUDA events on a GPU that can run it; otherwise the
+engine's ONNX variant on ONNX Runtime, labelled as such) — with GPU telemetry and a regression gate against a
+baseline measured in the same environment."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from trtflow.artifact import StageResult
+from trtflow.errors import StageError, StageFailed
+from trtflow.stages import progress
+from trtflow.stages.candidates import Candidate, engine_candidates
+from trtflow.stages.compare import perf_gate
+from trtflow.stages.ort import harness
+from trtflow.stages.trt.env import gpus
+from trtflow.stages.trt.telemetry import Telemetry
+from trtflow.stages.trtexec import command, exports
+from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
+from trtflow.stages.trtexec.log import parse_summary
+from trtflow.stages.trtexec.result import PerfResult
+
+VERSION = "1"
+TRTEXEC_TIMEOUT_S = 1800
+
+
+def run(params: Any, inputs: dict[str, Any], out_dir: Path) -> StageResult:
+    candidates = engine_candidates(inputs, "benchmark")
+    trtexec, looked = (None, [])
+    if params.tool in ("auto", "trtexec"):
+        trtexec, looked = find_trtexec(params.trtexec)
+        if trtexec is None and params.tool == "trtexec":
+            raise StageError(f"benchmark: tool: trtexec, but no trtexec was found (looked in: {', '.join(looked)}); "
+                             f"give its path as 'trtexec:' or use tool: auto for the built-in harness")
+    version = trtexec_version(trtexec) if trtexec else None
+    warnings = command.check_args(params.trtexec_args, version) if trtexec else []
+    if trtexec is None and params.trtexec_args:
+        warnings.append("trtexec_args are ignored: no trtexec here, the built-in harness measures instead")
+    if trtexec is not None:
+        (out_dir / "logs").mkdir()
+    cells = [(cand, profile, point) for cand in candidates for profile in (cand.profiles or [None])
+             for point in params.shapes]
+    results = []
+    with Telemetry() as telemetry:
+        for n, (cand, profile, point) in enumerate(cells):
+            progress.report("benchmarking", n, len(cells))
+            results.append(_measure(params, cand, profile, point, trtexec, version, out_dir))
+    progress.report("benchmarking", len(cells), len(cells))
+    tele = telemetry.summary()
+    if tele.get("throttled"):
+        warnings.append(f"the GPU was throttled during the run ({', '.join(tele['throttled'])}): the numbers are "
+                        f"not its best")
+    for cell in results:
+        warnings += [f"{cell['cell']}: {w}" for w in cell["result"]["warnings"]]
+    gate = _gate(params, inputs, candidates, results)
+    report = {"tool": "trtexec" if trtexec else "built-in harness", "trtexec": str(trtexec) if trtexec else None,
+              "trtexec_looked": looked, "tensorrt_version": version, "cells": results, "telemetry": tele,
+              "gate": gate, "warnings": warnings}
+    plots = _plot(results, out_dir)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    result = StageResult(outputs={"report": out_dir / "report.json"}, summary=summary(report, plots),
+                         warnings=warnings + gate["skipped_lines"],
+                         metrics={"cells": len(results), "best_throughput_qps": max(
+                             (c["result"]["throughput_qps"] or 0 for c in results), default=None)})
+    failures = [c for c in results if not c["result"]["has_summary"]]
+    if failures:
+        first = failures[0]
+        raise StageFailed(f"benchmark: {len(failures)} of {len(results)} measurement(s) failed; {first['cell']}: "
+                          f"{first['result'].get('note')}", result)
+    if gate["violations"]:
+        raise StageFailed(f"benchmark: {len(gate['violations'])} regression(s) against {gate['baseline']}: "
+                          f"{gate['violations'][0]}", result)
+    _accept(inputs, candidates, results, gate)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- one cell
+
+def _shapes(cand: Candidate, profile: dict[str, Any] | None, point: str) -> dict[str, list[int]]:
+    if profile is None:
+        return {}
+    index = {"min": 0, "opt": 1, "max": 2}[point]
+    return {name: list(rng[index]) for name, rng in profile["shapes"].items()}
+
+
+def _measure(params: Any, cand: Candidate, profile: dict[str, Any] | None, point: str, trtexec: Path | None,
+             version: str | None, out_dir: Path) -> dict[str, Any]:
+    name = f"{cand.name}.{point}" + (f"@{profile['name']}" if profile and profile["name"] not in cand.name else "")
+    shapes = _shapes(cand, profile, point)
+    slowest: list[dict[str, Any]] = []
+    if trtexec is not None and cand.engine is not None:
+        result, slowest = _trtexec(params, cand, shapes, trtexec, version, out_dir / "logs" / name)
+    else:
+        result = _builtin(params, cand, profile, shapes)
+    env = {"runtime": (result.runtime or "").split(",")[0], "tensorrt": result.tensorrt_version,
+           "gpu": "; ".join(f"{g.get('name')} driver {g.get('driver')}" for g in gpus()) or "none"}
+    if result.runtime and result.runtime.startswith(harness.RUNTIME.split(" ")[0]):
+        env["runtime"] = result.runtime  # ONNX Runtime's version is part of it
+        env["host"] = _cpu_name()
+    samples = result.samples_ms
+    result.samples_ms = None
+    return {"cell": name, "candidate": cand.name, "variant": cand.variant, "precision": cand.precision,
+            "profile": profile["name"] if profile else None, "point": point, "shapes": shapes,
+            "environment": env, "result": result.to_json(), "slowest_layers": slowest[:10],
+            "samples_ms": samples}
+
+
+def _trtexec(params: Any, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
+             stem: Path) -> tuple[PerfResult, list[dict[str, Any]]]:
+    files = {"times": stem.with_suffix(".times.json"), "profile": stem.with_suffix(".profile.json"),
+             "layers": stem.with_suffix(".layers.json")}
+    cmd = command.compose(trtexec, cand.engine, shapes, params, files, version)
+    log = stem.with_suffix(".log")
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=TRTEXEC_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise StageError(f"benchmark: trtexec did not finish within {TRTEXEC_TIMEOUT_S} s on {cand.name} "
+                             f"(log: {log})") from None
+    result = parse_summary(log.read_text(errors="replace"))
+    result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
+    if proc.returncode != 0 and result.status != "failed":
+        result.status, result.error = "failed", result.error or f"trtexec exited with code {proc.returncode}"
+    slowest = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else []
+    if files["times"].exists():
+        result.samples_ms = exports.read_times(files["times"]).get("gpu_compute_ms")
+    return result, slowest
+
+
+def _builtin(params: Any, cand: Candidate, profile: dict[str, Any] | None, shapes: dict[str, list[int]]
+             ) -> PerfResult:
+    if cand.engine is not None:
+        from trtflow.stages.trt.runtime import EngineRunner, can_run
+
+        ok, why = can_run(cand.module or "tensorrt", cand.engine)
+        if ok:  # UNVERIFIED: no engine executes on the machines this project is tested on
+            eng = EngineRunner(cand.module, cand.engine)
+            feeds = harness.random_arrays(eng.inputs, shapes)
+            index = next((i for i, p in enumerate(cand.profiles) if p is profile), 0)
+            samples, wall = eng.time(feeds, index, params.warmup, params.duration, params.iterations)
+            return PerfResult(status="passed", throughput_qps=len(samples) / wall,
+                              gpu_compute_ms=harness.latency_stats(samples), total_host_walltime_s=wall,
+                              layout="built-in harness", runtime=f"{cand.module} engine, CUDA events (unverified "
+                              f"path)", samples_ms=samples)
+    try:
+        return harness.benchmark(cand.model, shapes, params.warmup, params.duration, params.iterations)
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime cannot run this variant on CPU: a failed cell, said so
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return PerfResult(status="failed", error=f"ONNX Runtime cannot run variant '{cand.variant}' on CPU: {first}",
+                          runtime=harness.RUNTIME)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+# ---------------------------------------------------------------------------------------------- the gate
+
+def _artifact_id(cand: Candidate) -> str:
+    h = hashlib.sha256()
+    with open(cand.engine or cand.model, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()[:24]
+
+
+def _baseline_file(inputs: dict[str, Any], cand: Candidate) -> Path | None:
+    shared = inputs.get("baselines")
+    return None if shared is None else shared.path / "benchmark" / f"{_artifact_id(cand)}.json"
+
+
+def _gate(params: Any, inputs: dict[str, Any], candidates: list[Candidate], cells: list[dict[str, Any]]
+          ) -> dict[str, Any]:
+    out: dict[str, Any] = {"baseline": None, "violations": [], "skipped": [], "skipped_lines": []}
+    if params.gate is None:
+        return out
+    bounds = {k: getattr(params.gate, k) for k in perf_gate.METRICS}
+    baseline: dict[str, dict[str, Any]] = {}
+    if params.gate.baseline == "previous":
+        out["baseline"] = "the last accepted run of the same engines"
+        for cand in candidates:
+            path = _baseline_file(inputs, cand)
+            if path is not None and path.is_file():
+                try:
+                    baseline.update(json.loads(path.read_text()))
+                except ValueError:
+                    out["skipped"].append(f"{path}: unreadable baseline, ignored")
+    else:
+        files = inputs.get("baseline") or []
+        path = (files[0] if isinstance(files, list) else files).path
+        out["baseline"] = str(path)
+        try:
+            data = json.loads(Path(path).read_text())
+            baseline = {c["cell"]: c for c in data["cells"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            raise StageError(f"benchmark: gate.baseline {path} is not a benchmark report.json (written by this "
+                             f"stage): give one, or baseline: previous") from None
+    violations, skipped = perf_gate.check(cells, baseline, bounds)
+    out["violations"], out["skipped"] = violations, out["skipped"] + skipped
+    if out["skipped"]:
+        out["skipped_lines"] = [f"gate skipped {s}" for s in out["skipped"][:5]]
+    return out
+
+
+def _accept(inputs: dict[str, Any], candidates: list[Candidate], cells: list[dict[str, Any]],
+            gate: dict[str, Any]) -> None:
+    """A run that passed becomes the baseline of its engines' next runs (gate baseline: previous)."""
+    for cand in candidates:
+        path = _baseline_file(inputs, cand)
+        if path is None:
+            continue
+        mine = {c["cell"]: {k: c[k] for k in ("cell", "environment", "result")} for c in cells
+                if c["candidate"] == cand.name}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(mine, indent=2))
+        os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def _plot(cells: list[dict[str, Any]], out_dir: Path) -> list[str]:
+    """The latency distribution of every cell that has per-iteration samples (kept out of report.json)."""
+    samples = {c["cell"]: c.pop("samples_ms") for c in cells if c.get("samples_ms")}
+    for c in cells:
+        c.pop("samples_ms", None)
+        if c["cell"] in samples:
+            c["iterations"] = len(samples[c["cell"]])
+    if not samples:
+        return []
+    from trtflow.stages.compare.plots import latency_histograms
+
+    (out_dir / "plots").mkdir(exist_ok=True)
+    path = latency_histograms(samples, out_dir / "plots" / "latency.png", "latency per iteration")
+    return [path.relative_to(out_dir).as_posix()]
+
+
+def summary(r: dict[str, Any], plots: list[str]) -> str:
+    lines = [f"# benchmark: {len(r['cells'])} measurement(s) by {r['tool']}", ""]
+    if r["tool"] != "trtexec":
+        lines += [f"trtexec was not found (looked in: {', '.join(r['trtexec_looked']) or 'nowhere: tool: builtin'}"
+                  f"); numbers below name the runtime that produced them.", ""]
+    lines += ["| cell | runtime | throughput (qps) | mean (ms) | p99 (ms) | status |", "|---|---|---|---|---|---|"]
+    for c in r["cells"]:
+        res = c["result"]
+        lat = res.get("latency_ms") or res.get("gpu_compute_ms") or {}
+        fmt = (lambda v: f"{v:.4g}" if isinstance(v, (int, float)) else "-")
+        lines.append(f"| {c['cell']} | {res.get('runtime') or '-'} | {fmt(res.get('throughput_qps'))} | "
+                     f"{fmt(lat.get('mean'))} | {fmt(lat.get('p99'))} | "
+                     f"{'ok' if res['has_summary'] else 'failed: ' + str(res.get('note'))} |")
+    g = r["gate"]
+    if g["baseline"]:
+        lines += ["", f"**gate** against {g['baseline']}: "
+                  + ("passed" if not g["violations"] else f"{len(g['violations'])} regression(s)")]
+        lines += [f"- regression: {v}" for v in g["violations"]] + [f"- skipped: {s}" for s in g["skipped"]]
+    tele = r["telemetry"]
+    lines += ["", "**GPU telemetry**: " + (tele["why"] if not tele.get("available") else
+                                           f"{tele.get('samples', 0)} samples, throttled: "
+                                           f"{', '.join(tele.get('throttled') or []) or 'no'}")]
+    slow = [c for c in r["cells"] if c.get("slowest_layers")]
+    for c in slow[:1]:
+        lines += ["", f"**slowest layers** of {c['cell']}:", "", "| layer | average (ms) | share |", "|---|---|---|"]
+        lines += [f"| {layer['name']} | {layer['average_ms']} | {layer['percent']}% |"
+                  for layer in c["slowest_layers"]]
+    lines += [f"\n![latency]({p})" for p in plots]
+    if r["warnings"]:
+        lines += ["", "Warnings:"] + [f"- {w}" for w in r["warnings"]]
+    return "\n".join(lines) + "\n"
+

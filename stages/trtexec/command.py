@@ -1,0 +1,58 @@
+"""trtexec's command line for one engine and shape, from the benchmark stage's options, knowing what each
+TensorRT version accepts."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtflow.errors import StageError
+
+# options a version's trtexec no longer has, and why
+REMOVED = {
+    11: {"--fp16": "TensorRT 11 takes precision from the ONNX (the precision/calibrate stages' variants)",
+         "--int8": "TensorRT 11 takes precision from the ONNX (Q/DQ from the calibrate stage)",
+         "--best": "TensorRT 11 takes precision from the ONNX",
+         "--calib": "TensorRT 11 removed implicit calibration"},
+}
+ON_BY_DEFAULT = {11: ("--useCudaGraph", "--noDataTransfers")}  # flags that only repeat the default there
+
+
+def major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
+
+
+def check_args(args: list[str], version: str | None) -> list[str]:
+    """Raise for an option the detected trtexec lacks; warnings for options that repeat its defaults."""
+    m = major(version)
+    warnings = []
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        for since, removed in REMOVED.items():
+            if m is not None and m >= since and flag in removed:
+                raise StageError(f"benchmark: trtexec_args {arg}: the detected trtexec (TensorRT {version}) does not "
+                                 f"have {flag}: {removed[flag]}")
+        for since, flags in ON_BY_DEFAULT.items():
+            if m is not None and m >= since and flag in flags:
+                warnings.append(f"{flag} is TensorRT {since}'s default already")
+    return warnings
+
+
+def shapes_arg(shapes: dict[str, list[int]]) -> str:
+    return ",".join(f"{name}:{'x'.join(str(d) for d in dims)}" for name, dims in shapes.items())
+
+
+def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: Any, exports: dict[str, Path],
+            version: str | None) -> list[str]:
+    cmd = [str(trtexec), f"--loadEngine={engine}", f"--warmUp={int(params.warmup * 1000)}"]
+    if shapes:
+        cmd.append(f"--shapes={shapes_arg(shapes)}")
+    if params.iterations:
+        cmd += [f"--iterations={params.iterations}", "--duration=0"]
+    else:
+        cmd.append(f"--duration={max(1, round(params.duration))}")
+    cmd += ["--avgRuns=10", "--separateProfileRun", "--dumpProfile", f"--exportTimes={exports['times']}",
+            f"--exportProfile={exports['profile']}", f"--exportLayerInfo={exports['layers']}"]
+    return cmd + list(params.trtexec_args)

@@ -1,0 +1,53 @@
+"""The numbers of one benchmark run, whoever produced them (trtexec's log, the built-in harness): one schema."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STAT_KEYS = ("latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "end_to_end_ms")
+
+
+@dataclass
+class PerfResult:
+    """One benchmark run's numbers, from trtexec's log or the built-in harness. Every measure is a dict of
+    min/max/mean/median/pNN as printed, or None when there is no such line; nothing is ever filled with zeros."""
+    tensorrt_version: str | None = None
+    status: str | None = None  # "passed" | "failed" | None (the log has no &&&& line)
+    command: str | None = None
+    throughput_qps: float | None = None
+    latency_ms: dict[str, float] | None = None
+    gpu_compute_ms: dict[str, float] | None = None
+    enqueue_ms: dict[str, float] | None = None
+    h2d_ms: dict[str, float] | None = None
+    d2h_ms: dict[str, float] | None = None
+    end_to_end_ms: dict[str, float] | None = None
+    total_host_walltime_s: float | None = None
+    total_gpu_compute_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+    layout: str | None = None  # which trtexec layout the numbers came from
+    last_line: str | None = None  # the last message before the &&&& status, for a failure without an error
+    runtime: str | None = None  # what produced the numbers: trtexec, a TensorRT engine, or ONNX Runtime
+    samples_ms: list[float] | None = field(default=None, repr=False)  # per-iteration latencies, when known
+
+    @property
+    def has_summary(self) -> bool:
+        return self.throughput_qps is not None or any(getattr(self, k) for k in STAT_KEYS)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in ("tensorrt_version", "status", "throughput_qps", *STAT_KEYS,
+                                             "total_host_walltime_s", "total_gpu_compute_s", "warnings", "error",
+                                             "command", "layout", "runtime")}
+        out["has_summary"] = self.has_summary
+        if not self.has_summary:
+            out["note"] = self.no_summary_reason()
+        return out
+
+    def no_summary_reason(self) -> str:
+        if self.error:
+            why = f": trtexec says {self.error!r}"
+        elif self.status == "failed":
+            why = f": trtexec failed without an error line; its last line was {self.last_line!r}"
+        else:
+            why = ""
+        return f"the log holds no performance summary (a failed build, --skipInference, or a cut log){why}"

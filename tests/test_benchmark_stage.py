@@ -1,0 +1,125 @@
+"""Stage `benchmark` on a real engine pipeline (PP-OCR's classifier built by TensorRT-RTX): the built-in harness
+where trtexec is absent, labelled with its runtime; the regression gate against a planted slower baseline; a
+baseline from another machine skipped, not compared; trtexec options the detected version lacks refused."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.test_runner import run_all
+from trtflow.errors import StageError, StageFailed
+from trtflow.stages.trtexec import command
+
+PIPE = """
+version: 1
+name: bench
+model: models/cls.onnx
+stages:
+  prepare: {kind: prepare, target_opset: 17, input_shapes: {x: [1, 3, 48, 192]}, preflight: "off"}
+  build:
+    kind: build
+    profiles:
+      lines: {x: {min: [1, 3, 48, 48], opt: [4, 3, 48, 192], max: [8, 3, 48, 320]}}
+  benchmark:
+    kind: benchmark
+    duration: 0.5s
+    warmup: 0.1s
+    shapes: [opt, max]
+"""
+
+
+def report_of(workdir) -> dict:
+    store = workdir / ".trtflow" / "benchmark"
+    key = json.loads((store / "last.json").read_text())["key"]
+    return json.loads((store / key / "report.json").read_text())
+
+
+@pytest.mark.tensorrt
+def test_the_harness_times_every_engine_and_names_its_runtime(write_yaml, workdir, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no trtexec
+    path = write_yaml(PIPE)
+    assert run_all(path)["benchmark"] == "ran"
+    report = report_of(workdir)
+    assert report["tool"] == "built-in harness" and report["trtexec_looked"][0] == "PATH"
+    assert [c["cell"] for c in report["cells"]] == ["prepare.lines.native.opt", "prepare.lines.native.max"]
+    for cell, shape in zip(report["cells"], ([4, 3, 48, 192], [8, 3, 48, 320])):
+        r = cell["result"]
+        assert cell["shapes"] == {"x": shape}
+        assert "onnxruntime-cpu" in r["runtime"] and "not a TensorRT number" in r["runtime"]
+        assert r["tensorrt_version"] is None and r["gpu_compute_ms"] is None, "no TensorRT number is claimed"
+        lat = r["latency_ms"]
+        assert 0 < lat["min"] <= lat["median"] <= lat["p99"] <= lat["max"]
+        assert r["throughput_qps"] == pytest.approx(cell["iterations"] / r["total_host_walltime_s"])
+    opt, big = (c["result"]["latency_ms"]["median"] for c in report["cells"])
+    assert big > opt, "twice the batch at a wider shape takes longer"
+    assert report["telemetry"]["available"] is False and "no NVIDIA GPU" in report["telemetry"]["why"]
+    directory = workdir / ".trtflow" / "benchmark" / json.loads(
+        (workdir / ".trtflow" / "benchmark" / "last.json").read_text())["key"]
+    assert (directory / "plots" / "latency.png").stat().st_size > 10_000
+    assert "not a TensorRT number" in (directory / "summary.md").read_text()
+
+
+@pytest.mark.tensorrt
+def test_the_gate_fails_on_a_planted_regression_and_skips_other_machines(write_yaml, workdir):
+    path = write_yaml(PIPE)
+    run_all(path)
+    measured = report_of(workdir)
+    faster = json.loads(json.dumps(measured))  # a baseline from a day the engine was three times faster
+    for cell in faster["cells"]:
+        cell["result"]["throughput_qps"] *= 3
+    (workdir / "faster.json").write_text(json.dumps(faster))
+    gated = PIPE + "    gate: {baseline: faster.json, throughput_regression: 25%}\n"
+    path = write_yaml(gated)
+    with pytest.raises(StageFailed) as info:
+        run_all(path)
+    message = str(info.value)
+    assert message.startswith("benchmark: 2 regression(s) against ") and "faster.json" in message
+    now = report_of(workdir)["cells"][0]["result"]["throughput_qps"]
+    assert (f"prepare.lines.native.opt: throughput_qps {now:.4g} qps against the baseline's "
+            f"{faster['cells'][0]['result']['throughput_qps']:.4g} qps") in message
+    assert "beyond the bound 25%" in message
+
+    elsewhere = json.loads(json.dumps(faster))
+    for cell in elsewhere["cells"]:
+        cell["environment"]["host"] = "another CPU x64"
+    (workdir / "faster.json").write_text(json.dumps(elsewhere))
+    assert run_all(path)["benchmark"] == "ran", "a baseline from another machine is not compared"
+    gate = report_of(workdir)["gate"]
+    assert gate["violations"] == [] and gate["skipped"] == [
+        "prepare.lines.native.opt: the baseline was measured elsewhere (host differ)",
+        "prepare.lines.native.max: the baseline was measured elsewhere (host differ)"]
+
+
+@pytest.mark.tensorrt
+def test_baseline_previous_is_the_last_accepted_run(write_yaml, workdir):
+    path = write_yaml(PIPE + "    gate: {baseline: previous, throughput_regression: 95%}\n")
+    run_all(path)
+    first = report_of(workdir)
+    assert len(first["gate"]["skipped"]) == 2 and "no baseline" in first["gate"]["skipped"][0]
+    (accepted,) = (workdir / ".trtflow" / "shared" / "benchmark").glob("*.json")
+    assert set(json.loads(accepted.read_text())) == {"prepare.lines.native.opt", "prepare.lines.native.max"}
+    run_all(path, force=["benchmark"])
+    second = report_of(workdir)
+    assert second["gate"]["skipped"] == [] and second["gate"]["violations"] == []
+
+
+def test_no_trtexec_when_it_is_required_is_one_line(write_yaml, workdir, tmp_path):
+    from trtflow.artifact import Artifact
+    from trtflow.pipelines.schema import BenchmarkStage
+    from trtflow.stages import benchmark
+    shutil.copy(workdir / "models" / "cls.onnx", tmp_path / "m.onnx")
+    params = BenchmarkStage.model_validate({"kind": "benchmark", "tool": "trtexec", "trtexec": "/nowhere/trtexec"})
+    with pytest.raises(StageError) as info:
+        benchmark.run(params, {"models": [Artifact(tmp_path / "m.onnx", "onnx", "d", "fp16")]}, tmp_path)
+    assert str(info.value) == ("benchmark: tool: trtexec, but no trtexec was found (looked in: /nowhere/trtexec); "
+                               "give its path as 'trtexec:' or use tool: auto for the built-in harness")
+
+
+def test_options_the_detected_trtexec_lacks_are_refused():
+    with pytest.raises(StageError, match=r"trtexec_args --fp16: the detected trtexec \(TensorRT 11.0.0\) does not "
+                                         r"have --fp16: TensorRT 11 takes precision from the ONNX"):
+        command.check_args(["--fp16"], "11.0.0")
+    assert command.check_args(["--fp16", "--useCudaGraph"], "10.3.0") == []
+    assert command.check_args(["--useCudaGraph"], "11.1.0") == ["--useCudaGraph is TensorRT 11's default already"]

@@ -1,0 +1,124 @@
+"""The trtexec parser on real logs published by others: every number checked here is one printed in that file.
+
+The logs were copied from public repositories (each with its source, commit and TensorRT version in
+<name>.source.md). Third-party files fetched from repositories are kept outside this repository, in the
+workspace's shared folder (`../shared/trtexec/` beside the checkout), not committed here; these tests skip where
+that folder is absent."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtflow.flows import cli
+from trtflow.stages.trtexec.log import decode_packed_version, parse_log, parse_summary
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "trtexec"
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"the collected trtexec logs are not at {DATA}")
+
+# file -> (runs, fields of the summary run: a dotted path into to_json() -> the value printed in the file)
+EXPECTED = {
+    "trt71_resnet50_int8_caffe_multirun.log": (7, {
+        "status": "passed", "tensorrt_version": None, "throughput_qps": 24.7792, "latency_ms.p99": 5173.78,
+        "end_to_end_ms.p99": 5173.79, "gpu_compute_ms.p99": 5165.62, "total_host_walltime_s": 15.4969}),
+    "trt71_tx2_yolov4tiny_indented_truncated.log": (2, {"status": None, "throughput_qps": None}),
+    "trt7223_efficientdet_pad_failed.log": (1, {
+        "status": "failed", "has_summary": False, "error": "Failed to parse onnx file"}),
+    "trt7223_nvidia_quickstart_resnet50_onnx.log": (1, {
+        "status": "passed", "latency_ms.p99": 2.19336, "end_to_end_ms.p99": 4.18213, "gpu_compute_ms.p99": 2.12988,
+        "total_host_walltime_s": 3.00755, "throughput_qps": 0.0}),
+    "trt803_hackathon_load_fp32_verbose.log": (1, {
+        "tensorrt_version": "8.0.3", "status": "passed", "throughput_qps": 6378.46, "latency_ms.min": 0.157104,
+        "end_to_end_ms.p99": 0.304688, "h2d_ms.max": 0.0800781, "total_gpu_compute_s": 2.95617}),
+    "trt823_hackathon_fp16_failed.log": (1, {"tensorrt_version": "8.2.3", "status": "failed", "has_summary": False,
+                                             "error": None}),
+    "trt825_nvidia_qat_mobilenetv2_base.log": (1, {
+        "tensorrt_version": "8.2.5", "throughput_qps": 166.041, "end_to_end_ms.median": 11.5563,
+        "gpu_compute_ms.p99": 6.47375, "total_host_walltime_s": 3.01732, "total_gpu_compute_s": 3.00965}),
+    "trt841_efficientnms_plugin_summary_only.log": (1, {
+        "tensorrt_version": "8.4.1", "throughput_qps": 233.689, "gpu_compute_ms.mean": 4.26986,
+        "total_host_walltime_s": 3.01255}),
+    "trt843_yolonas_hash_comment_prefixed.log": (2, {
+        "tensorrt_version": "8.4.3", "throughput_qps": 181.088, "gpu_compute_ms.max": 24.0527,
+        "total_gpu_compute_s": 3.00524}),
+    "trt850_yolov11m_loguru_wrapped.log": (2, {
+        "tensorrt_version": "8.5.0", "throughput_qps": 135.689, "gpu_compute_ms.p90": 7.38696,
+        "gpu_compute_ms.p95": 7.3988, "total_host_walltime_s": 3.02161}),
+    "trt852_yolov8seg_nms_plugin.log": (2, {
+        "tensorrt_version": "8.5.2", "throughput_qps": 196.933, "gpu_compute_ms.p95": 5.00531,
+        "total_gpu_compute_s": 2.91731}),
+    "trt860_hackathon_load_inference_verbose.log": (1, {
+        "tensorrt_version": "8.6.0", "status": "passed", "total_gpu_compute_s": 2.84346}),
+    "trt861_yolov8s_loadengine_elided.log": (2, {
+        "tensorrt_version": "8.6.1", "throughput_qps": 215.68, "gpu_compute_ms.p99": 4.67355,
+        "total_host_walltime_s": 3.01372}),
+    "trt861_yolov8s_wrong_shape_failed.log": (2, {"status": "failed", "has_summary": False}),
+}
+
+
+def field(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = None if data is None else data.get(part)
+    return data
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_real_logs(name):
+    text = (DATA / name).read_text(errors="replace")
+    runs, fields = EXPECTED[name]
+    assert len(parse_log(text)) == runs
+    result = parse_summary(text).to_json()
+    for dotted, expected in fields.items():
+        assert field(result, dotted) == expected, (name, dotted)
+    assert (DATA / name.replace(".log", ".source.md")).exists(), "every log says where it came from"
+
+
+def test_every_collected_log_is_tested():
+    assert sorted(p.name for p in DATA.glob("*.log")) == sorted(EXPECTED)
+    versions = {json.dumps(parse_summary((DATA / n).read_text(errors="replace")).tensorrt_version) for n in EXPECTED}
+    majors = {v.strip('"').split(".")[0] for v in versions if v != "null"} | {"7"}  # 7.x prints no version
+    assert len(majors) >= 2
+
+
+def test_warnings_are_read_with_their_continuation_lines():
+    result = parse_summary((DATA / "trt841_efficientnms_plugin_summary_only.log").read_text())
+    assert result.warnings == [
+        "Throughput may be bound by Enqueue Time rather than GPU Compute and the GPU may be under-utilized. If not "
+        "already in use, --useCudaGraph (utilize CUDA graphs where possible) may increase the throughput.",
+        "GPU compute time is unstable, with coefficient of variance = 2.9705%. If not already in use, locking GPU "
+        "clock frequency or adding --useSpinWait may improve the stability."]
+
+
+def test_a_cut_log_falls_back_to_the_trace_averages():
+    result = parse_summary((DATA / "trt71_tx2_yolov4tiny_indented_truncated.log").read_text())
+    assert result.layout.startswith("trace averages (4 lines")
+    assert result.gpu_compute_ms and set(result.gpu_compute_ms) == {"mean"}
+
+
+def test_a_failure_without_an_error_line_quotes_the_last_line():
+    result = parse_summary((DATA / "trt823_hackathon_fp16_failed.log").read_text())
+    assert result.no_summary_reason().endswith("its last line was 'Finish parsing network model'")
+
+
+def test_windows_line_ends_change_nothing():
+    text = (DATA / "trt852_yolov8seg_nms_plugin.log").read_text()
+    assert parse_summary(text.replace("\n", "\r\n")).to_json() == parse_summary(text).to_json()
+
+
+@pytest.mark.parametrize("packed, dotted", [("8601", "8.6.1"), ("100300", "10.3.0"), ("7103", "7.1.3"),
+                                            ("8003", "8.0.3"), ("101100", "10.11.0")])
+def test_packed_versions(packed, dotted):
+    assert decode_packed_version(packed) == dotted
+
+
+def test_the_command_line(capsys):
+    assert cli.main(["parse-trtexec", str(DATA / "trt850_yolov11m_loguru_wrapped.log"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runs"] == 2 and data["gpu_compute_ms"]["p99"] == 7.46777
+    for key in ("tensorrt_version", "status", "throughput_qps", "latency_ms", "gpu_compute_ms", "enqueue_ms",
+                "h2d_ms", "d2h_ms", "end_to_end_ms", "total_host_walltime_s", "total_gpu_compute_s", "warnings",
+                "error"):
+        assert key in data
+    assert cli.main(["parse-trtexec", str(DATA / "trt7223_efficientdet_pad_failed.log")]) == 1
+    assert "trtexec says 'Failed to parse onnx file'" in capsys.readouterr().out
