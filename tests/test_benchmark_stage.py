@@ -123,3 +123,40 @@ def test_options_the_detected_trtexec_lacks_are_refused():
         command.check_args(["--fp16"], "11.0.0")
     assert command.check_args(["--fp16", "--useCudaGraph"], "10.3.0") == []
     assert command.check_args(["--useCudaGraph"], "11.1.0") == ["--useCudaGraph is TensorRT 11's default already"]
+
+
+@pytest.mark.tensorrt
+def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path):
+    """trtexec cannot run here (no GPU): a stand-in script answers as trtexec did in a real published run (the
+    log and exported files of TensorRT 10.16.1 and 10.4.0). It proves the plumbing — the command line, the run,
+    the log kept, the parse, the exports read — and nothing about TensorRT itself."""
+    from tests.test_trtexec_log import DATA
+    if not DATA.is_dir():
+        pytest.skip(f"the collected trtexec logs are not at {DATA}")
+    stub = tmp_path / "trtexec"
+    stub.write_text(f"""#!/bin/sh
+echo "$@" >> {tmp_path}/calls.txt
+case "$1" in --help) echo '&&&& RUNNING TensorRT.trtexec [TensorRT v101601] # trtexec --help'; exit 0;; esac
+for a in "$@"; do
+  case "$a" in
+    --exportTimes=*) cp {DATA}/fuzzylabs-trt10.4.0-alexnet-exportTimes.json "${{a#*=}}";;
+    --exportProfile=*) cp {DATA}/fuzzylabs-trt10.4.0-alexnet-exportProfile.json "${{a#*=}}";;
+    --exportLayerInfo=*) cp {DATA}/fuzzylabs-trt10.4.0-alexnet-exportLayerInfo-detailed.json "${{a#*=}}";;
+  esac
+done
+cat {DATA}/hackathon-trt10.16.1-onnx-default.log
+""")
+    stub.chmod(0o755)
+    path = write_yaml(PIPE.replace("    shapes: [opt, max]\n", f"    shapes: [opt]\n    trtexec: {stub}\n"
+                                   "    trtexec_args: [--useSpinWait]\n"))
+    run_all(path)
+    report = report_of(workdir)
+    assert report["tool"] == "trtexec" and report["tensorrt_version"] == "10.16.1"
+    (cell,) = report["cells"]
+    assert cell["result"]["runtime"] == "trtexec (TensorRT 10.16.1)" and cell["result"]["throughput_qps"] == 15374.3
+    assert cell["slowest_layers"][0]["average_ms"] == max(x["average_ms"] for x in cell["slowest_layers"])
+    assert cell["iterations"] == 6039, "the latency plot is drawn from --exportTimes"
+    call = (tmp_path / "calls.txt").read_text().splitlines()[-1].split()
+    assert call[0].startswith("--loadEngine=") and call[0].endswith("prepare.lines.native/engine.plan")
+    assert "--shapes=x:4x3x48x192" in call and "--warmUp=100" in call and "--duration=1" in call
+    assert "--separateProfileRun" in call and call[-1] == "--useSpinWait"

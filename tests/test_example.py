@@ -31,7 +31,7 @@ def example(tmp_path: Path) -> Path:
 def test_example_end_to_end(example: Path):
     first = trtflow("run", "pipeline.yaml", cwd=example)
     assert first.returncode == 0, first.stderr + first.stdout
-    assert "3 stages (3 ran, 0 reused)" in first.stdout
+    assert "4 stages (4 ran, 0 reused)" in first.stdout
     assert "Traceback" not in first.stderr
 
     store = example / ".trtflow" / "prepare"
@@ -47,12 +47,17 @@ def test_example_end_to_end(example: Path):
 
     second = trtflow("run", "pipeline.yaml", cwd=example)
     assert second.returncode == 0, second.stderr
-    assert "3 stages (0 ran, 3 reused)" in second.stdout
+    assert "4 stages (0 ran, 4 reused)" in second.stdout
 
     build = example / ".trtflow" / "build"
     cells = json.loads((build / json.loads((build / "last.json").read_text())["key"] / "report.json").read_text())
     assert [c["name"] for c in cells["cells"]] == ["prepare.lines.native", "fp16.lines.native"]
     assert all(c["status"] == "ok" for c in cells["cells"])
+    bench = example / ".trtflow" / "benchmark"
+    measured = json.loads((bench / json.loads((bench / "last.json").read_text())["key"] / "report.json").read_text())
+    assert [c["candidate"] for c in measured["cells"]] == ["fp16.lines.native", "prepare.lines.native"]
+    assert all("not a TensorRT number" in c["result"]["runtime"] and c["result"]["throughput_qps"] > 0
+               for c in measured["cells"]), "no GPU, no trtexec here: the harness, labelled"
 
     plan = trtflow("plan", "pipeline.yaml", "--set", "stages.prepare.target_opset=16", cwd=example)
     assert plan.returncode == 0, plan.stderr
@@ -76,7 +81,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     assert len(errors) == 1 and "likely cause: R and B swapped — fix: read: rgb" in errors[0], bad.stderr
     good = trtflow("run", "pipeline.yaml", cwd=squeezenet)
     assert good.returncode == 0, good.stderr
-    assert "6 stages (5 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
+    assert "7 stages (6 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
     key = json.loads((squeezenet / ".trtflow" / "parity" / "last.json").read_text())["key"]
     report = json.loads((squeezenet / ".trtflow" / "parity" / key / "report.json").read_text())
     assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0

@@ -22,12 +22,13 @@ def read_times(path: Path) -> dict[str, list[float]]:
         raise StageError(f"{path}: not a trtexec --exportTimes JSON (expected a list of per-iteration records)")
     out: dict[str, list[float]] = {"latency_ms": [], "gpu_compute_ms": [], "enqueue_ms": [], "h2d_ms": [],
                                    "d2h_ms": [], "end_to_end_ms": []}
-    keys = {"latency_ms": "latencyMs", "gpu_compute_ms": "computeMs", "h2d_ms": "inMs", "d2h_ms": "outMs",
-            "end_to_end_ms": "endToEndMs"}
+    keys = {"latency_ms": ("latencyMs",), "gpu_compute_ms": ("computeMs",), "h2d_ms": ("h2dMs", "inMs"),
+            "d2h_ms": ("d2hMs", "outMs"), "end_to_end_ms": ("endToEndMs",)}  # 10.x names first, then 8.x
     for rec in data:
-        for ours, theirs in keys.items():
-            if isinstance(rec.get(theirs), (int, float)):
-                out[ours].append(float(rec[theirs]))
+        for ours, names in keys.items():
+            found = next((rec[n] for n in names if isinstance(rec.get(n), (int, float))), None)
+            if found is not None:
+                out[ours].append(float(found))
         if isinstance(rec.get("startEnqMs"), (int, float)) and isinstance(rec.get("endEnqMs"), (int, float)):
             out["enqueue_ms"].append(float(rec["endEnqMs"]) - float(rec["startEnqMs"]))
     return {k: v for k, v in out.items() if v}

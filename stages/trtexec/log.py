@@ -79,9 +79,14 @@ def parse_log(text: str) -> list[PerfResult]:
     """One result per run in the log (a log without `&&&& RUNNING` lines is one run)."""
     runs: list[list[tuple[str, str]]] = [[]]
     version = None
+    summarized = False  # the current run has printed its throughput: another one starts a new run
     for sev, msg in messages(text):
-        if sev == "&" and msg.startswith("RUNNING") and any(m for _, m in runs[-1]):
+        starts = sev == "&" and msg.startswith("RUNNING")
+        again = sev == "I" and summarized and _THROUGHPUT.match(msg.strip()) is not None
+        if (starts or again) and any(m for _, m in runs[-1]):
             runs.append([])
+            summarized = False
+        summarized = summarized or (sev == "I" and _THROUGHPUT.match(msg.strip()) is not None)
         runs[-1].append((sev, msg))
     results = [_parse_run(run) for run in runs]
     for r in results:  # a multi-run log prints the version once per run, or once for all
