@@ -209,7 +209,7 @@ class Runner:
         else:
             reason = "forced"
 
-        self._make_shared_caches(name, inputs)
+        self._make_shared_caches(inputs)
         staging = self.store.staging(name, key)
         failed: StageFailed | None = None
         try:
@@ -244,7 +244,7 @@ class Runner:
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
 
-    def _make_shared_caches(self, name: str, inputs: dict[str, Any]) -> None:
+    def _make_shared_caches(self, inputs: dict[str, Any]) -> None:
         for art in inputs.values():
             if isinstance(art, Artifact) and art.type == SHARED_CACHE:
                 art.path.mkdir(parents=True, exist_ok=True)

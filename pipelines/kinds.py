@@ -55,7 +55,7 @@ class Kind:
     params: type[StageBase]
     slots: Mapping[str, Slot]
     outputs: Mapping[str, str]  # output name -> artifact type
-    module: str | None  # where `run` and `VERSION` live; None: declared, not implemented in this version
+    module: str | None  # where `run` and `VERSION` live (None for user stages: their own function)
     env: Callable[[Any], tuple[str, ...]] = _nothing  # params -> the environment facts in the key
     shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
 

@@ -43,16 +43,10 @@ def time_calls(call: Callable[[], Any], warmup_s: float, duration_s: float, iter
 
 
 def random_feeds(sess: Any, shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
-    from trtflow.stages.ort.runner import NP_TYPES
+    from trtflow.stages.ort.runner import random_input
 
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for i in sess.get_inputs():
-        shape = shapes.get(i.name) or [d if isinstance(d, int) else 1 for d in i.shape]
-        dtype = NP_TYPES.get(i.type, np.float32)
-        feeds[i.name] = (rng.integers(0, 2, shape).astype(dtype) if np.issubdtype(dtype, np.integer) or
-                         dtype == np.bool_ else rng.standard_normal(shape).astype(dtype))
-    return feeds
+    return {i.name: random_input(i, shapes, rng) for i in sess.get_inputs()}
 
 
 def random_arrays(names: list[str], shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
