@@ -94,10 +94,16 @@ def _measure(params: Any, cand: Candidate, profile: dict[str, Any] | None, point
     name = f"{cand.name}.{point}" + (f"@{profile['name']}" if profile and profile["name"] not in cand.name else "")
     shapes = _shapes(cand, profile, point)
     slowest: list[dict[str, Any]] = []
-    if trtexec is not None and cand.engine is not None:
+    runnable, why = _engine_runs_here(cand) if trtexec is not None else (False, "")
+    if trtexec is not None and not runnable and params.tool == "trtexec":
+        raise StageError(f"benchmark: engine '{cand.name}' cannot run here, so trtexec cannot time it: {why}; use "
+                         f"tool: auto to measure its ONNX variant with the built-in harness")
+    if runnable:
         result, slowest = _trtexec(params, cand, shapes, trtexec, version, out_dir / "logs" / name)
     else:
         result = _builtin(params, cand, profile, shapes)
+        if trtexec is not None:
+            result.warnings.append(f"trtexec not used: {why}")
     env = {"runtime": (result.runtime or "").split(",")[0], "tensorrt": result.tensorrt_version,
            "gpu": "; ".join(f"{g.get('name')} driver {g.get('driver')}" for g in gpus()) or "none"}
     if result.runtime and result.runtime.startswith(harness.RUNTIME.split(" ")[0]):
@@ -130,10 +136,19 @@ def _trtexec(params: Any, cand: Candidate, shapes: dict[str, list[int]], trtexec
     result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
     if proc.returncode != 0 and result.status != "failed":
         result.status, result.error = "failed", result.error or f"trtexec exited with code {proc.returncode}"
-    slowest = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else []
+    slowest = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else result.profile or []
     if files["times"].exists():
         result.samples_ms = exports.read_times(files["times"]).get("gpu_compute_ms")
     return result, slowest
+
+
+def _engine_runs_here(cand: Candidate) -> tuple[bool, str]:
+    """Whether this machine can execute the candidate's engine (the engine's own validity verdict), and why not."""
+    if cand.engine is None:
+        return False, f"'{cand.name}' has no engine (no build stage)"
+    from trtflow.stages.trt.runtime import can_run
+
+    return can_run(cand.module or "tensorrt", cand.engine)
 
 
 def _builtin(params: Any, cand: Candidate, profile: dict[str, Any] | None, shapes: dict[str, list[int]]

@@ -117,6 +117,24 @@ def test_no_trtexec_when_it_is_required_is_one_line(write_yaml, workdir, tmp_pat
                                "give its path as 'trtexec:' or use tool: auto for the built-in harness")
 
 
+@pytest.mark.tensorrt
+def test_an_engine_this_machine_cannot_run_is_not_given_to_trtexec(write_yaml, workdir, tmp_path):
+    stub = tmp_path / "trtexec"
+    stub.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/calls.txt\n"
+                    "echo '&&&& RUNNING TensorRT.trtexec [TensorRT v101601] # trtexec --help'\n")
+    stub.chmod(0o755)
+    path = write_yaml(PIPE.replace("    shapes: [opt, max]\n", f"    shapes: [opt]\n    trtexec: {stub}\n"))
+    run_all(path)
+    (cell,) = report_of(workdir)["cells"]
+    assert "not a TensorRT number" in cell["result"]["runtime"]
+    assert cell["result"]["warnings"][0].startswith("trtexec not used: no NVIDIA GPU on this machine")
+    assert (tmp_path / "calls.txt").read_text().split() == ["--help"], "trtexec only asked its version"
+    path = write_yaml(PIPE.replace("    shapes: [opt, max]\n", f"    tool: trtexec\n    trtexec: {stub}\n"))
+    with pytest.raises(StageError, match=r"benchmark: engine 'prepare.lines.native' cannot run here, so trtexec "
+                                         r"cannot time it: no NVIDIA GPU on this machine"):
+        run_all(path)
+
+
 def test_options_the_detected_trtexec_lacks_are_refused():
     with pytest.raises(StageError, match=r"trtexec_args --fp16: the detected trtexec \(TensorRT 11.0.0\) does not "
                                          r"have --fp16: TensorRT 11 takes precision from the ONNX"):
@@ -126,10 +144,14 @@ def test_options_the_detected_trtexec_lacks_are_refused():
 
 
 @pytest.mark.tensorrt
-def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path):
+def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path, monkeypatch):
     """trtexec cannot run here (no GPU): a stand-in script answers as trtexec did in a real published run (the
-    log and exported files of TensorRT 10.16.1 and 10.4.0). It proves the plumbing — the command line, the run,
-    the log kept, the parse, the exports read — and nothing about TensorRT itself."""
+    log and exported files of TensorRT 10.16.1 and 10.4.0), and the engine's validity check is told "valid". It
+    proves the plumbing — the command line, the run, the log kept, the parse, the exports read — and nothing about
+    TensorRT itself."""
+    from trtflow.stages.trt import runtime
+    monkeypatch.setenv("TRTFLOW_IN_PROCESS", "1")  # the stage in this process, where the validity check is patched
+    monkeypatch.setattr(runtime, "can_run", lambda module, plan: (True, ""))
     from tests.test_trtexec_log import DATA
     if not DATA.is_dir():
         pytest.skip(f"the collected trtexec logs are not at {DATA}")

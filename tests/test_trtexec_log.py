@@ -132,6 +132,13 @@ def test_exported_json():
     assert not names["detailed"] and len(names["layers"]) == 15 and names["bindings"] == ["tensor-0", "tensor-15"]
 
 
+def test_the_per_layer_table_of_dump_profile():
+    result = parse_summary((DATA / "hackathon-trt10.16.1-dumpprofile.log").read_text())
+    assert len(result.profile) == 15 and "Total" not in {layer["name"] for layer in result.profile}
+    assert result.profile[0] == {"name": "node_conv2d_1_myl3_1", "total_ms": 209.98, "average_ms": 0.0114,
+                                 "median_ms": 0.0113, "percent": 13.7}
+
+
 def test_a_corrupt_export_is_one_error(tmp_path):
     from trtflow.errors import StageError
     from trtflow.stages.trtexec import exports

@@ -41,6 +41,8 @@ _TRACE = re.compile(rf"^Average on (\d+) runs - GPU latency: {_NUM} ms - Host la
                     rf"\(end to end {_NUM} ms, enqueue {_NUM} ms\)")
 _OLD_AVERAGE = re.compile(rf"Average over (\d+) runs is {_NUM} ms \(host walltime is {_NUM} ms, "
                           rf"{_NUM}% percentile time is {_NUM}")
+_PROFILE_START = re.compile(r"^=== Profile \((\d+) iterations ?\) ===")
+_PROFILE_ROW = re.compile(rf"^{_NUM}\s+{_NUM}\s+(?:{_NUM}\s+)?{_NUM}\s+(\S.*)$")  # Median(ms) since 8.4
 _SUMMARY_START = re.compile(r"=== Performance summary ===|^Host Latency$|^Trace averages of")
 
 
@@ -115,6 +117,7 @@ def _parse_run(run: list[tuple[str, str]]) -> PerfResult:
     block: str | None = None  # the 7.x/8.0 block a `min:` line belongs to
     in_summary = False
     traces: list[tuple[float, ...]] = []
+    in_profile = False
     for sev, msg in run:
         if sev != "&" and msg.strip():
             r.last_line = msg.strip()
@@ -152,8 +155,23 @@ def _parse_run(run: list[tuple[str, str]]) -> PerfResult:
             continue
         if sev not in ("I", ""):
             continue
+        if _PROFILE_START.match(stripped):
+            in_profile, r.profile = True, []
+            continue
+        if in_profile:
+            row = _PROFILE_ROW.match(stripped)
+            if row and row.group(5).strip() != "Total":
+                total, avg, median, pct, name = row.groups()
+                r.profile.append({"name": name.strip(), "total_ms": float(total), "average_ms": float(avg),
+                                  "median_ms": float(median) if median else None, "percent": float(pct)})
+                continue
+            if row or stripped.startswith("Time(ms)"):
+                continue
+            in_profile = False
         _parse_info(r, stripped, traces, block)
         block = _next_block(stripped, block)
+    if r.profile is not None:
+        r.profile.sort(key=lambda layer: -layer["average_ms"])
     if r.throughput_qps == 0 and (r.latency_ms or r.gpu_compute_ms):
         r.warnings.append("trtexec printed a throughput of 0 qps next to non-zero latencies (TensorRT 7's "
                           "trtexec miscounts queries in some modes): use the latencies")

@@ -28,6 +28,7 @@ class PerfResult:
     layout: str | None = None  # which trtexec layout the numbers came from
     last_line: str | None = None  # the last message before the &&&& status, for a failure without an error
     runtime: str | None = None  # what produced the numbers: trtexec, a TensorRT engine, or ONNX Runtime
+    profile: list[dict[str, Any]] | None = None  # trtexec's per-layer table (--dumpProfile), slowest first
     samples_ms: list[float] | None = field(default=None, repr=False)  # per-iteration latencies, when known
 
     @property
@@ -37,7 +38,7 @@ class PerfResult:
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in ("tensorrt_version", "status", "throughput_qps", *STAT_KEYS,
                                              "total_host_walltime_s", "total_gpu_compute_s", "warnings", "error",
-                                             "command", "layout", "runtime")}
+                                             "command", "layout", "runtime", "profile")}
         out["has_summary"] = self.has_summary
         if not self.has_summary:
             out["note"] = self.no_summary_reason()
