@@ -143,32 +143,43 @@ def test_options_the_detected_trtexec_lacks_are_refused():
     assert command.check_args(["--useCudaGraph"], "11.1.0") == ["--useCudaGraph is TensorRT 11's default already"]
 
 
-@pytest.mark.tensorrt
-def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path, monkeypatch):
-    """trtexec cannot run here (no GPU): a stand-in script answers as trtexec did in a real published run (the
-    log and exported files of TensorRT 10.16.1 and 10.4.0), and the engine's validity check is told "valid". It
-    proves the plumbing — the command line, the run, the log kept, the parse, the exports read — and nothing about
-    TensorRT itself."""
-    from trtflow.stages.trt import runtime
-    monkeypatch.setenv("TRTFLOW_IN_PROCESS", "1")  # the stage in this process, where the validity check is patched
-    monkeypatch.setattr(runtime, "can_run", lambda module, plan: (True, ""))
-    from tests.test_trtexec_log import DATA
-    if not DATA.is_dir():
-        pytest.skip(f"the collected trtexec logs are not at {DATA}")
+def _stand_in(tmp_path, data, log: str, code: int = 0):
+    """A script that answers as trtexec did in a real published run: its log, its exported files, its exit code."""
     stub = tmp_path / "trtexec"
     stub.write_text(f"""#!/bin/sh
 echo "$@" >> {tmp_path}/calls.txt
 case "$1" in --help) echo '&&&& RUNNING TensorRT.trtexec [TensorRT v101601] # trtexec --help'; exit 0;; esac
 for a in "$@"; do
   case "$a" in
-    --exportTimes=*) cp {DATA}/fuzzylabs-trt10.4.0-alexnet-exportTimes.json "${{a#*=}}";;
-    --exportProfile=*) cp {DATA}/fuzzylabs-trt10.4.0-alexnet-exportProfile.json "${{a#*=}}";;
-    --exportLayerInfo=*) cp {DATA}/fuzzylabs-trt10.4.0-alexnet-exportLayerInfo-detailed.json "${{a#*=}}";;
+    --exportTimes=*) cp {data}/fuzzylabs-trt10.4.0-alexnet-exportTimes.json "${{a#*=}}";;
+    --exportProfile=*) cp {data}/fuzzylabs-trt10.4.0-alexnet-exportProfile.json "${{a#*=}}";;
+    --exportLayerInfo=*) cp {data}/fuzzylabs-trt10.4.0-alexnet-exportLayerInfo-detailed.json "${{a#*=}}";;
   esac
 done
-cat {DATA}/hackathon-trt10.16.1-onnx-default.log
+cat {data}/{log}
+exit {code}
 """)
     stub.chmod(0o755)
+    return stub
+
+
+@pytest.fixture
+def stand_in_setup(monkeypatch):
+    """trtexec cannot run here (no GPU): the stand-in replays real published runs (TensorRT 10.16.1 and 8.6.1 logs,
+    10.4.0 exports) and the engine's validity check is told "valid". This proves the plumbing — the command line,
+    the run, the log kept, the parse, the exports read — and nothing about TensorRT itself."""
+    from tests.test_trtexec_log import DATA
+    from trtflow.stages.trt import runtime
+    if not DATA.is_dir():
+        pytest.skip(f"the collected trtexec logs are not at {DATA}")
+    monkeypatch.setenv("TRTFLOW_IN_PROCESS", "1")  # the stage in this process, where the validity check is patched
+    monkeypatch.setattr(runtime, "can_run", lambda module, plan: (True, ""))
+    return DATA
+
+
+@pytest.mark.tensorrt
+def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path, stand_in_setup):
+    stub = _stand_in(tmp_path, stand_in_setup, "hackathon-trt10.16.1-onnx-default.log")
     path = write_yaml(PIPE.replace("    shapes: [opt, max]\n", f"    shapes: [opt]\n    trtexec: {stub}\n"
                                    "    trtexec_args: [--useSpinWait]\n"))
     run_all(path)
@@ -181,4 +192,15 @@ cat {DATA}/hackathon-trt10.16.1-onnx-default.log
     call = (tmp_path / "calls.txt").read_text().splitlines()[-1].split()
     assert call[0].startswith("--loadEngine=") and call[0].endswith("prepare.lines.native/engine.plan")
     assert "--shapes=x:4x3x48x192" in call and "--warmUp=100" in call and "--duration=1" in call
-    assert "--separateProfileRun" in call and call[-1] == "--useSpinWait"
+    assert "--separateProfileRun" in call and "--percentile=90,95,99" in call and call[-1] == "--useSpinWait"
+
+
+@pytest.mark.tensorrt
+def test_trtexec_failing_is_one_line_quoting_its_error(write_yaml, workdir, tmp_path, stand_in_setup):
+    stub = _stand_in(tmp_path, stand_in_setup, "trt861_yolov8s_wrong_shape_failed.log", code=1)
+    path = write_yaml(PIPE.replace("    shapes: [opt, max]\n", f"    shapes: [opt]\n    trtexec: {stub}\n"))
+    with pytest.raises(StageFailed) as info:
+        run_all(path)
+    message = str(info.value)
+    assert message.startswith("benchmark: 1 of 1 measurement(s) failed; prepare.lines.native.opt: the log holds no "
+                              "performance summary") and "trtexec says 'Error[3]: " in message and "\n" not in message

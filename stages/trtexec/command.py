@@ -18,8 +18,13 @@ ON_BY_DEFAULT = {11: ("--useCudaGraph", "--noDataTransfers")}  # flags that only
 
 
 def major(version: str | None) -> int | None:
+    return (release(version) or (None,))[0]
+
+
+def release(version: str | None) -> tuple[int, int] | None:
     try:
-        return int(str(version).split(".")[0])
+        parts = str(version).split(".")
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
     except ValueError:
         return None
 
@@ -47,6 +52,9 @@ def shapes_arg(shapes: dict[str, list[int]]) -> str:
 def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: Any, exports: dict[str, Path],
             version: str | None) -> list[str]:
     cmd = [str(trtexec), f"--loadEngine={engine}", f"--warmUp={int(params.warmup * 1000)}"]
+    rel = release(version)
+    if rel is not None:  # a list of percentiles from 8.5 on ("Percentiles: 90,95,99" in its logs), one before
+        cmd.append("--percentile=90,95,99" if rel >= (8, 5) else "--percentile=99")
     if shapes:
         cmd.append(f"--shapes={shapes_arg(shapes)}")
     if params.iterations:
