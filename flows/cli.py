@@ -256,6 +256,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 out.print(f"           [yellow]warning:[/] {escape(w)}")
         elif event == "fail":
             out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/]")
+        elif event == "skip":
+            out.print(f"  [yellow]{'skipped':>9}[/] [bold]{name}[/] [dim](needs {escape(payload)}, which failed)[/]")
 
     def on_progress(what: str, done: int, total: int) -> None:
         status.update(f"{what} {done}/{total} ...")

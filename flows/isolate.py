@@ -21,6 +21,7 @@ import pickle
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -31,6 +32,17 @@ from trtflow.stages import progress
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
 _PR_SET_PDEATHSIG = 1
+_LIVE: set[int] = set()  # process groups of the stages running now (several run side by side, in threads)
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_all() -> None:
+    """Kill every running stage and what it started (Ctrl-C or SIGTERM in the main thread): each stage's own
+    thread then sees its process gone and unwinds, removing its staging."""
+    with _LIVE_LOCK:
+        groups = list(_LIVE)
+    for pgid in groups:
+        _kill_group(pgid)
 
 
 def _die_with_parent() -> None:
@@ -121,6 +133,8 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     output = ""
     try:
         proc.start()
+        with _LIVE_LOCK:
+            _LIVE.add(proc.pid)
         child.close()
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -147,6 +161,8 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         if proc.pid is not None:
             _kill_group(proc.pid)  # anything the stage started and left running
             proc.join()
+            with _LIVE_LOCK:
+                _LIVE.discard(proc.pid)
         try:
             output = log.read_text(errors="replace")
         except OSError:
@@ -160,4 +176,4 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     return value
 
 
-__all__ = ["call_stage", "unexpected", "IN_PROCESS"]
+__all__ = ["call_stage", "kill_all", "unexpected", "IN_PROCESS"]

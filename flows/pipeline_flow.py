@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Callable
 
 from prefect import flow, task
@@ -10,6 +11,7 @@ from prefect.cache_policies import NONE
 
 from trtflow.errors import StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
+from trtflow.flows.isolate import kill_all
 from trtflow.flows.runner import Runner, StageOutcome
 from trtflow.pipelines.loader import load_pipeline
 from trtflow.stages import progress
@@ -55,16 +57,13 @@ def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
 def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
                force: list[str] | None) -> StageOutcome:
     key = artifact_key(runner.pipeline.spec.name, name)
-    listener = _progress_artifact(key, name)
-    progress.LISTENERS.append(listener)
     try:
-        outcome = runner.run_stage(name, produced, force)
+        with progress.listening(_progress_artifact(key, name)), runner.slots:
+            outcome = runner.run_stage(name, produced, force)
     except StageFailed as exc:  # the verdict is failure, but its report is worth showing
         create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
         raise
-    finally:
-        progress.LISTENERS.remove(listener)
     env = describe(outcome.manifest["key_parts"].get("env"))
     header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
               f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "") + "\n\n")
@@ -76,27 +75,81 @@ def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
 @flow(name="trtflow", persist_result=False, log_prints=True)
 def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages: list[str] | None = None,
                   force: list[str] | None = None, store: str | None = None) -> list[dict[str, Any]]:
-    """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published."""
+    """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published. A stage
+    starts as soon as the stages it reads are done, side by side with others (pipeline `concurrency:`); a failed
+    stage stops only the stages that depend on it."""
     runner = make_runner(pipeline_file, overrides, store)
-    produced: dict[str, dict[str, Any]] = {}
-    results = []
-    for name in runner.select(stages):
-        spec = runner.graph.nodes[name].spec
-        _notify("start", name)
-        run = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
-                                      retry_delay_seconds=spec.retry_delay,
-                                      retry_condition_fn=_retry_unless_user_error)
-        try:
-            outcome = run(runner, name, produced, force)
-        except BaseException as exc:
-            _notify("fail", name, exc)
-            raise
-        produced[name] = outcome.manifest
-        _notify("done", name, outcome)
-        results.append({"stage": name, "status": outcome.status, "key": outcome.key,
-                        "directory": str(outcome.directory), "seconds": round(outcome.seconds, 3),
-                        "work_seconds": round(outcome.work_seconds, 3), "reason": outcome.reason})
-    return results
+    order = runner.select(stages)
+    run = _Schedule(runner, order, force)
+    try:
+        run.until_done()
+    except BaseException:  # Ctrl-C, SIGTERM: stop the stages running in other threads, then unwind
+        kill_all()
+        for future in run.running.values():
+            future.wait()
+        raise
+    if run.failed:
+        first, exc = next((n, run.failed[n]) for n in order if n in run.failed)
+        lost = [n for n in order if run.skipped.get(n) in run.failed]
+        others = [n for n in order if n in run.failed and n != first]
+        extra = (f"; also failed: {', '.join(others)}" if others else "") + \
+                (f"; not run because of it: {', '.join(lost)}" if lost else "")
+        if extra and exc.args and isinstance(exc.args[0], str):
+            exc.args = (exc.args[0] + extra, *exc.args[1:])
+        raise exc
+    return [{"stage": n, "status": o.status, "key": o.key, "directory": str(o.directory),
+             "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason}
+            for n, o in ((n, run.outcomes[n]) for n in order)]
+
+
+class _Schedule:
+    """Submits each stage once what it reads is done, and collects outcomes and failures."""
+
+    def __init__(self, runner: Runner, order: list[str], force: list[str] | None):
+        self.runner, self.order, self.force = runner, order, force
+        self.pending = list(order)
+        self.running: dict[str, Any] = {}
+        self.outcomes: dict[str, StageOutcome] = {}
+        self.failed: dict[str, BaseException] = {}
+        self.skipped: dict[str, str] = {}  # stage -> the failed stage it needed
+
+    def until_done(self) -> None:
+        while self.pending or self.running:
+            self._submit_ready()
+            self._collect()
+            if self.running:
+                time.sleep(0.05)
+
+    def _submit_ready(self) -> None:
+        for name in list(self.pending):
+            node = self.runner.graph.nodes[name]
+            blocked = sorted(u for u in node.upstream if u in self.failed or u in self.skipped)
+            if blocked:
+                self.skipped[name] = self.skipped.get(blocked[0], blocked[0])
+                self.pending.remove(name)
+                _notify("skip", name, self.skipped[name])
+            elif all(u in self.outcomes for u in node.upstream):
+                spec = node.spec
+                task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
+                                                retry_delay_seconds=spec.retry_delay,
+                                                retry_condition_fn=_retry_unless_user_error)
+                _notify("start", name)
+                produced = {u: self.outcomes[u].manifest for u in node.upstream}
+                self.running[name] = task_.submit(self.runner, name, produced, self.force)
+                self.pending.remove(name)
+
+    def _collect(self) -> None:
+        for name, future in list(self.running.items()):
+            if not future.state.is_final():
+                continue
+            del self.running[name]
+            try:
+                self.outcomes[name] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - reported after every independent stage ran
+                self.failed[name] = exc
+                _notify("fail", name, exc)
+                continue
+            _notify("done", name, self.outcomes[name])
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:

@@ -5,7 +5,9 @@ No Prefect here: the Prefect flow (flows/pipeline_flow.py) and `trtflow plan` bo
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -66,6 +68,8 @@ class Runner:
     _digests: DigestCache | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        # stages that do not depend on each other run side by side, at most this many at once
+        self.slots = threading.BoundedSemaphore(self.pipeline.spec.concurrency or os.cpu_count() or 1)
         if self.graph is None:
             self.graph = build_graph(self.pipeline)
             precheck.check(self.pipeline, self.graph)

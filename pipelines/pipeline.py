@@ -26,6 +26,8 @@ class Pipeline(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     model: str = Field(description="the ONNX model, relative to the pipeline file")
     artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
+    concurrency: int | None = Field(None, ge=1, le=256, description="at most this many stages run side by side "
+                                                                   "(default: the CPU count)")
     stages: dict[Annotated[str, Field(pattern=STAGE_NAME)], AnyStage] = Field(min_length=1)
 
     @field_validator("stages")

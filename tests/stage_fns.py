@@ -146,3 +146,13 @@ def random_model(params, inputs, out_dir: Path) -> StageResult:
 def fail_naming_its_output(params, inputs, out_dir: Path) -> StageResult:
     (out_dir / "half.onnx").write_bytes(b"half")
     raise StageError(f"cannot finish {out_dir / 'half.onnx'}")
+
+
+def interval(params, inputs, out_dir: Path) -> StageResult:
+    """Records when it ran (start and end, in params['log']), sleeping params['seconds'] in between."""
+    start = time.time()
+    time.sleep(float(params.params.get("seconds", 1)))
+    with open(params.params["log"], "a") as f:
+        f.write(f"{params.params['tag']} {start} {time.time()}\n")
+    (out_dir / "report.json").write_text("{}")
+    return StageResult(outputs={"report": out_dir / "report.json"})

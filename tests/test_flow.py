@@ -106,6 +106,33 @@ def test_a_crash_is_retried_and_a_user_exception_is_one_line(prefect_server, wri
         "traceback)"], err
 
 
+def test_independent_stages_run_side_by_side_and_a_failure_stops_only_its_dependents(prefect_server, write_yaml,
+                                                                                     tmp_path, capsys):
+    log = tmp_path / "intervals.txt"
+    path = write_yaml(f"""
+        version: 1
+        name: graph
+        model: models/cls.onnx
+        concurrency: 2
+        stages:
+          left: {{kind: "tests.stage_fns:interval", outputs: {{report: json}},
+                  params: {{tag: left, seconds: 3, log: '{log}'}}}}
+          right: {{kind: "tests.stage_fns:interval", outputs: {{report: json}},
+                   params: {{tag: right, seconds: 3, log: '{log}'}}}}
+          broken: {{kind: "tests.stage_fns:fail", outputs: {{model: onnx}}}}
+          after: {{kind: "tests.stage_fns:count_bytes", outputs: {{report: json}}, inputs: {{model: broken}}}}
+        """)
+    assert cli.main(["run", str(path)]) == 1
+    captured = capsys.readouterr()
+    errors = [ln for ln in captured.err.splitlines() if ln.strip()]
+    assert errors == ["error: broken: planted failure; not run because of it: after"], captured.err
+    assert "skipped after" in " ".join(captured.out.split())
+    spans = {tag: (float(a), float(b)) for tag, a, b in (ln.split() for ln in log.read_text().splitlines())}
+    assert set(spans) == {"left", "right"}, "the stages that do not need the failed one ran"
+    (a0, a1), (b0, b1) = spans["left"], spans["right"]
+    assert a0 < b1 and b0 < a1, "the two independent stages overlapped in time"
+
+
 @pytest.mark.parametrize("case", ["corrupt model", "opset too low"])
 def test_bad_model_through_the_cli(prefect_server, write_yaml, workdir, capsys, case):
     if case == "corrupt model":
