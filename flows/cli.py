@@ -21,6 +21,7 @@ from rich.table import Table
 from trtflow.errors import PrefectUnavailable, StageError, StoreError, TrtflowError
 
 EPHEMERAL_STARTUP_S = 120
+CHECK_WOULD_RUN = 3  # `plan --check`: something would run
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False)
@@ -46,7 +47,11 @@ def _parser() -> argparse.ArgumentParser:
                                  description="Declarative ONNX -> TensorRT pipelines, run as Prefect flows.")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[common, pipe, select], help="run the pipeline (a Prefect flow run)")
-    sub.add_parser("plan", parents=[common, pipe, select], help="show, per stage, reused or stale and why")
+    pln = sub.add_parser("plan", parents=[common, pipe, select], help="show, per stage, reused or stale and why")
+    pln.add_argument("--json", action="store_true", help="print the plan as JSON (per stage: action, reason, key, "
+                                                         "environment and the environment fields that changed)")
+    pln.add_argument("--check", action="store_true", help="exit 0 when nothing would run, 3 when something would "
+                                                          "(for cron jobs and pre-commit hooks)")
     sub.add_parser("validate", parents=[common, pipe], help="check the pipeline file only (fast, no Prefect)")
     red = sub.add_parser("reduce", parents=[common],
                          help="cut a failing model down to a small subgraph that still fails (for a bug report)")
@@ -177,6 +182,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if name != "*":
             runner.check_stage_name(name, "--force")
     items = runner.plan(args.stages, args.force)
+    errors = any(i.action == "error" for i in items)
+    would_run = any(i.action == "run" for i in items)
+    code = StageError.exit_code if errors else (CHECK_WOULD_RUN if args.check and would_run else 0)
+    if args.json:
+        sys.stdout.write(json.dumps({"pipeline": str(loaded.file), "store": str(runner.store.root),
+                                     "stages": [{"stage": i.name, "kind": i.kind, "action": i.action,
+                                                 "reason": i.reason, "key": i.key, "environment": i.environment,
+                                                 "environment_changed": i.changed} for i in items]}, indent=2) + "\n")
+        return code
     table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.root})", title_justify="left")
     for col in ("stage", "kind", "action", "why", "key", "environment"):
         table.add_column(col, overflow="fold")
@@ -187,7 +201,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(table)
     n_run = sum(i.action == "run" for i in items)
     out.print(f"{n_run} to run, {sum(i.action == 'reuse' for i in items)} reused")
-    return StageError.exit_code if any(i.action == "error" for i in items) else 0
+    return code
 
 
 def _store_option(value: str | None) -> Path | None:

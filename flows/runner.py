@@ -58,6 +58,7 @@ class PlanItem:
     reason: str
     key: str | None = None
     environment: str = "-"
+    changed: list[str] = field(default_factory=list)  # environment fields that differ from the last run's
 
 
 @dataclass
@@ -183,9 +184,16 @@ class Runner:
                 produced[name] = manifest
                 items.append(PlanItem(name, spec.kind, "reuse", "nothing changed", key, env))
             else:
-                items.append(PlanItem(name, spec.kind, "run", self.why_stale(name, key, parts), key, env))
+                items.append(PlanItem(name, spec.kind, "run", self.why_stale(name, key, parts), key, env,
+                                      self.env_changes(name, parts)))
                 will_run.add(name)
         return items
+
+    def env_changes(self, name: str, parts: dict[str, Any]) -> list[str]:
+        """'field old -> new' for each environment fact that differs from the stage's last run."""
+        last = self.store.last(name)
+        old = (last or {}).get("parts", {}).get("env") if isinstance((last or {}).get("parts"), dict) else None
+        return keys.diff(old, parts["env"]) if last and old != parts["env"] else []
 
     def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
         if (name, key) in self.store.rejected:

@@ -118,3 +118,30 @@ def test_prefect_unreachable_is_one_line(write_yaml, workdir, case):
     assert proc.returncode == 3, proc.stderr
     assert message in one_error_line(proc.stderr)
     assert not (workdir / ".trtflow" / "p").exists() or not any((workdir / ".trtflow" / "p").iterdir())
+
+
+@pytest.mark.tensorrt
+def test_plan_check_and_json_for_schedulers(capsys, write_yaml, monkeypatch):
+    """`plan --check` exits 3 when something would run and 0 when nothing would; `--json` names the environment
+    fields that changed (here a TensorRT upgrade, simulated by the fingerprint: no second TensorRT installs here)."""
+    from tests.test_runner import run_all
+    from trtflow.flows import runner as runner_module
+    path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n"
+                      "  mine: {kind: 'tests.stage_fns:copy_model', outputs: {model: onnx}, env_dependent: true}\n")
+    code, _, _ = run_cli(capsys, "plan", str(path), "--check")
+    assert code == 3
+    run_all(path)
+    code, out, _ = run_cli(capsys, "plan", str(path), "--check", "--json")
+    assert code == 0 and [s["action"] for s in json.loads(out)["stages"]] == ["reuse"]
+
+    real = runner_module.fingerprint
+
+    def upgraded(facets):
+        env = real(facets)
+        return {**env, "tensorrt": {"flavour": "tensorrt", "version": "99.0.0"}} if env else env
+    monkeypatch.setattr(runner_module, "fingerprint", upgraded)
+    code, out, _ = run_cli(capsys, "plan", str(path), "--check", "--json")
+    (stage,) = json.loads(out)["stages"]
+    assert code == 3 and stage["action"] == "run" and stage["reason"].startswith("environment changed: ")
+    assert [c for c in stage["environment_changed"] if c.startswith("tensorrt.version ")] == [
+        f"tensorrt.version {json.dumps((real(('tensorrt',))['tensorrt'] or {}).get('version'))} -> \"99.0.0\""]
