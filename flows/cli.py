@@ -250,6 +250,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner.check_stage_name(name, "--force")
     runner.select(args.stages)
 
+    from prefect import tags
+
     from trtflow.flows import pipeline_flow as pf
 
     if not args.verbose:
@@ -281,8 +283,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     pf.LISTENERS.append(listen)
     progress.LISTENERS.append(on_progress)
     try:
-        results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
-                                   force=args.force, store=str(runner.store.root))
+        with tags(*pf.run_identity(args.pipeline)[1]):
+            results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
+                                       force=args.force, store=str(runner.store.root))
     except RuntimeError as exc:
         raise _prefect_unavailable(exc) or exc from None
     finally:

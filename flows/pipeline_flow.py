@@ -1,13 +1,17 @@
 """The Prefect wiring, kept thin: one flow run per pipeline run, one task per stage, a Markdown artifact each."""
 from __future__ import annotations
 
+import hashlib
 import re
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-from prefect import flow, task
+import yaml
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
+from prefect.states import Completed
 
 from trtflow.errors import StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
@@ -32,8 +36,10 @@ def _retry_unless_user_error(task, task_run, state) -> bool:
     return isinstance(exc, TransientStageError) or not isinstance(exc, TrtflowError)
 
 
-def artifact_key(pipeline: str, stage: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"{pipeline}-{stage}".lower()).strip("-")
+def artifact_key(runner: Runner, stage: str) -> str:
+    """`<pipeline>-<6 hex of the pipeline file's path>-<stage>`: two repos with the same pipeline name differ."""
+    where = hashlib.sha256(str(runner.pipeline.file).encode()).hexdigest()[:6]
+    return re.sub(r"[^a-z0-9-]+", "-", f"{runner.pipeline.spec.name}-{where}-{stage}".lower()).strip("-")
 
 
 def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
@@ -56,7 +62,7 @@ def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
 @task(cache_policy=NONE, persist_result=False)
 def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
                force: list[str] | None) -> StageOutcome:
-    key = artifact_key(runner.pipeline.spec.name, name)
+    key = artifact_key(runner, name)
     try:
         with progress.listening(_progress_artifact(key, name)), runner.slots:
             outcome = runner.run_stage(name, produced, force)
@@ -66,13 +72,40 @@ def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
         raise
     env = describe(outcome.manifest["key_parts"].get("env"))
     header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
-              f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "") + "\n\n")
+              f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "")
+              + f" · published in `{outcome.directory}`\n\n")
     create_markdown_artifact(key=key, markdown=header + outcome.summary,
                              description=f"trtflow stage {name}: {outcome.status}")
+    get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,
+                          outcome.reason)
+    for warning in outcome.manifest.get("warnings", []) if outcome.status == "ran" else []:
+        get_run_logger().warning("%s: %s", name, warning)
+    if outcome.status == "reused":  # Prefect's own word for a result it did not recompute
+        return Completed(name="Cached", message=f"reused: {outcome.reason}", data=outcome)
     return outcome
 
 
-@flow(name="trtflow", persist_result=False, log_prints=True)
+def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
+    """(flow run name, tags) for a pipeline file: `<name>@<repo>-<6 hex of the file's content>`; the repo is the
+    directory holding the pipeline file."""
+    path = Path(pipeline_file).resolve()
+    try:
+        text = path.read_bytes()
+        name = (yaml.safe_load(text) or {}).get("name") or path.stem
+    except (OSError, yaml.YAMLError, AttributeError):
+        return path.name, ["trtflow"]
+    repo = path.parent.name or "root"
+    short = hashlib.sha256(text).hexdigest()[:6]
+    return f"{name}@{repo}-{short}", ["trtflow", f"pipeline:{name}", f"repo:{repo}"]
+
+
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    return run_identity(str(flow_run.parameters.get("pipeline_file", "pipeline")))[0]
+
+
+@flow(name="trtflow", flow_run_name=_flow_run_name, persist_result=False, log_prints=True)
 def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages: list[str] | None = None,
                   force: list[str] | None = None, store: str | None = None) -> list[dict[str, Any]]:
     """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published. A stage
@@ -153,8 +186,6 @@ class _Schedule:
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
-    from pathlib import Path
-
     from trtflow.flows.store import LocalStore
 
     loaded = load_pipeline(pipeline_file, overrides)

@@ -38,6 +38,11 @@ def _artifacts(key: str):
     return asyncio.run(read())
 
 
+def _key(path, stage: str) -> str:
+    from trtflow.flows.pipeline_flow import artifact_key, make_runner
+    return artifact_key(make_runner(str(path), [], None), stage)
+
+
 def _task_runs(flow_run_name_filter=None):
     from prefect.client.orchestration import get_client
 
@@ -57,7 +62,7 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
 
     runs = {t.name for t in _task_runs()}
     assert {"a", "b"} <= runs, "one Prefect task run per stage, named after the stage"
-    arts = _artifacts("flowdemo-b")
+    arts = _artifacts(_key(path, "b"))
     assert arts and "585535 bytes" in arts[0].data  # the stage's own summary, under a header
     assert arts[0].data.startswith("**ran**")
 
@@ -66,7 +71,9 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     out = capsys.readouterr().out
     assert "2 stages (0 ran, 2 reused)" in out
     assert stage_fns.CALLS == []
-    assert _artifacts("flowdemo-b")[0].data.startswith("**reused**")
+    assert _artifacts(_key(path, "b"))[0].data.startswith("**reused**")
+    assert any(t.state and t.state.name == "Cached" for t in _task_runs() if t.name == "b"), \
+        "a reused stage ends in Prefect's Cached state"
 
     assert cli.main(["run", str(path), "--set", "stages.a.params.tag=two"]) == 0
     assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
@@ -165,5 +172,20 @@ def test_calibration_progress_artifact(prefect_server, write_yaml, workdir, caps
     path = write_yaml("version: 1\nname: prog\nmodel: models/sq.onnx\nstages:\n"
                       "  int8: {kind: calibrate, data: {tensors: 'calib/*.npy'}, method: minmax, holdout: 1}\n")
     assert cli.main(["run", str(path)]) == 0, capsys.readouterr().err
-    arts = _artifacts("prog-int8-progress")
+    arts = _artifacts(_key(path, "int8") + "-progress")
     assert arts and arts[0].type == "progress" and float(arts[0].data) == 100.0
+
+
+def test_flow_runs_are_named_and_tagged_after_the_pipeline(prefect_server, write_yaml, capsys):
+    import hashlib
+
+    from prefect.client.orchestration import get_client
+    path = write_yaml(PIPE)
+    assert cli.main(["run", str(path)]) == 0
+
+    async def newest():
+        async with get_client() as client:
+            return (await client.read_flow_runs(limit=50))
+    short = hashlib.sha256(path.read_bytes()).hexdigest()[:6]
+    runs = [r for r in asyncio.run(newest()) if r.name == f"flowdemo@{path.parent.name}-{short}"]
+    assert runs and {"trtflow", "pipeline:flowdemo", f"repo:{path.parent.name}"} <= set(runs[0].tags)
