@@ -7,17 +7,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 from prefect.states import Completed
 
-from trtflow.errors import StageFailed, TransientStageError, TrtflowError
+from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all
 from trtflow.flows.runner import Runner, StageOutcome
-from trtflow.pipelines.loader import load_pipeline
+from trtflow.pipelines.loader import load_pipeline, parse_yaml
 from trtflow.stages import progress
 
 # Called with (event, stage name, payload) as stages start and finish; the CLI listens here.
@@ -89,10 +88,11 @@ def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
     """(flow run name, tags) for a pipeline file: `<name>@<repo>-<6 hex of the file's content>`; the repo is the
     directory holding the pipeline file."""
     path = Path(pipeline_file).resolve()
-    try:
+    try:  # the loader's own parser: it refuses alias bombs before anything expands them
         text = path.read_bytes()
-        name = (yaml.safe_load(text) or {}).get("name") or path.stem
-    except (OSError, yaml.YAMLError, AttributeError):
+        data, _ = parse_yaml(text.decode("utf-8"), str(path))
+        name = str(data.get("name") or path.stem)
+    except (OSError, UnicodeDecodeError, SpecError, AttributeError):
         return path.name, ["trtflow"]
     repo = path.parent.name or "root"
     short = hashlib.sha256(text).hexdigest()[:6]

@@ -94,14 +94,14 @@ def _measure(params: Any, cand: Candidate, profile: dict[str, Any] | None, point
     name = f"{cand.name}.{point}" + (f"@{profile['name']}" if profile and profile["name"] not in cand.name else "")
     shapes = _shapes(cand, profile, point)
     slowest: list[dict[str, Any]] = []
-    runnable, why = _engine_runs_here(cand) if trtexec is not None else (False, "")
+    runnable, why = _engine_runs_here(cand)  # asked once: trtexec and the built-in harness both need it
     if trtexec is not None and not runnable and params.tool == "trtexec":
         raise StageError(f"benchmark: engine '{cand.name}' cannot run here, so trtexec cannot time it: {why}; use "
                          f"tool: auto to measure its ONNX variant with the built-in harness")
-    if runnable:
+    if runnable and trtexec is not None:
         result, slowest = _trtexec(params, cand, shapes, trtexec, version, out_dir / "logs" / name)
     else:
-        result = _builtin(params, cand, profile, shapes)
+        result = _builtin(params, cand, profile, shapes, runnable)
         if trtexec is not None:
             result.warnings.append(f"trtexec not used: {why}")
     env = {"runtime": (result.runtime or "").split(",")[0], "tensorrt": result.tensorrt_version,
@@ -151,21 +151,19 @@ def _engine_runs_here(cand: Candidate) -> tuple[bool, str]:
     return can_run(cand.module or "tensorrt", cand.engine)
 
 
-def _builtin(params: Any, cand: Candidate, profile: dict[str, Any] | None, shapes: dict[str, list[int]]
-             ) -> PerfResult:
-    if cand.engine is not None:
-        from trtflow.stages.trt.runtime import EngineRunner, can_run
+def _builtin(params: Any, cand: Candidate, profile: dict[str, Any] | None, shapes: dict[str, list[int]],
+             engine_runs: bool) -> PerfResult:
+    if engine_runs:  # UNVERIFIED: no engine executes on the machines this project is tested on
+        from trtflow.stages.trt.runtime import EngineRunner
 
-        ok, why = can_run(cand.module or "tensorrt", cand.engine)
-        if ok:  # UNVERIFIED: no engine executes on the machines this project is tested on
-            eng = EngineRunner(cand.module, cand.engine)
-            feeds = harness.random_arrays(eng.inputs, shapes)
-            index = next((i for i, p in enumerate(cand.profiles) if p is profile), 0)
-            samples, wall = eng.time(feeds, index, params.warmup, params.duration, params.iterations)
-            return PerfResult(status="passed", throughput_qps=len(samples) / wall,
-                              gpu_compute_ms=harness.latency_stats(samples), total_host_walltime_s=wall,
-                              layout="built-in harness", runtime=f"{cand.module} engine, CUDA events (unverified "
-                              f"path)", samples_ms=samples)
+        eng = EngineRunner(cand.module, cand.engine)
+        feeds = harness.random_arrays(eng.inputs, shapes)
+        index = next((i for i, p in enumerate(cand.profiles) if p is profile), 0)
+        samples, wall = eng.time(feeds, index, params.warmup, params.duration, params.iterations)
+        return PerfResult(status="passed", throughput_qps=len(samples) / wall,
+                          gpu_compute_ms=harness.latency_stats(samples), total_host_walltime_s=wall,
+                          layout="built-in harness", runtime=f"{cand.module} engine, CUDA events (unverified "
+                          f"path)", samples_ms=samples)
     try:
         return harness.benchmark(cand.model, shapes, params.warmup, params.duration, params.iterations)
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime cannot run this variant on CPU: a failed cell, said so
