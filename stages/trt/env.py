@@ -1,11 +1,18 @@
-"""Which TensorRT flavour is installed, found without importing it (importing TensorRT is slow and heavy)."""
+"""What TensorRT runs on here: the installed flavour (found without importing it: importing TensorRT loads its
+libraries for good), its version as the module reports it (in a child process), the CUDA runtime and driver,
+the GPUs, the OS and the CPU architecture."""
 from __future__ import annotations
 
 import functools
 import importlib.metadata as md
 import importlib.util
+import json
+import platform
+import re
 import shutil
 import subprocess
+import sys
+from typing import Any
 
 # (module, flavour, distributions that may carry its version); full TensorRT first: it is what users deploy
 FLAVOURS = (
@@ -40,19 +47,125 @@ def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def gpus() -> list[dict[str, str]]:
-    """GPUs as nvidia-smi reports them; empty where there is none (as on CI)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
+# Run in a child: importing TensorRT loads its libraries (and with them CUDA's) into the process for good.
+_PROBE = r"""
+import ctypes, ctypes.util, importlib, json, sys
+out = {}
+try:
+    out["version"] = str(importlib.import_module(sys.argv[1]).__version__)
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+path = None
+try:
+    from cuda import pathfinder
+    path = pathfinder.load_nvidia_dynamic_lib("cudart").abs_path
+except Exception:
+    path = ctypes.util.find_library("cudart")
+if path:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True)
+        v = ctypes.c_int()
+        if ctypes.CDLL(path).cudaRuntimeGetVersion(ctypes.byref(v)) == 0:
+            out["cuda_runtime"] = f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except Exception:
+        pass
+print(json.dumps(out))
+"""
+
+
+@functools.lru_cache(maxsize=4)
+def probe(module: str) -> dict[str, str | None]:
+    """The version `module` itself reports (a TensorRT from a tarball or a container has no pip metadata) and the
+    CUDA runtime version the process would load, from a child process; None where it cannot tell."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True, text=True, timeout=120)
+        found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        found = {}
+    return {"version": found.get("version"), "cuda_runtime": found.get("cuda_runtime")}
+
+
+def tensorrt_version(info: dict[str, str]) -> str:
+    """The module's own version, else the pip metadata's (`info` as from `detect_tensorrt()`)."""
+    return probe(info["module"])["version"] or info["version"]
+
+
+def platform_facts() -> dict[str, str]:
+    """What an engine is built for besides the GPU: the OS and the CPU architecture (not the kernel release: a
+    kernel update does not change an engine)."""
+    return {"os": platform.system(), "arch": platform.machine()}
+
+
+@functools.lru_cache(maxsize=1)
+def nvidia_system() -> dict[str, Any]:
+    """The driver, the CUDA version it supports and the GPUs, through NVML (`nvidia-ml-py`), else `nvidia-smi`:
+    {"driver": str | None, "cuda_driver": str | None, "gpus": [{name, compute_capability, memory_mb, driver}]}.
+    Empty on a machine without an NVIDIA driver (as on CI).
+
+    UNVERIFIED on a GPU: no machine this project is tested on has one; the NVML calls are the documented ones and
+    the nvidia-smi query is the documented CSV one (both are tested against recorded answers)."""
+    found = _from_nvml()
+    return found if found is not None else _from_nvidia_smi()
+
+
+def gpus() -> list[dict[str, Any]]:
+    """The GPUs (name, compute capability, memory, driver); empty where there is none."""
+    return nvidia_system()["gpus"]
+
+
+def _from_nvml() -> dict[str, Any] | None:
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no nvidia-ml-py, NVMLError_LibraryNotFound / _DriverNotLoaded / ...
+        return None
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        try:
+            cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+            cuda_driver = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        except Exception:  # noqa: BLE001 - an NVML older than the call
+            cuda_driver = None
+        found = []
+        for i in range(int(pynvml.nvmlDeviceGetCount())):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            found.append({"name": _text(pynvml.nvmlDeviceGetName(h)), "compute_capability": f"{major}.{minor}",
+                          "memory_mb": int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20, "driver": driver})
+        return {"driver": driver, "cuda_driver": cuda_driver, "gpus": found}
+    except Exception:  # noqa: BLE001 - a query this driver refuses: let nvidia-smi answer
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _from_nvidia_smi() -> dict[str, Any]:
+    none: dict[str, Any] = {"driver": None, "cuda_driver": None, "gpus": []}
+    if shutil.which("nvidia-smi") is None:
+        return none
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
+                             check=True)
     except (OSError, subprocess.SubprocessError):
-        return []
+        return none
     found = []
     for line in out.stdout.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3:
-            found.append({"name": parts[0], "compute_capability": parts[1], "driver": parts[2]})
-    return found
+        if len(parts) == 4:
+            found.append({"name": parts[0], "compute_capability": parts[1],
+                          "memory_mb": int(parts[3]) if parts[3].isdigit() else None, "driver": parts[2]})
+    cuda_driver = None
+    try:  # the plain banner is the only place nvidia-smi prints the CUDA version the driver supports
+        banner = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
+        m = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
+        cuda_driver = m.group(1) if m else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"driver": found[0]["driver"] if found else None, "cuda_driver": cuda_driver, "gpus": found}
