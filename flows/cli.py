@@ -86,6 +86,18 @@ def _parser() -> argparse.ArgumentParser:
     ptx.add_argument("log", help="trtexec's text output (any TensorRT version; prefixed or indented lines are fine)")
     ptx.add_argument("--json", action="store_true", help="print the result as JSON")
     ptx.add_argument("--all", action="store_true", help="every run of a log that holds several (a JSON list)")
+    env = sub.add_parser("check-env", parents=[common],
+                         help="compare this machine's environment with the one recorded here; when it changed, send "
+                              "the Prefect event trtflow.environment.changed (exit 3) and record the new one")
+    env.add_argument("--state", help="the record (default: $TRTFLOW_STATE_DIR/environment.json, else "
+                                     "~/.local/state/trtflow/environment.json)")
+    env.add_argument("--no-event", action="store_true", help="only compare and record (exit 3 when it changed)")
+    env.add_argument("--json", action="store_true", help="print the fingerprint and the changed fields as JSON")
+    dep = sub.add_parser("init-deploy", parents=[common],
+                         help="write the prefect.yaml of the watcher deployments (schedule, event trigger, work pool "
+                              "per GPU kind) into a model repo")
+    dep.add_argument("-o", "--output", default="prefect.yaml", help="where to write it (default: ./prefect.yaml)")
+    dep.add_argument("--force", action="store_true", help="overwrite an existing file")
     sch = sub.add_parser("schema", parents=[common], help="print the pipeline JSON Schema (for editors)")
     sch.add_argument("-o", "--output", help="write to this file instead of stdout")
     return ap
@@ -405,6 +417,46 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if not bad or args.repair else 1
 
 
+def cmd_check_env(args: argparse.Namespace) -> int:
+    from trtflow.flows import machine
+    from trtflow.flows.fingerprint import describe
+
+    state = Path(args.state).resolve() if args.state else machine.state_file()
+    result = machine.check(state)
+    changed = result.previous is not None and result.previous != result.fingerprint
+    if changed and not args.no_event:
+        machine.send(result)  # raises (exit 1) before anything is recorded
+    if result.previous != result.fingerprint:
+        machine.record(result, state)
+    if args.json:
+        sys.stdout.write(json.dumps({"state": str(state), "kind": result.kind, "host": result.host,
+                                     "first_record": result.previous is None, "changed": result.changed,
+                                     "fingerprint": result.fingerprint}, indent=2) + "\n")
+    elif result.previous is None:
+        out.print(f"recorded this machine's environment ({describe(result.fingerprint)}) in {state}")
+    elif changed:
+        out.print(f"environment changed: {'; '.join(result.changed)}" +
+                  ("" if args.no_event else f" (sent {machine.EVENT}, gpu-kind {result.kind})"))
+    else:
+        out.print(f"environment unchanged ({describe(result.fingerprint)})")
+    return CHECK_WOULD_RUN if changed else 0
+
+
+def cmd_init_deploy(args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    from trtflow.errors import SpecError
+
+    target = Path(args.output)
+    if target.exists() and not args.force:
+        raise SpecError(f"{target} exists", hint="give another -o, or --force to overwrite it")
+    text = resources.files("trtflow.flows").joinpath("templates/prefect.yaml").read_text()
+    target.write_text(text)
+    out.print(f"wrote {target}: set TRTFLOW_GPU_KIND and TRTFLOW_MODELS, then `prefect --no-prompt deploy --all` "
+              f"(the file's header says the rest)")
+    return 0
+
+
 def cmd_parse_trtexec(args: argparse.Namespace) -> int:
     from trtflow.errors import SpecError
     from trtflow.stages.trtexec.log import parse_log
@@ -447,7 +499,7 @@ def cmd_parse_trtexec(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"parse-trtexec": cmd_parse_trtexec, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate,
-            "verify": cmd_verify, "reduce": cmd_reduce,
+            "verify": cmd_verify, "reduce": cmd_reduce, "check-env": cmd_check_env, "init-deploy": cmd_init_deploy,
             "schema": cmd_schema}
 
 if __name__ == "__main__":

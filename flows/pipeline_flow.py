@@ -105,7 +105,7 @@ def _flow_run_name() -> str:
     return run_identity(str(flow_run.parameters.get("pipeline_file", "pipeline")))[0]
 
 
-@flow(name="trtflow", flow_run_name=_flow_run_name, persist_result=False, log_prints=True)
+@flow(name="trtflow", flow_run_name=_flow_run_name, persist_result=True, log_prints=True)
 def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages: list[str] | None = None,
                   force: list[str] | None = None, store: str | None = None) -> list[dict[str, Any]]:
     """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published. A stage

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -189,3 +190,59 @@ def test_flow_runs_are_named_and_tagged_after_the_pipeline(prefect_server, write
     short = hashlib.sha256(path.read_bytes()).hexdigest()[:6]
     runs = [r for r in asyncio.run(newest()) if r.name == f"flowdemo@{path.parent.name}-{short}"]
     assert runs and {"trtflow", "pipeline:flowdemo", f"repo:{path.parent.name}"} <= set(runs[0].tags)
+
+
+@pytest.mark.tensorrt
+def test_watcher_rebuilds_once_and_names_each_engine(prefect_server, tmp_path_factory):
+    """The watcher flow on a directory of model repos: the first pass builds the real TensorRT-RTX engines and
+    returns one `trtflow.engine.rebuilt` event per engine; the second finds nothing stale. Its result is
+    persisted (Prefect's own result storage)."""
+    import shutil
+
+    from prefect.client.orchestration import get_client
+
+    from tests.assets import PPOCR
+    from trtflow.flows.watch import watch_flow
+    fleet = tmp_path_factory.mktemp("fleet")
+    workdir = fleet / "cls-repo"
+    (workdir / "models").mkdir(parents=True)
+    shutil.copy(PPOCR, workdir / "models" / "cls.onnx")
+    (workdir / "pipeline.yaml").write_text("""
+version: 1
+name: watched
+model: models/cls.onnx
+stages:
+  build:
+    kind: build
+    profiles:
+      small: {x: {min: [1, 3, 48, 48], opt: [1, 3, 48, 192], max: [2, 3, 48, 320]}}
+""")
+    (workdir / "notes.yaml").write_text("just: a yaml file that is not a pipeline\n")
+    first = watch_flow([str(fleet)])
+    (entry,) = first
+    assert entry["pipeline"] == str((workdir / "pipeline.yaml").resolve()) and entry["ran"] == ["build"]
+    assert [e["event"] for e in entry["events"]] == ["trtflow.engine.rebuilt"]
+    (event,) = entry["events"]
+    assert event["resource"].startswith(f"trtflow.engine.{workdir.name}.build.") and event["resource"].endswith(
+        ".small.native")
+    assert Path(event["engine"]).is_file() and Path(event["engine"]).stat().st_size > 100_000
+    (again,) = watch_flow([str(fleet)])
+    assert again["ran"] == [] and again["reused"] == ["build"] and again["events"] == []
+
+    async def newest():
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["trtflow-watch"])))
+            return [r for r in runs if r.state and r.state.is_completed()]
+    stored = sorted((r.created, r.state.result()[0]) for r in asyncio.run(newest()))
+    assert [(e["ran"], e["reused"]) for _, e in stored[-2:]] == [(["build"], []), ([], ["build"])], \
+        "the flow's result is stored, not MissingResult"
+
+
+def test_watcher_names_the_working_directory_of_a_missing_pipeline(prefect_server, tmp_path, monkeypatch):
+    from trtflow.errors import SpecError
+    from trtflow.flows.watch import find_pipelines
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError, match=f"relative paths resolve against the deployment's working directory, "
+                                        f"{tmp_path}"):
+        find_pipelines(["repo/pipeline.yaml"], tmp_path)

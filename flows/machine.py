@@ -1,0 +1,102 @@
+"""`trtflow check-env`: this machine's environment fingerprint against the one last recorded here; when they
+differ, a Prefect event `trtflow.environment.changed` that deployments trigger on (see `flows/templates/`).
+
+The record lives outside any store, per machine: `$TRTFLOW_STATE_DIR/environment.json`, else
+`$XDG_STATE_HOME/trtflow/environment.json`, else `~/.local/state/trtflow/environment.json`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtflow.errors import TrtflowError
+from trtflow.flows import keys
+from trtflow.flows.fingerprint import ALL, fingerprint
+from trtflow.flows.store import write_json_atomic
+
+EVENT = "trtflow.environment.changed"
+
+
+class EventNotSent(TrtflowError):
+    exit_code = 1
+
+
+def state_file() -> Path:
+    if os.environ.get("TRTFLOW_STATE_DIR"):
+        return Path(os.environ["TRTFLOW_STATE_DIR"]) / "environment.json"
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return base / "trtflow" / "environment.json"
+
+
+def machine_kind(env: dict[str, Any]) -> str:
+    """The GPU kind a fleet groups machines by (work pool per kind): `$TRTFLOW_GPU_KIND`, else the first GPU's
+    name as a slug (`nvidia-a100-sxm4-80gb`), else `cpu`."""
+    if os.environ.get("TRTFLOW_GPU_KIND"):
+        return os.environ["TRTFLOW_GPU_KIND"]
+    first = next(iter((env.get("gpu") or {}).values()), None)
+    return re.sub(r"[^a-z0-9]+", "-", first["name"].lower()).strip("-") if first else "cpu"
+
+
+@dataclass
+class Check:
+    fingerprint: dict[str, Any]
+    previous: dict[str, Any] | None
+    kind: str
+    host: str = field(default_factory=socket.gethostname)
+
+    @property
+    def changed(self) -> list[str]:
+        return keys.diff(self.previous, self.fingerprint) if self.previous is not None else []
+
+    def event(self) -> dict[str, Any]:
+        return {"event": EVENT,
+                "resource": {"prefect.resource.id": f"trtflow.machine.{self.host}", "trtflow.gpu-kind": self.kind,
+                             "trtflow.host": self.host},
+                "payload": {"changed": self.changed, "fingerprint": self.fingerprint, "previous": self.previous}}
+
+
+def check(state: Path | None = None) -> Check:
+    state = state or state_file()
+    previous = None
+    if state.exists():
+        try:
+            previous = json.loads(state.read_text()).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            previous = None  # unreadable: recorded afresh, reported as a first record
+    env = fingerprint(ALL) or {}
+    return Check(env, previous, machine_kind(env))
+
+
+def record(result: Check, state: Path | None = None) -> Path:
+    state = state or state_file()
+    state.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(state, {"fingerprint": result.fingerprint, "host": result.host, "kind": result.kind})
+    return state
+
+
+def send(result: Check) -> None:
+    """The event, to the Prefect server in PREFECT_API_URL, synchronously (a cron job exits right after)."""
+    import asyncio
+
+    from prefect.events import Event
+    from prefect.events.clients import PrefectEventsClient
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        raise EventNotSent("no Prefect server to tell: PREFECT_API_URL is not set; the change was not recorded, so "
+                           "the next check reports it again")
+
+    async def emit() -> None:
+        async with PrefectEventsClient(api_url=url) as client:
+            await client.emit(Event(**result.event()))
+    try:
+        asyncio.run(emit())
+    except Exception as exc:  # noqa: BLE001 - any transport failure is one line; nothing is recorded
+        raise EventNotSent(f"could not send {EVENT} to {url}: {type(exc).__name__}: {exc}; the change was not "
+                           f"recorded, so the next check reports it again") from exc

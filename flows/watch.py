@@ -1,0 +1,123 @@
+"""The watcher flow a deployment runs on a schedule or on `trtflow.environment.changed`: each pipeline is checked
+against this machine's environment; a pipeline with something stale is run, which re-runs exactly the stale stages
+and what depends on them (everything else is reused by key); every engine built emits `trtflow.engine.rebuilt`.
+
+Relative paths resolve against the flow run's working directory: the deployment's (`set_working_directory` in
+`prefect.yaml`), named in every error.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from trtflow.errors import SpecError, TrtflowError
+from trtflow.pipelines.loader import parse_yaml
+
+ENGINE_EVENT = "trtflow.engine.rebuilt"
+STAGE_EVENT = "trtflow.stage.rebuilt"
+SEARCH_DEPTH = 3  # a directory of model repos: <dir>/<repo>/<sub>/pipeline.yaml at most
+
+
+def find_pipelines(targets: list[str], base: Path) -> list[Path]:
+    """Pipeline files among `targets`: files as given; a directory is searched (depth 3) for YAML files that are
+    trtflow pipelines (a mapping with `version` and `stages`), skipping hidden directories (stores)."""
+    found: list[Path] = []
+    for target in targets:
+        path = Path(target) if Path(target).is_absolute() else base / target
+        if path.is_file():
+            found.append(path.resolve())
+        elif path.is_dir():
+            found += sorted(p.resolve() for p in _yaml_files(path, SEARCH_DEPTH) if _is_pipeline(p))
+        else:
+            raise SpecError(f"pipeline '{target}' not found (relative paths resolve against the deployment's working "
+                            f"directory, {base})", hint="give a path that exists on the worker's machine")
+    return list(dict.fromkeys(found))
+
+
+def _yaml_files(root: Path, depth: int) -> list[Path]:
+    out = [p for p in root.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml")]
+    if depth > 1:
+        for sub in sorted(root.iterdir()):
+            if sub.is_dir() and not sub.name.startswith(".") and not sub.is_symlink():
+                out += _yaml_files(sub, depth - 1)
+    return out
+
+
+def _is_pipeline(path: Path) -> bool:
+    try:
+        data, _ = parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError, SpecError):
+        return False
+    return isinstance(data, dict) and "stages" in data and "version" in data
+
+
+def engine_events(pipeline: Path, outcome: dict[str, Any], kind: str, changed: list[str]) -> list[dict[str, Any]]:
+    """One event per engine a build stage that ran produced (its report's cells), else one for the stage."""
+    directory = Path(outcome["directory"])
+    base = {"trtflow.pipeline": str(pipeline), "trtflow.stage": outcome["stage"]}
+    payload = {"key": outcome["key"], "directory": str(directory), "environment_changed": changed}
+    if kind == "build":
+        try:
+            cells = json.loads((directory / "report.json").read_text())["cells"]
+        except (OSError, ValueError, KeyError):
+            cells = []
+        return [{"event": ENGINE_EVENT,
+                 "resource": {"prefect.resource.id": f"trtflow.engine.{pipeline.parent.name}.{outcome['stage']}."
+                                                     f"{c['name']}", **base},
+                 "payload": {**payload, "engine": str(directory / "engines" / c["name"] / "engine.plan"),
+                             "runtime": c.get("runtime"), "target": c.get("target")}}
+                for c in cells if c.get("status") == "ok"]
+    return [{"event": STAGE_EVENT,
+             "resource": {"prefect.resource.id": f"trtflow.stage.{pipeline.parent.name}.{outcome['stage']}", **base},
+             "payload": payload}]
+
+
+@flow(name="trtflow-watch", persist_result=True, log_prints=True)
+def watch_flow(pipelines: list[str], store: str | None = None) -> list[dict[str, Any]]:
+    """Check every pipeline (files, or directories of model repos) against this machine's environment and rebuild
+    what is stale. Returns, per pipeline: the stages run and reused, the environment fields that changed, and
+    the events emitted; a pipeline that fails does not stop the others, and fails the flow at the end."""
+    from prefect.events import emit_event
+
+    from trtflow.flows.pipeline_flow import make_runner, pipeline_flow
+
+    log = get_run_logger()
+    base = Path.cwd()
+    results, failures = [], []
+    for path in find_pipelines(pipelines, base):
+        entry: dict[str, Any] = {"pipeline": str(path), "ran": [], "reused": [], "events": []}
+        results.append(entry)
+        try:
+            runner = make_runner(str(path), [], store)
+            plan = runner.plan()
+            stale = [i for i in plan if i.action == "run"]
+            entry["environment_changed"] = sorted({c for i in plan for c in i.changed})
+            if not stale:
+                entry["reused"] = [i.name for i in plan]
+                log.info("%s: up to date (%d stages)", path, len(plan))
+                continue
+            log.info("%s: %s stale (%s)", path, ", ".join(i.name for i in stale), stale[0].reason)
+            outcomes = pipeline_flow(str(path), store=store)
+        except TrtflowError as exc:
+            log.error("%s: %s", path, exc)
+            entry["error"] = str(exc)
+            failures.append(f"{path}: {exc}")
+            continue
+        kinds = {i.name: i.kind for i in plan}
+        for o in outcomes:
+            entry["ran" if o["status"] == "ran" else "reused"].append(o["stage"])
+            if o["status"] == "ran":
+                for event in engine_events(path, o, kinds[o["stage"]], entry["environment_changed"]):
+                    emit_event(**event)
+                    entry["events"].append({"event": event["event"],
+                                            "resource": event["resource"]["prefect.resource.id"],
+                                            **({"engine": event["payload"]["engine"]}
+                                               if "engine" in event["payload"] else {})})
+        log.info("%s: ran %s; reused %s", path, ", ".join(entry["ran"]) or "nothing",
+                 ", ".join(entry["reused"]) or "nothing")
+    if failures:
+        raise TrtflowError(f"{len(failures)} of {len(results)} pipelines failed: " + "; ".join(failures))
+    return results
