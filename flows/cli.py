@@ -185,11 +185,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from trtflow.flows.runner import Runner
-    from trtflow.flows.store import LocalStore
+    from trtflow.flows.store import open_store
     from trtflow.pipelines.loader import load_pipeline
 
     loaded = load_pipeline(args.pipeline, args.overrides)
-    runner = Runner(loaded, store=LocalStore(_store_option(args.store) or loaded.store_root))
+    runner = Runner(loaded, store=open_store(_store_option(args.store) or loaded.store_location))
     for name in args.force or []:
         if name != "*":
             runner.check_stage_name(name, "--force")
@@ -198,12 +198,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     would_run = any(i.action == "run" for i in items)
     code = StageError.exit_code if errors else (CHECK_WOULD_RUN if args.check and would_run else 0)
     if args.json:
-        sys.stdout.write(json.dumps({"pipeline": str(loaded.file), "store": str(runner.store.root),
+        sys.stdout.write(json.dumps({"pipeline": str(loaded.file), "store": runner.store.location,
                                      "stages": [{"stage": i.name, "kind": i.kind, "action": i.action,
                                                  "reason": i.reason, "key": i.key, "environment": i.environment,
                                                  "environment_changed": i.changed} for i in items]}, indent=2) + "\n")
         return code
-    table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.root})", title_justify="left")
+    table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.location})", title_justify="left")
     for col in ("stage", "kind", "action", "why", "key", "environment"):
         table.add_column(col, overflow="fold")
     style = {"reuse": "green", "run": "yellow", "error": "red"}
@@ -216,11 +216,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return code
 
 
-def _store_option(value: str | None) -> Path | None:
-    """--store, resolved; a system directory is refused like the pipeline's `artifacts:`."""
+def _store_option(value: str | None) -> Path | str | None:
+    """--store, resolved (a URL as given); a system directory is refused like the pipeline's `artifacts:`."""
     if not value:
         return None
     from trtflow.errors import SpecError
+    from trtflow.flows.remote_store import is_url
+    if is_url(value):
+        return value
     from trtflow.pipelines.loader import unsafe_store_root
 
     root = Path(value).resolve()
@@ -297,7 +300,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with tags(*pf.run_identity(args.pipeline)[1]):
             results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
-                                       force=args.force, store=str(runner.store.root))
+                                       force=args.force, store=runner.store.location)
     except RuntimeError as exc:
         raise _prefect_unavailable(exc) or exc from None
     finally:
@@ -306,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.LISTENERS.remove(on_progress)
     ran = sum(r["status"] == "ran" for r in results)
     out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
-              f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.root}")
+              f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
     return 0
 
 
@@ -387,20 +390,21 @@ def cmd_reduce(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from trtflow.flows.store import LocalStore
+    from trtflow.flows.remote_store import is_url
+    from trtflow.flows.store import open_store
 
     if args.store:
         root = _store_option(args.store)
     elif args.pipeline:
         from trtflow.pipelines.loader import load_pipeline
 
-        root = load_pipeline(args.pipeline, []).store_root
+        root = load_pipeline(args.pipeline, []).store_location
     else:
         root = Path(".trtflow")
-    if not root.is_dir():
+    if not is_url(root) and not Path(root).is_dir():
         raise StoreError(f"no artifact store at {root}: give --store DIR or the pipeline file")
     started = time.perf_counter()
-    result = LocalStore(root).verify(repair=args.repair)
+    result = open_store(root).verify(repair=args.repair)
     seconds = time.perf_counter() - started
     bad = [r for r in result["rows"] if r["status"] == "bad"]
     stale = [r for r in result["rows"] if r["status"] == "stale staging"]

@@ -186,10 +186,11 @@ class _Schedule:
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
-    from trtflow.flows.store import LocalStore
+    from trtflow.flows.remote_store import is_url
+    from trtflow.flows.store import open_store
 
     loaded = load_pipeline(pipeline_file, overrides)
-    root = Path(store).resolve() if store else loaded.store_root
-    runner = Runner(loaded, store=LocalStore(root))
+    location = (store if is_url(store) else str(Path(store).resolve())) if store else loaded.store_location
+    runner = Runner(loaded, store=open_store(location))
     runner.store.ensure_writable()
     return runner

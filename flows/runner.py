@@ -20,7 +20,7 @@ from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import call_stage
-from trtflow.flows.store import ArtifactStore, LocalStore, file_records
+from trtflow.flows.store import ArtifactStore, file_records, open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
@@ -75,7 +75,7 @@ class Runner:
             self.graph = build_graph(self.pipeline)
             precheck.check(self.pipeline, self.graph)
         if self.store is None:
-            self.store = LocalStore(self.pipeline.store_root)
+            self.store = open_store(self.pipeline.store_location)
 
     @property
     def digests(self) -> DigestCache:
@@ -175,7 +175,7 @@ class Runner:
                 continue
             inputs = self.inputs_for(name, produced)
             key, parts = self.key_for(name, inputs, impl)
-            manifest = self.store.lookup(name, key)
+            manifest = self.store.peek(name, key)
             env = describe(parts["env"])
             if self.forced(name, force):
                 items.append(PlanItem(name, spec.kind, "run", "forced", key, env))

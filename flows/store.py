@@ -93,12 +93,14 @@ def _owner_alive(name: str) -> bool:
 
 
 class ArtifactStore(Protocol):
-    root: Path
+    root: Path  # local: where stages read and write, the digest cache and the shared caches live
+    location: str  # what users gave: the directory, or the URL of a remote store
     rejected: dict[tuple[str, str], str]
     read_only: bool
 
     def ensure_writable(self) -> None: ...
     def lookup(self, stage: str, key: str) -> dict[str, Any] | None: ...
+    def peek(self, stage: str, key: str) -> dict[str, Any] | None: ...
     def staging(self, stage: str, key: str) -> Path: ...
     def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
                 replace: bool = False) -> tuple[Path, dict[str, Any]]: ...
@@ -136,9 +138,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def open_store(location: str | Path) -> "ArtifactStore":
+    """The store at a directory, or at an fsspec URL (`s3://bucket/prefix`: see flows/remote_store.py)."""
+    from trtflow.flows.remote_store import RemoteStore, is_url
+
+    return RemoteStore(str(location)) if is_url(location) else LocalStore(Path(location))
+
+
 class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.location = str(self.root)
         self.rejected: dict[tuple[str, str], str] = {}
         self.read_only = False
 
@@ -181,6 +191,8 @@ class LocalStore:
             self.rejected[(stage, key)] = f"its stored result failed verification: {problem}"
             return None
         return manifest
+
+    peek = lookup  # what `plan` asks: here as cheap as the lookup itself
 
     def staging(self, stage: str, key: str) -> Path:
         if self.read_only:

@@ -42,6 +42,13 @@ class LoadedPipeline:
     def store_root(self) -> Path:
         return (self.base_dir / (self.spec.artifacts or ".trtflow")).resolve()
 
+    @property
+    def store_location(self) -> str:
+        """`artifacts:` as given when it is a URL (`s3://bucket/prefix`), else the store's directory."""
+        if self.spec.artifacts and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", self.spec.artifacts):
+            return self.spec.artifacts
+        return str(self.store_root)
+
     def line_of(self, path: Path_) -> int | None:
         return _line_for(self.lines, path)
 
@@ -73,7 +80,7 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
 
     spec = validate(data, shown, lines)
     loaded = LoadedPipeline(spec=spec, file=path.resolve(), lines=lines)
-    why = unsafe_store_root(loaded.store_root)
+    why = unsafe_store_root(loaded.store_root) if loaded.store_location == str(loaded.store_root) else None
     if why:
         raise loaded.error(f"'{spec.artifacts}' {why}", ("artifacts",),
                            hint="use a directory of its own, e.g. .trtflow beside the pipeline file")

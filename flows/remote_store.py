@@ -1,0 +1,315 @@
+"""An artifact store at an fsspec URL (`s3://bucket/prefix`, any fsspec file system), shared by workers on several
+machines, with a local store as each machine's cache: stages read and write local files; results are published to
+the URL for everyone and fetched from it (and verified) on first use.
+
+Layout under the URL: `<stage>/<key>/manifest.json` (the commit point, written last) and the files under
+`<stage>/<key>/<writer>/`, where `<writer>` is unique per publishing run. Concurrent writers of one key each upload
+to their own `<writer>/`; the manifest is created only if absent (S3's conditional `If-None-Match: *`), so the first
+writer wins, the others adopt its result, and a manifest always names one writer's complete files: never a mix.
+On a server that ignores the condition, the last manifest written wins, still whole; each writer reads the
+manifest back and adopts what is there.
+
+Credentials and endpoints come from the usual places (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `~/.aws`, or
+fsspec's `FSSPEC_S3_*` variables).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+from trtflow.errors import StoreError
+from trtflow.flows.store import (
+    HOST,
+    LAST,
+    MANIFEST,
+    LocalStore,
+    _valid_manifest,
+    check_files,
+    file_records,
+)
+
+BLOBS = "blobs"  # the manifest field naming the writer directory its files are in
+
+
+def is_url(location: str | Path) -> bool:
+    return isinstance(location, str) and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", location) is not None
+
+
+def cache_root(url: str) -> Path:
+    """This machine's cache of the remote store: `$TRTFLOW_CACHE_DIR/<slug>`, else `~/.cache/trtflow/stores/`."""
+    base = Path(os.environ.get("TRTFLOW_CACHE_DIR") or
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtflow" / "stores")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", url.split("://", 1)[1]).strip("-")[:60]
+    return base / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
+
+
+class RemoteStore:
+    def __init__(self, url: str, cache: Path | None = None):
+        import fsspec
+
+        self.location = url.rstrip("/")
+        try:
+            self.fs, self.base = fsspec.core.url_to_fs(self.location, use_listings_cache=False)
+        except (ImportError, ValueError) as exc:
+            raise StoreError(f"cannot open the artifact store {url}: {exc}",
+                             hint="for s3:// URLs: pip install s3fs") from None
+        self.cache = LocalStore(cache or cache_root(self.location))
+        self.root = self.cache.root  # local paths (digest cache, shared caches, what stages read) live here
+        self.rejected = self.cache.rejected
+        self.read_only = False
+
+    def _remote(self, *parts: str) -> str:
+        return "/".join([self.base.rstrip("/"), *parts])
+
+    def _fail(self, doing: str, exc: BaseException) -> StoreError:
+        return StoreError(f"artifact store {self.location}: {doing} failed: {type(exc).__name__}: {exc}",
+                          hint="check the URL, the credentials (AWS_* variables or ~/.aws) and the endpoint")
+
+    # --- the protocol -------------------------------------------------------------------------------------------
+
+    def ensure_writable(self) -> None:
+        self.cache.ensure_writable()
+        probe = self._remote(f".probe-{uuid.uuid4().hex}")
+        try:
+            self.fs.pipe_file(probe, b"")
+            self.fs.rm_file(probe)
+        except PermissionError:
+            self.read_only = True
+        except FileNotFoundError as exc:  # no such bucket
+            raise self._fail("opening", exc) from None
+        except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
+            raise self._fail("opening", exc) from None
+
+    def path(self, stage: str, key: str) -> Path:
+        return self.cache.path(stage, key)
+
+    def lookup(self, stage: str, key: str) -> dict[str, Any] | None:
+        local = self.cache.lookup(stage, key)
+        if local is not None:
+            return local
+        manifest = self._remote_manifest(stage, key)
+        if manifest is None or manifest["status"] != "ok":
+            return None
+        return self._fetch(stage, key, manifest)
+
+    def peek(self, stage: str, key: str) -> dict[str, Any] | None:
+        """The manifest of a usable published result, without fetching its files (what `plan` needs)."""
+        local = self.cache.lookup(stage, key)
+        if local is not None:
+            return local
+        manifest = self._remote_manifest(stage, key)
+        return manifest if manifest is not None and manifest["status"] == "ok" else None
+
+    def staging(self, stage: str, key: str) -> Path:
+        if self.read_only:
+            raise StoreError(f"stage '{stage}' must run but the artifact store at {self.location} is read-only; "
+                             f"give a writable one with --store")
+        return self.cache.staging(stage, key)
+
+    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
+                replace: bool = False) -> tuple[Path, dict[str, Any]]:
+        if not replace:
+            theirs = self._remote_manifest(stage, key)
+            if theirs is not None and theirs["status"] == "ok":
+                self.cache.discard(staging)
+                adopted = self._fetch(stage, key, theirs)
+                if adopted is not None:
+                    return self.path(stage, key), adopted
+        files = file_records(staging)
+        writer = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        manifest = {**manifest, "files": files, BLOBS: writer}
+        try:
+            for rel in files:
+                self.fs.put_file(str(staging / rel), self._remote(stage, key, writer, rel))
+            data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+            target = self._remote(stage, key, MANIFEST)
+            try:
+                self.fs.pipe_file(target, data, **({} if replace else {"mode": "create"}))
+            except (FileExistsError, OSError) as exc:
+                if not _precondition_failed(exc):
+                    raise
+        except StoreError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self._remove_blobs(stage, key, writer)
+            raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
+        placed = self._remote_manifest(stage, key)
+        if placed is not None and placed.get(BLOBS) != writer:  # another writer's manifest is the one in place
+            self._remove_blobs(stage, key, writer)
+            self.cache.discard(staging)
+            adopted = self._fetch(stage, key, placed) if placed["status"] == "ok" else None
+            if adopted is not None:
+                return self.path(stage, key), adopted
+            raise StoreError(f"artifact store {self.location}: {stage}/{key[:12]} was published by another "
+                             f"run meanwhile and cannot be fetched; run again")
+        return self.cache.publish(stage, key, staging, manifest, replace=True)
+
+    def discard(self, staging: Path) -> None:
+        self.cache.discard(staging)
+
+    def clean_staging(self) -> list[Path]:
+        return self.cache.clean_staging()
+
+    def last(self, stage: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.fs.cat_file(self._remote(stage, LAST)))
+        except FileNotFoundError:
+            return self.cache.last(stage)
+        except Exception:  # noqa: BLE001 - unreadable: the explanation falls back to what this machine knows
+            return self.cache.last(stage)
+        return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+
+    def mark_last(self, stage: str, record: dict[str, Any]) -> None:
+        self.cache.mark_last(stage, record)
+        if self.read_only:
+            return
+        try:
+            self.fs.pipe_file(self._remote(stage, LAST), json.dumps(record, indent=2).encode())
+        except Exception:  # noqa: BLE001 - advisory (explains `plan`); the result itself is published already
+            pass
+
+    def verify(self, repair: bool = False) -> dict[str, Any]:
+        """Every published result under the URL hashed (streamed) against its manifest; uploads no manifest names
+        (a writer that lost a race, or died before its manifest) listed, and removed with `repair`; every
+        manifest's inputs checked against the results they were read from. Then the local cache."""
+        rows, hashed = [], 0
+        manifests: dict[tuple[str, str], dict[str, Any]] = {}
+        try:
+            entries = self.fs.find(self.base, withdirs=False)
+        except FileNotFoundError:
+            entries = []
+        rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
+        keys = sorted({tuple(p.split("/")[:2]) for p in rel_paths if p.count("/") >= 2})
+        for stage, key in keys:
+            if stage.startswith(".") or key.startswith("."):
+                continue
+            problem, manifest = None, None
+            try:
+                manifest = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
+            except FileNotFoundError:
+                problem = "no manifest (an interrupted publish)"
+            except ValueError:
+                problem = "its manifest is not JSON"
+            if manifest is not None:
+                if not _valid_manifest(manifest, key) or not isinstance(manifest.get(BLOBS), str):
+                    problem = "its manifest is not a trtflow manifest"
+                else:
+                    manifests[(stage, key)] = manifest
+                    problem = self._check_remote_files(stage, key, manifest)
+                    hashed += sum(r.get("size", 0) for r in manifest["files"].values() if isinstance(r, dict))
+            rows.append({"stage": stage, "key": key, "status": "ok" if problem is None else "bad",
+                         "problem": problem})
+            writers = {p.split("/")[2] for p in rel_paths if p.startswith(f"{stage}/{key}/") and p.count("/") >= 3}
+            for orphan in sorted(writers - {(manifest or {}).get(BLOBS)}):
+                rows.append({"stage": stage, "key": f"{key}/{orphan}", "status": "stale staging",
+                             "problem": "files no manifest names (a run that lost the race or died)"})
+                if repair:
+                    self._remove_blobs(stage, key, orphan)
+            if problem and repair:
+                self.fs.rm(self._remote(stage, key), recursive=True)
+        for row in self._consistency(manifests):
+            rows.append(row)
+        local = self.cache.verify(repair=repair)
+        for r in local["rows"]:
+            rows.append({**r, "stage": f"(cache) {r['stage']}"})
+        return {"rows": rows, "bytes": hashed + local["bytes"]}
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _remote_manifest(self, stage: str, key: str) -> dict[str, Any] | None:
+        try:
+            manifest = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON; ignored"
+            return None
+        except Exception as exc:  # noqa: BLE001
+            raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
+        if not _valid_manifest(manifest, key) or not isinstance(manifest.get(BLOBS), str):
+            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not a trtflow manifest"
+            return None
+        return manifest
+
+    def _fetch(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """Download a published result into the local cache, verified against its manifest."""
+        staging = self.cache.staging(stage, key)
+        try:
+            for rel in manifest["files"]:
+                dest = staging / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                self.fs.get_file(self._remote(stage, key, manifest[BLOBS], rel), str(dest))
+        except FileNotFoundError as exc:
+            self.cache.discard(staging)
+            self.rejected[(stage, key)] = f"its stored result at {self.location} is incomplete ({exc})"
+            return None
+        except Exception as exc:  # noqa: BLE001
+            self.cache.discard(staging)
+            raise self._fail(f"fetching {stage}/{key[:12]}", exc) from None
+        problem = check_files(staging, manifest["files"], rehash=True)
+        if problem:
+            self.cache.discard(staging)
+            self.rejected[(stage, key)] = f"its stored result at {self.location} failed verification: {problem}"
+            return None
+        local = {**manifest, "files": file_records(staging)}  # this machine's mtimes; same sizes and digests
+        _, placed = self.cache.publish(stage, key, staging, local)
+        return placed
+
+    def _check_remote_files(self, stage: str, key: str, manifest: dict[str, Any]) -> str | None:
+        records = manifest.get("files")
+        if not isinstance(records, dict) or not records:
+            return "its manifest records no files"
+        for rel, rec in records.items():
+            h, size = hashlib.sha256(), 0
+            try:
+                with self.fs.open(self._remote(stage, key, manifest[BLOBS], rel), "rb") as fh:
+                    while chunk := fh.read(1 << 22):
+                        h.update(chunk)
+                        size += len(chunk)
+            except FileNotFoundError:
+                return f"{rel} is missing"
+            if size != rec.get("size"):
+                return f"{rel} changed size ({rec.get('size')} -> {size} bytes)"
+            if h.hexdigest() != rec.get("sha256"):
+                return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {h.hexdigest()[:12]})"
+        return None
+
+    @staticmethod
+    def _consistency(manifests: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+        """A result whose inputs name a published result (…/<stage>/<key>/…) must have read what is published
+        there: the digest it recorded is one of that result's outputs'."""
+        rows = []
+        for (stage, key), m in manifests.items():
+            for slot, arts in (m.get("inputs") or {}).items():
+                for art in arts if isinstance(arts, list) else [arts]:
+                    if not isinstance(art, dict) or not art.get("digest"):
+                        continue
+                    parts = Path(str(art.get("path", ""))).parts
+                    source = next(((parts[i], parts[i + 1]) for i in range(len(parts) - 1)
+                                   if (parts[i], parts[i + 1]) in manifests), None)
+                    if source is None:
+                        continue
+                    digests = {o["digest"] for o in manifests[source]["outputs"].values()}
+                    if art["digest"] not in digests:
+                        rows.append({"stage": stage, "key": key, "status": "bad",
+                                     "problem": f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
+                                                f"digest {art['digest'][:12]}, which that published result does "
+                                                f"not hold (two runs published it differently)"})
+        return rows
+
+    def _remove_blobs(self, stage: str, key: str, writer: str) -> None:
+        try:
+            self.fs.rm(self._remote(stage, key, writer), recursive=True)
+        except Exception:  # noqa: BLE001 - leftover uploads are listed and removed by `verify --repair`
+            pass
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """The conditional create lost: S3 answers 412 PreconditionFailed (s3fs raises FileExistsError or an OSError
+    carrying it)."""
+    return isinstance(exc, FileExistsError) or "PreconditionFailed" in str(exc) or "412" in str(exc)

@@ -1,0 +1,193 @@
+"""A store at an S3 URL shared by workers on several machines, against a real S3-compatible server: moto's standalone
+server, started here on loopback (it speaks the S3 HTTP API, conditional writes included), not a mock of the
+client. Each worker has its own local cache directory, as a separate machine would."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.assets import PPOCR
+
+pytest.importorskip("s3fs")
+
+PIPE = """version: 1
+name: shared
+model: models/cls.onnx
+artifacts: {url}
+stages:
+  prepare: {{kind: prepare, simplify: true}}
+  build:
+    kind: build
+    profiles:
+      small: {{x: {{min: [1, 3, 48, 48], opt: [1, 3, 48, 192], max: [2, 3, 48, 320]}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail(f"moto's S3 server did not start: {log.read_text()[-2000:]}")
+                time.sleep(0.2)
+        yield env
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture
+def bucket(s3_server, monkeypatch, request):
+    import s3fs
+    for k, v in s3_server.items():
+        monkeypatch.setenv(k, v)
+    name = "b" + request.node.name.lower().replace("_", "-")[:40].rstrip("-")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    fs.mkdir(name)
+    return name, fs
+
+
+def _store(url: str, cache: Path):
+    from trtflow.flows.remote_store import RemoteStore
+    store = RemoteStore(url, cache)
+    store.ensure_writable()
+    return store
+
+
+def _staged(store, stage: str, key: str, content: bytes) -> Path:
+    staging = store.staging(stage, key)
+    (staging / "model.onnx").write_bytes(content)
+    return staging
+
+
+def _manifest(key: str, content: bytes) -> dict:
+    import hashlib
+    return {"key": key, "status": "ok", "stage": "s",
+            "outputs": {"model": {"path": "model.onnx", "type": "onnx", "digest": hashlib.sha256(content).hexdigest()}}}
+
+
+def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path):
+    """Two machines publish one key: the second checks before the first commits, uploads its own files, and loses
+    the conditional create; it adopts the first one's files, and nothing of its own remains."""
+    name, fs = bucket
+    url = f"s3://{name}/store"
+    key = "k" * 32
+    first, second = _store(url, tmp_path / "m1"), _store(url, tmp_path / "m2")
+    late = _staged(second, "s", key, b"second machine's engine")
+    real = second._remote_manifest
+    calls = []
+
+    def not_yet(stage, k):  # the second machine looked before the first committed
+        calls.append(k)
+        return None if len(calls) == 1 else real(stage, k)
+    second._remote_manifest = not_yet
+    _, won = first.publish("s", key, _staged(first, "s", key, b"first machine's engine"),
+                           _manifest(key, b"first machine's engine"))
+    directory, adopted = second.publish("s", key, late, _manifest(key, b"second machine's engine"))
+    assert adopted["outputs"] == won["outputs"]
+    assert (directory / "model.onnx").read_bytes() == b"first machine's engine"
+    assert not late.exists()
+    writers = {p.split("/")[4] for p in fs.find(f"{name}/store/s/{key}") if p.count("/") >= 5}
+    assert writers == {won["blobs"]}, "the loser's upload was removed"
+    # a third machine fetches the result and verifies it against the manifest
+    third = _store(url, tmp_path / "m3")
+    assert third.lookup("s", key)["outputs"] == won["outputs"]
+    assert (third.path("s", key) / "model.onnx").read_bytes() == b"first machine's engine"
+
+
+def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
+    name, fs = bucket
+    url = f"s3://{name}/store"
+    key = "c" * 32
+    store = _store(url, tmp_path / "m1")
+    _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
+    fs.pipe_file(f"{name}/store/s/{key}/deadwriter/model.onnx", b"an upload whose run died")
+    report = store.verify()
+    assert [r["status"] for r in report["rows"] if not r["stage"].startswith("(cache)")] == ["ok", "stale staging"]
+    fs.pipe_file(f"{name}/store/s/{key}/{m['blobs']}/model.onnx", b"engine bytez")  # same size, other bytes
+    bad = [r for r in _store(url, tmp_path / "m2").verify()["rows"] if r["status"] == "bad"]
+    assert len(bad) == 1 and "changed content" in bad[0]["problem"]
+    other = _store(url, tmp_path / "m4")
+    assert other.lookup("s", key) is None and "failed verification" in other.rejected[("s", key)]
+    store.verify(repair=True)
+    assert not fs.exists(f"{name}/store/s/{key}")
+
+
+@pytest.mark.tensorrt
+def test_two_workers_run_one_pipeline_at_once_on_one_s3_store(bucket, tmp_path):
+    """Two `trtflow run` processes (two machines: each its own cache directory) run the same pipeline on one S3 store
+    at the same moment: real prepare and TensorRT-RTX build stages. One consistent set of results ends up in the
+    store (`trtflow verify`), each worker's local result is the store's, and a third machine reuses everything."""
+    name, fs = bucket
+    url = f"s3://{name}/team"
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    shutil.copy(PPOCR, repo / "models" / "cls.onnx")
+    (repo / "pipeline.yaml").write_text(PIPE.format(url=url))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    cli = [sys.executable, "-m", "trtflow.flows.cli"]
+    workers = []
+    for i in (1, 2):
+        log = open(tmp_path / f"worker{i}.log", "wb")
+        workers.append((subprocess.Popen(cli + ["run", str(repo / "pipeline.yaml")], stdout=log, stderr=log,
+                                         env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / f"machine{i}")},
+                                         start_new_session=True), log))
+    try:
+        for proc, _ in workers:
+            proc.wait(600)
+    finally:
+        for proc, log in workers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            log.close()
+    outputs = [(tmp_path / f"worker{i}.log").read_text() for i in (1, 2)]
+    assert [p.returncode for p, _ in workers] == [0, 0], outputs
+
+    done = subprocess.run(cli + ["verify", "--store", url], capture_output=True, text=True, timeout=300,
+                          env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / "auditor")})
+    assert done.returncode == 0 and " 0 bad" in done.stdout, done.stdout + done.stderr
+    remote = {}
+    for stage in ("prepare", "build"):
+        (manifest_path,) = fs.glob(f"{name}/team/{stage}/*/manifest.json")
+        remote[stage] = json.loads(fs.cat_file(manifest_path))
+        writers = {p.split("/")[4] for p in fs.find(manifest_path.rsplit("/", 1)[0]) if p.count("/") >= 5}
+        assert writers == {remote[stage]["blobs"]}, f"{stage}: one writer's files, no leftovers"
+    for i in (1, 2):
+        for stage, m in remote.items():
+            (local,) = (tmp_path / f"machine{i}").glob(f"*/{stage}/{m['key']}/manifest.json")
+            assert json.loads(local.read_text())["outputs"] == m["outputs"], f"machine {i}'s {stage} is the store's"
+    built = json.loads(fs.cat_file(f"{name}/team/build/{remote['build']['key']}/{remote['build']['blobs']}/"
+                                   f"report.json"))
+    assert built["cells"][0]["status"] == "ok"
+
+    third = subprocess.run(cli + ["plan", str(repo / "pipeline.yaml"), "--check"], capture_output=True, text=True,
+                           timeout=300, env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / "machine3")})
+    assert third.returncode == 0, third.stdout + third.stderr
