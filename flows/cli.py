@@ -1,4 +1,5 @@
-"""`trtflow`: run, plan and validate pipeline files; verify the store; reduce a failing model; print the JSON Schema.
+"""`trtflow`: run, plan and validate pipeline files; verify the store; reduce a failing model; check this machine's
+environment; write the deployments' prefect.yaml; manage the background Prefect server; print the JSON Schema.
 
 Every failure ends with one line on stderr and a non-zero exit code; `--verbose` adds the traceback.
 """
@@ -98,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
                               "per GPU kind) into a model repo")
     dep.add_argument("-o", "--output", default="prefect.yaml", help="where to write it (default: ./prefect.yaml)")
     dep.add_argument("--force", action="store_true", help="overwrite an existing file")
+    srv = sub.add_parser("server", parents=[common],
+                         help="the Prefect server trtflow keeps in the background when PREFECT_API_URL is not set")
+    srv.add_argument("action", choices=["start", "stop", "status"])
     sch = sub.add_parser("schema", parents=[common], help="print the pipeline JSON Schema (for editors)")
     sch.add_argument("-o", "--output", help="write to this file instead of stdout")
     return ap
@@ -257,21 +261,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Prefect gives its temporary server 20 s to start, which a busy machine misses: give it more.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_S))
     # Fail fast on spec and store problems, before paying for Prefect's start-up.
-    from trtflow.flows.pipeline_flow import make_runner
+    from trtflow.flows.runner import make_runner
 
+    started = time.perf_counter()
     runner = make_runner(args.pipeline, args.overrides, str(_store_option(args.store) or "") or None)
     for name in args.force or []:
         if name != "*":
             runner.check_stage_name(name, "--force")
     runner.select(args.stages)
+    reused = runner.reuse_all(args.stages, args.force)
+    if reused is not None:  # nothing to run: no flow run, no Prefect start-up
+        for o in reused:
+            out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
+                      f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
+        out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
+                  f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
+        return 0
+
+    from trtflow.flows import server
+
+    api_url = None
+    if server.wanted():
+        with out.status("starting a Prefect server in the background ..."):
+            api_url = server.ensure(on_start=lambda url: err.print(
+                f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; "
+                f"`trtflow server stop` stops it)"))
 
     from prefect import tags
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from trtflow.flows import pipeline_flow as pf
 
     if not args.verbose:
         _quiet_prefect_console()
-    started = time.perf_counter()
     status = out.status("starting Prefect ...")
     status.start()
 
@@ -298,7 +320,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     pf.LISTENERS.append(listen)
     progress.LISTENERS.append(on_progress)
     try:
-        with tags(*pf.run_identity(args.pipeline)[1]):
+        with tags(*pf.run_identity(args.pipeline)[1]), \
+                temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
             results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
                                        force=args.force, store=runner.store.location)
     except RuntimeError as exc:
@@ -446,6 +469,27 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     return CHECK_WOULD_RUN if changed else 0
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    from trtflow.flows import server
+
+    if args.action == "stop":
+        rec = server.stop()
+        out.print(f"stopped the Prefect server at {rec['url']} (pid {rec['pid']})" if rec else
+                  "no Prefect server of trtflow's was running")
+        return 0
+    if args.action == "start":
+        url = server.ensure()
+        out.print(f"Prefect server running at {url} (UI: {url.removesuffix('/api')}); for other tools: "
+                  f"export PREFECT_API_URL={url}")
+        return 0
+    rec = server.running()
+    if rec is None:
+        out.print("no Prefect server of trtflow's is running (the next `trtflow run` that has work starts one)")
+        return 1
+    out.print(f"running at {rec['url']} (pid {rec['pid']}, log {rec['log']})")
+    return 0
+
+
 def cmd_init_deploy(args: argparse.Namespace) -> int:
     from importlib import resources
 
@@ -504,6 +548,7 @@ def cmd_parse_trtexec(args: argparse.Namespace) -> int:
 
 COMMANDS = {"parse-trtexec": cmd_parse_trtexec, "run": cmd_run, "plan": cmd_plan, "validate": cmd_validate,
             "verify": cmd_verify, "reduce": cmd_reduce, "check-env": cmd_check_env, "init-deploy": cmd_init_deploy,
+            "server": cmd_server,
             "schema": cmd_schema}
 
 if __name__ == "__main__":

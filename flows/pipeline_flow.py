@@ -15,8 +15,8 @@ from prefect.states import Completed
 from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all
-from trtflow.flows.runner import Runner, StageOutcome
-from trtflow.pipelines.loader import load_pipeline, parse_yaml
+from trtflow.flows.runner import Runner, StageOutcome, make_runner  # noqa: F401 - make_runner: re-exported
+from trtflow.pipelines.loader import parse_yaml
 from trtflow.stages import progress
 
 # Called with (event, stage name, payload) as stages start and finish; the CLI listens here.
@@ -183,14 +183,3 @@ class _Schedule:
                 _notify("fail", name, exc)
                 continue
             _notify("done", name, self.outcomes[name])
-
-
-def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
-    from trtflow.flows.remote_store import is_url
-    from trtflow.flows.store import open_store
-
-    loaded = load_pipeline(pipeline_file, overrides)
-    location = (store if is_url(store) else str(Path(store).resolve())) if store else loaded.store_location
-    runner = Runner(loaded, store=open_store(location))
-    runner.store.ensure_writable()
-    return runner

@@ -202,6 +202,32 @@ class Runner:
 
     # --- run --------------------------------------------------------------------------------------------------
 
+    def reuse_all(self, stages: list[str] | None, force: list[str] | None) -> list[StageOutcome] | None:
+        """Every selected stage's published result when all of them are in place (then the run needs no flow run
+        at all); None as soon as one would run, or a stage needs its error reported by the flow."""
+        if force:
+            return None
+        produced: dict[str, dict[str, Any]] = {}
+        found = []
+        for name in self.select(stages):
+            started = time.perf_counter()
+            spec = self.graph.nodes[name].spec
+            try:
+                inputs = self.inputs_for(name, produced)
+                key, parts = self.key_for(name, inputs, implementation.resolve(spec))
+            except TrtflowError:
+                return None
+            manifest = self.store.lookup(name, key)
+            if manifest is None:
+                return None
+            produced[name] = manifest
+            found.append((StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
+                                       "nothing changed", time.perf_counter() - started), parts))
+        for outcome, parts in found:
+            self.store.mark_last(outcome.name, {"key": outcome.key, "parts": parts})
+        self.digests.save()
+        return [outcome for outcome, _ in found]
+
     def run_stage(self, name: str, produced: dict[str, dict[str, Any]], force: list[str] | None = None,
                   log=None) -> StageOutcome:
         started = time.perf_counter()
@@ -325,3 +351,16 @@ def _retarget(exc: BaseException, staging: Path, instead: str) -> None:
 
 
 __all__ = ["Runner", "StageOutcome", "PlanItem"]
+
+
+def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
+    """The runner of a pipeline file, on `store` (a directory or URL; default: the pipeline's), opened for
+    writing (read-only when it cannot be written)."""
+    from trtflow.flows.remote_store import is_url
+    from trtflow.pipelines.loader import load_pipeline
+
+    loaded = load_pipeline(pipeline_file, overrides)
+    location = (store if is_url(store) else str(Path(store).resolve())) if store else loaded.store_location
+    runner = Runner(loaded, store=open_store(location))
+    runner.store.ensure_writable()
+    return runner

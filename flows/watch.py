@@ -82,7 +82,8 @@ def watch_flow(pipelines: list[str], store: str | None = None) -> list[dict[str,
     the events emitted; a pipeline that fails does not stop the others, and fails the flow at the end."""
     from prefect.events import emit_event
 
-    from trtflow.flows.pipeline_flow import make_runner, pipeline_flow
+    from trtflow.flows.pipeline_flow import pipeline_flow
+    from trtflow.flows.runner import make_runner
 
     log = get_run_logger()
     base = Path.cwd()

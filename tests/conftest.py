@@ -25,8 +25,13 @@ def pytest_runtest_setup(item) -> None:
 
 @pytest.fixture(autouse=True)
 def _stage_calls(tmp_path: Path, monkeypatch) -> None:
-    """Where tests.stage_fns records its calls (stages run in child processes)."""
+    """Where tests.stage_fns records its calls (stages run in child processes). trtflow's machine state (the
+    environment record, the background Prefect server's record) goes to the test's own directory, and `trtflow
+    run` in child processes uses Prefect's temporary server: no test leaves a server running
+    (tests/test_server.py covers the background server)."""
     monkeypatch.setenv("TRTFLOW_TEST_CALLS", str(tmp_path / "stage-calls.txt"))
+    monkeypatch.setenv("TRTFLOW_STATE_DIR", str(tmp_path / "trtflow-state"))
+    monkeypatch.setenv("TRTFLOW_PREFECT_SERVER", "ephemeral")
 
 
 @pytest.fixture

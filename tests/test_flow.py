@@ -70,10 +70,13 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     stage_fns.CALLS.clear()
     assert cli.main(["run", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "2 stages (0 ran, 2 reused)" in out
+    assert "2 stages (0 ran, 2 reused)" in out and "no flow run needed" in out
     assert stage_fns.CALLS == []
-    assert _artifacts(_key(path, "b"))[0].data.startswith("**reused**")
-    assert any(t.state and t.state.name == "Cached" for t in _task_runs() if t.name == "b"), \
+
+    assert cli.main(["run", str(path), "--force", "b"]) == 0
+    assert "2 stages (1 ran, 1 reused)" in capsys.readouterr().out
+    assert _artifacts(_key(path, "a"))[0].data.startswith("**reused**")
+    assert any(t.state and t.state.name == "Cached" for t in _task_runs() if t.name == "a"), \
         "a reused stage ends in Prefect's Cached state"
 
     assert cli.main(["run", str(path), "--set", "stages.a.params.tag=two"]) == 0

@@ -1,0 +1,140 @@
+"""A local Prefect server kept running between `trtflow run`s, so a run does not pay Prefect's temporary server
+(about 10 s per process) each time: started in the background on first use, reused while it answers, stopped by
+`trtflow server stop`.
+
+Used only when PREFECT_API_URL is not set (a server of your own always wins) and TRTFLOW_PREFECT_SERVER is not
+`ephemeral` (Prefect's temporary server per run, as plain Prefect does). Its record, `prefect-server.json`, and its
+log live in trtflow's state directory (see flows/machine.py); its database is Prefect's own (PREFECT_HOME).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from trtflow.errors import PrefectUnavailable
+from trtflow.flows.machine import state_file
+
+START_TIMEOUT_S = 120  # Prefect's own 20 s run out on a busy two-core machine
+MODE = "TRTFLOW_PREFECT_SERVER"
+
+
+def record_file() -> Path:
+    return state_file().parent / "prefect-server.json"
+
+
+def wanted() -> bool:
+    from prefect.settings import PREFECT_API_URL
+
+    return not PREFECT_API_URL.value() and os.environ.get(MODE, "background") != "ephemeral"
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def running() -> dict[str, Any] | None:
+    """The background server's record, if that server is alive and answers."""
+    try:
+        rec = json.loads(record_file().read_text())
+        os.kill(int(rec["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return rec if healthy(rec["url"]) else None
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    """One trtflow at a time decides whether to start the server (two first runs at once start one)."""
+    path = record_file().with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure(on_start=None) -> str:
+    """The API URL of the background server, started first if it is not running. `on_start(url)` is called
+    when this call starts it."""
+    with _locked():
+        rec = running()
+        if rec:
+            return rec["url"]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/api"
+        log = record_file().with_suffix(".log")
+        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED",
+                                                                                  "false")}
+        env.pop("PREFECT_API_URL", None)
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not healthy(url, timeout=1.0):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _kill(proc.pid)
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                raise PrefectUnavailable(f"could not start a Prefect server in the background (log: {log}; last "
+                                         f"line: {tail[0]}): set PREFECT_API_URL to a server of yours, or "
+                                         f"{MODE}=ephemeral for Prefect's temporary one")
+            time.sleep(0.25)
+        record_file().write_text(json.dumps({"pid": proc.pid, "url": url, "log": str(log),
+                                             "started": time.time()}))
+        if on_start:
+            on_start(url)
+        return url
+
+
+def stop() -> dict[str, Any] | None:
+    """Stop the background server (its whole process group); its record, or None when none was running."""
+    with _locked():
+        try:
+            rec = json.loads(record_file().read_text())
+        except (OSError, ValueError):
+            return None
+        _kill(int(rec["pid"]))
+        record_file().unlink(missing_ok=True)
+        return rec
+
+
+def _kill(pid: int) -> None:
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+                if _zombie(pid):
+                    return
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False

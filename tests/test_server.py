@@ -1,0 +1,74 @@
+"""The Prefect server trtflow keeps in the background when PREFECT_API_URL is not set: started by the first
+`trtflow run` that has work, reused by the next ones (no start-up cost), not needed by a fully cached run, and
+stopped by `trtflow server stop`. A real server, started and stopped through the real CLI, killed by its PID if a
+check fails half-way."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.test_deploy import PIPE
+
+CLI = [sys.executable, "-m", "trtflow.flows.cli"]
+
+
+def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
+    (workdir / "pipeline.yaml").write_text(PIPE.format(name="bg"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "TRTFLOW_PREFECT_SERVER"}
+    env.update({"PREFECT_HOME": str(tmp_path / "prefect-home"), "TRTFLOW_STATE_DIR": str(tmp_path / "state"),
+                "PYTHONPATH": os.pathsep.join(sys.path)})
+    record = tmp_path / "state" / "prefect-server.json"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(CLI + list(args), env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+    try:
+        first = run("run", "pipeline.yaml")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "started a Prefect server in the background" in first.stderr
+        rec = json.loads(record.read_text())
+        runs = httpx.post(f"{rec['url']}/flow_runs/filter", json={}, timeout=30).json()
+        assert [r["state_type"] for r in runs] == ["COMPLETED"], "the run was recorded on that server"
+
+        second = run("run", "pipeline.yaml", "--force")
+        assert second.returncode == 0 and "started a Prefect server" not in second.stderr, second.stderr
+        assert json.loads(record.read_text())["pid"] == rec["pid"], "the same server was reused"
+        assert len(httpx.post(f"{rec['url']}/flow_runs/filter", json={}, timeout=30).json()) == 2
+
+        cached = run("run", "pipeline.yaml")
+        assert cached.returncode == 0 and "no flow run needed" in cached.stdout, cached.stdout
+        assert len(httpx.post(f"{rec['url']}/flow_runs/filter", json={}, timeout=30).json()) == 2
+
+        assert run("server", "status").returncode == 0
+        stopped = run("server", "stop")
+        assert stopped.returncode == 0 and f"pid {rec['pid']}" in stopped.stdout
+        assert not record.exists()
+        # a zombie (exited, not yet reaped by this sandbox's init) counts as gone
+        group = [p for p in Path("/proc").glob("[0-9]*") if _pgid(p) == rec["pid"] and not _zombie(p)]
+        assert not group, "nothing of the server's process group is left"
+        assert run("server", "status").returncode == 1
+    finally:
+        if record.exists():
+            try:
+                os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError):
+                pass
+
+
+def _pgid(proc: Path) -> int | None:
+    try:
+        return int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _zombie(proc: Path) -> bool:
+    try:
+        return proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
