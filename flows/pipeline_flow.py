@@ -72,7 +72,9 @@ def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
     env = describe(outcome.manifest["key_parts"].get("env"))
     header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
               f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "")
-              + f" · published in `{outcome.directory}`\n\n")
+              + f" · published in `{outcome.directory}`"
+              + (f" (cache of `{runner.store.location}/{name}/{outcome.key}`)"
+                 if runner.store.location != str(runner.store.root) else "") + "\n\n")
     create_markdown_artifact(key=key, markdown=header + outcome.summary,
                              description=f"trtflow stage {name}: {outcome.status}")
     get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,

@@ -27,6 +27,7 @@ from trtflow.flows.store import (
     HOST,
     LAST,
     MANIFEST,
+    SHARED,
     LocalStore,
     _valid_manifest,
     check_files,
@@ -186,7 +187,7 @@ class RemoteStore:
         rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
         keys = sorted({tuple(p.split("/")[:2]) for p in rel_paths if p.count("/") >= 2})
         for stage, key in keys:
-            if stage.startswith(".") or key.startswith("."):
+            if stage.startswith(".") or key.startswith(".") or stage == SHARED:
                 continue
             problem, manifest = None, None
             try:

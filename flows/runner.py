@@ -20,7 +20,7 @@ from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import call_stage
-from trtflow.flows.store import ArtifactStore, file_records, open_store
+from trtflow.flows.store import SHARED, ArtifactStore, file_records, open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
@@ -124,7 +124,7 @@ class Runner:
         for slot in kind_of(node.spec).shared_caches(node.spec):
             # shared across runs and pipelines on this store; it saves time and is not part of the key (made
             # only when the stage runs: a read-only store serves cached results)
-            resolved[slot] = Artifact(self.store.root / "shared", SHARED_CACHE, "")
+            resolved[slot] = Artifact(self.store.root / SHARED, SHARED_CACHE, "")
         return resolved
 
     def _data_files(self, stage: str, pattern: str, keypath: tuple) -> list[Artifact]:

@@ -23,6 +23,7 @@ from trtflow.flows.digest import file_sha256
 
 MANIFEST = "manifest.json"
 LAST = "last.json"
+SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
 HOST = socket.gethostname().replace("-", "_")[:32]
 UMASK = os.umask(0o022)
 os.umask(UMASK)
@@ -249,7 +250,8 @@ class LocalStore:
         match (and staging left by dead runs) are removed, so the next run recomputes them."""
         rows, hashed = [], 0
         for directory in sorted(d for d in self.root.glob("*/*") if d.is_dir()):
-            if directory.parent.name.startswith(".") or directory.name.startswith("."):
+            if directory.parent.name.startswith(".") or directory.name.startswith(".") or \
+                    directory.parent.name == SHARED:
                 continue
             manifest, problem = read_json(directory / MANIFEST)
             if manifest is None:

@@ -35,6 +35,8 @@ class Pipeline(Strict):
     def _no_reserved(cls, v: dict[str, Any]) -> dict[str, Any]:
         if "source" in v:
             raise ValueError("'source' is reserved: it names the pipeline's model")
+        if "shared" in v:
+            raise ValueError("'shared' is reserved: the store keeps caches shared by stages under that name")
         return v
 
 

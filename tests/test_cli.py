@@ -145,3 +145,39 @@ def test_plan_check_and_json_for_schedulers(capsys, write_yaml, monkeypatch):
     assert code == 3 and stage["action"] == "run" and stage["reason"].startswith("environment changed: ")
     assert [c for c in stage["environment_changed"] if c.startswith("tensorrt.version ")] == [
         f"tensorrt.version {json.dumps((real(('tensorrt',))['tensorrt'] or {}).get('version'))} -> \"99.0.0\""]
+
+
+def test_check_env_records_reports_and_keeps_an_unsent_change(capsys, tmp_path, monkeypatch):
+    """First call records; the same environment is unchanged (exit 0); a changed one is reported field by field
+    (exit 3). When the event cannot be sent (no Prefect server configured) the change is not recorded, so the next
+    check reports it again."""
+    state = tmp_path / "env.json"
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    code, out, _ = run_cli(capsys, "check-env", "--state", str(state))
+    assert code == 0 and "recorded this machine's environment" in out and state.is_file()
+    code, out, _ = run_cli(capsys, "check-env", "--state", str(state), "--json")
+    assert code == 0 and json.loads(out)["changed"] == []
+
+    record = json.loads(state.read_text())
+    record["fingerprint"]["platform"] = {"os": "Linux", "arch": "aarch64"}
+    state.write_text(json.dumps(record))
+    code, _, err = run_cli(capsys, "check-env", "--state", str(state))
+    assert code == 1 and "PREFECT_API_URL is not set" in err and "Traceback" not in err
+    assert json.loads(state.read_text()) == record, "nothing recorded: the change is reported again next time"
+    code, out, _ = run_cli(capsys, "check-env", "--state", str(state), "--no-event")
+    assert code == 3 and 'platform.arch "aarch64" -> ' in out
+    code, _, _ = run_cli(capsys, "check-env", "--state", str(state), "--no-event")
+    assert code == 0, "recorded by the previous call"
+
+
+def test_init_deploy_writes_a_template_prefect_can_read(capsys, tmp_path):
+    import yaml
+    target = tmp_path / "prefect.yaml"
+    code, out, _ = run_cli(capsys, "init-deploy", "-o", str(target))
+    assert code == 0 and target.is_file()
+    spec = yaml.safe_load(target.read_text())
+    (dep,) = spec["deployments"]
+    assert dep["entrypoint"] == "trtflow.flows.watch:watch_flow"
+    assert dep["triggers"][0]["expect"] == ["trtflow.environment.changed"]
+    code, _, err = run_cli(capsys, "init-deploy", "-o", str(target))
+    assert code == 2 and "exists" in err

@@ -180,6 +180,8 @@ def test_set_overrides(write_yaml):
 def test_reserved_source_name(write_yaml):
     msg = error_of(write_yaml(GOOD.replace("  check_again:", "  source:")))
     assert "'source' is reserved" in msg
+    msg = error_of(write_yaml(GOOD.replace("  check_again:", "  shared:")))
+    assert "'shared' is reserved" in msg
 
 
 def test_custom_stage_kind_accepted(write_yaml):

@@ -235,3 +235,19 @@ def test_a_read_only_store_serves_a_fully_cached_run(write_yaml, workdir, tmp_pa
             if p.is_dir():
                 p.chmod(0o755)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_verify_leaves_the_shared_caches_alone(tmp_path):
+    """`<root>/shared/` holds caches stages share across keys (the benchmark's baselines, the timing cache): they
+    have no manifest and are not results, so verify neither counts them bad nor removes them."""
+    from trtflow.flows.store import LocalStore
+    store = LocalStore(tmp_path / "store")
+    store.ensure_writable()
+    (tmp_path / "store" / "shared" / "benchmark").mkdir(parents=True)
+    (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").write_text("{}")
+    staging = store.staging("s", "k" * 32)
+    (staging / "out.bin").write_bytes(b"x")
+    store.publish("s", "k" * 32, staging, {"key": "k" * 32, "status": "ok", "outputs": {}})
+    report = store.verify(repair=True)
+    assert [(r["stage"], r["status"]) for r in report["rows"]] == [("s", "ok")]
+    assert (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").is_file()
