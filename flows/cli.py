@@ -325,6 +325,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
                                        force=args.force, store=runner.store.location)
     except RuntimeError as exc:
+        if api_url and str(exc).startswith("Failed to reach API at"):
+            raise PrefectUnavailable(f"trtflow's background Prefect server at {api_url} stopped answering during the "
+                                     f"run; run again (a new one is started)") from None
         raise _prefect_unavailable(exc) or exc from None
     finally:
         status.stop()
