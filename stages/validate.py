@@ -32,7 +32,8 @@ from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.precision import name_nodes
 from trtflow.text import did_you_mean
 
-VERSION = "2"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1)
+VERSION = "3"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+# on the samples whose outputs are off the most
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
               "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
@@ -114,7 +115,8 @@ def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, referen
               ref_cache: dict, sims: dict, work: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work, sims)
     sets = list(_sample_sets(params, inputs, ref, reference, cand))
-    cmp, errors, shapes_seen = _measure(runner, sets, ref, ref_cache)
+    ranked: list = []
+    cmp, errors, shapes_seen = _measure(runner, sets, ref, ref_cache, ranked)
     acc = cmp.result(runtime)
     violations = gate.check(acc, cand.precision, params.tolerances, params.check_nan_inf)
     warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
@@ -126,14 +128,13 @@ def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, referen
         "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc["outputs"]},
         "accuracy": acc, "passed": not violations, "violations": [v.line() for v in violations],
         "not_on_tensorrt": why, "warnings": warnings}
-    ctx = {"sets": sets, "sim": sim_model}
+    ctx = {"sets": sets, "sim": sim_model, "worst": _worst_samples(ranked, params.locate_samples)}
     slug = cand.name.replace("/", "_")
     hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
     result["plots"] = [str(hist.relative_to(out_dir))]
     if violations and params.locate_first_bad_layer:
         bound = gate.layer_bound(cand.precision, params.tolerances)
-        label, source, which, _ = sets[0]
-        feeds = (source.sample(i) for i in list(which)[: params.locate_samples])
+        feeds = (source.sample(i) for source, i in ctx["worst"])
         qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
         found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
         rows = found.pop("rows")
@@ -145,10 +146,11 @@ def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, referen
     return result, ctx
 
 
-def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, ref: Any, ref_cache: dict
-             ) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
+def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, ref: Any, ref_cache: dict,
+             ranked: list | None = None) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
     """The candidate against the reference over every sample of every shape set; a bounded sample of the
-    absolute errors per output (for the histogram); the shapes seen."""
+    absolute errors per output (for the histogram); the shapes seen. `ranked`, when given, receives
+    (how far the sample's outputs are off, its source, its index) per sample."""
     cmp, errors = Comparison(), {}
     shapes_seen: list[dict[str, list[int]]] = []
     for label, source, which, profile_of in sets:
@@ -166,11 +168,32 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, 
                     raise source.failure(exc) from None
             got = runner(feed, profile)
             cmp.add(ref_cache[key], got)
+            if ranked is not None:
+                ranked.append((_how_far_off(ref_cache[key], got), source, i))
             for name, r in ref_cache[key].items():
                 kept = errors.setdefault(name, [])
                 if sum(map(len, kept)) < ERROR_SAMPLE:
                     kept.append(np.abs(r.astype(np.float64) - got[name].astype(np.float64)).ravel())
     return cmp, errors, shapes_seen
+
+
+def _how_far_off(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> float:
+    """One sample's worst output: 1 - cosine (2 where the candidate turned finite values non-finite)."""
+    worst = 0.0
+    for name, r in ref.items():
+        r64, g64 = r.astype(np.float64).ravel(), np.asarray(got[name], np.float64).ravel()
+        ok = np.isfinite(r64)
+        if not np.isfinite(g64[ok]).all():
+            return 2.0
+        r64, g64 = r64[ok], g64[ok]
+        norms = float(np.linalg.norm(r64) * np.linalg.norm(g64))
+        worst = max(worst, 1.0 - float(r64 @ g64) / norms if norms else float(np.any(r64 != g64)))
+    return worst
+
+
+def _worst_samples(ranked: list, n: int) -> list[tuple[Any, int]]:
+    """The n samples whose outputs are off the most: where the layerwise search looks."""
+    return [(source, i) for _, source, i in sorted(ranked, key=lambda x: -x[0])[:n]]
 
 
 def _simulation(cand: Candidate, reference: onnx.ModelProto) -> tuple[str, onnx.ModelProto]:
@@ -243,8 +266,7 @@ def _repair(params: Any, target: Candidate, candidates: list[Candidate], results
     sets = [s for _, ctx in failing for s in ctx["sets"]]
     first_r, first_ctx = failing[0]
     variant = model_io.load(target.model)
-    label, source, which, _ = sets[0]
-    locate_feeds = [source.sample(i) for i in list(which)[: params.locate_samples]]
+    locate_feeds = [source.sample(i) for source, i in first_ctx["worst"]]
     bound = gate.layer_bound(target.precision, params.tolerances)
 
     def check(sim: onnx.ModelProto) -> list[str]:

@@ -158,3 +158,17 @@ def test_int8_range_ruined_is_caught_localized_and_repaired(tmp_path):
     first_conv = next(n.name for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Conv")
     assert loc["first_bad"]["node"] == first_conv  # where the wrongly scaled input is quantized
     assert loc["clipping"] and loc["clipping"][0]["clipped"] > 0.1  # its values fall outside the calibrated ranges
+
+
+def test_localization_looks_at_the_samples_whose_outputs_are_off_the_most():
+    import numpy as np
+
+    from trtflow.stages.validate import _how_far_off, _worst_samples
+    ref = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
+    close = _how_far_off(ref, {"y": np.array([1.0, 2.0, 3.001], np.float32)})
+    far = _how_far_off(ref, {"y": np.array([3.0, 2.0, 1.0], np.float32)})
+    broken = _how_far_off(ref, {"y": np.array([1.0, np.inf, 3.0], np.float32)})
+    assert 0 < close < far < broken == 2.0
+    src = object()
+    ranked = [(close, src, 0), (broken, src, 1), (far, src, 2), (0.0, src, 3)]
+    assert _worst_samples(ranked, 2) == [(src, 1), (src, 2)]
