@@ -3,7 +3,9 @@
 Both read the example photos from disk (decode included), resize the shorter side to 256, center-crop 224,
 scale, normalize, and lay out CHW with a batch dimension. Measured in the same run, alternating, best of N
 rounds. Also shown: the antialiased (PIL-exact) resize the squeezenet example declares, and torchvision's own
-transforms on PIL, for scale.
+transforms on PIL, for scale. Then the parity diagnosis of two planted mistakes at once (stages/image/diagnosis.py),
+timed on the PP-OCR example's text lines against PaddleOCR's own preprocessing and on the squeezenet photos
+against torchvision's: what a user waits for when parity fails.
 
     python bench/preprocess.py [--rounds 5] [--passes 10]
 """
@@ -59,6 +61,61 @@ def rate(fn, passes: int) -> float:
     return passes * len(PHOTOS) / (time.perf_counter() - t0)
 
 
+def diagnosis_cases() -> list[tuple[str, list, list, object, dict]]:
+    """(case, planted deploy steps, images, training reference, tolerances): two mistakes in an example's
+    declaration."""
+    import copy
+
+    import yaml
+
+    from trtflow.stages.image.paddleocr import cls_resize_norm_img
+
+    ppocr = yaml.safe_load((ROOT / "examples" / "ppocr-cls" / "pipeline.yaml").read_text())["stages"]["parity"]
+    lines = sorted((ROOT / "examples" / "ppocr-cls" / "data").glob("*.png"))
+    cases = []
+    for name, plant in (("ppocr-cls: read: rgb + no scale: 1/255", lambda s: (s.__setitem__(0, {"read": "rgb"}),
+                                                                              s.pop(2))),
+                        ("ppocr-cls: plain resize [48, 192] + pad value -1",
+                         lambda s: (s.__setitem__(1, {"resize": {"size": [48, 192]}}),
+                                    s.__setitem__(5, {"pad": {"size": [48, 192], "value": -1}})))):
+        steps = copy.deepcopy(ppocr["deploy"])
+        plant(steps)
+        cases.append((name, steps, lines, cls_resize_norm_img, {**ppocr["tolerances"], "min_psnr": None}))
+    try:
+        tv = torchvision_pil()
+    except ImportError:
+        return cases
+    squeeze = [{"read": "bgr"}, {"resize": {"shorter": 256, "interp": "cubic"}}, {"center_crop": 224},
+               {"scale": 1 / 255}, {"normalize": {"mean": MEAN.tolist(), "std": STD.tolist()}}, {"layout": "chw"},
+               {"batch": True}]
+    cases.append(("squeezenet-cls: read: bgr + interp: cubic, antialias: false", squeeze, PHOTOS,
+                  lambda p: tv(p)[0], {"max_abs": 0.02, "mean_abs": 0.001, "min_psnr": None}))
+    return cases
+
+
+def diagnosis_table(rounds: int) -> Table:
+    from trtflow.pipelines.schema import PreprocessStep
+    from trtflow.stages.image import diagnosis
+
+    table = Table(title=f"parity diagnosis of two planted mistakes (at most {diagnosis.ROUNDS} rounds, "
+                        f"{diagnosis.BEAM} kept per round; best of {rounds})", title_justify="left")
+    for col in ("case", "images", "sets of steps run", "seconds", "fix found"):
+        table.add_column(col, justify="left" if col in ("case", "fix found") else "right")
+    for name, steps, images, reference, tol in diagnosis_cases():
+        steps = canonical([PreprocessStep.model_validate(s) for s in steps])
+        pre = Preprocessor(steps)
+        pairs = [(p, reference(p)) for p in images]
+        worst = sorted(pairs, key=lambda pt: -diagnosis.pixel_metrics(pre(pt[0]), pt[1])["mean_abs"])
+        samples = worst[:4]  # as the stage: the search runs on the 4 worst images
+        best = None
+        for _ in range(rounds):
+            result = diagnosis.diagnose(steps, samples, tol)
+            best = result if best is None or result["search"]["seconds"] < best["search"]["seconds"] else best
+        table.add_row(name, str(len(samples)), str(best["search"]["evaluations"]), f"{best['search']['seconds']:.2f}",
+                      best.get("fix", "none"))
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -85,7 +142,9 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "pipeline" else "right")
     for name, r in best.items():
         table.add_row(name, f"{r:.0f}", f"{r / base:.2f}")
-    Console(width=120).print(table)
+    console = Console(width=160)
+    console.print(table)
+    console.print(diagnosis_table(min(args.rounds, 3)))
 
 
 if __name__ == "__main__":

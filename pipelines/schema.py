@@ -152,17 +152,46 @@ class ReadSpec(Strict):
     depth: Literal[8, 16] = 8
 
 
+Rounding = Literal["floor", "round", "ceil"]
+
+
 class ResizeSpec(Strict):
     size: list[Dim] | None = Field(None, min_length=2, max_length=2, description="[height, width]")
     shorter: int | None = Field(None, gt=0, description="resize so the shorter side has this length")
+    height: int | None = Field(None, gt=0, description="resize to this height, the width keeping the aspect ratio "
+                                                      "(text lines)")
+    max_width: int | None = Field(None, gt=0, description="with 'height': wider results are squeezed to this width")
+    round: Rounding | None = Field(None, description="how the side computed from the aspect ratio is rounded "
+                                                     "(default floor, as torchvision; PaddleOCR: ceil)")
     interp: Interp = "linear"
     antialias: bool = False
 
     @model_validator(mode="after")
     def _one_of(self) -> "ResizeSpec":
-        if (self.size is None) == (self.shorter is None):
-            raise ValueError("give exactly one of 'size' or 'shorter'")
+        if sum(x is not None for x in (self.size, self.shorter, self.height)) != 1:
+            raise ValueError("give exactly one of 'size', 'shorter' or 'height'")
+        if self.max_width is not None and self.height is None:
+            raise ValueError("'max_width' goes with 'height'")
+        if self.round is not None and self.size is not None:
+            raise ValueError("'round' applies to 'shorter' or 'height', not to 'size'")
         return self
+
+
+class CenterCropSpec(Strict):
+    size: int | list[Dim] = Field(description="side, or [height, width]")
+    round: Rounding = Field("round", description="how the offset (size - crop) / 2 is rounded (torchvision: round)")
+
+    @model_validator(mode="after")
+    def _pair(self) -> "CenterCropSpec":
+        if isinstance(self.size, list) and len(self.size) != 2:
+            raise ValueError("size: give one side or [height, width]")
+        return self
+
+
+class PadSpec(Strict):
+    size: list[Dim] = Field(min_length=2, max_length=2, description="[height, width]; padded on the right and "
+                                                                   "at the bottom")
+    value: float | list[float] = Field(0.0, description="on the tensor's scale at that step (one, or per channel)")
 
 
 class LetterboxSpec(Strict):
@@ -195,8 +224,9 @@ class PreprocessStep(Strict):
     read: Literal["rgb", "bgr", "gray"] | ReadSpec | None = None
     resize: ResizeSpec | None = None
     letterbox: LetterboxSpec | None = None
-    center_crop: int | list[int] | None = None
+    center_crop: int | list[int] | CenterCropSpec | None = None
     crop: CropSpec | None = None
+    pad: PadSpec | None = None
     color: Literal["rgb2bgr", "bgr2rgb", "gray2rgb", "rgb2gray"] | None = None
     dtype: Literal["float32", "float16", "uint8"] | None = None
     scale: float | str | None = Field(None, description="multiply, e.g. 1/255")
@@ -376,7 +406,8 @@ class ValidateStage(StageBase):
         default_factory=dict, description="per output name, or '*' for all outputs")
     check_nan_inf: bool = True
     locate_first_bad_layer: bool = True
-    locate_samples: int = Field(2, ge=1, le=100, description="samples compared tensor by tensor when a candidate fails")
+    locate_samples: int = Field(2, ge=1, le=100, description="when a candidate fails: how many samples (those whose "
+                                "outputs are off the most) are compared tensor by tensor")
     repair: bool = Field(False, description="search for the nodes to keep in FP32 / leave unquantized so a "
                                             "failing FP16 / INT8 candidate passes")
     repair_rounds: int = Field(8, ge=1, le=64, description="at most this many rebuild-and-check rounds")

@@ -2,7 +2,8 @@
 
 Writes the resolved preprocessing (`preprocess.json`, the one source of truth later stages run), compares it with
 the training reference on the sample images (pixels and, when a model is at hand, the model's outputs), and when
-they disagree names the single change that brings them into agreement.
+they disagree names the usual cause, or the combination of usual causes, that brings them into agreement, checks
+that fix on every image (and on the model's predictions) and prints the corrected YAML.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
 
-VERSION = "1"
+VERSION = "2"  # 2: combined diagnosis, per-image predictions, the fix checked on every image
 DIAGNOSIS_SAMPLES = 4
 
 
@@ -41,16 +42,18 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     tol = params.tolerances.model_dump()
     passed = [dx.passes(m, tol) for m in rows]
 
-    model_check = None
-    if "model" in inputs:
-        model_check = _model_check(inputs["model"].path, tensors, rows, tol)
-
     pixel_ok = all(passed)
-    model_ok = model_check is None or model_check.get("ok", True)
     diagnosis = None
     if not pixel_ok:
         order = sorted(range(len(rows)), key=lambda i: -rows[i]["mean_abs"])[:DIAGNOSIS_SAMPLES]
         diagnosis = dx.diagnose(steps, [(tensors[i][0], tensors[i][2]) for i in order], tol)
+
+    model_check = None
+    if "model" in inputs:
+        model_check = _model_check(inputs["model"].path, tensors, rows, tol, diagnosis)
+    model_ok = model_check is None or model_check.get("ok", True)
+    if diagnosis and diagnosis.get("steps"):
+        diagnosis["after_fix"] = _after_fix(diagnosis["steps"], tensors, inputs.get("model"), tol)
 
     worst = max(range(len(rows)), key=lambda i: rows[i]["mean_abs"])
     picture = None
@@ -99,7 +102,24 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
     return stats
 
 
-def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, Any]:
+def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: dict[str, Any]) -> dict[str, Any]:
+    """The suggested fix run on every image (the search looked at the worst few), and the model on its tensors."""
+    pre = preprocess.Preprocessor(steps)
+    fixed = [(path, pre(path), t) for path, _, t in tensors]
+    rows = [dx.pixel_metrics(d, t) for _, d, t in fixed]
+    out: dict[str, Any] = {"images": len(rows), "passing": sum(dx.passes(m, tol) for m in rows),
+                           "worst_mean_abs": max(m["mean_abs"] for m in rows),
+                           "worst_max_abs": max(m["max_abs"] for m in rows)}
+    if model is not None and out["passing"] == out["images"]:
+        try:
+            out["model"] = _model_check(model.path, fixed, rows, tol)
+        except StageError as exc:  # the training tensors themselves do not fit the model: said, not raised here
+            out["model"] = {"ran": False, "reason": str(exc)}
+    return out
+
+
+def _model_check(model: Path, tensors: list, rows: list, tol: Any,
+                 diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
     from trtflow.stages.ort.runner import RUNTIME, fit_to_input, session
 
@@ -113,8 +133,9 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, 
         shape = list(first.shape)
         if len(want) == 4 and len(shape) == 4 and isinstance(want[1], int) and shape[1] != want[1] \
                 and shape[1] in (1, 3) and want[1] in (1, 3):
+            fix = (diagnosis or {}).get("fix") or f"read: {'rgb' if want[1] == 3 else 'gray'}"
             raise StageError(f"the preprocessed images have {shape[1]} channel(s) but the model's input "
-                             f"'{inp.name}' wants {want[1]} (read: {'rgb' if want[1] == 3 else 'gray'} fixes it)")
+                             f"'{inp.name}' wants {want[1]} ({fix} fixes it)")
         raise StageError(f"the preprocessed shape {shape} does not fit the model's input "
                          f"'{inp.name}' {want}; fix the resize/crop/layout/batch steps")
     deploy_in = [fit_to_input(d, inp) for _, d, _ in tensors]
@@ -122,6 +143,7 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, 
     agree1 = agree5 = 0
     max_diff = 0.0
     classifier = False
+    predictions = []
     for (path, _, t), d_in in zip(tensors, deploy_in):
         t_in = fit_to_input(t, inp)
         if t_in is None or t_in.shape != d_in.shape:
@@ -134,10 +156,13 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any) -> dict[str, 
             ta, tb = np.argsort(-a, axis=1), np.argsort(-b, axis=1)
             agree1 += int(np.all(ta[:, 0] == tb[:, 0]))
             agree5 += int((tb[:, :1] == ta[:, :5]).any(axis=1).all())
+            if a.shape[0] == 1:  # per image: what a trained model makes of each side
+                predictions.append({"image": Path(path).name, "training": int(tb[0, 0]), "deploy": int(ta[0, 0]),
+                                    "training_score": float(b[0, tb[0, 0]]), "deploy_score": float(a[0, ta[0, 0]])})
     n = len(tensors)
     result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": max_diff}
     if classifier:
-        result.update(top1=agree1 / n, top5=agree5 / n)
+        result.update(top1=agree1 / n, top5=agree5 / n, predictions=predictions)
         result["ok"] = tol["top1"] is None or result["top1"] >= tol["top1"]
     return result
 
@@ -153,9 +178,9 @@ def _failure_line(r: dict[str, Any]) -> str:
         line += f"; model top-1 agreement {r['model']['top1']:.0%}"
     d = r["diagnosis"]
     if d and d.get("fix"):
-        line += f"; likely cause: {d['cause']} — fix: {d['fix']}"
+        line += f"; likely cause{'s' if len(d['chain']) > 1 else ''}: {d['cause']} — fix: {d['fix']}"
     elif d is not None:
-        line += "; no single usual cause explains it"
+        line += f"; no usual cause, alone or up to {d['search']['max_rounds']} combined, explains it"
     return line
 
 
@@ -175,27 +200,69 @@ def _summary(r: dict[str, Any], picture: Path | None) -> str:
     lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
                  + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
     m = r["model"]
+    d = r["diagnosis"]
     if m and m.get("ran"):
         line = f"\n**model outputs** ({m['runtime']}): max |diff| {m['max_abs_diff']:.4g}"
         if "top1" in m:
             line += f", top-1 agreement {m['top1']:.0%}, top-5 {m['top5']:.0%}"
         lines.append(line)
-    d = r["diagnosis"]
+        fixed = ((d or {}).get("after_fix") or {}).get("model") or {}
+        lines += _predictions(m.get("predictions") or [], fixed.get("predictions"))
     if d:
-        if d.get("fix"):
-            lines += ["", f"**Diagnosis**: {d['cause']}. Fix: `{d['fix']}`", "", "```yaml", d["yaml"].rstrip(),
-                      "```"]
-        else:
-            lines += ["", "**Diagnosis**: no single usual cause brings them into agreement. Closest:"]
-        lines += ["", "| change tried | worst mean abs | agrees |", "|---|---|---|"]
-        for t in d["tried"][:6]:
-            lines.append(f"| {t['fix']} | {t.get('mean_abs', float('nan')):.4g} | {'yes' if t['ok'] else 'no'} |")
+        lines += _diagnosis(d)
     if picture:
         lines += ["", f"Worst image `{r['worst_image']}` (deploy, training, difference): `{picture.name}`"]
         data = picture.read_bytes()
         if len(data) < 200_000:  # inline, so the Prefect artifact shows it
             lines += ["", f"![worst](data:image/png;base64,{base64.b64encode(data).decode()})"]
     return "\n".join(lines) + "\n"
+
+
+def _predictions(declared: list[dict[str, Any]], fixed: list[dict[str, Any]] | None) -> list[str]:
+    """Per image, the model's top-1 class (and score) on the training tensor, on the declared deploy tensor and,
+    when a fix was found, on the fixed one: a trained model shows the mistake where random weights cannot."""
+    if not declared:
+        return []
+    head = "| image | training: class (score) | deploy as declared | after the fix |" if fixed else \
+        "| image | training: class (score) | deploy |"
+    lines = ["", head, "|" + "---|" * (head.count("|") - 1)]
+    after = {p["image"]: p for p in fixed or []}
+    for p in declared[:16]:
+        row = (f"| {p['image']} | {p['training']} ({p['training_score']:.3g}) | {p['deploy']} "
+               f"({p['deploy_score']:.3g}){'' if p['deploy'] == p['training'] else ' **differs**'} |")
+        if fixed and p["image"] in after:
+            q = after[p["image"]]
+            row += f" {q['deploy']} ({q['deploy_score']:.3g}) |"
+        lines.append(row)
+    if len(declared) > 16:
+        lines.append(f"\n({len(declared) - 16} more in report.json)")
+    return lines
+
+
+def _diagnosis(d: dict[str, Any]) -> list[str]:
+    s = d["search"]
+    cost = (f"searched {s['evaluations']} set(s) of steps on the {s['images']} worst image(s) in {s['seconds']:.2g} s "
+            f"({s['rounds']} of at most {s['max_rounds']} round(s), {s['beam']} kept per round)")
+    if not d.get("fix"):
+        lines = ["", f"**Diagnosis**: no usual cause, alone or up to {s['max_rounds']} combined, brings them into "
+                     f"agreement; {cost}. Closest single changes:",
+                 "", "| change tried | worst mean abs | agrees |", "|---|---|---|"]
+        for t in d["tried"][:6]:
+            lines.append(f"| {t['fix']} | {t.get('mean_abs', float('nan')):.4g} | {'yes' if t['ok'] else 'no'} |")
+        return lines
+    lines = ["", f"**Diagnosis**: {d['cause']}. Fix: " + " and ".join(f"`{c['fix']}`" for c in d["chain"]), "",
+             "| step | change | worst mean abs | max abs |", "|---|---|---|---|",
+             f"| as declared | | {d['declared']['mean_abs']:.4g} | {d['declared']['max_abs']:.4g} |"]
+    for i, c in enumerate(d["chain"], 1):
+        lines.append(f"| {i}. {c['cause']} | `{c['fix']}` | {c['mean_abs']:.4g} | {c['max_abs']:.4g} |")
+    a = d.get("after_fix")
+    if a:
+        check = f"The fix on all {a['images']} image(s): {a['passing']} within tolerance"
+        if (a.get("model") or {}).get("top1") is not None:
+            check += f"; model top-1 agreement {a['model']['top1']:.0%}"
+        lines += ["", check + "."]
+    lines += ["", "```yaml", d["yaml"].rstrip(), "```", "", cost + "."]
+    return lines
 
 
 def _json(o: Any) -> Any:

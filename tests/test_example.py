@@ -31,7 +31,7 @@ def example(tmp_path: Path) -> Path:
 def test_example_end_to_end(example: Path):
     first = trtflow("run", "pipeline.yaml", cwd=example)
     assert first.returncode == 0, first.stderr + first.stdout
-    assert "4 stages (4 ran, 0 reused)" in first.stdout
+    assert "5 stages (5 ran, 0 reused)" in first.stdout
     assert "Traceback" not in first.stderr
 
     store = example / ".trtflow" / "prepare"
@@ -45,9 +45,27 @@ def test_example_end_to_end(example: Path):
     prepared = onnx.load(str(store / key / "model.onnx"))
     assert {o.domain: o.version for o in prepared.opset_import}[""] == 17
 
+    # parity: the declared preprocessing is PaddleOCR's, and the trained classifier reads every line's direction
+    parity = example / ".trtflow" / "parity"
+    checked = json.loads((parity / json.loads((parity / "last.json").read_text())["key"] / "report.json").read_text())
+    assert checked["verdict"] == "pass" and checked["model"]["top1"] == 1.0
+    assert all(p["deploy"] == int(p["image"].endswith("-180.png")) for p in checked["model"]["predictions"])
+    fp16 = example / ".trtflow" / "fp16"
+    r = json.loads((fp16 / json.loads((fp16 / "last.json").read_text())["key"] / "report.json").read_text())
+    assert r["data"].startswith("images via preprocess")
+
     second = trtflow("run", "pipeline.yaml", cwd=example)
     assert second.returncode == 0, second.stderr
-    assert "4 stages (0 ran, 4 reused)" in second.stdout
+    assert "5 stages (0 ran, 5 reused)" in second.stdout
+
+    # two mistakes at once, as a deploy pipeline written from memory: one line names both and the fix
+    bad = trtflow("run", "pipeline.yaml", "--stage", "parity", "--set", "stages.parity.deploy.0.read=rgb",
+                  "--set", "stages.parity.deploy.2.scale=1", cwd=example)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    errors = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and "model top-1 agreement 50%" in errors[0], bad.stderr
+    assert "likely causes: pixel scale differs (/255), then R and B swapped — fix: scale: 1/255 and read: bgr" \
+        in errors[0], bad.stderr
 
     build = example / ".trtflow" / "build"
     cells = json.loads((build / json.loads((build / "last.json").read_text())["key"] / "report.json").read_text())

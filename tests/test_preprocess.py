@@ -63,3 +63,53 @@ def test_unreadable_image(tmp_path):
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
     with pytest.raises(StageError, match="cannot read image .*x.png"):
         preprocess.read_image(bad)
+
+
+def test_text_line_resize_and_pad(tmp_path):
+    """PaddleOCR's classifier input: height 48, width ceil(48 * w / h) up to 192, padded on the right."""
+    import cv2
+    line = tmp_path / "line.png"
+    cv2.imwrite(str(line), cv2.imread(str(PHOTOS[0]))[100:122, 50:135])  # 22 x 85: 48 * 85 / 22 = 185.45
+    widths = {}
+    for mode in ("floor", "round", "ceil"):
+        x = preprocess.Preprocessor(_steps([{"resize": {"height": 48, "round": mode}}]))(line)
+        widths[mode] = x.shape[1]
+    assert widths == {"floor": 185, "round": 185, "ceil": 186}
+    wide = preprocess.Preprocessor(_steps([{"resize": {"height": 48, "max_width": 120}}]))(line)
+    assert wide.shape == (48, 120, 3)  # squeezed, as PaddleOCR does
+    for layout in ("hwc", "chw"):
+        x = preprocess.Preprocessor(_steps([{"resize": {"height": 48, "max_width": 192, "round": "ceil"}},
+                                            {"scale": "1/255"}, {"layout": layout},
+                                            {"pad": {"size": [48, 192], "value": [-1, 0, 1]}}]))(line)
+        x = x if layout == "chw" else x.transpose(2, 0, 1)
+        assert x.shape == (3, 48, 192) and (x[:, :, 186:].reshape(3, -1) == [[-1], [0], [1]]).all()
+        assert x[:, :, :186].min() >= 0
+    with pytest.raises(StageError, match=r"pad: the image is 48x186 at that step, larger than size \[48, 160\]"):
+        preprocess.Preprocessor(_steps([{"resize": {"height": 48, "round": "ceil"}},
+                                        {"pad": {"size": [48, 160]}}]))(line)
+
+
+def test_center_crop_rounding_and_canonical_defaults(tmp_path):
+    assert _steps([{"center_crop": {"size": 56}}]) == _steps([{"center_crop": 56}])
+    assert _steps([{"resize": {"shorter": 64, "round": "floor"}}]) == _steps([{"resize": {"shorter": 64}}])
+    img = np.zeros((5, 9, 3), np.uint8)
+    img[:, :, 0] = np.arange(45).reshape(5, 9)  # each pixel's position, in blue
+    import cv2
+    path = tmp_path / "small.png"
+    cv2.imwrite(str(path), img)
+    first = {}
+    for mode in ("round", "floor", "ceil"):  # margins 1.5 and 2.5: Python rounds half to even, as torchvision
+        out = preprocess.Preprocessor(_steps([{"read": "bgr"}, {"center_crop": {"size": [2, 4], "round": mode}}]))
+        first[mode] = tuple(int(v) for v in np.argwhere(img[:, :, 0] == out(path)[0, 0, 0])[0])
+    assert first == {"round": (2, 2), "floor": (1, 2), "ceil": (2, 3)}
+
+
+@pytest.mark.parametrize("resize,message", [
+    ({"height": 48, "shorter": 32}, "give exactly one of 'size', 'shorter' or 'height'"),
+    ({"shorter": 32, "max_width": 100}, "'max_width' goes with 'height'"),
+    ({"size": [48, 192], "round": "ceil"}, "'round' applies to 'shorter' or 'height'"),
+])
+def test_resize_spec_errors(resize, message):
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match=message):
+        _steps([{"resize": resize}])

@@ -1,20 +1,32 @@
-"""Why deploy and training preprocessing differ: try the usual single causes and keep the one that agrees.
+"""Why deploy and training preprocessing differ: the usual causes, alone or combined, that bring them into agreement.
 
-Each candidate is one change to the declared deploy steps (swap R/B, another interpolation, x255 or /255,
-mean/std on the other scale, layout, crop/resize order, antialiasing). The fix is shown as the YAML to paste.
+A bounded beam search over the changes of `causes.candidates`: each round applies every usual change to each kept
+set of steps, keeps the `BEAM` results with the smallest difference, and stops at the first round where a change
+brings every sample within tolerance, after at most `ROUNDS` rounds. A single cause is found in round one; two
+mistakes at once (a deploy pipeline written from memory) in round two. Cost: at most ROUNDS x BEAM x (changes that
+apply, about 30) runs of the steps on the few worst images, intermediate images shared between runs. The fix is the
+chain of changes, with the difference after each, and the full corrected `deploy:` YAML.
 """
 from __future__ import annotations
 
-import copy
-from fractions import Fraction
-from typing import Any, Iterator
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
 
+import cv2
 import numpy as np
 import yaml
 
-from trtflow.stages.image.preprocess import INTERP
+from trtflow.errors import StageError
+from trtflow.stages.image.causes import candidates, num
+from trtflow.stages.image.preprocess import Preprocessor, digest, read_image
 
 Steps = list[dict[str, Any]]
+ROUNDS = 3  # at most this many changes combined
+BEAM = 3  # sets of steps kept from one round to the next
+CACHE_BYTES = 256 << 20  # intermediate images kept while searching
 
 
 def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -49,81 +61,137 @@ def passes(m: dict[str, Any], tol: dict[str, Any]) -> bool:
     return ok
 
 
-def _replace(steps: Steps, i: int, step: dict[str, Any]) -> Steps:
-    out = copy.deepcopy(steps)
-    out[i] = step
-    return out
+class PrefixRunner:
+    """Runs sets of steps on the sample images, reusing the intermediate images of the steps a set shares with
+    sets run before: most changes touch one late step, and decoding and resampling are the costly part."""
+
+    def __init__(self, budget: int = CACHE_BYTES):
+        self.cache: OrderedDict[tuple[str, str], tuple[np.ndarray, str]] = OrderedDict()
+        self.budget, self.used = budget, 0
+
+    def __call__(self, path: Any, steps: Steps) -> np.ndarray:
+        keys = [(str(path), json.dumps(steps[:k + 1], sort_keys=True)) for k in range(len(steps))]
+        start = 0
+        for k in range(len(steps) - 1, -1, -1):
+            if keys[k] in self.cache:
+                self.cache.move_to_end(keys[k])
+                img, layout = self.cache[keys[k]]
+                start = k + 1
+                break
+        if start == 0:
+            read = steps[0]["read"]
+            img, layout = read_image(path, read["color"], read["depth"]), "hwc"
+            self._put(keys[0], img, layout)
+            start = 1
+        for k in range(start, len(steps)):
+            (name, value), = steps[k].items()
+            img, layout = Preprocessor._apply(img, name, value, layout)
+            self._put(keys[k], img, layout)
+        return img
+
+    def _put(self, key: tuple[str, str], img: np.ndarray, layout: str) -> None:
+        if key in self.cache or img.nbytes > self.budget:
+            return
+        self.cache[key] = (img, layout)
+        self.used += img.nbytes
+        while self.used > self.budget:
+            _, (old, _) = self.cache.popitem(last=False)
+            self.used -= old.nbytes
 
 
-def candidates(steps: Steps) -> Iterator[tuple[str, str, Steps]]:
-    """(cause, fix, changed steps) for every single change worth trying."""
-    names = [next(iter(s)) for s in steps]
-    for i, step in enumerate(steps):
-        (name, val), = step.items()
-        if name == "read" and val["color"] in ("rgb", "bgr"):
-            other = "bgr" if val["color"] == "rgb" else "rgb"
-            yield ("R and B swapped", f"read: {other}", _replace(steps, i, {"read": {**val, "color": other}}))
-        if name in ("resize", "letterbox"):
-            for interp in INTERP:
-                if interp != val.get("interp", "linear"):
-                    yield (f"{name} interpolation differs", f"{name} with interp: {interp}",
-                           _replace(steps, i, {name: {**val, "interp": interp}}))
-        if name == "resize":
-            aa = bool(val.get("antialias"))
-            yield ("antialiasing differs", f"resize with antialias: {str(not aa).lower()}",
-                   _replace(steps, i, {"resize": {**val, "antialias": not aa}}))
-        if name == "scale":
-            yield ("pixel scale differs (x255)", f"scale: {_num(val * 255)}", _replace(steps, i, {"scale": val * 255}))
-            yield ("pixel scale differs (/255)", f"scale: {_num(val / 255)}", _replace(steps, i, {"scale": val / 255}))
-            yield ("pixel scale differs", "remove the scale step", steps[:i] + steps[i + 1:])
-        if name == "normalize":
-            for factor, label in ((255.0, "x255"), (1 / 255.0, "/255")):
-                fixed = {"mean": [m * factor for m in val["mean"]], "std": [s * factor for s in val["std"]]}
-                yield (f"mean/std on the other scale ({label})",
-                       f"normalize: {{mean: {_short(fixed['mean'])}, std: {_short(fixed['std'])}}}",
-                       _replace(steps, i, {"normalize": fixed}))
-        if name == "layout":
-            other = "hwc" if val == "chw" else "chw"
-            yield ("layout differs", f"layout: {other}", _replace(steps, i, {"layout": other}))
-        if i + 1 < len(steps) and name in ("resize", "center_crop", "crop") \
-                and names[i + 1] in ("resize", "center_crop", "crop") and names[i + 1] != name:
-            swapped = copy.deepcopy(steps)
-            swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
-            yield ("crop and resize in the other order", f"{names[i + 1]} before {name}", swapped)
-    if "scale" not in names:
-        at = names.index("normalize") if "normalize" in names else len(steps)
-        yield ("pixels not scaled to 0..1", "add scale: 1/255", steps[:at] + [{"scale": 1 / 255}] + steps[at:])
-    if "layout" not in names:
-        at = names.index("batch") if "batch" in names else len(steps)
-        yield ("layout differs", "add layout: chw", steps[:at] + [{"layout": "chw"}] + steps[at:])
+@dataclass
+class _State:
+    steps: Steps
+    chain: list[dict[str, Any]] = field(default_factory=list)
+    score: tuple[int, float, float] = (0, 0.0, float("inf"))
+    ok: bool = False
+    conventional: bool = False
 
 
-def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str, Any]) -> dict[str, Any]:
-    """Try every candidate on the worst samples; the best one that passes is the diagnosis."""
-    from trtflow.errors import StageError
-    from trtflow.stages.image.preprocess import Preprocessor
+def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str, Any],
+             rounds: int = ROUNDS, beam: int = BEAM) -> dict[str, Any]:
+    """Search the usual causes, alone then combined, on the (worst) samples; the shortest chain of changes that
+    brings every sample within tolerance, the lowest difference first, is the diagnosis."""
+    t0 = time.perf_counter()
+    run = PrefixRunner()
+    evaluations = 0
 
-    tried = []
-    for cause, fix, changed in candidates(steps):
+    def evaluate(changed: Steps) -> dict[str, Any]:
+        nonlocal evaluations
+        evaluations += 1
         try:
-            pre = Preprocessor(changed)
-            metrics = [pixel_metrics(pre(path), train) for path, train in samples]
-        except StageError as exc:  # e.g. a crop larger than the image after the change
-            tried.append({"cause": cause, "fix": fix, "ok": False, "error": str(exc)})
-            continue
+            metrics = [pixel_metrics(run(path, changed), train) for path, train in samples]
+        except (StageError, cv2.error, ValueError) as exc:  # e.g. a crop larger than the image after the change
+            return {"error": str(exc).splitlines()[0]}
         worst = max(metrics, key=lambda m: m["mean_abs"])
-        tried.append({"cause": cause, "fix": fix, "ok": all(passes(m, tol) for m in metrics),
-                      "mean_abs": worst["mean_abs"], "max_abs": worst["max_abs"], "steps": changed,
-                      "conventional": _conventional(changed)})
-    # Scaling pixels by 1/255 and scaling mean/std by 255 can be equally exact fixes: prefer the one that
-    # leaves the usual convention (pixels in 0..1, mean/std on that scale), which is what training code does.
-    tried.sort(key=lambda t: (not t["ok"], round(t.get("mean_abs", float("inf")), 6), not t.get("conventional")))
-    best = tried[0] if tried and tried[0]["ok"] else None
-    result: dict[str, Any] = {"tried": [{k: v for k, v in t.items() if k not in ("steps", "conventional")}
-                                        for t in tried]}
-    if best:
-        result.update({"cause": best["cause"], "fix": best["fix"], "yaml": to_yaml(best["steps"])})
+        finite = [m["mean_abs"] for m in metrics if m["shape_ok"]]
+        return {"ok": all(passes(m, tol) for m in metrics), "mean_abs": worst["mean_abs"],
+                "max_abs": max(m["max_abs"] for m in metrics),
+                "score": (sum(not m["shape_ok"] for m in metrics), sum(_shape_gap(m) for m in metrics),
+                          max(finite) if finite else float("inf"))}
+
+    first = evaluate(steps)
+    start = _State(steps, score=first.get("score", (len(samples), float("inf"), float("inf"))))
+    kept, seen, tried = [start], {digest(steps)}, []
+    found: _State | None = None
+    done = 0
+    for depth in range(1, rounds + 1):
+        done = depth
+        children = []
+        for state in kept:
+            for cause, fix, changed in candidates(state.steps):
+                key = digest(changed)
+                if key in seen:
+                    continue
+                seen.add(key)
+                ev = evaluate(changed)
+                if depth == 1:
+                    tried.append({"cause": cause, "fix": fix, "ok": ev.get("ok", False),
+                                  **{k: ev[k] for k in ("mean_abs", "max_abs", "error") if k in ev}})
+                if "error" in ev:
+                    continue
+                step = {"cause": cause, "fix": fix, "mean_abs": ev["mean_abs"], "max_abs": ev["max_abs"]}
+                children.append(_State(changed, state.chain + [step], ev["score"], ev["ok"], _conventional(changed)))
+        # Scaling pixels by 1/255 and scaling mean/std by 255 can be equally exact fixes: prefer the one that
+        # keeps the usual convention (pixels in 0..1, mean/std on that scale), which is what training code does.
+        children.sort(key=lambda s: (s.score[0], round(s.score[1], 6), round(s.score[2], 6), not s.conventional))
+        passing = [s for s in children if s.ok]
+        if passing:
+            found = passing[0]
+            break
+        # the smallest differences go on, even one that shrinks nothing while fewer than `beam` do: a change of
+        # structure (aspect ratio kept, then padded) can need its second change before it helps
+        kept = children[:beam]
+        if not kept:
+            break
+
+    tried.sort(key=lambda t: (not t["ok"], round(t.get("mean_abs", float("inf")), 6)))
+    result: dict[str, Any] = {
+        "declared": {"mean_abs": first.get("mean_abs"), "max_abs": first.get("max_abs")},
+        "tried": tried,
+        "search": {"rounds": done, "max_rounds": rounds, "beam": beam, "evaluations": evaluations,
+                   "images": len(samples), "seconds": round(time.perf_counter() - t0, 3)}}
+    if found:
+        causes = [s["cause"] for s in found.chain]
+        result.update({"chain": found.chain, "cause": ", then ".join(causes), "fix": _and([s["fix"] for s in
+                                                                                         found.chain]),
+                       "steps": found.steps, "yaml": to_yaml(found.steps)})
     return result
+
+
+def _shape_gap(m: dict[str, Any]) -> float:
+    """How far apart two shapes are (0 when equal): while shapes differ, the change that brings them closer (1
+    channel -> 3, then HWC -> CHW) is the one to keep."""
+    if m["shape_ok"]:
+        return 0.0
+    d, t = m["deploy_shape"], m["training_shape"]
+    if len(d) != len(t):
+        return 100.0
+    return float(sum(abs(np.log(a / b)) for a, b in zip(d, t)))
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _conventional(steps: Steps) -> bool:
@@ -131,17 +199,6 @@ def _conventional(steps: Steps) -> bool:
     norm = next((s["normalize"] for s in steps if "normalize" in s), None)
     scaled = scale is not None and abs(scale - 1 / 255) < 1e-9
     return scaled and (norm is None or all(0 <= m <= 1 for m in norm["mean"]))
-
-
-def _num(x: float) -> str:
-    f = Fraction(x).limit_denominator(1000)
-    if abs(float(f) - x) < 1e-9 and f.denominator != 1:
-        return f"{f.numerator}/{f.denominator}"
-    return f"{x:g}"
-
-
-def _short(values: list[float]) -> str:
-    return "[" + ", ".join(f"{v:.4g}" for v in values) + "]"
 
 
 def friendly(steps: Steps) -> list[dict[str, Any]]:
@@ -152,9 +209,11 @@ def friendly(steps: Steps) -> list[dict[str, Any]]:
         if name == "read" and val.get("depth", 8) == 8:
             val = val["color"]
         elif name == "scale":
-            val = _num(val)
+            val = num(val)
         elif name == "center_crop" and isinstance(val, list) and val[0] == val[1]:
             val = val[0]
+        elif name == "center_crop" and isinstance(val, dict) and val["size"][0] == val["size"][1]:
+            val = {**val, "size": val["size"][0]}
         elif name == "normalize":
             val = {k: [round(v, 6) for v in vs] for k, vs in val.items()}
         elif isinstance(val, dict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -33,14 +34,27 @@ def canonical(steps: Iterable[Any]) -> list[dict[str, Any]]:
         if name == "scale" and isinstance(value, str):
             num, _, den = value.partition("/")
             value = float(num) / float(den) if den else float(num)
-        if name == "center_crop" and isinstance(value, int):
-            value = [value, value]
+        if name == "center_crop":
+            value = _center_crop_spec(value)
+        if name == "resize" and value.get("round") == "floor":  # the default: the same steps, the same digest
+            value = {k: v for k, v in value.items() if k != "round"}
         out.append({name: value})
     if not out or "read" not in out[0]:
         if any("read" in s for s in out):
             raise StageError("'read' must be the first preprocessing step")
         out.insert(0, {"read": {"color": "rgb", "depth": 8}})
     return out
+
+
+def _center_crop_spec(value: Any) -> Any:
+    """[h, w], or {size: [h, w], round: ...} when the offset is not rounded as torchvision rounds it."""
+    spec = value if isinstance(value, dict) else {"size": value}
+    size = spec["size"]
+    size = [size, size] if isinstance(size, int) else list(size)
+    return size if spec.get("round", "round") == "round" else {"size": size, "round": spec["round"]}
+
+
+ROUNDING: dict[str, Callable[[float], int]] = {"floor": math.floor, "round": round, "ceil": math.ceil}
 
 
 def digest(steps: list[dict[str, Any]]) -> str:
@@ -66,14 +80,20 @@ def read_image(path: Path, color: str = "rgb", depth: int = 8) -> np.ndarray:
 
 def _resize(img: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     h, w = img.shape[:2]
+    rounded = ROUNDING[spec.get("round") or "floor"]
     if spec.get("size"):
         nh, nw = spec["size"]
+    elif spec.get("height"):  # text lines: fixed height, the width keeps the aspect ratio up to max_width
+        nh = spec["height"]
+        nw = max(1, rounded(nh * (w / h)))  # in PaddleOCR's order: nh * w / h can round to the other integer
+        if spec.get("max_width"):
+            nw = min(nw, spec["max_width"])
     else:  # torchvision semantics: the shorter side becomes `shorter`, the other keeps the aspect ratio
         s = spec["shorter"]
         if h <= w:
-            nh, nw = s, int(s * w / h)
+            nh, nw = s, rounded(s * w / h)
         else:
-            nh, nw = int(s * h / w), s
+            nh, nw = rounded(s * h / w), s
     name = spec.get("interp", "linear")
     if spec.get("antialias") and name in resample.FILTERS:
         # PIL/torchvision resampling: OpenCV's linear and cubic do not low-pass when shrinking
@@ -96,13 +116,36 @@ def _letterbox(img: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     return out
 
 
-def _center_crop(img: np.ndarray, size: list[int]) -> np.ndarray:
-    ch, cw = size
+def _center_crop(img: np.ndarray, spec: Any) -> np.ndarray:
+    ch, cw = spec["size"] if isinstance(spec, dict) else spec
+    rounded = ROUNDING[spec["round"] if isinstance(spec, dict) else "round"]  # torchvision: round half to even
     h, w = img.shape[:2]
     if ch > h or cw > w:
         raise StageError(f"center_crop {ch}x{cw} is larger than the image ({h}x{w}) at that step")
-    top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))  # as torchvision rounds
+    top, left = int(rounded((h - ch) / 2.0)), int(rounded((w - cw) / 2.0))
     return img[top:top + ch, left:left + cw]
+
+
+def _pad(img: np.ndarray, spec: dict[str, Any], layout: str) -> np.ndarray:
+    """Pads on the right and at the bottom, in either layout (PaddleOCR pads after normalizing, in CHW)."""
+    th, tw = spec["size"]
+    hwc = layout == "hwc"
+    h, w, c = img.shape if hwc else (img.shape[1], img.shape[2], img.shape[0])
+    if h > th or w > tw:
+        raise StageError(f"pad: the image is {h}x{w} at that step, larger than size [{th}, {tw}] "
+                         f"(resize with max_width, or a larger pad size)")
+    value = np.asarray(spec.get("value", 0.0), np.float64).reshape(-1)
+    if len(value) not in (1, c):
+        raise StageError(f"pad has {len(value)} values for an image with {c} channels")
+    if np.issubdtype(img.dtype, np.integer):
+        value = np.clip(np.round(value), np.iinfo(img.dtype).min, np.iinfo(img.dtype).max)
+    out = np.empty((th, tw, c) if hwc else (c, th, tw), img.dtype)
+    out[...] = value.reshape((1, 1, -1) if hwc else (-1, 1, 1)).astype(img.dtype)
+    if hwc:
+        out[:h, :w] = img
+    else:
+        out[:, :h, :w] = img
+    return out
 
 
 def _crop(img: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
@@ -152,6 +195,10 @@ class Preprocessor:
             if layout != "hwc" or img.ndim != 3:
                 raise StageError(f"'{name}' must come before 'layout: chw' and 'batch'")
             return spatial[name](img), layout
+        if name == "pad":
+            if img.ndim != 3:
+                raise StageError("'pad' must come before 'batch'")
+            return _pad(img, value, layout), layout
         if name == "dtype":
             return img.astype(value), layout
         if name == "scale":
