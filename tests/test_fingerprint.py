@@ -48,14 +48,20 @@ def test_tensorrt_version_comes_from_the_module(fresh, tensorrt_backend):
     assert got["platform"]["os"] and got["platform"]["arch"]
 
 
+def _stand_in_tensorrt(tmp_path: Path, monkeypatch, init: str) -> Path:
+    """A `tensorrt` package without pip metadata, importable here and in the probe's child process."""
+    pkg = tmp_path / "site" / "tensorrt"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(init)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    return pkg
+
+
 def test_a_tensorrt_without_pip_metadata_is_still_versioned(fresh, tmp_path, monkeypatch):
     """A TensorRT installed from a tarball or present in a container has no distribution metadata: the version the
     module reports is the one in the key, so its upgrade triggers a rebuild."""
-    pkg = tmp_path / "site" / "tensorrt"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("__version__ = '10.13.3.9'\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    pkg = _stand_in_tensorrt(tmp_path, monkeypatch, "__version__ = '10.13.3.9'\n")
     info = env.detect_tensorrt("tensorrt")
     assert info["version"] == "unknown"  # no pip metadata
     assert env.tensorrt_version(info) == "10.13.3.9"
@@ -67,11 +73,7 @@ def test_a_tensorrt_without_pip_metadata_is_still_versioned(fresh, tmp_path, mon
 
 
 def test_a_broken_module_falls_back_to_metadata(fresh, tmp_path, monkeypatch):
-    pkg = tmp_path / "site" / "tensorrt"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("raise ImportError('libnvinfer.so.10: cannot open shared object file')\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    _stand_in_tensorrt(tmp_path, monkeypatch, "raise ImportError('libnvinfer.so.10: cannot open shared object file')\n")
     info = env.detect_tensorrt("tensorrt")
     assert env.probe("tensorrt")["version"] is None
     assert env.tensorrt_version(info) == info["version"]
