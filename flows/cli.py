@@ -225,7 +225,7 @@ def _store_option(value: str | None) -> Path | str | None:
     if not value:
         return None
     from trtflow.errors import SpecError
-    from trtflow.flows.remote_store import is_url
+    from trtflow.pipelines.loader import is_url
     if is_url(value):
         return value
     from trtflow.pipelines.loader import unsafe_store_root
@@ -416,8 +416,8 @@ def cmd_reduce(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from trtflow.flows.remote_store import is_url
     from trtflow.flows.store import open_store
+    from trtflow.pipelines.loader import is_url
 
     if args.store:
         root = _store_option(args.store)

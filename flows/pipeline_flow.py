@@ -15,7 +15,7 @@ from prefect.states import Completed
 from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all
-from trtflow.flows.runner import Runner, StageOutcome, make_runner  # noqa: F401 - make_runner: re-exported
+from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.loader import parse_yaml
 from trtflow.stages import progress
 

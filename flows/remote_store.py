@@ -37,10 +37,6 @@ from trtflow.flows.store import (
 BLOBS = "blobs"  # the manifest field naming the writer directory its files are in
 
 
-def is_url(location: str | Path) -> bool:
-    return isinstance(location, str) and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", location) is not None
-
-
 def cache_root(url: str) -> Path:
     """This machine's cache of the remote store: `$TRTFLOW_CACHE_DIR/<slug>`, else `~/.cache/trtflow/stores/`."""
     base = Path(os.environ.get("TRTFLOW_CACHE_DIR") or
@@ -131,7 +127,7 @@ class RemoteStore:
             target = self._remote(stage, key, MANIFEST)
             try:
                 self.fs.pipe_file(target, data, **({} if replace else {"mode": "create"}))
-            except (FileExistsError, OSError) as exc:
+            except OSError as exc:
                 if not _precondition_failed(exc):
                     raise
         except StoreError:
@@ -257,7 +253,9 @@ class RemoteStore:
             self.cache.discard(staging)
             self.rejected[(stage, key)] = f"its stored result at {self.location} failed verification: {problem}"
             return None
-        local = {**manifest, "files": file_records(staging)}  # this machine's mtimes; same sizes and digests
+        # the files were just hashed against the manifest: only their mtimes are this machine's own
+        local = {**manifest, "files": {rel: {**rec, "mtime_ns": (staging / rel).stat().st_mtime_ns}
+                                       for rel, rec in manifest["files"].items()}}
         _, placed = self.cache.publish(stage, key, staging, local)
         return placed
 

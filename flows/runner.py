@@ -356,8 +356,7 @@ __all__ = ["Runner", "StageOutcome", "PlanItem"]
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
     """The runner of a pipeline file, on `store` (a directory or URL; default: the pipeline's), opened for
     writing (read-only when it cannot be written)."""
-    from trtflow.flows.remote_store import is_url
-    from trtflow.pipelines.loader import load_pipeline
+    from trtflow.pipelines.loader import is_url, load_pipeline
 
     loaded = load_pipeline(pipeline_file, overrides)
     location = (store if is_url(store) else str(Path(store).resolve())) if store else loaded.store_location

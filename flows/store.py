@@ -141,7 +141,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def open_store(location: str | Path) -> "ArtifactStore":
     """The store at a directory, or at an fsspec URL (`s3://bucket/prefix`: see flows/remote_store.py)."""
-    from trtflow.flows.remote_store import RemoteStore, is_url
+    from trtflow.flows.remote_store import RemoteStore
+    from trtflow.pipelines.loader import is_url
 
     return RemoteStore(str(location)) if is_url(location) else LocalStore(Path(location))
 

@@ -45,9 +45,7 @@ class LoadedPipeline:
     @property
     def store_location(self) -> str:
         """`artifacts:` as given when it is a URL (`s3://bucket/prefix`), else the store's directory."""
-        if self.spec.artifacts and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", self.spec.artifacts):
-            return self.spec.artifacts
-        return str(self.store_root)
+        return self.spec.artifacts if is_url(self.spec.artifacts) else str(self.store_root)
 
     def line_of(self, path: Path_) -> int | None:
         return _line_for(self.lines, path)
@@ -80,7 +78,7 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
 
     spec = validate(data, shown, lines)
     loaded = LoadedPipeline(spec=spec, file=path.resolve(), lines=lines)
-    why = unsafe_store_root(loaded.store_root) if loaded.store_location == str(loaded.store_root) else None
+    why = None if is_url(spec.artifacts) else unsafe_store_root(loaded.store_root)
     if why:
         raise loaded.error(f"'{spec.artifacts}' {why}", ("artifacts",),
                            hint="use a directory of its own, e.g. .trtflow beside the pipeline file")
@@ -93,6 +91,11 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
 _SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                  "/sys", "/usr")
 _SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/var")
+
+
+def is_url(location: str | Path | None) -> bool:
+    """A store location given as a URL (`s3://bucket/prefix`, any fsspec protocol), not a directory."""
+    return isinstance(location, str) and re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", location) is not None
 
 
 def unsafe_store_root(root: Path) -> str | None:

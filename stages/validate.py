@@ -178,16 +178,15 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, 
 
 
 def _how_far_off(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> float:
-    """One sample's worst output: 1 - cosine (2 where the candidate turned finite values non-finite)."""
+    """One sample's worst output: 1 - cosine, as the layerwise search measures it (2 where the candidate turned
+    finite values non-finite, so such a sample ranks first)."""
     worst = 0.0
     for name, r in ref.items():
-        r64, g64 = r.astype(np.float64).ravel(), np.asarray(got[name], np.float64).ravel()
-        ok = np.isfinite(r64)
-        if not np.isfinite(g64[ok]).all():
+        stats = layerwise.TensorStats()
+        stats.add(r, got[name], None)
+        if stats.bad:
             return 2.0
-        r64, g64 = r64[ok], g64[ok]
-        norms = float(np.linalg.norm(r64) * np.linalg.norm(g64))
-        worst = max(worst, 1.0 - float(r64 @ g64) / norms if norms else float(np.any(r64 != g64)))
+        worst = max(worst, stats.drift)
     return worst
 
 

@@ -40,7 +40,8 @@ def _artifacts(key: str):
 
 
 def _key(path, stage: str) -> str:
-    from trtflow.flows.pipeline_flow import artifact_key, make_runner
+    from trtflow.flows.pipeline_flow import artifact_key
+    from trtflow.flows.runner import make_runner
     return artifact_key(make_runner(str(path), [], None), stage)
 
 
