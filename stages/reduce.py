@@ -29,9 +29,9 @@ import onnx
 from onnx import helper
 
 from trtflow.errors import TrtflowError
+from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers
-from trtflow.stages.ort.layerwise import TensorStats
 from trtflow.stages.ort.runner import session
 from trtflow.text import first_line
 

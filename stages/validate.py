@@ -23,6 +23,7 @@ from trtflow.stages.candidates import Candidate, engine_candidates
 from trtflow.stages.compare import accuracy, gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
+from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
 from trtflow.stages.ort import layerwise, qdq
@@ -182,7 +183,7 @@ def _how_far_off(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> floa
     finite values non-finite, so such a sample ranks first)."""
     worst = 0.0
     for name, r in ref.items():
-        stats = layerwise.TensorStats()
+        stats = TensorStats()
         stats.add(r, got[name], None)
         if stats.bad:
             return 2.0
@@ -351,8 +352,8 @@ def summary(r: dict[str, Any]) -> str:
             lines += ["", f"**first node that goes wrong** (cosine < {loc['bound']} on {loc['samples']} samples, "
                           f"{loc['on']}): " + (f"`{first['node']}` ({first['op']}), cosine {first['cosine']:.5f}, "
                                               f"non-finite {first['nonfinite']}" if first else "none found"), "",
-                      "| node | op | cosine | drift added | max abs | reference max |", "|---|---|---|---|---|---|"]
-            lines += [f"| `{w['node']}` | {w['op']} | {w['cosine']:.5f} | {w['added']:.2e} | {w['max_abs']:.4g} | "
+                      "| node | op | cosine | drift added | RMS error / RMS reference | reference max |", "|---|---|---|---|---|---|"]
+            lines += [f"| `{w['node']}` | {w['op']} | {w['cosine']:.5f} | {w['added']:.2e} | {w['rms_rel']:.3g} | "
                       f"{w['reference_max']:.4g} |" for w in loc["worst"]]
             if loc["overflow"]:
                 lines += ["", "reference activations beyond FP16's 65504: " + ", ".join(

@@ -13,69 +13,11 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import subgraphs
 from trtflow.stages.ort.ranges import expose_all, float_outputs
 from trtflow.stages.ort.runner import session
-
-FP16_MAX = 65504.0
-
-
-class TensorStats:
-    """Per-tensor error statistics accumulated over samples. Finite tensors take a fast float32 path (BLAS dot
-    products, min/max): 1 - cosine comes from the squared difference, so it stays exact near 1 where a cosine
-    from float32 dot products would not; a tensor holding inf/NaN (or overflowing the float32 sums) is counted
-    element by element in float64."""
-    __slots__ = ("max_abs", "ref_max", "diff_sq", "ref_sq", "got_sq", "bad", "ref_bad", "over_fp16", "clipped",
-                 "elements")
-
-    def __init__(self) -> None:
-        self.max_abs = self.ref_max = self.diff_sq = self.ref_sq = self.got_sq = 0.0
-        self.bad = self.ref_bad = self.over_fp16 = self.clipped = self.elements = 0
-
-    def add(self, r: np.ndarray, g: np.ndarray, qrange: tuple[float, float] | None) -> None:
-        r, g = np.asarray(r, np.float32).ravel(), np.asarray(g, np.float32).ravel()
-        rr, gg = float(np.dot(r, r)), float(np.dot(g, g))
-        if not (np.isfinite(rr) and np.isfinite(gg)):  # inf/NaN somewhere, or float32 sums overflowing
-            rf, gf = np.isfinite(r), np.isfinite(g)
-            self.ref_bad += int(r.size - rf.sum())
-            self.bad += int((rf & ~gf).sum())  # non-finite where the reference is finite
-            ok = rf & gf
-            r, g = (r, g) if ok.all() else (r[ok], g[ok])
-            rr, gg = float(np.dot(r, r)), float(np.dot(g, g))
-            if not (np.isfinite(rr) and np.isfinite(gg)):  # finite values whose float32 sums overflow
-                r, g = r.astype(np.float64), g.astype(np.float64)
-                rr, gg = float(r @ r), float(g @ g)
-        if not r.size:
-            return
-        d = r - g
-        self.diff_sq += float(np.dot(d, d))
-        self.ref_sq += rr
-        self.got_sq += gg
-        self.max_abs = max(self.max_abs, float(d.max()), -float(d.min()))
-        lo, hi = float(r.min()), float(r.max())
-        self.ref_max = max(self.ref_max, hi, -lo)
-        if max(hi, -lo) > FP16_MAX:
-            self.over_fp16 += int((np.abs(r) > FP16_MAX).sum())
-        if qrange is not None and (lo < qrange[0] or hi > qrange[1]):
-            self.clipped += int(((r < qrange[0]) | (r > qrange[1])).sum())
-        self.elements += r.size
-
-    @property
-    def cosine(self) -> float:
-        if self.ref_sq == 0 and self.got_sq == 0:
-            return 1.0
-        if not (self.ref_sq and self.got_sq):
-            return 0.0
-        # |r - g|^2 = |r|^2 + |g|^2 - 2 r.g, so 1 - cos = (|r - g|^2 - (|r| - |g|)^2) / (2 |r| |g|)
-        nr, ng = np.sqrt(self.ref_sq), np.sqrt(self.got_sq)
-        return float(1.0 - max(0.0, self.diff_sq - (nr - ng) ** 2) / (2 * nr * ng))
-
-    @property
-    def drift(self) -> float:
-        """1 - cosine; 1 where the candidate turned a finite value non-finite."""
-        return 1.0 if self.bad else max(0.0, 1.0 - self.cosine)
-
 
 CANDIDATE = "candidate::"
 
@@ -149,8 +91,8 @@ def _rename_outer_refs(graph: onnx.GraphProto, renamed: Callable[[str], str]) ->
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]],
             work: Path, bound: float, qranges: dict[str, tuple[float, float]] | None = None,
             worst: int = 10) -> dict[str, Any]:
-    """Per tensor shared by both models (in the reference's order): cosine, max abs error relative to the
-    reference's magnitude, non-finite values, FP16 overflow in the reference, and clipping by the candidate's
+    """Per tensor shared by both models (in the reference's order): cosine, RMS error relative to the
+    reference's, non-finite values, FP16 overflow in the reference, and clipping by the candidate's
     quantized range. `first_bad` is the first node whose output's cosine falls below `bound` (or turns
     non-finite); `worst` ranks nodes by the drift they add over their inputs."""
     ref_tensors, cand_tensors = float_outputs(reference), float_outputs(candidate)
@@ -184,8 +126,7 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
         s, node = stats[name], producer[name]
         before = max((stats[t].drift for t in node.input if t in stats), default=0.0)
         rows.append({"node": node.name, "op": node.op_type, "tensor": name, "cosine": s.cosine,
-                     "rel_err": s.max_abs / s.ref_max if s.ref_max else float(s.max_abs > 0),
-                     "max_abs": s.max_abs, "nonfinite": s.bad, "reference_nonfinite": s.ref_bad,
+                     "rms_rel": s.rms_rel, "nonfinite": s.bad, "reference_nonfinite": s.ref_bad,
                      "reference_max": s.ref_max, "drift": s.drift, "added": max(0.0, s.drift - before),
                      "over_fp16": s.over_fp16,
                      **({"range": list(qranges[name]), "clipped": s.clipped / max(s.elements, 1),
