@@ -5,9 +5,10 @@ Prints per model: nodes before/after prepare against onnxsim alone, FP16 nodes k
 CPU pre-flights (worst output's cosine and max abs error; ONNX Runtime, simulated precision), the engine size of
 every variant (the installed TensorRT flavour: TensorRT-RTX on a machine without a GPU), the INT8 size against
 FP32 (the baseline measured in the same run), and the time of every stage. Models come from bench/zoo_models.py
-(made on first use into $TRTFLOW_ZOO, default ~/.cache/trtflow-zoo).
+(made on first use into $TRTFLOW_ZOO, default ~/.cache/trtflow-zoo). With --validate VARIANT, a validate stage
+checks every engine against FP32 (simulated on ONNX Runtime without a GPU), localizes failures and repairs VARIANT.
 
-    python bench/zoo.py [MODEL ...] [--json out.json]
+    python bench/zoo.py [MODEL ...] [--json out.json] [--validate int8_entropy]
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def ensure_zoo() -> dict[str, Any]:
     return json.loads(manifest.read_text())
 
 
-def pipeline(name: str, facts: dict[str, Any]) -> str:
+def pipeline(name: str, facts: dict[str, Any], repair: str | None = None) -> str:
     model = ZOO / "models" / f"{name}.onnx"
     data = ZOO / "data" / name / "*.npz"
     opt = {k: v[1] for k, v in facts["profiles"].items()}
@@ -57,11 +58,13 @@ def pipeline(name: str, facts: dict[str, Any]) -> str:
         **{f"int8_{m}": {"kind": "calibrate", "method": m, "data": tensors, "holdout": holdout} for m in METHODS},
         "build": {"kind": "build", "profiles": {"opt": profile}, "parallel": 2},
     }
+    if repair:  # every engine against the FP32 reference; one variant repaired where it fails
+        stages["validate"] = {"kind": "validate", "data": tensors, "repair": True, "repair_variant": repair}
     return json.dumps({"version": 1, "name": f"zoo-{name}", "model": str(model), "stages": stages})
 
 
-def run_model(name: str, facts: dict[str, Any], work: Path) -> dict[str, Any]:
-    (work / "pipeline.yaml").write_text(pipeline(name, facts))  # JSON is YAML
+def run_model(name: str, facts: dict[str, Any], work: Path, repair: str | None = None) -> dict[str, Any]:
+    (work / "pipeline.yaml").write_text(pipeline(name, facts, repair))  # JSON is YAML
     runner = Runner(load_pipeline(work / "pipeline.yaml"), store=LocalStore(work / "store"))
     produced: dict[str, dict[str, Any]] = {}
     row: dict[str, Any] = {"model": name, "seconds": {}, "errors": {}}
@@ -75,9 +78,9 @@ def run_model(name: str, facts: dict[str, Any], work: Path) -> dict[str, Any]:
             produced[stage] = outcome.manifest
         except Exception as exc:  # noqa: BLE001 - a bench records failures and goes on
             row["errors"][stage] = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            result = getattr(exc, "result", None)
-            if result is not None:  # a failed verdict still has its report
-                produced[stage] = {"outputs": {}, "_report": result.outputs.get("report")}
+            directory = getattr(exc, "directory", None)
+            if directory is not None:  # a failed verdict is published with its report
+                produced[stage] = {"outputs": {}, "_report": str(Path(directory) / "report.json")}
         row["seconds"][stage] = round(time.perf_counter() - t0, 1)
     row.update(_facts(runner, produced, name))
     return row
@@ -124,6 +127,17 @@ def _facts(runner: Runner, produced: dict[str, dict[str, Any]], name: str) -> di
         out["engines"] = {c["variant"]: c.get("engine_bytes") if c["status"] == "ok" else None
                           for c in build["cells"]}
         out["runtime"] = f"{build['backend']['flavour']} {build['backend']['version']}"
+    val = _report(runner, produced, "validate")
+    if val:
+        out["validate"] = "; ".join(
+            f"{c['variant']} {'ok' if c['passed'] else 'FAILS: ' + '; '.join(c['violations'])[:160]}"
+            + (f" (first bad {(c.get('layerwise') or {}).get('first_bad', {}).get('op', '-')})"
+               if c.get("layerwise") and c["layerwise"].get("first_bad") else "")
+            for c in val["candidates"])
+        rep = val.get("repair")
+        if rep and rep.get("nodes"):
+            out["validate"] += (f"; repair {'passes' if rep.get('passed') else 'fails'} keeping "
+                                f"{len(rep['nodes'])} node(s)")
     return out
 
 
@@ -139,6 +153,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--validate", metavar="VARIANT", choices=["fp16", *(f"int8_{m}" for m in METHODS)],
+                    help="add a validate stage: every engine against FP32, this variant repaired where it fails")
     args = ap.parse_args()
     manifest = ensure_zoo()
     names = args.models or [n for n in manifest if (ZOO / "models" / f"{n}.onnx").exists()]
@@ -148,7 +164,7 @@ def main() -> int:
         console.print(f"[dim]{name} ...[/]")
         with tempfile.TemporaryDirectory(prefix=f"zoo-{name}-") as tmp:
             try:
-                rows.append(run_model(name, manifest[name], Path(tmp)))
+                rows.append(run_model(name, manifest[name], Path(tmp), args.validate))
             except Exception:  # noqa: BLE001
                 rows.append({"model": name, "errors": {"bench": traceback.format_exc().splitlines()[-1]},
                              "seconds": {}})
@@ -157,7 +173,7 @@ def main() -> int:
                         f"error · engines: {runtime}", title_justify="left")
     for col in ("model", "nodes before → after prepare", "onnxsim alone", "FP16 kept FP32", "FP16", "INT8 entropy",
                 "INT8 percentile", "INT8 minmax", "engine MB fp32 / fp16 / int8 (entropy)", "int8 / fp32 size",
-                "trial build", "stage seconds", "errors"):
+                "trial build", "validate", "stage seconds", "errors"):
         table.add_column(col, overflow="fold")
     for r in rows:
         e = r.get("engines", {})
@@ -168,7 +184,8 @@ def main() -> int:
             "{} of {}".format(*r["kept_fp32"]) if r.get("kept_fp32") else "-", _fmt(r.get("fp16")),
             *(_fmt(r.get(f"int8_{m}")) for m in METHODS),
             f"{_mb(fp32)} / {_mb(e.get('fp16'))} / {_mb(int8)}", f"{int8 / fp32:.2f}x" if fp32 and int8 else "-",
-            str(r.get("trial_build", "-")), ", ".join(f"{k} {v}" for k, v in r["seconds"].items()),
+            str(r.get("trial_build", "-")), r.get("validate", "-"),
+            ", ".join(f"{k} {v}" for k, v in r["seconds"].items()),
             "; ".join(f"{k}: {v}" for k, v in r["errors"].items()) or "-")
     console.print(table)
     if args.json:

@@ -172,3 +172,33 @@ def test_localization_looks_at_the_samples_whose_outputs_are_off_the_most():
     src = object()
     ranked = [(close, src, 0), (broken, src, 1), (far, src, 2), (0.0, src, 3)]
     assert _worst_samples(ranked, 2) == [(src, 1), (src, 2)]
+
+
+def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
+    """A model whose last quantized node writes the graph output (a classifier's final Gemm, here SqueezeNet cut
+    after a Conv): ONNX Runtime renames that tensor for its Q/DQ pair. Repair's rebuild must find its range under
+    the output's own name (it failed with "Quantization parameters are not specified for param ...") and, giving
+    nothing back, reproduce the variant's scales."""
+    from trtflow.stages import repair
+    from trtflow.stages.ort import qdq
+
+    convs = [n for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Conv"]
+    cut = tmp_path / "cut.onnx"
+    onnx.utils.extract_model(str(SQUEEZENET), str(cut), ["input"], [convs[3].output[0]])
+    int8 = run_stage(calibrate, CalibrateStage, tmp_path / "int8",
+                     {"model": Artifact(cut, "onnx", "ref", "prepare"), **photos(tmp_path)}, data=IMAGES,
+                     holdout=1, min_samples=3)
+    variant = onnx.load(str(int8.outputs["model"]))
+    out = convs[3].output[0]
+    assert out in qdq.activation_ranges(variant).data
+    assert out in qdq.representable_ranges(variant)
+
+    def scales(m: onnx.ModelProto) -> dict[str, float]:
+        inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+        return {n.input[0]: float(inits[n.input[1]]) for n in m.graph.node
+                if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
+
+    work = tmp_path / "repair"
+    work.mkdir()
+    rebuilt, _ = repair.int8_variant(cut, onnx.load(str(cut)), variant, work).rebuild([])
+    assert scales(rebuilt) == scales(variant) and len(scales(variant)) >= 4

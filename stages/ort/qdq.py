@@ -65,13 +65,19 @@ INT_RANGES = {onnx.TensorProto.INT8: (-128, 127), onnx.TensorProto.UINT8: (0, 25
 
 
 def _activation_quantizers(model: onnx.ModelProto) -> Iterator[tuple[str, float, onnx.TensorProto | None]]:
-    """(activation tensor, scale, zero-point initializer or None) of each per-tensor QuantizeLinear."""
+    """(activation tensor, scale, zero-point initializer or None) of each per-tensor QuantizeLinear. A graph
+    output keeps its name for the model's users: ONNX Runtime renames the tensor it quantizes
+    (`<name>_QuantizeLinear_Input`) and the DequantizeLinear after it writes `<name>`, the tensor it stands for."""
     inits = {i.name: i for i in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    dequantized = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
     for n in model.graph.node:
         if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
             scale = numpy_helper.to_array(inits[n.input[1]])
             if scale.size == 1:
-                yield n.input[0], float(scale.ravel()[0]), inits.get(n.input[2]) if len(n.input) > 2 else None
+                after = dequantized.get(n.output[0])
+                tensor = after if after in outputs else n.input[0]
+                yield tensor, float(scale.ravel()[0]), inits.get(n.input[2]) if len(n.input) > 2 else None
 
 
 def representable_ranges(model: onnx.ModelProto) -> dict[str, tuple[float, float]]:
