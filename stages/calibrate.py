@@ -30,7 +30,8 @@ from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean
 
-VERSION = "3"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold past the largest |x|
+VERSION = "4"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+# past the largest |x|. 4: the model carries its recipe (qdq.RECIPE)
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 MIN_COSINE = 0.99  # below this on any output, the INT8 pre-flight warns
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which entropy's ranges are checked against the full ranges

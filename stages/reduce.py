@@ -330,11 +330,10 @@ def int8_check(bound: float, variant: onnx.ModelProto | None, quantize_ops: list
 
     from trtflow.stages.ort import qdq
 
-    given = qdq.activation_ranges(variant).data if variant is not None else {}
-    quantized = qdq.quantized_nodes(variant) if variant is not None else {}
-    ops = sorted(set(quantized.values())) if quantized else (quantize_ops or ["Conv", "ConvTranspose", "Gemm",
-                                                                              "MatMul"])
-    per_channel = qdq.is_per_channel(variant) if variant is not None else True
+    how = qdq.recipe(variant) if variant is not None else None
+    given = how.tensors.data if how else {}
+    ops = how.quantize_ops if how else (quantize_ops or ["Conv", "ConvTranspose", "Gemm", "MatMul"])
+    per_channel = how.per_channel if how else True
 
     def check(sub: onnx.ModelProto, feeds: list[Feeds], work: Path) -> Failure | None:
         tensors = {t for n in sub.graph.node for t in list(n.input) + list(n.output)}
@@ -356,7 +355,7 @@ def int8_check(bound: float, variant: onnx.ModelProto | None, quantize_ops: list
         data = {t: TensorData(lowest=np.array(-m, np.float32), highest=np.array(m, np.float32))
                 for t, m in peak.items() if t not in inits}
         data.update({t: r for t, r in given.items() if t in tensors})
-        skipped = {n.name for n in sub.graph.node if quantized and n.op_type in ops and n.name not in quantized}
+        skipped = {n.name for n in sub.graph.node if how and n.name in how.excluded}
         pre, out = work / "reduce_int8_in.onnx", work / "reduce_int8.onnx"
         model_io.save(sub, pre)
         qdq.write(pre, out, work / "reduce_ranges.json", TensorsData(CalibrationMethod.MinMax, data), per_channel,

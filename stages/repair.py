@@ -2,9 +2,9 @@
 (INT8) found by following the layerwise localization (Polygraphy's flowchart: find the failing layer, keep it in
 higher precision, check again), each round rebuilt through the same code the precision/calibrate stages use.
 
-Round by round: take the first node that goes wrong (else the node adding the most drift) not yet given back,
-rebuild, check the gate, localize again. Once it passes, each node is tried without (while rounds last), so the
-set stays small.
+Round by round: give back the first node that goes wrong and the nodes adding the most drift (1, then 2, 4, ...
+of them), rebuild, check the gate, localize again. Once it passes, the last batch is bisected and chunks of the
+set are tried without (while rounds last), so the set stays small.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ class Variant:
     """How to rebuild one variant with some nodes given back, and its simulation."""
     rebuild: Callable[[list[str]], tuple[onnx.ModelProto, onnx.ModelProto]]  # nodes -> (variant, simulation)
     fixable: Callable[[str], str | None]  # a node that goes wrong -> the node to give back for it
+    size: int  # how many nodes run in the lower precision as built
 
 
 def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path, probe_feed: dict) -> Variant:
@@ -47,20 +48,19 @@ def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Pat
         return model, emulate(reference, plan.half, keep_io)
 
     names = {n.name for n in reference.graph.node}
-    return Variant(rebuild, lambda n: n if n in names and n in half else None)
+    return Variant(rebuild, lambda n: n if n in names and n in half else None, len(half))
 
 
 def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path) -> Variant:
-    quantized = qdq.quantized_nodes(variant)
-    ops = sorted(set(quantized.values()))
-    skipped = sorted(n.name for n in reference.graph.node if n.op_type in ops and n.name not in quantized)
-    tensors, per_channel = qdq.activation_ranges(variant), qdq.is_per_channel(variant)
+    how = qdq.recipe(variant)
+    quantized = how.quantized(reference)
     pre = work / "repair_pre.onnx"
     quant_prep.pre_process(reference_path, pre, work)
 
     def rebuild(nodes: list[str]) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         out = work / "repair_int8.onnx"
-        qdq.write(pre, out, work / "repair_ranges.json", tensors, per_channel, ops, set(skipped) | set(nodes))
+        qdq.write(pre, out, work / "repair_ranges.json", how.tensors, how.per_channel, how.quantize_ops,
+                  how.excluded | set(nodes))
         model = model_io.load(out)
         return model, model  # Q/DQ runs as fake quantization as it is
 
@@ -80,46 +80,76 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
             todo += [producer[t].name for t in by_name[n].input if t in producer]
         return None
 
-    return Variant(rebuild, fixable)
+    return Variant(rebuild, fixable, len(quantized))
 
 
 def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, rounds: int) -> dict[str, Any]:
-    """Give nodes back round by round until the gate passes (at most `rounds` rebuilds)."""
+    """Give nodes back until the gate passes, then take back what is not needed (at most `rounds` rebuilds).
+
+    Grow, doubling each round (1, 2, 4, ... nodes, in the order the latest localization ranks them): one planted
+    fault is fixed by the first round, an error spread over many layers is still reached in a few. Then bisect
+    the last batch for the shortest passing prefix, and drop the remaining nodes that are not needed, latest
+    first, in halving chunks."""
     given: list[str] = []
     history: list[dict[str, Any]] = []
-    loc, best, violations = first, None, ["not repaired"]
+    loc, best, violations, failing = first, None, ["not repaired"], 0
+    step = 1
     while len(history) < rounds:
-        pick = _next(v, loc, given)
-        if pick is None:
+        picks = _next(v, loc, given, step)
+        if not picks:
             break
-        given.append(pick)
+        failing = len(given)
+        given += picks
         best, sim = v.rebuild(given)
         violations = check(sim)
-        history.append({"give_back": pick, "nodes": list(given), "violations": violations})
+        history.append({"give_back": picks, "nodes": list(given), "violations": violations})
         if not violations:
             break
         loc = locate(sim)
+        step *= 2
     if violations:
-        return {"passed": False, "nodes": given, "rounds": history, "model": None}
-    for n in list(given):  # prune: each node tried without, while rounds last
-        if len(given) == 1 or len(history) >= rounds:
-            break
-        trial = [g for g in given if g != n]
+        return {"passed": False, "nodes": given, "of": v.size, "rounds": history, "model": None}
+
+    def passes(trial: list[str]) -> bool:
+        nonlocal best
         model, sim = v.rebuild(trial)
         left = check(sim)
-        history.append({"without": n, "nodes": trial, "violations": left})
+        history.append({"without": [n for n in given if n not in trial], "nodes": trial, "violations": left})
         if not left:
-            given, best = trial, model
-    return {"passed": True, "nodes": given, "rounds": history, "model": best}
+            best = model
+        return not left
+
+    lo, hi = failing, len(given)  # given[:lo] fails, given[:hi] passes
+    while hi - lo > 1 and len(history) < rounds:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if passes(given[:mid]) else (mid, hi)
+    given = given[:hi]
+    chunk = len(given) // 2
+    while chunk and len(history) < rounds:
+        end = len(given)
+        while end > 0 and len(history) < rounds:
+            start = max(0, end - chunk)
+            trial = given[:start] + given[end:]
+            if trial and passes(trial):
+                given = trial
+            end = start
+        chunk //= 2
+    return {"passed": True, "nodes": given, "of": v.size, "rounds": history, "model": best}
 
 
-def _next(v: Variant, loc: dict[str, Any], given: list[str]) -> str | None:
-    ranked = ([loc["first_bad"]] if loc.get("first_bad") else []) + list(loc.get("worst", []))
+def _next(v: Variant, loc: dict[str, Any], given: list[str], count: int) -> list[str]:
+    """The next `count` nodes to give back: for the first node that goes wrong, then for the nodes adding the
+    most drift."""
+    rows = loc.get("rows") or loc.get("worst", [])
+    ranked = ([loc["first_bad"]] if loc.get("first_bad") else []) + sorted(rows, key=lambda r: -r["added"])
+    picks: list[str] = []
     for row in ranked:
         node = v.fixable(row["node"])
-        if node is not None and node not in given:
-            return node
-    return None
+        if node is not None and node not in given and node not in picks:
+            picks.append(node)
+            if len(picks) == count:
+                break
+    return picks
 
 
 def yaml_fix(precision: str, nodes: list[str], stage: str) -> str:

@@ -33,8 +33,9 @@ from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.precision import name_nodes
 from trtflow.text import did_you_mean
 
-VERSION = "3"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
-# on the samples whose outputs are off the most
+VERSION = "4"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+# on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
+# variant's recipe; RMS error per node
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
               "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
@@ -85,8 +86,9 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
                  f"ONNX Runtime ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
                  for why, names in simulated.items()]
     if repaired and repaired.get("passed") and repaired.get("nodes"):
-        warnings.append(f"variant '{repaired['variant']}' fails as built; giving back {len(repaired['nodes'])} "
-                        f"node(s) repairs it (output 'repaired'); make it permanent in the pipeline file:\n"
+        warnings.append(f"variant '{repaired['variant']}' fails as built; giving back {len(repaired['nodes'])} of its "
+                        f"{repaired['of']} {repaired['precision'].upper()} node(s) repairs it (output 'repaired'); "
+                        f"make it permanent in the pipeline file:\n"
                         f"{repaired['yaml']}")
     report = {"reference": {"model": inputs["reference"].origin, "runtime": RUNTIME}, "data": results[0]["data"],
               "candidates": results, "repair": repaired, "passed": not failed, "warnings": warnings}
@@ -335,6 +337,13 @@ def _profile_for(feed: Feeds, cand: Candidate) -> int:
 
 # --------------------------------------------------------------------------------------------- summary
 
+def _round_change(h: dict[str, Any]) -> str:
+    """'+ a, b' for nodes given back in a repair round, '- a' for nodes tried without; long lists shortened."""
+    sign, nodes = ("+", h["give_back"]) if "give_back" in h else ("-", h["without"])
+    shown = ", ".join(f"`{n}`" for n in nodes[:3])
+    return f"{sign} {shown}" + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+
+
 def summary(r: dict[str, Any]) -> str:
     ok = sum(c["passed"] for c in r["candidates"])
     lines = [f"### validate · {ok}/{len(r['candidates'])} candidates pass · reference: {r['reference']['model']} "
@@ -352,7 +361,8 @@ def summary(r: dict[str, Any]) -> str:
             lines += ["", f"**first node that goes wrong** (cosine < {loc['bound']} on {loc['samples']} samples, "
                           f"{loc['on']}): " + (f"`{first['node']}` ({first['op']}), cosine {first['cosine']:.5f}, "
                                               f"non-finite {first['nonfinite']}" if first else "none found"), "",
-                      "| node | op | cosine | drift added | RMS error / RMS reference | reference max |", "|---|---|---|---|---|---|"]
+                      "| node | op | cosine | drift added | RMS error / RMS reference | reference max |",
+                      "|---|---|---|---|---|---|"]
             lines += [f"| `{w['node']}` | {w['op']} | {w['cosine']:.5f} | {w['added']:.2e} | {w['rms_rel']:.3g} | "
                       f"{w['reference_max']:.4g} |" for w in loc["worst"]]
             if loc["overflow"]:
@@ -371,11 +381,11 @@ def summary(r: dict[str, Any]) -> str:
         else:
             given = "kept in FP32" if rep["precision"] == "fp16" else "left unquantized"
             lines += [("**repaired**: " if rep["passed"] else "**not repaired** ") +
-                      f"{len(rep['nodes'])} node(s) {given}: " + ", ".join(f"`{n}`" for n in rep["nodes"]) +
+                      f"{len(rep['nodes'])} of {rep['of']} node(s) {given}: "
+                      + ", ".join(f"`{n}`" for n in rep["nodes"]) +
                       f" ({len(rep['rounds'])} rebuild-and-check rounds)", ""]
-            lines += ["| round | node | passes |", "|---|---|---|"]
-            lines += [f"| {i} | {'+ ' + h['give_back'] if 'give_back' in h else '- ' + h['without']} | "
-                      f"{'yes' if not h['violations'] else h['violations'][0]} |"
+            lines += ["| round | nodes | passes |", "|---|---|---|"]
+            lines += [f"| {i} | {_round_change(h)} | {'yes' if not h['violations'] else h['violations'][0]} |"
                       for i, h in enumerate(rep["rounds"], 1)]
             if rep.get("yaml"):
                 lines += ["", "```yaml", rep["yaml"].rstrip(), "```"]

@@ -16,6 +16,7 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.schema import CalibrateStage, PrecisionStage, ValidateStage
 from trtflow.stages import calibrate, precision, validate
 from trtflow.stages.image import preprocess
+from trtflow.stages.ort import qdq
 from trtflow.stages.ort.runner import run, session
 
 IMAGES = {"images": "*.png", "samples": 4}
@@ -145,6 +146,8 @@ def test_int8_range_ruined_is_caught_localized_and_repaired(tmp_path):
     rep = json.loads(fixed.outputs["report"].read_text())["repair"]
     assert rep["passed"] and rep["nodes"] == [planted], rep
     assert f"exclude_nodes: ['{planted}']" in rep["yaml"]
+    assert rep["of"] == len(qdq.quantized_nodes(m)) > 20  # the warning says how much of the variant is given back
+    assert any(f"giving back 1 of its {rep['of']} INT8 node(s)" in w for w in fixed.warnings)
     repaired = onnx.load(str(fixed.outputs["repaired"]))
     assert sum(n.op_type == "QuantizeLinear" for n in repaired.graph.node) > 10  # still an INT8 model
 
@@ -180,7 +183,6 @@ def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
     the output's own name (it failed with "Quantization parameters are not specified for param ...") and, giving
     nothing back, reproduce the variant's scales."""
     from trtflow.stages import repair
-    from trtflow.stages.ort import qdq
 
     convs = [n for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Conv"]
     cut = tmp_path / "cut.onnx"
@@ -202,3 +204,43 @@ def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
     work.mkdir()
     rebuilt, _ = repair.int8_variant(cut, onnx.load(str(cut)), variant, work).rebuild([])
     assert scales(rebuilt) == scales(variant) and len(scales(variant)) >= 4
+
+
+def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_what_is_needed():
+    """The search's own logic, on a stand-in variant whose gate passes only when every node of `needed` is given
+    back (an error spread over layers, as INT8 on MobileNetV3 has it). Growing one node per round could not get
+    there in 8 rounds; doubling does, and shrinking takes the extra nodes back."""
+    from trtflow.stages import repair
+
+    order = [f"n{i}" for i in range(40)]  # how localization ranks them, worst first
+    needed = {"n0", "n3", "n9", "n17"}
+    rebuilt: list[list[str]] = []
+
+    def rebuild(nodes):
+        rebuilt.append(list(nodes))
+        return {"nodes": list(nodes)}, {"nodes": list(nodes)}
+
+    def check(sim):
+        missing = needed - set(sim["nodes"])
+        return [f"{len(missing)} still wrong"] if missing else []
+
+    def locate(sim):
+        left = [n for n in order if n not in sim["nodes"]]
+        return {"first_bad": {"node": left[0], "added": 1.0},
+                "rows": [{"node": n, "added": 1.0 / (k + 2)} for k, n in enumerate(left)]}
+
+    v = repair.Variant(rebuild, lambda n: n, len(order))
+    found = repair.search(v, locate({"nodes": []}), check, locate, rounds=40)
+    assert found["passed"] and set(found["nodes"]) == needed, found["nodes"]
+    assert [len(h["give_back"]) for h in found["rounds"] if "give_back" in h] == [1, 2, 4, 8, 16]
+    assert found["model"]["nodes"] == found["nodes"] and len(rebuilt) == len(found["rounds"]) <= 40
+
+    fewer = repair.search(v, locate({"nodes": []}), check, locate, rounds=8)  # fewer rounds: passes, less small
+    assert fewer["passed"] and needed <= set(fewer["nodes"]) and len(fewer["nodes"]) < 31
+    assert len(fewer["rounds"]) == 8
+
+    one = repair.search(v, locate({"nodes": []}), lambda sim: [] if "n0" in sim["nodes"] else ["wrong"], locate, 8)
+    assert one["nodes"] == ["n0"] and len(one["rounds"]) == 1  # one planted fault: one round, nothing to shrink
+
+    short = repair.search(v, locate({"nodes": []}), check, locate, rounds=3)
+    assert not short["passed"] and len(short["nodes"]) == 7 and len(short["rounds"]) == 3

@@ -1,14 +1,39 @@
 """Q/DQ models with ONNX Runtime's quantization tools, configured as ModelOpt configures them for TensorRT, and
-what a Q/DQ model says about itself (its activation ranges, the op types and nodes it quantized)."""
+what a Q/DQ model says about itself (its activation ranges, the op types and nodes it quantized).
+
+Every model written here carries its recipe (op types, excluded nodes, per-channel, the range of every calibrated
+tensor) in its metadata: quantizing again with some nodes left out (validate's repair, `trtflow reduce`) then
+starts from exactly what the calibrate stage did. The graph alone does not say it all: ONNX Runtime also
+quantizes MatMuls between two activations, and needs ranges for tensors it leaves no Q/DQ on.
+"""
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from trtflow.stages.onnx import model_io
+
+RECIPE = "trtflow.qdq_recipe"  # the metadata key
+
+
+@dataclass
+class Recipe:
+    quantize_ops: list[str]
+    excluded: set[str]
+    per_channel: bool
+    tensors: Any  # ONNX Runtime's TensorsData: each calibrated tensor's range
+
+    def quantized(self, model: onnx.ModelProto) -> set[str]:
+        """The nodes of `model` (the FP32 model it was made from) this recipe quantizes."""
+        return {n.name for n in model.graph.node if n.op_type in self.quantize_ops and n.name not in self.excluded}
 
 
 def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, quantize_ops: list[str],
@@ -17,7 +42,7 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
-    save_tensors_data(tensors, ranges)
+    save_tensors_data(tensors, ranges)  # the cache quantize_static reads: it then calibrates nothing itself
     # quantize_static logs "consider pre-processing" through the root logger for models it was not run on
     # (the pre-processing is done, or the model is a subgraph cut from a pre-processed one)
     with contextlib.redirect_stdout(io.StringIO()), _quiet_root_logger():
@@ -31,6 +56,33 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
             # about 3.6x smaller; TensorRT folds either form into INT8 weights
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                            "AddQDQPairToWeight": False, "DedicatedQDQPair": False})
+    model = model_io.load(out)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = RECIPE, json.dumps({
+        "quantize_ops": list(quantize_ops), "excluded_nodes": sorted(excluded), "per_channel": per_channel,
+        "method": tensors.calibration_method.name,
+        "ranges": {t: [float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0])]
+                   for t, d in tensors.data.items()}}, sort_keys=True)  # the same model, byte for byte
+    model_io.save(model, out)
+
+
+def recipe(model: onnx.ModelProto) -> Recipe:
+    """How the Q/DQ `model` was quantized: from its metadata when trtflow wrote it, else read off its graph (a
+    model quantized elsewhere: the op types of the nodes reading quantized weights, other nodes of those types
+    excluded, the ranges of its QuantizeLinear nodes)."""
+    from onnxruntime.quantization import CalibrationMethod
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    meta = next((p.value for p in model.metadata_props if p.key == RECIPE), None)
+    if meta is not None:
+        r = json.loads(meta)
+        data = {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for t, (lo, hi) in r["ranges"].items()}
+        return Recipe(r["quantize_ops"], set(r["excluded_nodes"]), r["per_channel"],
+                      TensorsData(CalibrationMethod[r["method"]], data))
+    quantized = quantized_nodes(model)
+    ops = sorted(set(quantized.values()))
+    skipped = {n.name for n in model.graph.node if n.op_type in ops and n.name not in quantized}
+    return Recipe(ops, skipped, is_per_channel(model), activation_ranges(model))
 
 
 @contextlib.contextmanager
@@ -93,7 +145,6 @@ def representable_ranges(model: onnx.ModelProto) -> dict[str, tuple[float, float
 def activation_ranges(model: onnx.ModelProto) -> Any:
     """The symmetric range [-127 s, 127 s] of each activation's per-tensor QuantizeLinear, as `TensorsData`
     `write` takes: quantizing again at these ranges gives the same scales."""
-    import numpy as np
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
