@@ -9,7 +9,7 @@ set are tried without (while rounds last), so the set stays small.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +30,7 @@ class Variant:
     rebuild: Callable[[list[str]], tuple[onnx.ModelProto, onnx.ModelProto]]  # nodes -> (variant, simulation)
     fixable: Callable[[str], str | None]  # a node that goes wrong -> the node to give back for it
     size: int  # how many nodes run in the lower precision as built
+    warnings: list[str] = field(default_factory=list)
 
 
 def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path, probe_feed: dict) -> Variant:
@@ -55,7 +56,8 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
     how = qdq.recipe(variant)
     quantized = how.quantized(reference)
     pre = work / "repair_pre.onnx"
-    quant_prep.pre_process(reference_path, pre, work)
+    # the calibrate stage quantized the pre-processed model: so must the rebuild, or it is another variant
+    warnings = [f"repair: {w}" for w in quant_prep.pre_process(reference_path, pre, work)]
 
     def rebuild(nodes: list[str]) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         out = work / "repair_int8.onnx"
@@ -80,7 +82,7 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
             todo += [producer[t].name for t in by_name[n].input if t in producer]
         return None
 
-    return Variant(rebuild, fixable, len(quantized))
+    return Variant(rebuild, fixable, len(quantized), warnings)
 
 
 def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, rounds: int) -> dict[str, Any]:
@@ -108,7 +110,8 @@ def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, roun
         loc = locate(sim)
         step *= 2
     if violations:
-        return {"passed": False, "nodes": given, "of": v.size, "rounds": history, "model": None}
+        return {"passed": False, "nodes": given, "of": v.size, "rounds": history, "model": None,
+                "warnings": v.warnings}
 
     def passes(trial: list[str]) -> bool:
         nonlocal best
@@ -134,7 +137,7 @@ def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, roun
                 given = trial
             end = start
         chunk //= 2
-    return {"passed": True, "nodes": given, "of": v.size, "rounds": history, "model": best}
+    return {"passed": True, "nodes": given, "of": v.size, "rounds": history, "model": best, "warnings": v.warnings}
 
 
 def _next(v: Variant, loc: dict[str, Any], given: list[str], count: int) -> list[str]:

@@ -85,6 +85,8 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     warnings += [f"TensorRT cannot run {len(names)} engine(s) here ({why}): their ONNX variants are simulated on "
                  f"ONNX Runtime ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
                  for why, names in simulated.items()]
+    if repaired:
+        warnings += repaired.get("warnings", [])
     if repaired and repaired.get("passed") and repaired.get("nodes"):
         warnings.append(f"variant '{repaired['variant']}' fails as built; giving back {len(repaired['nodes'])} of its "
                         f"{repaired['of']} {repaired['precision'].upper()} node(s) repairs it (output 'repaired'); "
