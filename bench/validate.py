@@ -72,7 +72,6 @@ def one(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
     from trtflow.stages.onnx import fp16
     from trtflow.stages.onnx.fp16_emulation import emulate
     from trtflow.stages.ort import layerwise
-    from trtflow.stages.ort.ranges import float_outputs
     from trtflow.stages.ort.runner import session
 
     base = samples(name)
@@ -86,9 +85,7 @@ def one(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
         result = {"seconds": time.perf_counter() - t0}
     elif kind == "paired":  # what any comparison of every tensor pays before reading one: both models run
         candidate = emulate(reference, fp16.plan(reference, {}, set()).half, True)
-        tensors = (float_outputs(reference), float_outputs(candidate))
-        names = [vi.name for vi in tensors[0] if vi.name in {c.name for c in tensors[1]}]
-        run = layerwise._paired(reference, candidate, names, work, tensors)
+        _, run = layerwise.paired(reference, candidate, work)
         run(next(feeds(base, 1)))
         t0 = time.perf_counter()
         for f in feeds(base, n):

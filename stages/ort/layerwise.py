@@ -69,6 +69,16 @@ def _paired(reference: onnx.ModelProto, candidate: onnx.ModelProto, names: list[
     return run
 
 
+def paired(reference: onnx.ModelProto, candidate: onnx.ModelProto, work: Path
+           ) -> tuple[list[str], Callable[[dict[str, np.ndarray]], tuple[list[np.ndarray], list[np.ndarray]]]]:
+    """The float tensors both models produce (in the reference's order), and feed -> (reference's values,
+    candidate's values) of those."""
+    ref_tensors, cand_tensors = float_outputs(reference), float_outputs(candidate)
+    cand_names = {vi.name for vi in cand_tensors}
+    common = [vi.name for vi in ref_tensors if vi.name in cand_names]
+    return common, _paired(reference, candidate, common, work, (ref_tensors, cand_tensors))
+
+
 def _run(sess: Any, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     """`sess.run` without copying every output: OrtValue.numpy() is a view that keeps the tensor alive."""
     from onnxruntime import OrtValue
@@ -95,10 +105,7 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     reference's, non-finite values, FP16 overflow in the reference, and clipping by the candidate's
     quantized range. `first_bad` is the first node whose output's cosine falls below `bound` (or turns
     non-finite); `worst` ranks nodes by the drift they add over their inputs."""
-    ref_tensors, cand_tensors = float_outputs(reference), float_outputs(candidate)
-    cand_names = {vi.name for vi in cand_tensors}
-    common = [vi.name for vi in ref_tensors if vi.name in cand_names]
-    run = _paired(reference, candidate, common, work, (ref_tensors, cand_tensors))
+    common, run = paired(reference, candidate, work)
     qranges = qranges or {}
     stats = {n: TensorStats() for n in common}
 
