@@ -51,10 +51,15 @@ class RemoteStore:
 
         self.location = url.rstrip("/")
         try:
-            self.fs, self.base = fsspec.core.url_to_fs(self.location, use_listings_cache=False)
-        except (ImportError, ValueError) as exc:
+            # no instance cache: fsspec would hand back a file system made for other credentials or endpoints
+            self.fs, self.base = fsspec.core.url_to_fs(self.location, use_listings_cache=False,
+                                                       skip_instance_cache=True)
+        except ImportError as exc:  # a known protocol whose fsspec backend is not installed
             raise StoreError(f"cannot open the artifact store {url}: {exc}",
-                             hint="for s3:// URLs: pip install s3fs") from None
+                             hint="pip install trtflow[s3] for s3:// URLs") from None
+        except ValueError as exc:
+            raise StoreError(f"cannot open the artifact store {url}: {exc}",
+                             hint="give a directory or an fsspec URL such as s3://bucket/prefix") from None
         self.cache = LocalStore(cache or cache_root(self.location))
         self.root = self.cache.root  # local paths (digest cache, shared caches, what stages read) live here
         self.rejected = self.cache.rejected
@@ -177,9 +182,10 @@ class RemoteStore:
         rows, hashed = [], 0
         manifests: dict[tuple[str, str], dict[str, Any]] = {}
         try:
+            self.fs.ls(self.base.split("/", 1)[0])  # the bucket (or top directory): missing or denied is an error
             entries = self.fs.find(self.base, withdirs=False)
-        except FileNotFoundError:
-            entries = []
+        except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
+            raise self._fail("listing", exc) from None
         rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
         keys = sorted({tuple(p.split("/")[:2]) for p in rel_paths if p.count("/") >= 2})
         for stage, key in keys:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
@@ -16,11 +17,96 @@ TENSORRT = detect_tensorrt()
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "tensorrt: needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+    _start_prefect_server(config)
+
+
+# --- one Prefect server for the whole test run ----------------------------------------------------------------
+# Each `trtflow run` without PREFECT_API_URL would start Prefect's temporary server (~10 s a process, and it gives up
+# on a busy machine). The test run starts one real server (SQLite, loopback, its own PREFECT_HOME) before any test
+# module imports Prefect, and every test, in process or in a child process, talks to it through PREFECT_API_URL.
+# tests/test_server.py and the tests that simulate a new machine clear the variable and start their own.
+PREFECT_START_S = 180  # a busy two-core machine; Prefect's own temporary server allows 20 s
+
+
+def _start_prefect_server(config) -> None:
+    if os.environ.get("PREFECT_API_URL"):  # a server of the developer's own
+        return
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = Path(tempfile.mkdtemp(prefix="trtflow-tests-prefect-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    log = open(home / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                             str(port), "--no-ui"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    config._trtflow_prefect = (proc, home, log)
+    os.environ.update(PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_HOME=str(home),
+                      PREFECT_SERVER_ANALYTICS_ENABLED="false")
+
+
+def pytest_unconfigure(config) -> None:
+    started = getattr(config, "_trtflow_prefect", None)
+    if started is None:
+        return
+    import signal
+    import subprocess
+
+    proc, home, log = started
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(wait)
+            break
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    log.close()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api(request) -> str:
+    """The URL of the test run's Prefect server, once it answers (bounded wait; the log's tail if it never does)."""
+    import time
+
+    import httpx
+
+    url = os.environ["PREFECT_API_URL"]
+    started = getattr(request.config, "_trtflow_prefect", None)
+    deadline = time.monotonic() + PREFECT_START_S
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return url
+        except httpx.HTTPError:
+            pass
+        if started is None or started[0].poll() is not None or time.monotonic() > deadline:
+            tail = (started[1] / "server.log").read_text(errors="replace")[-3000:] if started else ""
+            pytest.exit(f"the test run's Prefect server at {url} did not answer within {PREFECT_START_S} s:\n{tail}",
+                        returncode=1)
+        time.sleep(0.25)
+
+
+def _need_tensorrt() -> None:
+    """Skip without TensorRT on a developer's machine; in CI (CI=true), where the README installs TensorRT-RTX,
+    fail: a test that needs it never passes by not running."""
+    message = "needs a TensorRT flavour (pip install tensorrt-rtx-cu13)"
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{message}: CI installs it with the README's command", pytrace=False)
+    pytest.skip(message)
 
 
 def pytest_runtest_setup(item) -> None:
     if item.get_closest_marker("tensorrt") and TENSORRT is None:
-        pytest.skip("needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+        _need_tensorrt()
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +129,7 @@ def tensorrt_available() -> bool:
 def tensorrt_backend() -> dict[str, str]:
     """The installed flavour as `detect_tensorrt()` describes it (module, flavour, version)."""
     if TENSORRT is None:
-        pytest.skip("needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+        _need_tensorrt()
     return TENSORRT
 
 

@@ -168,13 +168,12 @@ def stand_in_setup(monkeypatch):
     """trtexec cannot run here (no GPU): the stand-in replays real published runs (TensorRT 10.16.1 and 8.6.1 logs,
     10.4.0 exports) and the engine's validity check is told "valid". This proves the plumbing — the command line,
     the run, the log kept, the parse, the exports read — and nothing about TensorRT itself."""
-    from tests.test_trtexec_log import DATA
+    from tests.assets import require_shared_trtexec
     from trtflow.stages.trt import runtime
-    if not DATA.is_dir():
-        pytest.skip(f"the collected trtexec logs are not at {DATA}")
+    data = require_shared_trtexec()
     monkeypatch.setenv("TRTFLOW_IN_PROCESS", "1")  # the stage in this process, where the validity check is patched
     monkeypatch.setattr(runtime, "can_run", lambda module, plan: (True, ""))
-    return DATA
+    return data
 
 
 @pytest.mark.tensorrt

@@ -1,4 +1,4 @@
-"""A real Prefect flow run (one temporary Prefect server for the whole module): tasks, artifacts, reuse."""
+"""A real Prefect flow run (on the test run's Prefect server, see conftest.py): tasks, artifacts, reuse."""
 from __future__ import annotations
 
 import asyncio
@@ -19,12 +19,9 @@ stages:
 """
 
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+@pytest.fixture
+def prefect_server(prefect_api: str) -> str:
+    return prefect_api
 
 
 def _artifacts(key: str):
@@ -45,12 +42,17 @@ def _key(path, stage: str) -> str:
     return artifact_key(make_runner(str(path), [], None), stage)
 
 
-def _task_runs(flow_run_name_filter=None):
+def _task_runs(path: Path):
+    """The task runs of the flow runs of this test's pipeline (flow runs are named `<pipeline>@<repo>-...`; the
+    server is shared by the whole test run)."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     async def read():
         async with get_client() as client:
-            return await client.read_task_runs()
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"@{path.parent.name}-")))
+            return await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id for r in runs]}))
     return asyncio.run(read())
 
 
@@ -62,7 +64,7 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     assert "ran" in out and "2 stages (2 ran, 0 reused)" in out
     assert stage_fns.CALLS == ["copy_model", "count_bytes"]
 
-    runs = {t.name for t in _task_runs()}
+    runs = {t.name for t in _task_runs(path)}
     assert {"a", "b"} <= runs, "one Prefect task run per stage, named after the stage"
     arts = _artifacts(_key(path, "b"))
     assert arts and "585535 bytes" in arts[0].data  # the stage's own summary, under a header
@@ -77,7 +79,7 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     assert cli.main(["run", str(path), "--force", "b"]) == 0
     assert "2 stages (1 ran, 1 reused)" in capsys.readouterr().out
     assert _artifacts(_key(path, "a"))[0].data.startswith("**reused**")
-    assert any(t.state and t.state.name == "Cached" for t in _task_runs() if t.name == "a"), \
+    assert any(t.state and t.state.name == "Cached" for t in _task_runs(path) if t.name == "a"), \
         "a reused stage ends in Prefect's Cached state"
 
     assert cli.main(["run", str(path), "--set", "stages.a.params.tag=two"]) == 0
@@ -93,7 +95,7 @@ def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, wri
     errors = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
     assert errors == ["error: b: planted failure"], captured.err
     assert "Traceback" not in captured.err
-    b_runs = [t for t in _task_runs() if t.name == "b" and t.state and t.state.is_failed()]
+    b_runs = [t for t in _task_runs(path) if t.name == "b" and t.state and t.state.is_failed()]
     assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"
 
 

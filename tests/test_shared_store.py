@@ -3,6 +3,7 @@ server, started here on loopback (it speaks the S3 HTTP API, conditional writes 
 client. Each worker has its own local cache directory, as a separate machine would."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -32,17 +34,20 @@ stages:
 """
 
 
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory):
+@contextlib.contextmanager
+def _moto_server(tmp: Path, **env: str) -> Iterator[dict[str, str]]:
+    """moto's S3 server on a free loopback port; yields the AWS_* variables that reach it. `env` configures the
+    server (INITIAL_NO_AUTH_ACTION_COUNT=0: every request is authenticated, so unknown keys are denied)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    log = tmp / "moto.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **env})
+    client = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+              "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -53,7 +58,7 @@ def s3_server(tmp_path_factory):
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail(f"moto's S3 server did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
-        yield env
+        yield client
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -61,6 +66,12 @@ def s3_server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory):
+    with _moto_server(tmp_path_factory.mktemp("moto")) as env:
+        yield env
 
 
 @pytest.fixture
@@ -191,3 +202,70 @@ def test_two_workers_run_one_pipeline_at_once_on_one_s3_store(bucket, tmp_path):
     third = subprocess.run(cli + ["plan", str(repo / "pipeline.yaml"), "--check"], capture_output=True, text=True,
                            timeout=300, env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / "machine3")})
     assert third.returncode == 0, third.stdout + third.stderr
+
+
+# --- a store that cannot be used: one line, exit 2, never retried ----------------------------------------------
+
+
+def _one_line_exit_2(capsys, monkeypatch, argv: list[str]) -> str:
+    from trtflow.errors import StoreError
+    from trtflow.flows import cli
+    from trtflow.flows.pipeline_flow import _retry_unless_user_error
+
+    seen, report = [], cli._fail
+    monkeypatch.setattr(cli, "_fail", lambda exc, verbose: seen.append(exc) or report(exc, verbose))
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    (exc,) = seen
+    assert isinstance(exc, StoreError)
+    state = type("State", (), {"result": lambda self, raise_on_failure=False: exc})()
+    assert _retry_unless_user_error(None, None, state) is False, "Prefect's retries never repeat a store error"
+    return lines[0]
+
+
+def test_an_unknown_protocol_is_one_line(workdir, capsys, monkeypatch):
+    (workdir / "pipeline.yaml").write_text(PIPE.format(url="nosuchproto://bucket/team"))
+    line = _one_line_exit_2(capsys, monkeypatch, ["run", str(workdir / "pipeline.yaml")])
+    assert line.startswith("error: cannot open the artifact store nosuchproto://bucket/team: Protocol not known")
+    assert "an fsspec URL" in line
+    line = _one_line_exit_2(capsys, monkeypatch, ["verify", "--store", "nosuchproto://b/t"])
+    assert line.startswith("error: cannot open the artifact store nosuchproto://b/t: Protocol not known")
+    assert not (workdir / ".trtflow").exists()
+
+
+def test_an_unreachable_endpoint_is_one_line(workdir, capsys, monkeypatch):
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "TRTFLOW_CACHE_DIR": str(workdir / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    (workdir / "pipeline.yaml").write_text(PIPE.format(url="s3://team-bucket/models"))
+    line = _one_line_exit_2(capsys, monkeypatch, ["run", str(workdir / "pipeline.yaml")])
+    assert line.startswith("error: artifact store s3://team-bucket/models: opening failed: EndpointConnectionError")
+    assert f"127.0.0.1:{port}" in line and "check the URL, the credentials" in line
+
+
+def test_a_missing_bucket_is_one_line(s3_server, workdir, capsys, monkeypatch):
+    for k, v in {**s3_server, "TRTFLOW_CACHE_DIR": str(workdir / "cache")}.items():
+        monkeypatch.setenv(k, v)
+    (workdir / "pipeline.yaml").write_text(PIPE.format(url="s3://no-such-bucket/models"))
+    line = _one_line_exit_2(capsys, monkeypatch, ["run", str(workdir / "pipeline.yaml")])
+    assert line.startswith("error: artifact store s3://no-such-bucket/models: opening failed: FileNotFoundError")
+    line = _one_line_exit_2(capsys, monkeypatch, ["verify", "--store", "s3://no-such-bucket/models"])
+    assert "s3://no-such-bucket/models" in line and "bucket does not exist" in line
+
+
+def test_permission_denied_is_one_line(workdir, tmp_path, capsys, monkeypatch):
+    """A server that authenticates every request, and keys it does not know: reads and writes are denied."""
+    with _moto_server(tmp_path, INITIAL_NO_AUTH_ACTION_COUNT="0") as env:
+        for k, v in {**env, "TRTFLOW_CACHE_DIR": str(workdir / "cache")}.items():
+            monkeypatch.setenv(k, v)
+        (workdir / "pipeline.yaml").write_text(PIPE.format(url="s3://team-bucket/models"))
+        line = _one_line_exit_2(capsys, monkeypatch, ["run", str(workdir / "pipeline.yaml")])
+        assert line.startswith("error: artifact store s3://team-bucket/models: reading prepare/")
+        assert "PermissionError" in line and "check the URL, the credentials" in line
+        line = _one_line_exit_2(capsys, monkeypatch, ["verify", "--store", "s3://team-bucket/models"])
+        assert "s3://team-bucket/models" in line and "PermissionError" in line

@@ -11,11 +11,17 @@ if TYPE_CHECKING:
 
 class TrtflowError(Exception):
     """Root of the errors the user can act on. Never retried (but TransientStageError): the same input fails
-    the same way. `child_traceback` holds the traceback of an error raised in a stage's process (for --verbose)."""
+    the same way. `hint` says what to do, shown in parentheses after the message. `child_traceback` holds the
+    traceback of an error raised in a stage's process (for --verbose)."""
 
     exit_code = 1
     child_traceback = ""
     child_log = ""  # what a stage's process printed (its own and native libraries' lines)
+    hint: str | None = None
+
+    def __init__(self, message: str = "", *, hint: str | None = None):
+        self.hint = hint
+        super().__init__(f"{message} ({hint})" if hint else message)
 
 
 class SpecError(TrtflowError):
@@ -26,7 +32,7 @@ class SpecError(TrtflowError):
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
                  path: tuple | None = None, hint: str | None = None):
         self.message, self.file, self.line, self.path, self.hint = message, file, line, path, hint
-        super().__init__(self.format())
+        Exception.__init__(self, self.format())
 
     def format(self) -> str:
         hint = f" ({self.hint})" if self.hint else ""

@@ -37,8 +37,9 @@ _HOST_WALLTIME = re.compile(rf"^(?:Total Host Walltime|walltime):\s*{_NUM}\s*s\b
 _GPU_TOTAL = re.compile(rf"^(?:Total GPU Compute Time|total compute time):\s*{_NUM}\s*s\b", re.I)
 _BLOCK_STAT = re.compile(rf"^(min|max|mean|median):\s*{_NUM}\s*ms(?:\s*\(end to end\s*{_NUM}\s*ms\))?")
 _BLOCK_PCT = re.compile(rf"^percentile:\s*{_NUM}\s*ms at\s*{_NUM}%(?:\s*\(end to end\s*{_NUM}\s*ms at\s*{_NUM}%\))?")
+# 7.x/8.x print the end-to-end latency in the trace; 10.x prints only the enqueue time
 _TRACE = re.compile(rf"^Average on (\d+) runs - GPU latency: {_NUM} ms - Host latency: {_NUM} ms "
-                    rf"\(end to end {_NUM} ms, enqueue {_NUM} ms\)")
+                    rf"\((?:end to end {_NUM} ms, )?enqueue {_NUM} ms\)")
 _OLD_AVERAGE = re.compile(rf"Average over (\d+) runs is {_NUM} ms \(host walltime is {_NUM} ms, "
                           rf"{_NUM}% percentile time is {_NUM}")
 _PROFILE_START = re.compile(r"^=== Profile \((\d+) iterations ?\) ===")
@@ -116,7 +117,7 @@ def _parse_run(run: list[tuple[str, str]]) -> PerfResult:
     r = PerfResult()
     block: str | None = None  # the 7.x/8.0 block a `min:` line belongs to
     in_summary = False
-    traces: list[tuple[float, ...]] = []
+    traces: list[tuple[float | None, ...]] = []
     in_profile = False
     for sev, msg in run:
         if sev != "&" and msg.strip():
@@ -177,9 +178,9 @@ def _parse_run(run: list[tuple[str, str]]) -> PerfResult:
                           "trtexec miscounts queries in some modes): use the latencies")
     if traces and r.latency_ms is None and r.gpu_compute_ms is None:
         n = len(traces)
-        gpu, host, e2e, enq = (sum(t[i] for t in traces) / n for i in range(4))
-        r.gpu_compute_ms, r.latency_ms, r.end_to_end_ms, r.enqueue_ms = ({"mean": gpu}, {"mean": host},
-                                                                         {"mean": e2e}, {"mean": enq})
+        gpu, host, e2e, enq = ({"mean": sum(t[i] for t in traces) / n} if traces[0][i] is not None else None
+                               for i in range(4))
+        r.gpu_compute_ms, r.latency_ms, r.end_to_end_ms, r.enqueue_ms = gpu, host, e2e, enq
         r.layout = f"trace averages ({n} lines; the summary blocks are missing)"
     return r
 
@@ -207,7 +208,7 @@ def _parse_info(r: PerfResult, line: str, traces: list, block: str | None) -> No
     elif m := _GPU_TOTAL.match(line):
         r.total_gpu_compute_s = float(m.group(1))
     elif m := _TRACE.match(line):
-        traces.append(tuple(float(m.group(i)) for i in (2, 3, 4, 5)))
+        traces.append(tuple(None if m.group(i) is None else float(m.group(i)) for i in (2, 3, 4, 5)))
     elif m := _OLD_AVERAGE.search(line):
         r.gpu_compute_ms = {"mean": float(m.group(2)), percentile_key(m.group(4)): float(m.group(5))}
         r.latency_ms = {"mean": float(m.group(3))}
