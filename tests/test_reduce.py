@@ -71,13 +71,24 @@ def test_int8_range_ruined_is_reduced_to_the_conv_reading_it(effnet, tmp_path, c
     defects.quantize(model, qdq, [{"input": x} for x in np.load(data)["input"]])
     bad, tensor = defects.ruin_input_range(onnx.load(qdq), PLANT, 2000)
     onnx.save(bad, tmp_path / "bad.onnx")
-    # random weights: this EfficientNet's own INT8 error reaches a logits cosine of ~0.93, so the bound is 0.9
-    args = [str(model), "--check", "int8", "--data", str(data), "--bound", "0.9", "-o", str(tmp_path / "r.onnx")]
+    # Random weights: this EfficientNet's own INT8 error is large and moves with ONNX Runtime's kernels (logits
+    # cosine 0.93 on onnxruntime 1.2x, 0.75-0.83 on 1.32); the ruined range takes it to ~0.15. The bound sits far
+    # from both, so the test asserts the feature, not one release's numbers.
+    args = [str(model), "--check", "int8", "--data", str(data), "--bound", "0.5", "-o", str(tmp_path / "r.onnx")]
     assert cli.main(["reduce", *args, "--qdq", str(qdq)]) == 1  # the good ranges pass
     assert "the whole model passes" in capsys.readouterr().err
     result = _reduce(capsys, *args, "--qdq", str(tmp_path / "bad.onnx"))
-    assert result["nodes"] == [f"Conv '{PLANT}'"], result
-    assert result["inputs"] == [tensor]
+    assert f"Conv '{PLANT}'" in result["nodes"] and len(result["nodes"]) <= 10, result
+    assert result["nodes_before"] >= 300 and tensor in result["inputs"]
+    # the reduced file fails the same check on its own, fed the real values its inputs have in the whole model
+    sub = onnx.load(tmp_path / "r.onnx")
+    onnx.checker.check_model(sub)
+    full = onnx.load(model)
+    values = rd.Values(full, rd.sample_feeds(full, model, data, {}, 2, 0), tmp_path)
+    feeds = values.get([i.name for i in sub.graph.input])
+    failure = rd.int8_check(0.5, bad)(sub, feeds, tmp_path)
+    assert failure is not None and "cosine" in failure.message
+    assert rd.int8_check(0.5, onnx.load(qdq))(sub, feeds, tmp_path) is None, "with the good ranges it passes"
 
 
 @pytest.mark.tensorrt
