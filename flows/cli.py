@@ -440,7 +440,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for r in stale:
         out.print(f"  [yellow]staging[/] {escape(r['stage'])}/{escape(r['key'])}: {escape(r['problem'])} "
                   f"({'removed' if args.repair else 'the next run removes it'})")
-    ok = len(result["rows"]) - len(bad) - len(stale)
+    foreign = [r for r in result["rows"] if r["status"] == "foreign"]
+    for r in foreign:
+        out.print(f"  [dim]left alone[/] {escape(r['stage'])}: {escape(r['problem'])}")
+    ok = len(result["rows"]) - len(bad) - len(stale) - len(foreign)
     mb = result["bytes"] / 2**20
     out.print(f"{ok} results verified, {len(bad)} {'removed' if args.repair else 'bad'}; {mb:.1f} MB hashed in "
               f"{seconds:.2f}s ({mb / max(seconds, 1e-9):.0f} MB/s) in {root}")

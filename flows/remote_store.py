@@ -25,8 +25,10 @@ from typing import Any
 from trtflow.errors import StoreError
 from trtflow.flows.store import (
     HOST,
+    KEY_NAME,
     LAST,
     MANIFEST,
+    MARKER,
     SHARED,
     LocalStore,
     _valid_manifest,
@@ -35,6 +37,7 @@ from trtflow.flows.store import (
 )
 
 BLOBS = "blobs"  # the manifest field naming the writer directory its files are in
+WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8 hex}", see publish
 
 
 def cache_root(url: str) -> Path:
@@ -82,10 +85,16 @@ class RemoteStore:
             self.fs.rm_file(probe)
         except PermissionError:
             self.read_only = True
+            return
         except FileNotFoundError as exc:  # no such bucket
             raise self._fail("opening", exc) from None
         except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
             raise self._fail("opening", exc) from None
+        try:
+            if not self.fs.exists(self._remote(MARKER)):
+                self.fs.pipe_file(self._remote(MARKER), json.dumps({"trtflow": "artifact store", "format": 1}).encode())
+        except Exception as exc:  # noqa: BLE001
+            raise self._fail("marking the store", exc) from None
 
     def path(self, stage: str, key: str) -> Path:
         return self.cache.path(stage, key)
@@ -187,10 +196,21 @@ class RemoteStore:
         except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
             raise self._fail("listing", exc) from None
         rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
-        keys = sorted({tuple(p.split("/")[:2]) for p in rel_paths if p.count("/") >= 2})
-        for stage, key in keys:
-            if stage.startswith(".") or key.startswith(".") or stage == SHARED:
-                continue
+        pairs = sorted({tuple(p.split("/")[:2]) for p in rel_paths if p.count("/") >= 1})
+        def trtflows(stage: str, key: str) -> bool:  # a key directory holding a manifest or a writer's files
+            inside = {p.split("/")[2] for p in rel_paths if p.startswith(f"{stage}/{key}/") and p.count("/") >= 2}
+            return MANIFEST in inside or any(WRITER_NAME.fullmatch(n) for n in inside)
+        ours = [(stage, key) for stage, key in pairs if not stage.startswith(".") and stage != SHARED
+                and KEY_NAME.fullmatch(key) and trtflows(stage, key)]
+        if MARKER not in rel_paths and not any(f"{stage}/{key}/{MANIFEST}" in rel_paths for stage, key in ours):
+            raise StoreError(f"{self.location} is not a trtflow artifact store (no {MARKER} and no trtflow "
+                             f"manifest): nothing was checked or removed",
+                             hint="give the store's URL: the pipeline's 'artifacts:'")
+        for stage, key in pairs:
+            if (stage, key) not in ours and not stage.startswith(".") and stage != SHARED and key != LAST:
+                rows.append({"stage": f"{stage}/{key}", "key": "", "status": "foreign",
+                             "problem": "not made by trtflow: left alone"})
+        for stage, key in ours:
             problem, manifest = None, None
             try:
                 manifest = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
@@ -199,7 +219,7 @@ class RemoteStore:
             except ValueError:
                 problem = "its manifest is not JSON"
             if manifest is not None:
-                if not _valid_manifest(manifest, key) or not isinstance(manifest.get(BLOBS), str):
+                if not _valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
                     problem = "its manifest is not a trtflow manifest"
                 else:
                     manifests[(stage, key)] = manifest
@@ -207,17 +227,27 @@ class RemoteStore:
                     hashed += sum(r.get("size", 0) for r in manifest["files"].values() if isinstance(r, dict))
             rows.append({"stage": stage, "key": key, "status": "ok" if problem is None else "bad",
                          "problem": problem})
-            writers = {p.split("/")[2] for p in rel_paths if p.startswith(f"{stage}/{key}/") and p.count("/") >= 3}
-            for orphan in sorted(writers - {(manifest or {}).get(BLOBS)}):
+            names = {p.split("/")[2] for p in rel_paths if p.startswith(f"{stage}/{key}/") and p.count("/") >= 3}
+            for orphan in sorted(names - {(manifest or {}).get(BLOBS)}):
+                if not WRITER_NAME.fullmatch(orphan):
+                    rows.append({"stage": f"{stage}/{key}/{orphan}", "key": "", "status": "foreign",
+                                 "problem": "not made by trtflow: left alone"})
+                    continue
                 rows.append({"stage": stage, "key": f"{key}/{orphan}", "status": "stale staging",
                              "problem": "files no manifest names (a run that lost the race or died)"})
                 if repair:
                     self._remove_blobs(stage, key, orphan)
-            if problem and repair:
-                self.fs.rm(self._remote(stage, key), recursive=True)
+            if problem and repair:  # only trtflow's own objects of this key: the manifest and writer directories
+                for name in names:
+                    if WRITER_NAME.fullmatch(name):
+                        self._remove_blobs(stage, key, name)
+                try:
+                    self.fs.rm_file(self._remote(stage, key, MANIFEST))
+                except FileNotFoundError:
+                    pass
         for row in self._consistency(manifests):
             rows.append(row)
-        local = self.cache.verify(repair=repair)
+        local = self.cache.verify(repair=repair) if self.cache.is_store() else {"rows": [], "bytes": 0}
         for r in local["rows"]:
             rows.append({**r, "stage": f"(cache) {r['stage']}"})
         return {"rows": rows, "bytes": hashed + local["bytes"]}
@@ -234,7 +264,7 @@ class RemoteStore:
             return None
         except Exception as exc:  # noqa: BLE001
             raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
-        if not _valid_manifest(manifest, key) or not isinstance(manifest.get(BLOBS), str):
+        if not _valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
             self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not a trtflow manifest"
             return None
         return manifest
@@ -312,6 +342,10 @@ class RemoteStore:
             self.fs.rm(self._remote(stage, key, writer), recursive=True)
         except Exception:  # noqa: BLE001 - leftover uploads are listed and removed by `verify --repair`
             pass
+
+
+def _valid_writer(name: Any) -> bool:
+    return isinstance(name, str) and WRITER_NAME.fullmatch(name) is not None
 
 
 def _precondition_failed(exc: BaseException) -> bool:

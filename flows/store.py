@@ -4,18 +4,24 @@
 a cache hit, and neither is one whose files differ from the manifest's record of them (every file: path, size,
 sha256, mtime): on reuse each file's size and mtime are checked, and a file whose mtime moved is hashed again.
 `verify` hashes everything. Staging directories carry their owner (host, pid); those of dead owners are removed
-when the store is next used. `ArtifactStore` is the interface; `LocalStore` the only implementation so far (a
+when the store is next used.
+
+trtflow deletes only what carries its own marks: a store has a marker file at its root (`.trtflow-store`, written
+when a run first opens it), results are `<stage>/<32 hex>/` directories, staging is `.tmp-*`/`.trash-*`; nothing
+else under the root is touched, no symlink is followed, and every path a manifest names must stay inside its
+result directory. `ArtifactStore` is the interface; `LocalStore` the only implementation so far (a
 shared fsspec store can implement the same methods).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
 from trtflow.errors import StoreError
@@ -24,15 +30,29 @@ from trtflow.flows.digest import file_sha256
 MANIFEST = "manifest.json"
 LAST = "last.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
+MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
+KEY_NAME = re.compile(r"[0-9a-f]{32}")  # flows/keys.py's stage_key
 HOST = socket.gethostname().replace("-", "_")[:32]
 UMASK = os.umask(0o022)
 os.umask(UMASK)
 
 
+def safe_relpath(rel: Any) -> bool:
+    """A path a manifest names: relative and inside its directory (no '..', no absolute path, no backslash)."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\0" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return not rel.startswith("/") and bool(parts) and ".." not in parts
+
+
+def _result_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if (p.is_file() or p.is_symlink()) and p.name != MANIFEST)
+
+
 def file_records(directory: Path, sha256: Callable[[Path], str] = file_sha256) -> dict[str, dict[str, Any]]:
     """relative path -> size, sha256, mtime_ns of every file under `directory` but the manifest."""
     out = {}
-    for f in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST):
+    for f in _result_files(directory):
         st = f.stat()
         out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": sha256(f),
                                                     "mtime_ns": st.st_mtime_ns}
@@ -44,10 +64,16 @@ def check_files(directory: Path, records: Any, rehash: bool = False) -> str | No
     and mtime match is taken as unchanged; one whose mtime moved is hashed."""
     if not isinstance(records, dict) or not records:
         return "its manifest records no files (written by an older trtflow)"
+    extra = [rel for rel in (p.relative_to(directory).as_posix() for p in _result_files(directory))
+             if rel not in records]
+    if extra:  # nothing unrecorded is ever read: an engine dropped into a result is not the stage's
+        return f"{extra[0]} is not one of its recorded files" + (f" (and {len(extra) - 1} more)" if extra[1:] else "")
     for rel, rec in records.items():
         f = directory / rel
-        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
+        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not safe_relpath(rel):
             return f"its manifest's record of {rel} is malformed"
+        if f.is_symlink():
+            return f"{rel} is a symlink"
         try:
             st = f.stat()
         except OSError:
@@ -62,10 +88,12 @@ def check_files(directory: Path, records: Any, rehash: bool = False) -> str | No
 
 
 def _valid_manifest(m: Any, key: str) -> bool:
+    """A trtflow manifest of `key` whose every path stays inside its result directory."""
     return (isinstance(m, dict) and m.get("key") == key and isinstance(m.get("status"), str)
             and isinstance(m.get("outputs"), dict)
-            and all(isinstance(o, dict) and isinstance(o.get("path"), str) and isinstance(o.get("digest"), str)
-                    for o in m["outputs"].values()))
+            and all(isinstance(o, dict) and safe_relpath(o.get("path")) and isinstance(o.get("digest"), str)
+                    for o in m["outputs"].values())
+            and (not isinstance(m.get("files"), dict) or all(safe_relpath(rel) for rel in m["files"])))
 
 
 def read_json(path: Path) -> tuple[Any, str | None]:
@@ -168,7 +196,42 @@ class LocalStore:
                                  f"choose another with --store or the pipeline's 'artifacts:' key") from None
             self.read_only = True
             return
+        if not (self.root / MARKER).is_file():
+            write_json_atomic(self.root / MARKER, {"trtflow": "artifact store", "format": 1})
         self.clean_staging()
+
+    def is_store(self) -> bool:
+        """The root carries trtflow's marker, or (a store made before the marker) holds a trtflow manifest."""
+        if (self.root / MARKER).is_file():
+            return True
+        return any(_valid_manifest(read_json(d / MANIFEST)[0], d.name) for _, d in self._result_dirs())
+
+    def _result_dirs(self) -> list[tuple[str, Path]]:
+        """(stage, directory) of every entry that can be a result: `<stage>/<32 hex>/`, real directories only
+        (a symlinked stage or result is never followed)."""
+        out = []
+        for stage in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if stage.name.startswith(".") or stage.name == SHARED or stage.is_symlink() or not stage.is_dir():
+                continue
+            out.extend((stage.name, d) for d in sorted(stage.iterdir())
+                       if KEY_NAME.fullmatch(d.name) and d.is_dir() and not d.is_symlink())
+        return out
+
+    def _foreign(self) -> list[str]:
+        """What lies under the root that trtflow did not make (left alone by `verify --repair`)."""
+        out = []
+        for stage in sorted(self.root.iterdir()):
+            if stage.name.startswith(".") or stage.name == SHARED:
+                continue
+            if stage.is_symlink() or not stage.is_dir():
+                out.append(stage.name + (" (a symlink)" if stage.is_symlink() else ""))
+                continue
+            for d in sorted(stage.iterdir()):
+                if d.name == LAST or (d.name.startswith((".tmp-", ".trash-", f".{LAST}.")) and not d.is_symlink()):
+                    continue
+                if not KEY_NAME.fullmatch(d.name) or d.is_symlink() or not d.is_dir():
+                    out.append(f"{stage.name}/{d.name}" + (" (a symlink)" if d.is_symlink() else ""))
+        return out
 
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
@@ -209,11 +272,15 @@ class LocalStore:
     def clean_staging(self) -> list[Path]:
         """Remove staging (and half-removed trash) left by runs that died; returns what was removed."""
         removed = []
-        for d in list(self.root.glob("*/.tmp-*")) + list(self.root.glob("*/.trash-*")):
-            if d.is_dir() and (d.name.startswith(".trash-") or not _owner_alive(d.name)):
+        for d in self._staging_dirs():
+            if d.name.startswith(".trash-") or not _owner_alive(d.name):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d)
         return removed
+
+    def _staging_dirs(self) -> list[Path]:
+        return [d for d in list(self.root.glob("*/.tmp-*")) + list(self.root.glob("*/.trash-*"))
+                if d.is_dir() and not d.is_symlink() and not d.parent.is_symlink()]
 
     def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
                 replace: bool = False) -> tuple[Path, dict[str, Any]]:
@@ -248,12 +315,14 @@ class LocalStore:
 
     def verify(self, repair: bool = False) -> dict[str, Any]:
         """Hash every file of every published result against its manifest. With `repair`, results that do not
-        match (and staging left by dead runs) are removed, so the next run recomputes them."""
+        match (and staging left by dead runs) are removed, so the next run recomputes them. A directory that is
+        not a store is refused before anything is read; what trtflow did not make is listed, never removed."""
+        if not self.is_store():
+            raise StoreError(f"{self.root} is not a trtflow artifact store (no {MARKER} and no trtflow manifest): "
+                             f"nothing was checked or removed",
+                             hint="give the store's directory: the pipeline's 'artifacts:', .trtflow by default")
         rows, hashed = [], 0
-        for directory in sorted(d for d in self.root.glob("*/*") if d.is_dir()):
-            if directory.parent.name.startswith(".") or directory.name.startswith(".") or \
-                    directory.parent.name == SHARED:
-                continue
+        for stage, directory in self._result_dirs():
             manifest, problem = read_json(directory / MANIFEST)
             if manifest is None:
                 problem = problem or "no manifest (an interrupted publish)"
@@ -263,11 +332,14 @@ class LocalStore:
                 problem = check_files(directory, manifest.get("files"), rehash=True)
                 hashed += sum(r.get("size", 0) for r in (manifest.get("files") or {}).values()
                               if isinstance(r, dict) and isinstance(r.get("size"), int))
-            rows.append({"stage": directory.parent.name, "key": directory.name,
+            rows.append({"stage": stage, "key": directory.name,
                          "status": "ok" if problem is None else "bad", "problem": problem})
             if problem and repair:
                 self._drop(directory)
-        stale = [d for d in self.root.glob("*/.tmp-*") if d.is_dir() and not _owner_alive(d.name)]
+        for name in self._foreign():
+            rows.append({"stage": name, "key": "", "status": "foreign",
+                         "problem": "not made by trtflow: left alone"})
+        stale = [d for d in self._staging_dirs() if d.name.startswith(".tmp-") and not _owner_alive(d.name)]
         for d in stale:
             rows.append({"stage": d.parent.name, "key": d.name, "status": "stale staging",
                          "problem": "staging of a run that is gone"})

@@ -144,3 +144,28 @@ def test_a_weight_in_a_constant_node_is_checked_too(tmp_path):
     kept = json.loads(result.outputs["report"].read_text())["kept_fp32"]
     assert "init_max" in kept["normalize"] and "variance" in kept
     assert json.loads(result.outputs["report"].read_text())["accuracy"]["outputs"]["y"]["cosine"] > 0.999
+
+
+@pytest.mark.parametrize("signal_name", ["KILL", "TERM"])
+def test_a_killed_probe_is_a_crash_never_evidence_about_the_model(tmp_path, monkeypatch, signal_name):
+    """The probe's child process killed from outside (the OOM killer, a scheduler): the stage fails as a crash
+    (retried by `retries:`), and no variant with nodes kept in FP32 "because ONNX Runtime rejected them" is made.
+    The child is real: the interpreter the probe starts kills itself with the signal."""
+    import sys
+
+    from trtflow.errors import TransientStageError
+    from trtflow.stages.ort import probe
+    killer = tmp_path / "python-killed"
+    killer.write_text(f"#!/bin/sh\nkill -{signal_name} $$\n")
+    killer.chmod(0o755)
+    real = probe.run_module
+
+    def killed_child(module, args, timeout):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sys, "executable", str(killer))
+            return real(module, args, timeout)
+    monkeypatch.setattr(probe, "run_module", killed_child)
+    model = overflow_model(tmp_path / "overflow.onnx")
+    with pytest.raises(TransientStageError, match=f"the ONNX Runtime probe was killed \\(SIG{signal_name}\\)"):
+        run_precision(model, tmp_path / "out", {"tensors": tensors_dir(tmp_path)}, data={"tensors": "*.npy"},
+                      holdout=4)

@@ -3,6 +3,8 @@ real photos) are cut down to the planted node; the reduced file still fails the 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +109,8 @@ def test_a_users_command_decides(effnet, tmp_path, capsys):
     script = tmp_path / "repro.py"
     script.write_text("import sys, onnx\nm = onnx.load(sys.argv[1])\n"
                       f"sys.exit(3 if any(n.name == {PLANT!r} for n in m.graph.node) else 0)\n")
-    result = _reduce(capsys, str(model), "--check", "command", "--command", f"python {script} {{model}}",
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {{model}}"  # not PATH's python: ours
+    result = _reduce(capsys, str(model), "--check", "command", "--command", command,
                      "-o", str(tmp_path / "r.onnx"))
     assert result["nodes"] == [f"Conv '{PLANT}'"] and "exits 3" in result["failure"]
 

@@ -79,7 +79,9 @@ def bucket(s3_server, monkeypatch, request):
     import s3fs
     for k, v in s3_server.items():
         monkeypatch.setenv(k, v)
-    name = "b" + request.node.name.lower().replace("_", "-")[:40].rstrip("-")
+    import hashlib
+    tag = hashlib.sha256(request.node.name.encode()).hexdigest()[:6]  # parametrized tests share a prefix
+    name = "b" + request.node.name.lower().replace("_", "-")[:40].rstrip("-") + "-" + tag
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     fs.mkdir(name)
     return name, fs
@@ -109,7 +111,7 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
     the conditional create; it adopts the first one's files, and nothing of its own remains."""
     name, fs = bucket
     url = f"s3://{name}/store"
-    key = "k" * 32
+    key = "f0" * 16
     first, second = _store(url, tmp_path / "m1"), _store(url, tmp_path / "m2")
     late = _staged(second, "s", key, b"second machine's engine")
     real = second._remote_manifest
@@ -139,7 +141,7 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     key = "c" * 32
     store = _store(url, tmp_path / "m1")
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
-    fs.pipe_file(f"{name}/store/s/{key}/deadwriter/model.onnx", b"an upload whose run died")
+    fs.pipe_file(f"{name}/store/s/{key}/otherhost-4242-0badc0de/model.onnx", b"an upload whose run died")
     report = store.verify()
     assert [r["status"] for r in report["rows"] if not r["stage"].startswith("(cache)")] == ["ok", "stale staging"]
     fs.pipe_file(f"{name}/store/s/{key}/{m['blobs']}/model.onnx", b"engine bytez")  # same size, other bytes
@@ -269,3 +271,49 @@ def test_permission_denied_is_one_line(workdir, tmp_path, capsys, monkeypatch):
         assert "PermissionError" in line and "check the URL, the credentials" in line
         line = _one_line_exit_2(capsys, monkeypatch, ["verify", "--store", "s3://team-bucket/models"])
         assert "s3://team-bucket/models" in line and "PermissionError" in line
+
+
+# --- nothing outside what trtflow owns is deleted or written (issue #27, data loss and security) ------------------
+
+def test_verify_repair_on_s3_removes_only_trtflow_results(bucket, tmp_path, capsys, monkeypatch):
+    from trtflow.flows import cli
+    name, fs = bucket
+    foreign = {f"{name}/data/datasets/imagenet/val.tar": b"tar", f"{name}/data/notes/README.md": b"hi",
+               f"{name}/data/s/0123456789abcdef0123456789abcdef/not-a-writer/x.bin": b"someone's"}
+    for path, data in foreign.items():
+        fs.pipe_file(path, data)
+    monkeypatch.setenv("TRTFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    code = cli.main(["verify", "--store", f"s3://{name}/data", "--repair"])  # a prefix that is not a store
+    err = capsys.readouterr().err
+    assert code == 2 and f"s3://{name}/data is not a trtflow artifact store" in err, err
+    assert all(fs.cat_file(p) == d for p, d in foreign.items())
+
+    store = _store(f"s3://{name}/data", tmp_path / "m1")  # now a store (its first run marks it) with foreign data
+    key = "c" * 32
+    _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
+    fs.pipe_file(f"{name}/data/s/{key}/{m['blobs']}/model.onnx", b"engine bytez")  # corrupt: to be removed
+    assert cli.main(["verify", "--store", f"s3://{name}/data", "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert "1 removed" in out and "left alone" in out, out
+    assert all(fs.cat_file(p) == d for p, d in foreign.items()), "foreign objects are never removed"
+    assert not fs.exists(f"{name}/data/s/{key}/manifest.json")
+
+
+@pytest.mark.parametrize("bad_path", ["/tmp/PWNED-abs", "../../PWNED-rel"], ids=["absolute", "relative"])
+def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp_path, bad_path):
+    name, fs = bucket
+    url = f"s3://{name}/store"
+    key = "d" * 32
+    store = _store(url, tmp_path / "m1")
+    _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
+    poisoned = {**m, "files": {bad_path: m["files"]["model.onnx"]}}
+    fs.pipe_file(f"{name}/store/s/{key}/{m['blobs']}/{bad_path}", b"engine bytes")
+    fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps(poisoned).encode())
+    other = _store(url, tmp_path / "deep" / "m2")
+    assert other.lookup("s", key) is None and "is not a trtflow manifest" in other.rejected[("s", key)]
+    written = {p for p in tmp_path.rglob("*PWNED*")} | {p for p in Path("/tmp").glob("PWNED*")}
+    assert written == set()
+    for blobs in ("../other-prefix", "/abs"):  # the writer directory is a name, not a path
+        fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps({**m, "blobs": blobs}).encode())
+        third = _store(url, tmp_path / f"m3{len(blobs)}")
+        assert third.lookup("s", key) is None and "is not a trtflow manifest" in third.rejected[("s", key)]

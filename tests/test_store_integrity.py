@@ -245,9 +245,88 @@ def test_verify_leaves_the_shared_caches_alone(tmp_path):
     store.ensure_writable()
     (tmp_path / "store" / "shared" / "benchmark").mkdir(parents=True)
     (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").write_text("{}")
-    staging = store.staging("s", "k" * 32)
+    staging = store.staging("s", "f0" * 16)
     (staging / "out.bin").write_bytes(b"x")
-    store.publish("s", "k" * 32, staging, {"key": "k" * 32, "status": "ok", "outputs": {}})
+    store.publish("s", "f0" * 16, staging, {"key": "f0" * 16, "status": "ok", "outputs": {}})
     report = store.verify(repair=True)
     assert [(r["stage"], r["status"]) for r in report["rows"]] == [("s", "ok")]
     assert (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").is_file()
+
+
+# --- nothing outside what trtflow owns is deleted or read (issue #27, data loss and security) ----------------------
+
+def _tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under `root`: files' bytes, symlinks' targets, directories as 'dir' (links not followed)."""
+    out: dict[str, bytes | str] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        out[rel] = f"-> {os.readlink(p)}" if p.is_symlink() else ("dir" if p.is_dir() else p.read_bytes())
+    return out
+
+
+def test_verify_repair_refuses_a_directory_that_is_not_a_store(tmp_path, capsys):
+    """A model repo passed as --store by mistake: refused before anything is read, nothing removed."""
+    from tests.assets import EXAMPLES
+    import shutil
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns(".trtflow"))
+    (repo / "stages" / "prepare").mkdir(parents=True)  # a folder named like a stage, of the repo's own
+    (repo / "stages" / "prepare" / "notes.md").write_text("ours")
+    before = _tree(repo)
+    for argv in (["verify", "--store", str(repo), "--repair"], ["verify", "--store", str(repo)]):
+        code = cli.main(argv)
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and len(err) == 1, err
+        assert f"{repo} is not a trtflow artifact store" in err[0] and "nothing was checked or removed" in err[0]
+    assert _tree(repo) == before
+
+
+def test_verify_repair_removes_only_what_trtflow_made_and_follows_no_symlink(pipe, tmp_path, capsys):
+    path, store = pipe
+    photos = tmp_path / "photos"  # the user's own data, reachable from the store through symlinks
+    (photos / "0123456789abcdef0123456789abcdef").mkdir(parents=True)  # named like a result, no manifest
+    (photos / "0123456789abcdef0123456789abcdef" / "cat.png").write_bytes(b"png")
+    (photos / ".tmp-0123-somehost-1-x").mkdir()  # named like staging
+    (photos / "dog.jpg").write_bytes(b"jpg")
+    (store / "photos").symlink_to(photos)  # a stage directory that is a symlink
+    (store / "a" / "fedcba9876543210fedcba9876543210").symlink_to(photos / "0123456789abcdef0123456789abcdef")
+    (store / "docs").mkdir()  # a folder trtflow did not make, inside the store
+    (store / "docs" / "README.md").write_text("how we use this store")
+    corrupt = published(store, "c") / "report.json"
+    corrupt.write_text(corrupt.read_text() + " ")
+    outside, docs = _tree(photos), _tree(store / "docs")
+
+    assert cli.main(["verify", "--store", str(store), "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert "1 removed" in out and "left alone" in out and "photos (a symlink)" in out, out
+    assert _tree(photos) == outside and _tree(store / "docs") == docs, "nothing of the user's was touched"
+    assert (store / "photos").is_symlink() and (store / "a" / "fedcba9876543210fedcba9876543210").is_symlink()
+    assert not (store / "c").joinpath(corrupt.parent.name).exists(), "the corrupt result was removed"
+    assert run_all(path)["c"] == "ran"
+
+
+def test_a_file_dropped_into_a_published_result_is_never_served(pipe):
+    """An engine injected into a published build result: the result no longer matches its manifest, so it is
+    rebuilt (and the injected file never read)."""
+    path, store = pipe
+    build = published(store, "build")
+    (build / "engines" / "fp16" / "injected.plan").write_bytes(b"not built by trtflow")
+    assert plan_of(path)["build"] == ("run", "its stored result failed verification: "
+                                          "engines/fp16/injected.plan is not one of its recorded files")
+    assert run_all(path) == {"a": "reused", "build": "ran", "c": "reused"}
+    assert not list(published(store, "build").rglob("injected.plan"))
+
+
+@pytest.mark.parametrize("bad_path", ["/tmp/PWNED-abs", "../../PWNED-rel", "sub/../../PWNED"])
+def test_a_manifest_naming_a_path_outside_its_result_is_not_a_manifest(pipe, bad_path):
+    path, store = pipe
+    directory = published(store, "a")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"][bad_path] = manifest["files"].pop("model.onnx")
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    assert plan_of(path)["a"] == ("run", f"{directory / 'manifest.json'} is not a trtflow manifest; ignored")
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"] = {"model.onnx": manifest["files"].pop(bad_path)}
+    manifest["outputs"]["model"]["path"] = bad_path
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    assert plan_of(path)["a"][0] == "run"

@@ -7,7 +7,6 @@ absent these tests skip, but in CI (CI=true) they fail naming it: real-data test
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

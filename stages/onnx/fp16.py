@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtflow.errors import TransientStageError
 from trtflow.stages.onnx.graph import constant_tensors, subgraphs
 from trtflow.text import first_line
 
@@ -221,6 +222,8 @@ def convert_valid(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: 
         try:
             check(converted)
             return converted, p, None
+        except TransientStageError:  # the check itself was killed or timed out: no evidence about the graph
+            raise
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime and the checker raise their own types
             return converted, p, str(exc) or type(exc).__name__
 

@@ -6,6 +6,7 @@ process that would end the pipeline. The child prints ONNX Runtime's error, if a
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from trtflow.child import run_module
+from trtflow.errors import TransientStageError
 
 TIMEOUT_S = 900
+# How a process ends when something outside kills it. SIGSEGV, SIGABRT, SIGBUS, SIGFPE and SIGILL are ONNX Runtime
+# crashing on the graph: evidence that it cannot run it.
+KILLED = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
 class ProbeFailed(Exception):
@@ -27,9 +32,13 @@ def probe(model: Path, feed: dict[str, np.ndarray], work: Path) -> None:
     try:
         result, proc = run_module("trtflow.stages.ort.probe", [str(model), str(feed_path)], TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ProbeFailed(f"ONNX Runtime did not load and run the model within {TIMEOUT_S} s") from None
+        raise TransientStageError(f"the ONNX Runtime probe did not load and run the model within {TIMEOUT_S} s "
+                                  f"(killed); that says nothing about the model: run again") from None
     if proc.returncode == 0 and result and result["ok"]:
         return
+    if -proc.returncode in KILLED:  # killed from outside (the OOM killer, a user, a scheduler): not the model's doing
+        raise TransientStageError(f"the ONNX Runtime probe was killed ({signal.Signals(-proc.returncode).name}); "
+                                  f"that says nothing about the model: run again")
     if result:
         raise ProbeFailed(result["error"])
     raise ProbeFailed(f"ONNX Runtime crashed loading or running the model (exit code {proc.returncode})")
