@@ -44,7 +44,8 @@ def ensure_zoo() -> dict[str, Any]:
     return json.loads(manifest.read_text())
 
 
-def pipeline(name: str, facts: dict[str, Any], repair: str | None = None) -> str:
+def pipeline(name: str, facts: dict[str, Any], repair: str | None = None,
+             methods: tuple[str, ...] = METHODS) -> str:
     model = ZOO / "models" / f"{name}.onnx"
     data = ZOO / "data" / name / "*.npz"
     opt = {k: v[1] for k, v in facts["profiles"].items()}
@@ -55,7 +56,7 @@ def pipeline(name: str, facts: dict[str, Any], repair: str | None = None) -> str
     stages: dict[str, Any] = {
         "prepare": {"kind": "prepare", "target_opset": 17, "input_shapes": opt, "check": {"data": tensors}},
         "fp16": {"kind": "precision", "data": tensors, "holdout": holdout},
-        **{f"int8_{m}": {"kind": "calibrate", "method": m, "data": tensors, "holdout": holdout} for m in METHODS},
+        **{f"int8_{m}": {"kind": "calibrate", "method": m, "data": tensors, "holdout": holdout} for m in methods},
         "build": {"kind": "build", "profiles": {"opt": profile}, "parallel": 2},
     }
     if repair:  # every engine against the FP32 reference; one variant repaired where it fails
@@ -63,8 +64,9 @@ def pipeline(name: str, facts: dict[str, Any], repair: str | None = None) -> str
     return json.dumps({"version": 1, "name": f"zoo-{name}", "model": str(model), "stages": stages})
 
 
-def run_model(name: str, facts: dict[str, Any], work: Path, repair: str | None = None) -> dict[str, Any]:
-    (work / "pipeline.yaml").write_text(pipeline(name, facts, repair))  # JSON is YAML
+def run_model(name: str, facts: dict[str, Any], work: Path, repair: str | None = None,
+              methods: tuple[str, ...] = METHODS) -> dict[str, Any]:
+    (work / "pipeline.yaml").write_text(pipeline(name, facts, repair, methods))  # JSON is YAML
     runner = Runner(load_pipeline(work / "pipeline.yaml"), store=LocalStore(work / "store"))
     produced: dict[str, dict[str, Any]] = {}
     row: dict[str, Any] = {"model": name, "seconds": {}, "errors": {}}

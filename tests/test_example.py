@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def trtflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(cwd / ".prefect")  # a fresh Prefect database, as on a new machine
+    # a fresh PREFECT_HOME, as on a new machine, on the test run's Prefect server (tests/test_server.py covers the
+    # background server a first run starts where PREFECT_API_URL is not set)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") or k == "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(cwd / ".prefect")
     env["COLUMNS"] = "200"
     return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)

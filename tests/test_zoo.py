@@ -1,5 +1,7 @@
 """The fast part of the zoo (bench/zoo.py runs all of it): real architectures exported from PyTorch, each through
-prepare -> fp16 -> int8 (entropy, percentile, minmax) -> build as a trtflow pipeline, with no stage failing."""
+prepare -> fp16 -> int8 (entropy: what repair and reduce start from) -> build as a trtflow pipeline, with no stage
+failing. The three calibration methods are compared on every architecture by bench/zoo.py, and on real photos by
+tests/test_calibrate_stage.py; here one is enough to show each architecture goes through."""
 from __future__ import annotations
 
 import pytest
@@ -21,15 +23,14 @@ def zoo(tmp_path_factory):
 def test_through_every_stage(zoo, name, tmp_path):
     models, bench = zoo
     facts = {**models.BUILDERS[name](), "samples": models.SAMPLES}
-    row = bench.run_model(name, facts, tmp_path)
+    row = bench.run_model(name, facts, tmp_path, methods=("entropy",))
     assert row["errors"] == {}, row["errors"]
     assert row["trial_build"] == "ok"
     cosine, _ = row["fp16"]
     assert cosine > 0.99, f"FP16 pre-flight cosine {cosine}"
-    for method in bench.METHODS:
-        assert row[f"int8_{method}"][0] > 0.5, (method, row[f"int8_{method}"])
+    assert row["int8_entropy"][0] > 0.5, row["int8_entropy"]
     assert all(size for size in row["engines"].values()), row["engines"]
-    assert set(row["engines"]) == {"prepare", "fp16", "int8_entropy", "int8_percentile", "int8_minmax"}
+    assert set(row["engines"]) == {"prepare", "fp16", "int8_entropy"}
 
     # quantizing again from the variant's recipe with nothing left out (what validate's repair and `trtflow
     # reduce` start from) gives the variant back: the same Q/DQ, the same scales. The transformer's MatMuls
