@@ -24,12 +24,14 @@ def pytest_configure(config) -> None:
 # Each `trtflow run` without PREFECT_API_URL would start Prefect's temporary server (~10 s a process, and it gives up
 # on a busy machine). The test run starts one real server (SQLite, loopback, its own PREFECT_HOME) before any test
 # module imports Prefect, and every test, in process or in a child process, talks to it through PREFECT_API_URL.
-# tests/test_server.py and the tests that simulate a new machine clear the variable and start their own.
+# xdist's workers inherit the variable from the controlling process, which started the server. tests/test_server.py
+# and the tests that simulate a new machine clear the variable and start their own.
 PREFECT_START_S = 180  # a busy two-core machine; Prefect's own temporary server allows 20 s
 
 
 def _start_prefect_server(config) -> None:
-    if os.environ.get("PREFECT_API_URL"):  # a server of the developer's own
+    # a server of the developer's own, or (an xdist worker) the one the controlling process started
+    if os.environ.get("PREFECT_API_URL") or hasattr(config, "workerinput"):
         return
     import socket
     import subprocess
@@ -88,7 +90,7 @@ def prefect_api(request) -> str:
                 return url
         except httpx.HTTPError:
             pass
-        if started is None or started[0].poll() is not None or time.monotonic() > deadline:
+        if (started is not None and started[0].poll() is not None) or time.monotonic() > deadline:
             tail = (started[1] / "server.log").read_text(errors="replace")[-3000:] if started else ""
             pytest.exit(f"the test run's Prefect server at {url} did not answer within {PREFECT_START_S} s:\n{tail}",
                         returncode=1)

@@ -76,7 +76,7 @@ def test_sigkill_at_random_moments_never_leaves_a_result_that_is_reused_broken(w
         proc.kill()
         proc.wait()
         stage_processes = [p for p in ours if _is_stage(p)]
-        assert wait_gone(stage_processes) == [], "a stage's process died with the killed run"
+        assert wait_gone(stage_processes, 60) == [], "a stage's process died with the killed run"
         for p in wait_gone(ours, 1):  # Prefect's temporary server is Prefect's; do not leave it to CI
             os.kill(p, signal.SIGKILL)
 
