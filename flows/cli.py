@@ -183,8 +183,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         + [f"{slot} <- {pattern}" for slot, (pattern, _) in node.spec.data_globs().items()])
         table.add_row(name, escape(node.spec.kind), escape(ins) or "-")
     out.print(table)
+    _print_code(loaded)
     out.print(f"[green]ok[/] {args.pipeline} is valid")
     return 0
+
+
+def _print_code(loaded) -> None:
+    """A pipeline file is code: what it will run besides trtflow, for whoever reviews it."""
+    code = [(name, what) for name, spec in loaded.spec.stages.items() for what in spec.executes()]
+    if not code:
+        out.print("runs no code of its own: trtflow's stages only")
+        return
+    out.print("runs this code besides trtflow's (review it as you review the pipeline file):")
+    for name, what in code:
+        out.print(f"  {escape(name)}: {escape(what)}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -205,7 +217,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps({"pipeline": str(loaded.file), "store": runner.store.location,
                                      "stages": [{"stage": i.name, "kind": i.kind, "action": i.action,
                                                  "reason": i.reason, "key": i.key, "environment": i.environment,
-                                                 "environment_changed": i.changed} for i in items]}, indent=2) + "\n")
+                                                 "environment_changed": i.changed,
+                                                 "executes": loaded.spec.stages[i.name].executes()}
+                                                for i in items]}, indent=2) + "\n")
         return code
     table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.location})", title_justify="left")
     for col in ("stage", "kind", "action", "why", "key", "environment"):
@@ -217,6 +231,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     out.print(table)
     n_run = sum(i.action == "run" for i in items)
     out.print(f"{n_run} to run, {sum(i.action == 'reuse' for i in items)} reused")
+    _print_code(loaded)
     return code
 
 

@@ -20,7 +20,7 @@ class StageImpl:
 def resolve(spec: Any) -> StageImpl:
     kind = kind_of(spec)
     if kind is USER:
-        func = import_callable(spec.kind, f"stage kind '{spec.kind}'")
+        func = import_callable(spec.kind, f"stage kind '{spec.kind}'", 3)  # run(params, inputs, out_dir)
         return StageImpl(func, f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec))
     module = importlib.import_module(kind.module)
     return StageImpl(module.run, str(module.VERSION), kind.env(spec))

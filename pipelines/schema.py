@@ -64,6 +64,10 @@ class StageBase(Strict):
         """User callables (package.module:function) named in the parameters."""
         return []
 
+    def executes(self) -> list[str]:
+        """Code outside trtflow that this stage runs: a pipeline file is code, and this is what a reviewer reads."""
+        return [f"{ref} (a function of yours)" for ref in self.code_refs() if not ref.startswith("trtflow.")]
+
     def key_params(self) -> dict[str, Any]:
         """The parameters that define the stage's work (and so its cache key)."""
         data = self.model_dump(mode="json", exclude=set(self.EXECUTION_FIELDS))
@@ -436,6 +440,12 @@ class BenchmarkStage(StageBase):
     trtexec_args: list[str] = Field(default_factory=list)
     gate: GateSpec | None = None
 
+    def executes(self) -> list[str]:
+        if self.tool == "builtin":
+            return []
+        where = self.trtexec or "the first found on PATH, under TENSORRT_ROOT or in the usual places"
+        return [f"trtexec: {where} (a program)"]
+
     def data_globs(self) -> dict[str, tuple[str, tuple]]:
         if self.gate is not None and self.gate.baseline != "previous":
             return {"baseline": (self.gate.baseline, ("gate", "baseline"))}
@@ -451,3 +461,6 @@ class CustomStage(StageBase):
         default_factory=dict, description="names and types of what the function writes")
     version: str = Field("1", description="bump to invalidate cached results when the function changes")
     env_dependent: bool = False
+
+    def executes(self) -> list[str]:
+        return [f"{self.kind} (a function of yours: the stage itself)", *super().executes()]

@@ -181,3 +181,49 @@ def test_init_deploy_writes_a_template_prefect_can_read(capsys, tmp_path):
     assert dep["triggers"][0]["expect"] == ["trtflow.environment.changed"]
     code, _, err = run_cli(capsys, "init-deploy", "-o", str(target))
     assert code == 2 and "exists" in err
+
+
+# --- a pipeline file is code: what it runs is shown, and checked before anything is handed to it (issue #27) -----
+
+def test_validate_and_plan_list_the_code_a_pipeline_runs(write_yaml, workdir, capsys):
+    path = write_yaml(f"""
+        version: 1
+        name: code
+        model: models/cls.onnx
+        stages:
+          mine: {{kind: "tests.stage_fns:copy_model", outputs: {{model: onnx}}}}
+          build: {{kind: build, inputs: {{models: mine}}, profiles: {{p: {{x: {{min: [1, 3, 48, 192], opt: [1, 3, 48, 192], max: [1, 3, 48, 192]}}}}}}}}
+          benchmark: {{kind: benchmark, trtexec: {workdir}/tools/trtexec}}
+        """)
+    assert cli.main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "runs this code besides trtflow's" in out
+    assert "mine: tests.stage_fns:copy_model (a function of yours: the stage itself)" in out
+    assert f"benchmark: trtexec: {workdir}/tools/trtexec (a program)" in out
+    assert cli.main(["plan", str(path), "--json"]) == 0
+    stages = {s["stage"]: s["executes"] for s in json.loads(capsys.readouterr().out)["stages"]}
+    assert stages == {"mine": ["tests.stage_fns:copy_model (a function of yours: the stage itself)"], "build": [],
+                      "benchmark": [f"trtexec: {workdir}/tools/trtexec (a program)"]}
+
+
+@pytest.mark.parametrize("ref, where", [("runpy:run_path", "training"), ("os:remove", "stage")])
+def test_a_standard_library_function_is_never_handed_the_files(write_yaml, workdir, capsys, ref, where):
+    """`callable: runpy:run_path` would execute a data file, `kind: os:remove` delete the model: both refused before
+    any file reaches them."""
+    (workdir / "data").mkdir()
+    planted = workdir / "data" / "line.png"  # a "picture" that is a Python script
+    planted.write_text(f"open({str(workdir / 'PWNED')!r}, 'w').write('ran')\n")
+    stage = (f"""p: {{kind: parity, images: "data/*.png", deploy: [{{read: rgb}}, {{layout: chw}}],
+                   training: {{callable: "{ref}"}}}}""" if where == "training"
+             else f"""p: {{kind: "{ref}", outputs: {{model: onnx}}}}""")
+    path = write_yaml(f"""
+        version: 1
+        name: stdlib
+        model: models/cls.onnx
+        stages:
+          {stage}
+        """)
+    code = cli.main(["run", str(path)])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 1 and len(err) == 1 and f"'{ref}' is in Python's standard library" in err[0], err
+    assert not (workdir / "PWNED").exists() and planted.exists() and (workdir / "models" / "cls.onnx").exists()

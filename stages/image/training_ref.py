@@ -80,7 +80,7 @@ def _parse_transform(text: str, T: Any) -> Any:
 def _callable(ref: str) -> tuple[TrainingFn, str]:
     from trtflow.usercode import import_callable
 
-    func = import_callable(ref, "training.callable")
+    func = import_callable(ref, "training.callable", 1)  # f(path) -> array
 
     def apply(path: Path) -> np.ndarray:
         try:
