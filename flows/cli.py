@@ -201,7 +201,7 @@ def _print_code(loaded) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from trtflow.flows.runner import Runner
-    from trtflow.flows.store import open_store
+    from trtflow.flows.stores import open_store
     from trtflow.pipelines.loader import load_pipeline
 
     loaded = load_pipeline(args.pipeline, args.overrides)
@@ -431,7 +431,7 @@ def cmd_reduce(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from trtflow.flows.store import open_store
+    from trtflow.flows.stores import open_store
     from trtflow.pipelines.loader import is_url
 
     if args.store:

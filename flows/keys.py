@@ -2,8 +2,10 @@
 
 `parts` holds the stage kind, its implementation's version, the parameters that define the work, the digests
 of its input artifacts, the environment fingerprint where the kind's row says it matters and the source digests
-of user code named in the parameters. `tests/test_keys.py` pins the hash of a fixed stage, so a change of this
-recipe is deliberate: then bump `KEY_FORMAT`, so no old result is mistaken for a new one.
+of user code named in the parameters. Parameters left at their default stay out of the key (see
+`StageBase.key_params`): adding an option re-keys nothing. `tests/test_keys.py` pins the hash of a fixed stage and
+the key of every kind, so a change of this recipe is deliberate: then bump `KEY_FORMAT`, so no old result is
+mistaken for a new one.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-KEY_FORMAT = 1
+KEY_FORMAT = 2  # 2: parameters at their default are left out
 
 
 def key_parts(kind: str, version: str, params: dict[str, Any], inputs: dict[str, str | list[str]],
@@ -28,8 +30,10 @@ def stage_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], describe_env) -> str:
-    """Why a stage whose key is not published must run, from the record of its last run (`last.json`)."""
+def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], describe_env,
+              params: dict[str, Any] | None = None) -> str:
+    """Why a stage whose key is not published must run, from the record of its last run (`last.json`). `params`
+    (every parameter, defaults included; else the key's) is compared with the one the last run recorded."""
     if not last:
         return "never run"
     old = last.get("parts", {})
@@ -44,7 +48,8 @@ def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], desc
     if old.get("version") != parts["version"] or old.get("kind") != parts["kind"]:
         reasons.append(f"stage implementation changed ({old.get('kind')} v{old.get('version')} -> "
                        f"{parts['kind']} v{parts['version']})")
-    changed = diff(old.get("params", {}), parts["params"])
+    before = last.get("params") if isinstance(last.get("params"), dict) else old.get("params", {})
+    changed = diff(before, params if params is not None else parts["params"])
     if changed:
         reasons.append("params changed: " + ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""))
     for slot in sorted(set(old.get("inputs", {})) | set(parts["inputs"])):

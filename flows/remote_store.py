@@ -31,9 +31,9 @@ from trtflow.flows.store import (
     MARKER,
     SHARED,
     LocalStore,
-    _valid_manifest,
     check_files,
     file_records,
+    valid_manifest,
 )
 
 BLOBS = "blobs"  # the manifest field naming the writer directory its files are in
@@ -219,7 +219,7 @@ class RemoteStore:
             except ValueError:
                 problem = "its manifest is not JSON"
             if manifest is not None:
-                if not _valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
+                if not valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
                     problem = "its manifest is not a trtflow manifest"
                 else:
                     manifests[(stage, key)] = manifest
@@ -264,7 +264,7 @@ class RemoteStore:
             return None
         except Exception as exc:  # noqa: BLE001
             raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
-        if not _valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
+        if not valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
             self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not a trtflow manifest"
             return None
         return manifest

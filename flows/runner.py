@@ -20,7 +20,8 @@ from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import call_stage
-from trtflow.flows.store import SHARED, ArtifactStore, file_records, open_store
+from trtflow.flows.store import SHARED, ArtifactStore, file_records
+from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
@@ -198,7 +199,14 @@ class Runner:
     def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
         if (name, key) in self.store.rejected:
             return self.store.rejected[(name, key)]
-        return keys.why_stale(self.store.last(name), key, parts, describe)
+        return keys.why_stale(self.store.last(name), key, parts, describe,
+                              self.graph.nodes[name].spec.all_params())
+
+    def _mark_last(self, name: str, key: str, parts: dict[str, Any], **outcome: str) -> None:
+        """`last.json`: the key of the stage's last run, its parts, every parameter (for `plan`'s why) and, for a
+        failed run, `status` and `error`."""
+        self.store.mark_last(name, {"key": key, "parts": parts, "params": self.graph.nodes[name].spec.all_params(),
+                                    **outcome})
 
     # --- run --------------------------------------------------------------------------------------------------
 
@@ -224,7 +232,7 @@ class Runner:
             found.append((StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
                                        "nothing changed", time.perf_counter() - started), parts))
         for outcome, parts in found:
-            self.store.mark_last(outcome.name, {"key": outcome.key, "parts": parts})
+            self._mark_last(outcome.name, outcome.key, parts)
         self.digests.save()
         return [outcome for outcome, _ in found]
 
@@ -239,7 +247,7 @@ class Runner:
         if not self.forced(name, force):
             manifest = self.store.lookup(name, key)
             if manifest is not None:
-                self.store.mark_last(name, {"key": key, "parts": parts})
+                self._mark_last(name, key, parts)
                 self.digests.save()
                 return StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
                                     "nothing changed", time.perf_counter() - started)
@@ -265,7 +273,7 @@ class Runner:
             self.store.discard(staging)
             _name_stage(exc, name)
             _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
-            self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(exc)})
+            self._mark_last(name, key, parts, status="failed", error=_first_line(exc))
             raise
         except BaseException:
             self.store.discard(staging)
@@ -275,9 +283,9 @@ class Runner:
             _retarget(failed, staging, str(directory))
             failed.directory = directory  # type: ignore[attr-defined]
             failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
-            self.store.mark_last(name, {"key": key, "parts": parts, "status": "failed", "error": _first_line(failed)})
+            self._mark_last(name, key, parts, status="failed", error=_first_line(failed))
             raise failed
-        self.store.mark_last(name, {"key": key, "parts": parts})
+        self._mark_last(name, key, parts)
         self.digests.save()
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)

@@ -87,7 +87,7 @@ def check_files(directory: Path, records: Any, rehash: bool = False) -> str | No
     return None
 
 
-def _valid_manifest(m: Any, key: str) -> bool:
+def valid_manifest(m: Any, key: str) -> bool:
     """A trtflow manifest of `key` whose every path stays inside its result directory."""
     return (isinstance(m, dict) and m.get("key") == key and isinstance(m.get("status"), str)
             and isinstance(m.get("outputs"), dict)
@@ -167,14 +167,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
-def open_store(location: str | Path) -> "ArtifactStore":
-    """The store at a directory, or at an fsspec URL (`s3://bucket/prefix`: see flows/remote_store.py)."""
-    from trtflow.flows.remote_store import RemoteStore
-    from trtflow.pipelines.loader import is_url
-
-    return RemoteStore(str(location)) if is_url(location) else LocalStore(Path(location))
-
-
 class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -204,7 +196,7 @@ class LocalStore:
         """The root carries trtflow's marker, or (a store made before the marker) holds a trtflow manifest."""
         if (self.root / MARKER).is_file():
             return True
-        return any(_valid_manifest(read_json(d / MANIFEST)[0], d.name) for _, d in self._result_dirs())
+        return any(valid_manifest(read_json(d / MANIFEST)[0], d.name) for _, d in self._result_dirs())
 
     def _result_dirs(self) -> list[tuple[str, Path]]:
         """(stage, directory) of every entry that can be a result: `<stage>/<32 hex>/`, real directories only
@@ -246,7 +238,7 @@ class LocalStore:
             if problem:
                 self.rejected[(stage, key)] = problem
             return None
-        if not _valid_manifest(manifest, key):
+        if not valid_manifest(manifest, key):
             self.rejected[(stage, key)] = f"{directory / MANIFEST} is not a trtflow manifest; ignored"
             return None
         if manifest["status"] != "ok":
@@ -326,7 +318,7 @@ class LocalStore:
             manifest, problem = read_json(directory / MANIFEST)
             if manifest is None:
                 problem = problem or "no manifest (an interrupted publish)"
-            elif not _valid_manifest(manifest, directory.name):
+            elif not valid_manifest(manifest, directory.name):
                 problem = "its manifest is not a trtflow manifest"
             else:
                 problem = check_files(directory, manifest.get("files"), rehash=True)

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import shutil
 
+import importlib
+
+import pytest
+from pydantic import create_model
+
 from tests.assets import PPOCR
 from trtflow.flows import keys
+from trtflow.pipelines.kinds import KINDS
 from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
 from trtflow.pipelines.loader import load_pipeline
@@ -17,7 +23,7 @@ PARTS = keys.key_parts("prepare", "1", {"simplify": True, "target_opset": 17},
 
 
 def test_recipe_is_pinned():
-    assert PARTS["format"] == keys.KEY_FORMAT == 1
+    assert PARTS["format"] == keys.KEY_FORMAT == 2
     assert keys.stage_key(PARTS) == PINNED_RECIPE
 
 
@@ -29,7 +35,7 @@ def test_every_part_changes_the_key():
 
 
 def test_key_of_a_real_stage_is_pinned(tmp_path):
-    """Everything that feeds a real stage's key: its parameters with their defaults, its VERSION, the digest of
+    """Everything that feeds a real stage's key: the parameters not at their default, its VERSION, the digest of
     the model file. The pre-flight is off, so no environment fact enters (the key is the same on every machine)."""
     shutil.copy(PPOCR, tmp_path / "cls.onnx")
     (tmp_path / "pipeline.yaml").write_text("version: 1\nname: pin\nmodel: cls.onnx\n"
@@ -40,5 +46,64 @@ def test_key_of_a_real_stage_is_pinned(tmp_path):
     assert item.key == PINNED_PREPARE
 
 
-PINNED_RECIPE = "e2f25c64db5d59af9072da01fccb7806"
-PINNED_PREPARE = "2235884dcec5515111b6396b2adbebec"  # prepare v2: check.data, ranges, trial_build
+PINNED_RECIPE = "e3c11055abdb68857bfdeb94268c6949"  # KEY_FORMAT 2
+PINNED_PREPARE = "0e79ca3f9b4c7e7e4c73d39d35085fbf"  # prepare v2, KEY_FORMAT 2: defaults left out
+
+
+# the smallest valid parameters of every kind, and parameters set to something else than their defaults
+MINIMAL = {
+    "prepare": {}, "precision": {}, "build": {}, "validate": {}, "benchmark": {},
+    "parity": {"images": "data/*.png", "deploy": [{"read": "rgb"}], "training": {"callable": "mine.prep:reference"}},
+    "calibrate": {"data": {"images": "data/*.png"}},
+}
+SET = {
+    "prepare": {"target_opset": 13, "simplify": False}, "precision": {"holdout": 3},
+    "build": {"profiles": {"p": {"x": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}}}},
+    "validate": {"repair": True}, "benchmark": {"duration": "1s", "shapes": ["opt", "max"]},
+    "parity": {"tolerances": {"top1": "90%"}}, "calibrate": {"method": "minmax"},
+}
+
+
+def _key(kind: str, params: dict) -> str:
+    """The key of a kind's stage on fixed inputs, outside any environment: what its parameters and VERSION give."""
+    spec = KINDS[kind].params.model_validate({"kind": kind, **params})
+    version = str(importlib.import_module(KINDS[kind].module).VERSION)
+    return keys.stage_key(keys.key_parts(kind, version, spec.key_params(), {"model": "ab" * 32}, None))
+
+
+def test_every_kind_covered():
+    assert set(MINIMAL) == set(SET) == set(KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_key_of_every_kind_is_pinned(kind):
+    assert (_key(kind, MINIMAL[kind]), _key(kind, {**MINIMAL[kind], **SET[kind]})) == PINNED_KINDS[kind]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_new_option_with_a_default_changes_no_key(kind, monkeypatch):
+    """What a trtflow release adds to a kind (an option, a nested option) must not re-key its stored results."""
+    for params in (MINIMAL[kind], {**MINIMAL[kind], **SET[kind]}):
+        before = _key(kind, params)
+        model = KINDS[kind].params
+        grown = create_model(f"Grown{model.__name__}", __base__=model, new_option=(int, 3),
+                             new_block=(dict[str, float], {"bound": 0.5}))
+        monkeypatch.setitem(KINDS, kind, type(KINDS[kind])(**{**KINDS[kind].__dict__, "params": grown}))
+        assert _key(kind, params) == before, params
+        assert _key(kind, {**params, "new_option": 4}) != before, "an option set to something else does count"
+        monkeypatch.undo()
+
+
+def test_a_value_equal_to_the_default_is_the_default():
+    assert _key("prepare", {"simplify": True}) == _key("prepare", {}) != _key("prepare", {"simplify": False})
+
+
+PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
+    "benchmark": ("26d8949cdfc44564af8713d07ca53966", "676c524b40af6739f55507dc775ce429"),
+    "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
+    "calibrate": ("eff11baf48cf72e5209463af07639737", "0b6cdfbb0fc950c61af6280f49d07fe7"),
+    "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
+    "precision": ("0077bb906ea56ef1c925904bf325dd25", "28f278737cd7af686061888ab53b9a94"),
+    "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
+    "validate": ("35944d48a40be99a3f124d2d23fde74e", "59eac163b90a41709ab51be9f05c1d7d"),
+}

@@ -53,6 +53,14 @@ def test_second_run_reuses_everything(write_yaml):
     assert {k: v[0] for k, v in plan_of(path).items()} == dict.fromkeys("abc", "reuse") | {"side": "reuse"}
 
 
+def test_a_change_from_a_default_is_explained_with_the_default(write_yaml):
+    """Defaults stay out of the key (flows/keys.py), but `plan` still says what the value was."""
+    path = write_yaml(PIPE)
+    run_all(path)
+    action, reason = plan_of(path, ['stages.a.version="2"'])["a"]
+    assert action == "run" and reason.endswith('params changed: version "1" -> "2"'), reason
+
+
 def test_param_change_reruns_stage_and_dependents_only(write_yaml):
     path = write_yaml(PIPE)
     run_all(path)
@@ -174,7 +182,7 @@ def test_manifest_contents(write_yaml):
     assert m["inputs"]["model"]["digest"] == json.loads(
         (runner.store.path("a", runner.store.last("a")["key"]) / "manifest.json").read_text()
     )["outputs"]["model"]["digest"]
-    assert m["key_parts"]["params"]["params"] == {}
+    assert "params" not in m["key_parts"]["params"], "left at its default ({}): not in the key"
     assert m["metrics"]["bytes"] == out["size"]
     assert (runner.store.path("b", key) / "summary.md").read_text().startswith("copied")
 
