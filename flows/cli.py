@@ -189,14 +189,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _print_code(loaded) -> None:
-    """A pipeline file is code: what it will run besides trtflow, for whoever reviews it."""
+    """A pipeline file is code: what it will run besides trtflow, and the files it reads from outside its own
+    directory (whose pictures and statistics may be published to a shared store), for whoever reviews it."""
     code = [(name, what) for name, spec in loaded.spec.stages.items() for what in spec.executes()]
     if not code:
         out.print("runs no code of its own: trtflow's stages only")
-        return
-    out.print("runs this code besides trtflow's (review it as you review the pipeline file):")
-    for name, what in code:
-        out.print(f"  {escape(name)}: {escape(what)}")
+    else:
+        out.print("runs this code besides trtflow's (review it as you review the pipeline file):")
+        for name, what in code:
+            out.print(f"  {escape(name)}: {escape(what)}")
+    base = loaded.base_dir.resolve()
+    outside = [(name, pattern) for name, spec in loaded.spec.stages.items()
+               for pattern, _ in spec.data_globs().values() if not _glob_root(base, pattern).is_relative_to(base)]
+    if outside:
+        out.print(f"reads files outside {base}:")
+        for name, pattern in outside:
+            out.print(f"  {escape(name)}: {escape(pattern)}")
+
+
+def _glob_root(base: Path, pattern: str) -> Path:
+    """The directory a glob starts from: its parts before the first wildcard, resolved."""
+    fixed = []
+    for part in Path(pattern).parts:
+        if any(c in part for c in "*?["):
+            break
+        fixed.append(part)
+    return (base / Path(*fixed)).resolve() if fixed else base
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -200,6 +200,7 @@ def test_validate_and_plan_list_the_code_a_pipeline_runs(write_yaml, workdir, ca
     assert "runs this code besides trtflow's" in out
     assert "mine: tests.stage_fns:copy_model (a function of yours: the stage itself)" in out
     assert f"benchmark: trtexec: {workdir}/tools/trtexec (a program)" in out
+    assert "reads files outside" not in out
     assert cli.main(["plan", str(path), "--json"]) == 0
     stages = {s["stage"]: s["executes"] for s in json.loads(capsys.readouterr().out)["stages"]}
     assert stages == {"mine": ["tests.stage_fns:copy_model (a function of yours: the stage itself)"], "build": [],
@@ -227,3 +228,20 @@ def test_a_standard_library_function_is_never_handed_the_files(write_yaml, workd
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 1 and len(err) == 1 and f"'{ref}' is in Python's standard library" in err[0], err
     assert not (workdir / "PWNED").exists() and planted.exists() and (workdir / "models" / "cls.onnx").exists()
+
+
+def test_validate_names_data_read_from_outside_the_pipelines_directory(write_yaml, workdir, capsys):
+    path = write_yaml("""
+        version: 1
+        name: globs
+        model: models/cls.onnx
+        stages:
+          fp16: {kind: precision, data: {images: "data/*.png"}}
+          int8: {kind: calibrate, data: {images: "../elsewhere/*.png"}}
+          again: {kind: calibrate, data: {tensors: "/srv/private/**/*.npy"}}
+        """)
+    assert cli.main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    listed = out[out.index("reads files outside"):]
+    assert "int8: ../elsewhere/*.png" in listed and "again: /srv/private/**/*.npy" in listed, out
+    assert "fp16" not in listed, "data/ is inside the pipeline's directory"
