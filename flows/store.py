@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Protocol
 
-from trtflow.errors import StoreError
+from trtflow.errors import StageError, StoreError
 from trtflow.flows.digest import file_sha256
 
 MANIFEST = "manifest.json"
@@ -53,6 +53,9 @@ def file_records(directory: Path, sha256: Callable[[Path], str] = file_sha256) -
     """relative path -> size, sha256, mtime_ns of every file under `directory` but the manifest."""
     out = {}
     for f in _result_files(directory):
+        if f.is_symlink():  # it would point outside the result, and is never served (check_files)
+            raise StageError(f"the stage wrote a symlink, {f.relative_to(directory).as_posix()}, among its outputs: "
+                             f"write the file itself")
         st = f.stat()
         out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": sha256(f),
                                                     "mtime_ns": st.st_mtime_ns}

@@ -156,3 +156,11 @@ def interval(params, inputs, out_dir: Path) -> StageResult:
         f.write(f"{params.params['tag']} {start} {time.time()}\n")
     (out_dir / "report.json").write_text("{}")
     return StageResult(outputs={"report": out_dir / "report.json"})
+
+
+def write_symlink(params, inputs, out_dir: Path) -> StageResult:
+    """A directory output holding an engine file and a symlink to the input model."""
+    (out_dir / "engines").mkdir()
+    (out_dir / "engines" / "a.plan").write_bytes(b"engine")
+    (out_dir / "engines" / "b.plan").symlink_to(inputs["model"].path)
+    return StageResult(outputs={"engines": out_dir / "engines"})

@@ -330,3 +330,17 @@ def test_a_manifest_naming_a_path_outside_its_result_is_not_a_manifest(pipe, bad
     manifest["outputs"]["model"]["path"] = bad_path
     (directory / "manifest.json").write_text(json.dumps(manifest))
     assert plan_of(path)["a"][0] == "run"
+
+
+def test_a_stage_that_outputs_a_symlink_is_one_line_and_publishes_nothing(write_yaml, workdir):
+    from trtflow.errors import StageError
+    path = write_yaml("""
+        version: 1
+        name: link
+        model: models/cls.onnx
+        stages:
+          s: {kind: "tests.stage_fns:write_symlink", outputs: {engines: dir}}
+        """)
+    with pytest.raises(StageError, match="the stage wrote a symlink, engines/b.plan, among its outputs"):
+        run_all(path)
+    assert [p.name for p in (workdir / ".trtflow" / "s").iterdir()] == ["last.json"]
