@@ -15,17 +15,6 @@ from trtflow.stages.trt.env import detect_tensorrt
 TENSORRT = detect_tensorrt()
 
 
-# The longest files, measured (`--durations`): scheduled first, so the two workers (a file each) finish together
-# instead of one running the last long file alone.
-LONGEST_FIRST = ("test_zoo.py", "test_kill.py", "test_example.py", "test_deploy.py", "test_calibrate_stage.py",
-                 "test_reduce.py", "test_server.py", "test_shared_store.py")
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "tensorrt: needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
     _start_prefect_server(config)
