@@ -31,9 +31,10 @@ def stage_key(parts: dict[str, Any]) -> str:
 
 
 def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], describe_env,
-              params: dict[str, Any] | None = None) -> str:
+              params: dict[str, Any]) -> str:
     """Why a stage whose key is not published must run, from the record of its last run (`last.json`). `params`
-    (every parameter, defaults included; else the key's) is compared with the one the last run recorded."""
+    (every parameter, defaults included) is compared with the ones the last run recorded (a record written before
+    they were: its key's parameters)."""
     if not last:
         return "never run"
     old = last.get("parts", {})
@@ -49,7 +50,7 @@ def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], desc
         reasons.append(f"stage implementation changed ({old.get('kind')} v{old.get('version')} -> "
                        f"{parts['kind']} v{parts['version']})")
     before = last.get("params") if isinstance(last.get("params"), dict) else old.get("params", {})
-    changed = diff(before, params if params is not None else parts["params"])
+    changed = diff(before, params)
     if changed:
         reasons.append("params changed: " + ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""))
     for slot in sorted(set(old.get("inputs", {})) | set(parts["inputs"])):

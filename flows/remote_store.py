@@ -29,6 +29,7 @@ from trtflow.flows.store import (
     LAST,
     MANIFEST,
     MARKER,
+    MARKER_CONTENT,
     SHARED,
     LocalStore,
     check_files,
@@ -92,7 +93,7 @@ class RemoteStore:
             raise self._fail("opening", exc) from None
         try:
             if not self.fs.exists(self._remote(MARKER)):
-                self.fs.pipe_file(self._remote(MARKER), json.dumps({"trtflow": "artifact store", "format": 1}).encode())
+                self.fs.pipe_file(self._remote(MARKER), json.dumps(MARKER_CONTENT).encode())
         except Exception as exc:  # noqa: BLE001
             raise self._fail("marking the store", exc) from None
 
@@ -195,19 +196,25 @@ class RemoteStore:
             entries = self.fs.find(self.base, withdirs=False)
         except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
             raise self._fail("listing", exc) from None
+        # one pass over the listing: (stage, key) -> the names directly under it, and which of those are directories
         rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
-        pairs = sorted({tuple(p.split("/")[:2]) for p in rel_paths if p.count("/") >= 1})
-        def trtflows(stage: str, key: str) -> bool:  # a key directory holding a manifest or a writer's files
-            inside = {p.split("/")[2] for p in rel_paths if p.startswith(f"{stage}/{key}/") and p.count("/") >= 2}
-            return MANIFEST in inside or any(WRITER_NAME.fullmatch(n) for n in inside)
+        children: dict[tuple[str, str], set[str]] = {}
+        subdirs: dict[tuple[str, str], set[str]] = {}
+        for p in rel_paths:
+            parts = p.split("/")
+            if len(parts) >= 2:
+                children.setdefault((parts[0], parts[1]), set()).update(parts[2:3])
+                subdirs.setdefault((parts[0], parts[1]), set()).update(parts[2:3] if len(parts) >= 4 else ())
+        pairs = sorted(children)
         ours = [(stage, key) for stage, key in pairs if not stage.startswith(".") and stage != SHARED
-                and KEY_NAME.fullmatch(key) and trtflows(stage, key)]
-        if MARKER not in rel_paths and not any(f"{stage}/{key}/{MANIFEST}" in rel_paths for stage, key in ours):
+                and KEY_NAME.fullmatch(key)  # a key directory holding a manifest or a writer's files
+                and (MANIFEST in children[(stage, key)] or any(map(WRITER_NAME.fullmatch, children[(stage, key)])))]
+        if MARKER not in rel_paths and not any(MANIFEST in children[pair] for pair in ours):
             raise StoreError(f"{self.location} is not a trtflow artifact store (no {MARKER} and no trtflow "
                              f"manifest): nothing was checked or removed",
                              hint="give the store's URL: the pipeline's 'artifacts:'")
-        for stage, key in pairs:
-            if (stage, key) not in ours and not stage.startswith(".") and stage != SHARED and key != LAST:
+        for stage, key in sorted(set(pairs) - set(ours)):
+            if not stage.startswith(".") and stage != SHARED and key != LAST:
                 rows.append({"stage": f"{stage}/{key}", "key": "", "status": "foreign",
                              "problem": "not made by trtflow: left alone"})
         for stage, key in ours:
@@ -227,7 +234,7 @@ class RemoteStore:
                     hashed += sum(r.get("size", 0) for r in manifest["files"].values() if isinstance(r, dict))
             rows.append({"stage": stage, "key": key, "status": "ok" if problem is None else "bad",
                          "problem": problem})
-            names = {p.split("/")[2] for p in rel_paths if p.startswith(f"{stage}/{key}/") and p.count("/") >= 3}
+            names = subdirs[(stage, key)]
             for orphan in sorted(names - {(manifest or {}).get(BLOBS)}):
                 if not WRITER_NAME.fullmatch(orphan):
                     rows.append({"stage": f"{stage}/{key}/{orphan}", "key": "", "status": "foreign",

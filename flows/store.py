@@ -31,6 +31,7 @@ MANIFEST = "manifest.json"
 LAST = "last.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
 MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
+MARKER_CONTENT = {"trtflow": "artifact store", "format": 1}
 KEY_NAME = re.compile(r"[0-9a-f]{32}")  # flows/keys.py's stage_key
 HOST = socket.gethostname().replace("-", "_")[:32]
 UMASK = os.umask(0o022)
@@ -192,41 +193,33 @@ class LocalStore:
             self.read_only = True
             return
         if not (self.root / MARKER).is_file():
-            write_json_atomic(self.root / MARKER, {"trtflow": "artifact store", "format": 1})
+            write_json_atomic(self.root / MARKER, MARKER_CONTENT)
         self.clean_staging()
 
     def is_store(self) -> bool:
         """The root carries trtflow's marker, or (a store made before the marker) holds a trtflow manifest."""
         if (self.root / MARKER).is_file():
             return True
-        return any(valid_manifest(read_json(d / MANIFEST)[0], d.name) for _, d in self._result_dirs())
+        return any(valid_manifest(read_json(d / MANIFEST)[0], d.name) for _, d in self._walk()[0])
 
-    def _result_dirs(self) -> list[tuple[str, Path]]:
-        """(stage, directory) of every entry that can be a result: `<stage>/<32 hex>/`, real directories only
-        (a symlinked stage or result is never followed)."""
-        out = []
+    def _walk(self) -> tuple[list[tuple[str, Path]], list[str]]:
+        """What lies under the root: (stage, directory) of every result (`<stage>/<32 hex>/`, real directories:
+        a symlinked stage or result is never followed), and the names of what trtflow did not make (left alone
+        by `verify --repair`). trtflow's own files (`last.json`, staging, the marker) are in neither."""
+        results, foreign = [], []
         for stage in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-            if stage.name.startswith(".") or stage.name == SHARED or stage.is_symlink() or not stage.is_dir():
-                continue
-            out.extend((stage.name, d) for d in sorted(stage.iterdir())
-                       if KEY_NAME.fullmatch(d.name) and d.is_dir() and not d.is_symlink())
-        return out
-
-    def _foreign(self) -> list[str]:
-        """What lies under the root that trtflow did not make (left alone by `verify --repair`)."""
-        out = []
-        for stage in sorted(self.root.iterdir()):
             if stage.name.startswith(".") or stage.name == SHARED:
                 continue
             if stage.is_symlink() or not stage.is_dir():
-                out.append(stage.name + (" (a symlink)" if stage.is_symlink() else ""))
+                foreign.append(stage.name + (" (a symlink)" if stage.is_symlink() else ""))
                 continue
             for d in sorted(stage.iterdir()):
-                if d.name == LAST or (d.name.startswith((".tmp-", ".trash-", f".{LAST}.")) and not d.is_symlink()):
-                    continue
-                if not KEY_NAME.fullmatch(d.name) or d.is_symlink() or not d.is_dir():
-                    out.append(f"{stage.name}/{d.name}" + (" (a symlink)" if d.is_symlink() else ""))
-        return out
+                link = d.is_symlink()
+                if KEY_NAME.fullmatch(d.name) and d.is_dir() and not link:
+                    results.append((stage.name, d))
+                elif d.name != LAST and (link or not d.name.startswith((".tmp-", ".trash-", f".{LAST}."))):
+                    foreign.append(f"{stage.name}/{d.name}" + (" (a symlink)" if link else ""))
+        return results, foreign
 
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
@@ -317,7 +310,8 @@ class LocalStore:
                              f"nothing was checked or removed",
                              hint="give the store's directory: the pipeline's 'artifacts:', .trtflow by default")
         rows, hashed = [], 0
-        for stage, directory in self._result_dirs():
+        results, foreign = self._walk()
+        for stage, directory in results:
             manifest, problem = read_json(directory / MANIFEST)
             if manifest is None:
                 problem = problem or "no manifest (an interrupted publish)"
@@ -331,7 +325,7 @@ class LocalStore:
                          "status": "ok" if problem is None else "bad", "problem": problem})
             if problem and repair:
                 self._drop(directory)
-        for name in self._foreign():
+        for name in foreign:
             rows.append({"stage": name, "key": "", "status": "foreign",
                          "problem": "not made by trtflow: left alone"})
         stale = [d for d in self._staging_dirs() if d.name.startswith(".tmp-") and not _owner_alive(d.name)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.assets import PPOCR
+from tests.assets import PPOCR, in_ci
 from trtflow.stages.trt.env import detect_tensorrt
 
 TENSORRT = detect_tensorrt()
@@ -101,7 +101,7 @@ def _need_tensorrt() -> None:
     """Skip without TensorRT on a developer's machine; in CI (CI=true), where the README installs TensorRT-RTX,
     fail: a test that needs it never passes by not running."""
     message = "needs a TensorRT flavour (pip install tensorrt-rtx-cu13)"
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    if in_ci():
         pytest.fail(f"{message}: CI installs it with the README's command", pytrace=False)
     pytest.skip(message)
 
