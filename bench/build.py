@@ -18,7 +18,9 @@ from rich.console import Console
 from rich.table import Table
 
 from trtflow.artifact import Artifact
-from trtflow.pipelines.schema import BuildStage, CalibrateStage, PrecisionStage
+from trtflow.pipelines.params.build import BuildStage
+from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages import build, calibrate, precision
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ SETTINGS = dict(ActivationSymmetric=True, WeightSymmetric=True, QuantizeBias=Fal
 def prepared_model(directory: Path) -> Path:
     """The example model through the real `prepare` stage (opset 17, simplified, weights as initializers)."""
     from trtflow.artifact import Artifact
-    from trtflow.pipelines.schema import PrepareStage
+    from trtflow.pipelines.params.prepare import PrepareStage
     from trtflow.stages import prepare
 
     src = ROOT / "examples" / "ppocr-cls" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -44,7 +44,7 @@ def worker(kind: str, model: Path, samples: int, method: str, out: Path) -> dict
     t0 = time.perf_counter()
     if kind == "trtflow":
         from trtflow.artifact import Artifact
-        from trtflow.pipelines.schema import CalibrateStage
+        from trtflow.pipelines.params.calibrate import CalibrateStage
         from trtflow.stages import calibrate
         params = CalibrateStage.model_validate({"kind": "calibrate", "method": method, "holdout": 0,
                                                 "data": {"random": True, "samples": samples, "shapes": {"x": SHAPE}}})

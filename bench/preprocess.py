@@ -94,7 +94,7 @@ def diagnosis_cases() -> list[tuple[str, list, list, object, dict]]:
 
 
 def diagnosis_table(rounds: int) -> Table:
-    from trtflow.pipelines.schema import PreprocessStep
+    from trtflow.pipelines.params.parity import PreprocessStep
     from trtflow.stages.image import diagnosis
 
     table = Table(title=f"parity diagnosis of two planted mistakes (at most {diagnosis.ROUNDS} rounds, "

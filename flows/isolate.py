@@ -55,7 +55,7 @@ def _die_with_parent() -> None:
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
-PRELOAD = ["trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.schema", "trtflow.artifact"]
+PRELOAD = ["trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds", "trtflow.artifact"]
 _CONTEXT: Any = None
 _CONTEXT_LOCK = threading.Lock()
 

@@ -1,42 +1,45 @@
 """What `validate` and `plan` can check beyond the YAML's shape, without running a stage: facts of the model a
-stage will read, where that model is known beforehand. The pipeline's source model is; prepare, precision and
-calibrate keep its input names, so a build fed through them sees the source's inputs."""
+stage will read, where that model is known beforehand. The pipeline's source model is; kinds whose row says
+`keeps_input_names` (prepare, precision, calibrate) keep its input names, so a build fed through them sees them."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from trtflow.pipelines.graph import SOURCE, StageGraph
-from trtflow.pipelines.kinds import MODEL_MAKERS
+from trtflow.pipelines.graph import SOURCE, StageGraph, StageNode
+from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
 from trtflow.text import suggestion
 
 
 def check(loaded: LoadedPipeline, graph: StageGraph) -> None:
-    """Raise the SpecError of the first profile that names an input the model does not have."""
+    """Raise the SpecError of the first parameter that names an input the model does not have."""
     names: list[str] | None = None
     for node in graph.nodes.values():
-        profiles = getattr(node.spec, "profiles", None) if node.spec.kind == "build" else None
-        if not profiles or not all(_keeps_source_inputs(graph, e.stage) for e in node.inputs.get("models", [])):
+        named = node.spec.named_model_inputs()
+        if not named or not all(_keeps_source_inputs(graph, e.stage) for e in _model_edges(node)):
             continue
         if names is None:
             names = _input_names(loaded.model_path)
             if names is None:  # not readable as ONNX: the prepare stage says so, with its own message
                 return
-        for pname, shapes in profiles.items():
-            for input_name in shapes:
-                if input_name not in names:
-                    raise loaded.error(
-                        f"model '{loaded.spec.model}' has no input '{input_name}'",
-                        ("stages", node.name, "profiles", pname, input_name),
-                        hint=suggestion(input_name, names) or f"its inputs: {', '.join(names)}")
+        for input_name, path in named:
+            if input_name not in names:
+                raise loaded.error(f"model '{loaded.spec.model}' has no input '{input_name}'",
+                                   ("stages", node.name, *path),
+                                   hint=suggestion(input_name, names) or f"its inputs: {', '.join(names)}")
+
+
+def _model_edges(node: StageNode) -> list:
+    slots = kind_of(node.spec).slots_for(node.spec)
+    return [e for slot, edges in node.inputs.items() if slot in slots and slots[slot].type == "onnx" for e in edges]
 
 
 def _keeps_source_inputs(graph: StageGraph, stage: str) -> bool:
     if stage == SOURCE:
         return True
     node = graph.nodes[stage]
-    return node.spec.kind in MODEL_MAKERS and all(_keeps_source_inputs(graph, e.stage)
-                                                  for e in node.inputs.get("model", []))
+    return kind_of(node.spec).keeps_input_names and all(_keeps_source_inputs(graph, e.stage)
+                                                        for e in _model_edges(node))
 
 
 def _input_names(path: Path) -> list[str] | None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import graphlib
 from dataclasses import dataclass
 
-from trtflow.pipelines.kinds import ANY_KIND, USER, Slot, kind_of
+from trtflow.pipelines.kinds import USER, kind_of
 from trtflow.pipelines.loader import LoadedPipeline
+from trtflow.pipelines.row import ANY_KIND, Slot
 from trtflow.pipelines.schema import StageBase
 from trtflow.text import suggestion
 

@@ -156,7 +156,7 @@ def write_yaml(workdir: Path):
 def engine_size():
     """Build a model with the real build stage (TensorRT-RTX on the CPU here); returns the engine's size."""
     from trtflow.artifact import Artifact
-    from trtflow.pipelines.schema import BuildStage
+    from trtflow.pipelines.params.build import BuildStage
     from trtflow.stages import build
 
     def size(model: Path, shapes: dict[str, list[int]] | None, out: Path) -> int:

@@ -107,7 +107,7 @@ def test_baseline_previous_is_the_last_accepted_run(write_yaml, workdir):
 
 def test_no_trtexec_when_it_is_required_is_one_line(write_yaml, workdir, tmp_path):
     from trtflow.artifact import Artifact
-    from trtflow.pipelines.schema import BenchmarkStage
+    from trtflow.pipelines.params.benchmark import BenchmarkStage
     from trtflow.stages import benchmark
     shutil.copy(workdir / "models" / "cls.onnx", tmp_path / "m.onnx")
     params = BenchmarkStage.model_validate({"kind": "benchmark", "tool": "trtexec", "trtexec": "/nowhere/trtexec"})

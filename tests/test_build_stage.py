@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from tests.assets import PPOCR, SQUEEZENET
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.schema import BuildStage
+from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages import build
 
 pytestmark = pytest.mark.tensorrt
@@ -35,7 +35,8 @@ def run_build(models: list[Artifact], out: Path, **kw):
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory) -> list[Artifact]:
     """FP32, FP16 and INT8 SqueezeNet, made by the real precision and calibrate stages."""
-    from trtflow.pipelines.schema import CalibrateStage, PrecisionStage
+    from trtflow.pipelines.params.calibrate import CalibrateStage
+    from trtflow.pipelines.params.precision import PrecisionStage
     from trtflow.stages import calibrate, precision
     tmp = tmp_path_factory.mktemp("variants")
     fp32 = Artifact(SQUEEZENET, "onnx", "a", "prepare")
@@ -159,7 +160,7 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
     """PP-OCR's classifier (small depthwise convs): TensorRT-RTX's INT8 engine is about 3x its FP32 engine."""
     from onnx import version_converter
 
-    from trtflow.pipelines.schema import CalibrateStage
+    from trtflow.pipelines.params.calibrate import CalibrateStage
     from trtflow.stages import calibrate
 
     fp32 = _prepared_ppocr(tmp_path)

@@ -15,7 +15,7 @@ from tests.assets import IMAGENET, PHOTOS, PPOCR, SQUEEZENET
 from tests.graphs import fpn, if_with_outer_refs, only_inside_if
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import CalibrateStage
+from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.stages import calibrate
 from trtflow.stages.image import preprocess
 

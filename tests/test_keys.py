@@ -3,18 +3,17 @@ published result in every user's store stops being found. If the change is delib
 `trtflow.flows.keys.KEY_FORMAT` (or the stage's VERSION) and update the pins; if not, it is a bug."""
 from __future__ import annotations
 
-import shutil
-
 import importlib
+import shutil
 
 import pytest
 from pydantic import create_model
 
 from tests.assets import PPOCR
 from trtflow.flows import keys
-from trtflow.pipelines.kinds import KINDS
 from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
+from trtflow.pipelines.kinds import KINDS
 from trtflow.pipelines.loader import load_pipeline
 
 PARTS = keys.key_parts("prepare", "1", {"simplify": True, "target_opset": 17},

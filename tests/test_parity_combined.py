@@ -15,7 +15,7 @@ import yaml
 from tests.assets import EXAMPLES, PHOTOS
 from trtflow.artifact import Artifact
 from trtflow.errors import StageFailed
-from trtflow.pipelines.schema import ParityStage
+from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
 from trtflow.stages.image import preprocess
 

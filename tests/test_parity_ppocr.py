@@ -13,7 +13,7 @@ import yaml
 from tests.assets import EXAMPLES, PPOCR
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.schema import ParityStage
+from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
 from trtflow.stages.image import paddleocr
 

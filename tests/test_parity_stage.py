@@ -12,7 +12,7 @@ import pytest
 from tests.assets import PHOTOS, SQUEEZENET
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.schema import ParityStage
+from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
 from trtflow.stages.image import preprocess
 

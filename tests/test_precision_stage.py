@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.assets import PPOCR, SQUEEZENET
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import PrecisionStage
+from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages import precision
 from trtflow.stages.ort.runner import run, session
 

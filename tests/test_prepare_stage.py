@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from tests.assets import PPOCR
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import PrepareStage
+from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.stages import prepare
 from trtflow.stages.onnx.graph import constants_to_initializers
 from trtflow.stages.onnx.model_io import has_external_data

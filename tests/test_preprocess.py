@@ -7,7 +7,7 @@ from PIL import Image
 
 from tests.assets import PHOTOS
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import ParityStage
+from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages.image import preprocess, resample
 
 

@@ -12,7 +12,8 @@ import pytest
 from tests.graphs import bert_like, control_input
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import CalibrateStage, PrepareStage
+from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.stages import calibrate, prepare
 from trtflow.stages.onnx.graph import index_bounds
 

@@ -266,8 +266,9 @@ def _tree(root: Path) -> dict[str, bytes | str]:
 
 def test_verify_repair_refuses_a_directory_that_is_not_a_store(tmp_path, capsys):
     """A model repo passed as --store by mistake: refused before anything is read, nothing removed."""
-    from tests.assets import EXAMPLES
     import shutil
+
+    from tests.assets import EXAMPLES
     repo = tmp_path / "repo"
     shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns(".trtflow"))
     (repo / "stages" / "prepare").mkdir(parents=True)  # a folder named like a stage, of the repo's own

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import BuilderOptions
+from trtflow.pipelines.params.build import BuilderOptions
 from trtflow.stages.trt import config, parse
 
 pytestmark = pytest.mark.tensorrt
@@ -140,7 +140,7 @@ def test_an_option_the_installed_tensorrt_lacks_is_refused(tensorrt_backend):
 
 def test_options_survive_the_trip_to_the_worker():
     """The build stage hands the worker JSON; the worker validates it into the same typed object."""
-    from trtflow.pipelines.schema import BuildStage
+    from trtflow.pipelines.params.build import BuildStage
 
     stage = BuildStage.model_validate({"kind": "build", "workspace": "1GiB", "optimization_level": 3,
                                        "hardware_compatibility": "ampere_plus"})

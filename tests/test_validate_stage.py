@@ -13,7 +13,9 @@ from onnx import helper, numpy_helper
 from tests.assets import IMAGENET, PHOTOS, SQUEEZENET
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.schema import CalibrateStage, PrecisionStage, ValidateStage
+from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.pipelines.params.precision import PrecisionStage
+from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages import calibrate, precision, validate
 from trtflow.stages.image import preprocess
 from trtflow.stages.ort import qdq

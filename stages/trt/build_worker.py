@@ -18,7 +18,7 @@ SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "
 
 
 def build(spec: dict[str, Any]) -> dict[str, Any]:
-    from trtflow.pipelines.schema import BuilderOptions
+    from trtflow.pipelines.params.build import BuilderOptions
     from trtflow.stages.trt import config as trt_config
     from trtflow.stages.trt import parse as trt_parse
 

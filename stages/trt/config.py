@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import BuilderOptions
+from trtflow.pipelines.params.build import BuilderOptions
 from trtflow.text import did_you_mean
 
 # option -> the IBuilderConfig attribute it sets

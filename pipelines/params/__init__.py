@@ -1,0 +1,1 @@
+"""One module per stage kind: its parameter model (the YAML it accepts) and its row `KIND`."""

@@ -1,0 +1,53 @@
+"""Stage `benchmark`: latency and throughput per engine (trtexec or the built-in harness), gated."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
+from trtflow.pipelines.schema import StageBase, Strict
+from trtflow.pipelines.units import Duration, Fraction
+
+
+class GateSpec(Strict):
+    baseline: str = Field("previous", description="'previous' (last accepted run) or a path to a report.json")
+    p99_regression: Fraction | None = None
+    mean_regression: Fraction | None = None
+    throughput_regression: Fraction | None = None
+
+
+class BenchmarkStage(StageBase):
+    kind: Literal["benchmark"]
+    tool: Literal["auto", "trtexec", "builtin"] = Field(
+        "auto", description="auto: trtexec where found, else the built-in harness (the engine on a GPU that can "
+                            "run it, else its ONNX variant on ONNX Runtime, labelled as such)")
+    trtexec: str | None = Field(None, description="path of trtexec (default: PATH, TENSORRT_ROOT, usual places)")
+    shapes: list[Literal["min", "opt", "max"]] = Field(
+        default_factory=lambda: ["opt"], min_length=1, description="which shapes of each profile to measure")
+    warmup: Duration = 0.2
+    duration: Duration = 3.0
+    iterations: int | None = Field(None, ge=1, le=10_000_000)
+    trtexec_args: list[str] = Field(default_factory=list)
+    gate: GateSpec | None = None
+
+    def executes(self) -> list[str]:
+        if self.tool == "builtin":
+            return []
+        where = self.trtexec or "the first found on PATH, under TENSORRT_ROOT or in the usual places"
+        return [f"trtexec: {where} (a program)"]
+
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        if self.gate is not None and self.gate.baseline != "previous":
+            return {"baseline": (self.gate.baseline, ("gate", "baseline"))}
+        return {}
+
+
+KIND = Kind("benchmark", BenchmarkStage,
+            slots={"engines": Slot("engines", required=False, prefer=("build",)),
+                   "models": Slot("onnx", many=True, required=False, prefer=MODEL_MAKERS),
+                   "preprocess": PREPROCESS_SLOT},
+            outputs={"report": "json"},
+            env=lambda p: TENSORRT_AND_GPU,
+            # the accepted results a `baseline: previous` gate compares with: outside the key, like timing caches
+            shared_caches=lambda p: ("baselines",) if p.gate is not None and p.gate.baseline == "previous" else ())

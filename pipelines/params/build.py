@@ -1,0 +1,66 @@
+"""Stage `build`: one TensorRT engine per model variant x optimization profile x target, and the builder's options."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from trtflow.pipelines.row import MODEL_MAKERS, TENSORRT_AND_GPU, Kind, Slot
+from trtflow.pipelines.schema import Shape, StageBase, Strict
+from trtflow.pipelines.units import Size
+
+
+class ShapeRange(Strict):
+    min: Shape
+    opt: Shape
+    max: Shape
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ShapeRange":
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise ValueError("min, opt and max must have the same rank")
+        for i, (a, b, c) in enumerate(zip(self.min, self.opt, self.max)):
+            if not a <= b <= c:
+                raise ValueError(f"dimension {i}: need min <= opt <= max, got {a}, {b}, {c}")
+        return self
+
+
+class BuilderOptions(Strict):
+    """The TensorRT builder's options, typed once: this object travels from the YAML to the build worker, which
+    validates it again; `trtflow.stages.trt.config` checks it against the installed TensorRT and applies it."""
+    optimization_level: int | None = Field(None, ge=0, le=5)
+    workspace: Size | None = None
+    aux_streams: int | None = Field(None, ge=0)
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = None
+    version_compatible: bool = False
+    strip_plan: bool = False
+    weight_streaming: bool = False
+    legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
+        default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
+
+
+class BuildStage(StageBase, BuilderOptions):
+    kind: Literal["build"]
+    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"
+    profiles: dict[str, dict[str, ShapeRange]] = Field(
+        default_factory=dict, description="named optimization profiles: {name: {input: {min, opt, max}}}")
+    profile_mode: Literal["separate", "combined"] = Field(
+        "separate", description="one engine per profile, or all profiles in one engine")
+    targets: list[str] = Field(default_factory=lambda: ["native"],
+                               description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)")
+    timing_cache: bool = True
+    parallel: int = Field(2, ge=1, le=64)
+    log_severity: Literal["error", "warning", "info", "verbose"] = "warning"
+
+    def named_model_inputs(self) -> list[tuple[str, tuple]]:
+        return [(name, ("profiles", pname, name)) for pname, shapes in self.profiles.items() for name in shapes]
+
+    def builder_options(self) -> BuilderOptions:
+        return BuilderOptions.model_validate(self.model_dump(include=set(BuilderOptions.model_fields)))
+
+
+KIND = Kind("build", BuildStage,
+            slots={"models": Slot("onnx", many=True, prefer=MODEL_MAKERS, source_ok=True)},
+            outputs={"engines": "engines", "report": "json"},
+            env=lambda p: TENSORRT_AND_GPU,
+            shared_caches=lambda p: ("timing_cache",) if p.timing_cache else ())

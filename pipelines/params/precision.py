@@ -1,0 +1,33 @@
+"""Stage `precision`: FP16 (or BF16) mixed precision, with automatic FP32 fallback."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from trtflow.pipelines.row import PREPROCESS_SLOT, Kind, Slot
+from trtflow.pipelines.schema import MAX_SAMPLES, SampleData, StageBase, Strict
+
+
+class FallbackSpec(Strict):
+    auto: bool = Field(True, description="keep nodes in FP32 whose activations overflow or lose accuracy")
+    data_max: float = Field(512.0, gt=0, description="keep a node FP32 if |activation| exceeds this")
+    init_max: float = Field(65504.0, gt=0, description="keep a node FP32 if a weight exceeds this")
+    max_rel_error: float | None = Field(None, gt=0, description="keep a node FP32 if its FP16 error is larger")
+
+
+class PrecisionStage(StageBase):
+    kind: Literal["precision"]
+    to: Literal["fp16", "bf16"] = "fp16"
+    keep_io_types: bool = True
+    fallback: FallbackSpec = Field(default_factory=FallbackSpec)
+    block_ops: list[str] = Field(default_factory=list, description="op types kept in FP32")
+    block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32")
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True))
+    holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="samples for the CPU accuracy pre-flight")
+
+
+KIND = Kind("precision", PrecisionStage,
+            slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},
+            outputs={"model": "onnx", "report": "json"},
+            keeps_input_names=True)

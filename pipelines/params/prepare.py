@@ -1,0 +1,61 @@
+"""Stage `prepare`: opset conversion, simplification and the TensorRT pre-flight."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from trtflow.pipelines.row import TENSORRT, Kind, Slot
+from trtflow.pipelines.schema import SampleData, Shape, StageBase, Strict
+
+
+class CheckSpec(Strict):
+    """How a transformed model (simplified, converted) is compared to the original with ONNX Runtime."""
+    samples: int = Field(2, ge=1, le=100, description="random input batches to compare")
+    rtol: float = Field(1e-3, ge=0)
+    atol: float = Field(1e-4, ge=0)
+    seed: int = 0
+    data: SampleData | None = Field(
+        None, description="the inputs to compare on: tensors, or random with shapes and ranges (default: random, "
+                          "`samples` of them, shaped by input_shapes)")
+
+    @model_validator(mode="after")
+    def _no_images(self) -> "CheckSpec":
+        if self.data is not None and self.data.images is not None:
+            raise ValueError("data.images needs the parity stage's preprocessing, which comes after prepare: "
+                             "give data.tensors, or random data with ranges")
+        return self
+
+
+def _yaml_off(value: Any) -> Any:
+    # YAML 1.1 reads a bare `off` as false (and `on` as true)
+    return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
+
+class PrepareStage(StageBase):
+    kind: Literal["prepare"]
+    target_opset: int | None = Field(None, ge=1, le=30,
+                                     description="convert the default-domain opset to this version")
+    simplify: bool = Field(True, description="run onnxsim (constant folding, dead-code removal)")
+    check: CheckSpec = Field(default_factory=CheckSpec)
+    input_shapes: dict[str, Shape] = Field(
+        default_factory=dict,
+        description="concrete shapes for random-input checks where an input has dynamic dimensions")
+    preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(_yaml_off)] = Field(
+        "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
+    fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
+                                                        "finds nodes it cannot parse, or the trial build fails")
+    trial_build: bool = Field(True, description="the pre-flight also builds an engine at input_shapes (parsing "
+                                                "is not building)")
+
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        data = self.check.data
+        return {} if data is None or not data.tensors else {"tensors": (data.tensors, ("check", "data", "tensors"))}
+
+
+KIND = Kind("prepare", PrepareStage,
+            slots={"model": Slot("onnx", source_ok=True)},
+            outputs={"model": "onnx", "report": "json"},
+            # the pre-flight's verdict depends on the TensorRT parser's version
+            env=lambda p: () if p.preflight == "off" else TENSORRT,
+            keeps_input_names=True)

@@ -1,0 +1,62 @@
+"""A stage kind's row: its parameter model, its input slots and outputs (which the stage graph wires), the module
+that does its work (a `run` function and a `VERSION`), which environment facts enter its cache key and which shared
+caches outside the key it reads and updates. Each built-in kind's row sits beside its parameter model in
+`pipelines/params/<kind>.py`; `pipelines/kinds.py` lists them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from trtflow.pipelines.schema import StageBase
+
+
+@dataclass(frozen=True)
+class Slot:
+    """An input of a stage kind and where its default comes from."""
+
+    type: str
+    many: bool = False
+    required: bool = True
+    prefer: tuple[str, ...] = ()  # kinds a default is taken from, nearest first; () = no default
+    source_ok: bool = False  # fall back to the pipeline's model when no preferred stage exists
+
+
+ANY_KIND = "*"
+MODEL_MAKERS = ("prepare", "precision", "calibrate")
+PREPROCESS_SLOT = Slot("preprocess", required=False, prefer=("parity",))
+
+# Environment facts (see flows/fingerprint.py): the TensorRT flavour and version, and the GPUs with their driver.
+TENSORRT = ("tensorrt",)
+TENSORRT_AND_GPU = ("tensorrt", "gpu")
+
+
+def _nothing(spec: Any) -> tuple[str, ...]:
+    return ()
+
+
+def _no_outputs(spec: Any) -> Mapping[str, str]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    params: type[StageBase]
+    slots: Mapping[str, Slot]
+    outputs: Mapping[str, str]  # output name -> artifact type
+    module: str | None = ""  # where `run` and `VERSION` live (default trtflow.stages.<name>; None: the user's function)
+    env: Callable[[Any], tuple[str, ...]] = _nothing  # params -> the environment facts in the key
+    shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
+    more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
+    keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
+
+    def __post_init__(self) -> None:
+        if self.module == "":
+            object.__setattr__(self, "module", f"trtflow.stages.{self.name}")
+
+    def slots_for(self, spec: StageBase) -> dict[str, Slot]:
+        return dict(self.slots)
+
+    def outputs_for(self, spec: StageBase) -> dict[str, str]:
+        return {**self.outputs, **self.more_outputs(spec)}
