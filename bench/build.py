@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
@@ -34,10 +34,10 @@ def variants(tmp: Path) -> list[Artifact]:
     fp32 = Artifact(MODEL, "onnx", "a", "fp32")
     (tmp / "fp16").mkdir()
     fp16 = precision.run(PrecisionStage.model_validate({"kind": "precision", "data": random, "holdout": 1}),
-                         {"model": fp32}, tmp / "fp16").outputs["model"]
+                         Inputs({"model": fp32}), tmp / "fp16").outputs["model"]
     (tmp / "int8").mkdir()
     int8 = calibrate.run(CalibrateStage.model_validate({"kind": "calibrate", "data": random, "holdout": 0}),
-                         {"model": fp32}, tmp / "int8").outputs["model"]
+                         Inputs({"model": fp32}), tmp / "int8").outputs["model"]
     return [fp32, Artifact(fp16, "onnx", "b", "fp16"), Artifact(int8, "onnx", "c", "int8")]
 
 
@@ -49,7 +49,7 @@ def timed_build(models: list[Artifact], parallel: int, cache_dir: Path | None) -
         inputs["timing_cache"] = Artifact(cache_dir, "shared-cache", "")
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        build.run(params, inputs, Path(out))
+        build.run(params, Inputs(inputs), Path(out))
         return time.perf_counter() - t0
 
 

@@ -28,7 +28,7 @@ SETTINGS = dict(ActivationSymmetric=True, WeightSymmetric=True, QuantizeBias=Fal
 
 def prepared_model(directory: Path) -> Path:
     """The example model through the real `prepare` stage (opset 17, simplified, weights as initializers)."""
-    from trtflow.artifact import Artifact
+    from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.prepare import PrepareStage
     from trtflow.stages import prepare
 
@@ -37,18 +37,18 @@ def prepared_model(directory: Path) -> Path:
     out.mkdir()
     params = PrepareStage.model_validate({"kind": "prepare", "target_opset": 17, "input_shapes": {"x": SHAPE},
                                           "preflight": "off"})
-    return prepare.run(params, {"model": Artifact(src, "onnx", "src")}, out).outputs["model"]
+    return prepare.run(params, Inputs({"model": Artifact(src, "onnx", "src")}), out).outputs["model"]
 
 
 def worker(kind: str, model: Path, samples: int, method: str, out: Path) -> dict:
     t0 = time.perf_counter()
     if kind == "trtflow":
-        from trtflow.artifact import Artifact
+        from trtflow.artifact import Artifact, Inputs
         from trtflow.pipelines.params.calibrate import CalibrateStage
         from trtflow.stages import calibrate
         params = CalibrateStage.model_validate({"kind": "calibrate", "method": method, "holdout": 0,
                                                 "data": {"random": True, "samples": samples, "shapes": {"x": SHAPE}}})
-        calibrate.run(params, {"model": Artifact(model, "onnx", "m")}, out)
+        calibrate.run(params, Inputs({"model": Artifact(model, "onnx", "m")}), out)
     else:
         import contextlib
         import io

@@ -116,7 +116,7 @@ def measure(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
 
 
 def reduce_cases(clean: Path, planted: Path, work: Path) -> list[dict]:
-    from trtflow.stages import reduce as rd
+    from trtflow.stages.bisect import reduce as rd
     from trtflow.stages.trt.env import detect_tensorrt
 
     data = [dict(f) for f in feeds(samples(EFFNET), 2)]

@@ -348,7 +348,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def on_progress(what: str, done: int, total: int) -> None:
         status.update(f"{what} {done}/{total} ...")
 
-    from trtflow.stages import progress
+    from trtflow import progress
 
     pf.LISTENERS.append(listen)
     progress.LISTENERS.append(on_progress)
@@ -392,7 +392,7 @@ def cmd_reduce(args: argparse.Namespace) -> int:
     import tempfile
 
     from trtflow.errors import SpecError
-    from trtflow.stages import reduce as rd
+    from trtflow.stages.bisect import reduce as rd
     from trtflow.stages.compare.gate import DEFAULTS
     from trtflow.stages.onnx import model_io
 

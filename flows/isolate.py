@@ -28,8 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from trtflow import progress
 from trtflow.errors import TransientStageError, TrtflowError
-from trtflow.stages import progress
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
 _PR_SET_PDEATHSIG = 1

@@ -12,12 +12,12 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NONE
 from prefect.states import Completed
 
+from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.loader import parse_yaml
-from trtflow.stages import progress
 
 # Called with (event, stage name, payload) as stages start and finish; the CLI listens here.
 LISTENERS: list[Callable[[str, str, Any], None]] = []
@@ -133,7 +133,9 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
             exc.args = (exc.args[0] + extra, *exc.args[1:])
         raise exc
     return [{"stage": n, "status": o.status, "key": o.key, "directory": str(o.directory),
-             "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason}
+             "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason,
+             "engines": [str(o.directory / out["path"]) for out in o.manifest["outputs"].values()
+                         if out["type"] == "engines"]}
             for n, o in ((n, run.outcomes[n]) for n in order)]
 
 

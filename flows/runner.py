@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
 from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
@@ -105,9 +105,9 @@ class Runner:
 
     # --- keys -------------------------------------------------------------------------------------------------
 
-    def inputs_for(self, name: str, produced: dict[str, dict[str, Any]]) -> dict[str, Artifact | list[Artifact]]:
+    def inputs_for(self, name: str, produced: dict[str, dict[str, Any]]) -> Inputs:
         node = self.graph.nodes[name]
-        resolved: dict[str, Artifact | list[Artifact]] = {}
+        resolved = Inputs()
         for slot, edges in node.inputs.items():
             arts = []
             for e in edges:
@@ -143,7 +143,7 @@ class Runner:
             arts.append(Artifact(p.resolve(), "file", digest))
         return arts
 
-    def key_for(self, name: str, inputs: dict[str, Artifact | list[Artifact]],
+    def key_for(self, name: str, inputs: Inputs,
                 impl: implementation.StageImpl) -> tuple[str, dict[str, Any]]:
         spec = self.graph.nodes[name].spec
         parts = keys.key_parts(

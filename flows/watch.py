@@ -7,7 +7,6 @@ Relative paths resolve against the flow run's working directory: the deployment'
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from prefect import flow, get_run_logger
 
 from trtflow.errors import SpecError, TrtflowError
 from trtflow.pipelines.loader import parse_yaml
+from trtflow.stages.trt.engines import built_engines
 
 ENGINE_EVENT = "trtflow.engine.rebuilt"
 STAGE_EVENT = "trtflow.stage.rebuilt"
@@ -54,22 +54,19 @@ def _is_pipeline(path: Path) -> bool:
     return isinstance(data, dict) and "stages" in data and "version" in data
 
 
-def engine_events(pipeline: Path, outcome: dict[str, Any], kind: str, changed: list[str]) -> list[dict[str, Any]]:
-    """One event per engine a build stage that ran produced (its report's cells), else one for the stage."""
+def engine_events(pipeline: Path, outcome: dict[str, Any], changed: list[str]) -> list[dict[str, Any]]:
+    """One event per engine a stage that ran produced (the cells of its engines outputs that built), else one for
+    the stage."""
     directory = Path(outcome["directory"])
     base = {"trtflow.pipeline": str(pipeline), "trtflow.stage": outcome["stage"]}
     payload = {"key": outcome["key"], "directory": str(directory), "environment_changed": changed}
-    if kind == "build":
-        try:
-            cells = json.loads((directory / "report.json").read_text())["cells"]
-        except (OSError, ValueError, KeyError):
-            cells = []
+    if outcome["engines"]:
         return [{"event": ENGINE_EVENT,
                  "resource": {"prefect.resource.id": f"trtflow.engine.{pipeline.parent.name}.{outcome['stage']}."
-                                                     f"{c['name']}", **base},
-                 "payload": {**payload, "engine": str(directory / "engines" / c["name"] / "engine.plan"),
-                             "runtime": c.get("runtime"), "target": c.get("target")}}
-                for c in cells if c.get("status") == "ok"]
+                                                     f"{eng.cell.name}", **base},
+                 "payload": {**payload, "engine": str(eng.plan), "runtime": eng.built.runtime,
+                             "target": eng.cell.target}}
+                for engines in outcome["engines"] for eng in built_engines(Path(engines))]
     return [{"event": STAGE_EVENT,
              "resource": {"prefect.resource.id": f"trtflow.stage.{pipeline.parent.name}.{outcome['stage']}", **base},
              "payload": payload}]
@@ -107,11 +104,10 @@ def watch_flow(pipelines: list[str], store: str | None = None) -> list[dict[str,
             entry["error"] = str(exc)
             failures.append(f"{path}: {exc}")
             continue
-        kinds = {i.name: i.kind for i in plan}
         for o in outcomes:
             entry["ran" if o["status"] == "ran" else "reused"].append(o["stage"])
             if o["status"] == "ran":
-                for event in engine_events(path, o, kinds[o["stage"]], entry["environment_changed"]):
+                for event in engine_events(path, o, entry["environment_changed"]):
                     emit_event(**event)
                     entry["events"].append({"event": event["event"],
                                             "resource": event["resource"]["prefect.resource.id"],

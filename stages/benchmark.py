@@ -13,12 +13,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from trtflow.artifact import StageResult
+from trtflow import progress
+from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.stages import progress
-from trtflow.stages.candidates import Candidate, engine_candidates
+from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.compare import perf_gate
 from trtflow.stages.ort import harness
+from trtflow.stages.trt.engines import Candidate, Profile, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry
 from trtflow.stages.trtexec import command, exports
@@ -30,8 +31,8 @@ VERSION = "1"
 TRTEXEC_TIMEOUT_S = 1800
 
 
-def run(params: Any, inputs: dict[str, Any], out_dir: Path) -> StageResult:
-    candidates = engine_candidates(inputs, "benchmark")
+def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "benchmark")
     trtexec, looked = (None, [])
     if params.tool in ("auto", "trtexec"):
         trtexec, looked = find_trtexec(params.trtexec)
@@ -82,16 +83,15 @@ def run(params: Any, inputs: dict[str, Any], out_dir: Path) -> StageResult:
 
 # ---------------------------------------------------------------------------------------------- one cell
 
-def _shapes(cand: Candidate, profile: dict[str, Any] | None, point: str) -> dict[str, list[int]]:
+def _shapes(cand: Candidate, profile: Profile | None, point: str) -> dict[str, list[int]]:
     if profile is None:
         return {}
-    index = {"min": 0, "opt": 1, "max": 2}[point]
-    return {name: list(rng[index]) for name, rng in profile["shapes"].items()}
+    return profile.at(point)
 
 
-def _measure(params: Any, cand: Candidate, profile: dict[str, Any] | None, point: str, trtexec: Path | None,
+def _measure(params: BenchmarkStage, cand: Candidate, profile: Profile | None, point: str, trtexec: Path | None,
              version: str | None, out_dir: Path) -> dict[str, Any]:
-    name = f"{cand.name}.{point}" + (f"@{profile['name']}" if profile and profile["name"] not in cand.name else "")
+    name = f"{cand.name}.{point}" + (f"@{profile.name}" if profile and profile.name not in cand.name else "")
     shapes = _shapes(cand, profile, point)
     slowest: list[dict[str, Any]] = []
     runnable, why = _engine_runs_here(cand)  # asked once: trtexec and the built-in harness both need it
@@ -112,12 +112,12 @@ def _measure(params: Any, cand: Candidate, profile: dict[str, Any] | None, point
     samples = result.samples_ms
     result.samples_ms = None
     return {"cell": name, "candidate": cand.name, "variant": cand.variant, "precision": cand.precision,
-            "profile": profile["name"] if profile else None, "point": point, "shapes": shapes,
+            "profile": profile.name if profile else None, "point": point, "shapes": shapes,
             "environment": env, "result": result.to_json(), "slowest_layers": slowest[:10],
             "samples_ms": samples}
 
 
-def _trtexec(params: Any, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
+def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
              stem: Path) -> tuple[PerfResult, list[dict[str, Any]]]:
     files = {"times": stem.with_suffix(".times.json"), "profile": stem.with_suffix(".profile.json"),
              "layers": stem.with_suffix(".layers.json")}
@@ -151,7 +151,7 @@ def _engine_runs_here(cand: Candidate) -> tuple[bool, str]:
     return can_run(cand.module or "tensorrt", cand.engine)
 
 
-def _builtin(params: Any, cand: Candidate, profile: dict[str, Any] | None, shapes: dict[str, list[int]],
+def _builtin(params: BenchmarkStage, cand: Candidate, profile: Profile | None, shapes: dict[str, list[int]],
              engine_runs: bool) -> PerfResult:
     if engine_runs:  # UNVERIFIED: no engine executes on the machines this project is tested on
         from trtflow.stages.trt.runtime import EngineRunner
@@ -192,12 +192,12 @@ def _artifact_id(cand: Candidate) -> str:
     return h.hexdigest()[:24]
 
 
-def _baseline_file(inputs: dict[str, Any], cand: Candidate) -> Path | None:
-    shared = inputs.get("baselines")
+def _baseline_file(inputs: Inputs, cand: Candidate) -> Path | None:
+    shared = inputs.optional("baselines")
     return None if shared is None else shared.path / "benchmark" / f"{_artifact_id(cand)}.json"
 
 
-def _gate(params: Any, inputs: dict[str, Any], candidates: list[Candidate], cells: list[dict[str, Any]]
+def _gate(params: BenchmarkStage, inputs: Inputs, candidates: list[Candidate], cells: list[dict[str, Any]]
           ) -> dict[str, Any]:
     out: dict[str, Any] = {"baseline": None, "violations": [], "skipped": [], "skipped_lines": []}
     if params.gate is None:
@@ -214,8 +214,7 @@ def _gate(params: Any, inputs: dict[str, Any], candidates: list[Candidate], cell
                 except ValueError:
                     out["skipped"].append(f"{path}: unreadable baseline, ignored")
     else:
-        files = inputs.get("baseline") or []
-        path = (files[0] if isinstance(files, list) else files).path
+        path = inputs.many("baseline")[0].path
         out["baseline"] = str(path)
         try:
             data = json.loads(Path(path).read_text())
@@ -230,7 +229,7 @@ def _gate(params: Any, inputs: dict[str, Any], candidates: list[Candidate], cell
     return out
 
 
-def _accept(inputs: dict[str, Any], candidates: list[Candidate], cells: list[dict[str, Any]],
+def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[dict[str, Any]],
             gate: dict[str, Any]) -> None:
     """A run that passed becomes the baseline of its engines' next runs (gate baseline: previous)."""
     for cand in candidates:

@@ -17,11 +17,13 @@ from typing import Any
 
 import onnx
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow import progress
+from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.stages import progress
+from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.trt import config
+from trtflow.stages.trt.engines import Backend, Built, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
 from trtflow.stages.trt.preflight import hint_for
 from trtflow.text import did_you_mean
@@ -30,17 +32,17 @@ VERSION = "2"  # 2: precision per cell, size warnings
 CELL_TIMEOUT_S = 3600
 
 
-def backend(requested: str) -> dict[str, str]:
+def backend(requested: str) -> Backend:
     if requested == "auto":
         found = detect_tensorrt()
         if found is None:
             raise StageError(f"build: no TensorRT flavour is installed: {INSTALL_HINT}")
-        return found
+        return Backend(**found)
     found = detect_tensorrt(only={"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}[requested])
     if found is None:
         hint = "pip install tensorrt-rtx-cu13" if requested == "tensorrt-rtx" else "install TensorRT"
         raise StageError(f"build: backend: {requested} is not installed ({hint}), or use backend: auto")
-    return found
+    return Backend(**found)
 
 
 def model_inputs(model: onnx.ModelProto) -> dict[str, list[Any]]:
@@ -51,7 +53,7 @@ def model_inputs(model: onnx.ModelProto) -> dict[str, list[Any]]:
     return out
 
 
-def resolve_profiles(params: Any, inputs: dict[str, list[Any]], variant: str) -> list[dict[str, Any]]:
+def resolve_profiles(params: BuildStage, inputs: dict[str, list[Any]], variant: str) -> list[Profile]:
     """[{name, shapes: {input: (min, opt, max)}}], every dynamic dimension covered, static ones respected."""
     dynamic = [(n, i, d) for n, dims in inputs.items() for i, d in enumerate(dims) if not isinstance(d, int)]
     if not params.profiles:
@@ -61,7 +63,7 @@ def resolve_profiles(params: Any, inputs: dict[str, list[Any]], variant: str) ->
                              f"optimization profile is given: add stages.<build>.profiles: {{NAME: {{{n}: "
                              f"{{min: [...], opt: [...], max: [...]}}}}}}")
         static = {n: (dims, dims, dims) for n, dims in inputs.items()}
-        return [{"name": "static", "shapes": static}]
+        return [Profile(name="static", shapes=static)]
     resolved = []
     for pname, shapes in params.profiles.items():
         where = f"profiles.{pname}"
@@ -88,50 +90,47 @@ def resolve_profiles(params: Any, inputs: dict[str, list[Any]], variant: str) ->
                     raise StageError(f"build: {where}.{name}: dimension {i} is fixed at {d} in model '{variant}', "
                                      f"but the profile gives {rng.min[i]}/{rng.opt[i]}/{rng.max[i]}")
             out[name] = (rng.min, rng.opt, rng.max)
-        resolved.append({"name": pname, "shapes": out})
+        resolved.append(Profile(name=pname, shapes=out))
     return resolved
 
 
-def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     be = backend(params.backend)
     options = params.builder_options()
-    config.check(options, importlib.import_module(be["module"]), be, params.targets)
-    models: list[Artifact] = inputs["models"] if isinstance(inputs["models"], list) else [inputs["models"]]
-    cells = plan_cells(params, models)  # every profile is checked against every model before anything builds
-    engines = out_dir / "engines"
-    engines.mkdir()
+    config.check(options, importlib.import_module(be.module), be.model_dump(), params.targets)
     cache = None
     if params.timing_cache and "timing_cache" in inputs:
-        cache = inputs["timing_cache"].path / f"timing-{be['flavour']}-{be['version']}.cache"
-    worker = {**be, "options": options.model_dump(mode="json"), "log_severity": params.log_severity,
-              "timing_cache": str(cache) if cache else None}
+        cache = inputs.one("timing_cache").path / f"timing-{be.flavour}-{be.version}.cache"
+    # every profile is checked against every model before anything builds
+    cells = plan_cells(params, inputs.many("models"), be, str(cache) if cache else None)
+    engines = out_dir / "engines"
+    engines.mkdir()
     t0 = time.perf_counter()
-    results = build_cells(cells, engines, worker, params.parallel)
+    results = build_cells(cells, engines, params.parallel)
     wall = time.perf_counter() - t0
 
-    for r in results:
-        for f in r.get("failures", []):
-            f["hint"] = hint_for(f)
-    failed = [r for r in results if r["status"] != "ok"]
-    warnings = size_warnings(results, be)
-    report = {"backend": be, "environment": {"tensorrt": be, "gpu": gpus() or None}, "cells": results,
-              "wall_seconds": round(wall, 3), "parallel": params.parallel,
+    rows = [_report_row(cell, built) for cell, built in zip(cells, results)]
+    failed = [r for r in rows if r["status"] != "ok"]
+    warnings = size_warnings(rows, be.flavour)
+    report = {"backend": be.model_dump(), "environment": {"tensorrt": be.model_dump(), "gpu": gpus() or None},
+              "cells": rows, "wall_seconds": round(wall, 3), "parallel": params.parallel,
               "timing_cache": str(cache) if cache else None, "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     result = StageResult(outputs={"engines": engines, "report": out_dir / "report.json"}, summary=summary(report),
                          warnings=warnings,
-                         metrics={"cells": len(results), "failed": len(failed), "wall_seconds": round(wall, 3),
-                                  "engine_bytes": sum(r.get("engine_bytes", 0) for r in results)})
+                         metrics={"cells": len(rows), "failed": len(failed), "wall_seconds": round(wall, 3),
+                                  "engine_bytes": sum(r.get("engine_bytes", 0) for r in rows)})
     if failed:
         first = failed[0]
-        raise StageFailed(f"build: {len(failed)} of {len(results)} engine(s) failed; {first['name']}: "
+        raise StageFailed(f"build: {len(failed)} of {len(rows)} engine(s) failed; {first['name']}: "
                           f"{first.get('error')}", result)
     return result
 
 
-def plan_cells(params: Any, models: list[Artifact]) -> list[dict[str, Any]]:
+def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_cache: str | None) -> list[Cell]:
     """The build matrix: model variant x profile (or all profiles, combined) x target."""
     cells = []
+    options = params.builder_options().model_dump(mode="json")
     for art in models:
         variant = art.origin or art.path.stem
         graph = onnx.load(str(art.path), load_external_data=False)
@@ -140,44 +139,46 @@ def plan_cells(params: Any, models: list[Artifact]) -> list[dict[str, Any]]:
         groups = [[p] for p in profiles] if params.profile_mode == "separate" else [profiles]
         for group in groups:
             for target in params.targets:
-                cells.append({"variant": variant, "precision": kind, "model": str(art.path), "profiles": group,
-                              "target": target,
-                              "name": f"{variant}.{'+'.join(p['name'] for p in group)}.{target}"})
+                cells.append(Cell(name=f"{variant}.{'+'.join(p.name for p in group)}.{target}", variant=variant,
+                                  precision=kind, model=str(art.path), profiles=group, target=target, backend=be,
+                                  options=options, log_severity=params.log_severity, timing_cache=timing_cache))
     return cells
 
 
-def build_cells(cells: list[dict[str, Any]], engines: Path, worker: dict[str, Any],
-                parallel: int) -> list[dict[str, Any]]:
+def build_cells(cells: list[Cell], engines: Path, parallel: int) -> list[Built]:
     """Each cell in its own worker process, `parallel` at a time; results in the order of `cells`."""
     with ThreadPoolExecutor(max_workers=parallel) as pool:  # threads wait; the builds are processes
-        futures = [pool.submit(build_cell, c, engines / c["name"], worker) for c in cells]
+        futures = [pool.submit(build_cell, c, engines / c.name) for c in cells]
         for n, _ in enumerate(as_completed(futures), 1):  # progress from this thread: listeners need its context
             progress.report("building engines", n, len(cells))
         return [f.result() for f in futures]
 
 
-def build_cell(cell: dict[str, Any], cell_dir: Path, worker: dict[str, Any]) -> dict[str, Any]:
+def build_cell(cell: Cell, cell_dir: Path) -> Built:
     cell_dir.mkdir()
-    spec = {**cell, **worker, "cell_dir": str(cell_dir)}
-    (cell_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+    spec = cell.write(cell_dir)
     try:
-        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.build_worker", str(cell_dir / "spec.json")],
+        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.build_worker", str(spec)],
                               capture_output=True, text=True, timeout=CELL_TIMEOUT_S)
         code = proc.returncode
     except subprocess.TimeoutExpired:
         code = "timeout"
-    info_path = cell_dir / "build.json"
-    if info_path.exists():
-        info = json.loads(info_path.read_text())
-    else:  # the process died inside TensorRT before it could say anything
-        info = {"status": "failed", "error": f"the build process crashed (exit code {code})"}
-        info_path.write_text(json.dumps(info, indent=2) + "\n")
-    return {**info, **{k: cell[k] for k in ("name", "variant", "precision", "target")},
-            "profiles": [p["name"] for p in cell["profiles"]],
-            "shapes": {p["name"]: p["shapes"] for p in cell["profiles"]}}
+    built = Built.read(cell_dir)
+    if built is None:  # the process died inside TensorRT before it could say anything
+        built = Built(status="failed", error=f"the build process crashed (exit code {code})")
+        built.write(cell_dir)
+    for failure in built.failures:
+        failure["hint"] = hint_for(failure)
+    return built
 
 
-def size_warnings(cells: list[dict[str, Any]], be: dict[str, str]) -> list[str]:
+def _report_row(cell: Cell, built: Built) -> dict[str, Any]:
+    return {**built.model_dump(exclude_none=True), "name": cell.name, "variant": cell.variant,
+            "precision": cell.precision, "target": cell.target, "profiles": [p.name for p in cell.profiles],
+            "shapes": {p.name: p.shapes for p in cell.profiles}}
+
+
+def size_warnings(cells: list[dict[str, Any]], flavour: str) -> list[str]:
     """An INT8 engine larger than the FP32 engine of the same profiles and target defeats a reason to quantize."""
     found = []
     groups: dict[tuple, dict[str, dict[str, Any]]] = {}
@@ -190,7 +191,7 @@ def size_warnings(cells: list[dict[str, Any]], be: dict[str, str]) -> list[str]:
             why = ("TensorRT-RTX engines carry the source of their JIT-compiled kernels (about 150 KB each, "
                    "measured) and INT8 adds an epilogue kernel per quantized op: leave small ops in float "
                    "(calibrate: min_weight_params: 48000) or use the FP16 variant"
-                   if be["flavour"] == "tensorrt-rtx" else "quantize fewer, larger ops, or use the FP16 variant")
+                   if flavour == "tensorrt-rtx" else "quantize fewer, larger ops, or use the FP16 variant")
             found.append(f"the INT8 engine {int8['name']} ({int8['engine_bytes'] / 1e6:.2f} MB) is larger than the "
                          f"FP32 engine {fp32['name']} ({fp32['engine_bytes'] / 1e6:.2f} MB): {why}")
     return found

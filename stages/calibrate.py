@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import onnx
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow import progress
+from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
-from trtflow.stages import progress
+from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.stages.compare import accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, require_op_types
@@ -38,10 +39,10 @@ ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which entropy's ranges are c
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 
 
-def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
-    src = inputs["model"].path
+    src = inputs.one("model").path
     model = model_io.load(src)
     ref = session(src)
     data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate", model)
@@ -89,7 +90,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
 
 
-def _split(data: SampleSource, params: Any, warnings: list[str]) -> tuple[range, range]:
+def _split(data: SampleSource, params: CalibrateStage, warnings: list[str]) -> tuple[range, range]:
     """Calibration samples and held-out ones; too few calibration samples is an error or a warning."""
     if len(data) == 0:
         raise StageError("calibrate: the calibration set is empty")
@@ -102,7 +103,7 @@ def _split(data: SampleSource, params: Any, warnings: list[str]) -> tuple[range,
     return calib, hold
 
 
-def _check_model(model: onnx.ModelProto, params: Any, warnings: list[str]) -> set[str]:
+def _check_model(model: onnx.ModelProto, params: CalibrateStage, warnings: list[str]) -> set[str]:
     """The nodes excluded from quantization, once the model is known to be quantizable."""
     opset = default_opset(model) or 0
     if opset < 13:  # QuantizeLinear's axis (per-channel) and TensorRT's Q/DQ support start at opset 13
@@ -122,7 +123,7 @@ def _check_model(model: onnx.ModelProto, params: Any, warnings: list[str]) -> se
     return excluded
 
 
-def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: Any,
+def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: CalibrateStage,
               excluded: set[str], work: Path, ref: Any) -> tuple[int, list[str], dict[str, Any] | None]:
     """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ. Returns
     the samples used, the tensors too sparse for the entropy rule, and the entropy check (entropy's ranges against
@@ -152,7 +153,7 @@ def _worst_cosine(ref: Any, cand: Any, feeds: Any) -> float:
     return min(o["cosine"] for o in ort_runner.accuracy_of(ref, cand, feeds, SIMULATED)["outputs"].values())
 
 
-def _excluded_nodes(model: Any, params: Any) -> set[str]:
+def _excluded_nodes(model: Any, params: CalibrateStage) -> set[str]:
     names = [n.name for n in model.graph.node if n.name]
     for name in params.exclude_nodes:
         if name not in names:

@@ -15,8 +15,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
+from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
@@ -25,11 +26,11 @@ VERSION = "2"  # 2: combined diagnosis, per-image predictions, the fix checked o
 DIAGNOSIS_SAMPLES = 4
 
 
-def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
-    images: list[Artifact] = inputs["images"][: params.max_images]
+def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    images = inputs.many("images")[: params.max_images]
     steps = preprocess.canonical(params.deploy)
     pre = preprocess.Preprocessor(steps)
-    train_fn, train_label = training_ref.build(params.training, inputs.get("training_tensors"), images)
+    train_fn, train_label = training_ref.build(params.training, inputs.many("training_tensors"), images)
 
     rows, tensors = [], []
     for art in images:
@@ -50,10 +51,10 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
 
     model_check = None
     if "model" in inputs:
-        model_check = _model_check(inputs["model"].path, tensors, rows, tol, diagnosis)
+        model_check = _model_check(inputs.one("model").path, tensors, rows, tol, diagnosis)
     model_ok = model_check is None or model_check.get("ok", True)
     if diagnosis and diagnosis.get("steps"):
-        diagnosis["after_fix"] = _after_fix(diagnosis["steps"], tensors, inputs.get("model"), tol)
+        diagnosis["after_fix"] = _after_fix(diagnosis["steps"], tensors, inputs.optional("model"), tol)
 
     worst = max(range(len(rows)), key=lambda i: rows[i]["mean_abs"])
     picture = None

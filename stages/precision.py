@@ -17,12 +17,13 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
+from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages.compare import accuracy
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
-from trtflow.stages.onnx.graph import constant_tensors, require_op_types
+from trtflow.stages.onnx.graph import constant_tensors, name_nodes, require_op_types
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
@@ -35,12 +36,12 @@ SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 MIN_COSINE = 0.999  # below this on any output, the FP16 pre-flight warns
 
 
-def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     if params.to != "fp16":
         raise StageError(f"precision: to: {params.to} is not supported yet; use fp16")
     work = out_dir / "work"
     work.mkdir()
-    model = model_io.load(inputs["model"].path)
+    model = model_io.load(inputs.one("model").path)
     name_nodes(model)
     ref_path = work / "fp32.onnx"
     model_io.save(model, ref_path)
@@ -78,7 +79,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
                        metrics=metrics, warnings=report["warnings"])
 
 
-def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: Any, work: Path,
+def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: PrecisionStage, work: Path,
              probe_feed: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, fp16.Plan, dict[str, str]]:
     """The FP16 variant, checked to load and run in ONNX Runtime on one sample (in a child process: ONNX Runtime
     can crash on FP16 graphs), with its FP32 island."""
@@ -94,19 +95,7 @@ def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: Any, work:
         raise StageError(f"precision: no valid FP16 variant found{kept}: {first_line(exc.error)}") from None
 
 
-def name_nodes(model: onnx.ModelProto) -> None:
-    """Nodes need names to be kept in FP32 by name."""
-    taken = {n.name for n in model.graph.node if n.name}
-    for i, node in enumerate(model.graph.node):
-        if not node.name:
-            name = f"{node.op_type}_{i}"
-            while name in taken:
-                name += "_"
-            node.name = name
-            taken.add(name)
-
-
-def block_list(model: onnx.ModelProto, params: Any, peak: dict[str, float]) -> dict[str, str]:
+def block_list(model: onnx.ModelProto, params: PrecisionStage, peak: dict[str, float]) -> dict[str, str]:
     """node name -> why it stays FP32."""
     names = [n.name for n in model.graph.node]
     for pattern in params.block_nodes:

@@ -13,8 +13,9 @@ from typing import Any
 
 import onnx
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
+from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.pipelines.schema import SampleData
 from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io
@@ -27,8 +28,8 @@ from trtflow.text import first_line
 VERSION = "2"  # 2: checks on check.data, ranges and table bounds for random inputs
 
 
-def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
-    src: Path = inputs["model"].path
+def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    src: Path = inputs.one("model").path
     work = out_dir / "work"
     work.mkdir()
     warnings: list[str] = []
@@ -70,7 +71,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
     shutil.rmtree(work)
 
     report = {
-        "source": {"path": str(src), "digest": inputs["model"].digest, "external_data": external},
+        "source": {"path": str(src), "digest": inputs.one("model").digest, "external_data": external},
         "before": before, "after": after, "full_check": full_check, "sanitized_dims": sanitized,
         "conversion": conversion, "simplification": simplification, "dynamic_dims": dynamic,
         "constants_to_initializers": constants_moved,
@@ -190,7 +191,7 @@ class _Checker:
     (saved tensors, or random with shapes and ranges), by default `check.samples` random inputs shaped by
     `input_shapes`. Inputs the reference cannot run on stop the stage, naming them (never a silent skip)."""
 
-    def __init__(self, params: Any, inputs: dict[str, Artifact], model: onnx.ModelProto, path: Path):
+    def __init__(self, params: PrepareStage, inputs: Inputs, model: onnx.ModelProto, path: Path):
         c = params.check
         self.rtol, self.atol = c.rtol, c.atol
         data = c.data or SampleData(random=True, samples=c.samples, seed=c.seed)

@@ -16,21 +16,23 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import onnx
 
-from trtflow.artifact import Artifact, StageResult
+from trtflow import progress
+from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.stages import progress, repair
-from trtflow.stages.candidates import Candidate, engine_candidates
+from trtflow.pipelines.params.validate import ValidateStage
+from trtflow.stages.bisect import repair
 from trtflow.stages.compare import accuracy, gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
+from trtflow.stages.onnx.graph import name_nodes
 from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
-from trtflow.stages.precision import name_nodes
+from trtflow.stages.trt.engines import Candidate, engine_candidates
 from trtflow.text import did_you_mean
 
 VERSION = "4"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
@@ -42,17 +44,18 @@ SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
 ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
 
 
-def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
+def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
-    reference = model_io.load(inputs["reference"].path)
+    reference = model_io.load(inputs.one("reference").path)
     name_nodes(reference)  # as the precision stage names them, so node names agree
     ref_path = work / "reference.onnx"
     model_io.save(reference, ref_path)
     ref = session(ref_path)
     outputs = [o.name for o in ref.get_outputs()]
     gate.check_names(params.tolerances, outputs)
-    candidates = engine_candidates(inputs, "validate", exclude=inputs["reference"].digest)
+    candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
+                                   exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None
     (out_dir / "plots").mkdir()
     ref_cache: dict[tuple[str, str, int], dict[str, np.ndarray]] = {}
@@ -92,7 +95,7 @@ def run(params: Any, inputs: dict[str, Artifact], out_dir: Path) -> StageResult:
                         f"{repaired['of']} {repaired['precision'].upper()} node(s) repairs it (output 'repaired'); "
                         f"make it permanent in the pipeline file:\n"
                         f"{repaired['yaml']}")
-    report = {"reference": {"model": inputs["reference"].origin, "runtime": RUNTIME}, "data": results[0]["data"],
+    report = {"reference": {"model": inputs.one("reference").origin, "runtime": RUNTIME}, "data": results[0]["data"],
               "candidates": results, "repair": repaired, "passed": not failed, "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
     result = StageResult(outputs=outputs, summary=summary(report), warnings=warnings,
@@ -116,7 +119,7 @@ def _json_default(x: Any) -> Any:
 
 # --------------------------------------------------------------------------------------------- one candidate
 
-def _validate(params: Any, inputs: dict[str, Artifact], cand: Candidate, reference: onnx.ModelProto, ref: Any,
+def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference: onnx.ModelProto, ref: Any,
               ref_cache: dict, sims: dict, work: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work, sims)
     sets = list(_sample_sets(params, inputs, ref, reference, cand))
@@ -240,7 +243,7 @@ def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: 
 
 # ---------------------------------------------------------------------------------------------- repair
 
-def _repair_target(params: Any, candidates: list[Candidate]) -> Candidate:
+def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candidate:
     low = {c.variant: c for c in candidates if c.precision in ("fp16", "int8")}
     if params.repair_variant is not None:
         if params.repair_variant not in low:
@@ -258,7 +261,7 @@ def _repair_target(params: Any, candidates: list[Candidate]) -> Candidate:
     return next(iter(low.values()))
 
 
-def _repair(params: Any, target: Candidate, candidates: list[Candidate], results: list, reference: onnx.ModelProto,
+def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate], results: list, reference: onnx.ModelProto,
             ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> dict[str, Any]:
     """Repair the target variant if any of its candidates fails; its simulation must then pass every sample set
     those candidates were checked on."""
@@ -298,7 +301,7 @@ def _repair(params: Any, target: Candidate, candidates: list[Candidate], results
 
 # ------------------------------------------------------------------------------------------------ data
 
-def _sample_sets(params: Any, inputs: dict[str, Artifact], ref: Any, reference: onnx.ModelProto, cand: Candidate
+def _sample_sets(params: ValidateStage, inputs: Inputs, ref: Any, reference: onnx.ModelProto, cand: Candidate
                  ) -> Iterator[tuple[str, SampleSource, range, Callable[[Feeds], int]]]:
     """(label, source, sample indices, feed -> profile index) per shape set: random data at each profile's
     min/opt/max shapes; files as they are, each fitted to a profile (or refused)."""
@@ -307,14 +310,13 @@ def _sample_sets(params: Any, inputs: dict[str, Artifact], ref: Any, reference: 
         seen = []
         for index, prof in enumerate(cand.profiles):
             for point in params.profile_shapes:
-                k = ("min", "opt", "max").index(point)
-                shapes = {name: list(dims[k]) for name, dims in prof["shapes"].items()}
+                shapes = prof.at(point)
                 if shapes in seen:
                     continue
                 seen.append(shapes)
                 src = SampleSource(data.model_copy(update={"shapes": {**data.shapes, **shapes}}), inputs,
                                    ref.get_inputs(), "validate", reference)
-                yield f"{prof['name']}.{point}", src, range(len(src)), lambda feed, i=index: i
+                yield f"{prof.name}.{point}", src, range(len(src)), lambda feed, i=index: i
         return
     src = SampleSource(data, inputs, ref.get_inputs(), "validate", reference)
     if not len(src):
@@ -327,12 +329,10 @@ def _profile_for(feed: Feeds, cand: Candidate) -> int:
     if not cand.profiles:
         return 0
     for index, prof in enumerate(cand.profiles):
-        if all(name not in feed or all(lo <= s <= hi for lo, s, hi in zip(dims[0], feed[name].shape, dims[2]))
-               for name, dims in prof["shapes"].items()):
+        if prof.fits({name: x.shape for name, x in feed.items()}):
             return index
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feed.items())
-    have = "; ".join(f"{p['name']}: " + ", ".join(f"{n} {d[0]}..{d[2]}" for n, d in p["shapes"].items())
-                     for p in cand.profiles)
+    have = "; ".join(p.describe() for p in cand.profiles)
     raise StageError(f"validate: a sample ({shapes}) fits no optimization profile of engine '{cand.name}' "
                      f"({have}): give data of shapes the engine was built for, or add a profile to the build stage")
 

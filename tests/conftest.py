@@ -155,7 +155,7 @@ def write_yaml(workdir: Path):
 @pytest.fixture
 def engine_size():
     """Build a model with the real build stage (TensorRT-RTX on the CPU here); returns the engine's size."""
-    from trtflow.artifact import Artifact
+    from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.build import BuildStage
     from trtflow.stages import build
 
@@ -163,7 +163,7 @@ def engine_size():
         profiles = {"p": {k: {"min": v, "opt": v, "max": v} for k, v in shapes.items()}} if shapes else {}
         out.mkdir(parents=True)
         result = build.run(BuildStage.model_validate({"kind": "build", "profiles": profiles}),
-                           {"models": [Artifact(model, "onnx", "m", "variant")]}, out)
+                           Inputs({"models": [Artifact(model, "onnx", "m", "variant")]}), out)
         cell = json.loads(result.outputs["report"].read_text())["cells"][0]
         assert cell["status"] == "ok" and cell["runtime"].startswith("tensorrt")
         return cell["engine_bytes"]

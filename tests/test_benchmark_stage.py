@@ -106,13 +106,13 @@ def test_baseline_previous_is_the_last_accepted_run(write_yaml, workdir):
 
 
 def test_no_trtexec_when_it_is_required_is_one_line(write_yaml, workdir, tmp_path):
-    from trtflow.artifact import Artifact
+    from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.benchmark import BenchmarkStage
     from trtflow.stages import benchmark
     shutil.copy(workdir / "models" / "cls.onnx", tmp_path / "m.onnx")
     params = BenchmarkStage.model_validate({"kind": "benchmark", "tool": "trtexec", "trtexec": "/nowhere/trtexec"})
     with pytest.raises(StageError) as info:
-        benchmark.run(params, {"models": [Artifact(tmp_path / "m.onnx", "onnx", "d", "fp16")]}, tmp_path)
+        benchmark.run(params, Inputs({"models": [Artifact(tmp_path / "m.onnx", "onnx", "d", "fp16")]}), tmp_path)
     assert str(info.value) == ("benchmark: tool: trtexec, but no trtexec was found (looked in: /nowhere/trtexec); "
                                "give its path as 'trtexec:' or use tool: auto for the built-in harness")
 

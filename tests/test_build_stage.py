@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.assets import PPOCR, SQUEEZENET
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages import build
@@ -29,7 +29,7 @@ def stage(**kw) -> BuildStage:
 
 def run_build(models: list[Artifact], out: Path, **kw):
     out.mkdir(parents=True)
-    return build.run(stage(**kw), {"models": models}, out)
+    return build.run(stage(**kw), Inputs({"models": models}), out)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +43,11 @@ def variants(tmp_path_factory) -> list[Artifact]:
     random = {"random": True, "samples": 4, "shapes": {"input": [1, 3, 224, 224]}}
     (tmp / "fp16").mkdir()
     fp16 = precision.run(PrecisionStage.model_validate({"kind": "precision", "data": random, "holdout": 1}),
-                         {"model": fp32}, tmp / "fp16").outputs["model"]
+                         Inputs({"model": fp32}), tmp / "fp16").outputs["model"]
     (tmp / "int8").mkdir()
     int8 = calibrate.run(CalibrateStage.model_validate({"kind": "calibrate", "data": random, "method": "minmax",
-                                                        "holdout": 0}), {"model": fp32}, tmp / "int8").outputs["model"]
+                                                        "holdout": 0}),
+                         Inputs({"model": fp32}), tmp / "int8").outputs["model"]
     return [fp32, Artifact(fp16, "onnx", "b", "fp16"), Artifact(int8, "onnx", "c", "int8")]
 
 
@@ -141,7 +142,7 @@ def test_builder_options_and_timing_cache(tmp_path, variants):
     shared.mkdir()
     (tmp_path / "out").mkdir()
     params = stage(profiles=PROFILES, optimization_level=2, workspace="256MiB")
-    result = build.run(params, {"models": variants[1:2], "timing_cache": Artifact(shared, "shared-cache", "")},
+    result = build.run(params, Inputs({"models": variants[1:2], "timing_cache": Artifact(shared, "shared-cache", "")}),
                        tmp_path / "out")
     cell = json.loads(result.outputs["report"].read_text())["cells"][0]
     assert cell["options"] == {"optimization_level": 2, "workspace": 256 * 2**20}
@@ -168,7 +169,7 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
     (tmp_path / "q").mkdir()
     shapes = {"x": [1, 3, 48, 192]}
     int8 = calibrate.run(CalibrateStage.model_validate({"kind": "calibrate", "holdout": 0, "data": {
-        "random": True, "samples": 2, "shapes": shapes}}), {"model": fp32}, tmp_path / "q").outputs["model"]
+        "random": True, "samples": 2, "shapes": shapes}}), Inputs({"model": fp32}), tmp_path / "q").outputs["model"]
     profile = {"lines": {"x": {"min": shapes["x"], "opt": shapes["x"], "max": shapes["x"]}}}
     result = run_build([fp32, Artifact(int8, "onnx", "q", "int8")], tmp_path / "out", profiles=profile)
     cells = {c["variant"]: c for c in json.loads(result.outputs["report"].read_text())["cells"]}

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from tests.assets import IMAGENET, PHOTOS, PPOCR, SQUEEZENET
 from tests.graphs import fpn, if_with_outer_refs, only_inside_if
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.stages import calibrate
@@ -23,7 +23,7 @@ from trtflow.stages.image import preprocess
 def run_calibrate(model: Path, out: Path, extra_inputs=None, **kw):
     out.mkdir(parents=True)
     params = CalibrateStage.model_validate({"kind": "calibrate", **kw})
-    return calibrate.run(params, {"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}, out)
+    return calibrate.run(params, Inputs({"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}), out)
 
 
 def assert_trt_ready(model: Path, shape: dict[str, list[int]], build_dir: Path, engine_size=None) -> None:

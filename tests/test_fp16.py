@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto as TP
 
 from tests.graphs import RNG, celu_in_the_middle, if_with_outer_refs, loop_carried, lstm_model, partly_fp16, yolo_like
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages import precision
 from trtflow.stages.onnx import fp16
@@ -75,7 +75,7 @@ def test_the_precision_stage_on_control_flow(tmp_path):
     onnx.save(if_with_outer_refs(), str(path))
     (tmp_path / "out").mkdir()
     params = PrecisionStage.model_validate({"kind": "precision", "data": {"random": True, "samples": 2}, "holdout": 2})
-    result = precision.run(params, {"model": Artifact(path, "onnx", "m")}, tmp_path / "out")
+    result = precision.run(params, Inputs({"model": Artifact(path, "onnx", "m")}), tmp_path / "out")
     report = json.loads(result.outputs["report"].read_text())
     assert report["kept_fp32"]["branch"].startswith("control flow (If) runs in FP32 as a whole")
     assert report["accuracy"]["outputs"]["y"]["cosine"] > 0.999

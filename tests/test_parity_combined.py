@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.assets import EXAMPLES, PHOTOS
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageFailed
 from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
@@ -135,7 +135,7 @@ def _check(spec: dict, images: list[Path], causes: dict, pair: tuple, tmp_path: 
     arts = [Artifact(p, "file", p.name) for p in images]
     (tmp_path / "planted").mkdir()
     with pytest.raises(StageFailed) as info:
-        parity.run(params, {"images": arts}, tmp_path / "planted")
+        parity.run(params, Inputs({"images": arts}), tmp_path / "planted")
     report = json.loads((tmp_path / "planted" / "report.json").read_text())
     d = report["diagnosis"]
     assert d.get("fix"), f"{pair}: {info.value}"
@@ -149,7 +149,7 @@ def _check(spec: dict, images: list[Path], causes: dict, pair: tuple, tmp_path: 
     assert got == expected, f"{pair}: {d['cause']} — {d['fix']}"
     (tmp_path / "fixed").mkdir()
     result = parity.run(ParityStage.model_validate({**spec, "kind": "parity", "images": "*", "deploy": fixed}),
-                        {"images": arts}, tmp_path / "fixed")
+                        Inputs({"images": arts}), tmp_path / "fixed")
     assert json.loads(result.outputs["report"].read_text())["verdict"] == "pass"
 
 
@@ -183,4 +183,4 @@ def test_every_cause_shows_alone(photos, tmp_path):
             out.mkdir()
             params = ParityStage.model_validate({**spec, "kind": "parity", "images": "*", "deploy": steps})
             with pytest.raises(StageFailed):
-                parity.run(params, {"images": [Artifact(p, "file", p.name) for p in images]}, out)
+                parity.run(params, Inputs({"images": [Artifact(p, "file", p.name) for p in images]}), out)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.assets import EXAMPLES, PPOCR
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
@@ -27,7 +27,7 @@ def _run(deploy: list, out: Path) -> dict:
     params = ParityStage.model_validate({**SPEC, "deploy": deploy})
     inputs = {"images": [Artifact(p, "file", p.name) for p in LINES], "model": Artifact(PPOCR, "onnx", "m")}
     try:
-        parity.run(params, inputs, out)
+        parity.run(params, Inputs(inputs), out)
     except StageFailed as exc:
         return {**json.loads((out / "report.json").read_text()), "error": str(exc)}
     return json.loads((out / "report.json").read_text())

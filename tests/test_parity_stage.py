@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.assets import PHOTOS, SQUEEZENET
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
@@ -41,7 +41,7 @@ def run(params, tmp_path: Path, model: Path | None = None, **extra):
     inputs = {"images": images(), **extra}
     if model:
         inputs["model"] = Artifact(model, "onnx", "m")
-    return parity.run(params, inputs, out)
+    return parity.run(params, Inputs(inputs), out)
 
 
 def test_declared_pipeline_matches_torchvision(tmp_path):
@@ -93,7 +93,7 @@ def test_planted_difference_is_diagnosed(tmp_path, case):
     import yaml
     fixed = yaml.safe_load(report["diagnosis"]["yaml"])["deploy"]
     (tmp_path / "fixed").mkdir()
-    out = parity.run(stage(deploy=fixed), {"images": images()}, tmp_path / "fixed")
+    out = parity.run(stage(deploy=fixed), Inputs({"images": images()}), tmp_path / "fixed")
     assert json.loads(out.outputs["report"].read_text())["verdict"] == "pass"
 
 
@@ -117,7 +117,7 @@ def test_corrupt_image(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     with pytest.raises(StageError, match="cannot read image .*broken.jpg"):
-        parity.run(stage(), {"images": images([bad])}, out)
+        parity.run(stage(), Inputs({"images": images([bad])}), out)
 
 
 def test_grayscale_where_model_wants_three_channels(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.assets import PPOCR, SQUEEZENET
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages import precision
@@ -47,7 +47,7 @@ def tensors_dir(tmp_path: Path, n: int = 8) -> list[Artifact]:
 def run_precision(model: Path, out: Path, extra_inputs=None, **kw):
     out.mkdir(parents=True)
     params = PrecisionStage.model_validate({"kind": "precision", **kw})
-    return precision.run(params, {"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}, out)
+    return precision.run(params, Inputs({"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}), out)
 
 
 def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path, tensorrt_available, engine_size):

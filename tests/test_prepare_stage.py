@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.assets import PPOCR
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.stages import prepare
@@ -25,7 +25,7 @@ def params(**kw) -> PrepareStage:
 
 def run_prepare(model: Path, out: Path, **kw):
     out.mkdir(parents=True, exist_ok=True)
-    return prepare.run(params(**kw), {"model": Artifact(model, "onnx", "test")}, out)
+    return prepare.run(params(**kw), Inputs({"model": Artifact(model, "onnx", "test")}), out)
 
 
 def tiny_model(path: Path, nodes, inputs, outputs, opset=17, domains=(), initializers=()) -> Path:

@@ -13,7 +13,7 @@ import pytest
 
 from tests import assets
 from trtflow.flows import cli
-from trtflow.stages import reduce as rd
+from trtflow.stages.bisect import reduce as rd
 
 PLANT = "/features/features.4/features.4.0/block/block.3/block.3.0/Conv"  # a projection conv, no residual around it
 

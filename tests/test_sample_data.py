@@ -10,7 +10,7 @@ import onnxsim
 import pytest
 
 from tests.graphs import bert_like, control_input
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.prepare import PrepareStage
@@ -21,7 +21,7 @@ from trtflow.stages.onnx.graph import index_bounds
 def run_prepare(model: Path, out: Path, **kw):
     out.mkdir(parents=True)
     params = PrepareStage.model_validate({"kind": "prepare", "preflight": "off", **kw})
-    return prepare.run(params, {"model": Artifact(model, "onnx", "m")}, out)
+    return prepare.run(params, Inputs({"model": Artifact(model, "onnx", "m")}), out)
 
 
 def test_table_bounds_are_found():
@@ -77,7 +77,7 @@ def test_calibrate_with_random_token_ids(tmp_path):
     (tmp_path / "out").mkdir()
     params = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 2, "data": {
         "random": True, "samples": 4, "shapes": {"input_ids": [1, 6], "token_type_ids": [1, 6]}}})
-    result = calibrate.run(params, {"model": Artifact(model, "onnx", "m")}, tmp_path / "out")
+    result = calibrate.run(params, Inputs({"model": Artifact(model, "onnx", "m")}), tmp_path / "out")
     assert result.metrics["quantize_linear_nodes"] >= 1
     out = json.loads(result.outputs["report"].read_text())["accuracy"]["outputs"]["y"]
     assert out["nan"] == 0 and out["cosine"] > 0.99
@@ -91,7 +91,7 @@ def test_poor_int8_accuracy_is_not_quiet(tmp_path):
     (tmp_path / "out").mkdir()
     params = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 2, "method": "percentile",
                                             "percentile": 20, "data": {"random": True, "samples": 4}})
-    result = calibrate.run(params, {"model": Artifact(model, "onnx", "m")}, tmp_path / "out")
+    result = calibrate.run(params, Inputs({"model": Artifact(model, "onnx", "m")}), tmp_path / "out")
     bar = [w for w in result.warnings if "has cosine" in w]
     assert bar and "< 0.99 against FP32" in bar[0] and "onnxruntime-cpu" in bar[0]
     assert "**warning**" in result.summary or "warning:" in result.summary

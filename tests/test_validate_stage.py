@@ -11,7 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tests.assets import IMAGENET, PHOTOS, SQUEEZENET
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
@@ -49,7 +49,7 @@ def with_scale_pair(src: Path, dst: Path, tensor: str, factor: float) -> Path:
 def run_stage(module, schema, out: Path, inputs: dict, **kw):
     out.mkdir(parents=True)
     return module.run(schema.model_validate({"kind": schema.model_fields["kind"].annotation.__args__[0], **kw}),
-                      inputs, out)
+                      Inputs(inputs), out)
 
 
 def overflowing_squeezenet(tmp_path: Path) -> Path:
@@ -184,7 +184,7 @@ def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
     after a Conv): ONNX Runtime renames that tensor for its Q/DQ pair. Repair's rebuild must find its range under
     the output's own name (it failed with "Quantization parameters are not specified for param ...") and, giving
     nothing back, reproduce the variant's scales."""
-    from trtflow.stages import repair
+    from trtflow.stages.bisect import repair
 
     convs = [n for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Conv"]
     cut = tmp_path / "cut.onnx"
@@ -212,7 +212,7 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
     """The search's own logic, on a stand-in variant whose gate passes only when every node of `needed` is given
     back (an error spread over layers, as INT8 on MobileNetV3 has it). Growing one node per round could not get
     there in 8 rounds; doubling does, and shrinking takes the extra nodes back."""
-    from trtflow.stages import repair
+    from trtflow.stages.bisect import repair
 
     order = [f"n{i}" for i in range(40)]  # how localization ranks them, worst first
     needed = {"n0", "n3", "n9", "n17"}

@@ -1,7 +1,8 @@
 """The contract every stage implements, with no Prefect and no TensorRT in sight.
 
-A stage is a plain function ``run(params, inputs, out_dir) -> StageResult``: it reads only ``inputs`` (name ->
-`Artifact`, or a list of them), writes only under ``out_dir`` and returns what it wrote.
+A stage is a plain function ``run(params, inputs, out_dir) -> StageResult``: it reads only ``inputs`` (`Inputs`: slot
+-> `Artifact`, or a list of them where the slot takes many), writes only under ``out_dir`` and returns what it
+wrote.
 """
 from __future__ import annotations
 
@@ -18,6 +19,25 @@ class Artifact:
     type: str  # "onnx", "preprocess", "engines", "ranges", "json", ...
     digest: str  # sha256 of the content (for a model with external data: of all its files)
     origin: str = ""  # the stage that produced it ("source" for the pipeline's model)
+
+
+class Inputs(dict):
+    """A stage's inputs by slot name: an `Artifact`, or a list of them for a slot that takes many (and for the
+    files a data glob matched). A plain dict to a user's own stage; the typed accessors say what a slot holds."""
+
+    def one(self, slot: str) -> Artifact:
+        value = self[slot]
+        if isinstance(value, list):
+            raise TypeError(f"input slot '{slot}' holds {len(value)} artifacts, not one")
+        return value
+
+    def optional(self, slot: str) -> Artifact | None:
+        return self.one(slot) if slot in self else None
+
+    def many(self, slot: str) -> list[Artifact]:
+        """The artifacts of a slot that takes many (or a data glob); [] when the slot is not wired."""
+        value = self.get(slot, [])
+        return value if isinstance(value, list) else [value]
 
 
 @dataclass

@@ -10,17 +10,18 @@ import numpy as np
 
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
+from trtflow.pipelines.params.parity import TrainingRef
 
 TrainingFn = Callable[[Path], np.ndarray]
 
 
-def build(ref: Any, tensors: list[Artifact] | None, images: list[Artifact]) -> tuple[TrainingFn, str]:
+def build(ref: TrainingRef, tensors: list[Artifact], images: list[Artifact]) -> tuple[TrainingFn, str]:
     """The reference function and a label saying what produced it."""
     if ref.torchvision is not None:
         return _torchvision(ref.torchvision)
     if ref.callable is not None:
         return _callable(ref.callable)
-    return _tensors(tensors or [], images)
+    return _tensors(tensors, images)
 
 
 def _torchvision(specs: list[str]) -> tuple[TrainingFn, str]:

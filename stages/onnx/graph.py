@@ -229,3 +229,15 @@ def precision(model: onnx.ModelProto) -> str:
             for n in model.graph.node):
         return "fp16"
     return "fp32"
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Nodes need names to be kept in FP32 by name."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{i}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)

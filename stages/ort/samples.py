@@ -9,7 +9,9 @@ from typing import Any, Iterator
 import numpy as np
 import onnx
 
+from trtflow.artifact import Inputs
 from trtflow.errors import StageError
+from trtflow.pipelines.schema import SampleData
 from trtflow.stages.image import preprocess
 from trtflow.stages.onnx.graph import index_bounds, inputs_upstream_of
 from trtflow.stages.ort.runner import fit_to_input, random_input, run
@@ -24,7 +26,7 @@ class SampleSource:
     Random values follow `data.ranges`; integer inputs that index a table (an embedding's Gather) stay within
     it unless a range says otherwise. `key` is where the data block sits in the YAML (for messages)."""
 
-    def __init__(self, data: Any, inputs: dict[str, Any], model_inputs: list[Any], stage: str,
+    def __init__(self, data: SampleData, inputs: Inputs, model_inputs: list[Any], stage: str,
                  model: onnx.ModelProto | None = None, key: str = "data"):
         self.data, self.model_inputs, self.stage, self.model, self.key = data, model_inputs, stage, model, key
         known = {m.name for m in model_inputs}
@@ -40,10 +42,10 @@ class SampleSource:
             if "preprocess" not in inputs:
                 raise StageError(f"{stage}: data.images needs the parity stage's preprocessing: add a parity stage "
                                  f"before it (or inputs: {{preprocess: <parity stage>}}), or give data.tensors")
-            self.pre = preprocess.load(inputs["preprocess"].path)
-            self.files = [a.path for a in inputs["images"]][: data.samples]
+            self.pre = preprocess.load(inputs.one("preprocess").path)
+            self.files = [a.path for a in inputs.many("images")][: data.samples]
         elif data.tensors:
-            self.files = [a.path for a in inputs["tensors"]][: data.samples]
+            self.files = [a.path for a in inputs.many("tensors")][: data.samples]
         self.from_files = bool(data.images or data.tensors)
         self.count = len(self.files) if self.from_files else data.samples
         self.label = ("images via preprocess " + self.pre.digest[:12] if self.pre else

@@ -1,11 +1,11 @@
 """Build one engine (one cell of the build matrix) in its own process: `python -m trtflow.stages.trt.build_worker SPEC`.
 
 A crash inside the TensorRT library ends this process only; the build stage reports that cell as failed.
-Writes `engine.plan`, `build.log` and `build.json` into the cell directory named in the spec.
+Reads the cell's `spec.json` (`engines.Cell`); writes `engine.plan`, `build.log` and `build.json` (`engines.Built`)
+beside it.
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
@@ -14,35 +14,37 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtflow.stages.trt.engines import Built, Cell
+
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
 
 
-def build(spec: dict[str, Any]) -> dict[str, Any]:
+def build(spec: Cell, cell: Path) -> Built:
     from trtflow.pipelines.params.build import BuilderOptions
     from trtflow.stages.trt import config as trt_config
     from trtflow.stages.trt import parse as trt_parse
 
-    cell = Path(spec["cell_dir"])
+    be = spec.backend.model_dump()
     t0 = time.perf_counter()
-    parsed = trt_parse.parse(spec, Path(spec["model"]), SEVERITY[spec["log_severity"]])
+    parsed = trt_parse.parse(be, Path(spec.model), SEVERITY[spec.log_severity])
     trt, builder, network, log_lines = parsed.trt, parsed.builder, parsed.network, parsed.log
     try:
         if not parsed.ok:
-            found = trt_parse.failures(parsed.parser, Path(spec["model"]))
+            found = trt_parse.failures(parsed.parser, Path(spec.model))
             raise BuildError("parse failed: " + "; ".join(f"{f['node']} ({f['op_type']}): {f['reason']}"
                                                           for f in found[:5]), failures=found)
-        options = BuilderOptions.model_validate(spec["options"])  # typed again on this side of the process
-        trt_config.check(options, trt, spec, [spec["target"]])
+        options = BuilderOptions.model_validate(spec.options)  # typed again on this side of the process
+        trt_config.check(options, trt, be, [spec.target])
         config = builder.create_builder_config()
-        applied = trt_config.apply(options, trt, config, spec["target"])
+        applied = trt_config.apply(options, trt, config, spec.target)
         cache = None
-        if spec.get("timing_cache"):
-            path = Path(spec["timing_cache"])
+        if spec.timing_cache:
+            path = Path(spec.timing_cache)
             cache = config.create_timing_cache(path.read_bytes() if path.exists() else b"")
             config.set_timing_cache(cache, ignore_mismatch=False)
-        for prof in spec["profiles"]:
+        for prof in spec.profiles:
             p = builder.create_optimization_profile()
-            for name, (lo, opt, hi) in prof["shapes"].items():
+            for name, (lo, opt, hi) in prof.shapes.items():
                 p.set_shape(name, lo, opt, hi)
             config.add_optimization_profile(p)
         engine = builder.build_serialized_network(network, config)
@@ -52,17 +54,14 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
         seconds = time.perf_counter() - t0
         (cell / "engine.plan").write_bytes(data)
         if cache is not None:
-            _save_atomic(Path(spec["timing_cache"]), bytes(config.get_timing_cache().serialize()))
-        info: dict[str, Any] = {
-            "status": "ok", "runtime": f"{spec['flavour']} {spec['version']}", "seconds": round(seconds, 3),
-            "engine_bytes": len(data), "layers": network.num_layers, "options": applied,
-            **trt_parse.io_tensors(network), "profiles": spec["profiles"], "target": spec["target"],
-        }
-        info["validity"] = validity(trt, parsed.logger, data, log_lines)
+            _save_atomic(Path(spec.timing_cache), bytes(config.get_timing_cache().serialize()))
         from trtflow.stages.trt.env import gpus
-        info["environment"] = {"tensorrt": {"flavour": spec["flavour"], "version": spec["version"]},
-                               "gpu": gpus() or None}
-        return info
+        return Built(status="ok", runtime=f"{spec.backend.flavour} {spec.backend.version}", seconds=round(seconds, 3),
+                     engine_bytes=len(data), layers=network.num_layers, options=applied,
+                     validity=validity(trt, parsed.logger, data, log_lines),
+                     environment={"tensorrt": {"flavour": spec.backend.flavour, "version": spec.backend.version},
+                                  "gpu": gpus() or None},
+                     **trt_parse.io_tensors(network))
     finally:
         (cell / "build.log").write_text("\n".join(log_lines) + "\n")
 
@@ -96,17 +95,17 @@ def _save_atomic(path: Path, data: bytes) -> None:
 
 
 def main() -> int:
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    cell = Path(spec["cell_dir"])
+    cell = Path(sys.argv[1]).parent
+    spec = Cell.read(cell)
     try:
-        info = build(spec)
+        built = build(spec, cell)
         code = 0
     except BuildError as exc:
-        info, code = {"status": "failed", "error": str(exc), "failures": exc.failures}, 2
+        built, code = Built(status="failed", error=str(exc), failures=exc.failures), 2
     except Exception as exc:  # noqa: BLE001 - reported in build.json; the cell fails, not the stage process
-        info, code = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}, 2
-    info["peak_host_memory_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    (cell / "build.json").write_text(json.dumps(info, indent=2) + "\n")
+        built, code = Built(status="failed", error=f"{type(exc).__name__}: {exc}"), 2
+    built.peak_host_memory_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    built.write(cell)
     return code
 
 

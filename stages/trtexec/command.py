@@ -3,9 +3,9 @@ TensorRT version accepts."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from trtflow.errors import StageError
+from trtflow.pipelines.params.benchmark import BenchmarkStage
 
 # options a version's trtexec no longer has, and why
 REMOVED = {
@@ -49,7 +49,7 @@ def shapes_arg(shapes: dict[str, list[int]]) -> str:
     return ",".join(f"{name}:{'x'.join(str(d) for d in dims)}" for name, dims in shapes.items())
 
 
-def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: Any, exports: dict[str, Path],
+def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: BenchmarkStage, exports: dict[str, Path],
             version: str | None) -> list[str]:
     cmd = [str(trtexec), f"--loadEngine={engine}", f"--warmUp={int(params.warmup * 1000)}"]
     rel = release(version)

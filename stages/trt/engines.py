@@ -1,0 +1,169 @@
+"""The engines output of a build stage, with one reader and one writer: a directory per cell of the build matrix,
+
+    engines/<cell name>/spec.json    the Cell: what it builds, from which model, how (the build worker's request)
+                        build.json   the Built record the worker wrote (or the build stage, when the worker died)
+                        engine.plan  the serialized engine (status ok only)
+                        build.log    TensorRT's log
+
+and the stages after a build see it as `Candidate`s: one per engine that built, matched with its model variant
+(or, without a build stage, one per model variant).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from trtflow.artifact import Artifact
+from trtflow.errors import StageError
+
+SPEC, BUILT, PLAN, LOG = "spec.json", "build.json", "engine.plan", "build.log"
+
+
+class Profile(BaseModel):
+    name: str
+    shapes: dict[str, tuple[list[int], list[int], list[int]]]  # input -> (min, opt, max)
+
+    def at(self, point: str) -> dict[str, list[int]]:
+        """The shapes of every input at 'min', 'opt' or 'max'."""
+        index = ("min", "opt", "max").index(point)
+        return {name: list(rng[index]) for name, rng in self.shapes.items()}
+
+    def fits(self, shapes: dict[str, tuple[int, ...]]) -> bool:
+        return all(name not in shapes or (len(shapes[name]) == len(lo)
+                                          and all(a <= s <= b for a, s, b in zip(lo, shapes[name], hi)))
+                   for name, (lo, _, hi) in self.shapes.items())
+
+    def describe(self) -> str:
+        return f"{self.name}: " + ", ".join(f"{n} {lo}..{hi}" for n, (lo, _, hi) in self.shapes.items())
+
+
+class Backend(BaseModel):
+    """The TensorRT flavour that builds (as `trt.env.detect_tensorrt` finds it)."""
+    flavour: str
+    module: str
+    version: str
+
+
+class Cell(BaseModel):
+    """One engine of the build matrix: model variant x profile(s) x target, and how the worker builds it."""
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    variant: str
+    precision: str
+    model: str
+    profiles: list[Profile]
+    target: str
+    backend: Backend
+    options: dict[str, Any]  # BuilderOptions as JSON: the worker validates it again on its side
+    log_severity: str = "warning"
+    timing_cache: str | None = None
+
+    def write(self, cell_dir: Path) -> Path:
+        path = cell_dir / SPEC
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, cell_dir: Path) -> "Cell":
+        return cls.model_validate_json((cell_dir / SPEC).read_text())
+
+
+class Built(BaseModel):
+    """What building a cell gave: status ok with the engine's facts, or failed with the error."""
+    model_config = ConfigDict(extra="allow")  # the engine's IO tensors, as the parser reports them
+
+    status: str  # "ok" | "failed"
+    error: str | None = None
+    failures: list[dict[str, Any]] = []  # nodes the parser rejected
+    runtime: str | None = None
+    seconds: float = 0.0
+    engine_bytes: int = 0
+    layers: int | None = None
+    options: dict[str, Any] = {}
+    validity: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    peak_host_memory_mb: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def write(self, cell_dir: Path) -> None:
+        (cell_dir / BUILT).write_text(self.model_dump_json(indent=2, exclude_none=True) + "\n")
+
+    @classmethod
+    def read(cls, cell_dir: Path) -> "Built | None":
+        path = cell_dir / BUILT
+        return cls.model_validate_json(path.read_text()) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A cell that built, as found in an engines directory."""
+    cell: Cell
+    built: Built
+    directory: Path
+
+    @property
+    def plan(self) -> Path:
+        return self.directory / PLAN
+
+
+def built_engines(engines: Path) -> list[Engine]:
+    """Every cell of an engines directory that built, in name order (cells that failed are left out)."""
+    found = []
+    for cell_dir in sorted(p for p in engines.iterdir() if p.is_dir()):
+        if not (cell_dir / SPEC).exists():
+            continue
+        built = Built.read(cell_dir)
+        if built is not None and built.ok:
+            found.append(Engine(Cell.read(cell_dir), built, cell_dir))
+    return found
+
+
+@dataclass
+class Candidate:
+    name: str
+    variant: str
+    precision: str
+    model: Path  # the ONNX variant the engine was built from
+    engine: Path | None = None
+    module: str = ""  # TensorRT module that built the engine
+    profiles: list[Profile] = field(default_factory=list)
+
+
+def engine_candidates(engines: Artifact | None, models: list[Artifact], stage: str,
+                      exclude: str | None = None) -> list[Candidate]:
+    """The built engines, matched with their variants among `models`; without engines, every model variant (but
+    the one whose digest is `exclude`, the reference)."""
+    by_variant = {m.origin or m.path.stem: m for m in models}
+    if engines is None:
+        import onnx
+
+        from trtflow.stages.onnx.graph import precision
+
+        found = [Candidate(v, v, precision(onnx.load(str(m.path), load_external_data=False)), m.path)
+                 for v, m in by_variant.items() if m.digest != exclude]
+        if not found:
+            raise StageError(f"{stage}: nothing to {stage}: no build stage and no model variant other than the "
+                             f"reference; add a precision/calibrate or build stage before it, or set inputs.engines")
+        return found
+    found = []
+    for eng in built_engines(engines.path):
+        cell = eng.cell
+        model = by_variant.get(cell.variant)
+        if model is None:
+            raise StageError(f"{stage}: engine '{cell.name}' was built from model variant '{cell.variant}', which "
+                             f"is not among this stage's models ({', '.join(by_variant) or 'none'}): add "
+                             f"'{cell.variant}' to inputs.models")
+        found.append(Candidate(cell.name, cell.variant, cell.precision, model.path, eng.plan, cell.backend.module,
+                               cell.profiles))
+    if not found:
+        raise StageError(f"{stage}: the build output {engines.path} holds no built engine")
+    return found
+
+
