@@ -1,0 +1,122 @@
+"""Adding a stage kind is one params file, one stage module and one line: shown on a copy of trtflow's source
+with exactly those three changes, run as users run it (`trtflow run`, twice: the second run reuses the result)."""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"trtflow": "trtflow", "pipelines": "trtflow/pipelines", "flows": "trtflow/flows", "stages": "trtflow/stages"}
+
+PARAMS = '''
+from typing import Literal
+
+from pydantic import Field
+
+from trtflow.pipelines.row import Kind, Slot
+from trtflow.pipelines.schema import StageBase
+
+
+class CountStage(StageBase):
+    kind: Literal["count"]
+    op_types: list[str] = Field(default_factory=lambda: ["Conv"], description="the op types to count")
+
+
+KIND = Kind("count", CountStage, slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True)},
+            outputs={"report": "json"})
+'''
+
+STAGE = '''
+import json
+from pathlib import Path
+
+import onnx
+
+from trtflow.artifact import Inputs, StageResult
+from trtflow.pipelines.params.count import CountStage
+
+VERSION = "1"
+
+
+def run(params: CountStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    graph = onnx.load(str(inputs.one("model").path), load_external_data=False).graph
+    counts = {op: sum(n.op_type == op for n in graph.node) for op in params.op_types}
+    (out_dir / "report.json").write_text(json.dumps(counts))
+    return StageResult(outputs={"report": out_dir / "report.json"}, summary=f"counted {counts}")
+'''
+
+
+def _copy_source(dst: Path) -> Path:
+    for src, rel in PACKAGES.items():
+        shutil.copytree(ROOT / src, dst / rel, ignore=shutil.ignore_patterns("__pycache__", "templates"))
+    shutil.copytree(ROOT / "flows" / "templates", dst / "trtflow" / "flows" / "templates")
+    return dst
+
+
+def _changed(old: Path, new: Path) -> tuple[list[str], list[str]]:
+    """Files added and files whose content differs, between two trees."""
+    added, differ = [], []
+    for path in sorted(new.rglob("*.py")):
+        rel = path.relative_to(new)
+        if not (old / rel).exists():
+            added.append(str(rel))
+        elif not filecmp.cmp(old / rel, path, shallow=False):
+            differ.append(str(rel))
+    return added, differ
+
+
+def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
+    pristine = _copy_source(tmp_path / "pristine")
+    src = _copy_source(tmp_path / "src")
+    (src / "trtflow/pipelines/params/count.py").write_text(textwrap.dedent(PARAMS).lstrip())
+    (src / "trtflow/stages/count.py").write_text(textwrap.dedent(STAGE).lstrip())
+    kinds = src / "trtflow/pipelines/kinds.py"
+    text = kinds.read_text()
+    assert '    "benchmark",\n)' in text
+    kinds.write_text(text.replace('    "benchmark",\n)', '    "benchmark",\n    "count",\n)'))
+
+    added, differ = _changed(pristine, src)
+    assert added == ["trtflow/pipelines/params/count.py", "trtflow/stages/count.py"] and differ == [
+        "trtflow/pipelines/kinds.py"]
+    diff = subprocess.run(["diff", str(pristine / "trtflow/pipelines/kinds.py"), str(kinds)], capture_output=True,
+                          text=True).stdout
+    assert [ln for ln in diff.splitlines() if ln[:1] in "<>"] == ['>     "count",']
+
+    pipeline = workdir / "pipeline.yaml"
+    pipeline.write_text("version: 1\nname: counted\nmodel: models/cls.onnx\nstages:\n"
+                        "  convs: {kind: count, op_types: [Conv, Relu]}\n")
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def trtflow(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    where = subprocess.run([sys.executable, "-c", "import trtflow.pipelines.kinds as k; print(k.__file__)"],
+                           env=env, capture_output=True, text=True, cwd=workdir).stdout.strip()
+    assert where == str(kinds), "the copy must be the trtflow that runs"
+
+    schema = json.loads(trtflow("schema").stdout)
+    assert "CountStage" in schema["$defs"]
+    checked = trtflow("validate", str(pipeline))
+    assert checked.returncode == 0 and "count" in checked.stdout, checked.stderr
+
+    first = trtflow("run", str(pipeline))
+    assert first.returncode == 0, first.stderr
+    assert "ran" in first.stdout and "convs" in first.stdout
+    reports = list((workdir / ".trtflow" / "convs").glob("*/report.json"))
+    assert len(reports) == 1
+    counts = json.loads(reports[0].read_text())
+    assert counts["Conv"] > 10 and counts["Relu"] >= 0  # the PP-OCR classifier is a small CNN
+
+    second = trtflow("run", str(pipeline))
+    assert second.returncode == 0, second.stderr
+    assert "reused" in second.stdout and "0 ran, 1 reused" in second.stdout
+
+    changed = trtflow("plan", str(pipeline), "--set", "stages.convs.op_types=[Conv]")
+    assert changed.returncode == 0 and "run" in changed.stdout
