@@ -81,10 +81,11 @@ def _child(conn, payload: bytes, sys_path: list[str], log: str, environ: dict[st
     os.close(fd)
     faulthandler.enable()  # a native crash's Python stack, into the log
     sys.path[:] = sys_path
-    progress.LISTENERS[:] = [lambda what, done, total: conn.send(("progress", (what, done, total)))]
     try:
         func, args = pickle.loads(payload)
-        conn.send(("ok", func(*args)))
+        with progress.listening(lambda what, done, total: conn.send(("progress", (what, done, total))), alone=True):
+            result = func(*args)
+        conn.send(("ok", result))
     except BaseException as exc:  # report everything, including the user's own exceptions
         text = traceback.format_exc()
         try:

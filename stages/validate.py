@@ -261,8 +261,8 @@ def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candid
     return next(iter(low.values()))
 
 
-def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate], results: list, reference: onnx.ModelProto,
-            ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> dict[str, Any]:
+def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate], results: list,
+            reference: onnx.ModelProto, ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> dict[str, Any]:
     """Repair the target variant if any of its candidates fails; its simulation must then pass every sample set
     those candidates were checked on."""
     mine = [(r, ctx) for (r, ctx), c in zip(results, candidates) if c.variant == target.variant]

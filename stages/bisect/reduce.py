@@ -36,7 +36,6 @@ from trtflow.stages.ort.runner import session
 from trtflow.text import first_line
 
 Feeds = dict[str, np.ndarray]
-CHECKS = ("fp16", "int8", "parse", "build", "command")
 
 
 @dataclass

@@ -1,0 +1,93 @@
+"""`trtflow`: one module per command (`flows/cli/<command>.py`, a `Command` each), listed in `COMMANDS`; this module
+builds the parser from them and turns every failure into one line on stderr and a non-zero exit code
+(`--verbose` adds the traceback)."""
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from rich.markup import escape
+
+from trtflow.errors import TrtflowError
+from trtflow.flows.cli import (
+    check_env,
+    init_deploy,
+    parse_trtexec,
+    plan,
+    reduce,
+    run,
+    schema,
+    server,
+    validate,
+    verify,
+)
+from trtflow.flows.cli.base import Command, err
+
+COMMANDS: tuple[Command, ...] = (
+    run.Run(),
+    plan.Plan(),
+    validate.Validate(),
+    verify.Verify(),
+    reduce.Reduce(),
+    parse_trtexec.ParseTrtexec(),
+    check_env.CheckEnv(),
+    init_deploy.InitDeploy(),
+    server.Server(),
+    schema.Schema(),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and Prefect's logs")
+    ap = argparse.ArgumentParser(prog="trtflow", parents=[common],
+                                 description="Declarative ONNX -> TensorRT pipelines, run as Prefect flows.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_arguments(sub.add_parser(command.name, parents=[common], help=command.help))
+    return ap
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler or `kill` ending the run): unwound like Ctrl-C, so stages' processes are killed and
+    staging is removed on the way out."""
+
+
+def _terminate(signum, frame) -> None:  # noqa: ANN001 - a signal handler
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command = next(c for c in COMMANDS if c.name == args.command)
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
+    try:
+        return command.run(args)
+    except Terminated:
+        err.print("[red]error:[/] terminated (SIGTERM); nothing half-written was kept")
+        return 143
+    except KeyboardInterrupt:
+        err.print("[red]error:[/] interrupted; nothing half-written was kept")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns failures into one line
+        return _fail(exc, args.verbose)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _fail(exc: BaseException, verbose: bool) -> int:
+    if verbose:
+        for what in ("child_log", "child_traceback"):
+            text = getattr(exc, what, "")
+            if text:
+                err.print(f"[dim]--- the stage process's {what.removeprefix('child_')} ---[/]\n{escape(text)}")
+        err.print_exception(show_locals=False)
+    known = isinstance(exc, TrtflowError)
+    message = str(exc) if known else f"{type(exc).__name__}: {exc}"
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    if not known and not verbose:
+        err.print("(unexpected: run again with --verbose for the traceback)")
+    return exc.exit_code if known else 1

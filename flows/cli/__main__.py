@@ -1,0 +1,3 @@
+from trtflow.flows.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""`trtflow run`: run the pipeline (a Prefect flow run)."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+from rich.markup import escape
+
+from trtflow.errors import PrefectUnavailable
+from trtflow.flows.cli.base import Command, add_pipeline_arguments, add_selection_arguments, err, out, store_option
+
+EPHEMERAL_STARTUP_S = 120
+
+
+class Run(Command):
+    name = "run"
+    help = "run the pipeline (a Prefect flow run)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_pipeline_arguments(parser)
+        add_selection_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        # Prefect's temporary server otherwise phones home, and on machines without internet access prints a
+        # traceback per attempt. A user who wants telemetry can set the variable to true.
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        # Prefect gives its temporary server 20 s to start, which a busy machine misses: give it more.
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_S))
+        # Fail fast on spec and store problems, before paying for Prefect's start-up.
+        from trtflow.flows.runner import make_runner
+
+        started = time.perf_counter()
+        runner = make_runner(args.pipeline, args.overrides, str(store_option(args.store) or "") or None)
+        for name in args.force or []:
+            if name != "*":
+                runner.check_stage_name(name, "--force")
+        runner.select(args.stages)
+        reused = runner.reuse_all(args.stages, args.force)
+        if reused is not None:  # nothing to run: no flow run, no Prefect start-up
+            for o in reused:
+                out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
+                          f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
+            out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
+                      f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
+            return 0
+
+        from trtflow.flows import server
+
+        api_url = None
+        if server.wanted():
+            with out.status("starting a Prefect server in the background ..."):
+                api_url = server.ensure(on_start=lambda url: err.print(
+                    f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; "
+                    f"`trtflow server stop` stops it)"))
+
+        from prefect import tags
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from trtflow.flows import pipeline_flow as pf
+
+        if not args.verbose:
+            _quiet_prefect_console()
+        status = out.status("starting Prefect ...")
+        status.start()
+
+        def listen(event: str, name: str, payload: Any) -> None:
+            if event == "start":
+                status.update(f"stage [bold]{name}[/] ...")
+            elif event == "done":
+                o = payload
+                mark = "[green]reused[/]" if o.status == "reused" else "[cyan]ran[/]"
+                out.print(f"  {mark:>20} [bold]{name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key {o.key[:12]}  "
+                          f"[dim]{escape(o.reason)}[/]")
+                for w in o.manifest.get("warnings", []) if o.status == "ran" else []:
+                    out.print(f"           [yellow]warning:[/] {escape(w)}")
+            elif event == "fail":
+                out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/]")
+            elif event == "skip":
+                out.print(f"  [yellow]{'skipped':>9}[/] [bold]{name}[/] "
+                          f"[dim](needs {escape(payload)}, which failed)[/]")
+
+        def on_progress(what: str, done: int, total: int) -> None:
+            status.update(f"{what} {done}/{total} ...")
+
+        from trtflow import progress
+
+        try:
+            with tags(*pf.run_identity(args.pipeline)[1]), pf.watching(listen), progress.listening(on_progress), \
+                    temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+                results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
+                                           force=args.force, store=runner.store.location)
+        except RuntimeError as exc:
+            if api_url and str(exc).startswith("Failed to reach API at"):
+                raise PrefectUnavailable(f"trtflow's background Prefect server at {api_url} stopped answering during "
+                                         f"the run; run again (a new one is started)") from None
+            raise _prefect_unavailable(exc) or exc from None
+        finally:
+            status.stop()
+        ran = sum(r["status"] == "ran" for r in results)
+        out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
+                  f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
+        return 0
+
+
+
+def _quiet_prefect_console() -> None:
+    """Prefect prints every task failure with a traceback; the CLI shows one line instead.
+
+    Only the console is quieted: logs still reach the Prefect server (UI) through its API handler.
+    """
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for h in lg.handlers:
+            if isinstance(h, PrefectConsoleHandler):
+                h.setLevel(logging.CRITICAL)
+
+
+def _prefect_unavailable(exc: RuntimeError) -> PrefectUnavailable | None:
+    """Prefect's own errors when its API cannot be reached, as one line saying what to do."""
+    text = str(exc)
+    if "ephemeral Prefect API server" in text:
+        budget = os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "20")
+        return PrefectUnavailable(
+            f"Prefect's temporary server did not start within {budget} s (a busy machine?): start a server once "
+            f"with 'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api, or raise "
+            f"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+    if text.startswith("Failed to reach API at"):
+        return PrefectUnavailable(f"{text.rstrip('.')} (PREFECT_API_URL): start that server ('prefect server "
+                                  f"start'), or unset PREFECT_API_URL to use a temporary one")
+    return None
