@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 from tests.assets import PPOCR, ROOT
+from trtflow.pipelines.kinds import KINDS
 
 # repository folder -> the import package it installs as (pyproject.toml's package-dir)
 FOLDERS = {"trtflow": "trtflow", "pipelines": "trtflow/pipelines", "flows": "trtflow/flows", "stages": "trtflow/stages"}
@@ -60,7 +61,7 @@ FORBIDDEN = {
     "trtflow/pipelines": ("trtflow.stages", "trtflow.flows", "prefect"),
     "trtflow/stages": ("trtflow.flows", "prefect"),
 }
-STAGE_MODULES = tuple(f"trtflow.stages.{k}" for k in ("prepare", "parity", "precision", "calibrate", "build"))
+STAGE_MODULES = tuple(f"trtflow.stages.{k}" for k in KINDS)
 
 
 def _imports(path: Path) -> list[str]:
@@ -84,7 +85,24 @@ def test_imports_run_downward_only():
                 bad.append(f"{name} imports {mod}")
             if helper and mod.startswith(STAGE_MODULES):
                 bad.append(f"{name} (a helper) imports the stage module {mod}")
+            own = name.removesuffix(".py").replace("/", ".")
+            if name.count("/") == 2 and name.startswith("trtflow/stages/") and mod.startswith(STAGE_MODULES) \
+                    and not mod.startswith(own):
+                bad.append(f"{name} (a kind) imports another kind, {mod}")
     assert not bad, bad
+
+
+def test_stages_top_level_is_exactly_the_kinds_and_the_readme_map_names_every_folder():
+    modules = {p.stem for p in (ROOT / "stages").glob("*.py") if p.stem != "__init__"}
+    assert modules == set(KINDS)
+    assert {p.stem for p in (ROOT / "pipelines" / "params").glob("*.py") if p.stem != "__init__"} == {*KINDS, "custom"}
+    readme = (ROOT / "README.md").read_text()
+    where = readme[readme.index("## Where things are"):readme.index("## Benchmarks")]
+    folders = [f"{p.name}/" for p in (ROOT / "stages").iterdir() if p.is_dir() and p.name != "__pycache__"]
+    missing = [f for f in folders if f"`{f}`" not in where] + [f"{k}.py" for k in KINDS if f"`{k}.py`" not in where]
+    missing += [f"{p.name}" for p in (ROOT / "flows").iterdir() if p.suffix == ".py" and p.stem != "__init__"
+                and f"`{p.name}`" not in where]
+    assert not missing, f"the README's map does not name {missing}"
 
 
 def test_a_model_repo_with_its_own_flows_pipelines_and_stages(tmp_path):
