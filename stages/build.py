@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -17,13 +16,13 @@ from typing import Any
 
 import onnx
 
-from trtflow import progress
+from trtflow import child, progress
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.trt import config
-from trtflow.stages.trt.engines import Backend, Built, Cell, Profile
+from trtflow.stages.trt.engines import BUILT, SPEC, Backend, Built, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
 from trtflow.stages.trt.preflight import hint_for
 from trtflow.text import did_you_mean
@@ -156,14 +155,12 @@ def build_cells(cells: list[Cell], engines: Path, parallel: int) -> list[Built]:
 
 def build_cell(cell: Cell, cell_dir: Path) -> Built:
     cell_dir.mkdir()
-    spec = cell.write(cell_dir)
     try:
-        proc = subprocess.run([sys.executable, "-m", "trtflow.stages.trt.build_worker", str(spec)],
-                              capture_output=True, text=True, timeout=CELL_TIMEOUT_S)
+        built, proc = child.call("trtflow.stages.trt.build_worker", cell, Built, cell_dir, CELL_TIMEOUT_S,
+                                 names=(SPEC, BUILT))
         code = proc.returncode
     except subprocess.TimeoutExpired:
-        code = "timeout"
-    built = Built.read(cell_dir)
+        built, code = None, "timeout"
     if built is None:  # the process died inside TensorRT before it could say anything
         built = Built(status="failed", error=f"the build process crashed (exit code {code})")
         built.write(cell_dir)

@@ -158,13 +158,13 @@ def test_a_killed_probe_is_a_crash_never_evidence_about_the_model(tmp_path, monk
     killer = tmp_path / "python-killed"
     killer.write_text(f"#!/bin/sh\nkill -{signal_name} $$\n")
     killer.chmod(0o755)
-    real = probe.run_module
+    real = probe.child.call
 
-    def killed_child(module, args, timeout):
+    def killed_child(*args, **kwargs):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(sys, "executable", str(killer))
-            return real(module, args, timeout)
-    monkeypatch.setattr(probe, "run_module", killed_child)
+            return real(*args, **kwargs)
+    monkeypatch.setattr(probe.child, "call", killed_child)
     model = overflow_model(tmp_path / "overflow.onnx")
     with pytest.raises(TransientStageError, match=f"the ONNX Runtime probe was killed \\(SIG{signal_name}\\)"):
         run_precision(model, tmp_path / "out", {"tensors": tensors_dir(tmp_path)}, data={"tensors": "*.npy"},

@@ -1,50 +1,58 @@
 """ONNX Runtime's quantization pre-processing (shape inference and graph optimization) in a child process
-started in the stage's work directory: `python -m trtflow.stages.ort.quant_prep SRC DST`.
+started in the stage's work directory (`trtflow.child`'s convention).
 
 ONNX Runtime's symbolic shape inference saves `sym_shape_infer_temp.onnx` and its weights (a `<uuid>.data` file)
 into the current directory when it cannot infer every shape; run in-process that would be the user's directory.
 """
 from __future__ import annotations
 
-import json
-import sys
+import shutil
 from pathlib import Path
 
-from trtflow.child import run_module
+from pydantic import BaseModel
+
+from trtflow import child
 from trtflow.text import first_line
 
 TIMEOUT_S = 1800
 
 
+class PrepRequest(BaseModel):
+    src: str
+    dst: str
+
+
+class PrepResponse(BaseModel):
+    warnings: list[str] = []
+
+
 def pre_process(src: Path, dst: Path, work: Path) -> list[str]:
     """Write the pre-processed model to `dst` (the source as is when every attempt fails); returns warnings."""
-    result, proc = run_module("trtflow.stages.ort.quant_prep", [str(src), str(dst)], TIMEOUT_S, cwd=work)
+    result, proc = child.call("trtflow.stages.ort.quant_prep", PrepRequest(src=str(src), dst=str(dst)), PrepResponse,
+                              work, TIMEOUT_S, cwd=work, names=("quant_prep.json", "quant_prep.response.json"))
     if proc.returncode != 0 or result is None:
-        import shutil
-
         shutil.copy(src, dst)
-        tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
-        return [f"quantization pre-processing failed ({tail}); quantized the model as is"]
-    return result["warnings"]
+        return [f"quantization pre-processing failed ({child.last_line(proc)}); quantized the model as is"]
+    return result.warnings
 
 
-def _main(src: str, dst: str) -> dict[str, list[str]]:
-    import shutil
-
+def _main(request: PrepRequest, folder: Path) -> PrepResponse:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     try:
-        quant_pre_process(src, dst)
-        return {"warnings": []}
+        quant_pre_process(request.src, request.dst)
+        return PrepResponse()
     except Exception:  # noqa: BLE001 - ORT's symbolic shape inference asserts on some valid graphs
         pass
     try:
-        quant_pre_process(src, dst, skip_symbolic_shape=True)
-        return {"warnings": ["ONNX Runtime's symbolic shape inference failed on this model; used ONNX's instead"]}
+        quant_pre_process(request.src, request.dst, skip_symbolic_shape=True)
+        return PrepResponse(warnings=["ONNX Runtime's symbolic shape inference failed on this model; used ONNX's "
+                                      "instead"])
     except Exception as exc:  # noqa: BLE001
-        shutil.copy(src, dst)
-        return {"warnings": [f"quantization pre-processing failed ({first_line(exc)}); quantized the model as is"]}
+        shutil.copy(request.src, request.dst)
+        return PrepResponse(warnings=[f"quantization pre-processing failed ({first_line(exc)}); quantized the "
+                                      f"model as is"])
 
 
 if __name__ == "__main__":
-    print(json.dumps(_main(sys.argv[1], sys.argv[2])))
+    raise SystemExit(child.serve(PrepRequest, _main))

@@ -1,4 +1,5 @@
-"""Build one engine (one cell of the build matrix) in its own process: `python -m trtflow.stages.trt.build_worker SPEC`.
+"""Build one engine (one cell of the build matrix) in its own process (`trtflow.child`'s convention:
+`python -m trtflow.stages.trt.build_worker spec.json build.json`).
 
 A crash inside the TensorRT library ends this process only; the build stage reports that cell as failed.
 Reads the cell's `spec.json` (`engines.Cell`); writes `engine.plan`, `build.log` and `build.json` (`engines.Built`)
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from trtflow.child import serve
 from trtflow.stages.trt.engines import Built, Cell
 
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
@@ -94,20 +95,16 @@ def _save_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def main() -> int:
-    cell = Path(sys.argv[1]).parent
-    spec = Cell.read(cell)
+def handle(spec: Cell, cell: Path) -> Built:
     try:
         built = build(spec, cell)
-        code = 0
     except BuildError as exc:
-        built, code = Built(status="failed", error=str(exc), failures=exc.failures), 2
+        built = Built(status="failed", error=str(exc), failures=exc.failures)
     except Exception as exc:  # noqa: BLE001 - reported in build.json; the cell fails, not the stage process
-        built, code = Built(status="failed", error=f"{type(exc).__name__}: {exc}"), 2
+        built = Built(status="failed", error=f"{type(exc).__name__}: {exc}")
     built.peak_host_memory_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    built.write(cell)
-    return code
+    return built
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(serve(Cell, handle))

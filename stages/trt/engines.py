@@ -62,11 +62,6 @@ class Cell(BaseModel):
     log_severity: str = "warning"
     timing_cache: str | None = None
 
-    def write(self, cell_dir: Path) -> Path:
-        path = cell_dir / SPEC
-        path.write_text(self.model_dump_json(indent=2) + "\n")
-        return path
-
     @classmethod
     def read(cls, cell_dir: Path) -> "Cell":
         return cls.model_validate_json((cell_dir / SPEC).read_text())

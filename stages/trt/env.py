@@ -6,13 +6,17 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import importlib.util
-import json
 import platform
 import re
 import shutil
 import subprocess
-import sys
+import tempfile
+from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
+
+from trtflow import child
 
 # (module, flavour, distributions that may carry its version); full TensorRT first: it is what users deploy
 FLAVOURS = (
@@ -47,41 +51,57 @@ def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
     return None
 
 
-# Run in a child: importing TensorRT loads its libraries (and with them CUDA's) into the process for good.
-_PROBE = r"""
-import ctypes, ctypes.util, importlib, json, sys
-out = {}
-try:
-    out["version"] = str(importlib.import_module(sys.argv[1]).__version__)
-except Exception as exc:
-    out["error"] = f"{type(exc).__name__}: {exc}"
-path = None
-try:
-    from cuda import pathfinder
-    path = pathfinder.load_nvidia_dynamic_lib("cudart").abs_path
-except Exception:
-    path = ctypes.util.find_library("cudart")
-if path:
+class VersionRequest(BaseModel):
+    module: str
+
+
+class VersionResponse(BaseModel):
+    version: str | None = None
+    cuda_runtime: str | None = None
+    error: str | None = None
+
+
+def _versions(request: VersionRequest, folder: Path) -> VersionResponse:
+    """In the child (`trtflow.child`'s convention): importing TensorRT loads its libraries (and with them CUDA's)
+    into the process for good."""
+    import ctypes
+    import ctypes.util
+
+    out = VersionResponse()
     try:
-        v = ctypes.c_int()
-        if ctypes.CDLL(path).cudaRuntimeGetVersion(ctypes.byref(v)) == 0:
-            out["cuda_runtime"] = f"{v.value // 1000}.{v.value % 1000 // 10}"
-    except Exception:
-        pass
-print(json.dumps(out))
-"""
+        out.version = str(importlib.import_module(request.module).__version__)
+    except Exception as exc:  # noqa: BLE001 - a broken install says so in the fingerprint
+        out.error = f"{type(exc).__name__}: {exc}"
+    path = None
+    try:
+        from cuda import pathfinder
+
+        path = pathfinder.load_nvidia_dynamic_lib("cudart").abs_path
+    except Exception:  # noqa: BLE001 - no cuda-pathfinder, or no CUDA runtime wheel
+        path = ctypes.util.find_library("cudart")
+    if path:
+        try:
+            v = ctypes.c_int()
+            if ctypes.CDLL(path).cudaRuntimeGetVersion(ctypes.byref(v)) == 0:
+                out.cuda_runtime = f"{v.value // 1000}.{v.value % 1000 // 10}"
+        except Exception:  # noqa: BLE001 - a library that is not what it says: no version
+            pass
+    return out
 
 
 @functools.lru_cache(maxsize=4)
 def probe(module: str) -> dict[str, str | None]:
     """The version `module` itself reports (a TensorRT from a tarball or a container has no pip metadata) and the
     CUDA runtime version the process would load, from a child process; None where it cannot tell."""
-    try:
-        out = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True, text=True, timeout=120)
-        found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else {}
-    except (OSError, subprocess.SubprocessError, ValueError):
-        found = {}
-    return {"version": found.get("version"), "cuda_runtime": found.get("cuda_runtime")}
+    found = None
+    with tempfile.TemporaryDirectory(prefix="trtflow-version-") as folder:
+        try:
+            found, _ = child.call("trtflow.stages.trt.env", VersionRequest(module=module), VersionResponse,
+                                  Path(folder), 120)
+        except (OSError, subprocess.SubprocessError, ValueError):
+            pass
+    found = found or VersionResponse()
+    return {"version": found.version, "cuda_runtime": found.cuda_runtime}
 
 
 def tensorrt_version(info: dict[str, str]) -> str:
@@ -169,3 +189,7 @@ def _from_nvidia_smi() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         pass
     return {"driver": found[0]["driver"] if found else None, "cuda_driver": cuda_driver, "gpus": found}
+
+
+if __name__ == "__main__":
+    raise SystemExit(child.serve(VersionRequest, _versions))

@@ -1,17 +1,18 @@
 """TensorRT pre-flight: parse the model with the real TensorRT ONNX parser and list every node it rejects.
 
-The parse runs in a child process (`python -m trtflow.stages.trt.preflight MODEL`), so a crash inside the native parser
-fails the pre-flight with a message instead of taking the pipeline down.
+The parse runs in a child process (`trtflow.child`'s convention), so a crash inside the native parser fails the
+pre-flight with a message instead of taking the pipeline down.
 """
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from trtflow.child import run_module
+from pydantic import BaseModel, ConfigDict
+
+from trtflow import child
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 
 TIMEOUT_S = 900
@@ -60,6 +61,24 @@ def build_hint(error: str) -> str:
                 "see the builder's log in the report")
 
 
+class PreflightRequest(BaseModel):
+    model: str
+    shapes: dict[str, list[int]] | None = None  # build a trial engine at these shapes
+
+
+class PreflightReport(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the network's IO tensors, as the parser reports them
+
+    ran: bool
+    runtime: str | None = None
+    reason: str | None = None  # why no parser ran
+    parsed: bool = False
+    failures: list[dict[str, Any]] = []
+    log: list[str] = []
+    layers: int | None = None
+    trial_build: dict[str, Any] | None = None
+
+
 def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
                   timeout: float = TIMEOUT_S) -> dict[str, Any]:
     """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
@@ -67,16 +86,17 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
     trt = detect_tensorrt()
     if trt is None:
         return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
-    args = [str(model)] + ([json.dumps(shapes)] if shapes is not None else [])
-    try:
-        report, proc = run_module("trtflow.stages.trt.preflight", args, timeout)
-    except subprocess.TimeoutExpired:
-        return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
-                "failures": [], "runtime": _label(trt)}
-    if proc.returncode != 0 or report is None:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ran": False, "reason": f"the TensorRT parser process failed (exit code {proc.returncode}): {tail}",
-                "failures": [], "runtime": _label(trt)}
+    with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
+        try:
+            answer, proc = child.call("trtflow.stages.trt.preflight", PreflightRequest(model=str(model), shapes=shapes),
+                                      PreflightReport, Path(folder), timeout)
+        except subprocess.TimeoutExpired:
+            return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
+                    "failures": [], "runtime": _label(trt)}
+    if proc.returncode != 0 or answer is None:
+        return {"ran": False, "reason": f"the TensorRT parser process failed (exit code {proc.returncode}): "
+                                        f"{child.last_line(proc)}", "failures": [], "runtime": _label(trt)}
+    report = answer.model_dump(exclude_none=True)
     for f in report["failures"]:
         f["hint"] = hint_for(f)
     trial = report.get("trial_build")
@@ -90,9 +110,10 @@ def _label(trt: dict[str, str]) -> str:
     return f"{trt['flavour']} {trt['version']} parser"
 
 
-def _parse(model: Path, shapes: dict[str, list[int]] | None) -> dict[str, Any]:
+def _parse(request: PreflightRequest, folder: Path) -> PreflightReport:
     from trtflow.stages.trt import parse as trt_parse
 
+    model, shapes = Path(request.model), request.shapes
     trt_info = detect_tensorrt()
     assert trt_info is not None
     parsed = trt_parse.parse(trt_info, model)
@@ -103,7 +124,7 @@ def _parse(model: Path, shapes: dict[str, list[int]] | None) -> dict[str, Any]:
         result.update(trt_parse.io_tensors(parsed.network))
         if shapes is not None:
             result["trial_build"] = _trial_build(parsed, shapes)
-    return result
+    return PreflightReport(**result)
 
 
 def _trial_build(parsed: Any, shapes: dict[str, list[int]]) -> dict[str, Any]:
@@ -137,4 +158,4 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_parse(Path(sys.argv[1]), json.loads(sys.argv[2]) if len(sys.argv) > 2 else None)))
+    raise SystemExit(child.serve(PreflightRequest, _parse))
