@@ -22,7 +22,7 @@ from trtflow import progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
-from trtflow.stages.compare import accuracy
+from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, require_op_types
 from trtflow.stages.ort import calibration, qdq, quant_prep
@@ -67,7 +67,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     acc = ort_runner.accuracy_of(ref, session(out), data.feeds(hold), SIMULATED)
     if not hold:
         warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
-    warnings += accuracy.warnings(acc, MIN_COSINE, "the INT8 variant")
+    warnings += acc.warnings(MIN_COSINE, "the INT8 variant")
     if not data.from_files:
         warnings.append("calibrated on random inputs: the ranges say nothing about real activations; give "
                         "data.images or data.tensors from the deployment's distribution")
@@ -83,10 +83,10 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
               "data": data.label, "calibration_samples": calibrated, "holdout_samples": len(hold),
               "full_range_tensors": full_range, "entropy_check": entropy_check,
               "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
-              "quantize_linear_nodes": n_q, "accuracy": acc, "warnings": warnings}
+              "quantize_linear_nodes": n_q, "accuracy": acc.to_json(), "warnings": warnings}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
-               "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
+               "nan_inf": int(acc.total("nan") + acc.total("inf"))}
     return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
 
 
@@ -150,7 +150,7 @@ def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: ran
 
 
 def _worst_cosine(ref: Any, cand: Any, feeds: Any) -> float:
-    return min(o["cosine"] for o in ort_runner.accuracy_of(ref, cand, feeds, SIMULATED)["outputs"].values())
+    return min(o["cosine"] for o in ort_runner.accuracy_of(ref, cand, feeds, SIMULATED).outputs.values())
 
 
 def _excluded_nodes(model: Any, params: CalibrateStage) -> set[str]:
@@ -199,7 +199,7 @@ def summary(r: dict[str, Any]) -> str:
     if r["holdout_samples"]:
         lines += [f"**CPU accuracy pre-flight** ({r['accuracy']['runtime']}, not a TensorRT number), "
                   f"INT8 variant vs FP32 reference on {r['holdout_samples']} held-out samples:", ""]
-        lines += accuracy.table(r["accuracy"])
+        lines += Accuracy.from_json(r["accuracy"]).table()
     for w in r["warnings"]:
         lines.append(f"\n- warning: {w}")
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import numpy as np
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
+from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
@@ -141,9 +142,7 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any,
                          f"'{inp.name}' {want}; fix the resize/crop/layout/batch steps")
     deploy_in = [fit_to_input(d, inp) for _, d, _ in tensors]
     out_name = sess.get_outputs()[0].name
-    agree1 = agree5 = 0
-    max_diff = 0.0
-    classifier = False
+    cmp = Comparison()  # the training side is the reference
     predictions = []
     for (path, _, t), d_in in zip(tensors, deploy_in):
         t_in = fit_to_input(t, inp)
@@ -151,19 +150,14 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any,
             return {"ran": False, "reason": "deploy and training tensors have different shapes", "ok": False}
         a = sess.run([out_name], {inp.name: d_in})[0]
         b = sess.run([out_name], {inp.name: t_in})[0]
-        max_diff = max(max_diff, float(np.abs(a.astype(np.float64) - b).max()))
-        if a.ndim == 2 and a.shape[1] > 1:
-            classifier = True
-            ta, tb = np.argsort(-a, axis=1), np.argsort(-b, axis=1)
-            agree1 += int(np.all(ta[:, 0] == tb[:, 0]))
-            agree5 += int((tb[:, :1] == ta[:, :5]).any(axis=1).all())
-            if a.shape[0] == 1:  # per image: what a trained model makes of each side
-                predictions.append({"image": Path(path).name, "training": int(tb[0, 0]), "deploy": int(ta[0, 0]),
-                                    "training_score": float(b[0, tb[0, 0]]), "deploy_score": float(a[0, ta[0, 0]])})
-    n = len(tensors)
-    result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": max_diff}
-    if classifier:
-        result.update(top1=agree1 / n, top5=agree5 / n, predictions=predictions)
+        cmp.add({out_name: b}, {out_name: a})
+        if a.ndim == 2 and a.shape[1] > 1 and a.shape[0] == 1:  # per image: what a trained model makes of each side
+            predictions.append({"image": Path(path).name, "training": int(b[0].argmax()), "deploy": int(a[0].argmax()),
+                                "training_score": float(b[0].max()), "deploy_score": float(a[0].max())})
+    metrics = cmp.result(RUNTIME).outputs[out_name]
+    result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": metrics["max_abs"]}
+    if "top1" in metrics:  # a classifier's scores
+        result.update(top1=metrics["top1"], top5=metrics["top5"], predictions=predictions)
         result["ok"] = tol["top1"] is None or result["top1"] >= tol["top1"]
     return result
 

@@ -20,7 +20,7 @@ from onnx import numpy_helper
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
-from trtflow.stages.compare import accuracy
+from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
 from trtflow.stages.onnx.graph import constant_tensors, name_nodes, require_op_types
@@ -69,12 +69,12 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = {"to": "fp16", "nodes": total, "fp16_nodes": len(assignment.half), "kept_fp32": assignment.fp32,
               "island": island, "data": data.label,
               "calibration_samples": len(calib), "holdout_samples": len(hold),
-              "fallback": params.fallback.model_dump(), "accuracy": acc,
-              "warnings": accuracy.warnings(acc, MIN_COSINE, "the FP16 variant")}
+              "fallback": params.fallback.model_dump(), "accuracy": acc.to_json(),
+              "warnings": acc.warnings(MIN_COSINE, "the FP16 variant")}
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
-               "worst_max_abs": max((o["max_abs"] for o in acc["outputs"].values()), default=None),
-               "nan_inf": sum(o["nan"] + o["inf"] for o in acc["outputs"].values())}
+               "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),
+               "nan_inf": int(acc.total("nan") + acc.total("inf"))}
     return StageResult(outputs={"model": out, "report": out_dir / "report.json"}, summary=summary(report),
                        metrics=metrics, warnings=report["warnings"])
 
@@ -155,7 +155,7 @@ def summary(r: dict[str, Any]) -> str:
              f"sample data: {r['data']} · {r['calibration_samples']} for the fallback analysis, "
              f"{r['holdout_samples']} held out for the accuracy check", "",
              f"**CPU accuracy pre-flight** ({r['accuracy']['runtime']}, not a TensorRT number), "
-             f"FP16 variant vs FP32 reference:", ""] + accuracy.table(r["accuracy"])
+             f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(r["accuracy"]).table()
     lines += [f"\n**warning**: {w}" for w in r.get("warnings", [])]
     if kept:
         lines += ["", "| node kept in FP32 | why |", "|---|---|"]

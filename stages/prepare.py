@@ -208,8 +208,9 @@ class _Checker:
         if self.source is None:
             return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {self.unavailable}"}
         try:
-            return {**ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
-                                                self.atol), "data": self.source.label}
+            found = ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
+                                              self.atol)
+            return {"ok": bool(found), **found.to_json(), "violations": found.violations, "data": self.source.label}
         except ort_runner.ReferenceFailed as exc:
             raise self.source.failure(exc.error) from None
         except Exception as exc:  # noqa: BLE001 - the new model fails in ONNX Runtime

@@ -21,8 +21,8 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.bisect import repair
-from trtflow.stages.compare import accuracy, gate
-from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare import gate
+from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
@@ -125,22 +125,21 @@ def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference:
     sets = list(_sample_sets(params, inputs, ref, reference, cand))
     ranked: list = []
     cmp, errors, shapes_seen = _measure(runner, sets, ref, ref_cache, ranked)
-    acc = cmp.result(runtime)
-    violations = gate.check(acc, cand.precision, params.tolerances, params.check_nan_inf)
+    acc = gate.judge(cmp.result(runtime), cand.precision, params.tolerances, params.check_nan_inf)
     warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
                 f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
-                for name, o in acc["outputs"].items() if o["reference_nan"] or o["reference_inf"]]
+                for name, o in acc.outputs.items() if o["reference_nan"] or o["reference_inf"]]
     result: dict[str, Any] = {
         "name": cand.name, "variant": cand.variant, "precision": cand.precision, "runtime": runtime,
         "engine": cand.engine.name if cand.engine else None, "data": sets[0][1].label, "shapes": shapes_seen,
-        "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc["outputs"]},
-        "accuracy": acc, "passed": not violations, "violations": [v.line() for v in violations],
+        "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc.outputs},
+        "accuracy": acc.to_json(), "passed": bool(acc), "violations": acc.violations,
         "not_on_tensorrt": why, "warnings": warnings}
     ctx = {"sets": sets, "sim": sim_model, "worst": _worst_samples(ranked, params.locate_samples)}
     slug = cand.name.replace("/", "_")
     hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
     result["plots"] = [str(hist.relative_to(out_dir))]
-    if violations and params.locate_first_bad_layer:
+    if not acc and params.locate_first_bad_layer:
         bound = gate.layer_bound(cand.precision, params.tolerances)
         feeds = (source.sample(i) for source, i in ctx["worst"])
         qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
@@ -281,8 +280,7 @@ def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate
         model_io.save(sim, path)
         sess = session(path)
         cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, ref, ref_cache)
-        return [v.line() for v in gate.check(cmp.result(RUNTIME), target.precision, params.tolerances,
-                                             params.check_nan_inf)]
+        return gate.judge(cmp.result(RUNTIME), target.precision, params.tolerances, params.check_nan_inf).violations
 
     def locate(sim: onnx.ModelProto) -> dict[str, Any]:
         qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None
@@ -355,7 +353,7 @@ def summary(r: dict[str, Any]) -> str:
         lines += [f"#### `{c['name']}` ({c['precision']}) {verdict}", "", f"runtime: {c['runtime']} · "
                   f"{c['accuracy']['samples']} samples at shapes "
                   + "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in c["shapes"][:4]), ""]
-        lines += accuracy.table(c["accuracy"])
+        lines += Accuracy.from_json(c["accuracy"]).table()
         lines += [f"\n**fails**: {v}" for v in c["violations"]]
         loc = c.get("layerwise")
         if loc:

@@ -29,10 +29,10 @@ import onnx
 from onnx import helper
 
 from trtflow.errors import TrtflowError
-from trtflow.stages.compare.tensor_stats import TensorStats
+from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.text import first_line
 
 Feeds = dict[str, np.ndarray]
@@ -294,18 +294,20 @@ def _mismatch(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: lis
     model_io.save(candidate, work / "reduce_cand.onnx")
     ref, cand = session(work / "reduce_ref.onnx"), session(work / "reduce_cand.onnx")
     names = [o.name for o in reference.graph.output]
-    stats = {n: TensorStats() for n in names}
+    cmp = Comparison()  # validate's comparator, so a subgraph fails here as the whole model fails there
     for feed in feeds:
         feed = {k: v for k, v in feed.items() if k in {i.name for i in ref.get_inputs()}}
-        for n, r, c in zip(names, ref.run(names, feed), cand.run(names, feed)):
-            if np.issubdtype(np.asarray(r).dtype, np.floating):
-                stats[n].add(r, c, None)
-    for n, s in stats.items():
-        if s.bad:
-            return Failure(f"output '{n}': {s.bad} non-finite values where the FP32 model's are finite", "mismatch")
-        if s.cosine < bound:
-            return Failure(f"output '{n}': cosine {s.cosine:.6f} < {bound}", "mismatch")
-    return None
+        outs = [(n, r, c) for n, r, c in zip(names, ref.run(names, feed), cand.run(names, feed))
+                if np.issubdtype(np.asarray(r).dtype, np.floating)]
+        cmp.add({n: r for n, r, _ in outs}, {n: c for n, _, c in outs})
+    found = cmp.result(RUNTIME)
+    for n, m in found.outputs.items():
+        added = m["nan"] + m["inf"] - m["reference_nan"] - m["reference_inf"]
+        if added > 0:
+            found.violations.append(f"output '{n}': {added} non-finite values where the FP32 model's are finite")
+        elif m["cosine"] < bound:
+            found.violations.append(f"output '{n}': cosine {m['cosine']:.6f} < {bound}")
+    return None if found else Failure(found.violations[0], "mismatch")
 
 
 def fp16_check(bound: float) -> Check:

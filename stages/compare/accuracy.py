@@ -1,8 +1,12 @@
-"""Comparing a model variant's outputs with the FP32 reference over many samples (the comparator, apart from
-the runners): per output max/mean absolute error, max relative error, cosine similarity, NaN/Inf counts in the
-candidate and in the reference, top-1 and top-5 agreement for classifier scores."""
+"""Comparing a model variant's outputs with a reference over many samples (the comparators, apart from the
+runners), and the one result every comparison gives: `Accuracy` (per output metrics, the bounds missed, true when
+none was). `Comparison` accumulates per output max/mean absolute error, max relative error, cosine similarity,
+NaN/Inf counts in the candidate and in the reference, top-1 and top-5 agreement for classifier scores; validate,
+the precision and calibrate pre-flights and parity's model check use it; prepare's elementwise check
+(`ort.runner.compare_models`) gives an `Accuracy` too."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,7 +55,10 @@ class OutputStats:
             self.top_total += ref.shape[0]
 
     def result(self) -> dict[str, Any]:
-        cosine = self.dot / np.sqrt(self.ref_sq * self.got_sq) if self.ref_sq and self.got_sq else 0.0
+        if self.ref_sq and self.got_sq:
+            cosine = self.dot / np.sqrt(self.ref_sq * self.got_sq)
+        else:  # all zeros on both sides is agreement (as in TensorStats); on one side only, none
+            cosine = 1.0 if not self.ref_sq and not self.got_sq and self.count else 0.0
         out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "max_rel": self.max_rel,
                "cosine": float(cosine), "nan": self.nan, "inf": self.inf,
                "reference_nan": self.ref_nan, "reference_inf": self.ref_inf}
@@ -59,6 +66,52 @@ class OutputStats:
             out["top1"] = self.top1_agree / self.top_total
             out["top5"] = self.top5_agree / self.top_total
         return out
+
+
+@dataclass
+class Accuracy:
+    """What comparing a candidate with its reference found: metrics per output over `samples`, measured on
+    `runtime`, and the bounds it missed (one line each). True when it missed none."""
+
+    runtime: str
+    samples: int
+    outputs: dict[str, dict[str, Any]]  # output -> metric -> value
+    violations: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # what else the comparator reports (its bounds, shapes)
+
+    def __bool__(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.details, "runtime": self.runtime, "samples": self.samples, "outputs": self.outputs}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Accuracy":
+        return cls(data["runtime"], data["samples"], data["outputs"])
+
+    def total(self, metric: str) -> float:
+        return sum(o.get(metric, 0) for o in self.outputs.values())
+
+    def table(self) -> list[str]:
+        lines = ["| output | max abs | mean abs | cosine | NaN/Inf | top-1 agree |", "|---|---|---|---|---|---|"]
+        for name, r in self.outputs.items():
+            top1 = f"{r['top1']:.1%}" if "top1" in r else "-"
+            lines.append(f"| `{name}` | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | {r['cosine']:.6f} | "
+                         f"{r['nan']}/{r['inf']} | {top1} |")
+        return lines
+
+    def warnings(self, min_cosine: float, what: str) -> list[str]:
+        """What a pre-flight should not pass quietly: NaN/Inf, and outputs below the cosine bar."""
+        found = []
+        nan_inf = int(self.total("nan") + self.total("inf"))
+        if nan_inf:
+            found.append(f"{what} produces {nan_inf} NaN/Inf values on held-out samples")
+        for name, o in self.outputs.items():
+            if self.samples and o["cosine"] < min_cosine:
+                found.append(f"{what}: output '{name}' has cosine {o['cosine']:.4f} < {min_cosine} against FP32 "
+                             f"(max abs error {o['max_abs']:.4g}) on {self.samples} held-out samples "
+                             f"({self.runtime})")
+        return found
 
 
 class Comparison:
@@ -71,29 +124,5 @@ class Comparison:
         for name, r in ref.items():
             self.outputs.setdefault(name, OutputStats()).add(r, got[name])
 
-    def result(self, runtime: str) -> dict[str, Any]:
-        return {"runtime": runtime, "samples": self.samples,
-                "outputs": {n: s.result() for n, s in self.outputs.items()}}
-
-
-def table(result: dict[str, Any]) -> list[str]:
-    lines = ["| output | max abs | mean abs | cosine | NaN/Inf | top-1 agree |", "|---|---|---|---|---|---|"]
-    for name, r in result["outputs"].items():
-        top1 = f"{r['top1']:.1%}" if "top1" in r else "-"
-        lines.append(f"| `{name}` | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | {r['cosine']:.6f} | "
-                     f"{r['nan']}/{r['inf']} | {top1} |")
-    return lines
-
-
-def warnings(result: dict[str, Any], min_cosine: float, what: str) -> list[str]:
-    """What a pre-flight result should not pass quietly: NaN/Inf, and outputs below the cosine bar."""
-    found = []
-    nan_inf = sum(o["nan"] + o["inf"] for o in result["outputs"].values())
-    if nan_inf:
-        found.append(f"{what} produces {nan_inf} NaN/Inf values on held-out samples")
-    for name, o in result["outputs"].items():
-        if result["samples"] and o["cosine"] < min_cosine:
-            found.append(f"{what}: output '{name}' has cosine {o['cosine']:.4f} < {min_cosine} against FP32 "
-                         f"(max abs error {o['max_abs']:.4g}) on {result['samples']} held-out samples "
-                         f"({result['runtime']})")
-    return found
+    def result(self, runtime: str) -> Accuracy:
+        return Accuracy(runtime, self.samples, {n: s.result() for n, s in self.outputs.items()})

@@ -1,11 +1,12 @@
 """The accuracy gate: per output bounds (defaults per precision, then `'*'`, then the output's own entry) checked
-against a comparison's metrics (`accuracy.Comparison`'s result)."""
+against a comparison's metrics (an `accuracy.Accuracy`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from trtflow.errors import StageError
+from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.text import did_you_mean
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
@@ -47,15 +48,21 @@ def bounds_for(precision: str, output: str, tolerances: dict[str, Any]) -> dict[
     return bounds
 
 
+def judge(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool) -> Accuracy:
+    """`result` with the bounds it misses recorded as its violations."""
+    result.violations = [v.line() for v in check(result, precision, tolerances, nan_inf)]
+    return result
+
+
 def layer_bound(precision: str, tolerances: dict[str, Any]) -> float:
     """The cosine below which an intermediate tensor counts as gone wrong: the bound every output gets."""
     return bounds_for(precision, "*", tolerances)["cosine"]
 
 
-def check(result: dict[str, Any], precision: str, tolerances: dict[str, Any], nan_inf: bool) -> list[Violation]:
+def check(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool) -> list[Violation]:
     """Every bound an output misses. NaN/Inf the candidate adds beyond the reference's own fail when `nan_inf`."""
     found = []
-    for name, m in result["outputs"].items():
+    for name, m in result.outputs.items():
         if nan_inf:
             added = m["nan"] + m["inf"] - m.get("reference_nan", 0) - m.get("reference_inf", 0)
             if added > 0:

@@ -6,6 +6,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from trtflow.stages.compare.accuracy import Accuracy, Comparison
+
 RUNTIME = "onnxruntime-cpu"
 DEFAULT_DYNAMIC = 64  # size used for a dynamic non-batch dimension when no shape is given
 
@@ -65,10 +67,8 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], runtime: str) -> dict[str, Any]:
-    """The candidate against the reference over `feeds`, per output (`accuracy.Comparison`'s result)."""
-    from trtflow.stages.compare.accuracy import Comparison
-
+def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], runtime: str) -> Accuracy:
+    """The candidate against the reference over `feeds`, per output."""
     cmp = Comparison()
     for feed in feeds:
         cmp.add(run(ref_sess, feed), run(cand_sess, feed))
@@ -102,27 +102,29 @@ def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float,
 
 
 def compare_models(ref_path: Path, new_path: Path, feeds: Iterable[dict[str, np.ndarray]], rtol: float,
-                   atol: float) -> dict[str, Any]:
-    """Both models on the same inputs; the worst difference per output over all samples. A failure of the
-    reference model itself raises `ReferenceFailed` (the inputs, not the transformation, are at fault)."""
+                   atol: float) -> Accuracy:
+    """Both models on the same inputs; the worst difference per output over all samples, and a violation per
+    output with elements beyond atol + rtol * |reference|. A failure of the reference model itself raises
+    `ReferenceFailed` (the inputs, not the transformation, are at fault)."""
     ref_sess, new_sess = session(ref_path), session(new_path)
-    worst: dict[str, Any] = {"ok": True, "outputs": {}, "samples": 0, "rtol": rtol, "atol": atol,
-                             "runtime": RUNTIME}
+    found = Accuracy(RUNTIME, 0, {}, details={"rtol": rtol, "atol": atol})
     for feed in feeds:
-        worst["input_shapes"] = {k: list(v.shape) for k, v in feed.items()}
+        found.details["input_shapes"] = {k: list(v.shape) for k, v in feed.items()}
         try:
             ref = run(ref_sess, feed)
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
             raise ReferenceFailed(exc, feed) from None
         result = compare(ref, run(new_sess, feed), rtol, atol)
-        worst["samples"] += 1
-        worst["ok"] &= result["ok"]
+        found.samples += 1
         for name, r in result["outputs"].items():
-            prev = worst["outputs"].get(name)
+            prev = found.outputs.get(name)
             if prev is None or not r["ok"] or r.get("max_abs", 0) > prev.get("max_abs", 0):
                 if prev is None or prev.get("ok", True):
-                    worst["outputs"][name] = r
-    return worst
+                    found.outputs[name] = r
+    found.violations = [f"output '{name}': " + (r.get("error") or f"max abs {r['max_abs']:.4g}, max rel "
+                                                 f"{r['max_rel']:.4g} beyond atol {atol:g} + rtol {rtol:g} * |ref|")
+                        for name, r in found.outputs.items() if not r["ok"]]
+    return found
 
 
 class ReferenceFailed(Exception):
