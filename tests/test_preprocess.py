@@ -113,3 +113,13 @@ def test_resize_spec_errors(resize, message):
     from pydantic import ValidationError
     with pytest.raises(ValidationError, match=message):
         _steps([{"resize": resize}])
+
+
+def test_every_declared_step_has_one_class_and_every_class_a_declaration():
+    """A step is a field of PreprocessStep (its parameters) and a class in the registry (its code, its causes)."""
+    from trtflow.pipelines.params.parity import PreprocessStep
+    from trtflow.stages.image.steps import STEPS
+
+    assert set(PreprocessStep.model_fields) == set(STEPS)
+    with pytest.raises(StageError, match="unknown preprocessing step 'sharpen'"):
+        preprocess.Preprocessor([{"read": {"color": "rgb", "depth": 8}}, {"sharpen": 1}])(PHOTOS[0])

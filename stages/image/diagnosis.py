@@ -20,8 +20,9 @@ import numpy as np
 import yaml
 
 from trtflow.errors import StageError
-from trtflow.stages.image.causes import candidates, num
-from trtflow.stages.image.preprocess import Preprocessor, digest, read_image
+from trtflow.stages.image.causes import candidates
+from trtflow.stages.image.preprocess import digest, read_image
+from trtflow.stages.image.steps import STEPS, apply
 
 Steps = list[dict[str, Any]]
 ROUNDS = 3  # at most this many changes combined
@@ -85,7 +86,7 @@ class PrefixRunner:
             start = 1
         for k in range(start, len(steps)):
             (name, value), = steps[k].items()
-            img, layout = Preprocessor._apply(img, name, value, layout)
+            img, layout = apply(img, name, value, layout)
             self._put(keys[k], img, layout)
         return img
 
@@ -203,23 +204,7 @@ def _conventional(steps: Steps) -> bool:
 
 def friendly(steps: Steps) -> list[dict[str, Any]]:
     """Canonical steps back in the form people write them."""
-    out = []
-    for step in steps:
-        (name, val), = step.items()
-        if name == "read" and val.get("depth", 8) == 8:
-            val = val["color"]
-        elif name == "scale":
-            val = num(val)
-        elif name == "center_crop" and isinstance(val, list) and val[0] == val[1]:
-            val = val[0]
-        elif name == "center_crop" and isinstance(val, dict) and val["size"][0] == val["size"][1]:
-            val = {**val, "size": val["size"][0]}
-        elif name == "normalize":
-            val = {k: [round(v, 6) for v in vs] for k, vs in val.items()}
-        elif isinstance(val, dict):
-            val = {k: v for k, v in val.items() if not (k == "antialias" and v is False)}
-        out.append({name: val})
-    return out
+    return [{name: STEPS[name].friendly(val)} for step in steps for name, val in step.items()]
 
 
 def to_yaml(steps: Steps) -> str:
