@@ -95,8 +95,8 @@ def one(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
         candidate = emulate(reference, fp16.plan(reference, {}, set()).half, True)
         t0 = time.perf_counter()
         loc = layerwise.compare(reference, candidate, feeds(base, n), work, 0.999)
-        result = {"seconds": time.perf_counter() - t0, "tensors": loc["tensors"],
-                  "first_bad": (loc["first_bad"] or {}).get("node", "-")}
+        result = {"seconds": time.perf_counter() - t0, "tensors": loc.tensors,
+                  "first_bad": loc.first_bad.node if loc.first_bad else "-"}
     result["peak_mb"] = peak_rss_mb()
     return result
 

@@ -21,8 +21,9 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.bisect import repair
+from trtflow.stages.bisect.repair import Repair
 from trtflow.stages.compare import gate
-from trtflow.stages.compare.accuracy import Accuracy, Comparison
+from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
@@ -32,6 +33,7 @@ from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
+from trtflow.stages.reports.validate import CandidateResult, Reference, ValidateReport
 from trtflow.stages.trt.engines import Candidate, engine_candidates
 from trtflow.text import did_you_mean
 
@@ -70,49 +72,42 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     if params.repair:
         repaired = _repair(params, target, candidates, results, reference, ref_path, ref, ref_cache, work)
         outputs["repaired"] = out_dir / "repaired.onnx"
-        if repaired.get("model") is not None:
-            model_io.save(repaired.pop("model"), outputs["repaired"])
+        if repaired.model is not None:
+            model_io.save(repaired.model, outputs["repaired"])
         else:
-            repaired.pop("model", None)
             shutil.copy(target.model, outputs["repaired"])
-    results = [r for r, _ in results]
+    checked = [r for r, _ in results]
     shutil.rmtree(work)
 
-    fixed = repaired["variant"] if repaired and repaired["passed"] else None
-    failed = [r for r in results if not r["passed"] and r["variant"] != fixed]
-    warnings = [w for r in results for w in r["warnings"]]
-    simulated = {}
-    for r in results:
-        if r.get("not_on_tensorrt"):
-            simulated.setdefault(r["not_on_tensorrt"], []).append(r["name"])
+    fixed = repaired.variant if repaired and repaired.passed else None
+    failed = [r for r in checked if not r.passed and r.variant != fixed]
+    warnings = [w for r in checked for w in r.warnings]
+    simulated: dict[str, list[str]] = {}
+    for r in checked:
+        if r.not_on_tensorrt:
+            simulated.setdefault(r.not_on_tensorrt, []).append(r.name)
     warnings += [f"TensorRT cannot run {len(names)} engine(s) here ({why}): their ONNX variants are simulated on "
                  f"ONNX Runtime ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
                  for why, names in simulated.items()]
     if repaired:
-        warnings += repaired.get("warnings", [])
-    if repaired and repaired.get("passed") and repaired.get("nodes"):
-        warnings.append(f"variant '{repaired['variant']}' fails as built; giving back {len(repaired['nodes'])} of its "
-                        f"{repaired['of']} {repaired['precision'].upper()} node(s) repairs it (output 'repaired'); "
-                        f"make it permanent in the pipeline file:\n"
-                        f"{repaired['yaml']}")
-    report = {"reference": {"model": inputs.one("reference").origin, "runtime": RUNTIME}, "data": results[0]["data"],
-              "candidates": results, "repair": repaired, "passed": not failed, "warnings": warnings}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
-    result = StageResult(outputs=outputs, summary=summary(report), warnings=warnings,
-                         metrics={"candidates": len(results), "failed": len(failed),
-                                  "worst_cosine": min((o["cosine"] for r in results
-                                                       for o in r["accuracy"]["outputs"].values()), default=None)})
+        warnings += repaired.warnings
+    if repaired and repaired.passed and repaired.nodes:
+        warnings.append(f"variant '{repaired.variant}' fails as built; giving back {len(repaired.nodes)} of its "
+                        f"{repaired.of} {repaired.precision.upper()} node(s) repairs it (output 'repaired'); "
+                        f"make it permanent in the pipeline file:\n{repaired.yaml}")
+    report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
+                            data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
+                            warnings=warnings)
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    result = StageResult(outputs=outputs, summary=report.summary(), warnings=warnings,
+                         metrics={"candidates": len(checked), "failed": len(failed),
+                                  "worst_cosine": min((o["cosine"] for r in checked
+                                                       for o in r.accuracy["outputs"].values()), default=None)})
     if failed:
         first = failed[0]
-        raise StageFailed(f"validate: {len(failed)} of {len(results)} candidate(s) fail; {first['name']} "
-                          f"({first['runtime']}): {first['violations'][0]}", result)
+        raise StageFailed(f"validate: {len(failed)} of {len(checked)} candidate(s) fail; {first.name} "
+                          f"({first.runtime}): {first.violations[0]}", result)
     return result
-
-
-def _json_default(x: Any) -> Any:
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    return str(x)
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -120,7 +115,7 @@ def _json_default(x: Any) -> Any:
 # --------------------------------------------------------------------------------------------- one candidate
 
 def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference: onnx.ModelProto, ref: Any,
-              ref_cache: dict, sims: dict, work: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+              ref_cache: dict, sims: dict, work: Path, out_dir: Path) -> tuple[CandidateResult, dict[str, Any]]:
     runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work, sims)
     sets = list(_sample_sets(params, inputs, ref, reference, cand))
     ranked: list = []
@@ -129,27 +124,26 @@ def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference:
     warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
                 f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
                 for name, o in acc.outputs.items() if o["reference_nan"] or o["reference_inf"]]
-    result: dict[str, Any] = {
-        "name": cand.name, "variant": cand.variant, "precision": cand.precision, "runtime": runtime,
-        "engine": cand.engine.name if cand.engine else None, "data": sets[0][1].label, "shapes": shapes_seen,
-        "bounds": {o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc.outputs},
-        "accuracy": acc.to_json(), "passed": bool(acc), "violations": acc.violations,
-        "not_on_tensorrt": why, "warnings": warnings}
+    result = CandidateResult(
+        name=cand.name, variant=cand.variant, precision=cand.precision, runtime=runtime,
+        engine=cand.engine.name if cand.engine else None, data=sets[0][1].label, shapes=shapes_seen,
+        bounds={o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc.outputs},
+        accuracy=acc.to_json(), passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
+        warnings=warnings)
     ctx = {"sets": sets, "sim": sim_model, "worst": _worst_samples(ranked, params.locate_samples)}
     slug = cand.name.replace("/", "_")
     hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
-    result["plots"] = [str(hist.relative_to(out_dir))]
+    result.plots = [str(hist.relative_to(out_dir))]
     if not acc and params.locate_first_bad_layer:
         bound = gate.layer_bound(cand.precision, params.tolerances)
         feeds = (source.sample(i) for source, i in ctx["worst"])
         qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
         found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
-        rows = found.pop("rows")
-        found["on"] = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
-                       f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
-        result["layerwise"] = found
-        pic = layer_drift(rows, found["first_bad"], out_dir / "plots" / f"{slug}.layers.png", cand.name)
-        result["plots"].append(str(pic.relative_to(out_dir)))
+        found.on = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
+                    f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
+        result.layerwise = found
+        pic = layer_drift(found.rows, found.first_bad, out_dir / "plots" / f"{slug}.layers.png", cand.name)
+        result.plots.append(str(pic.relative_to(out_dir)))
     return result, ctx
 
 
@@ -261,14 +255,13 @@ def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candid
 
 
 def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate], results: list,
-            reference: onnx.ModelProto, ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> dict[str, Any]:
+            reference: onnx.ModelProto, ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> Repair:
     """Repair the target variant if any of its candidates fails; its simulation must then pass every sample set
     those candidates were checked on."""
     mine = [(r, ctx) for (r, ctx), c in zip(results, candidates) if c.variant == target.variant]
-    failing = [(r, ctx) for r, ctx in mine if not r["passed"]]
-    base = {"variant": target.variant, "precision": target.precision}
+    failing = [(r, ctx) for r, ctx in mine if not r.passed]
     if not failing:
-        return {**base, "passed": True, "nodes": [], "rounds": [], "model": None, "note": "nothing to repair"}
+        return Repair(variant=target.variant, precision=target.precision, passed=True, note="nothing to repair")
     sets = [s for _, ctx in failing for s in ctx["sets"]]
     first_r, first_ctx = failing[0]
     variant = model_io.load(target.model)
@@ -282,19 +275,19 @@ def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate
         cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, ref, ref_cache)
         return gate.judge(cmp.result(RUNTIME), target.precision, params.tolerances, params.check_nan_inf).violations
 
-    def locate(sim: onnx.ModelProto) -> dict[str, Any]:
+    def locate(sim: onnx.ModelProto) -> layerwise.Layerwise:
         qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None
         return layerwise.compare(reference, sim, iter(locate_feeds), work, bound, qranges)
 
-    first = first_r.get("layerwise") or locate(first_ctx["sim"])
+    first = first_r.layerwise or locate(first_ctx["sim"])
     if target.precision == "fp16":
         how = repair.fp16_variant(reference, variant, work, locate_feeds[0])
     else:
         how = repair.int8_variant(ref_path, reference, variant, work)
-    found = repair.search(how, first, check, locate, params.repair_rounds)
-    found["rounds"] = [{**h, "violations": h["violations"][:3]} for h in found["rounds"]]
-    return {**base, **found, "yaml": repair.yaml_fix(target.precision, found["nodes"], target.variant)
-            if found["passed"] else None}
+    found = repair.search(how, first, check, locate, params.repair_rounds, target.variant, target.precision)
+    for h in found.rounds:
+        h.violations = h.violations[:3]
+    return found
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -333,62 +326,3 @@ def _profile_for(feed: Feeds, cand: Candidate) -> int:
     have = "; ".join(p.describe() for p in cand.profiles)
     raise StageError(f"validate: a sample ({shapes}) fits no optimization profile of engine '{cand.name}' "
                      f"({have}): give data of shapes the engine was built for, or add a profile to the build stage")
-
-
-# --------------------------------------------------------------------------------------------- summary
-
-def _round_change(h: dict[str, Any]) -> str:
-    """'+ a, b' for nodes given back in a repair round, '- a' for nodes tried without; long lists shortened."""
-    sign, nodes = ("+", h["give_back"]) if "give_back" in h else ("-", h["without"])
-    shown = ", ".join(f"`{n}`" for n in nodes[:3])
-    return f"{sign} {shown}" + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
-
-
-def summary(r: dict[str, Any]) -> str:
-    ok = sum(c["passed"] for c in r["candidates"])
-    lines = [f"### validate · {ok}/{len(r['candidates'])} candidates pass · reference: {r['reference']['model']} "
-             f"on {r['reference']['runtime']}", "", f"sample data: {r['data']}", ""]
-    for c in r["candidates"]:
-        verdict = "passes" if c["passed"] else "**fails**"
-        lines += [f"#### `{c['name']}` ({c['precision']}) {verdict}", "", f"runtime: {c['runtime']} · "
-                  f"{c['accuracy']['samples']} samples at shapes "
-                  + "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in c["shapes"][:4]), ""]
-        lines += Accuracy.from_json(c["accuracy"]).table()
-        lines += [f"\n**fails**: {v}" for v in c["violations"]]
-        loc = c.get("layerwise")
-        if loc:
-            first = loc["first_bad"]
-            lines += ["", f"**first node that goes wrong** (cosine < {loc['bound']} on {loc['samples']} samples, "
-                          f"{loc['on']}): " + (f"`{first['node']}` ({first['op']}), cosine {first['cosine']:.5f}, "
-                                              f"non-finite {first['nonfinite']}" if first else "none found"), "",
-                      "| node | op | cosine | drift added | RMS error / RMS reference | reference max |",
-                      "|---|---|---|---|---|---|"]
-            lines += [f"| `{w['node']}` | {w['op']} | {w['cosine']:.5f} | {w['added']:.2e} | {w['rms_rel']:.3g} | "
-                      f"{w['reference_max']:.4g} |" for w in loc["worst"]]
-            if loc["overflow"]:
-                lines += ["", "reference activations beyond FP16's 65504: " + ", ".join(
-                    f"`{o['tensor']}` ({o['reference_max']:.4g})" for o in loc["overflow"])]
-            if loc["clipping"]:
-                lines += ["", "INT8 ranges that do not fit the data: " + ", ".join(
-                    f"`{o['tensor']}` (clipped {o['clipped']:.2%}, range use {o['range_use']:.3f})"
-                    for o in loc["clipping"])]
-        lines += ["", " ".join(f"![{p}]({p})" for p in c.get("plots", [])), ""]
-    rep = r.get("repair")
-    if rep:
-        lines += [f"#### repair of `{rep['variant']}` ({rep['precision']})", ""]
-        if rep.get("note"):
-            lines.append(rep["note"])
-        else:
-            given = "kept in FP32" if rep["precision"] == "fp16" else "left unquantized"
-            lines += [("**repaired**: " if rep["passed"] else "**not repaired** ") +
-                      f"{len(rep['nodes'])} of {rep['of']} node(s) {given}: "
-                      + ", ".join(f"`{n}`" for n in rep["nodes"]) +
-                      f" ({len(rep['rounds'])} rebuild-and-check rounds)", ""]
-            lines += ["| round | nodes | passes |", "|---|---|---|"]
-            lines += [f"| {i} | {_round_change(h)} | {'yes' if not h['violations'] else h['violations'][0]} |"
-                      for i, h in enumerate(rep["rounds"], 1)]
-            if rep.get("yaml"):
-                lines += ["", "```yaml", rep["yaml"].rstrip(), "```"]
-        lines.append("")
-    lines += [f"**warning**: {w}" for w in r.get("warnings", [])]
-    return "\n".join(lines) + "\n"

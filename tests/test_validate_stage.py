@@ -213,6 +213,7 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
     back (an error spread over layers, as INT8 on MobileNetV3 has it). Growing one node per round could not get
     there in 8 rounds; doubling does, and shrinking takes the extra nodes back."""
     from trtflow.stages.bisect import repair
+    from trtflow.stages.ort.layerwise import LayerRow, Layerwise
 
     order = [f"n{i}" for i in range(40)]  # how localization ranks them, worst first
     needed = {"n0", "n3", "n9", "n17"}
@@ -226,23 +227,30 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
         missing = needed - set(sim["nodes"])
         return [f"{len(missing)} still wrong"] if missing else []
 
+    def row(node: str, added: float) -> LayerRow:  # a stand-in: only what the search reads
+        return LayerRow.model_construct(node=node, added=added)
+
     def locate(sim):
         left = [n for n in order if n not in sim["nodes"]]
-        return {"first_bad": {"node": left[0], "added": 1.0},
-                "rows": [{"node": n, "added": 1.0 / (k + 2)} for k, n in enumerate(left)]}
+        return Layerwise.model_construct(first_bad=row(left[0], 1.0), worst=[],
+                                         rows=[row(n, 1.0 / (k + 2)) for k, n in enumerate(left)])
 
     v = repair.Variant(rebuild, lambda n: n, len(order))
-    found = repair.search(v, locate({"nodes": []}), check, locate, rounds=40)
-    assert found["passed"] and set(found["nodes"]) == needed, found["nodes"]
-    assert [len(h["give_back"]) for h in found["rounds"] if "give_back" in h] == [1, 2, 4, 8, 16]
-    assert found["model"]["nodes"] == found["nodes"] and len(rebuilt) == len(found["rounds"]) <= 40
 
-    fewer = repair.search(v, locate({"nodes": []}), check, locate, rounds=8)  # fewer rounds: passes, less small
-    assert fewer["passed"] and needed <= set(fewer["nodes"]) and len(fewer["nodes"]) < 31
-    assert len(fewer["rounds"]) == 8
+    def search(check, rounds):
+        return repair.search(v, locate({"nodes": []}), check, locate, rounds, "int8", "int8")
 
-    one = repair.search(v, locate({"nodes": []}), lambda sim: [] if "n0" in sim["nodes"] else ["wrong"], locate, 8)
-    assert one["nodes"] == ["n0"] and len(one["rounds"]) == 1  # one planted fault: one round, nothing to shrink
+    found = search(check, 40)
+    assert found.passed and set(found.nodes) == needed, found.nodes
+    assert [len(h.give_back) for h in found.rounds if h.give_back is not None] == [1, 2, 4, 8, 16]
+    assert found.model["nodes"] == found.nodes and len(rebuilt) == len(found.rounds) <= 40
 
-    short = repair.search(v, locate({"nodes": []}), check, locate, rounds=3)
-    assert not short["passed"] and len(short["nodes"]) == 7 and len(short["rounds"]) == 3
+    fewer = search(check, 8)  # fewer rounds: passes, less small
+    assert fewer.passed and needed <= set(fewer.nodes) and len(fewer.nodes) < 31
+    assert len(fewer.rounds) == 8
+
+    one = search(lambda sim: [] if "n0" in sim["nodes"] else ["wrong"], 8)
+    assert one.nodes == ["n0"] and len(one.rounds) == 1  # one planted fault: one round, nothing to shrink
+
+    short = search(check, 3)
+    assert not short.passed and len(short.nodes) == 7 and len(short.rounds) == 3

@@ -14,14 +14,39 @@ from pathlib import Path
 from typing import Any, Callable
 
 import onnx
+from pydantic import BaseModel, Field
 
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
 from trtflow.stages.ort import qdq, quant_prep
+from trtflow.stages.ort.layerwise import Layerwise
 from trtflow.stages.ort.probe import probe
 
 Check = Callable[[onnx.ModelProto], list[str]]  # simulated model -> gate violations ([] = passes)
-Locate = Callable[[onnx.ModelProto], dict[str, Any]]  # simulated model -> layerwise result
+Locate = Callable[[onnx.ModelProto], Layerwise]  # simulated model -> where it goes wrong
+
+
+class Round(BaseModel):
+    """One rebuild-and-check: the nodes given back (or tried without), the set checked, what still failed."""
+    give_back: list[str] | None = None
+    without: list[str] | None = None
+    nodes: list[str]
+    violations: list[str]
+
+
+class Repair(BaseModel):
+    """What the search found for one variant; `model` (not written to reports) is the repaired variant."""
+
+    variant: str
+    precision: str
+    passed: bool
+    nodes: list[str] = []
+    of: int | None = None  # the variant's FP16 / quantized nodes
+    rounds: list[Round] = []
+    note: str | None = None
+    yaml: str | None = None
+    warnings: list[str] = []
+    model: Any = Field(None, exclude=True)  # an onnx.ModelProto (whatever Variant.rebuild makes)
 
 
 @dataclass
@@ -85,7 +110,8 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
     return Variant(rebuild, fixable, len(quantized), warnings)
 
 
-def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, rounds: int) -> dict[str, Any]:
+def search(v: Variant, first: Layerwise, check: Check, locate: Locate, rounds: int, variant: str,
+           precision: str) -> Repair:
     """Give nodes back until the gate passes, then take back what is not needed (at most `rounds` rebuilds).
 
     Grow, doubling each round (1, 2, 4, ... nodes, in the order the latest localization ranks them): one planted
@@ -93,7 +119,7 @@ def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, roun
     the last batch for the shortest passing prefix, and drop the remaining nodes that are not needed, latest
     first, in halving chunks."""
     given: list[str] = []
-    history: list[dict[str, Any]] = []
+    history: list[Round] = []
     loc, best, violations, failing = first, None, ["not repaired"], 0
     step = 1
     while len(history) < rounds:
@@ -104,20 +130,20 @@ def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, roun
         given += picks
         best, sim = v.rebuild(given)
         violations = check(sim)
-        history.append({"give_back": picks, "nodes": list(given), "violations": violations})
+        history.append(Round(give_back=picks, nodes=list(given), violations=violations))
         if not violations:
             break
         loc = locate(sim)
         step *= 2
     if violations:
-        return {"passed": False, "nodes": given, "of": v.size, "rounds": history, "model": None,
-                "warnings": v.warnings}
+        return Repair(variant=variant, precision=precision, passed=False, nodes=given, of=v.size, rounds=history,
+                      warnings=v.warnings)
 
     def passes(trial: list[str]) -> bool:
         nonlocal best
         model, sim = v.rebuild(trial)
         left = check(sim)
-        history.append({"without": [n for n in given if n not in trial], "nodes": trial, "violations": left})
+        history.append(Round(without=[n for n in given if n not in trial], nodes=trial, violations=left))
         if not left:
             best = model
         return not left
@@ -137,17 +163,18 @@ def search(v: Variant, first: dict[str, Any], check: Check, locate: Locate, roun
                 given = trial
             end = start
         chunk //= 2
-    return {"passed": True, "nodes": given, "of": v.size, "rounds": history, "model": best, "warnings": v.warnings}
+    return Repair(variant=variant, precision=precision, passed=True, nodes=given, of=v.size, rounds=history,
+                  model=best, warnings=v.warnings, yaml=yaml_fix(precision, given, variant))
 
 
-def _next(v: Variant, loc: dict[str, Any], given: list[str], count: int) -> list[str]:
+def _next(v: Variant, loc: Layerwise, given: list[str], count: int) -> list[str]:
     """The next `count` nodes to give back: for the first node that goes wrong, then for the nodes adding the
     most drift."""
-    rows = loc.get("rows") or loc.get("worst", [])
-    ranked = ([loc["first_bad"]] if loc.get("first_bad") else []) + sorted(rows, key=lambda r: -r["added"])
+    rows = loc.rows or loc.worst
+    ranked = ([loc.first_bad] if loc.first_bad else []) + sorted(rows, key=lambda r: -r.added)
     picks: list[str] = []
     for row in ranked:
-        node = v.fixable(row["node"])
+        node = v.fixable(row.node)
         if node is not None and node not in given and node not in picks:
             picks.append(node)
             if len(picks) == count:

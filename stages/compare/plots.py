@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from trtflow.stages.ort.layerwise import LayerRow
 
 
 def _pyplot():
@@ -40,19 +41,19 @@ def error_histograms(errors: dict[str, list[np.ndarray]], path: Path, title: str
     return path
 
 
-def layer_drift(rows: list[dict[str, Any]], first: dict[str, Any] | None, path: Path, title: str) -> Path:
+def layer_drift(rows: list[LayerRow], first: LayerRow | None, path: Path, title: str) -> Path:
     """1 - cosine of every compared tensor in graph order, the first bad node marked."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.2))
-    drift = np.array([max(r["drift"], 1e-9) for r in rows])
+    drift = np.array([max(r.drift, 1e-9) for r in rows])
     ax.plot(np.arange(len(rows)), drift, lw=1, color="#4477aa")
-    bad = [i for i, r in enumerate(rows) if r["nonfinite"]]
+    bad = [i for i, r in enumerate(rows) if r.nonfinite]
     if bad:
         ax.scatter(bad, drift[bad], color="#cc3311", s=10, label="non-finite")
     if first is not None:
-        i = next(k for k, r in enumerate(rows) if r["tensor"] == first["tensor"])
+        i = next(k for k, r in enumerate(rows) if r.tensor == first.tensor)
         ax.axvline(i, color="#cc3311", ls="--", lw=1)
-        ax.annotate(first["node"], (i, drift[i]), fontsize=8, color="#cc3311")
+        ax.annotate(first.node, (i, drift[i]), fontsize=8, color="#cc3311")
     ax.set_yscale("log")
     ax.set_xlabel("tensor, in graph order")
     ax.set_ylabel("1 - cosine vs reference")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import onnx
 from onnx import helper
+from pydantic import BaseModel, Field
 
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
@@ -98,9 +99,40 @@ def _rename_outer_refs(graph: onnx.GraphProto, renamed: Callable[[str], str]) ->
             _rename_outer_refs(sub, lambda t, local=local: t if t in local else renamed(t))
 
 
+class LayerRow(BaseModel):
+    """One tensor both models produce: how far the candidate's is from the reference's."""
+    node: str
+    op: str
+    tensor: str
+    cosine: float
+    rms_rel: float
+    nonfinite: int  # non-finite in the candidate where the reference is finite
+    reference_nonfinite: int
+    reference_max: float
+    drift: float  # 1 - cosine (1 where the candidate turned finite values non-finite)
+    added: float  # drift beyond the worst of the node's inputs
+    over_fp16: int  # reference values beyond FP16's range
+    range: list[float] | None = None  # the candidate's quantized range, for a Q/DQ candidate
+    clipped: float | None = None  # share of the reference outside that range
+    range_use: float | None = None  # the reference's largest |value| over the range's
+
+
+class Layerwise(BaseModel):
+    """Where a candidate goes wrong, node by node (`rows`, in the reference's order: not written to reports)."""
+    samples: int
+    tensors: int
+    bound: float
+    first_bad: LayerRow | None
+    worst: list[LayerRow]
+    overflow: list[LayerRow]
+    clipping: list[LayerRow]
+    on: str = ""  # the runtime the search ran on
+    rows: list[LayerRow] = Field(default_factory=list, exclude=True)
+
+
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]],
             work: Path, bound: float, qranges: dict[str, tuple[float, float]] | None = None,
-            worst: int = 10) -> dict[str, Any]:
+            worst: int = 10) -> Layerwise:
     """Per tensor shared by both models (in the reference's order): cosine, RMS error relative to the
     reference's, non-finite values, FP16 overflow in the reference, and clipping by the candidate's
     quantized range. `first_bad` is the first node whose output's cosine falls below `bound` (or turns
@@ -132,17 +164,15 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     for name in common:
         s, node = stats[name], producer[name]
         before = max((stats[t].drift for t in node.input if t in stats), default=0.0)
-        rows.append({"node": node.name, "op": node.op_type, "tensor": name, "cosine": s.cosine,
-                     "rms_rel": s.rms_rel, "nonfinite": s.bad, "reference_nonfinite": s.ref_bad,
-                     "reference_max": s.ref_max, "drift": s.drift, "added": max(0.0, s.drift - before),
-                     "over_fp16": s.over_fp16,
-                     **({"range": list(qranges[name]), "clipped": s.clipped / max(s.elements, 1),
-                         "range_use": s.ref_max / max(abs(qranges[name][0]), abs(qranges[name][1]), 1e-30)}
-                        if name in qranges else {})})
-    first = next((r for r in rows if r["nonfinite"] or r["cosine"] < bound), None)
-    return {"samples": samples, "tensors": len(rows), "bound": bound, "first_bad": first,
-            "worst": sorted(rows, key=lambda r: -r["added"])[:worst],
-            "overflow": [r for r in rows if r["over_fp16"]][:worst],
-            "clipping": sorted((r for r in rows if "range" in r and (r["clipped"] > 1e-3 or r["range_use"] < 0.02)),
-                               key=lambda r: (-r["clipped"], r["range_use"]))[:worst],
-            "rows": rows}
+        rows.append(LayerRow(node=node.name, op=node.op_type, tensor=name, cosine=s.cosine, rms_rel=s.rms_rel,
+                             nonfinite=s.bad, reference_nonfinite=s.ref_bad, reference_max=s.ref_max, drift=s.drift,
+                             added=max(0.0, s.drift - before), over_fp16=s.over_fp16,
+                             **({"range": list(qranges[name]), "clipped": s.clipped / max(s.elements, 1),
+                                 "range_use": s.ref_max / max(abs(qranges[name][0]), abs(qranges[name][1]), 1e-30)}
+                                if name in qranges else {})))
+    first = next((r for r in rows if r.nonfinite or r.cosine < bound), None)
+    clipping = [r for r in rows if r.range is not None and (r.clipped > 1e-3 or r.range_use < 0.02)]
+    return Layerwise(samples=samples, tensors=len(rows), bound=bound, first_bad=first,
+                     worst=sorted(rows, key=lambda r: -r.added)[:worst],
+                     overflow=[r for r in rows if r.over_fp16][:worst],
+                     clipping=sorted(clipping, key=lambda r: (-r.clipped, r.range_use))[:worst], rows=rows)
