@@ -12,13 +12,13 @@ import io
 import json
 import shutil
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 
-from trtflow import progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
@@ -54,7 +54,8 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     pre = work / "pre.onnx"
     warnings += quant_prep.pre_process(src, pre, work)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
-    calibrated, full_range, entropy_check = _quantize(pre, out, ranges, data, calib, params, excluded, work, ref)
+    job = _Job(params, data, ref, pre, excluded, work)
+    calibrated, full_range, entropy_check = _quantize(job, calib, out, ranges)
     if entropy_check and entropy_check["used"] == "full_range":
         warnings.append(f"on the calibration samples the entropy ranges did worse than the full ranges (cosine "
                         f"{entropy_check['entropy']:.5f} < {entropy_check['full_range']:.5f}): the full ranges "
@@ -123,15 +124,27 @@ def _check_model(model: onnx.ModelProto, params: CalibrateStage, warnings: list[
     return excluded
 
 
-def _quantize(pre: Path, out: Path, ranges: Path, data: SampleSource, calib: range, params: CalibrateStage,
-              excluded: set[str], work: Path, ref: Any) -> tuple[int, list[str], dict[str, Any] | None]:
-    """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ. Returns
-    the samples used, the tensors too sparse for the entropy rule, and the entropy check (entropy's ranges against
-    the full ranges on the calibration samples; the better is kept)."""
+@dataclass(frozen=True)
+class _Job:
+    """What quantizing needs besides the samples to calibrate on and where to write."""
+    params: CalibrateStage
+    data: SampleSource
+    ref: Any  # the FP32 model's session
+    pre: Path  # the model after ONNX Runtime's quantization pre-processing
+    excluded: set[str]  # nodes left in float
+    work: Path
+
+
+def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, list[str], dict[str, Any] | None]:
+    """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ into
+    `out` (and the ranges into `ranges`). Returns the samples used, the tensors too sparse for the entropy rule,
+    and the entropy check (entropy's ranges against the full ranges on the calibration samples; the better is
+    kept)."""
+    params, data, ref, pre, excluded, work = job.params, job.data, job.ref, job.pre, job.excluded, job.work
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
-        cal = calibration.calibrate(
-            pre, list(params.quantize_ops), params.method, params.percentile, data.feeds(calib), len(calib), work,
-            FLUSH_EVERY, lambda done, total: progress.report("calibrating", done, total), floor=params.entropy_floor)
+        rule = calibration.Rule(params.method, params.percentile, params.entropy_floor)
+        cal = calibration.calibrate(pre, list(params.quantize_ops), rule, data.feeds(calib), len(calib), work,
+                                    FLUSH_EVERY)
         tensors = cal.ranges()
     used, full_range = cal.samples, cal.full_range
     qdq.write(pre, out, ranges, tensors, params.per_channel, params.quantize_ops, excluded)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -46,31 +47,53 @@ SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
 ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
 
 
+@dataclass
+class _Reference:
+    """The FP32 reference: its model (nodes named as the precision stage names them, so node names agree), its
+    file and session, and its outputs per sample, computed once however many candidates are checked."""
+    model: onnx.ModelProto
+    path: Path
+    session: Any
+    outputs: dict[tuple[str, str, int], dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, source: Path, work: Path) -> "_Reference":
+        model = model_io.load(source)
+        name_nodes(model)
+        path = work / "reference.onnx"
+        model_io.save(model, path)
+        return cls(model, path, session(path))
+
+
+@dataclass
+class _Job:
+    """What every candidate's check shares."""
+    params: ValidateStage
+    inputs: Inputs
+    reference: _Reference
+    work: Path
+    out_dir: Path
+    sims: dict[str, tuple[str, onnx.ModelProto]] = field(default_factory=dict)  # variant -> its simulation
+
+
 def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
-    reference = model_io.load(inputs.one("reference").path)
-    name_nodes(reference)  # as the precision stage names them, so node names agree
-    ref_path = work / "reference.onnx"
-    model_io.save(reference, ref_path)
-    ref = session(ref_path)
-    outputs = [o.name for o in ref.get_outputs()]
-    gate.check_names(params.tolerances, outputs)
+    job = _Job(params, inputs, _Reference.load(inputs.one("reference").path, work), work, out_dir)
+    gate.check_names(params.tolerances, [o.name for o in job.reference.session.get_outputs()])
     candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
                                    exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None
     (out_dir / "plots").mkdir()
-    ref_cache: dict[tuple[str, str, int], dict[str, np.ndarray]] = {}
-    sims: dict[str, tuple[str, onnx.ModelProto]] = {}
     results = []
     for n, cand in enumerate(candidates, 1):
         progress.report("validating candidates", n - 1, len(candidates))
-        results.append(_validate(params, inputs, cand, reference, ref, ref_cache, sims, work, out_dir))
+        results.append(_validate(job, cand))
     progress.report("validating candidates", len(candidates), len(candidates))
     outputs = {"report": out_dir / "report.json"}
     repaired = None
     if params.repair:
-        repaired = _repair(params, target, candidates, results, reference, ref_path, ref, ref_cache, work)
+        repaired = _repair(job, target, candidates, results)
         outputs["repaired"] = out_dir / "repaired.onnx"
         if repaired.model is not None:
             model_io.save(repaired.model, outputs["repaired"])
@@ -114,12 +137,12 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
 # --------------------------------------------------------------------------------------------- one candidate
 
-def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference: onnx.ModelProto, ref: Any,
-              ref_cache: dict, sims: dict, work: Path, out_dir: Path) -> tuple[CandidateResult, dict[str, Any]]:
-    runtime, runner, why, sim_model = _runtime(params.runtime, cand, reference, work, sims)
-    sets = list(_sample_sets(params, inputs, ref, reference, cand))
+def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, Any]]:
+    params, out_dir = job.params, job.out_dir
+    runtime, runner, why, sim_model = _runtime(job, cand)
+    sets = list(_sample_sets(job, cand))
     ranked: list = []
-    cmp, errors, shapes_seen = _measure(runner, sets, ref, ref_cache, ranked)
+    cmp, errors, shapes_seen = _measure(runner, sets, job.reference, ranked)
     acc = gate.judge(cmp.result(runtime), cand.precision, params.tolerances, params.check_nan_inf)
     warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
                 f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
@@ -138,7 +161,7 @@ def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference:
         bound = gate.layer_bound(cand.precision, params.tolerances)
         feeds = (source.sample(i) for source, i in ctx["worst"])
         qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
-        found = layerwise.compare(reference, sim_model, feeds, work, bound, qranges)
+        found = layerwise.compare(job.reference.model, sim_model, feeds, job.work, bound, qranges)
         found.on = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
                     f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
         result.layerwise = found
@@ -147,7 +170,7 @@ def _validate(params: ValidateStage, inputs: Inputs, cand: Candidate, reference:
     return result, ctx
 
 
-def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, ref: Any, ref_cache: dict,
+def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, reference: _Reference,
              ranked: list | None = None) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
     """The candidate against the reference over every sample of every shape set; a bounded sample of the
     absolute errors per output (for the histogram); the shapes seen. `ranked`, when given, receives
@@ -162,9 +185,10 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, 
             if shapes not in shapes_seen:
                 shapes_seen.append(shapes)
             key = (label, json.dumps(shapes), i)
+            ref_cache = reference.outputs
             if key not in ref_cache:
                 try:
-                    ref_cache[key] = ort_runner.run(ref, feed)
+                    ref_cache[key] = ort_runner.run(reference.session, feed)
                 except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                     raise source.failure(exc) from None
             got = runner(feed, profile)
@@ -208,12 +232,13 @@ def _simulation(cand: Candidate, reference: onnx.ModelProto) -> tuple[str, onnx.
     return SIMULATION["fp16"], emulate(reference, half, keeps_io_types(variant))
 
 
-def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: Path, sims: dict[str, Any]
-             ) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str, onnx.ModelProto]:
+def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str,
+                                                 onnx.ModelProto]:
     """(runtime label, feed runner, why TensorRT was not used, the simulated ONNX model); `sims` holds each
     variant's simulation, made once however many engines the variant has."""
+    requested, sims = job.params.runtime, job.sims
     if cand.variant not in sims:
-        sims[cand.variant] = _simulation(cand, reference)
+        sims[cand.variant] = _simulation(cand, job.reference.model)
     label, sim_model = sims[cand.variant]
     why = ""
     if requested != "onnxruntime" and cand.engine is not None:
@@ -227,7 +252,7 @@ def _runtime(requested: str, cand: Candidate, reference: onnx.ModelProto, work: 
             raise StageError(f"validate: runtime: tensorrt, but engine '{cand.name}' cannot run here: {reason}; "
                              f"use runtime: auto to simulate it on ONNX Runtime")
         why = reason
-    path = work / f"{cand.variant}.sim.onnx"
+    path = job.work / f"{cand.variant}.sim.onnx"
     if not path.exists():
         model_io.save(sim_model, path)
     sess = session(path)
@@ -254,12 +279,12 @@ def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candid
     return next(iter(low.values()))
 
 
-def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate], results: list,
-            reference: onnx.ModelProto, ref_path: Path, ref: Any, ref_cache: dict, work: Path) -> Repair:
+def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: list) -> Repair:
     """Repair the target variant if any of its candidates fails; its simulation must then pass every sample set
     those candidates were checked on."""
     mine = [(r, ctx) for (r, ctx), c in zip(results, candidates) if c.variant == target.variant]
     failing = [(r, ctx) for r, ctx in mine if not r.passed]
+    params, work, reference = job.params, job.work, job.reference.model
     if not failing:
         return Repair(variant=target.variant, precision=target.precision, passed=True, note="nothing to repair")
     sets = [s for _, ctx in failing for s in ctx["sets"]]
@@ -272,7 +297,7 @@ def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate
         path = work / "repair_sim.onnx"
         model_io.save(sim, path)
         sess = session(path)
-        cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, ref, ref_cache)
+        cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, job.reference)
         return gate.judge(cmp.result(RUNTIME), target.precision, params.tolerances, params.check_nan_inf).violations
 
     def locate(sim: onnx.ModelProto) -> layerwise.Layerwise:
@@ -283,7 +308,7 @@ def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate
     if target.precision == "fp16":
         how = repair.fp16_variant(reference, variant, work, locate_feeds[0])
     else:
-        how = repair.int8_variant(ref_path, reference, variant, work)
+        how = repair.int8_variant(job.reference.path, reference, variant, work)
     found = repair.search(how, first, check, locate, params.repair_rounds, target.variant, target.precision)
     for h in found.rounds:
         h.violations = h.violations[:3]
@@ -292,10 +317,10 @@ def _repair(params: ValidateStage, target: Candidate, candidates: list[Candidate
 
 # ------------------------------------------------------------------------------------------------ data
 
-def _sample_sets(params: ValidateStage, inputs: Inputs, ref: Any, reference: onnx.ModelProto, cand: Candidate
-                 ) -> Iterator[tuple[str, SampleSource, range, Callable[[Feeds], int]]]:
+def _sample_sets(job: _Job, cand: Candidate) -> Iterator[tuple[str, SampleSource, range, Callable[[Feeds], int]]]:
     """(label, source, sample indices, feed -> profile index) per shape set: random data at each profile's
     min/opt/max shapes; files as they are, each fitted to a profile (or refused)."""
+    params, inputs, ref = job.params, job.inputs, job.reference
     data = params.data
     if data.random and cand.profiles:
         seen = []
@@ -306,10 +331,10 @@ def _sample_sets(params: ValidateStage, inputs: Inputs, ref: Any, reference: onn
                     continue
                 seen.append(shapes)
                 src = SampleSource(data.model_copy(update={"shapes": {**data.shapes, **shapes}}), inputs,
-                                   ref.get_inputs(), "validate", reference)
+                                   ref.session.get_inputs(), "validate", ref.model)
                 yield f"{prof.name}.{point}", src, range(len(src)), lambda feed, i=index: i
         return
-    src = SampleSource(data, inputs, ref.get_inputs(), "validate", reference)
+    src = SampleSource(data, inputs, ref.session.get_inputs(), "validate", ref.model)
     if not len(src):
         raise StageError(f"validate: data: no samples found ({src.label}); check the glob in data.images / "
                          f"data.tensors, or use data: {{random: true}}")

@@ -267,7 +267,7 @@ def test_entropy_is_checked_against_the_full_ranges(tmp_path):
 def test_full_ranges_are_exactly_minmax(tmp_path):
     """When the entropy check keeps the full ranges they must be MinMax's, not the histogram's last edge (which
     ONNX Runtime widens by whole bins as chunks arrive: up to two bins past the largest |x|)."""
-    from trtflow.stages.ort.calibration import StreamedCalibration
+    from trtflow.stages.ort.calibration import Rule, StreamedCalibration
 
     w = onnx.numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32), "w")
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="relu"),
@@ -285,7 +285,7 @@ def test_full_ranges_are_exactly_minmax(tmp_path):
 
     def collect(method):
         (tmp_path / method).mkdir()
-        cal = StreamedCalibration(model, ["MatMul"], method, 99.99, tmp_path / method)
+        cal = StreamedCalibration(model, ["MatMul"], Rule(method, 99.99), tmp_path / method)
         for chunk in chunks:
             cal.add(chunk)
         return cal

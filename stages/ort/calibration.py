@@ -13,10 +13,13 @@ negative). MinMax is ONNX Runtime's.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
+
+from trtflow import progress
 
 HISTOGRAM_BINS = 2048  # TensorRT's
 # below this many values a 2048-bin histogram is too sparse for the KL search to mean anything (a squeeze-excite
@@ -77,15 +80,24 @@ def percentile_threshold(hist: np.ndarray, edges: np.ndarray, percentile: float)
     return float(edges[min(int(np.searchsorted(cdf, percentile / 100.0)), len(edges) - 1)])
 
 
+@dataclass(frozen=True)
+class Rule:
+    """How each tensor's threshold is chosen: `entropy` (TensorRT's KL rule, never below the `floor` percentile
+    of |x| when one is given), `percentile` (that percentile of |x|) or `minmax` (the largest |x|)."""
+    method: str = "entropy"
+    percentile: float = 99.99
+    floor: float | None = None
+
+
 class StreamedCalibration:
     """Feed samples in chunks; ONNX Runtime folds each chunk into its statistics before the next is run, so
     memory does not grow with the calibration set (its calibrators otherwise keep every intermediate output)."""
 
-    def __init__(self, model: Path, op_types: list[str], method: str, percentile: float, work: Path,
-                 floor: float | None = None):
+    def __init__(self, model: Path, op_types: list[str], rule: Rule, work: Path):
         from onnxruntime.quantization import CalibrationMethod, create_calibrator
 
-        self.method, self.percentile, self.floor = method, percentile, floor
+        method = rule.method
+        self.method, self.percentile, self.floor = method, rule.percentile, rule.floor
         # the histogram methods need the |x| histogram, which ONNX Runtime's percentile calibrator collects
         collector, options = (CalibrationMethod.MinMax, {"symmetric": True}) if method == "minmax" else \
             (CalibrationMethod.Percentile, {"symmetric": True, "num_bins": HISTOGRAM_BINS})
@@ -158,12 +170,11 @@ class _Reader:
         return next(self._it, None)
 
 
-def calibrate(model: Path, op_types: list[str], method: str, percentile: float, samples: Iterator[Feeds],
-              total: int, work: Path, chunk: int, on_progress: Callable[[int, int], None],
-              floor: float | None = None) -> StreamedCalibration:
-    """Collect statistics over `samples`, `chunk` at a time (samples of one shape per chunk); its `ranges()` are
-    ONNX Runtime's `TensorsData`."""
-    cal = StreamedCalibration(model, op_types, method, percentile, work, floor)
+def calibrate(model: Path, op_types: list[str], rule: Rule, samples: Iterator[Feeds], total: int, work: Path,
+              chunk: int) -> StreamedCalibration:
+    """Collect statistics over `samples` (`total` of them, for the progress reports), `chunk` at a time (samples
+    of one shape per chunk); its `ranges()` are ONNX Runtime's `TensorsData`."""
+    cal = StreamedCalibration(model, op_types, rule, work)
     batch: list[Feeds] = []
     for feed in samples:
         if batch and _shapes(feed) != _shapes(batch[0]):  # ONNX Runtime stacks a chunk's outputs: one shape each
@@ -173,10 +184,10 @@ def calibrate(model: Path, op_types: list[str], method: str, percentile: float, 
         if len(batch) == chunk:
             cal.add(batch)
             batch = []
-            on_progress(cal.samples, total)
+            progress.report("calibrating", cal.samples, total)
     if batch:
         cal.add(batch)
-        on_progress(cal.samples, total)
+        progress.report("calibrating", cal.samples, total)
     return cal
 
 
