@@ -190,6 +190,7 @@ def overhead(pipeline: Path, repeat: int) -> None:
 def verify_at_scale(megabytes: int) -> None:
     """The examples' stores hold a few MB, where start-up dominates: one synthetic result of `megabytes` MB
     (four engine-sized random files, published through the store) shows the hashing rate itself."""
+    from trtflow.flows.manifest import Manifest
     from trtflow.flows.store import LocalStore
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +199,7 @@ def verify_at_scale(megabytes: int) -> None:
         staging = store.staging("build", "0" * 32)
         for i in range(4):
             (staging / f"engine{i}.plan").write_bytes(os.urandom(megabytes * 2**20 // 4))
-        store.publish("build", "0" * 32, staging, {"status": "ok", "key": "0" * 32, "outputs": {}})
+        store.publish("build", "0" * 32, staging, Manifest(status="ok", key="0" * 32, outputs={}))
         mb, verify_rate, hash_rate, sha_rate = verify_vs_sha256sum(store.root)
     table = Table(title=f"trtflow verify at scale: one result of {mb:.0f} MB (page cache warm)", title_justify="left")
     for col in ("what", "MB/s", "x sha256sum"):

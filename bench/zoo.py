@@ -68,7 +68,8 @@ def run_model(name: str, facts: dict[str, Any], work: Path, repair: str | None =
               methods: tuple[str, ...] = METHODS) -> dict[str, Any]:
     (work / "pipeline.yaml").write_text(pipeline(name, facts, repair, methods))  # JSON is YAML
     runner = Runner(load_pipeline(work / "pipeline.yaml"), store=LocalStore(work / "store"))
-    produced: dict[str, dict[str, Any]] = {}
+    produced: dict[str, Any] = {}  # stage -> its Manifest
+    reports: dict[str, Path] = {}  # stage -> its report.json (a failed verdict's too)
     row: dict[str, Any] = {"model": name, "seconds": {}, "errors": {}}
     for stage in runner.graph.order:
         if runner.graph.nodes[stage].upstream - set(produced):
@@ -78,23 +79,21 @@ def run_model(name: str, facts: dict[str, Any], work: Path, repair: str | None =
         try:
             outcome = runner.run_stage(stage, produced)
             produced[stage] = outcome.manifest
+            if "report" in outcome.manifest.outputs:
+                reports[stage] = outcome.directory / outcome.manifest.outputs["report"].path
         except Exception as exc:  # noqa: BLE001 - a bench records failures and goes on
             row["errors"][stage] = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             directory = getattr(exc, "directory", None)
             if directory is not None:  # a failed verdict is published with its report
-                produced[stage] = {"outputs": {}, "_report": str(Path(directory) / "report.json")}
+                reports[stage] = Path(directory) / "report.json"
         row["seconds"][stage] = round(time.perf_counter() - t0, 1)
-    row.update(_facts(runner, produced, name))
+    row.update(_facts(reports, name))
     return row
 
 
-def _report(runner: Runner, produced: dict[str, dict[str, Any]], stage: str) -> dict[str, Any] | None:
-    m = produced.get(stage)
-    if not m:
-        return None
-    if "_report" in m:
-        return json.loads(Path(m["_report"]).read_text()) if m["_report"] else None
-    return json.loads((runner.store.path(stage, m["key"]) / m["outputs"]["report"]["path"]).read_text())
+def _report(reports: dict[str, Path], stage: str) -> dict[str, Any] | None:
+    path = reports.get(stage)
+    return json.loads(path.read_text()) if path is not None and path.exists() else None
 
 
 def _worst(acc: dict[str, Any]) -> tuple[float, float]:
@@ -102,11 +101,11 @@ def _worst(acc: dict[str, Any]) -> tuple[float, float]:
     return min(o["cosine"] for o in outs), max(o["max_abs"] for o in outs)
 
 
-def _facts(runner: Runner, produced: dict[str, dict[str, Any]], name: str) -> dict[str, Any]:
+def _facts(reports: dict[str, Path], name: str) -> dict[str, Any]:
     import onnxsim
 
     out: dict[str, Any] = {}
-    prep = _report(runner, produced, "prepare")
+    prep = _report(reports, "prepare")
     if prep:
         out["nodes"] = (prep["before"]["nodes"], prep["after"]["nodes"])
         trial = prep["preflight"].get("trial_build") or {}
@@ -116,20 +115,20 @@ def _facts(runner: Runner, produced: dict[str, dict[str, Any]], name: str) -> di
         out["onnxsim_alone"] = len(alone.graph.node)
     except Exception as exc:  # noqa: BLE001
         out["onnxsim_alone"] = f"fails: {str(exc)[:40]}"
-    fp16 = _report(runner, produced, "fp16")
+    fp16 = _report(reports, "fp16")
     if fp16:
         out["fp16"] = _worst(fp16["accuracy"])
         out["kept_fp32"] = (len(fp16["kept_fp32"]), fp16["nodes"])
     for m in METHODS:
-        r = _report(runner, produced, f"int8_{m}")
+        r = _report(reports, f"int8_{m}")
         if r and r["accuracy"]["samples"]:
             out[f"int8_{m}"] = _worst(r["accuracy"])
-    build = _report(runner, produced, "build")
+    build = _report(reports, "build")
     if build:
         out["engines"] = {c["variant"]: c.get("engine_bytes") if c["status"] == "ok" else None
                           for c in build["cells"]}
         out["runtime"] = f"{build['backend']['flavour']} {build['backend']['version']}"
-    val = _report(runner, produced, "validate")
+    val = _report(reports, "validate")
     if val:
         out["validate"] = "; ".join(
             f"{c['variant']} {'ok' if c['passed'] else 'FAILS: ' + '; '.join(c['violations'])[:160]}"

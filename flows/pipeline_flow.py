@@ -18,6 +18,7 @@ from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all
+from trtflow.flows.manifest import Manifest
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.loader import parse_yaml
 
@@ -72,7 +73,7 @@ def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
 
 
 @task(cache_policy=NONE, persist_result=False)
-def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
+def stage_task(runner: Runner, name: str, produced: dict[str, Manifest],
                force: list[str] | None) -> StageOutcome:
     key = artifact_key(runner, name)
     try:
@@ -82,7 +83,7 @@ def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
         create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
         raise
-    env = describe(outcome.manifest["key_parts"].get("env"))
+    env = describe(outcome.manifest.key_parts.get("env"))
     header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
               f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "")
               + f" · published in `{outcome.directory}`"
@@ -92,7 +93,7 @@ def stage_task(runner: Runner, name: str, produced: dict[str, dict[str, Any]],
                              description=f"trtflow stage {name}: {outcome.status}")
     get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,
                           outcome.reason)
-    for warning in outcome.manifest.get("warnings", []) if outcome.status == "ran" else []:
+    for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
         get_run_logger().warning("%s: %s", name, warning)
     if outcome.status == "reused":  # Prefect's own word for a result it did not recompute
         return Completed(name="Cached", message=f"reused: {outcome.reason}", data=outcome)
@@ -147,8 +148,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         raise exc
     return [{"stage": n, "status": o.status, "key": o.key, "directory": str(o.directory),
              "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason,
-             "engines": [str(o.directory / out["path"]) for out in o.manifest["outputs"].values()
-                         if out["type"] == "engines"]}
+             "engines": [str(o.directory / out.path) for out in o.manifest.outputs.values()
+                         if out.type == "engines"]}
             for n, o in ((n, run.outcomes[n]) for n in order)]
 
 

@@ -23,21 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreError
+from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
     HOST,
     KEY_NAME,
     LAST,
-    MANIFEST,
     MARKER,
     MARKER_CONTENT,
     SHARED,
     LocalStore,
     check_files,
     file_records,
-    valid_manifest,
 )
 
-BLOBS = "blobs"  # the manifest field naming the writer directory its files are in
 WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8 hex}", see publish
 
 
@@ -105,7 +103,7 @@ class RemoteStore:
         if local is not None:
             return local
         manifest = self._remote_manifest(stage, key)
-        if manifest is None or manifest["status"] != "ok":
+        if manifest is None or not manifest.ok:
             return None
         return self._fetch(stage, key, manifest)
 
@@ -115,7 +113,7 @@ class RemoteStore:
         if local is not None:
             return local
         manifest = self._remote_manifest(stage, key)
-        return manifest if manifest is not None and manifest["status"] == "ok" else None
+        return manifest if manifest is not None and manifest.ok else None
 
     def staging(self, stage: str, key: str) -> Path:
         if self.read_only:
@@ -123,22 +121,22 @@ class RemoteStore:
                              f"give a writable one with --store")
         return self.cache.staging(stage, key)
 
-    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
-                replace: bool = False) -> tuple[Path, dict[str, Any]]:
+    def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
+                replace: bool = False) -> tuple[Path, Manifest]:
         if not replace:
             theirs = self._remote_manifest(stage, key)
-            if theirs is not None and theirs["status"] == "ok":
+            if theirs is not None and theirs.ok:
                 self.cache.discard(staging)
                 adopted = self._fetch(stage, key, theirs)
                 if adopted is not None:
                     return self.path(stage, key), adopted
         files = file_records(staging)
         writer = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        manifest = {**manifest, "files": files, BLOBS: writer}
+        manifest = manifest.model_copy(update={"files": files, "blobs": writer})
         try:
             for rel in files:
                 self.fs.put_file(str(staging / rel), self._remote(stage, key, writer, rel))
-            data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+            data = json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode()
             target = self._remote(stage, key, MANIFEST)
             try:
                 self.fs.pipe_file(target, data, **({} if replace else {"mode": "create"}))
@@ -151,10 +149,10 @@ class RemoteStore:
             self._remove_blobs(stage, key, writer)
             raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
         placed = self._remote_manifest(stage, key)
-        if placed is not None and placed.get(BLOBS) != writer:  # another writer's manifest is the one in place
+        if placed is not None and placed.blobs != writer:  # another writer's manifest is the one in place
             self._remove_blobs(stage, key, writer)
             self.cache.discard(staging)
-            adopted = self._fetch(stage, key, placed) if placed["status"] == "ok" else None
+            adopted = self._fetch(stage, key, placed) if placed.ok else None
             if adopted is not None:
                 return self.path(stage, key), adopted
             raise StoreError(f"artifact store {self.location}: {stage}/{key[:12]} was published by another "
@@ -190,7 +188,7 @@ class RemoteStore:
         (a writer that lost a race, or died before its manifest) listed, and removed with `repair`; every
         manifest's inputs checked against the results they were read from. Then the local cache."""
         rows, hashed = [], 0
-        manifests: dict[tuple[str, str], dict[str, Any]] = {}
+        manifests: dict[tuple[str, str], Manifest] = {}
         try:
             self.fs.ls(self.base.split("/", 1)[0])  # the bucket (or top directory): missing or denied is an error
             entries = self.fs.find(self.base, withdirs=False)
@@ -218,24 +216,25 @@ class RemoteStore:
                 rows.append({"stage": f"{stage}/{key}", "key": "", "status": "foreign",
                              "problem": "not made by trtflow: left alone"})
         for stage, key in ours:
-            problem, manifest = None, None
+            problem, data, manifest = None, None, None
             try:
-                manifest = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
+                data = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
             except FileNotFoundError:
                 problem = "no manifest (an interrupted publish)"
             except ValueError:
                 problem = "its manifest is not JSON"
-            if manifest is not None:
-                if not valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
+            if data is not None:
+                manifest = _parse(data, key)
+                if manifest is None:
                     problem = "its manifest is not a trtflow manifest"
                 else:
                     manifests[(stage, key)] = manifest
                     problem = self._check_remote_files(stage, key, manifest)
-                    hashed += sum(r.get("size", 0) for r in manifest["files"].values() if isinstance(r, dict))
+                    hashed += sum(r.get("size", 0) for r in (manifest.files or {}).values() if isinstance(r, dict))
             rows.append({"stage": stage, "key": key, "status": "ok" if problem is None else "bad",
                          "problem": problem})
             names = subdirs[(stage, key)]
-            for orphan in sorted(names - {(manifest or {}).get(BLOBS)}):
+            for orphan in sorted(names - {manifest.blobs if manifest else None}):
                 if not WRITER_NAME.fullmatch(orphan):
                     rows.append({"stage": f"{stage}/{key}/{orphan}", "key": "", "status": "foreign",
                                  "problem": "not made by trtflow: left alone"})
@@ -261,9 +260,9 @@ class RemoteStore:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _remote_manifest(self, stage: str, key: str) -> dict[str, Any] | None:
+    def _remote_manifest(self, stage: str, key: str) -> Manifest | None:
         try:
-            manifest = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
+            data = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
         except FileNotFoundError:
             return None
         except ValueError:
@@ -271,19 +270,19 @@ class RemoteStore:
             return None
         except Exception as exc:  # noqa: BLE001
             raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
-        if not valid_manifest(manifest, key) or not _valid_writer(manifest.get(BLOBS)):
+        manifest = _parse(data, key)
+        if manifest is None:
             self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not a trtflow manifest"
-            return None
         return manifest
 
-    def _fetch(self, stage: str, key: str, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    def _fetch(self, stage: str, key: str, manifest: Manifest) -> Manifest | None:
         """Download a published result into the local cache, verified against its manifest."""
         staging = self.cache.staging(stage, key)
         try:
-            for rel in manifest["files"]:
+            for rel in manifest.files or {}:
                 dest = staging / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self._remote(stage, key, manifest[BLOBS], rel), str(dest))
+                self.fs.get_file(self._remote(stage, key, manifest.blobs, rel), str(dest))
         except FileNotFoundError as exc:
             self.cache.discard(staging)
             self.rejected[(stage, key)] = f"its stored result at {self.location} is incomplete ({exc})"
@@ -291,25 +290,25 @@ class RemoteStore:
         except Exception as exc:  # noqa: BLE001
             self.cache.discard(staging)
             raise self._fail(f"fetching {stage}/{key[:12]}", exc) from None
-        problem = check_files(staging, manifest["files"], rehash=True)
+        problem = check_files(staging, manifest.files, rehash=True)
         if problem:
             self.cache.discard(staging)
             self.rejected[(stage, key)] = f"its stored result at {self.location} failed verification: {problem}"
             return None
         # the files were just hashed against the manifest: only their mtimes are this machine's own
-        local = {**manifest, "files": {rel: {**rec, "mtime_ns": (staging / rel).stat().st_mtime_ns}
-                                       for rel, rec in manifest["files"].items()}}
+        local = manifest.model_copy(update={"files": {rel: {**rec, "mtime_ns": (staging / rel).stat().st_mtime_ns}
+                                                      for rel, rec in (manifest.files or {}).items()}})
         _, placed = self.cache.publish(stage, key, staging, local)
         return placed
 
-    def _check_remote_files(self, stage: str, key: str, manifest: dict[str, Any]) -> str | None:
-        records = manifest.get("files")
+    def _check_remote_files(self, stage: str, key: str, manifest: Manifest) -> str | None:
+        records = manifest.files
         if not isinstance(records, dict) or not records:
             return "its manifest records no files"
         for rel, rec in records.items():
             h, size = hashlib.sha256(), 0
             try:
-                with self.fs.open(self._remote(stage, key, manifest[BLOBS], rel), "rb") as fh:
+                with self.fs.open(self._remote(stage, key, manifest.blobs, rel), "rb") as fh:
                     while chunk := fh.read(1 << 22):
                         h.update(chunk)
                         size += len(chunk)
@@ -322,12 +321,12 @@ class RemoteStore:
         return None
 
     @staticmethod
-    def _consistency(manifests: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    def _consistency(manifests: dict[tuple[str, str], Manifest]) -> list[dict[str, Any]]:
         """A result whose inputs name a published result (…/<stage>/<key>/…) must have read what is published
         there: the digest it recorded is one of that result's outputs'."""
         rows = []
         for (stage, key), m in manifests.items():
-            for slot, arts in (m.get("inputs") or {}).items():
+            for slot, arts in m.inputs.items():
                 for art in arts if isinstance(arts, list) else [arts]:
                     if not isinstance(art, dict) or not art.get("digest"):
                         continue
@@ -336,7 +335,7 @@ class RemoteStore:
                                    if (parts[i], parts[i + 1]) in manifests), None)
                     if source is None:
                         continue
-                    digests = {o["digest"] for o in manifests[source]["outputs"].values()}
+                    digests = {o.digest for o in manifests[source].outputs.values()}
                     if art["digest"] not in digests:
                         rows.append({"stage": stage, "key": key, "status": "bad",
                                      "problem": f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
@@ -351,8 +350,12 @@ class RemoteStore:
             pass
 
 
-def _valid_writer(name: Any) -> bool:
-    return isinstance(name, str) and WRITER_NAME.fullmatch(name) is not None
+def _parse(data: Any, key: str) -> Manifest | None:
+    """A shared store's manifest of `key`: a trtflow manifest whose files lie in a writer directory of its own."""
+    manifest = Manifest.parse(data, key)
+    if manifest is None or not isinstance(manifest.blobs, str) or WRITER_NAME.fullmatch(manifest.blobs) is None:
+        return None
+    return manifest
 
 
 def _precondition_failed(exc: BaseException) -> bool:

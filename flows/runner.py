@@ -20,6 +20,7 @@ from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import call_stage
+from trtflow.flows.manifest import Manifest, OutputRecord
 from trtflow.flows.store import SHARED, ArtifactStore, file_records
 from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
@@ -38,7 +39,7 @@ class StageOutcome:
     key: str
     status: str  # "ran" | "reused"
     directory: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     reason: str = ""
     seconds: float = 0.0  # wall time of this stage in the runner
     work_seconds: float = 0.0  # of which inside the stage's own function
@@ -105,7 +106,7 @@ class Runner:
 
     # --- keys -------------------------------------------------------------------------------------------------
 
-    def inputs_for(self, name: str, produced: dict[str, dict[str, Any]]) -> Inputs:
+    def inputs_for(self, name: str, produced: dict[str, Manifest]) -> Inputs:
         node = self.graph.nodes[name]
         resolved = Inputs()
         for slot, edges in node.inputs.items():
@@ -116,9 +117,8 @@ class Runner:
                     arts.append(Artifact(path, "onnx", self.digests.artifact(path, "onnx"), SOURCE))
                 else:
                     m = produced[e.stage]
-                    out = m["outputs"][e.output]
-                    arts.append(Artifact(self.store.path(e.stage, m["key"]) / out["path"], out["type"],
-                                         out["digest"], e.stage))
+                    out = m.outputs[e.output]
+                    arts.append(Artifact(self.store.path(e.stage, m.key) / out.path, out.type, out.digest, e.stage))
             resolved[slot] = arts if node.many.get(slot) else arts[0]
         for slot, (pattern, keypath) in node.spec.data_globs().items():
             resolved[slot] = self._data_files(name, pattern, keypath)
@@ -158,7 +158,7 @@ class Runner:
 
     def plan(self, stages: list[str] | None = None, force: list[str] | None = None) -> list[PlanItem]:
         items: list[PlanItem] = []
-        produced: dict[str, dict[str, Any]] = {}
+        produced: dict[str, Manifest] = {}
         will_run: set[str] = set()
         for name in self.select(stages):
             spec = self.graph.nodes[name].spec
@@ -215,7 +215,7 @@ class Runner:
         at all); None as soon as one would run, or a stage needs its error reported by the flow."""
         if force:
             return None
-        produced: dict[str, dict[str, Any]] = {}
+        produced: dict[str, Manifest] = {}
         found = []
         for name in self.select(stages):
             started = time.perf_counter()
@@ -236,7 +236,7 @@ class Runner:
         self.digests.save()
         return [outcome for outcome, _ in found]
 
-    def run_stage(self, name: str, produced: dict[str, dict[str, Any]], force: list[str] | None = None,
+    def run_stage(self, name: str, produced: dict[str, Manifest], force: list[str] | None = None,
                   log=None) -> StageOutcome:
         started = time.perf_counter()
         node = self.graph.nodes[name]
@@ -311,31 +311,25 @@ class Runner:
             if not path.exists() or not path.is_relative_to(staging.resolve()):
                 raise StageError(f"stage '{name}' output '{out_name}' is not a file under its output directory")
             typ = declared.get(out_name, "dir" if path.is_dir() else "file")
-            outputs[out_name] = {"path": path.relative_to(staging.resolve()).as_posix(), "type": typ,
-                                 "digest": hasher.artifact(path, typ),
-                                 "size": path.stat().st_size if path.is_file() else None}
+            outputs[out_name] = OutputRecord(path=path.relative_to(staging.resolve()).as_posix(), type=typ,
+                                             digest=hasher.artifact(path, typ),
+                                             size=path.stat().st_size if path.is_file() else None)
         (staging / "summary.md").write_text(result.summary or "")
 
         def describe_input(a: Artifact) -> dict[str, Any]:
             return {"path": str(a.path), "type": a.type, "digest": a.digest}
 
-        return {
-            "status": status,
-            "stage": name,
-            "kind": spec.kind,
-            "key": key,
-            "key_parts": parts,
-            "pipeline": {"name": self.pipeline.spec.name, "file": str(self.pipeline.file)},
-            "inputs": {s: ([describe_input(a) for a in v] if isinstance(v, list) else describe_input(v))
-                       for s, v in inputs.items()},
-            "outputs": outputs,
-            "metrics": result.metrics,
-            "warnings": result.warnings,
-            "timings": {"started": began.isoformat(), "work_seconds": round(work, 4)},
-            "environment": {"python": platform.python_version(), "platform": platform.platform(),
-                            "fingerprint": parts["env"]},
-            "files": file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
-        }
+        return Manifest(
+            status=status, stage=name, kind=spec.kind, key=key, key_parts=parts,
+            pipeline={"name": self.pipeline.spec.name, "file": str(self.pipeline.file)},
+            inputs={s: ([describe_input(a) for a in v] if isinstance(v, list) else describe_input(v))
+                    for s, v in inputs.items()},
+            outputs=outputs, metrics=result.metrics, warnings=result.warnings,
+            timings={"started": began.isoformat(), "work_seconds": round(work, 4)},
+            environment={"python": platform.python_version(), "platform": platform.platform(),
+                         "fingerprint": parts["env"]},
+            files=file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
+        )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,13 +21,13 @@ import shutil
 import socket
 import tempfile
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from trtflow.errors import StageError, StoreError
 from trtflow.flows.digest import file_sha256
+from trtflow.flows.manifest import MANIFEST, Manifest, safe_relpath
 
-MANIFEST = "manifest.json"
 LAST = "last.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
 MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
@@ -36,14 +36,6 @@ KEY_NAME = re.compile(r"[0-9a-f]{32}")  # flows/keys.py's stage_key
 HOST = socket.gethostname().replace("-", "_")[:32]
 UMASK = os.umask(0o022)
 os.umask(UMASK)
-
-
-def safe_relpath(rel: Any) -> bool:
-    """A path a manifest names: relative and inside its directory (no '..', no absolute path, no backslash)."""
-    if not isinstance(rel, str) or not rel or "\\" in rel or "\0" in rel:
-        return False
-    parts = PurePosixPath(rel).parts
-    return not rel.startswith("/") and bool(parts) and ".." not in parts
 
 
 def _result_files(directory: Path) -> list[Path]:
@@ -91,15 +83,6 @@ def check_files(directory: Path, records: Any, rehash: bool = False) -> str | No
     return None
 
 
-def valid_manifest(m: Any, key: str) -> bool:
-    """A trtflow manifest of `key` whose every path stays inside its result directory."""
-    return (isinstance(m, dict) and m.get("key") == key and isinstance(m.get("status"), str)
-            and isinstance(m.get("outputs"), dict)
-            and all(isinstance(o, dict) and safe_relpath(o.get("path")) and isinstance(o.get("digest"), str)
-                    for o in m["outputs"].values())
-            and (not isinstance(m.get("files"), dict) or all(safe_relpath(rel) for rel in m["files"])))
-
-
 def read_json(path: Path) -> tuple[Any, str | None]:
     """(data, None), or (None, why it cannot be used) for a file that is missing or not JSON."""
     try:
@@ -132,11 +115,11 @@ class ArtifactStore(Protocol):
     read_only: bool
 
     def ensure_writable(self) -> None: ...
-    def lookup(self, stage: str, key: str) -> dict[str, Any] | None: ...
-    def peek(self, stage: str, key: str) -> dict[str, Any] | None: ...
+    def lookup(self, stage: str, key: str) -> Manifest | None: ...
+    def peek(self, stage: str, key: str) -> Manifest | None: ...
     def staging(self, stage: str, key: str) -> Path: ...
-    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
-                replace: bool = False) -> tuple[Path, dict[str, Any]]: ...
+    def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
+                replace: bool = False) -> tuple[Path, Manifest]: ...
     def verify(self, repair: bool = False) -> dict[str, Any]: ...
     def discard(self, staging: Path) -> None: ...
     def last(self, stage: str) -> dict[str, Any] | None: ...
@@ -200,7 +183,7 @@ class LocalStore:
         """The root carries trtflow's marker, or (a store made before the marker) holds a trtflow manifest."""
         if (self.root / MARKER).is_file():
             return True
-        return any(valid_manifest(read_json(d / MANIFEST)[0], d.name) for _, d in self._walk()[0])
+        return any(Manifest.parse(read_json(d / MANIFEST)[0], d.name) for _, d in self._walk()[0])
 
     def _walk(self) -> tuple[list[tuple[str, Path]], list[str]]:
         """What lies under the root: (stage, directory) of every result (`<stage>/<32 hex>/`, real directories:
@@ -224,22 +207,23 @@ class LocalStore:
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
 
-    def lookup(self, stage: str, key: str) -> dict[str, Any] | None:
+    def lookup(self, stage: str, key: str) -> Manifest | None:
         """The manifest of a published OK result whose files are as recorded; otherwise None, and
         `rejected[(stage, key)]` says why when a result was there."""
         self.rejected.pop((stage, key), None)
         directory = self.path(stage, key)
-        manifest, problem = read_json(directory / MANIFEST)
-        if manifest is None:
+        data, problem = read_json(directory / MANIFEST)
+        if data is None:
             if problem:
                 self.rejected[(stage, key)] = problem
             return None
-        if not valid_manifest(manifest, key):
+        manifest = Manifest.parse(data, key)
+        if manifest is None:
             self.rejected[(stage, key)] = f"{directory / MANIFEST} is not a trtflow manifest; ignored"
             return None
-        if manifest["status"] != "ok":
+        if not manifest.ok:
             return None
-        problem = check_files(directory, manifest.get("files"))
+        problem = check_files(directory, manifest.files)
         if problem:
             self.rejected[(stage, key)] = f"its stored result failed verification: {problem}"
             return None
@@ -270,8 +254,8 @@ class LocalStore:
         return [d for d in list(self.root.glob("*/.tmp-*")) + list(self.root.glob("*/.trash-*"))
                 if d.is_dir() and not d.is_symlink() and not d.parent.is_symlink()]
 
-    def publish(self, stage: str, key: str, staging: Path, manifest: dict[str, Any],
-                replace: bool = False) -> tuple[Path, dict[str, Any]]:
+    def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
+                replace: bool = False) -> tuple[Path, Manifest]:
         """Move `staging` into place as the result of (stage, key); returns its directory and the manifest that
         is published there. An OK result already in place (a concurrent run that won) is kept, and its manifest
         returned, unless `replace` (a forced re-run: its result, whatever the verdict, is the one that counts)."""
@@ -279,9 +263,9 @@ class LocalStore:
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-        if "files" not in manifest:
-            manifest = {**manifest, "files": file_records(staging)}
-        write_json_atomic(staging / MANIFEST, manifest)  # last: its presence means complete
+        if manifest.files is None:
+            manifest = manifest.model_copy(update={"files": file_records(staging)})
+        write_json_atomic(staging / MANIFEST, manifest.to_json())  # last: its presence means complete
         _fsync_dir(staging)
         target = self.path(stage, key)
         if target.exists():  # a broken earlier publish, a concurrent run that won, or what a forced run replaces
@@ -312,14 +296,15 @@ class LocalStore:
         rows, hashed = [], 0
         results, foreign = self._walk()
         for stage, directory in results:
-            manifest, problem = read_json(directory / MANIFEST)
-            if manifest is None:
+            data, problem = read_json(directory / MANIFEST)
+            manifest = Manifest.parse(data, directory.name)
+            if data is None:
                 problem = problem or "no manifest (an interrupted publish)"
-            elif not valid_manifest(manifest, directory.name):
+            elif manifest is None:
                 problem = "its manifest is not a trtflow manifest"
             else:
-                problem = check_files(directory, manifest.get("files"), rehash=True)
-                hashed += sum(r.get("size", 0) for r in (manifest.get("files") or {}).values()
+                problem = check_files(directory, manifest.files, rehash=True)
+                hashed += sum(r.get("size", 0) for r in (manifest.files or {}).values()
                               if isinstance(r, dict) and isinstance(r.get("size"), int))
             rows.append({"stage": stage, "key": directory.name,
                          "status": "ok" if problem is None else "bad", "problem": problem})

@@ -132,7 +132,7 @@ def test_ranges_are_reused_until_the_data_changes(write_yaml, workdir):
     runner = Runner(load_pipeline(path))
     runner.store.ensure_writable()
     first = runner.run_stage("int8", {})
-    assert set(first.manifest["outputs"]) >= {"model", "ranges", "report"}
+    assert set(first.manifest.outputs) >= {"model", "ranges", "report"}
     assert Runner(load_pipeline(path)).plan()[0].action == "reuse"
     np.save(workdir / "calib" / "t000.npy", np.zeros((1, 3, 224, 224), np.float32))
     item = Runner(load_pipeline(path)).plan()[0]

@@ -18,6 +18,7 @@ from typing import Iterator
 import pytest
 
 from tests.assets import PPOCR
+from trtflow.flows.manifest import Manifest
 
 pytest.importorskip("s3fs")
 
@@ -100,10 +101,10 @@ def _staged(store, stage: str, key: str, content: bytes) -> Path:
     return staging
 
 
-def _manifest(key: str, content: bytes) -> dict:
+def _manifest(key: str, content: bytes) -> Manifest:
     import hashlib
-    return {"key": key, "status": "ok", "stage": "s",
-            "outputs": {"model": {"path": "model.onnx", "type": "onnx", "digest": hashlib.sha256(content).hexdigest()}}}
+    return Manifest.model_validate({"key": key, "status": "ok", "stage": "s", "outputs": {"model": {
+        "path": "model.onnx", "type": "onnx", "digest": hashlib.sha256(content).hexdigest()}}})
 
 
 def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path):
@@ -124,14 +125,14 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
     _, won = first.publish("s", key, _staged(first, "s", key, b"first machine's engine"),
                            _manifest(key, b"first machine's engine"))
     directory, adopted = second.publish("s", key, late, _manifest(key, b"second machine's engine"))
-    assert adopted["outputs"] == won["outputs"]
+    assert adopted.outputs == won.outputs
     assert (directory / "model.onnx").read_bytes() == b"first machine's engine"
     assert not late.exists()
     writers = {p.split("/")[4] for p in fs.find(f"{name}/store/s/{key}") if p.count("/") >= 5}
-    assert writers == {won["blobs"]}, "the loser's upload was removed"
+    assert writers == {won.blobs}, "the loser's upload was removed"
     # a third machine fetches the result and verifies it against the manifest
     third = _store(url, tmp_path / "m3")
-    assert third.lookup("s", key)["outputs"] == won["outputs"]
+    assert third.lookup("s", key).outputs == won.outputs
     assert (third.path("s", key) / "model.onnx").read_bytes() == b"first machine's engine"
 
 
@@ -144,7 +145,7 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     fs.pipe_file(f"{name}/store/s/{key}/otherhost-4242-0badc0de/model.onnx", b"an upload whose run died")
     report = store.verify()
     assert [r["status"] for r in report["rows"] if not r["stage"].startswith("(cache)")] == ["ok", "stale staging"]
-    fs.pipe_file(f"{name}/store/s/{key}/{m['blobs']}/model.onnx", b"engine bytez")  # same size, other bytes
+    fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/model.onnx", b"engine bytez")  # same size, other bytes
     bad = [r for r in _store(url, tmp_path / "m2").verify()["rows"] if r["status"] == "bad"]
     assert len(bad) == 1 and "changed content" in bad[0]["problem"]
     other = _store(url, tmp_path / "m4")
@@ -291,7 +292,7 @@ def test_verify_repair_on_s3_removes_only_trtflow_results(bucket, tmp_path, caps
     store = _store(f"s3://{name}/data", tmp_path / "m1")  # now a store (its first run marks it) with foreign data
     key = "c" * 32
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
-    fs.pipe_file(f"{name}/data/s/{key}/{m['blobs']}/model.onnx", b"engine bytez")  # corrupt: to be removed
+    fs.pipe_file(f"{name}/data/s/{key}/{m.blobs}/model.onnx", b"engine bytez")  # corrupt: to be removed
     assert cli.main(["verify", "--store", f"s3://{name}/data", "--repair"]) == 0
     out = capsys.readouterr().out
     assert "1 removed" in out and "left alone" in out, out
@@ -306,14 +307,14 @@ def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp
     key = "d" * 32
     store = _store(url, tmp_path / "m1")
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
-    poisoned = {**m, "files": {bad_path: m["files"]["model.onnx"]}}
-    fs.pipe_file(f"{name}/store/s/{key}/{m['blobs']}/{bad_path}", b"engine bytes")
+    poisoned = {**m.to_json(), "files": {bad_path: m.files["model.onnx"]}}
+    fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/{bad_path}", b"engine bytes")
     fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps(poisoned).encode())
     other = _store(url, tmp_path / "deep" / "m2")
     assert other.lookup("s", key) is None and "is not a trtflow manifest" in other.rejected[("s", key)]
     written = {p for p in tmp_path.rglob("*PWNED*")} | {p for p in Path("/tmp").glob("PWNED*")}
     assert written == set()
     for blobs in ("../other-prefix", "/abs"):  # the writer directory is a name, not a path
-        fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps({**m, "blobs": blobs}).encode())
+        fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps({**m.to_json(), "blobs": blobs}).encode())
         third = _store(url, tmp_path / f"m3{len(blobs)}")
         assert third.lookup("s", key) is None and "is not a trtflow manifest" in third.rejected[("s", key)]

@@ -13,6 +13,7 @@ import pytest
 from tests import stage_fns
 from tests.test_runner import plan_of, run_all
 from trtflow.flows import cli
+from trtflow.flows.manifest import Manifest
 from trtflow.flows.store import HOST
 
 PIPE = """
@@ -165,9 +166,10 @@ def test_publishing_over_a_concurrent_winner_returns_the_winners_manifest(pipe):
     key = published(store, "a").name
     staging = s.staging("a", key)
     (staging / "model.onnx").write_bytes(b"another run's bytes")
-    mine = {"status": "ok", "key": key, "outputs": {"model": {"path": "model.onnx", "digest": "mine"}}}
+    mine = Manifest.model_validate({"status": "ok", "key": key, "outputs": {"model": {"path": "model.onnx",
+                                                                                      "digest": "mine"}}})
     directory, manifest = s.publish("a", key, staging, mine)
-    assert manifest["outputs"]["model"]["digest"] != "mine" and not staging.exists()
+    assert manifest.outputs["model"].digest != "mine" and not staging.exists()
     assert (directory / "model.onnx").read_bytes() != b"another run's bytes"
 
 
@@ -247,7 +249,7 @@ def test_verify_leaves_the_shared_caches_alone(tmp_path):
     (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").write_text("{}")
     staging = store.staging("s", "f0" * 16)
     (staging / "out.bin").write_bytes(b"x")
-    store.publish("s", "f0" * 16, staging, {"key": "f0" * 16, "status": "ok", "outputs": {}})
+    store.publish("s", "f0" * 16, staging, Manifest(key="f0" * 16, status="ok", outputs={}))
     report = store.verify(repair=True)
     assert [(r["stage"], r["status"]) for r in report["rows"]] == [("s", "ok")]
     assert (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").is_file()

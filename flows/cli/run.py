@@ -73,7 +73,7 @@ class Run(Command):
                 mark = "[green]reused[/]" if o.status == "reused" else "[cyan]ran[/]"
                 out.print(f"  {mark:>20} [bold]{name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key {o.key[:12]}  "
                           f"[dim]{escape(o.reason)}[/]")
-                for w in o.manifest.get("warnings", []) if o.status == "ran" else []:
+                for w in o.manifest.warnings if o.status == "ran" else []:
                     out.print(f"           [yellow]warning:[/] {escape(w)}")
             elif event == "fail":
                 out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/]")

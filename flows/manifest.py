@@ -1,0 +1,79 @@
+"""A published result's manifest (`manifest.json` beside its files), with one reader and one writer: the runner
+makes it, the stores publish, verify and serve it, `plan` and the flow read it. Reading is also a check: a file
+that is not a manifest of the key it sits under, or that names a path outside its own directory, is no manifest
+(it may come from a shared bucket anyone can write to)."""
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+MANIFEST = "manifest.json"
+
+
+def safe_relpath(rel: Any) -> bool:
+    """A path a manifest names: relative and inside its directory (no '..', no absolute path, no backslash)."""
+    if not isinstance(rel, str) or not rel or "\\" in rel or "\0" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return not rel.startswith("/") and bool(parts) and ".." not in parts
+
+
+def _inside(rel: str) -> str:
+    if not safe_relpath(rel):
+        raise ValueError(f"{rel!r} is not a path inside the result's directory")
+    return rel
+
+
+class OutputRecord(BaseModel):
+    """One output of the stage: where it is in the result's directory, its artifact type and content digest."""
+    path: str
+    type: str = "file"
+    digest: str
+    size: int | None = None
+
+    _path_inside = field_validator("path")(_inside)
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # what a later trtflow adds survives a round trip
+
+    key: str
+    status: str  # "ok", or "failed" (a verdict worth keeping, never reused as a success)
+    outputs: dict[str, OutputRecord]
+    stage: str = ""
+    kind: str = ""
+    key_parts: dict[str, Any] = {}
+    pipeline: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}
+    metrics: dict[str, Any] = {}
+    warnings: list[str] = []
+    timings: dict[str, Any] = {}
+    environment: dict[str, Any] = {}
+    files: dict[str, dict[str, Any]] | None = None  # relative path -> {size, sha256, mtime_ns}
+    blobs: str | None = None  # a shared store's writer directory holding the files
+
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, files: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+        for rel in files or {}:
+            _inside(rel)
+        return files
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def parse(cls, data: Any, key: str) -> "Manifest | None":
+        """The manifest of `key` in `data` (read from JSON); None when it is not one."""
+        if not isinstance(data, dict) or data.get("key") != key:
+            return None
+        try:
+            return cls.model_validate(data)
+        except ValidationError:
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"blobs"} if self.blobs is None else set())
