@@ -7,7 +7,6 @@ report instead of the pipeline. Strongly typed by default: precision comes from 
 from __future__ import annotations
 
 import importlib
-import json
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -21,6 +20,7 @@ from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
+from trtflow.stages.reports.build import BuildReport, CellRow
 from trtflow.stages.trt import config
 from trtflow.stages.trt.engines import BUILT, SPEC, Backend, Built, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
@@ -108,21 +108,20 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     results = build_cells(cells, engines, params.parallel)
     wall = time.perf_counter() - t0
 
-    rows = [_report_row(cell, built) for cell, built in zip(cells, results)]
-    failed = [r for r in rows if r["status"] != "ok"]
+    rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
     warnings = size_warnings(rows, be.flavour)
-    report = {"backend": be.model_dump(), "environment": {"tensorrt": be.model_dump(), "gpu": gpus() or None},
-              "cells": rows, "wall_seconds": round(wall, 3), "parallel": params.parallel,
-              "timing_cache": str(cache) if cache else None, "warnings": warnings}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    result = StageResult(outputs={"engines": engines, "report": out_dir / "report.json"}, summary=summary(report),
+    report = BuildReport(backend=be, environment={"tensorrt": be.model_dump(), "gpu": gpus() or None}, cells=rows,
+                         wall_seconds=round(wall, 3), parallel=params.parallel,
+                         timing_cache=str(cache) if cache else None, warnings=warnings)
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2, exclude_none=True) + "\n")
+    failed = report.failed
+    result = StageResult(outputs={"engines": engines, "report": out_dir / "report.json"}, summary=report.summary(),
                          warnings=warnings,
                          metrics={"cells": len(rows), "failed": len(failed), "wall_seconds": round(wall, 3),
-                                  "engine_bytes": sum(r.get("engine_bytes", 0) for r in rows)})
+                                  "engine_bytes": sum(r.engine_bytes for r in rows)})
     if failed:
-        first = failed[0]
-        raise StageFailed(f"build: {len(failed)} of {len(rows)} engine(s) failed; {first['name']}: "
-                          f"{first.get('error')}", result)
+        raise StageFailed(f"build: {len(failed)} of {len(rows)} engine(s) failed; {failed[0].name}: "
+                          f"{failed[0].error}", result)
     return result
 
 
@@ -169,48 +168,20 @@ def build_cell(cell: Cell, cell_dir: Path) -> Built:
     return built
 
 
-def _report_row(cell: Cell, built: Built) -> dict[str, Any]:
-    return {**built.model_dump(exclude_none=True), "name": cell.name, "variant": cell.variant,
-            "precision": cell.precision, "target": cell.target, "profiles": [p.name for p in cell.profiles],
-            "shapes": {p.name: p.shapes for p in cell.profiles}}
-
-
-def size_warnings(cells: list[dict[str, Any]], flavour: str) -> list[str]:
+def size_warnings(cells: list[CellRow], flavour: str) -> list[str]:
     """An INT8 engine larger than the FP32 engine of the same profiles and target defeats a reason to quantize."""
     found = []
-    groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+    groups: dict[tuple, dict[str, CellRow]] = {}
     for c in cells:
-        if c["status"] == "ok":
-            groups.setdefault((tuple(c["profiles"]), c["target"]), {}).setdefault(c["precision"], c)
+        if c.ok:
+            groups.setdefault((tuple(c.profiles), c.target), {}).setdefault(c.precision, c)
     for group in groups.values():
         fp32, int8 = group.get("fp32"), group.get("int8")
-        if fp32 and int8 and int8["engine_bytes"] > fp32["engine_bytes"]:
+        if fp32 and int8 and int8.engine_bytes > fp32.engine_bytes:
             why = ("TensorRT-RTX engines carry the source of their JIT-compiled kernels (about 150 KB each, "
                    "measured) and INT8 adds an epilogue kernel per quantized op: leave small ops in float "
                    "(calibrate: min_weight_params: 48000) or use the FP16 variant"
                    if flavour == "tensorrt-rtx" else "quantize fewer, larger ops, or use the FP16 variant")
-            found.append(f"the INT8 engine {int8['name']} ({int8['engine_bytes'] / 1e6:.2f} MB) is larger than the "
-                         f"FP32 engine {fp32['name']} ({fp32['engine_bytes'] / 1e6:.2f} MB): {why}")
+            found.append(f"the INT8 engine {int8.name} ({int8.engine_bytes / 1e6:.2f} MB) is larger than the "
+                         f"FP32 engine {fp32.name} ({fp32.engine_bytes / 1e6:.2f} MB): {why}")
     return found
-
-
-def summary(r: dict[str, Any]) -> str:
-    be = r["backend"]
-    ok = sum(c["status"] == "ok" for c in r["cells"])
-    lines = [f"### build · {be['flavour']} {be['version']} · {ok}/{len(r['cells'])} engines · "
-             f"{r['wall_seconds']:.1f} s wall ({r['parallel']} in parallel)", "",
-             "| engine | variant | precision | profiles | target | status | size MB | build s | layers | peak host MB "
-             "| valid here |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in r["cells"]:
-        v = c.get("validity") or {}
-        valid = (v.get("validity", "?") + (f" ({', '.join(v['diagnostics'])})" if v.get("diagnostics") else "")
-                 if v.get("checked") else "unknown")
-        status = "ok" if c["status"] == "ok" else f"**failed**: {c.get('error', '')[:120]}"
-        lines.append(f"| `{c['name']}` | {c['variant']} | {c['precision']} | {', '.join(c['profiles'])} | "
-                     f"{c['target']} | {status} | "
-                     f"{c.get('engine_bytes', 0) / 1e6:.2f} | {c.get('seconds', 0):.2f} | {c.get('layers', '')} | "
-                     f"{c.get('peak_host_memory_mb', '')} | {valid} |")
-    lines += [f"\n**warning**: {w}" for w in r.get("warnings", [])]
-    lines += ["", "Engines cannot run on this machine unless it has a GPU the engine targets; `valid here` is "
-                  "TensorRT-RTX's own verdict (Runtime.get_engine_validity)."]
-    return "\n".join(lines) + "\n"
