@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import shutil
 import struct
 from dataclasses import dataclass
@@ -22,13 +21,13 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
-from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, require_op_types
 from trtflow.stages.ort import calibration, qdq, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
+from trtflow.stages.reports.calibrate import CalibrateReport, EntropyCheck
 from trtflow.text import did_you_mean
 
 VERSION = "4"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
@@ -56,9 +55,9 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
     job = _Job(params, data, ref, pre, excluded, work)
     calibrated, full_range, entropy_check = _quantize(job, calib, out, ranges)
-    if entropy_check and entropy_check["used"] == "full_range":
+    if entropy_check and entropy_check.used == "full_range":
         warnings.append(f"on the calibration samples the entropy ranges did worse than the full ranges (cosine "
-                        f"{entropy_check['entropy']:.5f} < {entropy_check['full_range']:.5f}): the full ranges "
+                        f"{entropy_check.entropy:.5f} < {entropy_check.full_range:.5f}): the full ranges "
                         f"(MinMax) are used; set entropy_check: false for TensorRT's entropy rule regardless")
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
@@ -80,15 +79,16 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
     quantized = onnx.load(str(out), load_external_data=False)
     n_q = sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
-    report = {"method": params.method, "percentile": params.percentile if params.method == "percentile" else None,
-              "data": data.label, "calibration_samples": calibrated, "holdout_samples": len(hold),
-              "full_range_tensors": full_range, "entropy_check": entropy_check,
-              "excluded_nodes": sorted(excluded), "quantize_ops": params.quantize_ops,
-              "quantize_linear_nodes": n_q, "accuracy": acc.to_json(), "warnings": warnings}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    report = CalibrateReport(method=params.method,
+                             percentile=params.percentile if params.method == "percentile" else None,
+                             data=data.label, calibration_samples=calibrated, holdout_samples=len(hold),
+                             full_range_tensors=full_range, entropy_check=entropy_check,
+                             excluded_nodes=sorted(excluded), quantize_ops=params.quantize_ops,
+                             quantize_linear_nodes=n_q, accuracy=acc.to_json(), warnings=warnings)
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
                "nan_inf": int(acc.total("nan") + acc.total("inf"))}
-    return StageResult(outputs=outputs, summary=summary(report), metrics=metrics, warnings=warnings)
+    return StageResult(outputs=outputs, summary=report.summary(), metrics=metrics, warnings=warnings)
 
 
 def _split(data: SampleSource, params: CalibrateStage, warnings: list[str]) -> tuple[range, range]:
@@ -135,7 +135,7 @@ class _Job:
     work: Path
 
 
-def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, list[str], dict[str, Any] | None]:
+def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, list[str], EntropyCheck | None]:
     """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ into
     `out` (and the ranges into `ranges`). Returns the samples used, the tensors too sparse for the entropy rule,
     and the entropy check (entropy's ranges against the full ranges on the calibration samples; the better is
@@ -153,10 +153,11 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     full_model, full_ranges = work / "full_range.onnx", work / "full_range.json"
     qdq.write(pre, full_model, full_ranges, cal.full_ranges(), params.per_channel, params.quantize_ops, excluded)
     probe = calib[:ENTROPY_CHECK_SAMPLES]
-    check = {"samples": len(probe), "entropy": _worst_cosine(ref, session(out), data.feeds(probe)),
-             "full_range": _worst_cosine(ref, session(full_model), data.feeds(probe))}
-    check["used"] = "full_range" if check["full_range"] > check["entropy"] else "entropy"
-    if check["used"] == "full_range":
+    entropy = _worst_cosine(ref, session(out), data.feeds(probe))
+    full = _worst_cosine(ref, session(full_model), data.feeds(probe))
+    check = EntropyCheck(samples=len(probe), entropy=entropy, full_range=full,
+                         used="full_range" if full > entropy else "entropy")
+    if check.used == "full_range":
         shutil.copy(full_model, out)
         shutil.copy(full_ranges, ranges)
     return used, full_range, check
@@ -201,18 +202,3 @@ def write_trt_cache(ranges: Path, out: Path, version: str | None = None) -> Path
         lines.append(f"{name}: {struct.pack('>f', scale).hex()}")
     out.write_text("\n".join(lines) + "\n")
     return out
-
-
-def summary(r: dict[str, Any]) -> str:
-    lines = [f"### calibrate · INT8 Q/DQ · {r['method']} · {r['calibration_samples']} samples", "",
-             f"data: {r['data']} · {r['quantize_linear_nodes']} QuantizeLinear nodes · quantized ops: "
-             f"{', '.join(r['quantize_ops'])} · symmetric, per-channel weights, bias in float", ""]
-    if r["excluded_nodes"]:
-        lines.append(f"excluded: {', '.join(f'`{n}`' for n in r['excluded_nodes'][:20])}\n")
-    if r["holdout_samples"]:
-        lines += [f"**CPU accuracy pre-flight** ({r['accuracy']['runtime']}, not a TensorRT number), "
-                  f"INT8 variant vs FP32 reference on {r['holdout_samples']} held-out samples:", ""]
-        lines += Accuracy.from_json(r["accuracy"]).table()
-    for w in r["warnings"]:
-        lines.append(f"\n- warning: {w}")
-    return "\n".join(lines) + "\n"

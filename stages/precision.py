@@ -7,11 +7,9 @@ cannot carry, the ones the YAML blocks, and, with `fallback.max_rel_error`, thos
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +18,6 @@ from onnx import numpy_helper
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
-from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
 from trtflow.stages.onnx.graph import constant_tensors, name_nodes, require_op_types
@@ -29,9 +26,11 @@ from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
+from trtflow.stages.reports.precision import PrecisionReport
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "3"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges. 3: emulation rounds values entering FP16 nodes
+VERSION = "3"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
+# 3: emulation rounds values entering FP16 nodes
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 MIN_COSINE = 0.999  # below this on any output, the FP16 pre-flight warns
 
@@ -66,17 +65,16 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     shutil.rmtree(work)
 
     total = len(model.graph.node)
-    report = {"to": "fp16", "nodes": total, "fp16_nodes": len(assignment.half), "kept_fp32": assignment.fp32,
-              "island": island, "data": data.label,
-              "calibration_samples": len(calib), "holdout_samples": len(hold),
-              "fallback": params.fallback.model_dump(), "accuracy": acc.to_json(),
-              "warnings": acc.warnings(MIN_COSINE, "the FP16 variant")}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    report = PrecisionReport(to="fp16", nodes=total, fp16_nodes=len(assignment.half), kept_fp32=assignment.fp32,
+                             island=island, data=data.label, calibration_samples=len(calib),
+                             holdout_samples=len(hold), fallback=params.fallback.model_dump(),
+                             accuracy=acc.to_json(), warnings=acc.warnings(MIN_COSINE, "the FP16 variant"))
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),
                "nan_inf": int(acc.total("nan") + acc.total("inf"))}
-    return StageResult(outputs={"model": out, "report": out_dir / "report.json"}, summary=summary(report),
-                       metrics=metrics, warnings=report["warnings"])
+    return StageResult(outputs={"model": out, "report": out_dir / "report.json"}, summary=report.summary(),
+                       metrics=metrics, warnings=report.warnings)
 
 
 def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: PrecisionStage, work: Path,
@@ -147,19 +145,3 @@ def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, dat
             worst[name] = max(worst.get(name, 0.0), float(np.abs(a - b).max(initial=0.0)) / scale)
     producer = {o: n.name for n in model.graph.node for o in n.output}
     return sorted({producer[t] for t, e in worst.items() if e > limit and producer.get(t) not in blocked})
-
-
-def summary(r: dict[str, Any]) -> str:
-    kept = r["kept_fp32"]
-    lines = [f"### precision · FP16 · {len(kept)} of {r['nodes']} nodes kept in FP32", "",
-             f"sample data: {r['data']} · {r['calibration_samples']} for the fallback analysis, "
-             f"{r['holdout_samples']} held out for the accuracy check", "",
-             f"**CPU accuracy pre-flight** ({r['accuracy']['runtime']}, not a TensorRT number), "
-             f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(r["accuracy"]).table()
-    lines += [f"\n**warning**: {w}" for w in r.get("warnings", [])]
-    if kept:
-        lines += ["", "| node kept in FP32 | why |", "|---|---|"]
-        lines += [f"| `{n}` | {why} |" for n, why in list(kept.items())[:40]]
-        if len(kept) > 40:
-            lines.append(f"| ... | and {len(kept) - 40} more (report.json) |")
-    return "\n".join(lines) + "\n"

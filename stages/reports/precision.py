@@ -1,0 +1,37 @@
+"""Stage `precision`'s report: which nodes stay in FP32 and why, and the FP16 variant's CPU accuracy pre-flight."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtflow.stages.compare.accuracy import Accuracy
+
+
+class PrecisionReport(BaseModel):
+    to: str
+    nodes: int
+    fp16_nodes: int
+    kept_fp32: dict[str, str]  # node -> why it stays FP32
+    island: Any  # the FP32 island ONNX Runtime's probe needed
+    data: str
+    calibration_samples: int
+    holdout_samples: int
+    fallback: dict[str, Any]
+    accuracy: dict[str, Any]  # Accuracy.to_json()
+    warnings: list[str]
+
+    def summary(self) -> str:
+        kept = self.kept_fp32
+        lines = [f"### precision · FP16 · {len(kept)} of {self.nodes} nodes kept in FP32", "",
+                 f"sample data: {self.data} · {self.calibration_samples} for the fallback analysis, "
+                 f"{self.holdout_samples} held out for the accuracy check", "",
+                 f"**CPU accuracy pre-flight** ({self.accuracy['runtime']}, not a TensorRT number), "
+                 f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(self.accuracy).table()
+        lines += [f"\n**warning**: {w}" for w in self.warnings]
+        if kept:
+            lines += ["", "| node kept in FP32 | why |", "|---|---|"]
+            lines += [f"| `{n}` | {why} |" for n, why in list(kept.items())[:40]]
+            if len(kept) > 40:
+                lines.append(f"| ... | and {len(kept) - 40} more (report.json) |")
+        return "\n".join(lines) + "\n"
