@@ -19,6 +19,7 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.compare import perf_gate
 from trtflow.stages.ort import harness
+from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
 from trtflow.stages.trt.engines import Candidate, Profile, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry
@@ -58,25 +59,25 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
         warnings.append(f"the GPU was throttled during the run ({', '.join(tele['throttled'])}): the numbers are "
                         f"not its best")
     for cell in results:
-        warnings += [f"{cell['cell']}: {w}" for w in cell["result"]["warnings"]]
+        warnings += [f"{cell.cell}: {w}" for w in cell.result["warnings"]]
     gate = _gate(params, inputs, candidates, results)
-    report = {"tool": "trtexec" if trtexec else "built-in harness", "trtexec": str(trtexec) if trtexec else None,
-              "trtexec_looked": looked, "tensorrt_version": version, "cells": results, "telemetry": tele,
-              "gate": gate, "warnings": warnings}
-    plots = _plot(results, out_dir)
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    result = StageResult(outputs={"report": out_dir / "report.json"}, summary=summary(report, plots),
-                         warnings=warnings + gate["skipped_lines"],
+    report = BenchmarkReport(tool="trtexec" if trtexec else "built-in harness",
+                             trtexec=str(trtexec) if trtexec else None, trtexec_looked=looked,
+                             tensorrt_version=version, cells=results, telemetry=tele, gate=gate, warnings=warnings,
+                             plots=_plot(results, out_dir))
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    result = StageResult(outputs={"report": out_dir / "report.json"}, summary=report.summary(),
+                         warnings=warnings + gate.skipped_lines,
                          metrics={"cells": len(results), "best_throughput_qps": max(
-                             (c["result"]["throughput_qps"] or 0 for c in results), default=None)})
-    failures = [c for c in results if not c["result"]["has_summary"]]
+                             (c.result["throughput_qps"] or 0 for c in results), default=None)})
+    failures = [c for c in results if not c.ok]
     if failures:
         first = failures[0]
-        raise StageFailed(f"benchmark: {len(failures)} of {len(results)} measurement(s) failed; {first['cell']}: "
-                          f"{first['result'].get('note')}", result)
-    if gate["violations"]:
-        raise StageFailed(f"benchmark: {len(gate['violations'])} regression(s) against {gate['baseline']}: "
-                          f"{gate['violations'][0]}", result)
+        raise StageFailed(f"benchmark: {len(failures)} of {len(results)} measurement(s) failed; {first.cell}: "
+                          f"{first.result.get('note')}", result)
+    if gate.violations:
+        raise StageFailed(f"benchmark: {len(gate.violations)} regression(s) against {gate.baseline}: "
+                          f"{gate.violations[0]}", result)
     _accept(inputs, candidates, results, gate)
     return result
 
@@ -90,7 +91,7 @@ def _shapes(cand: Candidate, profile: Profile | None, point: str) -> dict[str, l
 
 
 def _measure(params: BenchmarkStage, cand: Candidate, profile: Profile | None, point: str, trtexec: Path | None,
-             version: str | None, out_dir: Path) -> dict[str, Any]:
+             version: str | None, out_dir: Path) -> Measurement:
     name = f"{cand.name}.{point}" + (f"@{profile.name}" if profile and profile.name not in cand.name else "")
     shapes = _shapes(cand, profile, point)
     slowest: list[dict[str, Any]] = []
@@ -111,10 +112,9 @@ def _measure(params: BenchmarkStage, cand: Candidate, profile: Profile | None, p
         env["host"] = _cpu_name()
     samples = result.samples_ms
     result.samples_ms = None
-    return {"cell": name, "candidate": cand.name, "variant": cand.variant, "precision": cand.precision,
-            "profile": profile.name if profile else None, "point": point, "shapes": shapes,
-            "environment": env, "result": result.to_json(), "slowest_layers": slowest[:10],
-            "samples_ms": samples}
+    return Measurement(cell=name, candidate=cand.name, variant=cand.variant, precision=cand.precision,
+                       profile=profile.name if profile else None, point=point, shapes=shapes, environment=env,
+                       result=result.to_json(), slowest_layers=slowest[:10], samples_ms=samples)
 
 
 def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
@@ -197,47 +197,44 @@ def _baseline_file(inputs: Inputs, cand: Candidate) -> Path | None:
     return None if shared is None else shared.path / "benchmark" / f"{_artifact_id(cand)}.json"
 
 
-def _gate(params: BenchmarkStage, inputs: Inputs, candidates: list[Candidate], cells: list[dict[str, Any]]
-          ) -> dict[str, Any]:
-    out: dict[str, Any] = {"baseline": None, "violations": [], "skipped": [], "skipped_lines": []}
+def _gate(params: BenchmarkStage, inputs: Inputs, candidates: list[Candidate], cells: list[Measurement]) -> Gate:
+    out = Gate()
     if params.gate is None:
         return out
     bounds = {k: getattr(params.gate, k) for k in perf_gate.METRICS}
     baseline: dict[str, dict[str, Any]] = {}
     if params.gate.baseline == "previous":
-        out["baseline"] = "the last accepted run of the same engines"
+        out.baseline = "the last accepted run of the same engines"
         for cand in candidates:
             path = _baseline_file(inputs, cand)
             if path is not None and path.is_file():
                 try:
                     baseline.update(json.loads(path.read_text()))
                 except ValueError:
-                    out["skipped"].append(f"{path}: unreadable baseline, ignored")
+                    out.skipped.append(f"{path}: unreadable baseline, ignored")
     else:
         path = inputs.many("baseline")[0].path
-        out["baseline"] = str(path)
+        out.baseline = str(path)
         try:
             data = json.loads(Path(path).read_text())
             baseline = {c["cell"]: c for c in data["cells"]}
         except (OSError, ValueError, KeyError, TypeError):
             raise StageError(f"benchmark: gate.baseline {path} is not a benchmark report.json (written by this "
                              f"stage): give one, or baseline: previous") from None
-    violations, skipped = perf_gate.check(cells, baseline, bounds)
-    out["violations"], out["skipped"] = violations, out["skipped"] + skipped
-    if out["skipped"]:
-        out["skipped_lines"] = [f"gate skipped {s}" for s in out["skipped"][:5]]
+    violations, skipped = perf_gate.check([c.model_dump() for c in cells], baseline, bounds)
+    out.violations, out.skipped = violations, out.skipped + skipped
+    out.skipped_lines = [f"gate skipped {s}" for s in out.skipped[:5]]
     return out
 
 
-def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[dict[str, Any]],
-            gate: dict[str, Any]) -> None:
+def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[Measurement], gate: Gate) -> None:
     """A run that passed becomes the baseline of its engines' next runs (gate baseline: previous)."""
     for cand in candidates:
         path = _baseline_file(inputs, cand)
         if path is None:
             continue
-        mine = {c["cell"]: {k: c[k] for k in ("cell", "environment", "result")} for c in cells
-                if c["candidate"] == cand.name}
+        mine = {c.cell: c.model_dump(include={"cell", "environment", "result"}) for c in cells
+                if c.candidate == cand.name}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(mine, indent=2))
@@ -246,13 +243,12 @@ def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[dict[str, A
 
 # ---------------------------------------------------------------------------------------------- report
 
-def _plot(cells: list[dict[str, Any]], out_dir: Path) -> list[str]:
+def _plot(cells: list[Measurement], out_dir: Path) -> list[str]:
     """The latency distribution of every cell that has per-iteration samples (kept out of report.json)."""
-    samples = {c["cell"]: c.pop("samples_ms") for c in cells if c.get("samples_ms")}
+    samples = {c.cell: c.samples_ms for c in cells if c.samples_ms}
     for c in cells:
-        c.pop("samples_ms", None)
-        if c["cell"] in samples:
-            c["iterations"] = len(samples[c["cell"]])
+        if c.cell in samples:
+            c.iterations = len(samples[c.cell])
     if not samples:
         return []
     from trtflow.stages.compare.plots import latency_histograms
@@ -260,37 +256,3 @@ def _plot(cells: list[dict[str, Any]], out_dir: Path) -> list[str]:
     (out_dir / "plots").mkdir(exist_ok=True)
     path = latency_histograms(samples, out_dir / "plots" / "latency.png", "latency per iteration")
     return [path.relative_to(out_dir).as_posix()]
-
-
-def summary(r: dict[str, Any], plots: list[str]) -> str:
-    lines = [f"# benchmark: {len(r['cells'])} measurement(s) by {r['tool']}", ""]
-    if r["tool"] != "trtexec":
-        lines += [f"trtexec was not found (looked in: {', '.join(r['trtexec_looked']) or 'nowhere: tool: builtin'}"
-                  f"); numbers below name the runtime that produced them.", ""]
-    lines += ["| cell | runtime | throughput (qps) | mean (ms) | p99 (ms) | status |", "|---|---|---|---|---|---|"]
-    for c in r["cells"]:
-        res = c["result"]
-        lat = res.get("latency_ms") or res.get("gpu_compute_ms") or {}
-        fmt = (lambda v: f"{v:.4g}" if isinstance(v, (int, float)) else "-")
-        lines.append(f"| {c['cell']} | {res.get('runtime') or '-'} | {fmt(res.get('throughput_qps'))} | "
-                     f"{fmt(lat.get('mean'))} | {fmt(lat.get('p99'))} | "
-                     f"{'ok' if res['has_summary'] else 'failed: ' + str(res.get('note'))} |")
-    g = r["gate"]
-    if g["baseline"]:
-        lines += ["", f"**gate** against {g['baseline']}: "
-                  + ("passed" if not g["violations"] else f"{len(g['violations'])} regression(s)")]
-        lines += [f"- regression: {v}" for v in g["violations"]] + [f"- skipped: {s}" for s in g["skipped"]]
-    tele = r["telemetry"]
-    lines += ["", "**GPU telemetry**: " + (tele["why"] if not tele.get("available") else
-                                           f"{tele.get('samples', 0)} samples, throttled: "
-                                           f"{', '.join(tele.get('throttled') or []) or 'no'}")]
-    slow = [c for c in r["cells"] if c.get("slowest_layers")]
-    for c in slow[:1]:
-        lines += ["", f"**slowest layers** of {c['cell']}:", "", "| layer | average (ms) | share |", "|---|---|---|"]
-        lines += [f"| {layer['name']} | {layer['average_ms']} | {layer['percent']}% |"
-                  for layer in c["slowest_layers"]]
-    lines += [f"\n![latency]({p})" for p in plots]
-    if r["warnings"]:
-        lines += ["", "Warnings:"] + [f"- {w}" for w in r["warnings"]]
-    return "\n".join(lines) + "\n"
-

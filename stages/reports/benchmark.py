@@ -1,0 +1,80 @@
+"""Stage `benchmark`'s report: per cell (engine or variant x profile x shape point) the numbers and the runtime
+that produced them, the regression gate's verdict, GPU telemetry."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Measurement(BaseModel):
+    cell: str
+    candidate: str
+    variant: str
+    precision: str
+    profile: str | None
+    point: str  # "min", "opt" or "max"
+    shapes: dict[str, list[int]]
+    environment: dict[str, str | None]  # what a baseline must share to be compared: runtime, TensorRT, GPU (, host)
+    result: dict[str, Any]  # trtexec.result.PerfResult.to_json()
+    slowest_layers: list[dict[str, Any]] = []
+    iterations: int | None = None
+    samples_ms: list[float] | None = Field(None, exclude=True)  # per iteration: the plot's, not the report's
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.result["has_summary"])
+
+
+class Gate(BaseModel):
+    baseline: str | None = None  # what the cells were compared with (None: no gate)
+    violations: list[str] = []
+    skipped: list[str] = []
+    skipped_lines: list[str] = []
+
+
+class BenchmarkReport(BaseModel):
+    tool: str
+    trtexec: str | None
+    trtexec_looked: list[str]
+    tensorrt_version: str | None
+    cells: list[Measurement]
+    telemetry: dict[str, Any]
+    gate: Gate
+    warnings: list[str]
+    plots: list[str] = Field([], exclude=True)
+
+    def summary(self) -> str:
+        lines = [f"# benchmark: {len(self.cells)} measurement(s) by {self.tool}", ""]
+        if self.tool != "trtexec":
+            lines += [f"trtexec was not found (looked in: {', '.join(self.trtexec_looked) or 'nowhere: tool: builtin'}"
+                      f"); numbers below name the runtime that produced them.", ""]
+        lines += ["| cell | runtime | throughput (qps) | mean (ms) | p99 (ms) | status |", "|---|---|---|---|---|---|"]
+        for c in self.cells:
+            res = c.result
+            lat = res.get("latency_ms") or res.get("gpu_compute_ms") or {}
+            lines.append(f"| {c.cell} | {res.get('runtime') or '-'} | {_num(res.get('throughput_qps'))} | "
+                         f"{_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
+                         f"{'ok' if c.ok else 'failed: ' + str(res.get('note'))} |")
+        g = self.gate
+        if g.baseline:
+            lines += ["", f"**gate** against {g.baseline}: "
+                      + ("passed" if not g.violations else f"{len(g.violations)} regression(s)")]
+            lines += [f"- regression: {v}" for v in g.violations] + [f"- skipped: {s}" for s in g.skipped]
+        tele = self.telemetry
+        lines += ["", "**GPU telemetry**: " + (tele["why"] if not tele.get("available") else
+                                               f"{tele.get('samples', 0)} samples, throttled: "
+                                               f"{', '.join(tele.get('throttled') or []) or 'no'}")]
+        for c in [c for c in self.cells if c.slowest_layers][:1]:
+            lines += ["", f"**slowest layers** of {c.cell}:", "", "| layer | average (ms) | share |",
+                      "|---|---|---|"]
+            lines += [f"| {layer['name']} | {layer['average_ms']} | {layer['percent']}% |"
+                      for layer in c.slowest_layers]
+        lines += [f"\n![latency]({p})" for p in self.plots]
+        if self.warnings:
+            lines += ["", "Warnings:"] + [f"- {w}" for w in self.warnings]
+        return "\n".join(lines) + "\n"
+
+
+def _num(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, (int, float)) else "-"
