@@ -21,6 +21,7 @@ from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
+from trtflow.stages.reports.prepare import PrepareReport, Source
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 from trtflow.stages.trt.preflight import run_preflight
 from trtflow.text import first_line
@@ -70,14 +71,12 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
     lap("preflight")
     shutil.rmtree(work)
 
-    report = {
-        "source": {"path": str(src), "digest": inputs.one("model").digest, "external_data": external},
-        "before": before, "after": after, "full_check": full_check, "sanitized_dims": sanitized,
-        "conversion": conversion, "simplification": simplification, "dynamic_dims": dynamic,
-        "constants_to_initializers": constants_moved,
-        "preflight": preflight, "timings": lap.timings, "warnings": warnings,
-    }
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    report = PrepareReport(
+        source=Source(path=str(src), digest=inputs.one("model").digest, external_data=external),
+        before=before, after=after, full_check=full_check, sanitized_dims=sanitized, conversion=conversion,
+        simplification=simplification, dynamic_dims=dynamic, constants_to_initializers=constants_moved,
+        preflight=preflight, timings=lap.timings, warnings=warnings)
+    (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=str) + "\n")
     metrics = {"nodes_before": before["nodes"], "nodes_after": after["nodes"],
                "opset": onnx_graph.default_opset(model), "dynamic_dims": len(dynamic),
                "simplified": simplification["applied"],
@@ -85,7 +84,7 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
                "seconds": lap.timings}
     _verdict(preflight, params.fail_on_unsupported, src.name, warnings)
     outputs = {"model": final, "report": out_dir / "report.json"}
-    return StageResult(outputs=outputs, summary=_summary(src, report), metrics=metrics, warnings=warnings)
+    return StageResult(outputs=outputs, summary=report.summary(src.name), metrics=metrics, warnings=warnings)
 
 
 class _Stopwatch:
@@ -267,62 +266,3 @@ def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> di
     if not report.get("ran") and mode == "required":
         raise StageError(f"TensorRT pre-flight could not run: {report.get('reason')}")
     return report
-
-
-def _summary(src: Path, r: dict[str, Any]) -> str:
-    b, a = r["before"], r["after"]
-    lines = [f"### prepare · `{src.name}`", "",
-             "| | before | after |", "|---|---|---|",
-             f"| default opset | {b['opsets'].get('ai.onnx')} | {a['opsets'].get('ai.onnx')} |",
-             f"| nodes | {b['nodes']} | {a['nodes']} |",
-             f"| initializers | {b['initializers']} ({b['initializer_bytes'] / 1e6:.1f} MB) | "
-             f"{a['initializers']} ({a['initializer_bytes'] / 1e6:.1f} MB) |",
-             f"| inputs | {_io(b['inputs'])} | {_io(a['inputs'])} |",
-             f"| outputs | {_io(b['outputs'])} | {_io(a['outputs'])} |", ""]
-    conv = r["conversion"]
-    if conv:
-        lines.append(f"- **opset conversion** {conv['from']} → {conv['to']}: {_check_text(conv['check'])}")
-    s = r["simplification"]
-    if s["requested"]:
-        lines.append("- **simplification**: " + (f"applied ({s.get('tool')}), {_check_text(s['check'])}"
-                                                  if s["applied"] else f"not applied: {s['reason']}"))
-    if r["constants_to_initializers"]:
-        lines.append(f"- **{r['constants_to_initializers']} Constant nodes** turned into initializers")
-    if r["sanitized_dims"]:
-        lines.append("- **sanitized dims**: " + ", ".join(f"`{d['tensor']}[{d['axis']}]` {d['was']!r}→`{d['now']}`"
-                                                       for d in r["sanitized_dims"]))
-    dyn = r["dynamic_dims"]
-    lines.append("- **dynamic input dims**: " + (", ".join(f"`{d['input']}[{d['axis']}]` ({d['name']})" for d in dyn)
-                                                 + " — each needs a min/opt/max in the build's profiles"
-                                                 if dyn else "none (static shapes)"))
-    p = r["preflight"]
-    if p.get("ran"):
-        verdict = (f"parsed, {p.get('layers', '?')} layers" if p.get("parsed")
-                   else f"**{len(p['failures'])} node(s) rejected**")
-        trial = p.get("trial_build")
-        if trial:
-            verdict += (f"; trial build at {trial['shapes']}: " + (f"ok, {trial['engine_bytes'] / 1e6:.1f} MB engine in "
-                        f"{trial['seconds']:.1f} s" if trial["ok"] else f"**failed**: {trial['error']} ({trial['hint']})"))
-        lines.append(f"- **TensorRT pre-flight** ({p['runtime']}): {verdict}")
-        if p["failures"]:
-            lines += ["", "| node | op | parser says | what to do |", "|---|---|---|---|"]
-            lines += [f"| `{f['node']}` | {f['op_type']} | {f['reason']} | {f['hint']} |" for f in p["failures"]]
-    else:
-        lines.append(f"- **TensorRT pre-flight did not run**: {p['reason']}")
-    if r["warnings"]:
-        lines += ["", "**Warnings**", ""] + [f"- {w}" for w in r["warnings"]]
-    lines += ["", "Top ops after: " + ", ".join(f"{op} ×{n}" for op, n in sorted(
-        ((op, n) for ops in a["ops"].values() for op, n in ops.items()), key=lambda x: -x[1])[:8])]
-    return "\n".join(lines) + "\n"
-
-
-def _io(items: list[dict[str, Any]]) -> str:
-    return "<br>".join(f"`{i['name']}` {i['dtype']} {i['shape']}" for i in items)
-
-
-def _check_text(check: dict[str, Any]) -> str:
-    if check.get("ok") is None:
-        return f"not verified ({check.get('skipped')})"
-    worst = max((o.get("max_abs", 0.0) for o in check["outputs"].values()), default=0.0)
-    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} {check.get('data', 'random')} input(s) "
-            f"(max abs diff {worst:.3g}, rtol {check['rtol']:g}, atol {check['atol']:g}, {check['runtime']})")
