@@ -7,7 +7,6 @@ that fix on every image (and on the model's predictions) and prints the correcte
 """
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
+from trtflow.stages.reports.parity import ParityReport
 
 VERSION = "2"  # 2: combined diagnosis, per-image predictions, the fix checked on every image
 DIAGNOSIS_SAMPLES = 4
@@ -64,18 +64,15 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                 title=f"{rows[worst]['image']}: deploy | training | |difference|")
 
     preprocess.save(steps, out_dir / "preprocess.json")
-    report = {
-        "verdict": "pass" if pixel_ok and model_ok else "fail",
-        "preprocess_digest": pre.digest, "steps": steps,
-        "runtimes": {"deploy": f"opencv {cv2.__version__}", "training": train_label},
-        "tolerances": tol, "images": rows, "model": model_check, "diagnosis": diagnosis,
-        "worst_image": rows[worst]["image"],
-    }
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=_json) + "\n")
+    report = ParityReport(verdict="pass" if pixel_ok and model_ok else "fail", preprocess_digest=pre.digest,
+                          steps=steps, runtimes={"deploy": f"opencv {cv2.__version__}", "training": train_label},
+                          tolerances=tol, images=rows, model=model_check, diagnosis=diagnosis,
+                          worst_image=rows[worst]["image"])
+    (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=_json) + "\n")
     outputs = {"preprocess": out_dir / "preprocess.json", "report": out_dir / "report.json"}
     if picture:
         outputs["picture"] = picture
-    summary = _summary(report, picture)
+    summary = report.summary(picture)
     finite = [r["mean_abs"] for r in rows if r["shape_ok"]]
     metrics = {"images": len(rows), "failing_images": passed.count(False),
                "worst_mean_abs": max(finite) if finite else None,
@@ -84,7 +81,7 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
     if pixel_ok and model_ok:
         return result
-    message = _failure_line(report)
+    message = report.failure_line()
     if params.on_mismatch == "warn":
         result.warnings.append(message)
         return result
@@ -160,104 +157,6 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any,
         result.update(top1=metrics["top1"], top5=metrics["top5"], predictions=predictions)
         result["ok"] = tol["top1"] is None or result["top1"] >= tol["top1"]
     return result
-
-
-def _failure_line(r: dict[str, Any]) -> str:
-    rows = r["images"]
-    bad = [x for x in rows if not dx.passes(x, r["tolerances"])]
-    worst = max(rows, key=lambda x: x["mean_abs"])
-    what = (f"shape {worst['deploy_shape']} vs training {worst['training_shape']}" if not worst["shape_ok"]
-            else f"worst mean |diff| {worst['mean_abs']:.3g}, max {worst['max_abs']:.3g}")
-    line = f"parity: deploy preprocessing differs from training on {len(bad)}/{len(rows)} image(s) ({what})"
-    if r["model"] and r["model"].get("top1") is not None:
-        line += f"; model top-1 agreement {r['model']['top1']:.0%}"
-    d = r["diagnosis"]
-    if d and d.get("fix"):
-        line += f"; likely cause{'s' if len(d['chain']) > 1 else ''}: {d['cause']} — fix: {d['fix']}"
-    elif d is not None:
-        line += f"; no usual cause, alone or up to {d['search']['max_rounds']} combined, explains it"
-    return line
-
-
-def _summary(r: dict[str, Any], picture: Path | None) -> str:
-    ok = r["verdict"] == "pass"
-    lines = [f"### parity · {'✅ pass' if ok else '❌ fail'}", "",
-             f"deploy: {r['runtimes']['deploy']} · training: {r['runtimes']['training']} · "
-             f"preprocess digest `{r['preprocess_digest'][:12]}`", "",
-             "| image | max abs | mean abs | PSNR dB | within tolerance |", "|---|---|---|---|---|"]
-    tol = r["tolerances"]
-    for x in r["images"]:
-        if x["shape_ok"]:
-            lines.append(f"| {x['image']} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
-                         f"{'yes' if dx.passes(x, tol) else '**no**'} |")
-        else:
-            lines.append(f"| {x['image']} | shape {x['deploy_shape']} vs {x['training_shape']} | | | **no** |")
-    lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
-                 + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
-    m = r["model"]
-    d = r["diagnosis"]
-    if m and m.get("ran"):
-        line = f"\n**model outputs** ({m['runtime']}): max |diff| {m['max_abs_diff']:.4g}"
-        if "top1" in m:
-            line += f", top-1 agreement {m['top1']:.0%}, top-5 {m['top5']:.0%}"
-        lines.append(line)
-        fixed = ((d or {}).get("after_fix") or {}).get("model") or {}
-        lines += _predictions(m.get("predictions") or [], fixed.get("predictions"))
-    if d:
-        lines += _diagnosis(d)
-    if picture:
-        lines += ["", f"Worst image `{r['worst_image']}` (deploy, training, difference): `{picture.name}`"]
-        data = picture.read_bytes()
-        if len(data) < 200_000:  # inline, so the Prefect artifact shows it
-            lines += ["", f"![worst](data:image/png;base64,{base64.b64encode(data).decode()})"]
-    return "\n".join(lines) + "\n"
-
-
-def _predictions(declared: list[dict[str, Any]], fixed: list[dict[str, Any]] | None) -> list[str]:
-    """Per image, the model's top-1 class (and score) on the training tensor, on the declared deploy tensor and,
-    when a fix was found, on the fixed one: a trained model shows the mistake where random weights cannot."""
-    if not declared:
-        return []
-    head = "| image | training: class (score) | deploy as declared | after the fix |" if fixed else \
-        "| image | training: class (score) | deploy |"
-    lines = ["", head, "|" + "---|" * (head.count("|") - 1)]
-    after = {p["image"]: p for p in fixed or []}
-    for p in declared[:16]:
-        row = (f"| {p['image']} | {p['training']} ({p['training_score']:.3g}) | {p['deploy']} "
-               f"({p['deploy_score']:.3g}){'' if p['deploy'] == p['training'] else ' **differs**'} |")
-        if fixed and p["image"] in after:
-            q = after[p["image"]]
-            row += f" {q['deploy']} ({q['deploy_score']:.3g}) |"
-        lines.append(row)
-    if len(declared) > 16:
-        lines.append(f"\n({len(declared) - 16} more in report.json)")
-    return lines
-
-
-def _diagnosis(d: dict[str, Any]) -> list[str]:
-    s = d["search"]
-    cost = (f"searched {s['evaluations']} set(s) of steps on the {s['images']} worst image(s) in {s['seconds']:.2g} s "
-            f"({s['rounds']} of at most {s['max_rounds']} round(s), {s['beam']} kept per round)")
-    if not d.get("fix"):
-        lines = ["", f"**Diagnosis**: no usual cause, alone or up to {s['max_rounds']} combined, brings them into "
-                     f"agreement; {cost}. Closest single changes:",
-                 "", "| change tried | worst mean abs | agrees |", "|---|---|---|"]
-        for t in d["tried"][:6]:
-            lines.append(f"| {t['fix']} | {t.get('mean_abs', float('nan')):.4g} | {'yes' if t['ok'] else 'no'} |")
-        return lines
-    lines = ["", f"**Diagnosis**: {d['cause']}. Fix: " + " and ".join(f"`{c['fix']}`" for c in d["chain"]), "",
-             "| step | change | worst mean abs | max abs |", "|---|---|---|---|",
-             f"| as declared | | {d['declared']['mean_abs']:.4g} | {d['declared']['max_abs']:.4g} |"]
-    for i, c in enumerate(d["chain"], 1):
-        lines.append(f"| {i}. {c['cause']} | `{c['fix']}` | {c['mean_abs']:.4g} | {c['max_abs']:.4g} |")
-    a = d.get("after_fix")
-    if a:
-        check = f"The fix on all {a['images']} image(s): {a['passing']} within tolerance"
-        if (a.get("model") or {}).get("top1") is not None:
-            check += f"; model top-1 agreement {a['model']['top1']:.0%}"
-        lines += ["", check + "."]
-    lines += ["", "```yaml", d["yaml"].rstrip(), "```", "", cost + "."]
-    return lines
 
 
 def _json(o: Any) -> Any:

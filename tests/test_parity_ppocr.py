@@ -16,6 +16,7 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages import parity
 from trtflow.stages.image import paddleocr
+from trtflow.stages.reports.parity import ParityReport
 
 SPEC = yaml.safe_load((EXAMPLES / "ppocr-cls" / "pipeline.yaml").read_text())["stages"]["parity"]
 LINES = sorted((EXAMPLES / "ppocr-cls" / "data").glob("*.png"))
@@ -66,7 +67,7 @@ def test_planted_pair_changes_predictions_and_the_fix_restores_them(tmp_path):
     assert after["passing"] == len(LINES) and after["model"]["top1"] == 1.0
     assert {p["image"]: p["deploy"] for p in after["model"]["predictions"]} == TURNED
     # the summary shows it, image by image
-    text = parity._summary(report, None)
+    text = ParityReport.model_validate(report).summary(None)
     assert "| image | training: class (score) | deploy as declared | after the fix |" in text
     assert "**differs**" in text and "model top-1 agreement 100%" in text
     fixed = yaml.safe_load(d["yaml"])["deploy"]

@@ -1,0 +1,121 @@
+"""Stage `parity`'s report: per image how far the deploy preprocessing is from the training transforms, the
+model's outputs on both, the diagnosis (the usual causes tried, the fix found) and the verdict."""
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtflow.stages.image import diagnosis as dx
+
+
+class ParityReport(BaseModel):
+    verdict: str  # "pass" or "fail"
+    preprocess_digest: str
+    steps: list[dict[str, Any]]  # the canonical deploy steps
+    runtimes: dict[str, str]  # deploy, training
+    tolerances: dict[str, Any]
+    images: list[dict[str, Any]]  # diagnosis.pixel_metrics per image, with its name and channel statistics
+    model: dict[str, Any] | None  # the model's outputs on deploy vs training tensors
+    diagnosis: dict[str, Any] | None
+    worst_image: str
+
+    def failure_line(self) -> str:
+        r = self.model_dump()
+        rows = r["images"]
+        bad = [x for x in rows if not dx.passes(x, r["tolerances"])]
+        worst = max(rows, key=lambda x: x["mean_abs"])
+        what = (f"shape {worst['deploy_shape']} vs training {worst['training_shape']}" if not worst["shape_ok"]
+                else f"worst mean |diff| {worst['mean_abs']:.3g}, max {worst['max_abs']:.3g}")
+        line = f"parity: deploy preprocessing differs from training on {len(bad)}/{len(rows)} image(s) ({what})"
+        if r["model"] and r["model"].get("top1") is not None:
+            line += f"; model top-1 agreement {r['model']['top1']:.0%}"
+        d = r["diagnosis"]
+        if d and d.get("fix"):
+            line += f"; likely cause{'s' if len(d['chain']) > 1 else ''}: {d['cause']} — fix: {d['fix']}"
+        elif d is not None:
+            line += f"; no usual cause, alone or up to {d['search']['max_rounds']} combined, explains it"
+        return line
+
+    def summary(self, picture: Path | None) -> str:
+        r = self.model_dump()
+        ok = r["verdict"] == "pass"
+        lines = [f"### parity · {'✅ pass' if ok else '❌ fail'}", "",
+                 f"deploy: {r['runtimes']['deploy']} · training: {r['runtimes']['training']} · "
+                 f"preprocess digest `{r['preprocess_digest'][:12]}`", "",
+                 "| image | max abs | mean abs | PSNR dB | within tolerance |", "|---|---|---|---|---|"]
+        tol = r["tolerances"]
+        for x in r["images"]:
+            if x["shape_ok"]:
+                lines.append(f"| {x['image']} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
+                             f"{'yes' if dx.passes(x, tol) else '**no**'} |")
+            else:
+                lines.append(f"| {x['image']} | shape {x['deploy_shape']} vs {x['training_shape']} | | | **no** |")
+        lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
+                     + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
+        m = r["model"]
+        d = r["diagnosis"]
+        if m and m.get("ran"):
+            line = f"\n**model outputs** ({m['runtime']}): max |diff| {m['max_abs_diff']:.4g}"
+            if "top1" in m:
+                line += f", top-1 agreement {m['top1']:.0%}, top-5 {m['top5']:.0%}"
+            lines.append(line)
+            fixed = ((d or {}).get("after_fix") or {}).get("model") or {}
+            lines += _predictions(m.get("predictions") or [], fixed.get("predictions"))
+        if d:
+            lines += _diagnosis(d)
+        if picture:
+            lines += ["", f"Worst image `{r['worst_image']}` (deploy, training, difference): `{picture.name}`"]
+            data = picture.read_bytes()
+            if len(data) < 200_000:  # inline, so the Prefect artifact shows it
+                lines += ["", f"![worst](data:image/png;base64,{base64.b64encode(data).decode()})"]
+        return "\n".join(lines) + "\n"
+
+
+def _predictions(declared: list[dict[str, Any]], fixed: list[dict[str, Any]] | None) -> list[str]:
+    """Per image, the model's top-1 class (and score) on the training tensor, on the declared deploy tensor and,
+    when a fix was found, on the fixed one: a trained model shows the mistake where random weights cannot."""
+    if not declared:
+        return []
+    head = "| image | training: class (score) | deploy as declared | after the fix |" if fixed else \
+        "| image | training: class (score) | deploy |"
+    lines = ["", head, "|" + "---|" * (head.count("|") - 1)]
+    after = {p["image"]: p for p in fixed or []}
+    for p in declared[:16]:
+        row = (f"| {p['image']} | {p['training']} ({p['training_score']:.3g}) | {p['deploy']} "
+               f"({p['deploy_score']:.3g}){'' if p['deploy'] == p['training'] else ' **differs**'} |")
+        if fixed and p["image"] in after:
+            q = after[p["image"]]
+            row += f" {q['deploy']} ({q['deploy_score']:.3g}) |"
+        lines.append(row)
+    if len(declared) > 16:
+        lines.append(f"\n({len(declared) - 16} more in report.json)")
+    return lines
+
+
+def _diagnosis(d: dict[str, Any]) -> list[str]:
+    s = d["search"]
+    cost = (f"searched {s['evaluations']} set(s) of steps on the {s['images']} worst image(s) in {s['seconds']:.2g} s "
+            f"({s['rounds']} of at most {s['max_rounds']} round(s), {s['beam']} kept per round)")
+    if not d.get("fix"):
+        lines = ["", f"**Diagnosis**: no usual cause, alone or up to {s['max_rounds']} combined, brings them into "
+                     f"agreement; {cost}. Closest single changes:",
+                 "", "| change tried | worst mean abs | agrees |", "|---|---|---|"]
+        for t in d["tried"][:6]:
+            lines.append(f"| {t['fix']} | {t.get('mean_abs', float('nan')):.4g} | {'yes' if t['ok'] else 'no'} |")
+        return lines
+    lines = ["", f"**Diagnosis**: {d['cause']}. Fix: " + " and ".join(f"`{c['fix']}`" for c in d["chain"]), "",
+             "| step | change | worst mean abs | max abs |", "|---|---|---|---|",
+             f"| as declared | | {d['declared']['mean_abs']:.4g} | {d['declared']['max_abs']:.4g} |"]
+    for i, c in enumerate(d["chain"], 1):
+        lines.append(f"| {i}. {c['cause']} | `{c['fix']}` | {c['mean_abs']:.4g} | {c['max_abs']:.4g} |")
+    a = d.get("after_fix")
+    if a:
+        check = f"The fix on all {a['images']} image(s): {a['passing']} within tolerance"
+        if (a.get("model") or {}).get("top1") is not None:
+            check += f"; model top-1 agreement {a['model']['top1']:.0%}"
+        lines += ["", check + "."]
+    lines += ["", "```yaml", d["yaml"].rstrip(), "```", "", cost + "."]
+    return lines
