@@ -67,12 +67,12 @@ from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
 from trtflow.pipelines.loader import load_pipeline
 from trtflow.flows import implementation
-from trtflow.artifact import Artifact
+from trtflow.artifact import Artifact, Inputs
 r = Runner(load_pipeline({str(pipeline)!r}), store=LocalStore(pathlib.Path(tempfile.mkdtemp())))
 artifacts = {{}}
 for name in r.graph.order:
     node = r.graph.nodes[name]
-    inputs = {{}}
+    inputs = Inputs()
     for slot, edges in node.inputs.items():
         arts = [Artifact(r.pipeline.model_path if e.stage == 'source' else artifacts[e.stage][e.output], e.type,
                          'x', e.stage) for e in edges]
