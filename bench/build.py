@@ -68,8 +68,8 @@ def main() -> None:
                 times["cold cache"].append(timed_build(models, 1, Path(cache)))
                 times["warm cache"].append(timed_build(models, 1, Path(cache)))
     med = {k: statistics.median(v) for k, v in times.items()}
-    table = Table(title=f"build matrix: 3 variants x 2 profiles = 6 engines, {runtime['flavour']} "
-                        f"{runtime['version']}, median of {args.rounds}", title_justify="left")
+    table = Table(title=f"build matrix: 3 variants x 2 profiles = 6 engines, {runtime.flavour} "
+                        f"{runtime.version}, median of {args.rounds}", title_justify="left")
     for col in ("configuration", "wall s", "x baseline"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     table.add_row("serial (parallel: 1) — baseline", f"{med['serial']:.2f}", "1.00")
