@@ -108,7 +108,7 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
 
     first = trtflow("run", str(pipeline))
     assert first.returncode == 0, first.stderr
-    assert "ran" in first.stdout and "convs" in first.stdout
+    assert "(1 ran, 0 reused)" in first.stdout and "convs" in first.stdout, first.stdout
     reports = list((workdir / ".trtflow" / "convs").glob("*/report.json"))
     assert len(reports) == 1
     counts = json.loads(reports[0].read_text())
@@ -119,4 +119,4 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
     assert "reused" in second.stdout and "0 ran, 1 reused" in second.stdout
 
     changed = trtflow("plan", str(pipeline), "--set", "stages.convs.op_types=[Conv]")
-    assert changed.returncode == 0 and "run" in changed.stdout
+    assert changed.returncode == 0 and "1 to run, 0 reused" in changed.stdout, changed.stdout
