@@ -4,10 +4,8 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -23,23 +21,13 @@ from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.loader import parse_yaml
 
 StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) as stages start and finish
-_watchers: ContextVar[tuple[StageListener, ...]] = ContextVar("trtflow_stage_listeners", default=())
-
-
-@contextmanager
-def watching(listener: StageListener) -> Iterator[None]:
-    """`listener` hears every stage start, finish, failure and skip of the flows run in this context (the CLI's
-    lines); a context variable, so flows run side by side elsewhere are not heard."""
-    token = _watchers.set(_watchers.get() + (listener,))
-    try:
-        yield
-    finally:
-        _watchers.reset(token)
+# the CLI's lines listen here, for the flows run in its context only
+_watchers: progress.Listeners[StageListener] = progress.Listeners("trtflow_stage_listeners")
+watching = _watchers.listening
 
 
 def _notify(event: str, name: str, payload: Any = None) -> None:
-    for listener in _watchers.get():
-        listener(event, name, payload)
+    _watchers.notify(event, name, payload)
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:

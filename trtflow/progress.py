@@ -9,22 +9,33 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterator
+from typing import Callable, Generic, Iterator, TypeVar
 
-Listener = Callable[[str, int, int], None]
-_listeners: ContextVar[tuple[Listener, ...]] = ContextVar("trtflow_progress_listeners", default=())
-
-
-def report(what: str, done: int, total: int) -> None:
-    for listener in _listeners.get():
-        listener(what, done, total)
+L = TypeVar("L", bound=Callable[..., None])
 
 
-@contextmanager
-def listening(listener: Listener, alone: bool = False) -> Iterator[None]:
-    """`listener` hears the reports made in this context while the block runs (`alone`: only it does)."""
-    token = _listeners.set((listener,) if alone else _listeners.get() + (listener,))
-    try:
-        yield
-    finally:
-        _listeners.reset(token)
+class Listeners(Generic[L]):
+    """Whoever listens in the current context: a context variable, not a module-level list, so what a Prefect task
+    (run in a copy of its caller's context) adds is heard in that task only."""
+
+    def __init__(self, name: str) -> None:
+        self._var: ContextVar[tuple[L, ...]] = ContextVar(name, default=())
+
+    def notify(self, *args: object) -> None:
+        for listener in self._var.get():
+            listener(*args)
+
+    @contextmanager
+    def listening(self, listener: L, alone: bool = False) -> Iterator[None]:
+        """`listener` hears what is reported in this context while the block runs (`alone`: only it does)."""
+        token = self._var.set((listener,) if alone else self._var.get() + (listener,))
+        try:
+            yield
+        finally:
+            self._var.reset(token)
+
+
+Listener = Callable[[str, int, int], None]  # (what, done, total)
+_progress: Listeners[Listener] = Listeners("trtflow_progress_listeners")
+report = _progress.notify  # report(what, done, total)
+listening = _progress.listening

@@ -29,7 +29,7 @@ import onnx
 from onnx import helper
 
 from trtflow.errors import TrtflowError
-from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare.accuracy import Comparison, added_nonfinite
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers
 from trtflow.stages.ort.runner import RUNTIME, session
@@ -302,7 +302,7 @@ def _mismatch(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: lis
         cmp.add({n: r for n, r, _ in outs}, {n: c for n, _, c in outs})
     found = cmp.result(RUNTIME)
     for n, m in found.outputs.items():
-        added = m["nan"] + m["inf"] - m["reference_nan"] - m["reference_inf"]
+        added = added_nonfinite(m)
         if added > 0:
             found.violations.append(f"output '{n}': {added} non-finite values where the FP32 model's are finite")
         elif m["cosine"] < bound:

@@ -68,6 +68,11 @@ class OutputStats:
         return out
 
 
+def added_nonfinite(metrics: dict[str, Any]) -> int:
+    """NaN/Inf values in one output of the candidate beyond those its reference has itself."""
+    return int(metrics["nan"] + metrics["inf"] - metrics.get("reference_nan", 0) - metrics.get("reference_inf", 0))
+
+
 @dataclass
 class Accuracy:
     """What comparing a candidate with its reference found: metrics per output over `samples`, measured on

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite
 from trtflow.text import did_you_mean
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
@@ -64,7 +64,7 @@ def check(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf:
     found = []
     for name, m in result.outputs.items():
         if nan_inf:
-            added = m["nan"] + m["inf"] - m.get("reference_nan", 0) - m.get("reference_inf", 0)
+            added = added_nonfinite(m)
             if added > 0:
                 found.append(Violation(name, "nan_inf", float(added), 0.0))
         for metric, bound in bounds_for(precision, name, tolerances).items():

@@ -23,16 +23,15 @@ class ParityReport(BaseModel):
     worst_image: str
 
     def failure_line(self) -> str:
-        r = self.model_dump()
-        rows = r["images"]
-        bad = [x for x in rows if not dx.passes(x, r["tolerances"])]
+        rows = self.images
+        bad = [x for x in rows if not dx.passes(x, self.tolerances)]
         worst = max(rows, key=lambda x: x["mean_abs"])
         what = (f"shape {worst['deploy_shape']} vs training {worst['training_shape']}" if not worst["shape_ok"]
                 else f"worst mean |diff| {worst['mean_abs']:.3g}, max {worst['max_abs']:.3g}")
         line = f"parity: deploy preprocessing differs from training on {len(bad)}/{len(rows)} image(s) ({what})"
-        if r["model"] and r["model"].get("top1") is not None:
-            line += f"; model top-1 agreement {r['model']['top1']:.0%}"
-        d = r["diagnosis"]
+        if self.model and self.model.get("top1") is not None:
+            line += f"; model top-1 agreement {self.model['top1']:.0%}"
+        d = self.diagnosis
         if d and d.get("fix"):
             line += f"; likely cause{'s' if len(d['chain']) > 1 else ''}: {d['cause']} — fix: {d['fix']}"
         elif d is not None:
@@ -40,14 +39,13 @@ class ParityReport(BaseModel):
         return line
 
     def summary(self, picture: Path | None) -> str:
-        r = self.model_dump()
-        ok = r["verdict"] == "pass"
+        ok = self.verdict == "pass"
         lines = [f"### parity · {'✅ pass' if ok else '❌ fail'}", "",
-                 f"deploy: {r['runtimes']['deploy']} · training: {r['runtimes']['training']} · "
-                 f"preprocess digest `{r['preprocess_digest'][:12]}`", "",
+                 f"deploy: {self.runtimes['deploy']} · training: {self.runtimes['training']} · "
+                 f"preprocess digest `{self.preprocess_digest[:12]}`", "",
                  "| image | max abs | mean abs | PSNR dB | within tolerance |", "|---|---|---|---|---|"]
-        tol = r["tolerances"]
-        for x in r["images"]:
+        tol = self.tolerances
+        for x in self.images:
             if x["shape_ok"]:
                 lines.append(f"| {x['image']} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
                              f"{'yes' if dx.passes(x, tol) else '**no**'} |")
@@ -55,8 +53,7 @@ class ParityReport(BaseModel):
                 lines.append(f"| {x['image']} | shape {x['deploy_shape']} vs {x['training_shape']} | | | **no** |")
         lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
                      + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
-        m = r["model"]
-        d = r["diagnosis"]
+        m, d = self.model, self.diagnosis
         if m and m.get("ran"):
             line = f"\n**model outputs** ({m['runtime']}): max |diff| {m['max_abs_diff']:.4g}"
             if "top1" in m:
@@ -67,7 +64,7 @@ class ParityReport(BaseModel):
         if d:
             lines += _diagnosis(d)
         if picture:
-            lines += ["", f"Worst image `{r['worst_image']}` (deploy, training, difference): `{picture.name}`"]
+            lines += ["", f"Worst image `{self.worst_image}` (deploy, training, difference): `{picture.name}`"]
             data = picture.read_bytes()
             if len(data) < 200_000:  # inline, so the Prefect artifact shows it
                 lines += ["", f"![worst](data:image/png;base64,{base64.b64encode(data).decode()})"]
