@@ -137,7 +137,9 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     return [{"stage": n, "status": o.status, "key": o.key, "directory": str(o.directory),
              "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason,
              "engines": [str(o.directory / out.path) for out in o.manifest.outputs.values()
-                         if out.type == "engines"]}
+                         if out.type == "engines"],
+             # a validate stage's verdict: the candidates that passed, and those never to deploy
+             "shipped": o.manifest.metrics.get("shipped", []), "not_shipped": o.manifest.metrics.get("not_shipped", [])}
             for n, o in ((n, run.outcomes[n]) for n in order)]
 
 

@@ -109,7 +109,15 @@ def build_graph(p: LoadedPipeline) -> StageGraph:
         ready = sorted(sorter.get_ready(), key=position.__getitem__)
         order += ready
         sorter.done(*ready)
-    return StageGraph(nodes, order)
+    graph = StageGraph(nodes, order)
+    for name in order:
+        spec = stages[name]
+        upstream = {n: stages[n].kind for n in graph.closure([name]) if n != name}
+        wrong = kind_of(spec).wiring(spec, upstream)
+        if wrong is not None:
+            message, key, hint = wrong
+            raise p.error(message, ("stages", name) + key, hint=hint)
+    return graph
 
 
 def _resolve(p: LoadedPipeline, names: list[str], me: str, slot_name: str, ref: str, slot: Slot | None,

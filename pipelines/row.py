@@ -39,6 +39,10 @@ def _no_outputs(spec: Any) -> Mapping[str, str]:
     return {}
 
 
+def _no_wiring_check(spec: Any, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
@@ -50,6 +54,9 @@ class Kind:
     shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
+    # (params, every stage it depends on, directly or not: name -> kind) -> (what is wrong, the parameter's key
+    # path under the stage, what to do), for settings that cannot work with what the pipeline feeds the stage
+    wiring: Callable[[Any, Mapping[str, str]], tuple[str, tuple[str, ...], str] | None] = _no_wiring_check
 
     def __post_init__(self) -> None:
         if self.module == "":

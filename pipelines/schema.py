@@ -5,7 +5,7 @@ everything else a stage model declares is a parameter of the stage's work and en
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -108,3 +108,76 @@ class SampleData(Strict):
             if len(bounds) != 2 or bounds[0] > bounds[1]:
                 raise ValueError(f"ranges.{name}: give [low, high] with low <= high, got {bounds}")
         return self
+
+
+# --- task-level accuracy (validate's gate, the precision/calibrate pre-flights) -------------------------
+
+class TopKMetric(Strict):
+    k: int = Field(5, ge=1, le=1000, description="the reference's class must be among the candidate's top k")
+    axis: int = Field(-1, description="the class axis")
+
+
+class CTCMetric(Strict):
+    blank: int = Field(0, ge=0, description="the CTC blank's class index")
+    axis: int = Field(-1, description="the class axis; the other non-batch axis is time")
+
+
+class MapMetric(Strict):
+    threshold: float = Field(0.5, description="a map value above this marks a region")
+
+
+class EmbeddingMetric(Strict):
+    axis: int = Field(-1, description="the embedding axis")
+    pool: Literal["none", "mean"] = Field(
+        "none", description="mean: average the axes between batch and axis first (token embeddings -> one vector "
+                            "per sentence); none: each sample's whole output is its embedding")
+    mask: str | None = Field(None, description="with pool: mean, the model input holding each token's mask (1 a "
+                                               "real token, 0 padding): the mean over real tokens only, as "
+                                               "sentence-transformers pools")
+
+
+class OutputMetrics(Strict):
+    """How one output's users judge it, beside the elementwise metrics. Names each gives (which tolerances may
+    bound): topk -> top1, top<k>; ctc -> text_exact, cer; map_iou -> iou, iou_min; embedding -> embedding_cosine
+    (worst sample), embedding_cosine_mean; callable -> the names its function returns."""
+    topk: TopKMetric | None = None
+    ctc: CTCMetric | None = None
+    map_iou: MapMetric | None = None
+    embedding: EmbeddingMetric | None = None
+    callable: str | None = Field(None, pattern=CUSTOM_KIND,
+                                 description="package.module:function(reference, candidate) -> {name: value}, "
+                                             "called per batch of one output; each value's mean is reported")
+
+    def names(self) -> set[str]:
+        """The metric names the built-in metrics give (a callable's names are known when it runs)."""
+        out: set[str] = set()
+        if self.topk:
+            out |= {"top1", f"top{self.topk.k}"}
+        if self.ctc:
+            out |= {"text_exact", "cer"}
+        if self.map_iou:
+            out |= {"iou", "iou_min"}
+        if self.embedding:
+            out |= {"embedding_cosine", "embedding_cosine_mean"}
+        return out
+
+
+# the direction of each metric name trtflow gives: a candidate must reach at least these, and at most the others
+HIGHER_IS_BETTER = frozenset({"cosine", "text_exact", "iou", "iou_min", "embedding_cosine",
+                              "embedding_cosine_mean", "top1", "top5"})
+LOWER_IS_BETTER = frozenset({"cer", "max_abs", "mean_abs", "max_rel", "rtol"})
+
+
+def higher_is_better(metric: str) -> bool:
+    return metric in HIGHER_IS_BETTER or (metric.startswith("top") and metric[3:].isdigit())
+
+
+def metric_direction(name: str) -> bool | None:
+    """True: a metric of trtflow's that must be at least its bound; False: at most; None: not trtflow's."""
+    if name in LOWER_IS_BETTER:
+        return False
+    return True if higher_is_better(name) else None
+
+
+Metrics = Annotated[dict[str, OutputMetrics], Field(
+    default_factory=dict, description="task-level metrics per output name, or '*' for every output")]

@@ -20,7 +20,8 @@ from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.compare import perf_gate
 from trtflow.stages.ort import harness
 from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
-from trtflow.stages.trt.engines import Candidate, Profile, engine_candidates
+from trtflow.stages.reports.validate import ValidateReport
+from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry
 from trtflow.stages.trtexec import command, exports
@@ -28,12 +29,12 @@ from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
 from trtflow.stages.trtexec.log import parse_summary
 from trtflow.stages.trtexec.result import PerfResult
 
-VERSION = "1"
+VERSION = "2"  # 2: only what validate passed, and its repaired engines
 TRTEXEC_TIMEOUT_S = 1800
 
 
 def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
-    candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "benchmark")
+    candidates, not_measured = _validated(inputs)
     trtexec, looked = (None, [])
     if params.tool in ("auto", "trtexec"):
         trtexec, looked = find_trtexec(params.trtexec)
@@ -64,6 +65,7 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = BenchmarkReport(tool="trtexec" if trtexec else "built-in harness",
                              trtexec=str(trtexec) if trtexec else None, trtexec_looked=looked,
                              tensorrt_version=version, cells=results, telemetry=tele, gate=gate, warnings=warnings,
+                             not_measured=not_measured,
                              plots=_plot(results, out_dir))
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     result = StageResult(outputs={"report": out_dir / "report.json"}, summary=report.summary(),
@@ -80,6 +82,26 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
                           f"{gate.violations[0]}", result)
     _accept(inputs, candidates, results, gate)
     return result
+
+
+def _validated(inputs: Inputs) -> tuple[list[Candidate], dict[str, str]]:
+    """The candidates to measure: every engine (or variant), and validate's repaired engines; with a validate
+    stage, only those it passed (the others, with why, are not measured: they must not be deployed)."""
+    candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "benchmark")
+    repaired = inputs.optional("repaired")
+    if repaired is not None and built_engines(repaired.path):
+        candidates += engine_candidates(repaired, [], "benchmark")
+    validation = inputs.optional("validation")
+    if validation is None:
+        return candidates, {}
+    verdict = ValidateReport.read(validation.path)
+    refused = {c.name: verdict.refuses(c.name, c.variant) for c in candidates}
+    not_measured = {name: why for name, why in refused.items() if why}
+    kept = [c for c in candidates if not refused[c.name]]
+    if not kept:
+        first = next(iter(not_measured.items()))
+        raise StageError(f"benchmark: no candidate passed validation ({first[0]}: {first[1]}): nothing to measure")
+    return kept, not_measured
 
 
 # ---------------------------------------------------------------------------------------------- one cell

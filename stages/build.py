@@ -7,28 +7,23 @@ report instead of the pipeline. Strongly typed by default: precision comes from 
 from __future__ import annotations
 
 import importlib
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from trtflow import child, progress
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.reports.build import BuildReport, CellRow
-from trtflow.stages.trt import config
-from trtflow.stages.trt.engines import BUILT, SPEC, Backend, Built, Cell, Profile
+from trtflow.stages.trt import building, config
+from trtflow.stages.trt.engines import Backend, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
-from trtflow.stages.trt.preflight import hint_for
 from trtflow.text import did_you_mean
 
 VERSION = "2"  # 2: precision per cell, size warnings
-CELL_TIMEOUT_S = 3600
 
 
 def backend(requested: str) -> Backend:
@@ -105,7 +100,7 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     engines = out_dir / "engines"
     engines.mkdir()
     t0 = time.perf_counter()
-    results = build_cells(cells, engines, params.parallel)
+    results = building.build_cells(cells, engines, params.parallel)
     wall = time.perf_counter() - t0
 
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
@@ -141,31 +136,6 @@ def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_c
                                   precision=kind, model=str(art.path), profiles=group, target=target, backend=be,
                                   options=options, log_severity=params.log_severity, timing_cache=timing_cache))
     return cells
-
-
-def build_cells(cells: list[Cell], engines: Path, parallel: int) -> list[Built]:
-    """Each cell in its own worker process, `parallel` at a time; results in the order of `cells`."""
-    with ThreadPoolExecutor(max_workers=parallel) as pool:  # threads wait; the builds are processes
-        futures = [pool.submit(build_cell, c, engines / c.name) for c in cells]
-        for n, _ in enumerate(as_completed(futures), 1):  # progress from this thread: listeners need its context
-            progress.report("building engines", n, len(cells))
-        return [f.result() for f in futures]
-
-
-def build_cell(cell: Cell, cell_dir: Path) -> Built:
-    cell_dir.mkdir()
-    try:
-        built, proc = child.call("trtflow.stages.trt.build_worker", cell, Built, cell_dir, CELL_TIMEOUT_S,
-                                 names=(SPEC, BUILT))
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        built, code = None, "timeout"
-    if built is None:  # the process died inside TensorRT before it could say anything
-        built = Built(status="failed", error=f"the build process crashed (exit code {code})")
-        built.write(cell_dir)
-    for failure in built.failures:
-        failure["hint"] = hint_for(failure)
-    return built
 
 
 def size_warnings(cells: list[CellRow], flavour: str) -> list[str]:

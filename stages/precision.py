@@ -18,9 +18,10 @@ from onnx import numpy_helper
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
+from trtflow.stages.compare import gate
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
-from trtflow.stages.onnx.graph import constant_tensors, name_nodes, require_op_types
+from trtflow.stages.onnx.graph import constant_tensors, name_nodes, nodes_in_subgraphs, output_floors, require_op_types
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
@@ -32,7 +33,6 @@ from trtflow.text import did_you_mean, first_line
 VERSION = "3"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
 # 3: emulation rounds values entering FP16 nodes
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
-MIN_COSINE = 0.999  # below this on any output, the FP16 pre-flight warns
 
 
 def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -49,6 +49,8 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     calib, hold = data.split(params.holdout)
     hold = hold or calib  # nothing to hold out: check accuracy on the samples used for the analysis
     data.check_reference(ref)
+    gate.check_names("precision", "metrics", params.metrics, [o.name for o in ref.get_outputs()])
+    gate.check_masks("precision", params.metrics, [i.name for i in ref.get_inputs()])
 
     blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else {})
     block_ops = set(params.block_ops)
@@ -61,14 +63,22 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     model_io.save(fp16_model, out)
     sim_path = work / "emulated.onnx"
     model_io.save(emulate(model, assignment.half, params.keep_io_types), sim_path)
-    acc = ort_runner.accuracy_of(ref, session(sim_path), data.feeds(hold), SIMULATED)
+    acc = ort_runner.accuracy_of(ref, session(sim_path), data.feeds(hold), SIMULATED, params.metrics,
+                                 output_floors(model), "precision")
     shutil.rmtree(work)
+    warnings = gate.preflight_warnings(acc, "fp16", params.metrics, "the FP16 variant")
+    if not assignment.half:
+        inside = nodes_in_subgraphs(model)
+        why = (f"{len(inside)} of its nodes sit inside control flow ({', '.join(sorted({o for o, _ in inside})[:3])})"
+               f", which is not converted" if inside else "every node is blocked or kept FP32 for validity")
+        warnings.insert(0, f"the FP16 variant has no FP16 compute: {why}; it is the FP32 model under another name "
+                           f"(no faster), and validate's repair has nothing to give back")
 
     total = len(model.graph.node)
     report = PrecisionReport(to="fp16", nodes=total, fp16_nodes=len(assignment.half), kept_fp32=assignment.fp32,
                              island=island, data=data.label, calibration_samples=len(calib),
                              holdout_samples=len(hold), fallback=params.fallback.model_dump(),
-                             accuracy=acc.to_json(), warnings=acc.warnings(MIN_COSINE, "the FP16 variant"))
+                             accuracy=acc.to_json(), warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),

@@ -29,18 +29,20 @@ from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
-from trtflow.stages.onnx.graph import name_nodes
+from trtflow.stages.onnx.graph import name_nodes, output_floors
 from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.reports.validate import CandidateResult, Reference, ValidateReport
-from trtflow.stages.trt.engines import Candidate, engine_candidates
+from trtflow.stages.trt import building
+from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
 from trtflow.text import did_you_mean
 
-VERSION = "4"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+VERSION = "5"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
 # on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
-# variant's recipe; RMS error per node
+# variant's recipe; RMS error per node. 5: task metrics; a failing candidate fails the stage unless its repaired
+# engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
               "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
@@ -54,6 +56,7 @@ class _Reference:
     model: onnx.ModelProto
     path: Path
     session: Any
+    floors: dict[str, float]  # output -> its least scale (onnx.graph.output_floors)
     outputs: dict[tuple[str, str, int], dict[str, np.ndarray]] = field(default_factory=dict)
 
     @classmethod
@@ -62,7 +65,7 @@ class _Reference:
         name_nodes(model)
         path = work / "reference.onnx"
         model_io.save(model, path)
-        return cls(model, path, session(path))
+        return cls(model, path, session(path), output_floors(model))
 
 
 @dataclass
@@ -80,7 +83,10 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
     job = _Job(params, inputs, _Reference.load(inputs.one("reference").path, work), work, out_dir)
-    gate.check_names(params.tolerances, [o.name for o in job.reference.session.get_outputs()])
+    names = [o.name for o in job.reference.session.get_outputs()]
+    gate.check_names("validate", "tolerances", params.tolerances, names)
+    gate.check_names("validate", "metrics", params.metrics, names)
+    gate.check_masks("validate", params.metrics, [i.name for i in job.reference.session.get_inputs()])
     candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
                                    exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None
@@ -91,20 +97,33 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
         results.append(_validate(job, cand))
     progress.report("validating candidates", len(candidates), len(candidates))
     outputs = {"report": out_dir / "report.json"}
-    repaired = None
-    if params.repair:
-        repaired = _repair(job, target, candidates, results)
-        outputs["repaired"] = out_dir / "repaired.onnx"
-        if repaired.model is not None:
-            model_io.save(repaired.model, outputs["repaired"])
-        else:
-            shutil.copy(target.model, outputs["repaired"])
     checked = [r for r, _ in results]
+    repaired, fixes, warnings = None, [], []
+    if params.repair:
+        outputs["repaired"], outputs["engines"] = out_dir / "repaired.onnx", out_dir / "engines"
+        outputs["engines"].mkdir()
+        if target is None:
+            repaired = Repair(variant="", precision="", passed=True,
+                              note="no candidate runs in FP16 or INT8 (the variants kept everything in FP32): "
+                                   "nothing to repair")
+            shutil.copy(job.reference.path, outputs["repaired"])
+        else:
+            repaired = _repair(job, target, candidates, results)
+            if repaired.model is not None:
+                model_io.save(repaired.model, outputs["repaired"])
+            else:
+                shutil.copy(target.model, outputs["repaired"])
+            if _viable(repaired, params) and repaired.passed and repaired.nodes:
+                fixes, built_warnings = _repaired_candidates(target, candidates, checked, outputs["repaired"],
+                                                             outputs["engines"])
+                warnings += built_warnings
+                for n, cand in enumerate(fixes, 1):
+                    progress.report("validating repaired candidates", n - 1, len(fixes))
+                    checked.append(_validate(job, cand)[0])
     shutil.rmtree(work)
 
-    fixed = repaired.variant if repaired and repaired.passed else None
-    failed = [r for r in checked if not r.passed and r.variant != fixed]
-    warnings = [w for r in checked for w in r.warnings]
+    verdict = _verdict(checked, fixes)
+    warnings += [w for r in checked for w in r.warnings]
     simulated: dict[str, list[str]] = {}
     for r in checked:
         if r.not_on_tensorrt:
@@ -114,23 +133,99 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                  for why, names in simulated.items()]
     if repaired:
         warnings += repaired.warnings
-    if repaired and repaired.passed and repaired.nodes:
+    if repaired and repaired.passed and repaired.nodes and _viable(repaired, params):
         warnings.append(f"variant '{repaired.variant}' fails as built; giving back {len(repaired.nodes)} of its "
-                        f"{repaired.of} {repaired.precision.upper()} node(s) repairs it (output 'repaired'); "
-                        f"make it permanent in the pipeline file:\n{repaired.yaml}")
+                        f"{repaired.of} {repaired.precision.upper()} node(s) repairs it (output 'repaired', engines "
+                        f"in output 'engines'); make it permanent in the pipeline file:\n{repaired.yaml}")
+    failed = [r for r in checked if r.name in verdict.unexcused]
     report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
                             data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
-                            warnings=warnings)
+                            shipped=verdict.shipped, not_shipped=verdict.not_shipped, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     result = StageResult(outputs=outputs, summary=report.summary(), warnings=warnings,
-                         metrics={"candidates": len(checked), "failed": len(failed),
+                         metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
+                                  "not_shipped": sorted(verdict.not_shipped),
                                   "worst_cosine": min((o["cosine"] for r in checked
                                                        for o in r.accuracy["outputs"].values()), default=None)})
     if failed:
-        first = failed[0]
-        raise StageFailed(f"validate: {len(failed)} of {len(checked)} candidate(s) fail; {first.name} "
-                          f"({first.runtime}): {first.violations[0]}", result)
+        raise StageFailed(_failure_line(failed, checked, repaired, params), result)
     return result
+
+
+@dataclass
+class _Verdict:
+    shipped: list[str]  # candidates that pass: the only ones later stages measure or release
+    not_shipped: dict[str, str]  # candidate -> why it must not be deployed
+    unexcused: list[str]  # failing candidates no passing repaired candidate replaces: they fail the stage
+
+
+def _verdict(checked: list[CandidateResult], fixes: list[Candidate]) -> _Verdict:
+    """Which candidates may be deployed. A failing candidate is excused (still not shipped, but no failure of the
+    stage) only where a repaired candidate made from it passes in its place."""
+    passed = {r.name for r in checked if r.passed}
+    replaced = {fix.replaces: fix.name for fix in fixes if fix.name in passed}
+    not_shipped = {}
+    for r in checked:
+        if not r.passed:
+            why = r.violations[0] if r.violations else "fails"
+            not_shipped[r.name] = why + (f" (the repaired {replaced[r.name]} passes in its place)"
+                                         if r.name in replaced else "")
+    return _Verdict([r.name for r in checked if r.passed], not_shipped,
+                    [n for n in not_shipped if n not in replaced])
+
+
+def _viable(rep: Repair, params: ValidateStage) -> bool:
+    """A repair that gives back at most `repair_max_giveback` of the variant's low-precision nodes."""
+    return not rep.of or len(rep.nodes) <= params.repair_max_giveback * rep.of
+
+
+def _failure_line(failed: list[CandidateResult], checked: list[CandidateResult], rep: Repair | None,
+                  params: ValidateStage) -> str:
+    first = failed[0]
+    line = (f"validate: {len(failed)} of {len(checked)} candidate(s) fail and must not be deployed; {first.name} "
+            f"({first.runtime}): {first.violations[0] if first.violations else 'fails'}")
+    if rep is None or not rep.variant or first.variant != rep.variant:
+        return line + ("; set repair: true to search for the nodes to keep in higher precision"
+                       if rep is None and first.precision in ("fp16", "int8") else "")
+    lower = "FP16 or FP32" if rep.precision == "int8" else "FP32 (or BF16)"
+    if rep.passed and not _viable(rep, params):
+        return (f"validate: {rep.precision.upper()} is not viable for this model at these tolerances: {first.name} "
+                f"fails ({first.violations[0] if first.violations else 'fails'}), and passing needs {len(rep.nodes)} "
+                f"of its {rep.of} {rep.precision.upper()} nodes given back ({len(rep.nodes) / rep.of:.0%} > "
+                f"repair_max_giveback {params.repair_max_giveback:.0%}); deploy the {lower} variant, or loosen the "
+                f"tolerance if the task allows it")
+    if not rep.passed:
+        return line + (f"; repair found no passing set within {params.repair_rounds} rounds (raise repair_rounds, "
+                       f"or deploy the {lower} variant)")
+    return line + "; its repaired engine(s) did not build or pass (see the report)"
+
+
+def _repaired_candidates(target: Candidate, candidates: list[Candidate], checked: list[CandidateResult],
+                         model: Path, engines: Path) -> tuple[list[Candidate], list[str]]:
+    """The repaired variant as candidates in place of the target variant's failing ones: without engines, the
+    model itself; with engines, an engine built from it per failing engine, at that engine's profiles and
+    target, by the build stage's worker (each cell carries the repaired model, so later stages find it)."""
+    failing = [c for c, r in zip(candidates, checked) if c.variant == target.variant and not r.passed]
+    variant = f"{target.variant}.repaired"
+    if not any(c.engine for c in failing):
+        return [Candidate(variant, variant, target.precision, model, replaces=c.name) for c in failing[:1]], []
+    cells = []
+    for c in failing:
+        cell = Cell.read(c.engine.parent)
+        cells.append((c, cell.model_copy(update={"name": f"{cell.name}.repaired", "variant": variant,
+                                                 "model": str(model)})))
+    progress.report("building repaired engines", 0, len(cells))
+    built = building.build_cells([cell for _, cell in cells], engines, 1)
+    fixes, warnings = [], []
+    for (c, cell), result in zip(cells, built):
+        cell_dir = engines / cell.name
+        if not result.ok:
+            warnings.append(f"the repaired engine {cell.name} did not build: {result.error}")
+            continue
+        shutil.copy(model, cell_dir / VARIANT)
+        fixes.append(Candidate(cell.name, variant, cell.precision, cell_dir / VARIANT, cell_dir / PLAN,
+                               cell.backend.module, cell.profiles, replaces=c.name))
+    return fixes, warnings
 
 
 # --------------------------------------------------------------------------------------------- candidates
@@ -142,15 +237,17 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, An
     runtime, runner, why, sim_model = _runtime(job, cand)
     sets = list(_sample_sets(job, cand))
     ranked: list = []
-    cmp, errors, shapes_seen = _measure(runner, sets, job.reference, ranked)
-    acc = gate.judge(cmp.result(runtime), cand.precision, params.tolerances, params.check_nan_inf)
+    cmp, errors, shapes_seen = _measure(runner, sets, job.reference, params.metrics, ranked)
+    acc = gate.judge(cmp.result(runtime), cand.precision, params.tolerances, params.check_nan_inf, params.metrics)
     warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
                 f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
                 for name, o in acc.outputs.items() if o["reference_nan"] or o["reference_inf"]]
     result = CandidateResult(
         name=cand.name, variant=cand.variant, precision=cand.precision, runtime=runtime,
         engine=cand.engine.name if cand.engine else None, data=sets[0][1].label, shapes=shapes_seen,
-        bounds={o: gate.bounds_for(cand.precision, o, params.tolerances) for o in acc.outputs},
+        bounds={o: {m: b for m, (b, _) in gate.bounds_for(cand.precision, o, params.tolerances, params.metrics,
+                                                           acc.outputs[o].get("task")).items()}
+                for o in acc.outputs},
         accuracy=acc.to_json(), passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
         warnings=warnings)
     ctx = {"sets": sets, "sim": sim_model, "worst": _worst_samples(ranked, params.locate_samples)}
@@ -171,11 +268,12 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, An
 
 
 def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, reference: _Reference,
-             ranked: list | None = None) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
+             metrics: dict[str, Any], ranked: list | None = None
+             ) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
     """The candidate against the reference over every sample of every shape set; a bounded sample of the
     absolute errors per output (for the histogram); the shapes seen. `ranked`, when given, receives
     (how far the sample's outputs are off, its source, its index) per sample."""
-    cmp, errors = Comparison(), {}
+    cmp, errors = Comparison(metrics, reference.floors), {}
     shapes_seen: list[dict[str, list[int]]] = []
     for label, source, which, profile_of in sets:
         for i in which:
@@ -192,7 +290,7 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, 
                 except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                     raise source.failure(exc) from None
             got = runner(feed, profile)
-            cmp.add(ref_cache[key], got)
+            cmp.add(ref_cache[key], got, feed)
             if ranked is not None:
                 ranked.append((_how_far_off(ref_cache[key], got), source, i))
             for name, r in ref_cache[key].items():
@@ -261,7 +359,9 @@ def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], di
 
 # ---------------------------------------------------------------------------------------------- repair
 
-def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candidate:
+def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candidate | None:
+    """The variant to repair; None where no candidate runs in FP16/INT8 (a precision variant that kept every node
+    in FP32: its precision stage warned, and there is nothing to give back)."""
     low = {c.variant: c for c in candidates if c.precision in ("fp16", "int8")}
     if params.repair_variant is not None:
         if params.repair_variant not in low:
@@ -269,14 +369,10 @@ def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candid
                              f"among the candidates{did_you_mean(params.repair_variant, list(low))}"
                              + (f"; FP16/INT8 variants: {', '.join(low)}" if low else ""))
         return low[params.repair_variant]
-    if not low:
-        raise StageError(f"validate: repair: true, but every candidate is FP32 "
-                         f"({', '.join(c.name for c in candidates)}): there is no precision to give back; remove "
-                         f"repair, or validate FP16/INT8 variants")
     if len(low) > 1:
         raise StageError(f"validate: repair: true with several FP16/INT8 variants ({', '.join(low)}): name the one "
                          f"to repair and publish with repair_variant")
-    return next(iter(low.values()))
+    return next(iter(low.values()), None)
 
 
 def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: list) -> Repair:
@@ -297,8 +393,9 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: 
         path = work / "repair_sim.onnx"
         model_io.save(sim, path)
         sess = session(path)
-        cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, job.reference)
-        return gate.judge(cmp.result(RUNTIME), target.precision, params.tolerances, params.check_nan_inf).violations
+        cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, job.reference, params.metrics)
+        return gate.judge(cmp.result(RUNTIME), target.precision, params.tolerances, params.check_nan_inf,
+                          params.metrics).violations
 
     def locate(sim: onnx.ModelProto) -> layerwise.Layerwise:
         qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,16 +28,20 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def need(what: str) -> None:
+    """A test that cannot run here: skipped on a developer's machine, failed in CI (CI=true)."""
+    import pytest
+
+    if in_ci():
+        pytest.fail(f"missing: {what}: CI must have it", pytrace=False)
+    pytest.skip(f"missing: {what}")
+
+
 def require_shared_trtexec() -> Path:
     """The real trtexec logs' folder. Absent, the test skips on a developer's machine and fails in CI (CI=true):
     a real-data test never passes by not running."""
-    import pytest
-
     if not TRTEXEC_DATA.is_dir():
-        message = f"the collected trtexec logs are not at {TRTEXEC_DATA} (the workspace's shared/trtexec)"
-        if in_ci():
-            pytest.fail(f"{message}: CI must have them", pytrace=False)
-        pytest.skip(message)
+        need(f"the collected trtexec logs at {TRTEXEC_DATA} (the workspace's shared/trtexec)")
     return TRTEXEC_DATA
 
 
@@ -44,6 +49,7 @@ def load_bench(name: str) -> Any:
     """A module of bench/ (they are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 

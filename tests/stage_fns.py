@@ -164,3 +164,10 @@ def write_symlink(params, inputs, out_dir: Path) -> StageResult:
     (out_dir / "engines" / "a.plan").write_bytes(b"engine")
     (out_dir / "engines" / "b.plan").symlink_to(inputs["model"].path)
     return StageResult(outputs={"engines": out_dir / "engines"})
+
+
+def sign_agreement(reference, candidate):
+    """A user's metric (validate: metrics.<output>.callable): the share of elements whose sign agrees."""
+    import numpy as np
+
+    return {"sign_agree": float((np.sign(reference) == np.sign(candidate)).mean())}

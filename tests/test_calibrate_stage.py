@@ -222,7 +222,7 @@ def test_entropy_is_not_minmax_on_real_photos(tmp_path):
                 assert float(td.highest) == pytest.approx(want)
     common = scales["minmax"].keys() & scales["entropy"].keys()
     differ = [k for k in common if scales["entropy"][k] != pytest.approx(scales["minmax"][k])]
-    assert len(common) > 30 and len(differ) > len(common) // 2
+    assert len(common) > 15 and len(differ) > len(common) // 2  # 18 activations: the inputs of the 26 Convs
     assert all(scales["entropy"][k] <= scales["minmax"][k] * 1.0001 for k in common)
 
 
@@ -237,7 +237,7 @@ def test_nothing_is_written_outside_the_output_directory(tmp_path, monkeypatch):
                            holdout=1)
     assert list(cwd.iterdir()) == []
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "ranges.json", "report.json"]
-    assert result.metrics["quantize_linear_nodes"] >= 3
+    assert result.metrics["quantize_linear_nodes"] >= 2  # the Convs' inputs (their outputs stay float)
 
 
 def test_control_flow_is_named(tmp_path):
@@ -257,11 +257,14 @@ def test_entropy_is_checked_against_the_full_ranges(tmp_path):
     MinMax): both are tried on the calibration samples and the better kept, saying which."""
     pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
-    result = run_calibrate(SQUEEZENET, tmp_path / "out", inputs, data={"images": "*.png", "samples": 4}, holdout=1)
-    check = json.loads(result.outputs["report"].read_text())["entropy_check"]
-    assert check["samples"] == 3 and check["used"] in ("entropy", "full_range")
-    assert check[check["used"]] >= check["full_range" if check["used"] == "entropy" else "entropy"]
-    assert (check["used"] == "full_range") == any("did worse than the full ranges" in w for w in result.warnings)
+    for method in ("entropy", "percentile"):  # percentile (the default) is checked the same way
+        result = run_calibrate(SQUEEZENET, tmp_path / method, inputs, data={"images": "*.png", "samples": 4},
+                               holdout=1, method=method)
+        check = json.loads(result.outputs["report"].read_text())["entropy_check"]
+        assert check["samples"] == 3 and check["rule"] == method and check["used"] in (method, "full_range")
+        clipped, full = check["entropy"], check["full_range"]
+        assert (check["used"] == "full_range") == (full > clipped)
+        assert (check["used"] == "full_range") == any("did worse than the full ranges" in w for w in result.warnings)
 
 
 def test_full_ranges_are_exactly_minmax(tmp_path):

@@ -98,11 +98,11 @@ def test_a_value_equal_to_the_default_is_the_default():
 
 
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
-    "benchmark": ("26d8949cdfc44564af8713d07ca53966", "676c524b40af6739f55507dc775ce429"),
+    "benchmark": ("3548f1857aa051d0f142119c8f3f36a9", "e9c09704fa3b5e8d95827752f62f8e03"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
-    "calibrate": ("eff11baf48cf72e5209463af07639737", "0b6cdfbb0fc950c61af6280f49d07fe7"),
+    "calibrate": ("af982e4180b28421ed15bffdce1a30f4", "56ba7fe54e924ebf4af9a755ba2355fa"),
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
     "precision": ("0077bb906ea56ef1c925904bf325dd25", "28f278737cd7af686061888ab53b9a94"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
-    "validate": ("35944d48a40be99a3f124d2d23fde74e", "59eac163b90a41709ab51be9f05c1d7d"),
+    "validate": ("bb26120f90e5e7287aa99f5d08bc666f", "8a3a89d379da4f8d710b0a1a2030e9ed"),
 }

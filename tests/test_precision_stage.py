@@ -169,3 +169,24 @@ def test_a_killed_probe_is_a_crash_never_evidence_about_the_model(tmp_path, monk
     with pytest.raises(TransientStageError, match=f"the ONNX Runtime probe was killed \\(SIG{signal_name}\\)"):
         run_precision(model, tmp_path / "out", {"tensors": tensors_dir(tmp_path)}, data={"tensors": "*.npy"},
                       holdout=4)
+
+
+def test_a_variant_with_no_fp16_compute_is_a_warning(tmp_path):
+    """Everything inside an If (control flow is not converted): the "FP16" variant is the FP32 model under another
+    name, and the stage says so instead of passing silently (validate's repair then has nothing to do)."""
+    w = numpy_helper.from_array(np.eye(16, dtype=np.float32) * 0.5, "W")
+    branch = [helper.make_graph([helper.make_node("MatMul", ["x", "W"], [out], name=f"mm_{out}")], f"g_{out}", [],
+                                [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, 16])])
+              for out in ("then_y", "else_y")]
+    cond = numpy_helper.from_array(np.array(True), "cond")
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=branch[0], else_branch=branch[1])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w, cond])
+    path = tmp_path / "if.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    res = run_precision(path, tmp_path / "out", {"tensors": tensors_dir(tmp_path)},
+                        data={"tensors": "*.npy"}, holdout=2)
+    assert res.metrics["fp16_nodes"] == 0
+    assert res.warnings[0].startswith("the FP16 variant has no FP16 compute: 2 of its nodes sit inside control flow "
+                                      "(branch)"), res.warnings

@@ -89,9 +89,11 @@ def test_poor_int8_accuracy_is_not_quiet(tmp_path):
     model = tmp_path / "m.onnx"
     bert_like(model, opset=17)
     (tmp_path / "out").mkdir()
+    # entropy_check off: the check would rescue it with the full ranges
     params = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 2, "method": "percentile",
-                                            "percentile": 20, "data": {"random": True, "samples": 4}})
+                                            "percentile": 20, "entropy_check": False,
+                                            "data": {"random": True, "samples": 4}})
     result = calibrate.run(params, Inputs({"model": Artifact(model, "onnx", "m")}), tmp_path / "out")
-    bar = [w for w in result.warnings if "has cosine" in w]
+    bar = [w for w in result.warnings if "cosine" in w]
     assert bar and "< 0.99 against FP32" in bar[0] and "onnxruntime-cpu" in bar[0]
     assert "**warning**" in result.summary or "warning:" in result.summary

@@ -99,6 +99,10 @@ class Run(Command):
         finally:
             status.stop()
         ran = sum(r["status"] == "ran" for r in results)
+        for r in results:
+            if r.get("not_shipped"):
+                out.print(f"  [yellow]not to deploy[/] (failed {r['stage']}; each replaced by a repaired engine that "
+                          f"passes): {escape(', '.join(r['not_shipped']))}")
         out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
                   f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
         return 0

@@ -46,6 +46,9 @@ class BenchmarkStage(StageBase):
 KIND = Kind("benchmark", BenchmarkStage,
             slots={"engines": Slot("engines", required=False, prefer=("build",)),
                    "models": Slot("onnx", many=True, required=False, prefer=MODEL_MAKERS),
+                   # validate's verdict: only the candidates that passed are measured; and its repaired engines
+                   "validation": Slot("json", required=False, prefer=("validate",)),
+                   "repaired": Slot("engines", required=False, prefer=("validate",)),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
             env=lambda p: TENSORRT_AND_GPU,

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from trtflow.pipelines.row import PREPROCESS_SLOT, Kind, Slot
-from trtflow.pipelines.schema import MAX_SAMPLES, SampleData, StageBase, Strict
+from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase, Strict
 
 
 class FallbackSpec(Strict):
@@ -25,6 +25,10 @@ class PrecisionStage(StageBase):
     block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32")
     data: SampleData = Field(default_factory=lambda: SampleData(random=True))
     holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="samples for the CPU accuracy pre-flight")
+    metrics: Metrics  # the pre-flight judges these too (validate's defaults for FP16); share validate's with an anchor
+
+    def code_refs(self) -> list[str]:
+        return [m.callable for m in self.metrics.values() if m.callable]
 
 
 KIND = Kind("precision", PrecisionStage,

@@ -1,12 +1,12 @@
 """Stage `validate`: every engine (or model variant) against the FP32 reference, with repair."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Mapping
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import SampleData, StageBase, Strict
+from trtflow.pipelines.schema import Metrics, SampleData, StageBase, Strict, metric_direction
 from trtflow.pipelines.units import Fraction
 
 
@@ -19,7 +19,44 @@ class OutputTolerance(Strict):
                                                       "at least 1/1000 of the output's largest magnitude")
     top1: Fraction | None = Field(None, description="lowest share of samples whose top-1 class agrees")
     top5: Fraction | None = Field(None, description="lowest share whose reference class is in the top 5")
+    # and any name a declared metric gives (`metrics:`): a number for trtflow's own (text_exact, cer, iou,
+    # iou_min, embedding_cosine, embedding_cosine_mean, top<k>), {min: x} or {max: x} for a function's
+    model_config = ConfigDict(extra="allow")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_bounds(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            if name in cls.model_fields:
+                continue
+            if metric_direction(name) is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"{name}: give a number, got {value!r}")
+            elif not (isinstance(value, dict) and len(value) == 1 and set(value) <= {"min", "max"}
+                      and isinstance(next(iter(value.values())), (int, float))):
+                raise ValueError(f"{name}: not one of trtflow's metrics; for a metric your function returns give "
+                                 f"{{min: x}} (at least) or {{max: x}} (at most)")
+        return data
+
+    def given(self) -> dict[str, tuple[float, bool]]:
+        """Every bound given: metric -> (value, whether the metric must be at least the value)."""
+        out = {}
+        for name, value in self.model_dump(exclude_none=True).items():
+            metric = METRIC_OF.get(name, name)
+            if isinstance(value, dict):
+                (side, v), = value.items()
+                out[metric] = (float(v), side == "min")
+            else:
+                out[metric] = (float(value), bool(metric_direction(metric)))
+        return out
+
+
+_EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "map_iou: {threshold: 0.3}",
+            "iou_min": "map_iou: {threshold: 0.3}", "embedding_cosine": "embedding: {pool: mean}",
+            "embedding_cosine_mean": "embedding: {pool: mean}"}
+METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
 class ValidateStage(StageBase):
     kind: Literal["validate"]
@@ -30,6 +67,7 @@ class ValidateStage(StageBase):
     profile_shapes: list[Literal["min", "opt", "max"]] = Field(
         default_factory=lambda: ["min", "opt", "max"], min_length=1,
         description="for random data, the shapes of each profile to check at")
+    metrics: Metrics
     tolerances: dict[str, OutputTolerance] = Field(
         default_factory=dict, description="per output name, or '*' for all outputs")
     check_nan_inf: bool = True
@@ -39,8 +77,44 @@ class ValidateStage(StageBase):
     repair: bool = Field(False, description="search for the nodes to keep in FP32 / leave unquantized so a "
                                             "failing FP16 / INT8 candidate passes")
     repair_rounds: int = Field(8, ge=1, le=64, description="at most this many rebuild-and-check rounds")
+    repair_max_giveback: Fraction = Field(
+        0.25, description="a repair giving back more than this share of the variant's FP16/INT8 nodes is no repair: "
+                          "the stage fails saying the precision is not viable at these tolerances")
     repair_variant: str | None = Field(None, description="the precision/calibrate stage whose variant is repaired and "
                                                          "published as output 'repaired' (default: the only one)")
+
+    @model_validator(mode="after")
+    def _bounded_metrics_exist(self) -> "ValidateStage":
+        for output, tol in self.tolerances.items():
+            declared = [m for key, m in self.metrics.items() if key in ("*", output) or output == "*"]
+            names = set().union(*(m.names() for m in declared)) if declared else set()
+            custom = any(m.callable for m in declared)
+            for name in tol.model_extra or {}:
+                if name not in names and not (custom and metric_direction(name) is None):
+                    raise ValueError(f"tolerances.{output}.{name}: no metric declared for '{output}' gives "
+                                     f"'{name}'; declare it under metrics.{output} (e.g. "
+                                     f"{_EXAMPLE.get(name, 'callable: package.module:function')})")
+        return self
+
+    def code_refs(self) -> list[str]:
+        return [m.callable for m in self.metrics.values() if m.callable]
+
+
+def _repair_wiring(spec: ValidateStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+    """repair settings that cannot work with the variants the pipeline feeds this stage."""
+    low = [n for n, kind in upstream.items() if kind in ("precision", "calibrate")]
+    if spec.repair_variant is not None and spec.repair_variant not in low:
+        return (f"repair_variant '{spec.repair_variant}' is not a precision or calibrate stage this stage checks",
+                ("repair_variant",), f"name one of: {', '.join(low)}" if low else "add a precision/calibrate stage")
+    if not spec.repair:
+        return None
+    if not low:
+        return ("repair: true, but no precision or calibrate stage feeds this stage: there is no FP16/INT8 variant "
+                "to repair", ("repair",), "remove repair, or validate FP16/INT8 variants")
+    if len(low) > 1 and spec.repair_variant is None:
+        return (f"repair: true with several FP16/INT8 variants ({', '.join(low)}): repair works on one",
+                ("repair_variant",), f"set repair_variant: to one of {', '.join(low)}")
+    return None
 
 
 KIND = Kind("validate", ValidateStage,
@@ -49,5 +123,7 @@ KIND = Kind("validate", ValidateStage,
                    "reference": Slot("onnx", prefer=("prepare",), source_ok=True),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
-            more_outputs=lambda p: {"repaired": "onnx"} if p.repair else {},
-            env=lambda p: TENSORRT_AND_GPU)
+            # the repaired variant, and its engines (built at the failing engines' profiles and targets)
+            more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
+            env=lambda p: TENSORRT_AND_GPU,
+            wiring=_repair_wiring)

@@ -87,7 +87,7 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
     def rebuild(nodes: list[str]) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         out = work / "repair_int8.onnx"
         qdq.write(pre, out, work / "repair_ranges.json", how.tensors, how.per_channel, how.quantize_ops,
-                  how.excluded | set(nodes))
+                  how.excluded | set(nodes), how.quantize_outputs)
         model = model_io.load(out)
         return model, model  # Q/DQ runs as fake quantization as it is
 

@@ -11,20 +11,31 @@ from typing import Any
 
 import numpy as np
 
+from trtflow.stages.compare import task_metrics
+
 REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
 
 
+NEGLIGIBLE = 1e-4  # an error below this share of an output's scale is not a difference, whatever the cosine
+
+
 class OutputStats:
-    def __init__(self) -> None:
+    """One output's elementwise metrics, and the task metrics declared for it (`task`: see task_metrics; with
+    none declared, a (batch, classes) output gets top-1/top-5 agreement). `floor`: the least scale the output
+    has (1 for a probability), below which an error is negligible however its cosine comes out."""
+
+    def __init__(self, task: list[Any] | None = None, floor: float = 0.0) -> None:
         self.max_abs = 0.0
         self.sum_abs = 0.0
         self.count = 0
         self.dot = self.ref_sq = self.got_sq = 0.0
         self.max_rel = 0.0
+        self.ref_max = floor
         self.nan = self.inf = self.ref_nan = self.ref_inf = 0
-        self.top1_agree = self.top5_agree = self.top_total = 0
+        self.task = task
+        self.declared = bool(task)
 
-    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
         r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
         self.nan += int(np.isnan(g).sum())
         self.inf += int(np.isinf(g).sum())
@@ -37,6 +48,7 @@ class OutputStats:
             # relative to each reference element, over elements of at least REL_FLOOR of the output's largest
             # magnitude: near-zero elements make any relative error meaningless
             mag = np.abs(r[ok])
+            self.ref_max = max(self.ref_max, float(mag.max()))
             big = mag >= REL_FLOOR * float(mag.max())
             if big.any() and mag.max() > 0:
                 self.max_rel = max(self.max_rel, float((d[big] / mag[big]).max()))
@@ -45,14 +57,10 @@ class OutputStats:
         self.dot += float(np.dot(r[ok], g[ok]))
         self.ref_sq += float(np.dot(r[ok], r[ok]))
         self.got_sq += float(np.dot(g[ok], g[ok]))
-        if ref.ndim == 2 and ref.shape[1] > 1:  # (batch, classes): a classifier's scores
-            want = ref.argmax(1)
-            scores = np.nan_to_num(got.astype(np.float64))
-            self.top1_agree += int((want == scores.argmax(1)).sum())
-            k = min(5, ref.shape[1])
-            top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-            self.top5_agree += int((top == want[:, None]).any(1).sum())
-            self.top_total += ref.shape[0]
+        if self.task is None:
+            self.task = [task_metrics.TopK(5, 1)] if ref.ndim == 2 and ref.shape[1] > 1 else []
+        for metric in self.task:
+            metric.add(ref, got, feed)
 
     def result(self) -> dict[str, Any]:
         if self.ref_sq and self.got_sq:
@@ -61,11 +69,21 @@ class OutputStats:
             cosine = 1.0 if not self.ref_sq and not self.got_sq and self.count else 0.0
         out = {"max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "max_rel": self.max_rel,
                "cosine": float(cosine), "nan": self.nan, "inf": self.inf,
-               "reference_nan": self.ref_nan, "reference_inf": self.ref_inf}
-        if self.top_total:
-            out["top1"] = self.top1_agree / self.top_total
-            out["top5"] = self.top5_agree / self.top_total
+               "reference_nan": self.ref_nan, "reference_inf": self.ref_inf, "scale": self.ref_max}
+        for metric in self.task or []:
+            out.update(metric.result())
+        if self.declared:
+            out["task"] = True
         return out
+
+
+ELEMENTWISE = ("max_abs", "mean_abs", "max_rel", "cosine", "nan", "inf", "reference_nan", "reference_inf", "scale",
+               "task")
+
+
+def task_values(metrics: dict[str, Any]) -> dict[str, float]:
+    """The task-level values among one output's metrics."""
+    return {k: v for k, v in metrics.items() if k not in ELEMENTWISE}
 
 
 def added_nonfinite(metrics: dict[str, Any]) -> int:
@@ -98,36 +116,33 @@ class Accuracy:
         return sum(o.get(metric, 0) for o in self.outputs.values())
 
     def table(self) -> list[str]:
-        lines = ["| output | max abs | mean abs | cosine | NaN/Inf | top-1 agree |", "|---|---|---|---|---|---|"]
+        lines = ["| output | max abs | mean abs | cosine | NaN/Inf | task metrics |", "|---|---|---|---|---|---|"]
         for name, r in self.outputs.items():
-            top1 = f"{r['top1']:.1%}" if "top1" in r else "-"
+            task = ", ".join(f"{k} {v:.4g}" for k, v in task_values(r).items()) or "-"
             lines.append(f"| `{name}` | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | {r['cosine']:.6f} | "
-                         f"{r['nan']}/{r['inf']} | {top1} |")
+                         f"{r['nan']}/{r['inf']} | {task} |")
         return lines
-
-    def warnings(self, min_cosine: float, what: str) -> list[str]:
-        """What a pre-flight should not pass quietly: NaN/Inf, and outputs below the cosine bar."""
-        found = []
-        nan_inf = int(self.total("nan") + self.total("inf"))
-        if nan_inf:
-            found.append(f"{what} produces {nan_inf} NaN/Inf values on held-out samples")
-        for name, o in self.outputs.items():
-            if self.samples and o["cosine"] < min_cosine:
-                found.append(f"{what}: output '{name}' has cosine {o['cosine']:.4f} < {min_cosine} against FP32 "
-                             f"(max abs error {o['max_abs']:.4g}) on {self.samples} held-out samples "
-                             f"({self.runtime})")
-        return found
 
 
 class Comparison:
-    def __init__(self) -> None:
+    """`metrics`: the task metrics declared per output (`OutputMetrics`, by output name or '*'); `floors`: the
+    least scale of some outputs (`onnx.graph.output_floors`)."""
+
+    def __init__(self, metrics: dict[str, Any] | None = None, floors: dict[str, float] | None = None,
+                 what: str = "validate") -> None:
         self.outputs: dict[str, OutputStats] = {}
         self.samples = 0
+        self.metrics, self.floors, self.what = metrics or {}, floors or {}, what
 
-    def add(self, ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> None:
+    def add(self, ref: dict[str, np.ndarray], got: dict[str, np.ndarray],
+            feed: dict[str, np.ndarray] | None = None) -> None:
+        """One sample's outputs; `feed`, its inputs (a metric may read one, e.g. an attention mask)."""
         self.samples += 1
         for name, r in ref.items():
-            self.outputs.setdefault(name, OutputStats()).add(r, got[name])
+            if name not in self.outputs:
+                task = task_metrics.make(task_metrics.declared(self.metrics, name), self.what) or None
+                self.outputs[name] = OutputStats(task, self.floors.get(name, 0.0))
+            self.outputs[name].add(r, got[name], feed)
 
     def result(self, runtime: str) -> Accuracy:
         return Accuracy(runtime, self.samples, {n: s.result() for n, s in self.outputs.items()})

@@ -1,12 +1,16 @@
-"""The accuracy gate: per output bounds (defaults per precision, then `'*'`, then the output's own entry) checked
-against a comparison's metrics (an `accuracy.Accuracy`)."""
+"""The accuracy gate: per output bounds checked against a comparison's metrics (an `accuracy.Accuracy`).
+
+An output's bounds: the precision's defaults, overridden by `'*'`, overridden by the output's own entry. The
+defaults are elementwise (cosine) for an output with no declared task metric, and the task metrics' own for one
+with (`metrics:` — how its users judge it: decoded text, regions, embeddings, classes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite
+from trtflow.pipelines.schema import higher_is_better
+from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite
 from trtflow.text import did_you_mean
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
@@ -15,8 +19,12 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "fp16": {"cosine": 0.999},
     "int8": {"cosine": 0.99},
 }
-LOWER_BOUNDS = ("cosine", "top1", "top5")  # metric must be >= bound; every other metric must be <= bound
-METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
+# ... and for an output with declared task metrics, instead (each applies where its metric is declared)
+TASK_DEFAULTS: dict[str, dict[str, float]] = {
+    "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999},
+    "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995},
+    "int8": {"top1": 0.95, "text_exact": 0.9, "cer": 0.02, "iou": 0.9, "embedding_cosine": 0.98},
+}
 
 
 @dataclass(frozen=True)
@@ -25,52 +33,86 @@ class Violation:
     metric: str
     value: float
     bound: float
+    at_least: bool
 
     def line(self) -> str:
-        op = "<" if self.metric in LOWER_BOUNDS else ">"
-        return f"output '{self.output}': {self.metric} {self.value:.6g} {op} {self.bound:g}"
+        if self.metric == "nan_inf":
+            return f"output '{self.output}': {self.value:.0f} NaN/Inf values the FP32 reference does not have"
+        return f"output '{self.output}': {self.metric} {self.value:.6g} {'<' if self.at_least else '>'} {self.bound:g}"
 
 
-def check_names(tolerances: dict[str, Any], outputs: list[str]) -> None:
-    for name in tolerances:
+def check_names(stage: str, section: str, entries: dict[str, Any], outputs: list[str]) -> None:
+    for name in entries:
         if name != "*" and name not in outputs:
-            raise StageError(f"validate: tolerances.{name}: the model has no output '{name}'"
+            raise StageError(f"{stage}: {section}.{name}: the model has no output '{name}'"
                              f"{did_you_mean(name, outputs) or '; outputs: ' + ', '.join(outputs)}")
 
 
-def bounds_for(precision: str, output: str, tolerances: dict[str, Any]) -> dict[str, float]:
-    """The bounds of one output: the precision's defaults, overridden by `'*'`, overridden by the output's entry."""
-    bounds = dict(DEFAULTS.get(precision, DEFAULTS["fp32"]))
+def check_masks(stage: str, metrics: dict[str, Any], inputs: list[str]) -> None:
+    """An embedding metric's `mask` must name an input of the model."""
+    for output, m in metrics.items():
+        mask = m.embedding.mask if m.embedding else None
+        if mask is not None and mask not in inputs:
+            raise StageError(f"{stage}: metrics.{output}.embedding.mask: the model has no input '{mask}'"
+                             f"{did_you_mean(mask, inputs) or '; inputs: ' + ', '.join(inputs)}")
+
+
+def bounds_for(precision: str, output: str, tolerances: dict[str, Any], metrics: dict[str, Any] | None = None,
+               task: bool | None = None) -> dict[str, tuple[float, bool]]:
+    """The bounds of one output: metric -> (bound, whether the metric must be at least the bound). `task`: the
+    output has declared task metrics (default: read off `metrics`)."""
+    if task is None:
+        task = any(key in ("*", output) for key in metrics or {})
+    if task:
+        names = set().union(*(m.names() for k, m in (metrics or {}).items() if k in ("*", output)))
+        bounds = {m: (v, higher_is_better(m)) for m, v in TASK_DEFAULTS.get(precision, TASK_DEFAULTS["fp32"]).items()
+                  if m in names}
+    else:
+        bounds = {m: (v, True) for m, v in DEFAULTS.get(precision, DEFAULTS["fp32"]).items()}
     for key in ("*", output):
         given = tolerances.get(key)
         if given is not None:
-            bounds.update({METRIC_OF.get(k, k): float(v) for k, v in given.model_dump(exclude_none=True).items()})
+            bounds.update(given.given())
     return bounds
 
 
-def judge(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool) -> Accuracy:
+def judge(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool,
+          metrics: dict[str, Any] | None = None) -> Accuracy:
     """`result` with the bounds it misses recorded as its violations."""
-    result.violations = [v.line() for v in check(result, precision, tolerances, nan_inf)]
+    result.violations = [v.line() for v in check(result, precision, tolerances, nan_inf, metrics)]
     return result
 
 
 def layer_bound(precision: str, tolerances: dict[str, Any]) -> float:
     """The cosine below which an intermediate tensor counts as gone wrong: the bound every output gets."""
-    return bounds_for(precision, "*", tolerances)["cosine"]
+    return bounds_for(precision, "*", tolerances, task=False)["cosine"][0]
 
 
-def check(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool) -> list[Violation]:
-    """Every bound an output misses. NaN/Inf the candidate adds beyond the reference's own fail when `nan_inf`."""
+def check(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool,
+          metrics: dict[str, Any] | None = None) -> list[Violation]:
+    """Every bound an output misses. NaN/Inf the candidate adds beyond the reference's own fail when `nan_inf`.
+    An elementwise bound is not missed where the largest error is negligible on the output's scale (a
+    probability map near zero everywhere has a meaningless cosine)."""
     found = []
     for name, m in result.outputs.items():
         if nan_inf:
             added = added_nonfinite(m)
             if added > 0:
-                found.append(Violation(name, "nan_inf", float(added), 0.0))
-        for metric, bound in bounds_for(precision, name, tolerances).items():
+                found.append(Violation(name, "nan_inf", float(added), 0.0, False))
+        negligible = m.get("scale", 0) > 0 and m["max_abs"] <= NEGLIGIBLE * m["scale"]
+        for metric, (bound, at_least) in bounds_for(precision, name, tolerances, metrics, m.get("task")).items():
             value = m.get(metric)
             if value is None:  # top-k on an output that is not (batch, classes)
                 continue
-            if (value < bound) if metric in LOWER_BOUNDS else (value > bound):
-                found.append(Violation(name, metric, float(value), bound))
+            if metric in ("cosine", "max_rel") and negligible:
+                continue
+            if (value < bound) if at_least else (value > bound):
+                found.append(Violation(name, metric, float(value), bound, at_least))
     return found
+
+
+def preflight_warnings(result: Accuracy, precision: str, metrics: dict[str, Any] | None, what: str) -> list[str]:
+    """What a precision/calibrate pre-flight should not pass quietly: the bounds validate would hold the variant to
+    by default (NaN/Inf it adds; cosine, or the declared task metrics), missed on the held-out samples."""
+    return [f"{what}: {v.line()} against FP32 on {result.samples} held-out samples ({result.runtime})"
+            for v in check(result, precision, {}, True, metrics)]

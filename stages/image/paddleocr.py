@@ -1,5 +1,6 @@
-"""PaddleOCR's own preprocessing of its text-direction classifier, as a parity training reference:
-`training: {callable: trtflow.stages.image.paddleocr:cls_resize_norm_img}`.
+"""PaddleOCR's own preprocessing of its text-direction classifier and text recognizer, as parity training
+references: `training: {callable: trtflow.stages.image.paddleocr:cls_resize_norm_img}` (or `rec_resize_norm_img`,
+`det_norm_img`).
 
 A line-for-line re-implementation (PaddleOCR is not a dependency) of `resize_norm_img` as PaddleOCR runs it for
 the classifier, in training (`ppocr/data/imaug/rec_img_aug.py`: `ClsResizeImg` calls `resize_norm_img(img,
@@ -16,6 +17,7 @@ import cv2
 import numpy as np
 
 CLS_IMAGE_SHAPE = (3, 48, 192)
+REC_IMAGE_SHAPE = (3, 48, 320)  # the recognizer's training shape (PP-OCRv4 rec: RecResizeImg, image_shape [3, 48, 320])
 
 
 def resize_norm_img(img: np.ndarray, image_shape: tuple[int, int, int] = CLS_IMAGE_SHAPE) -> np.ndarray:
@@ -48,3 +50,29 @@ def cls_resize_norm_img(path: str) -> np.ndarray:
     if img is None:
         raise ValueError(f"cv2.imread cannot read {path}")
     return resize_norm_img(img)
+
+
+def rec_resize_norm_img(path: str) -> np.ndarray:
+    """Image file -> the text recognizer's input for it at its training shape [3, 48, 320], as PaddleOCR's
+    `RecResizeImg` computes it with padding (the same `resize_norm_img`)."""
+    img = cv2.imread(str(path))
+    if img is None:
+        raise ValueError(f"cv2.imread cannot read {path}")
+    return resize_norm_img(img, REC_IMAGE_SHAPE)
+
+
+DET_MEAN, DET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def det_norm_img(path: str) -> np.ndarray:
+    """Image file -> the text detector's input for it, as PaddleOCR's `NormalizeImage` (scale 1/255, ImageNet mean
+    and std, on the BGR image as read) and `ToCHWImage` compute it. `DetResizeForTest` is left out: it only rounds
+    the sides to multiples of 32 for images already that size (the ppocr-det example's scenes are 256x256)."""
+    img = cv2.imread(str(path))
+    if img is None:
+        raise ValueError(f"cv2.imread cannot read {path}")
+    if img.shape[0] % 32 or img.shape[1] % 32:
+        raise ValueError(f"{path}: {img.shape[1]}x{img.shape[0]} is not a multiple of 32 (DetResizeForTest would "
+                         f"resize it; this reference does not)")
+    x = (img.astype(np.float32) / 255.0 - np.array(DET_MEAN, np.float32)) / np.array(DET_STD, np.float32)
+    return x.transpose(2, 0, 1)

@@ -241,3 +241,22 @@ def name_nodes(model: onnx.ModelProto) -> None:
                 name += "_"
             node.name = name
             taken.add(name)
+
+
+BOUNDED_TO_ONE = ("Sigmoid", "Softmax", "HardSigmoid")  # their outputs are probabilities: scale 1
+SHAPE_ONLY = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Concat", "Gather",
+              "Split")
+
+
+def output_floors(model: onnx.ModelProto) -> dict[str, float]:
+    """Graph output -> the least scale its values have: 1 for a probability (a Sigmoid/Softmax, possibly
+    reshaped, sliced or concatenated after), where an error of 1e-7 is nothing even if the map is near zero."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    floors = {}
+    for out in model.graph.output:
+        node = producer.get(out.name)
+        while node is not None and node.op_type in SHAPE_ONLY:
+            node = producer.get(node.input[0])
+        if node is not None and node.op_type in BOUNDED_TO_ONE:
+            floors[out.name] = 1.0
+    return floors

@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from trtflow.errors import StageError
 from trtflow.stages.onnx import model_io
+from trtflow.text import first_line
 
 RECIPE = "trtflow.qdq_recipe"  # the metadata key
 
@@ -30,6 +33,7 @@ class Recipe:
     excluded: set[str]
     per_channel: bool
     tensors: Any  # ONNX Runtime's TensorsData: each calibrated tensor's range
+    quantize_outputs: bool = False  # Q/DQ on the quantized ops' outputs too (trtflow's recipe before VERSION 5)
 
     def quantized(self, model: onnx.ModelProto) -> set[str]:
         """The nodes of `model` (the FP32 model it was made from) this recipe quantizes."""
@@ -37,33 +41,180 @@ class Recipe:
 
 
 def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, quantize_ops: list[str],
-          excluded: set[str]) -> None:
-    """Quantize `pre` at `tensors`' ranges (ONNX Runtime's `TensorsData`, also saved to `ranges`)."""
+          excluded: set[str], quantize_outputs: bool = False) -> None:
+    """Quantize `pre` at `tensors`' ranges (ONNX Runtime's `TensorsData`, also saved to `ranges`): Q/DQ on the
+    inputs of the `quantize_ops` nodes not `excluded`, and on their outputs too only with `quantize_outputs`
+    (the recipe of models written before VERSION 5; ModelOpt's and trtflow's default is inputs only).
+
+    ONNX Runtime's quantizer failing on a node (it has bugs on valid graphs) raises QuantizerCrash (a
+    StageError): one line naming the node, with the setting that avoids it where known."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
     save_tensors_data(tensors, ranges)  # the cache quantize_static reads: it then calibrates nothing itself
+    options = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
+               "AddQDQPairToWeight": False, "DedicatedQDQPair": False}
+    if not quantize_outputs:
+        # ONNX Runtime otherwise widens weight scales so that an INT32 bias could be represented, although the bias
+        # stays float (QuantizeBias False), and it crashes doing so on a Gemm with a 2-D bias (magika's model:
+        # "The truth value of an array ... is ambiguous"). ModelOpt turns it off too. (Kept for the recipe before
+        # VERSION 5, which quantize_outputs stands for, so that its models are rebuilt scale for scale.)
+        options["QDQDisableWeightAdjustForInt32Bias"] = True
+        # Q/DQ on the inputs only, as ModelOpt configures it for TensorRT: a second rounding of each Conv/Gemm/
+        # MatMul's pre-activation output costs accuracy (issue #24's measurement: ddddocr OCR text exact 0.61 ->
+        # 0.96, MiniLM embedding cosine 0.82 -> 0.95) and TensorRT fuses the op with what follows in any case
+        options["OpTypesToExcludeOutputQuantization"] = sorted(set(quantize_ops))
     # quantize_static logs "consider pre-processing" through the root logger for models it was not run on
     # (the pre-processing is done, or the model is a subgraph cut from a pre-processed one)
-    with contextlib.redirect_stdout(io.StringIO()), _quiet_root_logger():
-        quantize_static(
-            str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=per_channel,
-            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-            calibrate_method=tensors.calibration_method,
-            op_types_to_quantize=list(quantize_ops), nodes_to_exclude=sorted(excluded),
-            calibration_cache_path=str(ranges),  # exists: quantize_static takes these ranges as they are
-            # weights stored as INT8 with a DequantizeLinear (not FP32 + a Q/DQ pair): the same outputs, a file
-            # about 3.6x smaller; TensorRT folds either form into INT8 weights
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
-                           "AddQDQPairToWeight": False, "DedicatedQDQPair": False})
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), _quiet_root_logger():
+            quantize_static(
+                str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                calibrate_method=tensors.calibration_method,
+                op_types_to_quantize=list(quantize_ops), nodes_to_exclude=sorted(excluded),
+                calibration_cache_path=str(ranges),  # exists: quantize_static takes these ranges as they are
+                # weights stored as INT8 with a DequantizeLinear (not FP32 + a Q/DQ pair): the same outputs, a
+                # file about 3.6x smaller; TensorRT folds either form into INT8 weights
+                extra_options=options)
+    except Exception as exc:  # ONNX Runtime's quantizer raises anything on graphs it mishandles
+        raise quantizer_crash(exc, per_channel) from exc
     model = model_io.load(out)
     entry = model.metadata_props.add()
     entry.key, entry.value = RECIPE, json.dumps({
         "quantize_ops": list(quantize_ops), "excluded_nodes": sorted(excluded), "per_channel": per_channel,
-        "method": tensors.calibration_method.name,
+        "quantize_outputs": quantize_outputs, "method": tensors.calibration_method.name,
         "ranges": {t: [float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0])]
                    for t, d in tensors.data.items()}}, sort_keys=True)  # the same model, byte for byte
     model_io.save(model, out)
+
+
+class QuantizerCrash(StageError):
+    """ONNX Runtime's quantizer raised on a node: a fact of this model and these settings (not transient)."""
+
+    def __init__(self, message: str, node: str | None, op_type: str | None, hint: str | None):
+        super().__init__(message, hint=hint)
+        self.node, self.op_type = node, op_type
+
+    def __reduce__(self):  # keep the fields when crossing a process boundary
+        return (_rebuild_crash, (str(self), self.node, self.op_type, self.hint))
+
+
+def _rebuild_crash(text: str, node: str | None, op_type: str | None, hint: str | None) -> QuantizerCrash:
+    err = QuantizerCrash("", node, op_type, None)
+    err.args, err.hint = (text,), hint
+    return err
+
+
+def quantizer_crash(exc: BaseException, per_channel: bool) -> QuantizerCrash:
+    """One line for ONNX Runtime's quantizer failing: the node it was quantizing (read off the traceback's frames),
+    the error, and what to set to avoid it."""
+    node = _failing_node(exc)
+    frames = _frame_names(exc)
+    what = f"{node.op_type} node '{node.name}'" if node is not None else "the model"
+    error = first_line(exc) or type(exc).__name__
+    if per_channel and "_adjust_weight_scale_for_int32_bias" in frames:  # a Gemm with a 2-D bias (magika)
+        hint = "its per-channel weight scales are adjusted for an INT32 bias, which fails on this node's bias: " \
+               "set per_channel: false (or quantize_outputs: false, which skips that adjustment)"
+    elif per_channel and any("per_channel" in f for f in frames):
+        hint = "its per-channel weight quantization fails here: set per_channel: false"
+    elif node is not None:
+        hint = f"leave it in float: exclude_nodes: [{node.name}], or exclude_ops: [{node.op_type}]"
+    else:
+        hint = "leave the failing op types in float with exclude_ops"
+    return QuantizerCrash(f"INT8 Q/DQ: ONNX Runtime's quantizer failed on {what}: {type(exc).__name__}: {error}",
+                          node.name if node is not None else None, node.op_type if node is not None else None, hint)
+
+
+def _failing_node(exc: BaseException) -> onnx.NodeProto | None:
+    """The node ONNX Runtime's quantizer was working on when it raised, innermost first: an operator quantizer's
+    own node (`self.node` in onnxruntime.quantization.operators), or the node of the bias being handled
+    (`bias_info.node_name`). A bare `node` variable is not trusted: the quantizer's main loop leaves the last
+    node in it when a later pass fails."""
+    found, tb = None, exc.__traceback__
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        me = local.get("self")
+        if isinstance(getattr(me, "node", None), onnx.NodeProto) and "operators" in type(me).__module__:
+            found = me.node
+        name = getattr(local.get("bias_info"), "node_name", None)
+        if name and me is not None and hasattr(me, "model"):
+            found = next((n for n in me.model.nodes() if n.name == name), found)
+        tb = tb.tb_next
+    return found
+
+
+def _frame_names(exc: BaseException) -> list[str]:
+    names, tb = [], exc.__traceback__
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return names
+
+
+def constant_tensors(model: onnx.ModelProto) -> set[str]:
+    """Tensors known before any input arrives: initializers, Constant outputs, and what nodes compute from them
+    alone."""
+    known = {i.name for i in model.graph.initializer}
+    for n in model.graph.node:  # nodes are topologically sorted in a valid model
+        if n.op_type == "Constant" or (n.input and all(not t or t in known for t in n.input)
+                                       and n.op_type not in ("RandomNormal", "RandomUniform")):
+            known.update(o for o in n.output if o)
+    return known
+
+
+def left_in_float(model: onnx.ModelProto, quantize_ops: list[str], attention: bool = True,
+                  small: bool = True) -> dict[str, str]:
+    """The default recipe's own exclusions, node -> why, as ModelOpt's INT8 recipe leaves them in float:
+    - `attention`: attention's MatMuls (both inputs activations: QK^T, and the softmax probabilities times V).
+      INT8 attention scores and probabilities cost accuracy (bench/int8.py, all-MiniLM-L6-v2: mean sentence-
+      embedding cosine 0.976 with them in float; ModelOpt, which quantized them on that export, 0.86);
+    - `small`: Convs with fewer than 16 input or output channels in shapes TensorRT's INT8 kernels do not take
+      (ModelOpt's `find_nodes_from_convs_to_exclude`, int8), and Gemm/MatMul layers with fewer than 16 outputs
+      (a classifier's last layer: ModelOpt leaves such GEMV-like ops in float, INT8 gains nothing there)."""
+    const = constant_tensors(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type not in quantize_ops:
+            continue
+        weight = inits.get(n.input[1]) if len(n.input) > 1 else None
+        if attention and n.op_type == "MatMul" and len(n.input) == 2 and not any(t in const for t in n.input):
+            out[n.name] = ATTENTION
+        elif small and n.op_type == "Conv" and weight is not None and len(weight.dims) >= 3:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            if not _int8_conv_ok(list(weight.dims), attrs.get("group", 1), attrs.get("kernel_shape", weight.dims[2:]),
+                                 n.input[0] in inputs):
+                out[n.name] = SMALL_CONV
+        elif small and n.op_type in ("MatMul", "Gemm") and weight is not None and len(weight.dims) == 2:
+            trans_b = next((a.i for a in n.attribute if a.name == "transB"), 0) if n.op_type == "Gemm" else 0
+            if weight.dims[0 if trans_b else 1] < SMALL_CHANNELS:
+                out[n.name] = SMALL_GEMM
+    return out
+
+
+SMALL_CHANNELS = 16
+
+
+def _int8_conv_ok(dims: list[int], group: int, kernel: Any, reads_graph_input: bool) -> bool:
+    """ModelOpt 0.47's rule (graph_utils.find_nodes_from_convs_to_exclude, int8) for the Convs TensorRT runs in
+    INT8: 16 or more input and output channels, or else a plain Conv with channels a multiple of 8 that reads the
+    graph input or has 16+ channels on one side and a square kernel, or a grouped Conv with output channels a
+    multiple of 8 and kernels of 3 or more."""
+    out_c, in_c = dims[0], dims[1]
+    if out_c >= SMALL_CHANNELS and in_c >= SMALL_CHANNELS:
+        return True
+    kernel = list(kernel)
+    if group == 1:
+        return (out_c % 8 == 0 or in_c % 8 == 0) and len(set(kernel)) == 1 and \
+            (reads_graph_input or out_c >= SMALL_CHANNELS or in_c >= SMALL_CHANNELS)
+    return out_c % 8 == 0 and all(k >= 3 for k in kernel)
+
+
+ATTENTION = "MatMul of two activations (attention: QK^T or probabilities x V)"
+SMALL_CONV = "Conv with fewer than 16 channels in a shape TensorRT's INT8 kernels do not take"
+SMALL_GEMM = "Gemm/MatMul with fewer than 16 outputs (INT8 gains nothing)"
 
 
 def recipe(model: onnx.ModelProto) -> Recipe:
@@ -77,12 +228,19 @@ def recipe(model: onnx.ModelProto) -> Recipe:
     if meta is not None:
         r = json.loads(meta)
         data = {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for t, (lo, hi) in r["ranges"].items()}
+        # a recipe without the key was written before outputs were left alone: it quantized them
         return Recipe(r["quantize_ops"], set(r["excluded_nodes"]), r["per_channel"],
-                      TensorsData(CalibrationMethod[r["method"]], data))
+                      TensorsData(CalibrationMethod[r["method"]], data), r.get("quantize_outputs", True))
     quantized = quantized_nodes(model)
     ops = sorted(set(quantized.values()))
     skipped = {n.name for n in model.graph.node if n.op_type in ops and n.name not in quantized}
-    return Recipe(ops, skipped, is_per_channel(model), activation_ranges(model))
+    return Recipe(ops, skipped, is_per_channel(model), activation_ranges(model), outputs_quantized(model, quantized))
+
+
+def outputs_quantized(model: onnx.ModelProto, quantized: dict[str, str]) -> bool:
+    """Whether any of the `quantized` nodes' outputs feeds a QuantizeLinear."""
+    q_inputs = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return any(o in q_inputs for n in model.graph.node if n.name in quantized for o in n.output)
 
 
 @contextlib.contextmanager

@@ -67,11 +67,13 @@ def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(zip(names, sess.run(names, feeds)))
 
 
-def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], runtime: str) -> Accuracy:
-    """The candidate against the reference over `feeds`, per output."""
-    cmp = Comparison()
+def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], runtime: str,
+                metrics: dict[str, Any] | None = None, floors: dict[str, float] | None = None,
+                what: str = "pre-flight") -> Accuracy:
+    """The candidate against the reference over `feeds`, per output (with the task `metrics` declared)."""
+    cmp = Comparison(metrics, floors, what)
     for feed in feeds:
-        cmp.add(run(ref_sess, feed), run(cand_sess, feed))
+        cmp.add(run(ref_sess, feed), run(cand_sess, feed), feed)
     return cmp.result(runtime)
 
 

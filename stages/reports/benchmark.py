@@ -42,6 +42,7 @@ class BenchmarkReport(BaseModel):
     telemetry: dict[str, Any]
     gate: Gate
     warnings: list[str]
+    not_measured: dict[str, str] = {}  # candidate -> why it was left out (it failed validation)
     plots: list[str] = Field([], exclude=True)
 
     def summary(self) -> str:
@@ -56,6 +57,9 @@ class BenchmarkReport(BaseModel):
             lines.append(f"| {c.cell} | {res.get('runtime') or '-'} | {_num(res.get('throughput_qps'))} | "
                          f"{_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
                          f"{'ok' if c.ok else 'failed: ' + str(res.get('note'))} |")
+        if self.not_measured:
+            lines += ["", "**not measured** (they failed validation and must not be deployed):"]
+            lines += [f"- `{n}`: {why}" for n, why in self.not_measured.items()]
         g = self.gate
         if g.baseline:
             lines += ["", f"**gate** against {g.baseline}: "

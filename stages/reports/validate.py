@@ -2,6 +2,7 @@
 goes wrong and the pictures; the repair of the variant; the verdict."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -66,12 +67,32 @@ class ValidateReport(BaseModel):
     candidates: list[CandidateResult]
     repair: Repair | None
     passed: bool
+    shipped: list[str] = []  # the candidates that pass: the only ones to measure and deploy
+    not_shipped: dict[str, str] = {}  # candidate -> why it must not be deployed
     warnings: list[str]
+
+    @classmethod
+    def read(cls, path: Path) -> "ValidateReport":
+        return cls.model_validate_json(path.read_text())
+
+    def refuses(self, name: str, variant: str) -> str | None:
+        """Why the engine `name` of `variant` must not be deployed, or None: it passed (itself, or as the variant
+        when validate checked variants rather than engines)."""
+        checked = {c.name: c for c in self.candidates}
+        if name not in checked:
+            c = checked.get(variant)
+            if c is None or c.engine is not None:
+                return "validate did not check it"
+            name = variant
+        return None if name in self.shipped else self.not_shipped.get(name, "failed validation")
 
     def summary(self) -> str:
         ok = sum(c.passed for c in self.candidates)
         lines = [f"### validate · {ok}/{len(self.candidates)} candidates pass · reference: {self.reference.model} "
                  f"on {self.reference.runtime}", "", f"sample data: {self.data}", ""]
+        if self.not_shipped:
+            lines += ["**not to be deployed**: " + "; ".join(f"`{n}`: {why}" for n, why in self.not_shipped.items()),
+                      ""]
         for c in self.candidates:
             lines += c.summary()
         if self.repair:

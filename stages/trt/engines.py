@@ -20,6 +20,7 @@ from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 
 SPEC, BUILT, PLAN, LOG = "spec.json", "build.json", "engine.plan", "build.log"
+VARIANT = "variant.onnx"  # a cell's own ONNX variant, where it carries one
 
 
 class Profile(BaseModel):
@@ -107,6 +108,12 @@ class Engine:
     def plan(self) -> Path:
         return self.directory / PLAN
 
+    @property
+    def own_variant(self) -> Path | None:
+        """The ONNX model the engine was built from, where the cell carries it (validate's repaired engines)."""
+        path = self.directory / VARIANT
+        return path if path.exists() else None
+
 
 def built_engines(engines: Path) -> list[Engine]:
     """Every cell of an engines directory that built, in name order (cells that failed are left out)."""
@@ -129,6 +136,7 @@ class Candidate:
     engine: Path | None = None
     module: str = ""  # TensorRT module that built the engine
     profiles: list[Profile] = field(default_factory=list)
+    replaces: str | None = None  # a repaired candidate: the failing candidate it was made from
 
 
 def engine_candidates(engines: Artifact | None, models: list[Artifact], stage: str,
@@ -150,12 +158,12 @@ def engine_candidates(engines: Artifact | None, models: list[Artifact], stage: s
     found = []
     for eng in built_engines(engines.path):
         cell = eng.cell
-        model = by_variant.get(cell.variant)
+        model = by_variant[cell.variant].path if cell.variant in by_variant else eng.own_variant
         if model is None:
             raise StageError(f"{stage}: engine '{cell.name}' was built from model variant '{cell.variant}', which "
                              f"is not among this stage's models ({', '.join(by_variant) or 'none'}): add "
                              f"'{cell.variant}' to inputs.models")
-        found.append(Candidate(cell.name, cell.variant, cell.precision, model.path, eng.plan, cell.backend.module,
+        found.append(Candidate(cell.name, cell.variant, cell.precision, model, eng.plan, cell.backend.module,
                                cell.profiles))
     if not found:
         raise StageError(f"{stage}: the build output {engines.path} holds no built engine")
