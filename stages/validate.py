@@ -194,6 +194,12 @@ def _failure_line(failed: list[CandidateResult], checked: list[CandidateResult],
                 f"of its {rep.of} {rep.precision.upper()} nodes given back ({len(rep.nodes) / rep.of:.0%} > "
                 f"repair_max_giveback {params.repair_max_giveback:.0%}); deploy the {lower} variant, or loosen the "
                 f"tolerance if the task allows it")
+    if not rep.passed and not _viable(rep, params):
+        return (f"validate: {rep.precision.upper()} is not viable for this model at these tolerances: {first.name} "
+                f"fails ({first.violations[0] if first.violations else 'fails'}), and giving back {len(rep.nodes)} "
+                f"of its {rep.of} {rep.precision.upper()} nodes ({len(rep.nodes) / rep.of:.0%}, past "
+                f"repair_max_giveback {params.repair_max_giveback:.0%}) still fails; deploy the {lower} variant, or "
+                f"loosen the tolerance if the task allows it")
     if not rep.passed:
         return line + (f"; repair found no passing set within {params.repair_rounds} rounds (raise repair_rounds, "
                        f"or deploy the {lower} variant)")
@@ -406,7 +412,8 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: 
         how = repair.fp16_variant(reference, variant, work, locate_feeds[0])
     else:
         how = repair.int8_variant(job.reference.path, reference, variant, work)
-    found = repair.search(how, first, check, locate, params.repair_rounds, target.variant, target.precision)
+    found = repair.search(how, first, check, locate, params.repair_rounds, target.variant, target.precision,
+                          int(params.repair_max_giveback * how.size))
     for h in found.rounds:
         h.violations = h.violations[:3]
     return found

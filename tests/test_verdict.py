@@ -39,7 +39,8 @@ def test_failing_engine_is_replaced_by_its_repair_or_fails_the_stage(tmp_path, t
                   repair_max_giveback=0.01)
     line = str(failed.value)
     assert line.startswith("validate: FP16 is not viable for this model at these tolerances: fp16.static.native")
-    assert "NaN/Inf" in line and "passing needs 2 of its" in line and "deploy the FP32 (or BF16) variant" in line
+    assert "NaN/Inf" in line and "deploy the FP32 (or BF16) variant" in line
+    assert "giving back 1 of its" in line and "still fails" in line  # the search stops past the limit
     report = json.loads(failed.value.result.outputs["report"].read_text())
     assert not report["passed"] and report["shipped"] == ["prepare.static.native"]
     assert not built_engines(failed.value.result.outputs["engines"]), "a repair that is no repair is not built"

@@ -111,18 +111,19 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
 
 
 def search(v: Variant, first: Layerwise, check: Check, locate: Locate, rounds: int, variant: str,
-           precision: str) -> Repair:
+           precision: str, limit: int | None = None) -> Repair:
     """Give nodes back until the gate passes, then take back what is not needed (at most `rounds` rebuilds).
 
     Grow, doubling each round (1, 2, 4, ... nodes, in the order the latest localization ranks them): one planted
     fault is fixed by the first round, an error spread over many layers is still reached in a few. Then bisect
     the last batch for the shortest passing prefix, and drop the remaining nodes that are not needed, latest
-    first, in halving chunks."""
+    first, in halving chunks. The growth stops once more than `limit` nodes are given back: past it, a fix would
+    be no repair anyway."""
     given: list[str] = []
     history: list[Round] = []
     loc, best, violations, failing = first, None, ["not repaired"], 0
     step = 1
-    while len(history) < rounds:
+    while len(history) < rounds and (limit is None or len(given) <= limit):
         picks = _next(v, loc, given, step)
         if not picks:
             break
