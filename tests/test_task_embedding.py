@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 (a trained sentence-embedding model) taken to INT8 and judged per sentence (issue #24): the run
-passes on each sentence's embedding with most nodes still INT8 and only passing variants measured, or exits 1
-naming the output and the metric."""
+passes on each sentence's embedding with only passing variants measured, or exits 1 naming the output and the
+metric (repair on trained models: tests/test_task_pipelines.py)."""
 from __future__ import annotations
 
 import json
@@ -75,23 +75,21 @@ stages:
                                                                token_type_ids: [1, 32]}}}}
   int8:
     kind: calibrate
-    data: {{tensors: "{data}/*.npz", samples: 14}}
+    data: {{tensors: "{data}/*.npz", samples: 10}}
     holdout: 2
   validate:
     kind: validate
-    data: {{tensors: "{data}/*.npz", samples: 16}}
+    data: {{tensors: "{data}/*.npz", samples: 12}}
     metrics: {{last_hidden_state: {{embedding: {{pool: mean, mask: attention_mask}}}}}}
-    locate_samples: 1
-    repair: true
-    repair_rounds: 2
+    locate_first_bad_layer: false   # repair on trained models runs in tests/test_task_pipelines.py
   benchmark: {{kind: benchmark, tool: builtin, duration: 0.3s, warmup: 0.05s}}
 """
 
 
 def test_an_int8_sentence_embedding_model_is_judged_per_sentence(minilm, tmp_path):
     """all-MiniLM-L6-v2 to INT8, judged by each sentence's embedding (sentence-transformers' masked mean pooling),
-    worst sentence first: it passes with most nodes still INT8 and only passing variants measured, or exits 1
-    naming the output and embedding_cosine."""
+    worst sentence first: it passes with only passing variants measured, or exits 1 naming the output and
+    embedding_cosine."""
     (tmp_path / "pipeline.yaml").write_text(EMBEDDING_PIPELINE.format(model=minilm / "minilm.onnx",
                                                                       data=minilm / "sentences"))
     proc = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "run", "pipeline.yaml"], cwd=tmp_path,
@@ -103,8 +101,7 @@ def test_an_int8_sentence_embedding_model_is_judged_per_sentence(minilm, tmp_pat
     out = int8["accuracy"]["outputs"]["last_hidden_state"]
     assert "embedding_cosine" in out and out["embedding_cosine"] <= out["embedding_cosine_mean"]
     if proc.returncode == 0:
-        rep = report["repair"]
-        assert report["passed"] and (rep["note"] or len(rep["nodes"]) <= 0.25 * rep["of"])
+        assert report["passed"]
         key = json.loads((store / "benchmark" / "last.json").read_text())["key"]
         bench = json.loads((store / "benchmark" / key / "report.json").read_text())
         assert {c["candidate"] for c in bench["cells"]} <= set(report["shipped"])

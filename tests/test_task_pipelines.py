@@ -44,14 +44,14 @@ stages:
   prepare: {{kind: prepare, target_opset: 17, input_shapes: {{x: {shape}}}}}
   int8:
     kind: calibrate
-    data: {{tensors: "samples/*.npy", samples: 14}}
+    data: {{tensors: "samples/*.npy", samples: 10}}
     holdout: 2
   build:
     kind: build
     profiles: {{one: {{x: {{min: {shape}, opt: {shape}, max: {shape}}}}}}}
   validate:
     kind: validate
-    data: {{tensors: "samples/*.npy", samples: 16}}
+    data: {{tensors: "samples/*.npy", samples: 12}}
     metrics: {{{output}: {metric}}}
     locate_samples: 1
     repair: true
