@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from trtflow.stages.image import paddleocr
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TRTFLOW_INT8_MODELS", Path.home() / ".cache" / "trtflow-int8"))
 WHEELS = {"rapidocr": "rapidocr-onnxruntime==1.4.4", "ddddocr": "ddddocr==1.6.1",
@@ -185,29 +187,13 @@ def text_scenes(n: int, h: int, w: int, seed: int = 1) -> list[np.ndarray]:
 
 def ppocr_rec_input(rgb: np.ndarray) -> np.ndarray:
     """RapidOCR 1.4.4's rec preprocessing (BGR, height 48 keeping the aspect ratio, (x/255 - 0.5) / 0.5, zeros
-    padded to width 320)."""
-    import cv2
-
-    bgr = rgb[:, :, ::-1]
-    h, w = bgr.shape[:2]
-    rw = min(320, int(np.ceil(48 * w / h)))
-    x = cv2.resize(bgr, (rw, 48)).astype(np.float32).transpose(2, 0, 1) / 255.0
-    out = np.zeros((3, 48, 320), np.float32)
-    out[:, :, :rw] = (x - 0.5) / 0.5
-    return out[None]
+    padded to width 320): PaddleOCR's resize_norm_img, as trtflow's parity reference implements it."""
+    return paddleocr.resize_norm_img(np.ascontiguousarray(rgb[:, :, ::-1]), paddleocr.REC_IMAGE_SHAPE)[None]
 
 
 def ppocr_cls_input(rgb: np.ndarray) -> np.ndarray:
     """PaddleOCR's cls preprocessing: 48 high, width ceil(48 w / h) capped at 192, normalized, zero-padded."""
-    import cv2
-
-    bgr = rgb[:, :, ::-1]
-    h, w = bgr.shape[:2]
-    rw = min(192, int(np.ceil(48 * (w / h))))
-    x = cv2.resize(bgr, (rw, 48)).astype(np.float32).transpose(2, 0, 1) / 255.0
-    out = np.zeros((3, 48, 192), np.float32)
-    out[:, :, :rw] = (x - 0.5) / 0.5
-    return out[None]
+    return paddleocr.resize_norm_img(np.ascontiguousarray(rgb[:, :, ::-1]), paddleocr.CLS_IMAGE_SHAPE)[None]
 
 
 def ppocr_rec(n: int) -> Bench:

@@ -66,8 +66,9 @@ class StageBase(Strict):
         return []
 
     def code_refs(self) -> list[str]:
-        """User callables (package.module:function) named in the parameters."""
-        return []
+        """User callables (package.module:function) named in the parameters: a declared metric's function."""
+        metrics = getattr(self, "metrics", None) or {}
+        return [m.callable for m in metrics.values() if m.callable]
 
     def executes(self) -> list[str]:
         """Code outside trtflow that this stage runs: a pipeline file is code, and this is what a reviewer reads."""

@@ -58,8 +58,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     warnings: list[str] = []
     calib, hold = _split(data, params, warnings)
     data.check_reference(ref)
-    gate.check_names("calibrate", "metrics", params.metrics, [o.name for o in ref.get_outputs()])
-    gate.check_masks("calibrate", params.metrics, [i.name for i in ref.get_inputs()])
+    gate.check_metrics("calibrate", params.metrics, ref)
     left, small = _check_model(model, params, warnings)
     excluded = set(left)
 

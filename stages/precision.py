@@ -49,8 +49,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     calib, hold = data.split(params.holdout)
     hold = hold or calib  # nothing to hold out: check accuracy on the samples used for the analysis
     data.check_reference(ref)
-    gate.check_names("precision", "metrics", params.metrics, [o.name for o in ref.get_outputs()])
-    gate.check_masks("precision", params.metrics, [i.name for i in ref.get_inputs()])
+    gate.check_metrics("precision", params.metrics, ref)
 
     blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else {})
     block_ops = set(params.block_ops)

@@ -83,10 +83,9 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
     job = _Job(params, inputs, _Reference.load(inputs.one("reference").path, work), work, out_dir)
-    names = [o.name for o in job.reference.session.get_outputs()]
-    gate.check_names("validate", "tolerances", params.tolerances, names)
-    gate.check_names("validate", "metrics", params.metrics, names)
-    gate.check_masks("validate", params.metrics, [i.name for i in job.reference.session.get_inputs()])
+    gate.check_names("validate", "tolerances", params.tolerances,
+                     [o.name for o in job.reference.session.get_outputs()])
+    gate.check_metrics("validate", params.metrics, job.reference.session)
     candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
                                    exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,6 +45,23 @@ def require_shared_trtexec() -> Path:
     if not TRTEXEC_DATA.is_dir():
         need(f"the collected trtexec logs at {TRTEXEC_DATA} (the workspace's shared/trtexec)")
     return TRTEXEC_DATA
+
+
+def trtflow(*args: str, cwd: Path, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+    """The CLI as a user runs it, in a fresh process: a fresh PREFECT_HOME, as on a new machine, on the test run's
+    Prefect server (tests/test_server.py covers the background server a first run starts where PREFECT_API_URL is
+    not set); wide lines, so that one error line stays one line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") or k == "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(cwd / ".prefect")
+    env["COLUMNS"] = "200"
+    return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def last_report(store: Path, stage: str) -> dict:
+    """The report.json of the result a stage's `last.json` names in a local store."""
+    key = json.loads((store / stage / "last.json").read_text())["key"]
+    return json.loads((store / stage / key / "report.json").read_text())
 
 
 def load_bench(name: str) -> Any:

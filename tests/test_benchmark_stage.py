@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from tests.assets import last_report
 from tests.test_runner import run_all
 from trtflow.errors import StageError, StageFailed
 from trtflow.stages.trtexec import command
@@ -31,9 +32,7 @@ stages:
 
 
 def report_of(workdir) -> dict:
-    store = workdir / ".trtflow" / "benchmark"
-    key = json.loads((store / "last.json").read_text())["key"]
-    return json.loads((store / key / "report.json").read_text())
+    return last_report(workdir / ".trtflow", "benchmark")
 
 
 @pytest.mark.tensorrt

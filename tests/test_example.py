@@ -2,25 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.assets import last_report, trtflow
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def trtflow(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    # a fresh PREFECT_HOME, as on a new machine, on the test run's Prefect server (tests/test_server.py covers the
-    # background server a first run starts where PREFECT_API_URL is not set)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") or k == "PREFECT_API_URL"}
-    env["PREFECT_HOME"] = str(cwd / ".prefect")
-    env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
 
 
 @pytest.fixture
@@ -48,12 +37,10 @@ def test_example_end_to_end(example: Path):
     assert {o.domain: o.version for o in prepared.opset_import}[""] == 17
 
     # parity: the declared preprocessing is PaddleOCR's, and the trained classifier reads every line's direction
-    parity = example / ".trtflow" / "parity"
-    checked = json.loads((parity / json.loads((parity / "last.json").read_text())["key"] / "report.json").read_text())
+    checked = last_report(example / ".trtflow", "parity")
     assert checked["verdict"] == "pass" and checked["model"]["top1"] == 1.0
     assert all(p["deploy"] == int(p["image"].endswith("-180.png")) for p in checked["model"]["predictions"])
-    fp16 = example / ".trtflow" / "fp16"
-    r = json.loads((fp16 / json.loads((fp16 / "last.json").read_text())["key"] / "report.json").read_text())
+    r = last_report(example / ".trtflow", "fp16")
     assert r["data"].startswith("images via preprocess")
 
     second = trtflow("run", "pipeline.yaml", cwd=example)
@@ -69,12 +56,10 @@ def test_example_end_to_end(example: Path):
     assert "likely causes: pixel scale differs (/255), then R and B swapped — fix: scale: 1/255 and read: bgr" \
         in errors[0], bad.stderr
 
-    build = example / ".trtflow" / "build"
-    cells = json.loads((build / json.loads((build / "last.json").read_text())["key"] / "report.json").read_text())
+    cells = last_report(example / ".trtflow", "build")
     assert [c["name"] for c in cells["cells"]] == ["prepare.lines.native", "fp16.lines.native"]
     assert all(c["status"] == "ok" for c in cells["cells"])
-    bench = example / ".trtflow" / "benchmark"
-    measured = json.loads((bench / json.loads((bench / "last.json").read_text())["key"] / "report.json").read_text())
+    measured = last_report(example / ".trtflow", "benchmark")
     assert [c["candidate"] for c in measured["cells"]] == ["fp16.lines.native", "prepare.lines.native"]
     assert all("not a TensorRT number" in c["result"]["runtime"] and c["result"]["throughput_qps"] > 0
                for c in measured["cells"]), "no GPU, no trtexec here: the harness, labelled"
@@ -102,18 +87,14 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     good = trtflow("run", "pipeline.yaml", cwd=squeezenet)
     assert good.returncode == 0, good.stderr
     assert "7 stages (6 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
-    key = json.loads((squeezenet / ".trtflow" / "parity" / "last.json").read_text())["key"]
-    report = json.loads((squeezenet / ".trtflow" / "parity" / key / "report.json").read_text())
+    report = last_report(squeezenet / ".trtflow", "parity")
     assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0
     for variant in ("fp16", "int8"):  # both precision variants were made from the real photos
-        key = json.loads((squeezenet / ".trtflow" / variant / "last.json").read_text())["key"]
-        r = json.loads((squeezenet / ".trtflow" / variant / key / "report.json").read_text())
+        r = last_report(squeezenet / ".trtflow", variant)
         assert r["data"].startswith("images via preprocess") and r["accuracy"]["samples"] >= 1
-    key = json.loads((squeezenet / ".trtflow" / "build" / "last.json").read_text())["key"]
-    cells = json.loads((squeezenet / ".trtflow" / "build" / key / "report.json").read_text())["cells"]
+    cells = last_report(squeezenet / ".trtflow", "build")["cells"]
     assert len(cells) == 6 and all(c["status"] == "ok" for c in cells)  # 3 variants x 2 profiles, built in CI
-    key = json.loads((squeezenet / ".trtflow" / "validate" / "last.json").read_text())["key"]
-    checked = json.loads((squeezenet / ".trtflow" / "validate" / key / "report.json").read_text())
+    checked = last_report(squeezenet / ".trtflow", "validate")
     assert checked["passed"] and {c["name"] for c in checked["candidates"]} == {c["name"] for c in cells}
     assert all(c["runtime"].startswith("onnxruntime-cpu") and c["accuracy"]["outputs"]["logits"]["top1"] == 1.0
                for c in checked["candidates"])  # no GPU here: each engine's exact ONNX variant, simulated

@@ -49,9 +49,6 @@ class CalibrateStage(StageBase):
     trt_calibration_cache: bool = Field(False, description="also write a TensorRT <= 10 calibration cache")
     metrics: Metrics  # the INT8 pre-flight judges these too (validate's defaults for INT8)
 
-    def code_refs(self) -> list[str]:
-        return [m.callable for m in self.metrics.values() if m.callable]
-
 
 KIND = Kind("calibrate", CalibrateStage,
             slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},

@@ -27,9 +27,6 @@ class PrecisionStage(StageBase):
     holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="samples for the CPU accuracy pre-flight")
     metrics: Metrics  # the pre-flight judges these too (validate's defaults for FP16); share validate's with an anchor
 
-    def code_refs(self) -> list[str]:
-        return [m.callable for m in self.metrics.values() if m.callable]
-
 
 KIND = Kind("precision", PrecisionStage,
             slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},

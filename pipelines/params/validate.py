@@ -96,9 +96,6 @@ class ValidateStage(StageBase):
                                      f"{_EXAMPLE.get(name, 'callable: package.module:function')})")
         return self
 
-    def code_refs(self) -> list[str]:
-        return [m.callable for m in self.metrics.values() if m.callable]
-
 
 def _repair_wiring(spec: ValidateStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
     """repair settings that cannot work with the variants the pipeline feeds this stage."""

@@ -11,6 +11,7 @@ from typing import Any
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import higher_is_better
 from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite
+from trtflow.stages.compare.task_metrics import declared
 from trtflow.text import did_you_mean
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
@@ -48,8 +49,11 @@ def check_names(stage: str, section: str, entries: dict[str, Any], outputs: list
                              f"{did_you_mean(name, outputs) or '; outputs: ' + ', '.join(outputs)}")
 
 
-def check_masks(stage: str, metrics: dict[str, Any], inputs: list[str]) -> None:
-    """An embedding metric's `mask` must name an input of the model."""
+def check_metrics(stage: str, metrics: dict[str, Any], session: Any) -> None:
+    """`metrics:` against the model an ONNX Runtime `session` runs: its outputs, and an embedding metric's `mask`
+    among its inputs."""
+    check_names(stage, "metrics", metrics, [o.name for o in session.get_outputs()])
+    inputs = [i.name for i in session.get_inputs()]
     for output, m in metrics.items():
         mask = m.embedding.mask if m.embedding else None
         if mask is not None and mask not in inputs:
@@ -61,10 +65,11 @@ def bounds_for(precision: str, output: str, tolerances: dict[str, Any], metrics:
                task: bool | None = None) -> dict[str, tuple[float, bool]]:
     """The bounds of one output: metric -> (bound, whether the metric must be at least the bound). `task`: the
     output has declared task metrics (default: read off `metrics`)."""
+    mine = declared(metrics, output)
     if task is None:
-        task = any(key in ("*", output) for key in metrics or {})
+        task = bool(mine)
     if task:
-        names = set().union(*(m.names() for k, m in (metrics or {}).items() if k in ("*", output)))
+        names = set().union(*(m.names() for m in mine))
         bounds = {m: (v, higher_is_better(m)) for m, v in TASK_DEFAULTS.get(precision, TASK_DEFAULTS["fp32"]).items()
                   if m in names}
     else:

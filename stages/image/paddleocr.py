@@ -44,20 +44,24 @@ def resize_norm_img(img: np.ndarray, image_shape: tuple[int, int, int] = CLS_IMA
     return padding_im
 
 
-def cls_resize_norm_img(path: str) -> np.ndarray:
-    """Image file -> the classifier's input for it, as PaddleOCR computes it (training reference for parity)."""
+def _imread(path: str) -> np.ndarray:
+    """The image as PaddleOCR reads it: `cv2.imread`, BGR."""
     img = cv2.imread(str(path))
     if img is None:
         raise ValueError(f"cv2.imread cannot read {path}")
+    return img
+
+
+def cls_resize_norm_img(path: str) -> np.ndarray:
+    """Image file -> the classifier's input for it, as PaddleOCR computes it (training reference for parity)."""
+    img = _imread(path)
     return resize_norm_img(img)
 
 
 def rec_resize_norm_img(path: str) -> np.ndarray:
     """Image file -> the text recognizer's input for it at its training shape [3, 48, 320], as PaddleOCR's
     `RecResizeImg` computes it with padding (the same `resize_norm_img`)."""
-    img = cv2.imread(str(path))
-    if img is None:
-        raise ValueError(f"cv2.imread cannot read {path}")
+    img = _imread(path)
     return resize_norm_img(img, REC_IMAGE_SHAPE)
 
 
@@ -68,9 +72,7 @@ def det_norm_img(path: str) -> np.ndarray:
     """Image file -> the text detector's input for it, as PaddleOCR's `NormalizeImage` (scale 1/255, ImageNet mean
     and std, on the BGR image as read) and `ToCHWImage` compute it. `DetResizeForTest` is left out: it only rounds
     the sides to multiples of 32 for images already that size (the ppocr-det example's scenes are 256x256)."""
-    img = cv2.imread(str(path))
-    if img is None:
-        raise ValueError(f"cv2.imread cannot read {path}")
+    img = _imread(path)
     if img.shape[0] % 32 or img.shape[1] % 32:
         raise ValueError(f"{path}: {img.shape[1]}x{img.shape[0]} is not a multiple of 32 (DetResizeForTest would "
                          f"resize it; this reference does not)")

@@ -204,6 +204,17 @@ def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
 
 
+def input_independent(model: onnx.ModelProto) -> set[str]:
+    """Names of the tensors known before any input arrives: initializers, Constant outputs, and what nodes compute
+    from them alone (`constant_tensors` gives the values of Constant nodes only)."""
+    known = {i.name for i in model.graph.initializer}
+    for n in model.graph.node:  # nodes are topologically sorted in a valid model
+        if n.op_type == "Constant" or (n.input and all(not t or t in known for t in n.input)
+                                       and n.op_type not in ("RandomNormal", "RandomUniform")):
+            known.update(o for o in n.output if o)
+    return known
+
+
 def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto]]:
     """(control-flow node of the main graph, node) for every node inside an If/Loop/Scan body, at any depth."""
     found: list[tuple[str, onnx.NodeProto]] = []

@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from trtflow.errors import StageError
 from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.graph import input_independent
 from trtflow.text import first_line
 
 RECIPE = "trtflow.qdq_recipe"  # the metadata key
@@ -152,17 +153,6 @@ def _frame_names(exc: BaseException) -> list[str]:
     return names
 
 
-def constant_tensors(model: onnx.ModelProto) -> set[str]:
-    """Tensors known before any input arrives: initializers, Constant outputs, and what nodes compute from them
-    alone."""
-    known = {i.name for i in model.graph.initializer}
-    for n in model.graph.node:  # nodes are topologically sorted in a valid model
-        if n.op_type == "Constant" or (n.input and all(not t or t in known for t in n.input)
-                                       and n.op_type not in ("RandomNormal", "RandomUniform")):
-            known.update(o for o in n.output if o)
-    return known
-
-
 def left_in_float(model: onnx.ModelProto, quantize_ops: list[str], attention: bool = True,
                   small: bool = True) -> dict[str, str]:
     """The default recipe's own exclusions, node -> why, as ModelOpt's INT8 recipe leaves them in float:
@@ -172,7 +162,7 @@ def left_in_float(model: onnx.ModelProto, quantize_ops: list[str], attention: bo
     - `small`: Convs with fewer than 16 input or output channels in shapes TensorRT's INT8 kernels do not take
       (ModelOpt's `find_nodes_from_convs_to_exclude`, int8), and Gemm/MatMul layers with fewer than 16 outputs
       (a classifier's last layer: ModelOpt leaves such GEMV-like ops in float, INT8 gains nothing there)."""
-    const = constant_tensors(model)
+    const = input_independent(model)
     inits = {i.name: i for i in model.graph.initializer}
     inputs = {i.name for i in model.graph.input}
     out = {}
