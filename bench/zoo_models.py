@@ -228,8 +228,8 @@ def _yolo_head_module():
         dtype = feats[0].dtype
         for f, stride in zip(feats, strides):
             h, w = f.shape[2], f.shape[3]
-            sx = torch.arange(w).to(dtype) + offset          # Range on a Shape value, then Cast
-            sy = torch.arange(h).to(dtype) + offset
+            sx = torch.arange(end=w, dtype=dtype) + offset  # as ultralytics: Shape -> Cast(float) -> Range
+            sy = torch.arange(end=h, dtype=dtype) + offset
             sy, sx = torch.meshgrid(sy, sx, indexing="ij")
             points.append(torch.stack((sx, sy), -1).view(-1, 2))
             stride_t.append(torch.full((h * w, 1), float(stride)).to(dtype))  # ConstantOfShape(h*w) + Cast
@@ -302,8 +302,8 @@ def yolo_head():
     yolo_samples("yolo_head", 640)
     return dict(family="one-stage detector (YOLOv8-style: anchor-free head, DFL, in-graph box decode)",
                 made="hand-written tiny Conv-BN-SiLU backbone (3 levels, strides 8/16/32) + YOLOv8 Detect-style head "
-                     "whose anchor grids come from the feature-map shape at run time (arange(W/H from x.shape) -> "
-                     ".to(float) -> meshgrid; full((h*w,1), stride)), DFL softmax over 16 bins, dist2bbox, concat of "
+                     "whose anchor grids come from the feature-map shape at run time (arange(end=W/H from x.shape, "
+                     "dtype=float) -> meshgrid; full((h*w,1), stride)), DFL softmax over 16 bins, dist2bbox, concat of "
                      "3 levels; random init; legacy exporter opset 17; " + BN_NOTE,
                 data="8 real photos letterboxed to 640x640 (pad 114), RGB, /255 (no mean/std), as ultralytics",
                 profiles={"images": [[1, 3, 320, 320], [1, 3, 640, 640], [4, 3, 640, 640]]})

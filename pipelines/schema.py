@@ -36,6 +36,11 @@ Dim = Annotated[int, Field(ge=1, description="a dimension (at least 1)")]
 Shape = Annotated[list[Dim], Field(max_length=16), AfterValidator(_bounded_shape)]
 
 
+
+def yaml_off(value: Any) -> Any:
+    """For `auto`/`off` settings: YAML 1.1 reads a bare `off` as false (and `on` as true)."""
+    return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -19,7 +19,7 @@ from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.reports.build import BuildReport, CellRow
 from trtflow.stages.trt import building, config
-from trtflow.stages.trt.engines import Backend, Cell, Profile
+from trtflow.stages.trt.engines import LOG, Backend, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
 from trtflow.text import did_you_mean
 
@@ -116,7 +116,7 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                   "engine_bytes": sum(r.engine_bytes for r in rows)})
     if failed:
         raise StageFailed(f"build: {len(failed)} of {len(rows)} engine(s) failed; {failed[0].name}: "
-                          f"{failed[0].error}", result)
+                          f"{failed[0].error} (full log: {engines / failed[0].name / LOG})", result)
     return result
 
 

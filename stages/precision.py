@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -21,17 +22,26 @@ from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages.compare import gate
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
-from trtflow.stages.onnx.graph import constant_tensors, name_nodes, nodes_in_subgraphs, output_floors, require_op_types
+from trtflow.stages.onnx.graph import (
+    constant_tensors,
+    graph_inputs,
+    name_nodes,
+    nodes_in_subgraphs,
+    output_floors,
+    require_op_types,
+)
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.precision import PrecisionReport
+from trtflow.stages.trt.env import detect_tensorrt
+from trtflow.stages.trt.preflight import run_preflight
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "3"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
-# 3: emulation rounds values entering FP16 nodes
+VERSION = "4"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
+# 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 
 
@@ -60,12 +70,15 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     fp16_model, assignment, island = _convert(model, blocked, params, work, next(data.feeds(hold)))
     out = out_dir / "model.onnx"
     model_io.save(fp16_model, out)
+    trial = _trial_build(params.preflight, out, ref_path, next(data.feeds(hold)), model)
     sim_path = work / "emulated.onnx"
     model_io.save(emulate(model, assignment.half, params.keep_io_types), sim_path)
     acc = ort_runner.accuracy_of(ref, session(sim_path), data.feeds(hold), SIMULATED, params.metrics,
                                  output_floors(model), "precision")
     shutil.rmtree(work)
     warnings = gate.preflight_warnings(acc, "fp16", params.metrics, "the FP16 variant")
+    if trial.get("warning"):
+        warnings.append(trial["warning"])
     if not assignment.half:
         inside = nodes_in_subgraphs(model)
         why = (f"{len(inside)} of its nodes sit inside control flow ({', '.join(sorted({o for o, _ in inside})[:3])})"
@@ -77,7 +90,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = PrecisionReport(to="fp16", nodes=total, fp16_nodes=len(assignment.half), kept_fp32=assignment.fp32,
                              island=island, data=data.label, calibration_samples=len(calib),
                              holdout_samples=len(hold), fallback=params.fallback.model_dump(),
-                             accuracy=acc.to_json(), warnings=warnings)
+                             accuracy=acc.to_json(), trial_build=trial, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),
@@ -100,6 +113,39 @@ def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: PrecisionS
     except fp16.InvalidFP16 as exc:
         kept = f" (after keeping {', '.join(list(exc.island)[:5])} in FP32)" if exc.island else ""
         raise StageError(f"precision: no valid FP16 variant found{kept}: {first_line(exc.error)}") from None
+
+
+def _trial_build(mode: str, variant: Path, fp32: Path, feed: dict[str, np.ndarray],
+                 model: onnx.ModelProto) -> dict[str, Any]:
+    """Build the FP16 variant with TensorRT at a profile from half the sample's dynamic dimensions up to the
+    sample's shapes (some FP16 graphs fail only with dynamic dimensions: a Myelin type clash in a YOLO head's
+    anchor grid). A variant that does not build where the FP32 model does fails the stage."""
+    if mode == "off":
+        return {"ran": False, "reason": "disabled (preflight: off)"}
+    if detect_tensorrt() is None:
+        return {"ran": False, "reason": "no TensorRT flavour is installed"}
+    shapes = {name: list(x.shape) for name, x in feed.items()}
+    dynamic = {vi.name: [not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim]
+               for vi in graph_inputs(model)}
+    low = {name: [max(1, s // 2) if dyn else s for s, dyn in zip(shape, dynamic.get(name, []))]
+           for name, shape in shapes.items()}
+    report = run_preflight(variant, shapes, min_shapes=low)
+    trial = report.get("trial_build")
+    if not report.get("ran") or trial is None:
+        return {"ran": False, "reason": report.get("reason") or "the FP16 variant did not parse"}
+    result = {"ran": True, "runtime": report["runtime"], **trial}
+    result.pop("log", None)
+    if trial["ok"] or trial.get("needs_gpu"):
+        return result
+    fp32_trial = run_preflight(fp32, shapes, min_shapes=low).get("trial_build") or {}
+    where = f"{report['runtime'].removesuffix(' parser')}, profile {low} .. {shapes}"
+    if fp32_trial.get("ok"):
+        raise StageError(f"precision: the FP16 variant does not build ({where}) while the FP32 model does: "
+                         f"{trial['error']}; keep the nodes it names in FP32 with block_nodes, or set "
+                         f"preflight: off to go on")
+    result["warning"] = (f"neither the FP16 variant nor the FP32 model builds ({where}): {trial['error']}; "
+                         f"the build stage will fail the same way at such shapes")
+    return result
 
 
 def block_list(model: onnx.ModelProto, params: PrecisionStage, peak: dict[str, float]) -> dict[str, str]:

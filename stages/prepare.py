@@ -60,13 +60,14 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
             warnings.append(f"not simplified: {simplification['reason']}")
     lap("simplify")
 
+    onnx_graph.rename_dims(model, sanitized)
     constants_moved = onnx_graph.constants_to_initializers(model)
     final = out_dir / "model.onnx"
     model_io.save(model, final, external=external or None)
     after, dynamic = onnx_graph.inventory(model), onnx_graph.dynamic_dims(model)
     lap("save")
 
-    trial = _trial_shapes(model, params.input_shapes) if params.trial_build else None
+    trial = _trial_shapes(model, params.input_shapes, check) if params.trial_build else None
     preflight = _preflight(params.preflight, final, trial)
     lap("preflight")
     shutil.rmtree(work)
@@ -193,6 +194,7 @@ class _Checker:
     def __init__(self, params: PrepareStage, inputs: Inputs, model: onnx.ModelProto, path: Path):
         c = params.check
         self.rtol, self.atol = c.rtol, c.atol
+        self.given_data = c.data is not None and c.data.tensors is not None
         data = c.data or SampleData(random=True, samples=c.samples, seed=c.seed)
         data = data.model_copy(update={"shapes": {**params.input_shapes, **data.shapes}})
         self.source: SampleSource | None = None
@@ -247,12 +249,15 @@ def _worst(check: dict[str, Any]) -> str:
     return ", ".join(parts) or "mismatch"
 
 
-def _trial_shapes(model: onnx.ModelProto, given: dict[str, list[int]]) -> dict[str, list[int]]:
-    """Concrete shapes for the trial build: `input_shapes`, else 1 for a dynamic batch and 64 for other dynamic
-    dimensions (as the checks use)."""
-    return {vi.name: ort_runner.concrete_shape(vi.name, [d.dim_value if d.HasField("dim_value") else None
-                                                         for d in vi.type.tensor_type.shape.dim], given)
-            for vi in onnx_graph.graph_inputs(model)}
+def _trial_shapes(model: onnx.ModelProto, given: dict[str, list[int]], check: "_Checker") -> dict[str, list[int]]:
+    """Concrete shapes for the trial build: those of the check data's first sample where tensors are given, else
+    `input_shapes`, else each dimension symbol one value (1 for a batch, 64 for other dynamic dimensions, as the
+    checks use)."""
+    if check.source is not None and check.given_data:
+        given = given | {name: list(x.shape) for name, x in next(check.source.feeds(range(1))).items()}
+    return ort_runner.concrete_shapes([(vi.name, [d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                                                  for d in vi.type.tensor_type.shape.dim])
+                                       for vi in onnx_graph.graph_inputs(model)], given)
 
 
 def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> dict[str, Any]:

@@ -221,3 +221,17 @@ def lstm_in_if_unused_y() -> onnx.ModelProto:
          helper.make_tensor_value_info("state_out", TP.FLOAT, [2, 1, hidden])],
         weights + [numpy_helper.from_array(np.array([1, 1], np.int64), "split2"),
                    numpy_helper.from_array(np.array(16000, np.int64), "k16000")])
+
+
+def shared_batch_symbol() -> onnx.ModelProto:
+    """silero-VAD's signature: the symbol `batch` is axis 0 of `input` [batch, 512] and axis 1 of `state`
+    [2, batch, 128]; the new state mixes both, so a trial build must give `batch` one value."""
+    return _model(
+        [helper.make_node("MatMul", ["input", "w"], ["h"], name="project"),
+         helper.make_node("Unsqueeze", ["h", "zero"], ["h1"], name="as_state"),
+         helper.make_node("Add", ["h1", "state"], ["s"], name="mix"),
+         helper.make_node("Tanh", ["s"], ["stateN"], name="act")],
+        [helper.make_tensor_value_info("input", TP.FLOAT, ["batch", 512]),
+         helper.make_tensor_value_info("state", TP.FLOAT, [2, "batch", 128])],
+        [helper.make_tensor_value_info("stateN", TP.FLOAT, [2, "batch", 128])],
+        [_w("w", 512, 128), numpy_helper.from_array(np.array([0], np.int64), "zero")])

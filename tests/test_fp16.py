@@ -121,3 +121,48 @@ def test_an_error_naming_no_node_is_narrowed_to_its_op_type(tmp_path):
     assert "lstm" not in plan.half and {"proj_mm", "head_mm"} <= plan.half
     (ref,), (got,) = _run(model, feed), _run(converted, feed)
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.tensorrt
+def test_yolov8_head_builds_in_fp16_with_dynamic_height_and_width(tmp_path):
+    """A YOLOv8-style head exported from torch (bench/zoo_models: its anchor grids are `torch.arange(end=w,
+    dtype=float)` of the feature map's width, as ultralytics makes them). With the grid math in FP16, TensorRT-RTX's
+    builder failed at a dynamic H/W profile (Myelin: float vs half in the Range's shape arithmetic) and the user's
+    only way out was a block_nodes regex. The shape arithmetic now stays FP32, found by data flow; the precision
+    stage's trial build proves the variant builds, with no block_nodes."""
+    import torch
+
+    from tests.assets import zoo
+    from trtflow.stages.trt.preflight import run_preflight
+
+    with zoo(tmp_path / "zoo") as models:
+        net = models._yolo_head_module()
+    path = tmp_path / "yolo.onnx"
+    with torch.no_grad():
+        torch.onnx.export(net, (torch.zeros(1, 3, 128, 128),), str(path), dynamo=False, opset_version=17,
+                          input_names=["images"], output_names=["output0"],
+                          dynamic_axes={"images": {0: "batch", 2: "height", 3: "width"}})
+    model = onnx.load(str(path))
+    (tmp_path / "out").mkdir()
+    params = PrecisionStage.model_validate({"kind": "precision", "holdout": 1, "data": {
+        "random": True, "samples": 2, "shapes": {"images": [1, 3, 128, 128]}, "ranges": {"images": [0, 1]}}})
+    result = precision.run(params, Inputs({"model": Artifact(path, "onnx", "m")}), tmp_path / "out")
+    report = json.loads(result.outputs["report"].read_text())
+    trial = report["trial_build"]
+    assert trial["ok"], trial
+    assert trial["min_shapes"] == {"images": [1, 3, 64, 64]} and trial["shapes"] == {"images": [1, 3, 128, 128]}
+    ranges = [n for n, why in report["kept_fp32"].items() if why == fp16.SHAPE_ARITHMETIC]
+    assert any("Range" in n for n in ranges) and report["fp16_nodes"] > 100
+    assert report["accuracy"]["outputs"]["output0"]["cosine"] > 0.999
+
+    # the same head with its shape arithmetic put back into FP16 is what failed: one line, whole words
+    from trtflow.stages.onnx.graph import name_nodes
+    name_nodes(model)
+    plan = fp16.plan(model, {}, set())
+    plan.half |= set(ranges) - {n for n in ranges if "Range" in n}
+    plan.half |= {n.name for n in model.graph.node if n.op_type == "Cast" and n.name in ranges}
+    bad = tmp_path / "grid_in_fp16.onnx"
+    onnx.save(fp16.convert(model, plan), str(bad))
+    failed = run_preflight(bad, {"images": [1, 3, 128, 128]}, min_shapes={"images": [1, 3, 64, 64]})["trial_build"]
+    assert not failed["ok"] and "\n" not in failed["error"]
+    assert failed["error"].startswith("Myelin: ") and "element type" in failed["error"], failed["error"]

@@ -102,7 +102,7 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
     "calibrate": ("af982e4180b28421ed15bffdce1a30f4", "56ba7fe54e924ebf4af9a755ba2355fa"),
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
-    "precision": ("0077bb906ea56ef1c925904bf325dd25", "28f278737cd7af686061888ab53b9a94"),
+    "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
     "validate": ("bb26120f90e5e7287aa99f5d08bc666f", "8a3a89d379da4f8d710b0a1a2030e9ed"),
 }

@@ -188,3 +188,59 @@ def test_control_flow_that_parses_but_does_not_build(tmp_path, tensorrt_backend)
     msg = str(info.value)
     assert "vad.onnx parses, but the trial build" in msg and "graphScope" in msg
     assert "an LSTM/GRU/RNN inside an If branch whose Y output is unused" in msg
+
+
+def test_dimension_symbols_shared_between_inputs(tmp_path, tensorrt_available):
+    """silero-VAD (opset 18): `batch` is axis 0 of `input` and axis 1 of `state`. Trial shapes and random check
+    data give the symbol one value; with check data given, the trial build takes the data's shapes."""
+    from tests.graphs import shared_batch_symbol
+    from trtflow.stages.ort.runner import concrete_shapes
+
+    assert concrete_shapes([("input", ["batch", 512]), ("state", [2, "batch", 128])], {}) == \
+        {"input": [1, 512], "state": [2, 1, 128]}
+    assert concrete_shapes([("input", ["batch", 512]), ("state", [2, "batch", 128])], {"input": [3, 512]}) == \
+        {"input": [3, 512], "state": [2, 3, 128]}
+    path = tmp_path / "vad.onnx"
+    onnx.save(shared_batch_symbol(), str(path))
+    result = run_prepare(path, tmp_path / "random", simplify=False)  # random check data: one batch for both
+    assert json.loads(result.outputs["report"].read_text())["conversion"] is None
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    np.savez(data / "s0.npz", input=rng.standard_normal((2, 512)).astype(np.float32),
+             state=np.zeros((2, 2, 128), np.float32))
+    out = tmp_path / "given"
+    out.mkdir()
+    result = prepare.run(params(simplify=False, check={"data": {"tensors": "*.npz"}}),
+                         Inputs({"model": Artifact(path, "onnx", "m"),
+                                 "tensors": [Artifact(data / "s0.npz", "file", "s0")]}), out)
+    report = json.loads(result.outputs["report"].read_text())
+    if tensorrt_available:
+        trial = report["preflight"]["trial_build"]
+        assert trial["ok"], trial
+        assert trial["shapes"] == {"input": [2, 512], "state": [2, 2, 128]}
+
+
+def test_renamed_dims_survive_simplification(tmp_path, monkeypatch):
+    """The report said PaddlePaddle's '?' and -1 dims were renamed while onnxsim had written the old names back
+    into the output (rename runs before simplify). Here onnxsim is made to do that, as it was seen to."""
+    import onnxsim
+
+    real = onnxsim.simplify
+
+    def writes_old_names_back(model, **kw):
+        simplified, ok = real(model, **kw)
+        for vi in simplified.graph.output:
+            vi.type.tensor_type.shape.dim[0].Clear()
+            vi.type.tensor_type.shape.dim[0].dim_param = "?"
+        return simplified, ok
+
+    monkeypatch.setattr(onnxsim, "simplify", writes_old_names_back)
+    result = run_prepare(PPOCR, tmp_path / "out", preflight="off")
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["simplification"]["applied"]
+    model = onnx.load(str(result.outputs["model"]))
+    dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+            for vi in list(model.graph.input) + list(model.graph.output)}
+    for change in report["sanitized_dims"]:
+        assert dims[change["tensor"]][change["axis"]] == change["now"], (change, dims)

@@ -1,12 +1,12 @@
 """Stage `precision`: FP16 (or BF16) mixed precision, with automatic FP32 fallback."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
-from trtflow.pipelines.row import PREPROCESS_SLOT, Kind, Slot
-from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase, Strict
+from trtflow.pipelines.row import PREPROCESS_SLOT, TENSORRT, Kind, Slot
+from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase, Strict, yaml_off
 
 
 class FallbackSpec(Strict):
@@ -26,9 +26,14 @@ class PrecisionStage(StageBase):
     data: SampleData = Field(default_factory=lambda: SampleData(random=True))
     holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="samples for the CPU accuracy pre-flight")
     metrics: Metrics  # the pre-flight judges these too (validate's defaults for FP16); share validate's with an anchor
+    preflight: Annotated[Literal["auto", "off"], BeforeValidator(yaml_off)] = Field(
+        "auto", description="trial-build the FP16 variant with TensorRT (auto = when a TensorRT flavour is "
+                            "installed) at a profile over the held-out samples' shapes, halved on dynamic "
+                            "dimensions; a variant that does not build where the FP32 model does fails the stage")
 
 
 KIND = Kind("precision", PrecisionStage,
             slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},
             outputs={"model": "onnx", "report": "json"},
+            env=lambda p: () if p.preflight == "off" else TENSORRT,  # the trial build's verdict
             keeps_input_names=True)

@@ -1,12 +1,12 @@
 """Stage `prepare`: opset conversion, simplification and the TensorRT pre-flight."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from trtflow.pipelines.row import TENSORRT, Kind, Slot
-from trtflow.pipelines.schema import SampleData, Shape, StageBase, Strict
+from trtflow.pipelines.schema import SampleData, Shape, StageBase, Strict, yaml_off
 
 
 class CheckSpec(Strict):
@@ -27,11 +27,6 @@ class CheckSpec(Strict):
         return self
 
 
-def _yaml_off(value: Any) -> Any:
-    # YAML 1.1 reads a bare `off` as false (and `on` as true)
-    return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
-
-
 class PrepareStage(StageBase):
     kind: Literal["prepare"]
     target_opset: int | None = Field(None, ge=1, le=30,
@@ -41,7 +36,7 @@ class PrepareStage(StageBase):
     input_shapes: dict[str, Shape] = Field(
         default_factory=dict,
         description="concrete shapes for random-input checks where an input has dynamic dimensions")
-    preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(_yaml_off)] = Field(
+    preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(yaml_off)] = Field(
         "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
     fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
                                                         "finds nodes it cannot parse, or the trial build fails")

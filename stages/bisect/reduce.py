@@ -255,7 +255,7 @@ def sample_feeds(model: onnx.ModelProto, path: Path, data: Path | None, shapes: 
     """The samples to reduce on: `data` (.npz by input name, or .npy for a one-input model; an extra leading axis
     holds several samples), else seeded random values (integer inputs indexing a table stay within it)."""
     from trtflow.stages.onnx.graph import index_bounds
-    from trtflow.stages.ort.runner import fit_to_input, random_input
+    from trtflow.stages.ort.runner import fit_to_input, random_input, session_shapes
 
     inputs = session(path).get_inputs()
     for name in shapes:
@@ -265,6 +265,7 @@ def sample_feeds(model: onnx.ModelProto, path: Path, data: Path | None, shapes: 
     if data is None:
         rng = np.random.default_rng(seed)
         bounds = index_bounds(model)
+        shapes = session_shapes(inputs, shapes)
         return [{i.name: random_input(i, shapes, rng, bounds.get(i.name)) for i in inputs} for _ in range(samples)]
     try:
         loaded = np.load(data)

@@ -5,6 +5,8 @@ onnxconverter-common's converter writes invalid graphs where models are not plai
 arithmetic keeps its `to` while its output is retyped (YOLO-style box decoding), subgraphs of `If`/`Loop` are
 converted without their outer-scope inputs, models already holding FP16 parts end in type errors, and
 `op_block_list=[Cast]` never terminates. Here:
+- shape arithmetic (float tensors computed from Shape/Size and constants alone: YOLO anchor grids, Range
+  bounds) stays FP32, found by data flow;
 - `Cast(to=FLOAT)` in an FP16 node becomes `Cast(to=FLOAT16)`; `Constant`/`ConstantOfShape` values follow their
   node; `Cast`, `Shape` and `Size` take their input in whatever precision it has;
 - control flow (`If`, `Loop`, `Scan`) stays FP32 as a whole: outer-scope tensors its subgraphs read are cast back
@@ -25,7 +27,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtflow.errors import TransientStageError
-from trtflow.stages.onnx.graph import constant_tensors, subgraphs
+from trtflow.stages.onnx.graph import constant_tensors, shape_derived, subgraphs
 from trtflow.text import first_line
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -44,6 +46,9 @@ ALWAYS_FP32 = {
 }
 # ops that accept their input in any precision: no Cast is put in front of them
 ANY_INPUT = {"Cast", "Shape", "Size", "CastLike"}
+# TensorRT computes shape arithmetic (Range bounds, sizes, grids made from a feature map's H and W) in FP32:
+# an FP16 Cast of a shape value before an FP32 Range is an engine a dynamic profile cannot build
+SHAPE_ARITHMETIC = "shape arithmetic (computed from tensor shapes alone) stays FP32"
 ISLAND_ROUNDS = 24  # at most this many rounds of "keep the node the error names in FP32"
 
 
@@ -66,6 +71,7 @@ def _float_types(model: onnx.ModelProto) -> dict[str, int]:
 def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str]) -> Plan:
     """Which nodes run in FP16: every node that touches a float32 tensor, except those kept in FP32."""
     types = _float_types(model)
+    shapes = shape_derived(model)
     result = Plan(half=set())
     for node in model.graph.node:
         touches = [t for t in list(node.input) + list(node.output) if t and types.get(t) == FLOAT]
@@ -73,6 +79,8 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str])
             continue
         if node.name in keep_fp32:
             result.fp32[node.name] = keep_fp32[node.name]
+        elif any(types.get(t) == FLOAT for t in node.output if t in shapes):
+            result.fp32[node.name] = SHAPE_ARITHMETIC
         elif subgraphs(node):
             result.fp32[node.name] = f"control flow ({node.op_type}) runs in FP32 as a whole, cast at its boundary"
         elif node.op_type in block_ops:

@@ -103,6 +103,18 @@ def sanitize_dims(model: onnx.ModelProto) -> list[dict[str, Any]]:
     return changes
 
 
+def rename_dims(model: onnx.ModelProto, changes: list[dict[str, Any]]) -> None:
+    """Apply `sanitize_dims`' renames again (after onnxsim, which can write a graph's old dimension names back),
+    wherever the dimension is still free."""
+    tensors = {vi.name: vi for vi in list(graph_inputs(model)) + list(model.graph.output)}
+    for c in changes:
+        vi = tensors.get(c["tensor"])
+        dims = vi.type.tensor_type.shape.dim if vi is not None and vi.type.tensor_type.HasField("shape") else []
+        if c["axis"] < len(dims) and not (dims[c["axis"]].HasField("dim_value") and dims[c["axis"]].dim_value > 0):
+            dims[c["axis"]].Clear()
+            dims[c["axis"]].dim_param = c["now"]
+
+
 def constants_to_initializers(model: onnx.ModelProto) -> int:
     """Turn `Constant` nodes holding a tensor into initializers (weights exported as Constants, as PaddlePaddle
     does, are invisible to quantization tools that look for initializers). Returns how many were moved."""
@@ -213,6 +225,25 @@ def input_independent(model: onnx.ModelProto) -> set[str]:
                                        and n.op_type not in ("RandomNormal", "RandomUniform")):
             known.update(o for o in n.output if o)
     return known
+
+
+SHAPE_SOURCES = ("Shape", "Size")
+
+
+def shape_derived(model: onnx.ModelProto) -> set[str]:
+    """Names of the tensors computed from tensor shapes (Shape, Size) and constants alone: a dynamic model's
+    shape arithmetic — sizes, Range bounds, anchor grids made from a feature map's height and width — whose
+    values do not depend on any input's values, only on its shape."""
+    known = input_independent(model)
+    derived: set[str] = set()
+    for n in model.graph.node:  # topological order
+        if subgraphs(n):
+            continue
+        if n.op_type in SHAPE_SOURCES or (
+                n.input and any(t in derived for t in n.input) and all(not t or t in derived or t in known
+                                                                          for t in n.input)):
+            derived.update(o for o in n.output if o)
+    return derived
 
 
 def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto]]:

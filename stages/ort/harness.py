@@ -43,9 +43,10 @@ def time_calls(call: Callable[[], Any], warmup_s: float, duration_s: float, iter
 
 
 def random_feeds(sess: Any, shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
-    from trtflow.stages.ort.runner import random_input
+    from trtflow.stages.ort.runner import random_input, session_shapes
 
     rng = np.random.default_rng(seed)
+    shapes = session_shapes(sess.get_inputs(), shapes)
     return {i.name: random_input(i, shapes, rng) for i in sess.get_inputs()}
 
 

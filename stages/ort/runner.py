@@ -27,18 +27,37 @@ NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(
             "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
 
 
-def concrete_shape(name: str, shape: list[Any], given: dict[str, list[int]]) -> list[int]:
-    if name in given:
-        return list(given[name])
-    return [d if isinstance(d, int) and d > 0 else (1 if axis == 0 else DEFAULT_DYNAMIC)
-            for axis, d in enumerate(shape)]
+def concrete_shapes(inputs: list[tuple[str, list[Any]]], given: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A concrete shape for every (input name, dims) — dims are ints, symbol names (str) or None: `given` where
+    given; a dimension named by a symbol takes one value wherever the symbol appears (silero-VAD's `batch` is
+    axis 0 of `input` and axis 1 of `state`): the value it has in a given shape, else 1 if it is some input's
+    axis 0, else DEFAULT_DYNAMIC; other free dimensions are 1 on axis 0 and DEFAULT_DYNAMIC elsewhere."""
+    symbols: dict[str, int] = {}
+    for name, dims in inputs:
+        if name in given and len(given[name]) == len(dims):
+            for d, v in zip(dims, given[name]):
+                if isinstance(d, str) and d:
+                    symbols.setdefault(d, int(v))
+    for _, dims in inputs:
+        for axis, d in enumerate(dims):
+            if isinstance(d, str) and d and d not in symbols and axis == 0:
+                symbols[d] = 1
+    return {name: list(given[name]) if name in given else
+            [d if isinstance(d, int) and d > 0 else symbols.get(d, DEFAULT_DYNAMIC) if isinstance(d, str) and d
+             else (1 if axis == 0 else DEFAULT_DYNAMIC) for axis, d in enumerate(dims)]
+            for name, dims in inputs}
+
+
+def session_shapes(inputs: list[Any], given: dict[str, list[int]]) -> dict[str, list[int]]:
+    """`concrete_shapes` for ONNX Runtime session inputs."""
+    return concrete_shapes([(i.name, list(i.shape)) for i in inputs], given)
 
 
 def random_input(inp: Any, given: dict[str, list[int]], rng: np.random.Generator,
                  value_range: tuple[float, float] | None = None) -> np.ndarray:
     """Random data for one session input: uniform in `value_range` (both ends included for integers) where
     given, else normal floats, small integers and booleans."""
-    shape = concrete_shape(inp.name, list(inp.shape), given)
+    shape = concrete_shapes([(inp.name, list(inp.shape))], given)[inp.name]
     dtype = NP_TYPES.get(inp.type)
     if dtype is None:
         raise ValueError(f"input '{inp.name}' has type {inp.type}, which random inputs do not cover")

@@ -14,7 +14,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.schema import SampleData
 from trtflow.stages.image import preprocess
 from trtflow.stages.onnx.graph import index_bounds, inputs_upstream_of
-from trtflow.stages.ort.runner import fit_to_input, random_input, run
+from trtflow.stages.ort.runner import fit_to_input, random_input, run, session_shapes
 from trtflow.text import did_you_mean, first_line
 
 Feeds = dict[str, np.ndarray]
@@ -86,8 +86,8 @@ class SampleSource:
             return {first.name: self._fit(first, data, f)}
         rng = np.random.default_rng([self.data.seed, i])
         try:
-            return {m.name: random_input(m, self.data.shapes, rng, self.ranges.get(m.name))
-                    for m in self.model_inputs}
+            shapes = session_shapes(self.model_inputs, self.data.shapes)
+            return {m.name: random_input(m, shapes, rng, self.ranges.get(m.name)) for m in self.model_inputs}
         except ValueError as exc:
             raise StageError(f"{self.stage}: {exc}; give {self.key}.tensors instead") from None
 

@@ -19,6 +19,7 @@ class PrecisionReport(BaseModel):
     holdout_samples: int
     fallback: dict[str, Any]
     accuracy: dict[str, Any]  # Accuracy.to_json()
+    trial_build: dict[str, Any] = {}  # TensorRT's trial build of the variant (preflight.run_preflight's trial_build)
     warnings: list[str]
 
     def summary(self) -> str:
@@ -28,6 +29,11 @@ class PrecisionReport(BaseModel):
                  f"{self.holdout_samples} held out for the accuracy check", "",
                  f"**CPU accuracy pre-flight** ({self.accuracy['runtime']}, not a TensorRT number), "
                  f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(self.accuracy).table()
+        trial = self.trial_build
+        if trial.get("ran"):
+            shapes = f"{trial.get('min_shapes') or trial['shapes']} .. {trial['shapes']}"
+            lines += ["", f"**trial build** ({trial['runtime']}, profile {shapes}): "
+                          + ("builds" if trial["ok"] else f"fails: {trial['error']}")]
         lines += [f"\n**warning**: {w}" for w in self.warnings]
         if kept:
             lines += ["", "| node kept in FP32 | why |", "|---|---|"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from trtflow.child import serve
 from trtflow.stages.trt.engines import Built, Cell
+from trtflow.stages.trt.log_errors import first_error, shorten
 
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
 
@@ -50,7 +51,8 @@ def build(spec: Cell, cell: Path) -> Built:
             config.add_optimization_profile(p)
         engine = builder.build_serialized_network(network, config)
         if engine is None:
-            raise BuildError("the builder returned no engine: " + (log_lines[-1] if log_lines else "no log"))
+            raise BuildError("the builder returned no engine: "
+                             + first_error(log_lines, shorten(log_lines[-1]) if log_lines else "no log"))
         data = bytes(engine)
         seconds = time.perf_counter() - t0
         (cell / "engine.plan").write_bytes(data)

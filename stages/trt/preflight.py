@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtflow import child
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
+from trtflow.stages.trt.log_errors import first_error, shorten
 
 TIMEOUT_S = 900
 
@@ -64,6 +65,7 @@ def build_hint(error: str) -> str:
 class PreflightRequest(BaseModel):
     model: str
     shapes: dict[str, list[int]] | None = None  # build a trial engine at these shapes
+    min_shapes: dict[str, list[int]] | None = None  # ... with a profile from these up to `shapes` (dynamic dims)
 
 
 class PreflightReport(BaseModel):
@@ -80,15 +82,17 @@ class PreflightReport(BaseModel):
 
 
 def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
-                  timeout: float = TIMEOUT_S) -> dict[str, Any]:
+                  timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
-    shapes. Always returns a report; `ran` says whether a parser was actually used."""
+    shapes (with `min_shapes`, at a profile from them up to `shapes`: some builds fail only with dynamic
+    dimensions). Always returns a report; `ran` says whether a parser was actually used."""
     trt = detect_tensorrt()
     if trt is None:
         return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
         try:
-            answer, proc = child.call("trtflow.stages.trt.preflight", PreflightRequest(model=str(model), shapes=shapes),
+            answer, proc = child.call("trtflow.stages.trt.preflight", PreflightRequest(model=str(model), shapes=shapes,
+                                                                               min_shapes=min_shapes),
                                       PreflightReport, Path(folder), timeout)
         except subprocess.TimeoutExpired:
             return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
@@ -102,7 +106,7 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
     trial = report.get("trial_build")
     if trial and not trial["ok"]:
         trial["hint"] = "the build needs a GPU at build time here, not a model problem" if trial.get("needs_gpu") \
-            else build_hint(trial["error"])
+            else build_hint(trial.get("detail") or trial["error"])
     return report
 
 
@@ -123,13 +127,13 @@ def _parse(request: PreflightRequest, folder: Path) -> PreflightReport:
         result["layers"] = parsed.network.num_layers
         result.update(trt_parse.io_tensors(parsed.network))
         if shapes is not None:
-            result["trial_build"] = _trial_build(parsed, shapes)
+            result["trial_build"] = _trial_build(parsed, shapes, request.min_shapes or {})
     return PreflightReport(**result)
 
 
-def _trial_build(parsed: Any, shapes: dict[str, list[int]]) -> dict[str, Any]:
-    """Build an engine at fixed shapes: parsing is not building (TensorRT-RTX can parse control flow it then
-    cannot build)."""
+def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str, list[int]]) -> dict[str, Any]:
+    """Build an engine at fixed shapes, or from `min_shapes` up to them: parsing is not building (TensorRT-RTX can
+    parse control flow it then cannot build)."""
     import time
 
     net, builder = parsed.network, parsed.builder
@@ -142,7 +146,8 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]]) -> dict[str, Any]:
     for name, shape in fixed.items():
         if any(d < 0 for d in shape):
             return {"ok": False, "shapes": fixed, "error": f"no concrete shape for input '{name}' {shape}"}
-        profile.set_shape(name, shape, shape, shape)
+        low = min_shapes.get(name, shape)
+        profile.set_shape(name, low if len(low) == len(shape) else shape, shape, shape)
     config.add_optimization_profile(profile)
     before = len(parsed.log)
     t0 = time.perf_counter()
@@ -151,10 +156,13 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]]) -> dict[str, Any]:
     if engine is None:
         errors = [ln for ln in parsed.log[before:] if ln.startswith("[ERROR]") or "Error" in ln]
         real = [e for e in errors if not any(k in e for k in NEEDS_GPU)]  # no GPU: CUDA errors are noise
-        return {"ok": False, "shapes": fixed, "seconds": seconds, "needs_gpu": bool(errors) and not real,
-                "error": (real or errors or ["the builder returned no engine"])[0][:500],
+        first = (real or errors or ["the builder returned no engine"])[0]
+        return {"ok": False, "shapes": fixed, **({"min_shapes": min_shapes} if min_shapes else {}),
+                "seconds": seconds, "needs_gpu": bool(errors) and not real,
+                "error": first_error([first], shorten(first)), "detail": first[:2000],
                 "log": parsed.log[before:][-20:]}
-    return {"ok": True, "shapes": fixed, "seconds": seconds, "engine_bytes": len(bytes(engine))}
+    return {"ok": True, "shapes": fixed, "seconds": seconds, "engine_bytes": len(bytes(engine)),
+            **({"min_shapes": min_shapes} if min_shapes else {})}
 
 
 if __name__ == "__main__":
