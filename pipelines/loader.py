@@ -19,7 +19,7 @@ from trtflow.errors import SpecError
 from trtflow.pipelines.kinds import KINDS, kind_named
 from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.schema import StageBase
-from trtflow.text import suggestion
+from trtflow.text import first_line, suggestion
 
 Path_ = tuple  # a key path such as ("stages", "build", "workspace")
 
@@ -226,8 +226,12 @@ def _apply_override(data: dict, item: str) -> Path_:
                         file="--set")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or first_line(exc)
+        where = getattr(exc, "problem_mark", None)
+        at = f" at column {where.column + 1}" if where is not None else ""
+        raise SpecError(f"the value {raw!r} is not valid YAML: {problem}{at}", line=0,
+                        path=tuple(key.strip().split(".")), hint=f"quote it to pass a string: --set '{key.strip()}=\"...\"'") from None
     parts: list[Any] = key.strip().split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):

@@ -31,7 +31,7 @@ from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.calibrate import CalibrateReport, EntropyCheck
-from trtflow.text import did_you_mean
+from trtflow.text import did_you_mean, distinct
 
 VERSION = "5"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
@@ -75,7 +75,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     calibrated, full_range, entropy_check = _quantize(job, calib, out, ranges)
     if entropy_check and entropy_check.used == "full_range":
         warnings.append(f"on the calibration samples the {entropy_check.rule} ranges did worse than the full ranges "
-                        f"(cosine {entropy_check.entropy:.5f} < {entropy_check.full_range:.5f}): the full ranges "
+                        f"(cosine {' < '.join(distinct(entropy_check.entropy, entropy_check.full_range))}): the full ranges "
                         f"(MinMax) are used; set entropy_check: false for the {entropy_check.rule} rule regardless")
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "

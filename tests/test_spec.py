@@ -175,6 +175,20 @@ def test_set_overrides(write_yaml):
     msg = error_of(path, ["stages.build.workspace=lots"])
     assert msg.startswith("--set stages.build.workspace: invalid size 'lots'")
     assert "expected KEY.PATH=VALUE" in error_of(path, ["stages.build.workspace"])
+    # a value that is not valid YAML is an error naming the YAML problem, never a silent string
+    msg = error_of(path, ["stages.build.targets=[sm86, sm89"])
+    assert msg.startswith("--set stages.build.targets: the value '[sm86, sm89' is not valid YAML: expected ',' or "
+                          "']'"), msg
+    assert "quote it to pass a string" in msg
+
+
+def test_failure_lines_show_enough_digits_to_differ():
+    from trtflow.stages.compare.gate import Violation
+    from trtflow.text import distinct
+
+    assert Violation("y", "cosine", 0.999994, 1.0, True).line() == "output 'y': cosine 0.99999 < 1"
+    assert Violation("y", "cosine", 0.9999894, 0.99999, True).line() == "output 'y': cosine 0.999989 < 0.99999"
+    assert distinct(0.5, 0.5) == ("0.5", "0.5") and distinct(1e-7, 1.0000001e-7) == ("1e-07", "1.0000001e-07")
 
 
 def test_reserved_source_name(write_yaml):

@@ -27,3 +27,14 @@ def first_line(message: object) -> str:
     """The first non-empty line of a tool's message or an exception's (its type's name if it says nothing)."""
     line = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")
     return line or (type(message).__name__ if isinstance(message, BaseException) else "")
+
+
+def distinct(a: float, b: float, digits: int = 5) -> tuple[str, str]:
+    """`a` and `b` with at least `digits` significant digits and as many more as it takes to tell them apart (a
+    failure must never read `0.99999 < 0.99999`)."""
+    sa, sb = f"{a:.{digits}g}", f"{b:.{digits}g}"
+    d = digits
+    while sa == sb and a != b and d < 17:
+        d += 1
+        sa, sb = f"{a:.{d}g}", f"{b:.{d}g}"
+    return sa, sb

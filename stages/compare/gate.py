@@ -12,7 +12,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.schema import higher_is_better
 from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite
 from trtflow.stages.compare.task_metrics import declared
-from trtflow.text import did_you_mean
+from trtflow.text import did_you_mean, distinct
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
 DEFAULTS: dict[str, dict[str, float]] = {
@@ -39,7 +39,8 @@ class Violation:
     def line(self) -> str:
         if self.metric == "nan_inf":
             return f"output '{self.output}': {self.value:.0f} NaN/Inf values the FP32 reference does not have"
-        return f"output '{self.output}': {self.metric} {self.value:.6g} {'<' if self.at_least else '>'} {self.bound:g}"
+        value, bound = distinct(self.value, self.bound)
+        return f"output '{self.output}': {self.metric} {value} {'<' if self.at_least else '>'} {bound}"
 
 
 def check_names(stage: str, section: str, entries: dict[str, Any], outputs: list[str]) -> None:
