@@ -254,6 +254,7 @@ class Runner:
             reason = self.why_stale(name, key, parts)
         else:
             reason = "forced"
+            inputs = Inputs({slot: art for slot, art in inputs.items() if slot not in kind_of(spec).result_caches})
 
         self._make_shared_caches(inputs)
         staging = self.store.staging(name, key)

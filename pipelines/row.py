@@ -52,6 +52,7 @@ class Kind:
     module: str | None = ""  # where `run` and `VERSION` live (default trtflow.stages.<name>; None: the user's function)
     env: Callable[[Any], tuple[str, ...]] = _nothing  # params -> the environment facts in the key
     shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
+    result_caches: tuple[str, ...] = ()  # those of them holding results (not only speed): a forced run goes without
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     # (params, every stage it depends on, directly or not: name -> kind) -> (what is wrong, the parameter's key

@@ -19,7 +19,8 @@ from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.reports.build import BuildReport, CellRow
 from trtflow.stages.trt import building, config
-from trtflow.stages.trt.engines import LOG, Backend, Cell, Profile
+from trtflow.stages.trt.engine_cache import EngineCache, cell_key
+from trtflow.stages.trt.engines import LOG, SPEC, Backend, Built, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
 from trtflow.text import did_you_mean
 
@@ -100,7 +101,7 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     engines = out_dir / "engines"
     engines.mkdir()
     t0 = time.perf_counter()
-    results = building.build_cells(cells, engines, params.parallel)
+    results = _build_or_reuse(cells, engines, params, inputs)
     wall = time.perf_counter() - t0
 
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
@@ -118,6 +119,28 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
         raise StageFailed(f"build: {len(failed)} of {len(rows)} engine(s) failed; {failed[0].name}: "
                           f"{failed[0].error} (full log: {engines / failed[0].name / LOG})", result)
     return result
+
+
+def _build_or_reuse(cells: list[Cell], engines: Path, params: BuildStage, inputs: Inputs) -> list[Built]:
+    """Each cell built, or taken from the engine cache where nothing it depends on changed."""
+    if not (params.engine_cache and "engine_cache" in inputs):
+        return building.build_cells(cells, engines, params.parallel)
+    cache = EngineCache(inputs.one("engine_cache").path / "engines")
+    digests = {str(a.path): a.digest for a in inputs.many("models")}
+    machine = gpus() or None
+    keys = [cell_key(c, digests[c.model], machine) for c in cells]
+    results: list[Built | None] = []
+    for cell, key in zip(cells, keys):
+        built = cache.take(key, engines / cell.name)
+        if built is not None:
+            (engines / cell.name / SPEC).write_text(cell.model_dump_json(indent=2) + "\n")
+            built.write(engines / cell.name)
+        results.append(built)
+    todo = [i for i, r in enumerate(results) if r is None]
+    for i, built in zip(todo, building.build_cells([cells[i] for i in todo], engines, params.parallel)):
+        results[i] = built
+        cache.keep(keys[i], engines / cells[i].name, built)
+    return [r for r in results if r is not None]
 
 
 def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_cache: str | None) -> list[Cell]:

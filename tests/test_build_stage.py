@@ -179,3 +179,45 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
         (warning,) = result.warnings
         assert "is larger than the FP32 engine" in warning and "min_weight_params: 48000" in warning
         assert "**warning**" in result.summary
+
+
+def test_a_changed_variant_rebuilds_only_its_own_engines(tmp_path, variants):
+    """The stage's key covers all its models, so a new FP16 block list gave a new build stage result; with the
+    engine cache (keyed per cell: model digest, profiles, target, TensorRT, options, GPU) the FP32 and INT8
+    engines are taken as they were, the FP16 ones built. A cache entry whose engine was changed is not served."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    profiles = {"bs1": PROFILES["bs1"]}
+
+    def run(models, out):
+        out.mkdir()
+        result = build.run(stage(profiles=profiles), Inputs({"models": models,
+                                                             "engine_cache": Artifact(shared, "shared-cache", "")}),
+                           out)
+        return {c["name"]: c for c in json.loads(result.outputs["report"].read_text())["cells"]}, result
+
+    first, _ = run(variants, tmp_path / "a")
+    assert all(c["status"] == "ok" and "reused" not in c for c in first.values())
+    fp16 = onnx.load(str(variants[1].path))
+    fp16.doc_string = "another block list"  # a changed FP16 variant: another digest
+    changed = tmp_path / "fp16-b.onnx"
+    onnx.save(fp16, str(changed))
+    second, result = run([variants[0], Artifact(changed, "onnx", "b2", "fp16"), variants[2]], tmp_path / "b")
+    assert second["prepare.bs1.native"]["reused"] and second["int8.bs1.native"]["reused"]
+    assert "reused" not in second["fp16.bs1.native"]
+    engines = result.outputs["engines"]
+    assert (engines / "prepare.bs1.native" / "engine.plan").read_bytes() == \
+        (tmp_path / "a" / "engines" / "prepare.bs1.native" / "engine.plan").read_bytes()
+    assert json.loads((engines / "int8.bs1.native" / "spec.json").read_text())["model"] == str(variants[2].path)
+    assert "engine cache" in result.summary
+    # an engine changed in the cache fails its digest and is built again
+    entry = shared / "engines" / second["prepare.bs1.native"]["reused"]
+    plan = entry / "engine.plan"
+    data = bytearray(plan.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    plan.unlink()  # a hard link to the published engine: replace, never write through it
+    plan.write_bytes(bytes(data))
+    third, _ = run(variants, tmp_path / "c")
+    assert "reused" not in third["prepare.bs1.native"] and third["int8.bs1.native"]["reused"]
+    fourth, _ = run(variants, tmp_path / "d")  # the rebuilt engine replaced the bad entry
+    assert fourth["prepare.bs1.native"]["reused"] == second["prepare.bs1.native"]["reused"]

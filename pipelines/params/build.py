@@ -49,6 +49,9 @@ class BuildStage(StageBase, BuilderOptions):
     targets: list[str] = Field(default_factory=lambda: ["native"],
                                description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)")
     timing_cache: bool = True
+    engine_cache: bool = Field(True, description="take a cell's engine from the store's engine cache when nothing it "
+                                                 "depends on changed (model, profiles, target, TensorRT, options, "
+                                                 "GPU and driver): a changed variant rebuilds only its own engines")
     parallel: int = Field(2, ge=1, le=64)
     log_severity: Literal["error", "warning", "info", "verbose"] = "warning"
 
@@ -63,4 +66,6 @@ KIND = Kind("build", BuildStage,
             slots={"models": Slot("onnx", many=True, prefer=MODEL_MAKERS, source_ok=True)},
             outputs={"engines": "engines", "report": "json"},
             env=lambda p: TENSORRT_AND_GPU,
-            shared_caches=lambda p: ("timing_cache",) if p.timing_cache else ())
+            shared_caches=lambda p: (("timing_cache",) if p.timing_cache else ())
+            + (("engine_cache",) if p.engine_cache else ()),
+            result_caches=("engine_cache",))  # --force builds every engine again

@@ -47,7 +47,7 @@ class BuildReport(BaseModel):
             v = c.validity or {}
             valid = (v.get("validity", "?") + (f" ({', '.join(v['diagnostics'])})" if v.get("diagnostics") else "")
                      if v.get("checked") else "unknown")
-            status = "ok" if c.ok else f"**failed**: {(c.error or '')[:120]}"
+            status = ("ok (engine cache)" if c.reused else "ok") if c.ok else f"**failed**: {(c.error or '')[:120]}"
             lines.append(f"| `{c.name}` | {c.variant} | {c.precision} | {', '.join(c.profiles)} | {c.target} | "
                          f"{status} | {c.engine_bytes / 1e6:.2f} | {c.seconds:.2f} | "
                          f"{c.layers if c.layers is not None else ''} | "

@@ -83,6 +83,7 @@ class Built(BaseModel):
     validity: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
     peak_host_memory_mb: float | None = None
+    reused: str | None = None  # the engine cache's key, when the engine was taken from it instead of built
 
     @property
     def ok(self) -> bool:
