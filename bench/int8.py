@@ -1,7 +1,8 @@
 """INT8 on trained models: trtflow's `calibrate` stage (its default recipe) against NVIDIA ModelOpt's ONNX PTQ
 (`modelopt.onnx.quantization.quantize`, int8, entropy and max), same prepared model, same calibration samples,
 judged on held-out samples by the model's task metric against FP32, all on ONNX Runtime's CPU provider with graph
-optimizations off (Q/DQ executed as fake quantization).
+optimizations off (Q/DQ executed as fake quantization). trtflow's calibrate is given the `metrics:` block a user
+declares for the model (int8_models' `declare`): its range check decides by it on the calibration samples.
 
 Models and data: bench/int8_models.py (trained models from wheels; text images and sentences made from real
 photos and real prose). Each model is first put through trtflow's `prepare` stage (opset 17, onnxsim); both
@@ -154,7 +155,7 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path) -> dict:
     row: dict[str, Any] = {"model": name, "what": bench.what, "data": bench.data, "calib": n_calib,
                            "eval": len(held), "headline": bench.headline, "results": {}}
     mo = int8_models.CACHE / "modelopt"
-    runs = {"trtflow": lambda: run_trtflow(model, calib, work / "trtflow"),
+    runs = {"trtflow": lambda: run_trtflow(model, calib, work / "trtflow", metrics=bench.declare),
             "modelopt_entropy": lambda: run_modelopt(model, calib, "entropy", bench.shapes,
                                                      mo / f"{name}-entropy-{n_calib}.onnx"),
             "modelopt_max": lambda: run_modelopt(model, calib, "max", bench.shapes, mo / f"{name}-max-{n_calib}.onnx")}

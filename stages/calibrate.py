@@ -23,22 +23,26 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.pipelines.schema import metric_direction
 from trtflow.stages.compare import gate
+from trtflow.stages.compare.accuracy import Comparison, task_values
+from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
 from trtflow.stages.ort import calibration, qdq, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.calibrate import CalibrateReport, EntropyCheck
+from trtflow.stages.reports.calibrate import CalibrateReport, RangeCheck
 from trtflow.text import did_you_mean, distinct
 
-VERSION = "5"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+VERSION = "6"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
-# percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py)
+# percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
+# tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck)
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
-ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which clipped ranges are checked against the full ranges
+ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 # below this many calibration samples the report warns (min_samples is the hard limit). Measured with bench/int8.py
 # --sweep 4 8 16 32 (default recipe, trained models, real inputs, held out): the pooled task metric did not depend on
@@ -72,11 +76,12 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     excluded = set(left)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
     job = _Job(params, data, ref, pre, excluded, work)
-    calibrated, full_range, entropy_check = _quantize(job, calib, out, ranges)
-    if entropy_check and entropy_check.used == "full_range":
-        warnings.append(f"on the calibration samples the {entropy_check.rule} ranges did worse than the full ranges "
-                        f"(cosine {' < '.join(distinct(entropy_check.entropy, entropy_check.full_range))}): the full ranges "
-                        f"(MinMax) are used; set entropy_check: false for the {entropy_check.rule} rule regardless")
+    calibrated, full_range, check = _quantize(job, calib, out, ranges)
+    if check and check.used != check.rule:
+        better, chosen = distinct(check.errors[check.used], check.errors[check.rule])
+        warnings.append(f"on the calibration samples the {check.used.replace('_', ' ')} ranges tracked FP32 better "
+                        f"than the {check.rule} ones (mean relative error {better} < {chosen}) and are used; set "
+                        f"entropy_check: false for the {check.rule} rule regardless")
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
@@ -103,7 +108,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = CalibrateReport(method=params.method,
                              percentile=params.percentile if params.method == "percentile" else None,
                              data=data.label, calibration_samples=calibrated, holdout_samples=len(hold),
-                             full_range_tensors=full_range, entropy_check=entropy_check,
+                             full_range_tensors=full_range, range_check=check,
                              excluded_nodes=sorted(excluded), left_in_float=left_in_float,
                              quantize_ops=params.quantize_ops, quantize_outputs=params.quantize_outputs,
                              quantize_linear_nodes=n_q, accuracy=acc.to_json(), warnings=warnings)
@@ -172,37 +177,62 @@ class _Job:
     work: Path
 
 
-def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, list[str], EntropyCheck | None]:
+def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, list[str], RangeCheck | None]:
     """Statistics streamed over the calibration samples, thresholds as TensorRT chooses them, then Q/DQ into
     `out` (and the ranges into `ranges`). Returns the samples used, the tensors too sparse for the entropy rule,
-    and the entropy check (entropy's ranges against the full ranges on the calibration samples; the better is
-    kept)."""
+    and the range check (`RangeCheck`: the rule's ranges, the other histogram rule's and the full ranges, each
+    run on the calibration samples; the closest to FP32 is kept)."""
     params, data, ref, pre, excluded, work = job.params, job.data, job.ref, job.pre, job.excluded, job.work
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
         rule = calibration.Rule(params.method, params.percentile, params.entropy_floor)
         cal = calibration.calibrate(pre, list(params.quantize_ops), rule, data.feeds(calib), len(calib), work,
                                     FLUSH_EVERY)
-        tensors = cal.ranges()
-    used, full_range = cal.samples, cal.full_range
-    qdq.write(pre, out, ranges, tensors, params.per_channel, params.quantize_ops, excluded, params.quantize_outputs)
+
+    def write(candidate: calibration.Rule, model: Path, ranges_out: Path) -> list[str]:
+        tensors = cal.ranges(candidate)
+        qdq.write(pre, model, ranges_out, tensors, params.per_channel, params.quantize_ops, excluded,
+                  params.quantize_outputs)
+        return list(cal.full_range) if candidate.method == "entropy" else []
+
     if params.method == "minmax" or not params.entropy_check:
-        return used, full_range, None
-    full_model, full_ranges = work / "full_range.onnx", work / "full_range.json"
-    qdq.write(pre, full_model, full_ranges, cal.full_ranges(), params.per_channel, params.quantize_ops, excluded,
-              params.quantize_outputs)
+        return cal.samples, write(rule, out, ranges), None
+    other = "entropy" if params.method == "percentile" else "percentile"
+    candidates = {params.method: rule, other: calibration.Rule(other, params.percentile, params.entropy_floor),
+                  "full_range": calibration.Rule("minmax")}
     probe = calib[:ENTROPY_CHECK_SAMPLES]
-    entropy = _worst_cosine(ref, session(out), data.feeds(probe))
-    full = _worst_cosine(ref, session(full_model), data.feeds(probe))
-    check = EntropyCheck(samples=len(probe), entropy=entropy, full_range=full, rule=params.method,
-                         used="full_range" if full > entropy else params.method)
-    if check.used == "full_range":
-        shutil.copy(full_model, out)
-        shutil.copy(full_ranges, ranges)
-    return used, full_range, check
+    task, errors, sparse = {}, {}, {}
+    for label, candidate in candidates.items():
+        model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
+        sparse[label] = write(candidate, model, ranges_out)
+        task[label], errors[label] = _closeness(ref, session(model), data.feeds(probe), params.metrics)
+    order = list(candidates)
+    # the declared task metrics first (higher is better, each in turn), then the relative error, then the method
+    used = min(order, key=lambda k: ([-v for v in task[k].values()], errors[k], order.index(k)))
+    shutil.copy(work / f"{used}.onnx", out)
+    shutil.copy(work / f"{used}.json", ranges)
+    check = RangeCheck(samples=len(probe), errors={k: round(v, 6) for k, v in errors.items()},
+                       task={k: {m: round(v, 6) for m, v in t.items()} for k, t in task.items() if t},
+                       used=used, rule=params.method)
+    return cal.samples, sparse[used], check
 
 
-def _worst_cosine(ref: Any, cand: Any, feeds: Any) -> float:
-    return min(o["cosine"] for o in ort_runner.accuracy_of(ref, cand, feeds, SIMULATED).outputs.values())
+def _closeness(ref: Any, cand: Any, feeds: Any, metrics: dict[str, Any]) -> tuple[dict[str, float], float]:
+    """How close a candidate stays to FP32 on `feeds`: its declared task metrics (output/metric -> value, signed
+    so that higher is better; metrics whose direction is not known are left out) and its mean relative L2 error."""
+    cmp = Comparison(metrics, None, "calibrate")
+    errors: list[float] = []
+    for feed in feeds:
+        r, g = ort_runner.run(ref, feed), ort_runner.run(cand, feed)
+        cmp.add(r, g, feed)
+        errors += ort_runner.relative_errors(r, g)
+    acc = cmp.result(SIMULATED)
+    task = {}
+    for out in (o.name for o in ref.get_outputs() if declared(metrics, o.name)):
+        for name, value in task_values(acc.outputs.get(out, {})).items():
+            direction = metric_direction(name)
+            if direction is not None:
+                task[f"{out}/{name}"] = value if direction else -value
+    return task, float(np.mean(errors)) if errors else 0.0
 
 
 def _excluded_nodes(model: Any, params: CalibrateStage, small: bool) -> dict[str, str]:

@@ -235,3 +235,15 @@ def shared_batch_symbol() -> onnx.ModelProto:
          helper.make_tensor_value_info("state", TP.FLOAT, [2, "batch", 128])],
         [helper.make_tensor_value_info("stateN", TP.FLOAT, [2, "batch", 128])],
         [_w("w", 512, 128), numpy_helper.from_array(np.array([0], np.int64), "zero")])
+
+
+def embedding_table(rows: int = 2, name: str = "token_type_ids") -> onnx.ModelProto:
+    """A BERT-style lookup with one output: `name` [batch, 16] indexes a table of `rows` embeddings (a
+    token-type table has 2): random integers beyond the table are ONNX Runtime's `Gather ... indices element out
+    of data bounds`."""
+    return _model(
+        [helper.make_node("Gather", ["table", name], ["e"], name="lookup", axis=0),
+         helper.make_node("ReduceMean", ["e", "axes"], ["y"], name="pool", keepdims=0)],
+        [helper.make_tensor_value_info(name, TP.INT64, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["batch", 8])],
+        [_w("table", rows, 8), numpy_helper.from_array(np.array([1], np.int64), "axes")], opset=18)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
+import onnx
 import pytest
 
 from tests.assets import last_report
@@ -51,6 +53,7 @@ def test_the_harness_times_every_engine_and_names_its_runtime(write_yaml, workdi
         lat = r["latency_ms"]
         assert 0 < lat["min"] <= lat["median"] <= lat["p99"] <= lat["max"]
         assert r["throughput_qps"] == pytest.approx(cell["iterations"] / r["total_host_walltime_s"])
+        assert cell["batch"] == shape[0] and cell["samples_per_s"] == pytest.approx(r["throughput_qps"] * shape[0])
     opt, big = (c["result"]["latency_ms"]["median"] for c in report["cells"])
     assert big > opt, "twice the batch at a wider shape takes longer"
     assert report["telemetry"]["available"] is False and "no NVIDIA GPU" in report["telemetry"]["why"]
@@ -202,3 +205,61 @@ def test_trtexec_failing_is_one_line_quoting_its_error(write_yaml, workdir, tmp_
     message = str(info.value)
     assert message.startswith("benchmark: 1 of 1 measurement(s) failed; prepare.lines.native.opt: the log holds no "
                               "performance summary") and "trtexec says 'Error[3]: " in message and "\n" not in message
+
+
+def test_the_harness_feeds_valid_inputs_and_a_failing_cell_fails_alone(tmp_path):
+    """A BERT-style embedding table: random integers reached past its two rows in every cell (`idx=6 must be
+    within the inclusive range [-2,1]`); the harness now keeps them within the table, or within `data.ranges`.
+    Each cell runs in its own process: one that ONNX Runtime fails on fails with the harness's own words and its
+    log, and the other cell still gets numbers."""
+    from tests.graphs import embedding_table
+    from trtflow.artifact import Artifact, Inputs
+    from trtflow.pipelines.params.benchmark import BenchmarkStage
+    from trtflow.stages import benchmark
+
+    small, large = tmp_path / "small.onnx", tmp_path / "large.onnx"
+    onnx.save(embedding_table(2), str(small))
+    onnx.save(embedding_table(30), str(large))
+    models = [Artifact(small, "onnx", "s", "token_types"), Artifact(large, "onnx", "l", "vocab")]
+
+    def run(out, **kw):
+        out.mkdir()
+        params = BenchmarkStage.model_validate({"kind": "benchmark", "tool": "builtin", "duration": "0.05s",
+                                                "warmup": 0, "min_iterations": 25, **kw})
+        return benchmark.run(params, Inputs({"models": models}), out)
+
+    result = run(tmp_path / "a")
+    report = json.loads(result.outputs["report"].read_text())
+    assert [c["result"]["has_summary"] for c in report["cells"]] == [True, True]
+    assert all(c["iterations"] >= 25 for c in report["cells"]), "percentiles from enough samples"
+    assert all(c["samples_per_s"] == pytest.approx(c["result"]["throughput_qps"] * c["batch"])
+               for c in report["cells"])
+
+    with pytest.raises(StageFailed) as info:  # indices up to 20: the 2-row table cannot take them
+        run(tmp_path / "b", data={"random": True, "ranges": {"token_type_ids": [0, 20]}})
+    message = str(info.value)
+    assert message.startswith("benchmark: 1 of 2 measurement(s) failed; token_types.opt: variant 'token_types': "
+                              "the built-in harness (ONNX Runtime on CPU) failed: "), message
+    assert "trtexec" not in message and "(log: " in message
+    log = Path(message.split("(log: ")[1].split(")")[0])
+    assert "out of" in log.read_text() or "bounds" in log.read_text()
+    cells = json.loads((tmp_path / "b" / "report.json").read_text())["cells"]
+    assert cells[1]["result"]["has_summary"] and cells[1]["result"]["throughput_qps"] > 0
+
+
+def test_a_harness_process_that_dies_is_one_failed_cell(tmp_path, monkeypatch):
+    """The wording for a child killed by a signal (as ONNX Runtime 1.32's SIGSEGV on a ViT FP16 variant with its
+    graph optimizations on). The process here is a stand-in: what is checked is the parent's report of it."""
+    import subprocess
+
+    import numpy as np
+
+    from trtflow.stages.ort import harness
+
+    monkeypatch.setattr(harness.child, "call", lambda *a, **k: (None, subprocess.CompletedProcess([], -11, "",
+                                                                                                    "Segmentation")))
+    result = harness.benchmark(tmp_path / "m.onnx", {"x": np.zeros(2, np.float32)}, 0, 0, 1, 1, tmp_path / "f",
+                               tmp_path / "h.log")
+    assert result.status == "failed" and not result.has_summary
+    assert result.error == f"the built-in harness (ONNX Runtime on CPU) crashed (SIGSEGV) (log: {tmp_path / 'h.log'})"
+    assert result.to_json()["note"] == result.error

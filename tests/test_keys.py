@@ -100,7 +100,7 @@ def test_a_value_equal_to_the_default_is_the_default():
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "benchmark": ("3548f1857aa051d0f142119c8f3f36a9", "e9c09704fa3b5e8d95827752f62f8e03"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
-    "calibrate": ("af982e4180b28421ed15bffdce1a30f4", "56ba7fe54e924ebf4af9a755ba2355fa"),
+    "calibrate": ("7d50af1fb9870f816cddab1839ba53d6", "8bba7a1c0d08a64949604f75aa41d7ea"),
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
     "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),

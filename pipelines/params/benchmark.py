@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import StageBase, Strict
+from trtflow.pipelines.schema import SampleData, StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
 
 
@@ -28,6 +28,11 @@ class BenchmarkStage(StageBase):
     warmup: Duration = 0.2
     duration: Duration = 3.0
     iterations: int | None = Field(None, ge=1, le=10_000_000)
+    min_iterations: int = Field(20, ge=1, le=1_000_000, description="timed iterations at least, whatever the "
+                                                                     "duration: a p99 needs samples")
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True, samples=1), description=(
+        "the inputs the built-in harness feeds (its first sample): random by default, within `ranges` "
+        "(integer inputs indexing a table stay within it), or saved tensors"))
     trtexec_args: list[str] = Field(default_factory=list)
     gate: GateSpec | None = None
 
@@ -38,9 +43,10 @@ class BenchmarkStage(StageBase):
         return [f"trtexec: {where} (a program)"]
 
     def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        globs = super().data_globs()
         if self.gate is not None and self.gate.baseline != "previous":
-            return {"baseline": (self.gate.baseline, ("gate", "baseline"))}
-        return {}
+            globs["baseline"] = (self.gate.baseline, ("gate", "baseline"))
+        return globs
 
 
 KIND = Kind("benchmark", BenchmarkStage,

@@ -23,9 +23,9 @@ class CalibrateStage(StageBase):
                                          "rule alone clips heavy-tailed early activations to a few % of their "
                                          "range); null: TensorRT's rule as it is")
     entropy_check: bool = Field(
-        True, description="method: entropy or percentile also quantizes at the full ranges and keeps whichever "
-                          "tracks the FP32 model better on (up to 8 of) the calibration samples, never the held-out "
-                          "ones")
+        True, description="method: entropy or percentile also quantizes with the other histogram rule and at the "
+                          "full ranges, and keeps whichever stays closest to the FP32 model (mean relative error) on "
+                          "(up to 8 of) the calibration samples, never the held-out ones; the method on a tie")
     min_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     on_too_few: Literal["error", "warn"] = "error"
     quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])

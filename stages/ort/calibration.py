@@ -110,28 +110,34 @@ class StreamedCalibration:
         self.calibrator.collect_data(_Reader(chunk))
         self.samples += len(chunk)
 
-    def ranges(self) -> Any:
+    def ranges(self, rule: Rule | None = None) -> Any:
         """ONNX Runtime's `TensorsData`: per tensor, the symmetric range [-t, t] and, for histogram methods,
-        the histogram it came from."""
+        the histogram it came from. `rule`: another histogram rule than the one collected for, from the same
+        statistics (no second pass over the data)."""
         from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
         if self.method == "minmax":
             return self.calibrator.compute_data()
+        method = rule.method if rule else self.method
+        percentile = rule.percentile if rule else self.percentile
+        floor = rule.floor if rule else self.floor
+        if method == "minmax":
+            return self.full_ranges()
         data = {}
         self.full_range = []
         for name, (hist, edges, lo, hi) in self.calibrator.collector.histogram_dict.items():
             # the histogram's last edge can lie up to two bins past the largest |x| (ONNX Runtime widens it by
             # whole bins as new chunks arrive): no threshold goes past the largest |x| itself
             seen = _largest(lo, hi)
-            if self.method == "entropy" and hist.sum() < MIN_VALUES_FOR_KL:
+            if method == "entropy" and hist.sum() < MIN_VALUES_FOR_KL:
                 self.full_range.append(name)
                 amax = seen
-            elif self.method == "entropy":
+            elif method == "entropy":
                 amax = entropy_threshold(hist, edges)
-                if self.floor is not None:
-                    amax = max(amax, percentile_threshold(hist, edges, self.floor))
+                if floor is not None:
+                    amax = max(amax, percentile_threshold(hist, edges, floor))
             else:
-                amax = percentile_threshold(hist, edges, self.percentile)
+                amax = percentile_threshold(hist, edges, percentile)
             t = np.array(min(amax, seen), dtype=np.float32)
             data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
         return TensorsData(self._histogram_method(), data)

@@ -1,18 +1,30 @@
 """The built-in harness where trtexec is absent and no engine can run: the candidate's ONNX variant timed on ONNX
-Runtime (CPU) the way trtexec times an engine — warm-up for a while, then iterations for a duration or a count,
-each timed on the host, inputs made once. Its numbers are labelled as ONNX Runtime's, never as TensorRT's."""
+Runtime (CPU) the way trtexec times an engine — warm-up for a while, then iterations for a duration or a count
+(never fewer than `min_iterations`: percentiles need samples), each timed on the host, inputs made once. Its
+numbers are labelled as ONNX Runtime's, never as TensorRT's.
+
+Each measurement runs in its own process (`trtflow.child`'s convention: `python -m trtflow.stages.ort.harness
+request.json response.json`): ONNX Runtime can crash on a variant (a ViT FP16 variant: SIGSEGV at session
+creation in ONNX Runtime 1.32 with its graph optimizations on), and a crash fails that measurement, with its log,
+not the stage. The session is made as every other stage makes it (`runner.session`: graph optimizations off, the
+level the variant was checked with)."""
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from pydantic import BaseModel
 
+from trtflow import child
 from trtflow.stages.trtexec.result import PerfResult
 
 RUNTIME = "onnxruntime-cpu (CPUExecutionProvider; not a TensorRT number)"
 PERCENTILES = (90, 95, 99)
+TIMEOUT_S = 3600
 
 
 def latency_stats(samples_ms: list[float]) -> dict[str, float]:
@@ -22,9 +34,10 @@ def latency_stats(samples_ms: list[float]) -> dict[str, float]:
     return out
 
 
-def time_calls(call: Callable[[], Any], warmup_s: float, duration_s: float, iterations: int | None
-               ) -> tuple[list[float], float]:
-    """(per-call milliseconds, wall seconds of the timed part) after `warmup_s` of untimed calls."""
+def time_calls(call: Callable[[], Any], warmup_s: float, duration_s: float, iterations: int | None,
+               min_iterations: int = 1) -> tuple[list[float], float]:
+    """(per-call milliseconds, wall seconds of the timed part) after `warmup_s` of untimed calls: `iterations`
+    calls, else calls for `duration_s` and at least `min_iterations`."""
     end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:
         call()
@@ -37,17 +50,9 @@ def time_calls(call: Callable[[], Any], warmup_s: float, duration_s: float, iter
         if iterations is not None:
             if len(samples) >= iterations:
                 break
-        elif time.perf_counter() - start >= duration_s:
+        elif time.perf_counter() - start >= duration_s and len(samples) >= min_iterations:
             break
     return samples, time.perf_counter() - start
-
-
-def random_feeds(sess: Any, shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
-    from trtflow.stages.ort.runner import random_input, session_shapes
-
-    rng = np.random.default_rng(seed)
-    shapes = session_shapes(sess.get_inputs(), shapes)
-    return {i.name: random_input(i, shapes, rng) for i in sess.get_inputs()}
 
 
 def random_arrays(names: list[str], shapes: dict[str, list[int]], seed: int = 0) -> dict[str, np.ndarray]:
@@ -56,15 +61,58 @@ def random_arrays(names: list[str], shapes: dict[str, list[int]], seed: int = 0)
     return {n: rng.standard_normal(shapes.get(n, [1])).astype(np.float32) for n in names}
 
 
-def benchmark(model: Path, shapes: dict[str, list[int]], warmup_s: float, duration_s: float,
-              iterations: int | None) -> PerfResult:
+class HarnessRequest(BaseModel):
+    model: str
+    feeds: str  # an .npz of the inputs, by name
+    warmup_s: float
+    duration_s: float
+    iterations: int | None = None
+    min_iterations: int = 1
+
+
+class HarnessResponse(BaseModel):
+    samples_ms: list[float]
+    wall_s: float
+    onnxruntime: str
+
+
+def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, duration_s: float,
+              iterations: int | None, min_iterations: int, folder: Path, log: Path) -> PerfResult:
+    """`model` timed on ONNX Runtime in a child process (files in `folder`, the child's stderr in `log`); a
+    child that fails or dies gives a failed result saying so, in the harness's words."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "feeds.npz", **feeds)
+    request = HarnessRequest(model=str(model), feeds=str(folder / "feeds.npz"), warmup_s=warmup_s,
+                             duration_s=duration_s, iterations=iterations, min_iterations=min_iterations)
+    try:
+        answer, proc = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return PerfResult(status="failed", runtime=RUNTIME,
+                          error=f"the built-in harness (ONNX Runtime) did not finish within {TIMEOUT_S} s")
+    log.write_text(proc.stderr or "")
+    if answer is None:
+        code = proc.returncode
+        how = f"crashed ({signal.Signals(-code).name})" if code < 0 else f"failed: {child.last_line(proc)[:300]}"
+        return PerfResult(status="failed", runtime=RUNTIME,
+                          error=f"the built-in harness (ONNX Runtime on CPU) {how} (log: {log})")
+    samples = answer.samples_ms
+    return PerfResult(status="passed", throughput_qps=len(samples) / answer.wall_s, latency_ms=latency_stats(samples),
+                      total_host_walltime_s=answer.wall_s, layout="built-in harness",
+                      runtime=f"{RUNTIME}, onnxruntime {answer.onnxruntime}, graph optimizations off",
+                      samples_ms=samples)
+
+
+def _serve(request: HarnessRequest, folder: Path) -> HarnessResponse:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-    feeds = random_feeds(sess, shapes)
-    samples, wall = time_calls(lambda: sess.run(None, feeds), warmup_s, duration_s, iterations)
-    return PerfResult(status="passed", throughput_qps=len(samples) / wall, latency_ms=latency_stats(samples),
-                      total_host_walltime_s=wall, layout="built-in harness", runtime=f"{RUNTIME}, onnxruntime "
-                      f"{ort.__version__}", samples_ms=samples)
+    from trtflow.stages.ort.runner import session
+
+    sess = session(Path(request.model))
+    feeds = dict(np.load(request.feeds))
+    samples, wall = time_calls(lambda: sess.run(None, feeds), request.warmup_s, request.duration_s,
+                               request.iterations, request.min_iterations)
+    return HarnessResponse(samples_ms=samples, wall_s=wall, onnxruntime=ort.__version__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(child.serve(HarnessRequest, _serve))

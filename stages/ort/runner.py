@@ -1,6 +1,7 @@
 """Run ONNX models with ONNX Runtime on CPU and compare their outputs (a runner and a comparator, kept apart)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -46,6 +47,26 @@ def concrete_shapes(inputs: list[tuple[str, list[Any]]], given: dict[str, list[i
             [d if isinstance(d, int) and d > 0 else symbols.get(d, DEFAULT_DYNAMIC) if isinstance(d, str) and d
              else (1 if axis == 0 else DEFAULT_DYNAMIC) for axis, d in enumerate(dims)]
             for name, dims in inputs}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A model input as an ONNX Runtime session describes it (name, dims with symbols as str, 'tensor(float)'),
+    read from the graph: for code that must not create a session (a variant that may crash ONNX Runtime)."""
+    name: str
+    shape: list[Any]
+    type: str
+
+
+def model_inputs(model: Any) -> list[InputSpec]:
+    from onnx import TensorProto
+
+    from trtflow.stages.onnx.graph import graph_inputs
+
+    return [InputSpec(vi.name, [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                for d in vi.type.tensor_type.shape.dim],
+                      f"tensor({TensorProto.DataType.Name(vi.type.tensor_type.elem_type).lower()})")
+            for vi in graph_inputs(model)]
 
 
 def session_shapes(inputs: list[Any], given: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -94,6 +115,21 @@ def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], run
     for feed in feeds:
         cmp.add(run(ref_sess, feed), run(cand_sess, feed), feed)
     return cmp.result(runtime)
+
+
+def relative_errors(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> list[float]:
+    """Per float output of one sample: ||got - ref|| / ||ref|| (1e6 where the candidate is not finite)."""
+    errors = []
+    for name, r in ref.items():
+        if not np.issubdtype(r.dtype, np.floating):
+            continue
+        r64, g64 = r.astype(np.float64), got[name].astype(np.float64)
+        if not np.all(np.isfinite(g64)):
+            errors.append(1e6)
+            continue
+        norm = float(np.linalg.norm(r64))
+        errors.append(float(np.linalg.norm(g64 - r64)) / norm if norm > 0 else float(np.abs(g64).max(initial=0)))
+    return errors
 
 
 def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float, atol: float) -> dict[str, Any]:

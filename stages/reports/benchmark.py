@@ -19,6 +19,8 @@ class Measurement(BaseModel):
     result: dict[str, Any]  # trtexec.result.PerfResult.to_json()
     slowest_layers: list[dict[str, Any]] = []
     iterations: int | None = None
+    batch: int = 1  # axis 0 of the inputs: throughput_qps counts batches, samples_per_s samples
+    samples_per_s: float | None = None
     samples_ms: list[float] | None = Field(None, exclude=True)  # per iteration: the plot's, not the report's
 
     @property
@@ -50,12 +52,14 @@ class BenchmarkReport(BaseModel):
         if self.tool != "trtexec":
             lines += [f"trtexec was not found (looked in: {', '.join(self.trtexec_looked) or 'nowhere: tool: builtin'}"
                       f"); numbers below name the runtime that produced them.", ""]
-        lines += ["| cell | runtime | throughput (qps) | mean (ms) | p99 (ms) | status |", "|---|---|---|---|---|---|"]
+        lines += ["| cell | runtime | batches/s | samples/s | mean (ms) | p99 (ms) | iterations | status |",
+                  "|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
             res = c.result
             lat = res.get("latency_ms") or res.get("gpu_compute_ms") or {}
             lines.append(f"| {c.cell} | {res.get('runtime') or '-'} | {_num(res.get('throughput_qps'))} | "
-                         f"{_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
+                         f"{_num(c.samples_per_s)} | {_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
+                         f"{c.iterations or '-'} | "
                          f"{'ok' if c.ok else 'failed: ' + str(res.get('note'))} |")
         if self.not_measured:
             lines += ["", "**not measured** (they failed validation and must not be deployed):"]

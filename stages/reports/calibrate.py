@@ -9,14 +9,17 @@ from pydantic import BaseModel
 from trtflow.stages.compare.accuracy import Accuracy
 
 
-class EntropyCheck(BaseModel):
-    """The clipped ranges (entropy's or percentile's: `rule`) against the full ranges on (some of) the calibration
-    samples: the better is kept."""
+class RangeCheck(BaseModel):
+    """Each candidate set of ranges — the chosen rule's, the other histogram rule's, the full ranges (MinMax) —
+    quantized and run on (some of) the calibration samples, never the held-out ones: the one whose outputs stay
+    closest to FP32 is kept — by the declared task metrics (`metrics:`), then the mean relative L2 error per sample
+    and output, then the chosen rule."""
     samples: int
-    entropy: float  # the worst output cosine with the clipped ranges (the name predates percentile's check)
-    full_range: float  # ... with the full ranges
-    used: str  # the rule ("entropy", "percentile") or "full_range"
-    rule: str = "entropy"
+    errors: dict[str, float]  # candidate ("entropy", "percentile", "full_range") -> mean relative error
+    task: dict[str, dict[str, float]] = {}  # candidate -> declared task metric ("output/metric") -> value, signed
+    # so that higher is better: these decide first, in declaration order, the relative error on a tie
+    used: str
+    rule: str
 
 
 class CalibrateReport(BaseModel):
@@ -26,7 +29,7 @@ class CalibrateReport(BaseModel):
     calibration_samples: int
     holdout_samples: int
     full_range_tensors: list[str]
-    entropy_check: EntropyCheck | None
+    range_check: RangeCheck | None
     excluded_nodes: list[str]
     quantize_ops: list[str]
     quantize_outputs: bool = False
@@ -48,6 +51,10 @@ class CalibrateReport(BaseModel):
             lines.append(f"left in float: {len(self.left_in_float)} node(s) of {', '.join(self.quantize_ops)}: " +
                          "; ".join(f"{len(ns)} {why} ({', '.join(f'`{n}`' for n in ns[:4])}"
                                    f"{', …' if len(ns) > 4 else ''})" for why, ns in reasons.items()) + "\n")
+        if self.range_check:
+            c = self.range_check
+            lines.append(f"ranges: {c.used.replace('_', ' ')} (mean relative error on {c.samples} calibration "
+                         f"samples: " + ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in c.errors.items()) + ")\n")
         if self.holdout_samples:
             lines += [(f"**CPU accuracy pre-flight** ({self.accuracy['runtime']}, not a TensorRT number), "
                        f"INT8 variant vs FP32 reference on {self.holdout_samples} held-out samples:"), ""]

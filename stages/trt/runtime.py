@@ -103,7 +103,7 @@ class EngineRunner:
         return {name: t.cpu().numpy() for name, t in results.items()}
 
     def time(self, feed: dict[str, np.ndarray], profile: int, warmup_s: float, duration_s: float,
-             iterations: int | None) -> tuple[list[float], float]:
+             iterations: int | None, min_iterations: int = 1) -> tuple[list[float], float]:
         """GPU milliseconds per execution (CUDA events around each enqueue, inputs already on the device) after
         `warmup_s` of untimed executions, and the wall seconds of the timed part."""
         import time as _time
@@ -117,7 +117,8 @@ class EngineRunner:
         self.stream.synchronize()
         pairs = []
         start = _time.perf_counter()
-        while (len(pairs) < iterations) if iterations else (_time.perf_counter() - start < duration_s):
+        while (len(pairs) < iterations) if iterations else (_time.perf_counter() - start < duration_s
+                                                            or len(pairs) < min_iterations):
             begin, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(self.stream)
             ctx.execute_async_v3(handle)

@@ -45,6 +45,8 @@ class PerfResult:
         return out
 
     def no_summary_reason(self) -> str:
+        if self.error and self.runtime and not self.runtime.startswith("trtexec"):
+            return self.error  # the built-in harness's own words
         if self.error:
             why = f": trtexec says {self.error!r}"
         elif self.status == "failed":
