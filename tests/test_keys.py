@@ -98,7 +98,7 @@ def test_a_value_equal_to_the_default_is_the_default():
 
 
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
-    "benchmark": ("3548f1857aa051d0f142119c8f3f36a9", "e9c09704fa3b5e8d95827752f62f8e03"),
+    "benchmark": ("830c0fa7c5fb62f6e2ab831fa9c9e7a2", "686518610ae8e10e679afc755c52d7ec"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
     "calibrate": ("7d50af1fb9870f816cddab1839ba53d6", "8bba7a1c0d08a64949604f75aa41d7ea"),
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
