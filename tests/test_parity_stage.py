@@ -157,6 +157,23 @@ def test_callable_reference(tmp_path):
         run(stage(training={"callable": "tests.nothere:f"}), tmp_path / "c")
 
 
+def _blob(path: str) -> np.ndarray:
+    """The training side as many OpenCV pipelines write it: cv2.dnn.blobFromImage, a batched 4-D tensor."""
+    import cv2
+    return cv2.dnn.blobFromImage(cv2.imread(str(path)), 1 / 255, (224, 224), swapRB=True)
+
+
+def test_a_batched_4d_reference_against_a_batched_deploy(tmp_path):
+    """Seen before: a training reference returning cv2.dnn.blobFromImage's [1, 3, H, W] with deploy `batch: true`
+    crashed the picture (OpenCV colormap.cpp:738). Both sides hold one image: they are compared and drawn."""
+    deploy = [{"read": "rgb"}, {"resize": {"size": [224, 224]}}, {"scale": "1/255"}, {"layout": "chw"},
+              {"batch": True}]
+    result = run(stage(deploy=deploy, training={"callable": "tests.test_parity_stage:_blob"}), tmp_path)
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["verdict"] == "pass" and all(r["shape_ok"] and r["max_abs"] < 1e-6 for r in report["images"])
+    assert result.outputs["picture"].stat().st_size > 10_000
+
+
 def test_saved_tensors_reference(tmp_path):
     tensors = []
     for p in PHOTOS:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtflow.pipelines.row import Kind, Slot
 from trtflow.pipelines.schema import CUSTOM_KIND, MAX_SAMPLES, Dim, StageBase, Strict
@@ -54,9 +54,20 @@ class CenterCropSpec(Strict):
 
 
 class PadSpec(Strict):
-    size: list[Dim] = Field(min_length=2, max_length=2, description="[height, width]; padded on the right and "
-                                                                   "at the bottom")
+    size: list[Dim] | Literal["square"] = Field(
+        description="[height, width], or square: the longer side (a detector padding to a square before its resize)")
     value: float | list[float] = Field(0.0, description="on the tensor's scale at that step (one, or per channel)")
+    place: Literal["top_left", "center", "bottom_right"] = Field(
+        "top_left", description="where the image sits: top_left pads on the right and at the bottom (PaddleOCR, "
+                                "NudeNet), center on every side (the odd pixel at the bottom and right), "
+                                "bottom_right on the left and at the top")
+
+    @field_validator("size")
+    @classmethod
+    def _two(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) != 2:
+            raise ValueError("size: give [height, width] or square")
+        return v
 
 
 class LetterboxSpec(Strict):

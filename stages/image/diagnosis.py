@@ -31,11 +31,14 @@ CACHE_BYTES = 256 << 20  # intermediate images kept while searching
 
 
 def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Drop leading batch dimensions of size 1 so the two can be compared."""
+    """Drop leading batch dimensions of size 1 so the two can be compared: down to the other side's rank, and
+    both down to one image (3-D) where both are batched (deploy `batch: true` against cv2.dnn.blobFromImage)."""
     while deploy.ndim > train.ndim and deploy.shape[0] == 1:
         deploy = deploy[0]
     while train.ndim > deploy.ndim and train.shape[0] == 1:
         train = train[0]
+    while deploy.ndim > 3 and deploy.shape[0] == 1 and train.shape[0] == 1:
+        deploy, train = deploy[0], train[0]
     return deploy, train
 
 

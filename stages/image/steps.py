@@ -149,13 +149,21 @@ class Color(Step):
 class Pad(Step):
     name = "pad"
 
+    def canonical(self, value: Any) -> Any:
+        # the placement every pad had before `place` existed is left out: their digests stay what they were
+        return {k: v for k, v in value.items() if not (k == "place" and v == "top_left")}
+
     def apply(self, img: np.ndarray, value: Any, layout: str) -> tuple[np.ndarray, str]:
         if img.ndim != 3:
             raise StageError("'pad' must come before 'batch'")
         return _pad(img, value, layout), layout
 
     def causes(self, steps: Steps, i: int, value: Any) -> Iterator[Cause]:
-        return _pad_values(steps, i, value)
+        yield from _pad_values(steps, i, value)
+        for place in ("top_left", "center", "bottom_right"):
+            if place != value.get("place", "top_left"):
+                yield ("padding placed differently", f"pad with place: {place}",
+                       _replace(steps, i, {"pad": {**value, "place": place}}))
 
 
 class Dtype(Step):
@@ -309,10 +317,11 @@ def _color(img: np.ndarray, conv: str) -> np.ndarray:
 
 
 def _pad(img: np.ndarray, spec: dict[str, Any], layout: str) -> np.ndarray:
-    """Pads on the right and at the bottom, in either layout (PaddleOCR pads after normalizing, in CHW)."""
-    th, tw = spec["size"]
+    """Pads to `size` ([h, w] or "square") with the image at `place`, in either layout (PaddleOCR pads after
+    normalizing, in CHW)."""
     hwc = layout == "hwc"
     h, w, c = img.shape if hwc else (img.shape[1], img.shape[2], img.shape[0])
+    th, tw = (max(h, w), max(h, w)) if spec["size"] == "square" else spec["size"]
     if h > th or w > tw:
         raise StageError(f"pad: the image is {h}x{w} at that step, larger than size [{th}, {tw}] "
                          f"(resize with max_width, or a larger pad size)")
@@ -323,10 +332,13 @@ def _pad(img: np.ndarray, spec: dict[str, Any], layout: str) -> np.ndarray:
         value = np.clip(np.round(value), np.iinfo(img.dtype).min, np.iinfo(img.dtype).max)
     out = np.empty((th, tw, c) if hwc else (c, th, tw), img.dtype)
     out[...] = value.reshape((1, 1, -1) if hwc else (-1, 1, 1)).astype(img.dtype)
+    place = spec.get("place", "top_left")
+    top, left = {"top_left": (0, 0), "center": ((th - h) // 2, (tw - w) // 2),
+                 "bottom_right": (th - h, tw - w)}[place]
     if hwc:
-        out[:h, :w] = img
+        out[top:top + h, left:left + w] = img
     else:
-        out[:, :h, :w] = img
+        out[:, top:top + h, left:left + w] = img
     return out
 
 
