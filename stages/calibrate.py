@@ -206,8 +206,10 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
         sparse[label] = write(candidate, model, ranges_out)
         task[label], errors[label] = _closeness(ref, session(model), data.feeds(probe), params.metrics)
     order = list(candidates)
-    # the declared task metrics first (higher is better, each in turn), then the relative error, then the method
-    used = min(order, key=lambda k: ([-v for v in task[k].values()], errors[k], order.index(k)))
+    # declared task metrics decide (higher is better, each in turn), and on a tie the method stands: on a few
+    # calibration samples the relative error over whole outputs is a weaker guide than the rule (ddddocr's OCR:
+    # entropy had the smallest error and read 5% fewer held-out lines exactly). Without them, the relative error.
+    used = min(order, key=lambda k: ([-v for v in task[k].values()], 0.0 if task[k] else errors[k], order.index(k)))
     shutil.copy(work / f"{used}.onnx", out)
     shutil.copy(work / f"{used}.json", ranges)
     check = RangeCheck(samples=len(probe), errors={k: round(v, 6) for k, v in errors.items()},

@@ -12,12 +12,12 @@ from trtflow.stages.compare.accuracy import Accuracy
 class RangeCheck(BaseModel):
     """Each candidate set of ranges — the chosen rule's, the other histogram rule's, the full ranges (MinMax) —
     quantized and run on (some of) the calibration samples, never the held-out ones: the one whose outputs stay
-    closest to FP32 is kept — by the declared task metrics (`metrics:`), then the mean relative L2 error per sample
-    and output, then the chosen rule."""
+    closest to FP32 is kept: by the declared task metrics (`metrics:`), the chosen rule on a tie; without them, by
+    the mean relative L2 error per sample and output."""
     samples: int
     errors: dict[str, float]  # candidate ("entropy", "percentile", "full_range") -> mean relative error
     task: dict[str, dict[str, float]] = {}  # candidate -> declared task metric ("output/metric") -> value, signed
-    # so that higher is better: these decide first, in declaration order, the relative error on a tie
+    # so that higher is better: where declared, these decide (in declaration order), the rule on a tie
     used: str
     rule: str
 
