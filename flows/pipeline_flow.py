@@ -1,9 +1,11 @@
 """The Prefect wiring, kept thin: one flow run per pipeline run, one task per stage, a Markdown artifact each."""
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import os
 import re
-import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,6 +13,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
 from prefect.states import Completed
+from prefect.utilities.annotations import quote
 
 from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
@@ -18,6 +21,7 @@ from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all
 from trtflow.flows.manifest import Manifest
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
+from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import parse_yaml
 
 StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) as stages start and finish
@@ -60,9 +64,15 @@ def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
     return on_progress
 
 
+# the runner of each running pipeline flow, by handle: a task gets the handle, never the object (Prefect walks a
+# task's arguments for earlier results, and the runner holds them all: the UI drew false edges)
+_runners: dict[str, Runner] = {}
+
+
 @task(cache_policy=NONE, persist_result=False)
-def stage_task(runner: Runner, name: str, produced: dict[str, Manifest],
+def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
                force: list[str] | None) -> StageOutcome:
+    runner = _runners[runner_id]
     key = artifact_key(runner, name)
     try:
         with progress.listening(_progress_artifact(key, name)), runner.slots:
@@ -117,7 +127,9 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     stage stops only the stages that depend on it."""
     runner = make_runner(pipeline_file, overrides, store)
     order = runner.select(stages)
+    _tag_flow_run(run_identity(pipeline_file)[1])
     run = _Schedule(runner, order, force)
+    _runners[run.runner_id] = runner
     try:
         run.until_done()
     except BaseException:  # Ctrl-C, SIGTERM: stop the stages running in other threads, then unwind
@@ -125,6 +137,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         for future in run.running.values():
             future.wait()
         raise
+    finally:
+        _runners.pop(run.runner_id, None)
     if run.failed:
         first, exc = next((n, run.failed[n]) for n in order if n in run.failed)
         lost = [n for n in order if run.skipped.get(n) in run.failed]
@@ -143,23 +157,56 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
             for n, o in ((n, run.outcomes[n]) for n in order)]
 
 
+def _tag_flow_run(wanted: list[str]) -> None:
+    """The pipeline's tags on this flow run however it was started (CLI, deployment, a Python call, a watcher's
+    subflow): one API call, added to the tags it has."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    have = list(flow_run.tags or [])
+    missing = [t for t in wanted if t not in have]
+    if missing and flow_run.id:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, tags=have + missing)
+
+
+def stage_tags(runner: Runner, name: str) -> set[str]:
+    """A stage task's tags: trtflow, the pipeline and repo, the stage and its kind, and for a stage that uses the
+    GPU the device it uses (`gpu:<index>`, from CUDA_VISIBLE_DEVICES' first entry, else 0), for Prefect's
+    tag-based concurrency limits (`trtflow init-deploy` creates one per device)."""
+    spec = runner.graph.nodes[name].spec
+    tags = set(run_identity(str(runner.pipeline.file))[1]) | {f"stage:{name}", f"kind:{spec.kind}"}
+    if "gpu" in kind_of(spec).env(spec):
+        tags.add(f"gpu:{gpu_device()}")
+    return tags
+
+
+def gpu_device() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return visible or "0"
+
+
 class _Schedule:
-    """Submits each stage once what it reads is done, and collects outcomes and failures."""
+    """Submits each stage once what it reads is done, and collects outcomes and failures. Waiting is on the
+    futures' own completion (no asking the server for each running task's state)."""
 
     def __init__(self, runner: Runner, order: list[str], force: list[str] | None):
         self.runner, self.order, self.force = runner, order, force
+        self.runner_id = uuid.uuid4().hex
         self.pending = list(order)
         self.running: dict[str, Any] = {}
         self.outcomes: dict[str, StageOutcome] = {}
         self.failed: dict[str, BaseException] = {}
         self.skipped: dict[str, str] = {}  # stage -> the failed stage it needed
+        self.futures: dict[str, Any] = {}  # every stage submitted: the upstream of a later one
 
     def until_done(self) -> None:
         while self.pending or self.running:
             self._submit_ready()
             self._collect()
             if self.running:
-                time.sleep(0.05)
+                concurrent.futures.wait([_local(f) for f in self.running.values()], timeout=1.0,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
 
     def _submit_ready(self) -> None:
         for name in list(self.pending):
@@ -173,15 +220,20 @@ class _Schedule:
                 spec = node.spec
                 task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
                                                 retry_delay_seconds=spec.retry_delay,
-                                                retry_condition_fn=_retry_unless_user_error)
+                                                retry_condition_fn=_retry_unless_user_error,
+                                                tags=stage_tags(self.runner, name))
                 _notify("start", name)
                 produced = {u: self.outcomes[u].manifest for u in node.upstream}
-                self.running[name] = task_.submit(self.runner, name, produced, self.force)
+                # the edges are the stages it reads (wait_for); its arguments are quoted: Prefect otherwise links
+                # any argument whose id() matches an earlier result's (ids of freed objects are reused)
+                self.running[name] = task_.submit(quote(self.runner_id), quote(name), quote(produced),
+                                                  quote(self.force), wait_for=[self.futures[u] for u in node.upstream])
+                self.futures[name] = self.running[name]
                 self.pending.remove(name)
 
     def _collect(self) -> None:
         for name, future in list(self.running.items()):
-            if not future.state.is_final():
+            if not _local(future).done():
                 continue
             del self.running[name]
             try:
@@ -191,3 +243,8 @@ class _Schedule:
                 _notify("fail", name, exc)
                 continue
             _notify("done", name, self.outcomes[name])
+
+
+def _local(future: Any) -> concurrent.futures.Future:
+    """The in-process future behind a Prefect task future (the default task runner's threads)."""
+    return future.wrapped_future

@@ -252,3 +252,46 @@ def test_watcher_names_the_working_directory_of_a_missing_pipeline(prefect_serve
     with pytest.raises(SpecError, match=f"relative paths resolve against the deployment's working directory, "
                                         f"{tmp_path}"):
         find_pipelines(["repo/pipeline.yaml"], tmp_path)
+
+
+def test_a_python_call_is_tagged_draws_true_edges_and_does_not_poll(prefect_server, write_yaml, tmp_path,
+                                                                  monkeypatch):
+    """Called from Python (no CLI, no tags context), the flow run still carries the pipeline's tags and every task
+    its stage and kind. Each task's inputs in Prefect's graph are exactly the stages it reads (the runner object
+    passed as an argument drew edges to any earlier result inside it). Waiting for a running stage asks the server
+    nothing: the scheduler asked every running task's state every 50 ms (about 13 reads a second per stage)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from trtflow.flows.pipeline_flow import pipeline_flow
+
+    log = tmp_path / "intervals.txt"
+    path = write_yaml(f"""
+        version: 1
+        name: edges
+        model: models/cls.onnx
+        stages:
+          a: {{kind: "tests.stage_fns:copy_model", outputs: {{model: onnx}}}}
+          side: {{kind: "tests.stage_fns:interval", outputs: {{report: json}},
+                  params: {{tag: side, seconds: 2, log: '{log}'}}}}
+          b: {{kind: "tests.stage_fns:count_bytes", outputs: {{report: json}}, inputs: {{model: a}}}}
+        """)
+    reads = []
+    real = SyncPrefectClient.read_task_run
+    monkeypatch.setattr(SyncPrefectClient, "read_task_run", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    outcomes = pipeline_flow(str(path))
+    assert [o["status"] for o in outcomes] == ["ran", "ran", "ran"]
+    assert reads == [], f"{len(reads)} task-run reads while 'side' ran for 2 s"
+    runs = {t.name: t for t in _task_runs(path)}
+    assert {"stage:b", "kind:tests.stage_fns:count_bytes", "trtflow", "pipeline:edges"} <= set(runs["b"].tags)
+    ids = {t.id: name for name, t in runs.items()}
+    upstream = {name: {ids.get(i.id) for inputs in t.task_inputs.values() for i in inputs if hasattr(i, "id")}
+                for name, t in runs.items()}
+    from trtflow.flows.runner import make_runner
+    graph = make_runner(str(path), [], None).graph
+    assert upstream == {n: set(graph.nodes[n].upstream) for n in runs} and upstream["b"] == {"a"}, upstream
+
+    async def flow_tags():
+        from prefect.client.orchestration import get_client
+        async with get_client() as client:
+            return (await client.read_flow_run(runs["b"].flow_run_id)).tags
+    assert {"trtflow", "pipeline:edges", f"repo:{path.parent.name}"} <= set(asyncio.run(flow_tags()))
