@@ -47,13 +47,38 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 
 
 def running() -> dict[str, Any] | None:
-    """The background server's record, if that server is alive and answers."""
+    """The background server's record, if that server is alive, is the process trtflow started, and answers."""
     try:
         rec = json.loads(record_file().read_text())
-        os.kill(int(rec["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
-    return rec if healthy(rec["url"]) else None
+    return rec if _ours(rec) and healthy(rec["url"]) else None
+
+
+def _started_at(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22): a pid reused by another
+    process has another."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _ours(rec: dict[str, Any]) -> bool:
+    """The recorded pid is still the server trtflow started: the same start time and a Prefect server command
+    line on the recorded port (a stale record's pid may belong to any process by now)."""
+    try:
+        pid = int(rec["pid"])
+        if not Path("/proc/self").is_dir():  # no /proc to ask (not Linux): alive is all that can be known
+            os.kill(pid, 0)
+            return True
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    port = str(rec.get("url", "")).rsplit(":", 1)[-1].split("/")[0].encode()
+    started = rec.get("started_at")
+    return (b"prefect" in b" ".join(cmdline) and b"server" in cmdline and port in cmdline
+            and (started is None or started == _started_at(pid)))
 
 
 @contextmanager
@@ -88,17 +113,23 @@ def ensure(on_start=None) -> str:
             proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                      "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        # recorded before waiting for it: a trtflow killed now leaves a server `trtflow server stop` knows
+        record = {"pid": proc.pid, "url": url, "log": str(log), "started": time.time(),
+                  "started_at": _started_at(proc.pid)}
+        record_file().write_text(json.dumps(record))
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not healthy(url, timeout=1.0):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                _kill(proc.pid)
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                raise PrefectUnavailable(f"could not start a Prefect server in the background (log: {log}; last "
-                                         f"line: {tail[0]}): set PREFECT_API_URL to a server of yours, or "
-                                         f"{MODE}=ephemeral for Prefect's temporary one")
-            time.sleep(0.25)
-        record_file().write_text(json.dumps({"pid": proc.pid, "url": url, "log": str(log),
-                                             "started": time.time()}))
+        try:
+            while not healthy(url, timeout=1.0):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                    raise PrefectUnavailable(f"could not start a Prefect server in the background (log: {log}; "
+                                             f"last line: {tail[0]}): set PREFECT_API_URL to a server of yours, or "
+                                             f"{MODE}=ephemeral for Prefect's temporary one")
+                time.sleep(0.25)
+        except BaseException:  # failed, or interrupted (SIGTERM, Ctrl-C) while it started: no orphan is left
+            _kill(proc.pid)
+            record_file().unlink(missing_ok=True)
+            raise
         if on_start:
             on_start(url)
         return url
@@ -111,7 +142,10 @@ def stop() -> dict[str, Any] | None:
             rec = json.loads(record_file().read_text())
         except (OSError, ValueError):
             return None
-        _kill(int(rec["pid"]))
+        if _ours(rec):  # a stale record's pid may be another process's by now: never killed
+            _kill(int(rec["pid"]))
+        else:
+            rec = None
         record_file().unlink(missing_ok=True)
         return rec
 

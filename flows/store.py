@@ -32,6 +32,7 @@ LAST = "last.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
 MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
 MARKER_CONTENT = {"trtflow": "artifact store", "format": 1}
+GITIGNORE = ".gitignore"
 KEY_NAME = re.compile(r"[0-9a-f]{32}")  # flows/keys.py's stage_key
 HOST = socket.gethostname().replace("-", "_")[:32]
 UMASK = os.umask(0o022)
@@ -177,6 +178,8 @@ class LocalStore:
             return
         if not (self.root / MARKER).is_file():
             write_json_atomic(self.root / MARKER, MARKER_CONTENT)
+            if not (self.root / GITIGNORE).exists():  # a store inside a model repo is not its source
+                (self.root / GITIGNORE).write_text("# trtflow's artifact store: results, not source\n*\n")
         self.clean_staging()
 
     def is_store(self) -> bool:

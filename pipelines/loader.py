@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
     if not isinstance(data, dict):
         raise SpecError("the pipeline must be a YAML mapping with version, name, model and stages", file=shown,
                         line=1)
+    # the user's own code (kind: userstages.slow:run, callables) lives beside the pipeline file in the model repo:
+    # importable at validate, plan and run, in deployments too, without PYTHONPATH (appended: never shadowing an
+    # installed package; stage processes get this sys.path)
+    if str(path.resolve().parent) not in sys.path:
+        sys.path.append(str(path.resolve().parent))
     data = _interpolate(data, (), environ if environ is not None else os.environ, shown, lines)
     for item in overrides or []:
         overridden = _apply_override(data, item)

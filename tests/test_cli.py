@@ -245,3 +245,31 @@ def test_validate_names_data_read_from_outside_the_pipelines_directory(write_yam
     listed = out[out.index("reads files outside"):]
     assert "int8: ../elsewhere/*.png" in listed and "again: /srv/private/**/*.npy" in listed, out
     assert "fp16" not in listed, "data/ is inside the pipeline's directory"
+
+
+def test_a_user_stage_beside_the_pipeline_file_is_importable(write_yaml, workdir, tmp_path, prefect_api):
+    """`kind: userstages.slow:run` in the model repo validated, then failed at plan and run with "cannot import"
+    unless PYTHONPATH was set by hand. The pipeline file's directory is importable (never shadowing an installed
+    package), at validate, plan and run, whatever the working directory."""
+    from tests.assets import trtflow
+
+    package = workdir / "repo_stages_2611"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "slow.py").write_text(
+        "from trtflow import StageResult\n\n"
+        "def run(params, inputs, out_dir):\n"
+        "    (out_dir / 'note.json').write_text('{}')\n"
+        "    return StageResult(outputs={'note': out_dir / 'note.json'})\n")
+    path = write_yaml("""
+        version: 1
+        name: userstage
+        model: models/cls.onnx
+        stages:
+          mine: {kind: "repo_stages_2611.slow:run", outputs: {note: json}}
+        """)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for command in (["validate", str(path)], ["plan", str(path)], ["run", str(path)]):
+        done = trtflow(*command, cwd=elsewhere)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)

@@ -230,3 +230,19 @@ def test_failed_verdict_keeps_its_report_but_is_never_reused(write_yaml, timeout
     assert action == "run" and why.startswith("its last run failed: check: checked, and it is wrong (details: ")
     with pytest.raises(StageFailed):
         run_all(path)
+
+
+def test_the_store_in_a_model_repo_is_ignored_by_git(write_yaml, workdir):
+    """`.trtflow/` sat in the model repo's `git status`: the store writes its own .gitignore when it is made."""
+    import shutil
+    import subprocess
+
+    path = write_yaml(PIPE)
+    run_all(path)
+    store = workdir / ".trtflow"
+    assert (store / ".gitignore").read_text().splitlines()[-1] == "*"
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q", str(workdir)], check=True)
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=workdir,
+                                capture_output=True, text=True, check=True).stdout
+        assert status and ".trtflow" not in status, status

@@ -72,3 +72,22 @@ def _zombie(proc: Path) -> bool:
         return proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return True
+
+
+def test_a_stale_record_never_kills_another_process(tmp_path, monkeypatch):
+    """`trtflow server stop` with a stale record killed whatever process had reused the pid. Only the process
+    trtflow started (a Prefect server command line on the recorded port, the recorded start time) is stopped."""
+    from trtflow.flows import server
+
+    monkeypatch.setenv("TRTFLOW_STATE_DIR", str(tmp_path))
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        server.record_file().write_text(json.dumps({"pid": bystander.pid, "url": "http://127.0.0.1:4321/api",
+                                                    "started_at": server._started_at(bystander.pid)}))
+        assert server.running() is None
+        assert server.stop() is None, "a record that is not trtflow's server is dropped, not acted on"
+        assert bystander.poll() is None, "the process that reused the pid is alive"
+        assert not server.record_file().exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
