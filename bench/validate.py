@@ -39,7 +39,9 @@ console = Console(width=150)
 def prepared(name: str, work: Path) -> tuple[Path, Path]:
     """The zoo model simplified, and the model localization runs on: EfficientNet-B1 with the planted overflow,
     any other zoo model as it is (its FP16 simulation is compared all the same)."""
-    from onnxsim import simplify
+    from trtflow.stages.onnx.simplifier import onnxsim
+
+    simplify = onnxsim().simplify
 
     raw = zoo_models.MODELS / f"{name}.onnx"
     if not raw.exists():

@@ -102,8 +102,9 @@ def _worst(acc: dict[str, Any]) -> tuple[float, float]:
 
 
 def _facts(reports: dict[str, Path], name: str) -> dict[str, Any]:
-    import onnxsim
+    from trtflow.stages.onnx.simplifier import onnxsim as load_onnxsim
 
+    onnxsim = load_onnxsim()
     out: dict[str, Any] = {}
     prep = _report(reports, "prepare")
     if prep:

@@ -188,48 +188,53 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
         cal = calibration.calibrate(pre, list(params.quantize_ops), rule, data.feeds(calib), len(calib), work,
                                     FLUSH_EVERY)
 
-    def write(candidate: calibration.Rule, model: Path, ranges_out: Path) -> list[str]:
+    def write(candidate: calibration.Rule, model: Path, ranges_out: Path) -> tuple[Any, list[str]]:
         tensors = cal.ranges(candidate)
-        qdq.write(pre, model, ranges_out, tensors, params.per_channel, params.quantize_ops, excluded,
-                  params.quantize_outputs)
-        return list(cal.full_range) if candidate.method == "entropy" else []
+        # a candidate's cache without the histograms (the quantizer reads only the ranges; writing 2048 bins per
+        # tensor as JSON cost seconds per candidate): the one kept is saved whole below
+        qdq.write(pre, model, ranges_out, tensors if ranges_out == ranges else calibration.ranges_only(tensors),
+                  params.per_channel, params.quantize_ops, excluded, params.quantize_outputs)
+        return tensors, list(cal.full_range) if candidate.method == "entropy" else []
 
     if params.method == "minmax" or not params.entropy_check:
-        return cal.samples, write(rule, out, ranges), None
+        return cal.samples, write(rule, out, ranges)[1], None
     other = "entropy" if params.method == "percentile" else "percentile"
     candidates = {params.method: rule, other: calibration.Rule(other, params.percentile, params.entropy_floor),
                   "full_range": calibration.Rule("minmax")}
     probe = calib[:ENTROPY_CHECK_SAMPLES]
-    task, errors, sparse = {}, {}, {}
+    task, errors, sparse, tensors = {}, {}, {}, {}
+    reference = [(feed, ort_runner.run(ref, feed)) for feed in data.feeds(probe)]
     for label, candidate in candidates.items():
         model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
-        sparse[label] = write(candidate, model, ranges_out)
-        task[label], errors[label] = _closeness(ref, session(model), data.feeds(probe), params.metrics)
+        tensors[label], sparse[label] = write(candidate, model, ranges_out)
+        task[label], errors[label] = _closeness(reference, session(model), params.metrics, ref.get_outputs())
     order = list(candidates)
     # declared task metrics decide (higher is better, each in turn), and on a tie the method stands: on a few
     # calibration samples the relative error over whole outputs is a weaker guide than the rule (ddddocr's OCR:
     # entropy had the smallest error and read 5% fewer held-out lines exactly). Without them, the relative error.
     used = min(order, key=lambda k: ([-v for v in task[k].values()], 0.0 if task[k] else errors[k], order.index(k)))
     shutil.copy(work / f"{used}.onnx", out)
-    shutil.copy(work / f"{used}.json", ranges)
+    calibration.save(tensors[used], ranges)
     check = RangeCheck(samples=len(probe), errors={k: round(v, 6) for k, v in errors.items()},
                        task={k: {m: round(v, 6) for m, v in t.items()} for k, t in task.items() if t},
                        used=used, rule=params.method)
     return cal.samples, sparse[used], check
 
 
-def _closeness(ref: Any, cand: Any, feeds: Any, metrics: dict[str, Any]) -> tuple[dict[str, float], float]:
-    """How close a candidate stays to FP32 on `feeds`: its declared task metrics (output/metric -> value, signed
-    so that higher is better; metrics whose direction is not known are left out) and its mean relative L2 error."""
+def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, Any],
+               outputs: list[Any]) -> tuple[dict[str, float], float]:
+    """How close a candidate stays to FP32 on `reference` ((feed, FP32 outputs) pairs): its declared task metrics
+    (output/metric -> value, signed so that higher is better; metrics whose direction is not known are left out)
+    and its mean relative L2 error."""
     cmp = Comparison(metrics, None, "calibrate")
     errors: list[float] = []
-    for feed in feeds:
-        r, g = ort_runner.run(ref, feed), ort_runner.run(cand, feed)
+    for feed, r in reference:
+        g = ort_runner.run(cand, feed)
         cmp.add(r, g, feed)
         errors += ort_runner.relative_errors(r, g)
     acc = cmp.result(SIMULATED)
     task = {}
-    for out in (o.name for o in ref.get_outputs() if declared(metrics, o.name)):
+    for out in (o.name for o in outputs if declared(metrics, o.name)):
         for name, value in task_values(acc.outputs.get(out, {})).items():
             direction = metric_direction(name)
             if direction is not None:

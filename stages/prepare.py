@@ -18,7 +18,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.pipelines.schema import SampleData
 from trtflow.stages.onnx import graph as onnx_graph
-from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx import model_io, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.prepare import PrepareReport, Source
@@ -219,8 +219,7 @@ class _Checker:
 
 
 def _simplify(model: onnx.ModelProto, path: Path, work: Path, checker: _Checker, external: bool) -> dict[str, Any]:
-    import onnxsim
-
+    onnxsim = simplifier.onnxsim()
     t0 = time.perf_counter()
     try:
         simplified, ok = onnxsim.simplify(model, check_n=0)

@@ -224,8 +224,9 @@ def test_dimension_symbols_shared_between_inputs(tmp_path, tensorrt_available):
 def test_renamed_dims_survive_simplification(tmp_path, monkeypatch):
     """The report said PaddlePaddle's '?' and -1 dims were renamed while onnxsim had written the old names back
     into the output (rename runs before simplify). Here onnxsim is made to do that, as it was seen to."""
-    import onnxsim
+    from trtflow.stages.onnx.simplifier import onnxsim as load_onnxsim
 
+    onnxsim = load_onnxsim()
     real = onnxsim.simplify
 
     def writes_old_names_back(model, **kw):

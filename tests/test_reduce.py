@@ -21,7 +21,9 @@ PLANT = "/features/features.4/features.4.0/block/block.3/block.3.0/Conv"  # a pr
 @pytest.fixture(scope="module")
 def effnet(tmp_path_factory) -> tuple[Path, Path]:
     """The prepared (simplified) FP32 model and its 8 real-photo samples as one .npz."""
-    from onnxsim import simplify
+    from trtflow.stages.onnx.simplifier import onnxsim
+
+    simplify = onnxsim().simplify
 
     root = tmp_path_factory.mktemp("effnet")
     with assets.zoo(root) as models:

@@ -27,6 +27,7 @@ HISTOGRAM_BINS = 2048  # TensorRT's
 MIN_VALUES_FOR_KL = 16 * HISTOGRAM_BINS
 START_BIN = 128  # the smallest threshold TensorRT considers, in bins
 QUANTIZED_LEVELS = 128  # int8, signed: 0..127 on |x|
+KL_TIE = 1e-12  # divergences closer than this are equal (float rounding of the prefix-sum form)
 
 Feeds = dict[str, np.ndarray]
 
@@ -42,33 +43,47 @@ def entropy_threshold(hist: np.ndarray, edges: np.ndarray, start_bin: int = STAR
     total = bins.sum()
     if total == 0:
         return float(edges[-1])
-    suffix = np.concatenate([np.cumsum(bins[::-1])[::-1], [0.0]])  # suffix[i] = sum(bins[i:])
-    best_i, best_kl = len(bins), np.inf
-    for i in range(start_bin, len(bins) + 1):
-        kl = _kl_for(bins[:i], suffix[i], levels)
-        if kl <= best_kl:  # `<=`: the last minimum, as the reference takes it
-            best_i, best_kl = i, kl
-    return float(edges[best_i])
+    kl = _divergences(bins, np.arange(start_bin, len(bins) + 1), levels)
+    # the last minimum, as the reference takes it; rounding apart (the reference's exact ties, such as KL 0 for
+    # two thresholds past the last nonzero bin, differ here by ~1e-16)
+    best = int(np.nonzero(kl <= kl.min() + KL_TIE)[0][-1])
+    return float(edges[start_bin + best])
 
 
-def _kl_for(kept: np.ndarray, outliers: float, levels: int) -> float:
-    i = len(kept)
-    level = (np.arange(i) * levels) // i  # = the reference's np.digitize over linspace(0, i, levels + 1), exactly
-    nonzero = kept != 0
-    counts = np.bincount(level[nonzero], weights=kept[nonzero], minlength=levels)
-    members = np.bincount(level[nonzero], minlength=levels)
-    mean = np.divide(counts, members, out=np.zeros(levels), where=members > 0)
-    q = np.where(nonzero, mean[level], 0.0)
-    p = kept.copy()
-    p[-1] += outliers
-    p_sum, q_sum = p.sum(), q.sum()
-    if q_sum == 0 or p_sum == 0:
-        return np.inf
-    p, q = p / p_sum, q / q_sum
-    mask = p > 0
-    if np.any(q[mask] == 0):
-        return np.inf
-    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+def _divergences(bins: np.ndarray, ends: np.ndarray, levels: int) -> np.ndarray:
+    """KL(p || q) for every threshold bin `i` in `ends` at once, from prefix sums (the reference loops over `i`).
+    p: bins[:i] with every outlier (bins[i:]) added to its last bin; q: bins[:i] merged into `levels` groups (bin
+    j in group j * levels // i), each nonzero bin given its group's mean over nonzero bins, zero bins kept zero.
+    With P = sum(p) (every value) and Q = sum(q) = sum(bins[:i]):
+    KL = (sum p log p - sum p log q) / P - log P + log Q, where sum p log q is sum over groups of count * log(mean)
+    plus the outliers times the log of the last bin's q."""
+    def xlogx(x: np.ndarray) -> np.ndarray:
+        return np.where(x > 0, x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+    total = bins.sum()
+    suffix = total - np.concatenate([[0.0], np.cumsum(bins)])  # suffix[i] = sum(bins[i:])
+    count = np.concatenate([[0.0], np.cumsum(bins)])
+    nonzero = np.concatenate([[0], np.cumsum(bins != 0)])
+    plogp = np.concatenate([[0.0], np.cumsum(xlogx(bins))])
+    i = ends[:, None]
+    group = np.arange(levels + 1)[None, :]
+    bounds = (group * i + levels - 1) // levels  # first bin of each group (ceil(g * i / levels)); the last is i
+    counts = count[bounds[:, 1:]] - count[bounds[:, :-1]]
+    members = nonzero[bounds[:, 1:]] - nonzero[bounds[:, :-1]]
+    mean = np.divide(counts, members, out=np.zeros_like(counts), where=members > 0)
+    log_mean = np.log(np.where(mean > 0, mean, 1.0))
+    ends_1 = ends - 1
+    last = bins[ends_1]  # the last kept bin, which takes the outliers
+    outliers = suffix[ends]
+    last_q = mean[np.arange(len(ends)), (ends_1 * levels) // ends]
+    p_log_q = (counts * log_mean).sum(axis=1) + np.where(last > 0, outliers * np.log(np.where(last > 0, last_q, 1.0)),
+                                                           0.0)
+    p_log_p = plogp[ends_1] + xlogx(last + outliers)
+    kept = count[ends]
+    with np.errstate(divide="ignore"):
+        kl = (p_log_p - p_log_q) / total - np.log(total) + np.log(kept)
+    # q is zero where p is not (every kept bin zero, or outliers landing on an empty last bin): no candidate
+    return np.where((kept == 0) | ((last == 0) & (outliers > 0)), np.inf, kl)
 
 
 def percentile_threshold(hist: np.ndarray, edges: np.ndarray, percentile: float) -> float:
@@ -160,6 +175,21 @@ class StreamedCalibration:
             t = np.array(_largest(lo, hi), dtype=np.float32)
             data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
         return TensorsData(self._histogram_method(), data)
+
+
+def save(tensors: Any, path: Path) -> None:
+    """ONNX Runtime's calibration cache (which `quantize_static` reads as it is)."""
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    save_tensors_data(tensors, path)
+
+
+def ranges_only(tensors: Any) -> Any:
+    """`tensors` (ONNX Runtime's TensorsData) without the histograms."""
+    from onnxruntime.quantization.calibrate import TensorData, TensorsData
+
+    return TensorsData(tensors.calibration_method, {name: TensorData(lowest=d.range_value[0], highest=d.range_value[1])
+                                                   for name, d in tensors.data.items()})
 
 
 def _largest(lo: Any, hi: Any) -> float:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from trtflow import child
+from trtflow.no_torch import torch_hidden
 from trtflow.text import first_line
 
 TIMEOUT_S = 1800
@@ -37,7 +38,9 @@ def pre_process(src: Path, dst: Path, work: Path) -> list[str]:
 
 
 def _main(request: PrepRequest, folder: Path) -> PrepResponse:
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    with torch_hidden():  # the symbolic shape inference imports onnxruntime.tools, and through it PyTorch
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+        from onnxruntime.tools import symbolic_shape_infer  # noqa: F401
 
     try:
         quant_pre_process(request.src, request.dst)
