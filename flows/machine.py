@@ -20,6 +20,7 @@ from trtflow.flows.fingerprint import ALL, fingerprint
 from trtflow.flows.store import write_json_atomic
 
 EVENT = "trtflow.environment.changed"
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a machine name or GPU kind in a work pool or queue name
 
 
 class EventNotSent(TrtflowError):
@@ -31,6 +32,12 @@ def state_file() -> Path:
         return Path(os.environ["TRTFLOW_STATE_DIR"]) / "environment.json"
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     return base / "trtflow" / "environment.json"
+
+
+def machine_name() -> str:
+    """This machine's name in a fleet: `$TRTFLOW_MACHINE`, else the host name. check-env's events, the deployment
+    `trtflow init-deploy --machine` writes and the GPU tags of stage tasks all use it."""
+    return os.environ.get("TRTFLOW_MACHINE") or socket.gethostname()
 
 
 def machine_kind(env: dict[str, Any]) -> str:
@@ -47,7 +54,7 @@ class Check:
     fingerprint: dict[str, Any]
     previous: dict[str, Any] | None
     kind: str
-    host: str = field(default_factory=socket.gethostname)
+    host: str = field(default_factory=machine_name)
 
     @property
     def changed(self) -> list[str]:
@@ -100,3 +107,22 @@ def send(result: Check) -> None:
     except Exception as exc:  # noqa: BLE001 - any transport failure is one line; nothing is recorded
         raise EventNotSent(f"could not send {EVENT} to {url}: {type(exc).__name__}: {exc}; the change was not "
                            f"recorded, so the next check reports it again") from exc
+
+
+def gpu_tags(name: str, check_result: Check | None) -> list[str]:
+    """The GPU tags stage tasks on machine `name` carry (`pipeline_flow.gpu_tag`): one per GPU it has (device 0
+    when none is seen)."""
+    gpus = ((check_result.fingerprint if check_result else {}).get("gpu") or {"0": None})
+    return [f"gpu:{name}/{i}" for i in sorted(gpus)]
+
+
+def create_gpu_limits(name: str, check_result: Check | None) -> list[str]:
+    """A Prefect tag concurrency limit of 1 on each of this machine's GPU tags: task runs carrying it (every
+    stage that uses that GPU, in any flow run) run one at a time. Existing limits are set to 1."""
+    from prefect.client.orchestration import get_client
+
+    tags = gpu_tags(name, check_result)
+    with get_client(sync_client=True) as client:
+        for tag in tags:
+            client.create_concurrency_limit(tag=tag, concurrency_limit=1)
+    return tags

@@ -172,18 +172,29 @@ def _tag_flow_run(wanted: list[str]) -> None:
 
 def stage_tags(runner: Runner, name: str) -> set[str]:
     """A stage task's tags: trtflow, the pipeline and repo, the stage and its kind, and for a stage that uses the
-    GPU the device it uses (`gpu:<index>`, from CUDA_VISIBLE_DEVICES' first entry, else 0), for Prefect's
-    tag-based concurrency limits (`trtflow init-deploy` creates one per device)."""
+    GPU the device it uses (`gpu_tag`), for Prefect's tag-based concurrency limits."""
     spec = runner.graph.nodes[name].spec
     tags = set(run_identity(str(runner.pipeline.file))[1]) | {f"stage:{name}", f"kind:{spec.kind}"}
-    if "gpu" in kind_of(spec).env(spec):
-        tags.add(f"gpu:{gpu_device()}")
+    device = stage_gpu(runner, name)
+    if device is not None:
+        tags.add(device)
     return tags
 
 
-def gpu_device() -> str:
+def stage_gpu(runner: Runner, name: str) -> str | None:
+    """`gpu_tag()` for a stage that uses the GPU (its key holds the GPU), else None."""
+    spec = runner.graph.nodes[name].spec
+    return gpu_tag() if "gpu" in kind_of(spec).env(spec) else None
+
+
+def gpu_tag() -> str:
+    """`gpu:<machine>/<device>`: the machine's fleet name (`machine_name`) and the device its stages use
+    (CUDA_VISIBLE_DEVICES' first entry, else 0). Per machine: a limit on `gpu:0` would hold every machine's
+    device 0 at once (`trtflow init-deploy --machine` creates the limit for this machine's devices)."""
+    from trtflow.flows.machine import machine_name
+
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return visible or "0"
+    return f"gpu:{machine_name()}/{visible or '0'}"
 
 
 class _Schedule:
@@ -199,6 +210,7 @@ class _Schedule:
         self.failed: dict[str, BaseException] = {}
         self.skipped: dict[str, str] = {}  # stage -> the failed stage it needed
         self.futures: dict[str, Any] = {}  # every stage submitted: the upstream of a later one
+        self.gpu = {n: stage_gpu(runner, n) for n in order}  # stage -> its GPU's tag (None: no GPU)
 
     def until_done(self) -> None:
         while self.pending or self.running:
@@ -216,7 +228,7 @@ class _Schedule:
                 self.skipped[name] = self.skipped.get(blocked[0], blocked[0])
                 self.pending.remove(name)
                 _notify("skip", name, self.skipped[name])
-            elif all(u in self.outcomes for u in node.upstream):
+            elif all(u in self.outcomes for u in node.upstream) and self._gpu_free(name):
                 spec = node.spec
                 task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
                                                 retry_delay_seconds=spec.retry_delay,
@@ -230,6 +242,21 @@ class _Schedule:
                                                   quote(self.force), wait_for=[self.futures[u] for u in node.upstream])
                 self.futures[name] = self.running[name]
                 self.pending.remove(name)
+
+    def _gpu_free(self, name: str) -> bool:
+        """A stage that times its GPU (`Kind.gpu_alone`: benchmark) starts only when no other stage uses that GPU,
+        and no stage starts on a GPU such a stage is using. (Across pipelines and flow runs, Prefect's
+        tag-based concurrency limit on the GPU's tag does the same.)"""
+        device = self.gpu.get(name)
+        if device is None:
+            return True
+        busy = [n for n in self.running if self.gpu.get(n) == device]
+        if self._alone(name):
+            return not busy
+        return not any(self._alone(n) for n in busy)
+
+    def _alone(self, name: str) -> bool:
+        return kind_of(self.runner.graph.nodes[name].spec).gpu_alone
 
     def _collect(self) -> None:
         for name, future in list(self.running.items()):

@@ -36,6 +36,7 @@ from trtflow.flows.store import (
     file_records,
 )
 
+QUARANTINE = ".quarantine"  # results whose files failed verification when fetched (see _quarantine)
 WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8 hex}", see publish
 
 
@@ -103,16 +104,21 @@ class RemoteStore:
         if local is not None:
             return local
         manifest = self._remote_manifest(stage, key)
+        if manifest is None:
+            self._quarantined(stage, key)
         if manifest is None or not manifest.ok:
             return None
         return self._fetch(stage, key, manifest)
 
     def peek(self, stage: str, key: str) -> dict[str, Any] | None:
-        """The manifest of a usable published result, without fetching its files (what `plan` needs)."""
+        """The manifest of a usable published result, without fetching its files (what `plan` needs); a result
+        that was quarantined is named in `rejected`."""
         local = self.cache.lookup(stage, key)
         if local is not None:
             return local
         manifest = self._remote_manifest(stage, key)
+        if manifest is None:
+            self._quarantined(stage, key)
         return manifest if manifest is not None and manifest.ok else None
 
     def staging(self, stage: str, key: str) -> Path:
@@ -126,9 +132,9 @@ class RemoteStore:
         if not replace:
             theirs = self._remote_manifest(stage, key)
             if theirs is not None and theirs.ok:
-                self.cache.discard(staging)
-                adopted = self._fetch(stage, key, theirs)
-                if adopted is not None:
+                adopted = self._fetch(stage, key, theirs)  # (one that fails verification is quarantined: ours
+                if adopted is not None:                    # takes its place)
+                    self.cache.discard(staging)
                     return self.path(stage, key), adopted
         files = file_records(staging)
         writer = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -150,9 +156,19 @@ class RemoteStore:
             raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
         placed = self._remote_manifest(stage, key)
         if placed is not None and placed.blobs != writer:  # another writer's manifest is the one in place
+            adopted = self._fetch(stage, key, placed) if placed.ok else None
+            if adopted is None and placed.ok:  # its files fail verification (and could not be quarantined): ours
+                try:                           # replace it, whole
+                    self.fs.pipe_file(target, data)
+                except Exception as exc:  # noqa: BLE001
+                    self._remove_blobs(stage, key, writer)
+                    raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
+                placed = self._remote_manifest(stage, key)
+                if placed is not None and placed.blobs == writer:
+                    return self.cache.publish(stage, key, staging, manifest, replace=True)
+                adopted = self._fetch(stage, key, placed) if placed is not None and placed.ok else None
             self._remove_blobs(stage, key, writer)
             self.cache.discard(staging)
-            adopted = self._fetch(stage, key, placed) if placed.ok else None
             if adopted is not None:
                 return self.path(stage, key), adopted
             raise StoreError(f"artifact store {self.location}: {stage}/{key[:12]} was published by another "
@@ -293,13 +309,45 @@ class RemoteStore:
         problem = check_files(staging, manifest.files, rehash=True)
         if problem:
             self.cache.discard(staging)
-            self.rejected[(stage, key)] = f"its stored result at {self.location} failed verification: {problem}"
+            self.rejected[(stage, key)] = (f"its stored result at {self.location} failed verification: {problem}; "
+                                           f"quarantined")
+            self._quarantine(stage, key, manifest, problem)
             return None
         # the files were just hashed against the manifest: only their mtimes are this machine's own
         local = manifest.model_copy(update={"files": {rel: {**rec, "mtime_ns": (staging / rel).stat().st_mtime_ns}
                                                       for rel, rec in (manifest.files or {}).items()}})
         _, placed = self.cache.publish(stage, key, staging, local)
         return placed
+
+    def _quarantine(self, stage: str, key: str, manifest: Manifest, problem: str) -> None:
+        """Take a published result whose files fail verification out of use, so that the stage runs again and its
+        result is published in its place: the manifest and the writer's files move to `.quarantine/<stage>/<key>/
+        <writer>/` with `reason.json` (what failed, where, when). Best effort: a run that cannot move it still
+        recomputes the stage; `verify --repair` removes what is left."""
+        import datetime
+
+        where = (QUARANTINE, stage, key, manifest.blobs)
+        reason = {"problem": problem, "host": HOST, "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  "manifest": manifest.to_json()}
+        try:
+            self.fs.pipe_file(self._remote(*where, "reason.json"), json.dumps(reason, indent=2).encode())
+            current = self._remote_manifest(stage, key)
+            if current is not None and current.blobs == manifest.blobs:  # not a result published meanwhile
+                self.fs.rm_file(self._remote(stage, key, MANIFEST))
+            self.fs.mv(self._remote(stage, key, manifest.blobs), self._remote(*where, "files"), recursive=True)
+        except Exception:  # noqa: BLE001 - any backend error: the stage runs again all the same
+            pass
+
+    def _quarantined(self, stage: str, key: str) -> None:
+        """`rejected` names the quarantined results of this key (why `plan` says the stage must run)."""
+        try:
+            found = self.fs.glob(self._remote(QUARANTINE, stage, key, "*", "reason.json"))
+            reasons = [json.loads(self.fs.cat_file(f)) for f in found[:1]]
+        except Exception:  # noqa: BLE001 - an unreadable quarantine record says nothing about the result
+            return
+        for r in reasons:
+            self.rejected[(stage, key)] = (f"its stored result at {self.location} failed verification on "
+                                           f"{r.get('host')} ({r.get('problem')}) and was quarantined")
 
     def _check_remote_files(self, stage: str, key: str, manifest: Manifest) -> str | None:
         records = manifest.files

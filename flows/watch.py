@@ -73,24 +73,44 @@ def engine_events(pipeline: Path, outcome: dict[str, Any], changed: list[str]) -
 
 
 @flow(name="trtflow-watch", persist_result=True, log_prints=True)
-def watch_flow(pipelines: list[str], store: str | None = None) -> list[dict[str, Any]]:
+def watch_flow(pipelines: list[str], store: str | None = None, machine: str | None = None,
+               changed: Any = None) -> list[dict[str, Any]]:
     """Check every pipeline (files, or directories of model repos) against this machine's environment and rebuild
     what is stale. Returns, per pipeline: the stages run and reused, the environment fields that changed, and
-    the events emitted; a pipeline that fails does not stop the others, and fails the flow at the end."""
+    the events emitted; a pipeline that fails does not stop the others, and fails the flow at the end. When every
+    pipeline is up to date or rebuilt, this machine's environment record (check-env's) advances to the current
+    environment. `machine`: the machine the run is for (a run that lands on another fails); `changed`: what
+    check-env's event said changed (logged)."""
     from prefect.events import emit_event
 
+    from trtflow.flows import machine as this_machine
     from trtflow.flows.pipeline_flow import pipeline_flow
     from trtflow.flows.runner import make_runner
 
     log = get_run_logger()
+    here = this_machine.machine_name()
+    if machine and machine != here:
+        raise TrtflowError(f"this watcher run is for machine '{machine}' but ran on '{here}': start its worker only "
+                           f"on {machine} (prefect worker start --work-queue {machine}), or set TRTFLOW_MACHINE "
+                           f"there")
+    if changed:
+        log.info("environment change reported by check-env on %s: %s", here, changed)
     base = Path.cwd()
+    found = find_pipelines(pipelines, base)
+    if not found:
+        raise SpecError(f"no trtflow pipeline in {', '.join(map(repr, pipelines))} under {base} (the deployment's "
+                        f"working directory: is TRTFLOW_MODELS set where it was deployed?)",
+                        hint="give pipeline files or directories holding them")
     results, failures = [], []
-    for path in find_pipelines(pipelines, base):
+    for path in found:
         entry: dict[str, Any] = {"pipeline": str(path), "ran": [], "reused": [], "events": []}
         results.append(entry)
         try:
             runner = make_runner(str(path), [], store)
             plan = runner.plan()
+            broken = [i for i in plan if i.action == "error"]
+            if broken:  # a stage that cannot even be planned (its code does not import here): not "up to date"
+                raise TrtflowError(f"stage '{broken[0].name}': {broken[0].reason}")
             stale = [i for i in plan if i.action == "run"]
             entry["environment_changed"] = sorted({c for i in plan for c in i.changed})
             if not stale:
@@ -116,5 +136,10 @@ def watch_flow(pipelines: list[str], store: str | None = None) -> list[dict[str,
         log.info("%s: ran %s; reused %s", path, ", ".join(entry["ran"]) or "nothing",
                  ", ".join(entry["reused"]) or "nothing")
     if failures:
-        raise TrtflowError(f"{len(failures)} of {len(results)} pipelines failed: " + "; ".join(failures))
+        raise TrtflowError(f"{len(failures)} of {len(results)} pipelines failed: " + "; ".join(failures) +
+                           "; this machine's environment record was not advanced")
+    check = this_machine.check()
+    if check.previous != check.fingerprint:
+        state = this_machine.record(check)
+        log.info("recorded this machine's environment in %s: every pipeline is up to date with it", state)
     return results

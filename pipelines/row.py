@@ -55,6 +55,7 @@ class Kind:
     result_caches: tuple[str, ...] = ()  # those of them holding results (not only speed): a forced run goes without
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
+    gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
     # (params, every stage it depends on, directly or not: name -> kind) -> (what is wrong, the parameter's key
     # path under the stage, what to do), for settings that cannot work with what the pipeline feeds the stage
     wiring: Callable[[Any, Mapping[str, str]], tuple[str, tuple[str, ...], str] | None] = _no_wiring_check

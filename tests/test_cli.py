@@ -151,8 +151,12 @@ def test_check_env_records_reports_and_keeps_an_unsent_change(capsys, tmp_path, 
     """First call records; the same environment is unchanged (exit 0); a changed one is reported field by field
     (exit 3). When the event cannot be sent (no Prefect server configured) the change is not recorded, so the next
     check reports it again."""
+    from prefect.settings import PREFECT_API_URL
+
     state = tmp_path / "env.json"
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    # (and out of Prefect's settings context, which an earlier in-process `trtflow run` in this worker may hold)
+    monkeypatch.setattr(PREFECT_API_URL, "value", lambda *a, **k: None)
     code, out, _ = run_cli(capsys, "check-env", "--state", str(state))
     assert code == 0 and "recorded this machine's environment" in out and state.is_file()
     code, out, _ = run_cli(capsys, "check-env", "--state", str(state), "--json")
@@ -170,17 +174,29 @@ def test_check_env_records_reports_and_keeps_an_unsent_change(capsys, tmp_path, 
     assert code == 0, "recorded by the previous call"
 
 
-def test_init_deploy_writes_a_template_prefect_can_read(capsys, tmp_path):
+def test_init_deploy_labels_the_deployment_as_check_env_labels_its_events(capsys, tmp_path, monkeypatch):
+    """The trigger matches the resource check-env's event names, for this machine: by construction, from the same
+    function (the shipped trigger matched `a100` while check-env sent `nvidia-a100-sxm4-80gb`)."""
     import yaml
-    target = tmp_path / "prefect.yaml"
-    code, out, _ = run_cli(capsys, "init-deploy", "-o", str(target))
-    assert code == 0 and target.is_file()
-    spec = yaml.safe_load(target.read_text())
-    (dep,) = spec["deployments"]
-    assert dep["entrypoint"] == "trtflow.flows.watch:watch_flow"
-    assert dep["triggers"][0]["expect"] == ["trtflow.environment.changed"]
-    code, _, err = run_cli(capsys, "init-deploy", "-o", str(target))
+
+    from trtflow.flows import machine
+
+    monkeypatch.setenv("TRTFLOW_MACHINE", "rig-3")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = run_cli(capsys, "init-deploy")
+    target = tmp_path / "prefect-rig-3.yaml"
+    assert code == 0 and target.is_file(), out
+    (dep,) = yaml.safe_load(target.read_text())["deployments"]
+    event = machine.check(tmp_path / "none.json").event()
+    trigger = dep["triggers"][0]
+    assert dep["entrypoint"] == "trtflow.flows.watch:watch_flow" and trigger["expect"] == [event["event"]]
+    assert all(event["resource"][k] == v for k, v in trigger["match"].items()), (trigger, event)
+    assert dep["work_pool"]["name"] == f"trtflow-{event['resource']['trtflow.gpu-kind']}"
+    assert dep["work_pool"]["work_queue_name"] == "rig-3" and dep["parameters"]["machine"] == "rig-3"
+    code, _, err = run_cli(capsys, "init-deploy")
     assert code == 2 and "exists" in err
+    code, _, err = run_cli(capsys, "init-deploy", "--machine", "a b", "-o", "x.yaml")
+    assert code == 2 and "--machine 'a b'" in err
 
 
 # --- a pipeline file is code: what it runs is shown, and checked before anything is handed to it (issue #27) -----

@@ -1,8 +1,8 @@
 """Deployments end to end, as a fleet runs them: a real Prefect server (SQLite) on loopback (the test run's, see
-conftest.py), a process worker, the watcher deployed from the shipped prefect.yaml (`trtflow init-deploy`), its
-nightly cron scheduled by the server's scheduler, triggered by the custom event that `trtflow check-env` sends after
-a TensorRT change. The pipeline built under the old TensorRT is rebuilt; the one already built under the current
-environment is reused.
+conftest.py), process workers standing for machines (each its own name, work queue, environment record and cache of
+a shared S3 store on moto's server), each machine's watcher deployed from the prefect.yaml `trtflow init-deploy`
+writes for it, its nightly cron scheduled by the server's scheduler, triggered by the custom event that
+`trtflow check-env` sends after a TensorRT change on that machine.
 
 The old TensorRT is a stand-in `tensorrt` package on PYTHONPATH that reports another version (no second TensorRT
 installs here): it changes the fingerprint exactly as an upgrade would, which is what this test is about.
@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -69,47 +69,67 @@ def _cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300) 
     return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def test_watcher_deployment_rebuilds_what_the_environment_change_made_stale(tmp_path, prefect_api):
+def test_a_change_on_one_machine_rebuilds_on_that_machine_and_advances_its_record(tmp_path, prefect_api):
+    """Two machines of one GPU kind (two process workers, each with its own name, environment record and cache of
+    one S3 store on moto's server) each deploy their watcher with `trtflow init-deploy`. TensorRT changes on
+    'alpha' only: its check-env sends the event, the trigger starts alpha's deployment, alpha's worker rebuilds
+    the pipeline built under the old TensorRT, and alpha's record advances after it; 'beta' runs nothing. A third
+    machine with no deployment keeps its change pending: the next check-env sends it again."""
+    from tests.test_shared_store import _moto_server
+
     api = prefect_api
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env = {**base, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
-           "PYTHONPATH": str(ROOT), "TRTFLOW_STATE_DIR": str(tmp_path / "state"),
-           "TRTFLOW_TEST_CALLS": str(tmp_path / "calls.txt"), "TRTFLOW_GPU_KIND": KIND,
-           "TRTFLOW_MODELS": str(tmp_path / "repos")}
-    old_trt = tmp_path / "old-tensorrt"  # the machine before the upgrade
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "TRTFLOW_", "AWS_"))}
+    import s3fs
+    with _moto_server(tmp_path) as s3:
+        s3fs.S3FileSystem(key=s3["AWS_ACCESS_KEY_ID"], secret=s3["AWS_SECRET_ACCESS_KEY"],
+                          endpoint_url=s3["AWS_ENDPOINT_URL"], skip_instance_cache=True).mkdir("fleet")
+        _two_machines(tmp_path, api, {**base, **s3})
+
+
+def _two_machines(tmp_path: Path, api: str, base: dict[str, str]) -> None:
+    repos = tmp_path / "repos"
+    (repos / "stale" / "models").mkdir(parents=True)
+    shutil.copy(PPOCR, repos / "stale" / "models" / "cls.onnx")
+    (repos / "stale" / "pipeline.yaml").write_text(PIPE.format(name="stale") + "artifacts: s3://fleet/store\n")
+    old_trt = tmp_path / "old-tensorrt"  # a machine before the upgrade
     (old_trt / "tensorrt").mkdir(parents=True)
     (old_trt / "tensorrt" / "__init__.py").write_text("__version__ = '10.0.1.6'\n")
-    before = {**env, "PYTHONPATH": f"{old_trt}{os.pathsep}{ROOT}"}
 
-    repos = tmp_path / "repos"
-    for name in ("stale", "fresh"):
-        (repos / name / "models").mkdir(parents=True)
-        shutil.copy(PPOCR, repos / name / "models" / "cls.onnx")
-        (repos / name / "pipeline.yaml").write_text(PIPE.format(name=name))
+    def machine(name: str, upgraded: bool) -> dict[str, str]:
+        (tmp_path / name).mkdir(exist_ok=True)
+        return {**base, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
+                "PYTHONPATH": str(ROOT) if upgraded else f"{old_trt}{os.pathsep}{ROOT}",
+                "TRTFLOW_MACHINE": name, "TRTFLOW_STATE_DIR": str(tmp_path / name / "state"),
+                "TRTFLOW_CACHE_DIR": str(tmp_path / name / "cache"), "TRTFLOW_PREFECT_SERVER": "ephemeral",
+                "TRTFLOW_TEST_CALLS": str(tmp_path / name / "calls.txt"), "TRTFLOW_MODELS": str(repos)}
+    old = {m: machine(m, upgraded=False) for m in ("alpha", "beta", "gamma")}
     trtflow = [sys.executable, "-m", "trtflow.flows.cli"]
     prefect = [sys.executable, "-m", "prefect"]
-    logs = [Path(os.environ["PREFECT_HOME"]) / "server.log", tmp_path / "worker.log"]
-    # before the upgrade: 'stale' is built, and this machine's environment is recorded
-    done = _cli(trtflow + ["run", "repos/stale/pipeline.yaml"], before, tmp_path)
-    assert done.returncode == 0, done.stderr
-    done = _cli(trtflow + ["check-env"], before, tmp_path)
-    assert done.returncode == 0 and "recorded" in done.stdout, done.stdout + done.stderr
-    # after it: 'fresh' is built under the new environment
-    done = _cli(trtflow + ["run", "repos/fresh/pipeline.yaml"], env, tmp_path)
-    assert done.returncode == 0, done.stderr
-    fresh_manifest = next((repos / "fresh" / ".trtflow" / "engine").glob("*/manifest.json"))
-    fresh_mtime = fresh_manifest.stat().st_mtime_ns
-    (tmp_path / "calls.txt").unlink()
+    logs = [Path(os.environ["PREFECT_HOME"]) / "server.log", tmp_path / "alpha.log", tmp_path / "beta.log"]
 
-    # the shipped prefect.yaml, deployed as a fleet would
-    assert _cli(trtflow + ["init-deploy", "-o", str(repos / "prefect.yaml")], env, tmp_path).returncode == 0
-    done = _cli(prefect + ["work-pool", "create", f"trtflow-{KIND}", "--type", "process"], env, repos)
+    # before the upgrade: the pipeline is built (published to the shared store) and each machine recorded
+    done = _cli(trtflow + ["run", "repos/stale/pipeline.yaml"], old["alpha"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    for m in ("alpha", "beta", "gamma"):
+        done = _cli(trtflow + ["check-env"], old[m], tmp_path)
+        assert done.returncode == 0 and "recorded" in done.stdout, done.stdout + done.stderr
+    (tmp_path / "alpha" / "calls.txt").unlink()
+
+    # each machine deploys its own watcher, labelled as its check-env labels its events
+    done = _cli(prefect + ["work-pool", "create", f"trtflow-{KIND}", "--type", "process"], old["alpha"], repos)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = _cli(prefect + ["--no-prompt", "deploy", "--all"], env, repos)
-    assert done.returncode == 0, done.stdout + done.stderr
-    deployment = _api(api, "post", "/deployments/filter", {"deployments": {"name": {"any_": [f"watch-{KIND}"]}}})
-    (dep,) = deployment
+    deployments = {}
+    for m in ("alpha", "beta"):
+        done = _cli(trtflow + ["init-deploy", "--gpu-kind", KIND], old[m], repos)
+        assert done.returncode == 0, done.stdout + done.stderr
+        done = _cli(prefect + ["--no-prompt", "deploy", "--all", "--prefect-file", f"prefect-{m}.yaml"], old[m],
+                    repos)
+        assert done.returncode == 0, done.stdout + done.stderr
+        (deployments[m],) = _api(api, "post", "/deployments/filter",
+                                 {"deployments": {"name": {"any_": [f"watch-{m}"]}}})
+        assert deployments[m]["work_queue_name"] == m
+    dep = deployments["alpha"]
     assert dep["schedules"] and dep["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
 
     # the server's scheduler makes the nightly runs (SQLAlchemy 2.1 broke this: `Can't evaluate bulk DML`)
@@ -118,38 +138,49 @@ def test_watcher_deployment_rebuilds_what_the_environment_change_made_stale(tmp_
         return [r for r in runs if r.get("auto_scheduled") and r["state_type"] == "SCHEDULED"]
     scheduled = _until("the scheduler's runs of the nightly cron", nightly, 90, logs)
     assert all(r["expected_start_time"][11:16] == "03:00" for r in scheduled), scheduled
-    automations = _api(api, "post", "/automations/filter", {})
-    assert any(a["trigger"].get("expect") == ["trtflow.environment.changed"] and
-               a["trigger"].get("match", {}).get("trtflow.gpu-kind") == KIND for a in automations), automations
 
-    worker_env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}
-    with _started(prefect + ["worker", "start", "--pool", f"trtflow-{KIND}", "--type", "process",
-                             "--limit", "1"], worker_env, logs[1], tmp_path):
-        # the upgrade is noticed: the event is sent, the trigger starts the watcher, the worker runs it
-        done = _cli(trtflow + ["check-env"], env, tmp_path)
-        assert done.returncode == 3, done.stdout + done.stderr
-        assert "tensorrt.version \"10.0.1.6\" ->" in done.stdout
+    def triggered(m: str):
+        runs = _api(api, "post", "/flow_runs/filter",
+                    {"flow_runs": {"deployment_id": {"any_": [deployments[m]["id"]]}}})
+        return [r for r in runs if not r.get("auto_scheduled")]  # the nightly cron's, should the test run at 03:00
+
+    new_alpha = machine("alpha", upgraded=True)
+    workers = {"alpha": new_alpha, "beta": old["beta"]}  # TensorRT changed on alpha only
+    with ExitStack() as running:
+        for m, env in workers.items():
+            running.enter_context(_started(prefect + ["worker", "start", "--pool", f"trtflow-{KIND}", "--work-queue",
+                                                      m, "--type", "process", "--limit", "1"],
+                                           {**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, tmp_path / f"{m}.log",
+                                           tmp_path))
+        done = _cli(trtflow + ["check-env"], new_alpha, tmp_path)
+        assert done.returncode == 3 and "tensorrt.version \"10.0.1.6\" ->" in done.stdout, done.stdout + done.stderr
+        done = _cli(trtflow + ["check-env"], old["beta"], tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
 
         def finished():
-            runs = _api(api, "post", "/flow_runs/filter",
-                        {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}})
-            return [r for r in runs if r["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
-                    and not r.get("auto_scheduled")]  # the nightly cron's run, should the test run at 03:00
-        (run,) = _until("the triggered watcher run to finish", finished, 300, logs, every=2)
+            return [r for r in triggered("alpha") if r["state_type"] in ("COMPLETED", "FAILED", "CRASHED",
+                                                                          "CANCELLED")]
+        (run,) = _until("alpha's triggered watcher run to finish", finished, 300, logs, every=2)
         assert run["state_type"] == "COMPLETED", json.dumps(run["state"], indent=1)
         assert (run.get("created_by") or {}).get("type") == "AUTOMATION", "started by the event's trigger"
+        assert run["parameters"]["machine"] == "alpha" and "tensorrt.version" in str(run["parameters"]["changed"])
+        worker_log = (tmp_path / "alpha.log").read_text(errors="replace")
+        assert run["id"] in worker_log, "alpha's worker ran it"
+        assert run["id"] not in (tmp_path / "beta.log").read_text(errors="replace")
 
-        def rebuilt():  # the event persister writes in batches
-            found = _api(api, "post", "/events/filter", {"filter": {"event": {"prefix": ["trtflow.stage."]}}})
-            return [e["resource"]["prefect.resource.id"] for e in found["events"]]
-        assert _until("the watcher's event", rebuilt, 60, logs) == ["trtflow.stage.stale.engine"]
+    assert (tmp_path / "alpha" / "calls.txt").read_text().split() == ["copy_model"], "alpha rebuilt the stage"
+    assert not (tmp_path / "beta" / "calls.txt").exists() and triggered("beta") == [], "beta ran nothing"
+    done = _cli(trtflow + ["check-env"], new_alpha, tmp_path)
+    assert done.returncode == 0 and "unchanged" in done.stdout, "alpha's record advanced after the rebuild"
+    done = _cli(trtflow + ["plan", "repos/stale/pipeline.yaml", "--check"], new_alpha, tmp_path)
+    assert done.returncode == 0, done.stdout
 
-    calls = (tmp_path / "calls.txt").read_text().split()
-    assert calls == ["copy_model"], "exactly one stage re-ran: the stale pipeline's"
-    assert fresh_manifest.stat().st_mtime_ns == fresh_mtime, "the up-to-date pipeline was reused, not rebuilt"
-    for name in ("stale", "fresh"):
-        done = _cli(trtflow + ["plan", f"repos/{name}/pipeline.yaml", "--check"], env, tmp_path)
-        assert done.returncode == 0, f"{name}: {done.stdout}"
+    # a machine whose change reaches no deployment: sent, not recorded, sent again by the next check
+    new_gamma = machine("gamma", upgraded=True)
+    for _ in range(2):
+        done = _cli(trtflow + ["check-env"], new_gamma, tmp_path)
+        assert done.returncode == 3 and "sent trtflow.environment.changed for machine gamma" in done.stdout, \
+            done.stdout + done.stderr
 
 
 def _api(api: str, method: str, path: str, body: dict):

@@ -295,3 +295,44 @@ def test_a_python_call_is_tagged_draws_true_edges_and_does_not_poll(prefect_serv
         async with get_client() as client:
             return (await client.read_flow_run(runs["b"].flow_run_id)).tags
     assert {"trtflow", "pipeline:edges", f"repo:{path.parent.name}"} <= set(asyncio.run(flow_tags()))
+
+
+def test_a_benchmark_never_shares_its_gpu_with_another_stage(prefect_server, write_yaml, tmp_path, monkeypatch):
+    """A benchmark times the GPU: while it runs, no other stage uses that GPU, and it does not start while one does.
+    Here a GPU stage (a user stage whose key holds the GPU) is running when the benchmark becomes ready, and another
+    becomes ready with it; the task runs the Prefect server recorded never overlap on the device's tag. Stages
+    without a GPU still run beside it."""
+    from trtflow.flows.pipeline_flow import pipeline_flow
+
+    monkeypatch.setenv("TRTFLOW_MACHINE", "rig-7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    log = tmp_path / "intervals.txt"
+    path = write_yaml(f"""
+        version: 1
+        name: gpu-alone
+        model: models/cls.onnx
+        stages:
+          a: {{kind: "tests.stage_fns:copy_model", outputs: {{model: onnx}}}}
+          build_like: {{kind: "tests.stage_fns:interval", outputs: {{report: json}}, env_dependent: true,
+                        params: {{tag: build_like, seconds: 3, log: '{log}'}}}}
+          cpu_side: {{kind: "tests.stage_fns:interval", outputs: {{report: json}},
+                      params: {{tag: cpu_side, seconds: 3, log: '{log}'}}}}
+          validate_like: {{kind: "tests.stage_fns:interval", outputs: {{report: json}}, env_dependent: true,
+                           inputs: {{model: a}}, params: {{tag: validate_like, seconds: 1, log: '{log}'}}}}
+          bench: {{kind: benchmark, tool: builtin, inputs: {{models: [a]}}, duration: 0.2s, warmup: 0,
+                   min_iterations: 3,
+                   data: {{random: true, samples: 1, shapes: {{x: [1, 3, 48, 192]}}}}}}
+        """)
+    outcomes = pipeline_flow(str(path))
+    assert {o["stage"]: o["status"] for o in outcomes} == dict.fromkeys(
+        ["a", "build_like", "cpu_side", "validate_like", "bench"], "ran")
+    runs = {t.name: t for t in _task_runs(path)}
+    device = "gpu:rig-7/1"
+    on_gpu = {n for n, t in runs.items() if device in t.tags}
+    assert on_gpu == {"build_like", "validate_like", "bench"} and "gpu:rig-7/1" not in runs["cpu_side"].tags
+    span = {n: (runs[n].start_time, runs[n].end_time) for n in runs}
+    for other in on_gpu - {"bench"}:
+        assert span[other][1] <= span["bench"][0] or span["bench"][1] <= span[other][0], \
+            f"bench {span['bench']} overlaps {other} {span[other]}"
+    # the CPU stage was not held back: it ran beside the GPU stages
+    assert span["cpu_side"][0] < span["build_like"][1]

@@ -150,6 +150,9 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     assert len(bad) == 1 and "changed content" in bad[0]["problem"]
     other = _store(url, tmp_path / "m4")
     assert other.lookup("s", key) is None and "failed verification" in other.rejected[("s", key)]
+    # it was quarantined: another machine's plan says why the stage must run
+    later = _store(url, tmp_path / "m5")
+    assert later.peek("s", key) is None and "quarantined" in later.rejected[("s", key)]
     store.verify(repair=True)
     assert not fs.exists(f"{name}/store/s/{key}")
 
@@ -205,6 +208,27 @@ def test_two_workers_run_one_pipeline_at_once_on_one_s3_store(bucket, tmp_path):
     third = subprocess.run(cli + ["plan", str(repo / "pipeline.yaml"), "--check"], capture_output=True, text=True,
                            timeout=300, env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / "machine3")})
     assert third.returncode == 0, third.stdout + third.stderr
+
+    # one flipped byte in the published engine: the next cold machine finds it on fetching, quarantines it,
+    # rebuilds, republishes and passes; the store is clean afterwards and the bad files are kept aside
+    build = remote["build"]
+    (plan_rel,) = [rel for rel in build["files"] if rel.endswith(".plan")]
+    engine = f"{name}/team/build/{build['key']}/{build['blobs']}/{plan_rel}"
+    data = bytearray(fs.cat_file(engine))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(engine, bytes(data))
+    fourth = subprocess.run(cli + ["run", str(repo / "pipeline.yaml")], capture_output=True, text=True, timeout=600,
+                            env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / "machine4")})
+    assert fourth.returncode == 0, fourth.stdout + fourth.stderr
+    assert "ran build" in fourth.stdout and "failed verification" in fourth.stdout, fourth.stdout
+    done = subprocess.run(cli + ["verify", "--store", url], capture_output=True, text=True, timeout=300,
+                          env={**env, "TRTFLOW_CACHE_DIR": str(tmp_path / "auditor2")})
+    assert done.returncode == 0 and " 0 bad" in done.stdout and "stale" not in done.stdout, done.stdout
+    republished = json.loads(fs.cat_file(f"{name}/team/build/{build['key']}/manifest.json"))
+    assert republished["blobs"] != build["blobs"]
+    (reason,) = fs.glob(f"{name}/team/.quarantine/build/{build['key']}/{build['blobs']}/reason.json")
+    assert "changed content" in json.loads(fs.cat_file(reason))["problem"]
+    assert fs.exists(f"{name}/team/.quarantine/build/{build['key']}/{build['blobs']}/files/{plan_rel}")
 
 
 # --- a store that cannot be used: one line, exit 2, never retried ----------------------------------------------

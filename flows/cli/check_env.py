@@ -1,5 +1,6 @@
 """`trtflow check-env`: compare this machine's environment with the one recorded here; when it changed, send the
-Prefect event trtflow.environment.changed (exit 3) and record the new one."""
+Prefect event trtflow.environment.changed (exit 3). The record advances when this machine's watcher has rebuilt
+what the change made stale (`watch.py`), so a change no deployment acted on is sent again by the next check."""
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,14 @@ from trtflow.flows.cli.base import CHECK_WOULD_RUN, Command, out
 class CheckEnv(Command):
     name = "check-env"
     help = ("compare this machine's environment with the one recorded here; when it changed, send the Prefect event "
-            "trtflow.environment.changed (exit 3) and record the new one")
+            "trtflow.environment.changed (exit 3); the record advances once this machine's watcher rebuilt")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--state", help="the record (default: $TRTFLOW_STATE_DIR/environment.json, else "
                                             "~/.local/state/trtflow/environment.json)")
-        parser.add_argument("--no-event", action="store_true", help="only compare and record (exit 3 when it changed)")
+        parser.add_argument("--no-event", action="store_true",
+                            help="only compare, and record the new environment (exit 3 when it changed): for a "
+                                 "machine without a watcher deployment")
         parser.add_argument("--json", action="store_true", help="print the fingerprint and the changed fields as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -29,8 +32,8 @@ class CheckEnv(Command):
         result = machine.check(state)
         changed = result.previous is not None and result.previous != result.fingerprint
         if changed and not args.no_event:
-            machine.send(result)  # raises (exit 1) before anything is recorded
-        if result.previous != result.fingerprint:
+            machine.send(result)  # raises (exit 1): the change is reported again next time
+        elif result.previous != result.fingerprint:  # a first record, or --no-event
             machine.record(result, state)
         if args.json:
             sys.stdout.write(json.dumps({"state": str(state), "kind": result.kind, "host": result.host,
@@ -40,7 +43,8 @@ class CheckEnv(Command):
             out.print(f"recorded this machine's environment ({describe(result.fingerprint)}) in {state}")
         elif changed:
             out.print(f"environment changed: {'; '.join(result.changed)}" +
-                      ("" if args.no_event else f" (sent {machine.EVENT}, gpu-kind {result.kind})"))
+                      ("" if args.no_event else f" (sent {machine.EVENT} for machine {result.host}, GPU kind "
+                                                f"{result.kind}; recorded once its watcher has rebuilt)"))
         else:
             out.print(f"environment unchanged ({describe(result.fingerprint)})")
         return CHECK_WOULD_RUN if changed else 0

@@ -1,5 +1,6 @@
-"""`trtflow init-deploy`: write the prefect.yaml of the watcher deployments (schedule, event trigger, work pool
-per GPU kind) into a model repo."""
+"""`trtflow init-deploy`: write the prefect.yaml of this machine's watcher deployment (schedule, event trigger,
+its own work queue in the pool of its GPU kind) into a model repo, and create the concurrency limits that keep a
+benchmark alone on each of its GPUs."""
 from __future__ import annotations
 
 import argparse
@@ -10,26 +11,41 @@ from trtflow.flows.cli.base import Command, out
 
 class InitDeploy(Command):
     name = "init-deploy"
-    help = (
-        "write the prefect.yaml of the watcher deployments (schedule, event trigger, work pool per GPU kind) into a "
-        "model repo")
+    help = ("write the prefect.yaml of this machine's watcher deployment (schedule, event trigger, its own work "
+            "queue) into a model repo, and create its GPUs' concurrency limits on the Prefect server")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("-o", "--output", default="prefect.yaml",
-                            help="where to write it (default: ./prefect.yaml)")
+        parser.add_argument("-o", "--output", help="where to write it (default: ./prefect-<machine>.yaml)")
+        parser.add_argument("--machine", help="the machine's name (default: $TRTFLOW_MACHINE, else the host name: "
+                                              "what check-env sends)")
+        parser.add_argument("--gpu-kind", help="its GPU kind, the work pool's suffix (default: $TRTFLOW_GPU_KIND, "
+                                               "else the first GPU's name as a slug, else cpu)")
+        parser.add_argument("--limits", action="store_true",
+                            help="also create a concurrency limit of 1 per GPU of this machine on the Prefect "
+                                 "server (tag gpu:<machine>/<device>), so that no two stages of any runs share it")
         parser.add_argument("--force", action="store_true", help="overwrite an existing file")
 
     def run(self, args: argparse.Namespace) -> int:
         from importlib import resources
 
         from trtflow.errors import SpecError
+        from trtflow.flows import machine
 
-        target = Path(args.output)
+        check = machine.check(None) if not (args.machine and args.gpu_kind) else None
+        name = args.machine or machine.machine_name()
+        kind = args.gpu_kind or (check.kind if check else "cpu")
+        for what, value in (("--machine", name), ("--gpu-kind", kind)):
+            if not machine.LABEL.fullmatch(value):
+                raise SpecError(f"{what} '{value}' is not a name Prefect work pools and queues take",
+                                hint="letters, digits, '.', '_' and '-' only")
+        target = Path(args.output or f"prefect-{name}.yaml")
         if target.exists() and not args.force:
             raise SpecError(f"{target} exists", hint="give another -o, or --force to overwrite it")
         text = resources.files("trtflow.flows").joinpath("templates/prefect.yaml").read_text()
-        target.write_text(text)
-        out.print(f"wrote {target}: set TRTFLOW_GPU_KIND and TRTFLOW_MODELS, then `prefect --no-prompt deploy --all` "
-                  f"(the file's header says the rest)")
+        target.write_text(text.replace("@MACHINE@", name).replace("@KIND@", kind).replace("@FILE@", target.name))
+        out.print(f"wrote {target} for machine {name} (GPU kind {kind}): set TRTFLOW_MODELS, then `prefect "
+                  f"--no-prompt deploy --all --prefect-file {target.name}` (the file's header says the rest)")
+        if args.limits:
+            for tag in machine.create_gpu_limits(name, check):
+                out.print(f"concurrency limit 1 on tag {tag}")
         return 0
-

@@ -58,5 +58,6 @@ KIND = Kind("benchmark", BenchmarkStage,
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
             env=lambda p: TENSORRT_AND_GPU,
+            gpu_alone=True,  # a build or validate beside it on the same GPU would be in its numbers
             # the accepted results a `baseline: previous` gate compares with: outside the key, like timing caches
             shared_caches=lambda p: ("baselines",) if p.gate is not None and p.gate.baseline == "previous" else ())
