@@ -7,13 +7,16 @@ fork server that preloaded the common imports, with the caller's environment of 
 
 - leads its own process group: a timeout, Ctrl-C or SIGTERM kills the stage *and* whatever it started;
 - dies with its parent (Linux `PR_SET_PDEATHSIG`), so a killed `trtflow run` leaves nothing behind;
-- writes its stdout/stderr (libjpeg's and ONNX Runtime's own lines) to a log shown only with --verbose;
+- writes its stdout/stderr (libjpeg's and ONNX Runtime's own lines, TensorRT's) to a log: streamed line by line
+  to the caller's `output` (Prefect's task log; bounded), kept as `stage.log` in the stage's directory, shown on
+  the console only with --verbose;
 - reports progress back over its pipe, to the same listeners as in-process work.
 
 `TRTFLOW_IN_PROCESS=1` runs stages in the calling process instead, for a debugger (no timeout, no isolation).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import multiprocessing
@@ -26,7 +29,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from trtflow import progress
 from trtflow.errors import TransientStageError, TrtflowError
@@ -131,10 +134,77 @@ def unexpected(exc: BaseException, name: str, child_traceback: str = "") -> Tran
     return error
 
 
-def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, name: str) -> Any:
+STAGE_LOG = "stage.log"  # the stage's own output, in its directory
+OUTPUT_LINES = 500  # at most this many lines of a stage's output go to `output` (the log file keeps all)
+OUTPUT_LINE_CHARS = 2000
+
+
+class _Tail(threading.Thread):
+    """Follows the child's log file and hands each new line to `output` (the first OUTPUT_LINES of them)."""
+
+    def __init__(self, log: Path, output: Callable[[str], None], name: str):
+        super().__init__(name=f"trtflow-{name}-output", daemon=True)
+        self.log, self.output, self.stage = log, output, name
+        self.done = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        with open(self.log, "rb") as fh:
+            pending = b""
+            while True:
+                finished = self.done.is_set()
+                chunk = fh.read()
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    self._send(line.decode(errors="replace").rstrip())
+                if finished:
+                    if pending:
+                        self._send(pending.decode(errors="replace").rstrip())
+                    return
+                if not chunk:
+                    self.done.wait(0.2)
+
+    def _send(self, line: str) -> None:
+        if not line.strip():
+            return
+        self.sent += 1
+        if self.sent <= OUTPUT_LINES:
+            self.output(line[:OUTPUT_LINE_CHARS])
+        elif self.sent == OUTPUT_LINES + 1:
+            self.output(f"(more output: the stage's {STAGE_LOG})")
+
+
+_START = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """multiprocessing prepares each child by importing the caller's main script again (as `__mp_main__`): a script
+    that calls `pipeline_flow` at top level without an `if __name__ == "__main__":` guard ran its pipeline again in
+    every stage's process. Stage functions are imported by name, never from the main script, so the children are
+    started with the main module's file and spec hidden."""
+    main = sys.modules.get("__main__")
+    with _START:
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+        try:
+            if "__file__" in saved:
+                del main.__dict__["__file__"]
+            if "__spec__" in saved:
+                main.__dict__["__spec__"] = None
+            yield
+        finally:
+            if main is not None:
+                main.__dict__.update(saved)
+
+
+def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, name: str,
+               output: Callable[[str], None] | None = None, keep: Path | None = None) -> Any:
     """`func(*args)` in an isolated child. Errors a stage raises on purpose (TrtflowError) come back as they
     are; anything else, a crash and a timeout come back as a TransientStageError naming the stage. An error
-    carries the child's traceback and its own output (`child_traceback`, `child_log`) for --verbose."""
+    carries the child's traceback and its own output (`child_traceback`, `child_log`) for --verbose. `output`
+    gets the child's output line by line as it comes (bounded); `keep`: where its whole output is copied when
+    there was any (the stage's output directory)."""
     if os.environ.get(IN_PROCESS) == "1":
         try:
             return func(*args)
@@ -151,9 +221,13 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     proc = ctx.Process(target=_child, args=(child, payload, list(sys.path), log_name, dict(os.environ)),
                        name=f"trtflow-{name}", daemon=True)
     deadline = None if timeout is None else time.monotonic() + timeout
-    output = ""
+    text = ""
+    tail = _Tail(log, output, name) if output is not None else None
     try:
-        proc.start()
+        if tail is not None:
+            tail.start()
+        with _main_not_reimported():
+            proc.start()
         with _LIVE_LOCK:
             _LIVE.add(proc.pid)
         child.close()
@@ -184,15 +258,20 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
             proc.join()
             with _LIVE_LOCK:
                 _LIVE.discard(proc.pid)
+        if tail is not None:
+            tail.done.set()
+            tail.join(10)
         try:
-            output = log.read_text(errors="replace")
+            text = log.read_text(errors="replace")
+            if keep is not None and text.strip() and keep.parent.is_dir():
+                keep.write_text(text)
         except OSError:
             pass
         log.unlink(missing_ok=True)
     if status == "error":
-        exc, text = value
-        error = exc if isinstance(exc, TrtflowError) else unexpected(exc, name, text)
-        error.child_traceback, error.child_log = text, output
+        exc, trace = value
+        error = exc if isinstance(exc, TrtflowError) else unexpected(exc, name, trace)
+        error.child_traceback, error.child_log = trace, text
         raise error
     return value
 

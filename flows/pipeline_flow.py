@@ -75,8 +75,9 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
     runner = _runners[runner_id]
     key = artifact_key(runner, name)
     try:
+        logger = get_run_logger()
         with progress.listening(_progress_artifact(key, name)), runner.slots:
-            outcome = runner.run_stage(name, produced, force)
+            outcome = runner.run_stage(name, produced, force, log=lambda line: logger.info("%s | %s", name, line))
     except StageFailed as exc:  # the verdict is failure, but its report is worth showing
         create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")

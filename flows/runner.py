@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
 from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
-from trtflow.flows.isolate import call_stage
+from trtflow.flows.isolate import STAGE_LOG, call_stage
 from trtflow.flows.manifest import Manifest, OutputRecord
 from trtflow.flows.store import SHARED, ArtifactStore, file_records
 from trtflow.flows.stores import open_store
@@ -237,7 +237,9 @@ class Runner:
         return [outcome for outcome, _ in found]
 
     def run_stage(self, name: str, produced: dict[str, Manifest], force: list[str] | None = None,
-                  log=None) -> StageOutcome:
+                  log: Callable[[str], None] | None = None) -> StageOutcome:
+        """Reuse the stage's published result, or run it (in a child process; `log` gets its output line by
+        line) and publish it."""
         started = time.perf_counter()
         node = self.graph.nodes[name]
         spec = node.spec
@@ -263,7 +265,8 @@ class Runner:
             began = datetime.now(timezone.utc)
             t0 = time.perf_counter()
             try:
-                result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name)
+                result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name, output=log,
+                                    keep=staging / STAGE_LOG)
             except StageFailed as exc:
                 failed, result = exc, exc.result
             work = time.perf_counter() - t0

@@ -171,3 +171,16 @@ def sign_agreement(reference, candidate):
     import numpy as np
 
     return {"sign_agree": float((np.sign(reference) == np.sign(candidate)).mean())}
+
+
+def chatty(params, inputs, out_dir: Path) -> StageResult:
+    """Writes params['lines'] numbered lines to stdout and one to stderr, as a library does, then (with
+    `crash: true`) dies without a word of Python."""
+    import sys
+    for i in range(int(params.params.get("lines", 3))):
+        print(f"builder says {i}", flush=True)
+    print("a warning on stderr", file=sys.stderr, flush=True)
+    if params.params.get("crash"):
+        os._exit(7)
+    (out_dir / "report.json").write_text("{}")
+    return StageResult(outputs={"report": out_dir / "report.json"})

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +338,75 @@ def test_a_benchmark_never_shares_its_gpu_with_another_stage(prefect_server, wri
             f"bench {span['bench']} overlaps {other} {span[other]}"
     # the CPU stage was not held back: it ran beside the GPU stages
     assert span["cpu_side"][0] < span["build_like"][1]
+
+
+def test_a_stages_own_output_reaches_prefects_task_log_and_its_directory(prefect_server, write_yaml):
+    """What a stage's libraries print (TensorRT, ONNX Runtime) goes to its Prefect task's log line by line, at most
+    isolate.OUTPUT_LINES of them, and whole into `stage.log` in its directory; a stage that crashes leaves its
+    output in the task log, not only its last line."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+    from trtflow.flows import isolate
+    from trtflow.flows.pipeline_flow import pipeline_flow
+
+    many = isolate.OUTPUT_LINES + 20
+    path = write_yaml(f"""
+        version: 1
+        name: chatty
+        model: models/cls.onnx
+        stages:
+          talk: {{kind: "tests.stage_fns:chatty", outputs: {{report: json}}, params: {{lines: {many}}}}}
+          dies: {{kind: "tests.stage_fns:chatty", outputs: {{report: json}}, params: {{lines: 2, crash: true}}}}
+        """)
+    with pytest.raises(Exception, match="crashed"):
+        pipeline_flow(str(path))
+    runs = {t.name: t for t in _task_runs(path)}
+
+    async def logs(task_run_id):
+        out = []
+        async with get_client() as client:
+            while True:  # the API's pages are 200 entries at most
+                page = await client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run_id])),
+                                              offset=len(out), limit=200)
+                out += page
+                if len(page) < 200:
+                    return [entry.message for entry in sorted(out, key=lambda e: e.timestamp)]
+
+    def lines_of(name: str) -> list[str]:  # the API log handler sends in batches
+        deadline = time.monotonic() + 30
+        while True:
+            got = [m for m in asyncio.run(logs(runs[name].id)) if m.startswith(f"{name} | ")]
+            if got and ("more output" in got[-1] or "stderr" in got[-1]) or time.monotonic() > deadline:
+                return got
+            time.sleep(0.5)
+    talk = lines_of("talk")
+    assert talk[0] == "talk | builder says 0"
+    assert len(talk) == isolate.OUTPUT_LINES + 1 and "more output" in talk[-1]
+    kept = (Path(outcome_dir(path, "talk")) / isolate.STAGE_LOG).read_text().splitlines()
+    assert len(kept) == many + 1 and kept[-1] == "a warning on stderr"
+    assert lines_of("dies") == ["dies | builder says 0", "dies | builder says 1", "dies | a warning on stderr"]
+
+
+def outcome_dir(path: Path, stage: str) -> Path:
+    store = path.parent / ".trtflow" / stage
+    return store / json.loads((store / "last.json").read_text())["key"]
+
+
+def test_a_script_without_a_main_guard_runs_its_pipeline_once(write_yaml, tmp_path):
+    """multiprocessing imports the caller's main script again in each child it starts: a script calling
+    pipeline_flow at top level ran its pipeline again inside every stage's process."""
+    import os
+    import subprocess
+    import sys
+
+    path = write_yaml(PIPE)
+    script = tmp_path / "build_engines.py"
+    script.write_text("print('top level', flush=True)\n"
+                      "from trtflow.flows.pipeline_flow import pipeline_flow\n"
+                      f"print([o['status'] for o in pipeline_flow({str(path)!r})], flush=True)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("top level") == 1, done.stdout
+    assert "'ran'" in done.stdout.splitlines()[-1]
