@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,12 @@ import httpx
 from tests.test_deploy import PIPE
 
 CLI = [sys.executable, "-m", "trtflow.flows.cli"]
+SLOW = """version: 1
+name: slow
+model: models/cls.onnx
+stages:
+  slow: {{kind: "tests.stage_fns:interval", outputs: {{report: json}}, params: {{tag: slow, seconds: 60, log: '{log}'}}}}
+"""
 
 
 def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
@@ -52,6 +59,26 @@ def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
         group = [p for p in Path("/proc").glob("[0-9]*") if _pgid(p) == rec["pid"] and not _zombie(p)]
         assert not group, "nothing of the server's process group is left"
         assert run("server", "status").returncode == 1
+
+        # the server lost in the middle of a run: exit 3 within seconds, one line, the stage stopped with it
+        (workdir / "slow.yaml").write_text(SLOW.format(log=tmp_path / "slow.txt"))
+        started = time.monotonic()
+        proc = subprocess.Popen(CLI + ["run", "slow.yaml"], env=env, cwd=workdir, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            while not list((workdir / ".trtflow" / "slow").glob(".tmp-*")):  # the stage is running
+                assert proc.poll() is None and time.monotonic() - started < 240, proc.communicate()
+                time.sleep(0.2)
+            os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
+            lost = time.monotonic()
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        lines = [ln for ln in stderr.splitlines() if ln.strip() and "started a Prefect server" not in ln]
+        assert proc.returncode == 3 and len(lines) == 1 and "stopped answering during the run" in lines[0], stderr
+        assert time.monotonic() - lost < 30, "within seconds, not after Prefect's client retries for minutes"
+        assert not (tmp_path / "slow.txt").exists(), "the stage was stopped, not left running to its end"
     finally:
         if record.exists():
             try:

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from rich.markup import escape
 
@@ -53,7 +56,7 @@ class Run(Command):
             with out.status("starting a Prefect server in the background ..."):
                 api_url = server.ensure(on_start=lambda url: err.print(
                     f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; "
-                    f"`trtflow server stop` stops it)"))
+                    f"`trtflow server stop` stops it)", soft_wrap=True))
 
         from prefect import tags
         from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -86,9 +89,11 @@ class Run(Command):
 
         from trtflow import progress
 
+        watched = api_url or PREFECT_API_URL.value()
         try:
             with tags(*pf.run_identity(args.pipeline)[1]), pf.watching(listen), progress.listening(on_progress), \
-                    temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}):
+                    temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), \
+                    _server_watch(watched, bool(api_url)):
                 results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
                                            force=args.force, store=runner.store.location)
         except RuntimeError as exc:
@@ -109,12 +114,59 @@ class Run(Command):
 
 
 
+SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often
+SERVER_LOST_AFTER = 3  # failed checks in a row: the server is gone (Prefect's client would retry for minutes)
+
+
+@contextlib.contextmanager
+def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
+    """While the run goes on, check that the Prefect server answers. When it stops answering (killed, its machine
+    gone), the run cannot record anything more and Prefect's client would retry for minutes before failing with
+    its own traceback: stop the stages (nothing they were writing is published) and exit 3 with one line."""
+    if not url:  # Prefect's temporary server lives and dies with this process
+        yield
+        return
+    import httpx
+
+    done = threading.Event()
+
+    def watch() -> None:
+        failed = 0
+        while not done.wait(SERVER_CHECK_S):
+            try:
+                ok = httpx.get(f"{url}/health", timeout=SERVER_CHECK_S).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            failed = 0 if ok else failed + 1
+            if failed >= SERVER_LOST_AFTER and not done.is_set():
+                from trtflow.flows.isolate import kill_all
+
+                kill_all()
+                what = "trtflow's background Prefect server" if ours else "the Prefect server"
+                sys.stderr.write(f"error: {what} at {url} stopped answering during the run; the running stages "
+                                 f"were stopped and nothing they were writing was kept; "
+                                 + ("run again (a new one is started)\n" if ours else
+                                    "start it again and run again\n"))
+                sys.stderr.flush()
+                os._exit(PrefectUnavailable.exit_code)
+
+    thread = threading.Thread(target=watch, name="trtflow-server-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 def _quiet_prefect_console() -> None:
     """Prefect prints every task failure with a traceback; the CLI shows one line instead.
 
-    Only the console is quieted: logs still reach the Prefect server (UI) through its API handler.
+    Only the console is quieted: logs still reach the Prefect server (UI) through its API handler, whose own
+    failures (`--- Error logging to API ---`, a server gone) are not printed either (`logging.raiseExceptions`).
     """
     import logging
+
+    logging.raiseExceptions = False
 
     from prefect.logging.handlers import PrefectConsoleHandler
 
