@@ -178,6 +178,43 @@ class RemoteStore:
     def discard(self, staging: Path) -> None:
         self.cache.discard(staging)
 
+    def pull_shared(self) -> dict[str, tuple[int, int]]:
+        """The synced part of `shared/` (benchmark baselines, TensorRT timing caches: small, and useful to every
+        machine) fetched from the URL into the local cache; returns the local files' (size, mtime) after it, for
+        `push_shared`. The engine cache is not synced: published build results already carry the engines.
+        Best effort: a cache that cannot be fetched costs time, not correctness."""
+        local = self.root / SHARED
+        try:
+            remote = self.fs.find(self._remote(SHARED), detail=True)
+        except Exception:  # noqa: BLE001 - no shared files yet, or the backend failed: work from the local ones
+            remote = {}
+        prefix = self._remote(SHARED).rstrip("/") + "/"
+        for path, info in remote.items():
+            rel = path[len(prefix):] if path.startswith(prefix) else None
+            if rel is None or not _synced(rel):
+                continue
+            dest = local / rel
+            if dest.exists() and dest.stat().st_size == info.get("size"):
+                continue  # (a baseline is rewritten whole; the same size is the same record in practice)
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+                self.fs.get_file(path, str(tmp))
+                os.replace(tmp, dest)
+            except Exception:  # noqa: BLE001
+                continue
+        return _snapshot(local)
+
+    def push_shared(self, before: dict[str, tuple[int, int]]) -> None:
+        """Send the synced files of `shared/` the stage wrote or changed to the URL (last writer wins per file:
+        a baseline is per engine, a timing cache per TensorRT version)."""
+        for rel, stat in _snapshot(self.root / SHARED).items():
+            if before.get(rel) != stat:
+                try:
+                    self.fs.put_file(str(self.root / SHARED / rel), self._remote(SHARED, *rel.split("/")))
+                except Exception:  # noqa: BLE001 - the next run on this machine still has it locally
+                    continue
+
     def clean_staging(self) -> list[Path]:
         return self.cache.clean_staging()
 
@@ -396,6 +433,23 @@ class RemoteStore:
             self.fs.rm(self._remote(stage, key, writer), recursive=True)
         except Exception:  # noqa: BLE001 - leftover uploads are listed and removed by `verify --repair`
             pass
+
+
+def _synced(rel: str) -> bool:
+    """The parts of `shared/` a remote store keeps for every machine: benchmark baselines and timing caches."""
+    return rel.startswith("benchmark/") or (rel.startswith("timing-") and "/" not in rel)
+
+
+def _snapshot(local: Path) -> dict[str, tuple[int, int]]:
+    if not local.is_dir():
+        return {}
+    out = {}
+    for p in local.rglob("*"):
+        rel = p.relative_to(local).as_posix()
+        if p.is_file() and _synced(rel) and not p.name.startswith("."):
+            st = p.stat()
+            out[rel] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 def _parse(data: Any, key: str) -> Manifest | None:

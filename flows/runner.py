@@ -258,7 +258,7 @@ class Runner:
             reason = "forced"
             inputs = Inputs({slot: art for slot, art in inputs.items() if slot not in kind_of(spec).result_caches})
 
-        self._make_shared_caches(inputs)
+        shared = self._make_shared_caches(inputs)
         staging = self.store.staging(name, key)
         failed: StageFailed | None = None
         try:
@@ -289,15 +289,20 @@ class Runner:
             failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
             self._mark_last(name, key, parts, status="failed", error=_first_line(failed))
             raise failed
+        if shared is not None:
+            self.store.push_shared(shared)
         self._mark_last(name, key, parts)
         self.digests.save()
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
 
-    def _make_shared_caches(self, inputs: dict[str, Any]) -> None:
-        for art in inputs.values():
-            if isinstance(art, Artifact) and art.type == SHARED_CACHE:
-                art.path.mkdir(parents=True, exist_ok=True)
+    def _make_shared_caches(self, inputs: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+        """The shared caches the stage reads, made (and, from a remote store, fetched); None when it reads none,
+        else what `push_shared` compares with after the stage."""
+        caches = [art for art in inputs.values() if isinstance(art, Artifact) and art.type == SHARED_CACHE]
+        for art in caches:
+            art.path.mkdir(parents=True, exist_ok=True)
+        return self.store.pull_shared() if caches else None
 
     def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> dict[str, Any]:

@@ -342,3 +342,45 @@ def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp
         fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps({**m.to_json(), "blobs": blobs}).encode())
         third = _store(url, tmp_path / f"m3{len(blobs)}")
         assert third.lookup("s", key) is None and "is not a trtflow manifest" in third.rejected[("s", key)]
+
+
+GATED = """version: 1
+name: gated
+model: models/cls.onnx
+artifacts: {url}
+stages:
+  bench:
+    kind: benchmark
+    tool: builtin
+    inputs: {{models: source}}
+    duration: 0
+    warmup: 0
+    min_iterations: 3
+    data: {{random: true, samples: 1, shapes: {{x: [1, 3, 48, 192]}}}}
+    gate: {{baseline: previous, throughput_regression: 99%}}
+"""
+
+
+def test_a_benchmark_baseline_accepted_on_one_machine_gates_another(bucket, tmp_path):
+    """`shared/` (benchmark baselines, timing caches) lives in the remote store too: the baseline a run accepts on
+    one machine is the one the next machine's gate compares with (it said "no baseline" on every cold machine)."""
+    name, fs = bucket
+    url = f"s3://{name}/team"
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    shutil.copy(PPOCR, repo / "models" / "cls.onnx")
+    (repo / "pipeline.yaml").write_text(GATED.format(url=url))
+    cli = [sys.executable, "-m", "trtflow.flows.cli"]
+
+    def run(machine: str, *extra: str) -> dict:
+        done = subprocess.run(cli + ["run", str(repo / "pipeline.yaml"), *extra], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / machine)})
+        assert done.returncode == 0, done.stdout + done.stderr
+        (report,) = (tmp_path / machine).glob("*/bench/*/report.json")
+        return json.loads(report.read_text())
+
+    first = run("machine1")
+    assert any("no baseline" in s for s in first["gate"]["skipped"]), first["gate"]
+    assert fs.glob(f"{name}/team/shared/benchmark/*.json"), "the accepted baseline was sent to the store"
+    second = run("machine2", "--force", "bench")
+    assert second["gate"]["skipped"] == [] and second["gate"]["violations"] == [], second["gate"]
