@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from trtflow import progress
-from trtflow.errors import TransientStageError, TrtflowError
+from trtflow.errors import StageStopped, TransientStageError, TrtflowError
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
 _PR_SET_PDEATHSIG = 1
@@ -40,13 +40,22 @@ _LIVE: set[int] = set()  # process groups of the stages running now (several run
 _LIVE_LOCK = threading.Lock()
 
 
+_STOPPING = threading.Event()  # kill_all was called: a stage process that dies now was stopped, not crashed
+
+
 def kill_all() -> None:
-    """Kill every running stage and what it started (Ctrl-C or SIGTERM in the main thread): each stage's own
-    thread then sees its process gone and unwinds, removing its staging."""
+    """Kill every running stage and what it started (Ctrl-C or SIGTERM in the main thread, a cancelled flow run):
+    each stage's own thread then sees its process gone and unwinds, removing its staging (StageStopped)."""
+    _STOPPING.set()
     with _LIVE_LOCK:
         groups = list(_LIVE)
     for pgid in groups:
         _kill_group(pgid)
+
+
+def resume() -> None:
+    """After a kill_all: stages that die from now on crashed (a process that runs pipelines again)."""
+    _STOPPING.clear()
 
 
 def _die_with_parent() -> None:
@@ -242,6 +251,8 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
                 status, value = parent.recv()
             except EOFError:
                 proc.join()
+                if _STOPPING.is_set():
+                    raise StageStopped(f"stage '{name}' was stopped with the run") from None
                 error = TransientStageError(f"stage '{name}' crashed (its process {_how_it_ended(proc.exitcode)}"
                                             f"{_last_line(log)})")
                 error.child_log = log.read_text(errors="replace")
@@ -276,4 +287,4 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     return value
 
 
-__all__ = ["call_stage", "kill_all", "unexpected", "IN_PROCESS"]
+__all__ = ["call_stage", "kill_all", "resume", "unexpected", "IN_PROCESS"]

@@ -12,13 +12,13 @@ from typing import Any, Callable
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NONE
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed
 from prefect.utilities.annotations import quote
 
 from trtflow import progress
-from trtflow.errors import SpecError, StageFailed, TransientStageError, TrtflowError
+from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
-from trtflow.flows.isolate import kill_all
+from trtflow.flows.isolate import kill_all, resume
 from trtflow.flows.manifest import Manifest
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.kinds import kind_of
@@ -78,6 +78,8 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
         logger = get_run_logger()
         with progress.listening(_progress_artifact(key, name)), runner.slots:
             outcome = runner.run_stage(name, produced, force, log=lambda line: logger.info("%s | %s", name, line))
+    except StageStopped as exc:  # the run was cancelled or interrupted: the stage did not fail
+        return Cancelled(message=str(exc))
     except StageFailed as exc:  # the verdict is failure, but its report is worth showing
         create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
@@ -133,10 +135,11 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     _runners[run.runner_id] = runner
     try:
         run.until_done()
-    except BaseException:  # Ctrl-C, SIGTERM: stop the stages running in other threads, then unwind
-        kill_all()
+    except BaseException:  # Ctrl-C, SIGTERM, a cancelled flow run: stop the stages running in other threads (their
+        kill_all()          # tasks end Cancelled), then unwind
         for future in run.running.values():
             future.wait()
+        resume()
         raise
     finally:
         _runners.pop(run.runner_id, None)

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.test_runner import plan_of, run_all
@@ -114,6 +115,13 @@ def test_sigterm_is_one_line_and_leaves_no_process(write_yaml, tmp_path):
     assert err.strip().splitlines() == ["error: terminated (SIGTERM); nothing half-written was kept"]
     assert wait_gone(ours) == [], "no process of ours (stage, its children, Prefect's server) outlives the run"
     assert [p for p in store_entries(path, "s") if p.startswith(".tmp-")] == []
+    # the stage was stopped with the run, it did not fail: its Prefect task ends Cancelled (was Failed, "crashed")
+    api = os.environ["PREFECT_API_URL"]
+    runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"name": {"like_": f"@{path.parent.name}-"}}},
+                      timeout=30).json()
+    tasks = httpx.post(f"{api}/task_runs/filter", json={"flow_runs": {"id": {"any_": [r["id"] for r in runs]}}},
+                       timeout=30).json()
+    assert [t["state_type"] for t in tasks] == ["CANCELLED"], [t["state"] for t in tasks]
 
 
 def test_a_truncated_jpeg_is_one_line_and_libjpeg_stays_off_the_console(workdir, capfd):

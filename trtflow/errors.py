@@ -69,6 +69,11 @@ class TransientStageError(StageError):
     `retries:` apply (unlike every other TrtflowError)."""
 
 
+class StageStopped(StageError):
+    """The stage's process was stopped because the run was (cancelled, interrupted, its server lost): not a
+    failure of the stage. Its Prefect task ends Cancelled."""
+
+
 class StageFailed(StageError):
     """The stage did its work and its verdict is failure (e.g. parity out of tolerance).
 
