@@ -10,7 +10,7 @@ On a server that ignores the condition, the last manifest written wins, still wh
 manifest back and adopts what is there.
 
 Credentials and endpoints come from the usual places (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `~/.aws`, or
-fsspec's `FSSPEC_S3_*` variables).
+fsspec's `FSSPEC_S3_*` variables), or from a Prefect block (`store_credentials.py`).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from trtflow.flows.store import (
     check_files,
     file_records,
 )
+from trtflow.flows.store_credentials import storage_options
 
 QUARANTINE = ".quarantine"  # results whose files failed verification when fetched (see _quarantine)
 WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8 hex}", see publish
@@ -56,7 +57,7 @@ class RemoteStore:
         try:
             # no instance cache: fsspec would hand back a file system made for other credentials or endpoints
             self.fs, self.base = fsspec.core.url_to_fs(self.location, use_listings_cache=False,
-                                                       skip_instance_cache=True)
+                                                       skip_instance_cache=True, **storage_options(self.location))
         except ImportError as exc:  # a known protocol whose fsspec backend is not installed
             raise StoreError(f"cannot open the artifact store {url}: {exc}",
                              hint="pip install trtflow[s3] for s3:// URLs") from None

@@ -384,3 +384,41 @@ def test_a_benchmark_baseline_accepted_on_one_machine_gates_another(bucket, tmp_
     assert fs.glob(f"{name}/team/shared/benchmark/*.json"), "the accepted baseline was sent to the store"
     second = run("machine2", "--force", "bench")
     assert second["gate"]["skipped"] == [] and second["gate"]["violations"] == [], second["gate"]
+
+
+def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path, monkeypatch, prefect_api):
+    """The store's credentials from a Prefect Secret block (TRTFLOW_STORE_CREDENTIALS=secret/<name>), with no AWS_*
+    variable set: the store works; a wrong endpoint in the block fails on one line that does not carry the
+    secret; a block that does not exist is one line naming it."""
+    from prefect.blocks.system import Secret
+
+    from trtflow.errors import StoreError
+
+    name, fs = bucket
+    client = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    block = f"s3-{name}"[:60]
+    Secret(value={"aws_access_key_id": client["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": "testing",
+                  "endpoint_url": client["AWS_ENDPOINT_URL"], "region_name": "us-east-1"}).save(block, overwrite=True)
+    monkeypatch.setenv("TRTFLOW_STORE_CREDENTIALS", f"secret/{block}")
+    url = f"s3://{name}/team"
+    key = "d" * 32
+    store = _store(url, tmp_path / "m1")
+    store.publish("s", key, _staged(store, "s", key, b"engine"), _manifest(key, b"engine"))
+    assert _store(url, tmp_path / "m2").lookup("s", key) is not None
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    Secret(value={"aws_access_key_id": "AKIDEXAMPLE", "aws_secret_access_key": "s3cr3t-do-not-print",
+                  "endpoint_url": f"http://127.0.0.1:{closed}"}).save(block, overwrite=True)
+    with pytest.raises(StoreError) as info:
+        _store(url, tmp_path / "m3")
+    assert "s3cr3t-do-not-print" not in str(info.value) and "\n" not in str(info.value)
+    monkeypatch.setenv("TRTFLOW_STORE_CREDENTIALS", "secret/no-such-block")
+    with pytest.raises(StoreError, match="cannot load the Prefect block secret/no-such-block"):
+        _store(url, tmp_path / "m4")
