@@ -42,7 +42,8 @@ def yaml_off(value: Any) -> Any:
     return {False: "off", True: "auto"}.get(value, value) if isinstance(value, bool) else value
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # `.inf` and `.nan` are YAML floats: no count, bound or tolerance of trtflow's means anything with them
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class StageBase(Strict):

@@ -1,6 +1,7 @@
 """Human-friendly quantities in the YAML: sizes ("2GiB"), durations ("10m"), percentages ("10%")."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -28,6 +29,8 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 90s, 10m or 2h")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"a duration must be a finite number of seconds, not {value}")
         if value < 0:
             raise ValueError("a duration cannot be negative")
         return float(value)
@@ -42,6 +45,8 @@ def parse_fraction(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("expected a percentage such as 10%")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"a percentage must be a finite number, not {value}")
         return float(value)
     m = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*%\s*", str(value))
     if not m:

@@ -105,6 +105,12 @@ def _load_and_check(src: Path, warnings: list[str]) -> tuple[onnx.ModelProto, bo
     """The model, whether it keeps its weights in external data, and the full checker's verdict."""
     external = model_io.has_external_data(model_io.load(src, with_data=False))
     model = model_io.load(src)
+    opset, known = onnx_graph.default_opset(model), onnx.defs.onnx_opset_version()
+    if opset > known:  # the checker lets it through; no converter, runtime or parser here knows its ops
+        raise StageError(f"{src.name} declares ONNX opset {opset}, newer than any this onnx {onnx.__version__} "
+                         f"knows (up to {known}), let alone ONNX Runtime and TensorRT",
+                         hint=f"export it at opset {known} or lower (TensorRT's parser documents the opsets it "
+                              f"supports)")
     try:
         onnx.checker.check_model(str(src))
     except onnx.checker.ValidationError as exc:

@@ -38,8 +38,19 @@ def errors_of(capsys) -> list[str]:
      "pipeline.yaml:4: artifacts: '/' resolves to /, a directory shared with everything else"),
     ("artifacts: /etc/trtflow\nstages:\n  p: {kind: prepare}\n",
      "pipeline.yaml:4: artifacts: '/etc/trtflow' resolves to /etc/trtflow, inside the system directory /etc"),
+    # YAML's infinities and NaN (issue #27: `timeout: .inf` was an OverflowError, `.nan` a stage "timed out after
+    # nan s")
+    ("stages:\n  p: {kind: prepare, timeout: .inf}\n",
+     "pipeline.yaml:5: stages.p.timeout: a duration must be a finite number of seconds, not inf"),
+    ("stages:\n  p: {kind: prepare, timeout: .nan}\n",
+     "pipeline.yaml:5: stages.p.timeout: a duration must be a finite number of seconds, not nan"),
+    ("stages:\n  v: {kind: validate, tolerances: {logits: {max_abs: .nan}}}\n",
+     "pipeline.yaml:5: stages.v.tolerances.logits.max_abs: Input should be a finite number"),
+    ("stages:\n  v: {kind: validate, tolerances: {logits: {top1: -.inf}}}\n",
+     "pipeline.yaml:5: stages.v.tolerances.logits.top1: a percentage must be a finite number, not -inf"),
 ], ids=["alias bomb", "alias recursion", "duplicate stage", "duplicate key", "negative dim", "huge shape",
-        "huge samples", "store at /", "store in /etc"])
+        "huge samples", "store at /", "store in /etc", "timeout inf", "timeout nan", "tolerance nan",
+        "fraction -inf"])
 def test_bad_pipeline_files_are_one_line(write_yaml, capsys, body, expected):
     path = write_yaml(HEAD + body)
     assert cli.main(["validate", str(path)]) == 2

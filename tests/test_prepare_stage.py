@@ -121,6 +121,20 @@ def test_target_opset_too_low(tmp_path):
     assert msg.startswith("cannot convert ln.onnx from opset 17 to 13:") and "leave it unset" in msg
 
 
+def test_an_opset_no_installed_tool_knows_is_refused(tmp_path):
+    """Issue #27: a model declaring opset 99 passed prepare (exit 0)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    model = tiny_model(tmp_path / "future.onnx", [helper.make_node("Relu", ["x"], ["y"])], [x], [y], opset=99)
+    with pytest.raises(StageError) as info:
+        run_prepare(model, tmp_path / "out", preflight="off")
+    known = onnx.defs.onnx_opset_version()
+    assert str(info.value).startswith(f"future.onnx declares ONNX opset 99, newer than any this onnx "
+                                      f"{onnx.__version__} knows (up to {known})")
+    assert info.value.hint == f"export it at opset {known} or lower (TensorRT's parser documents the opsets it " \
+                              f"supports)"
+
+
 def test_external_data_in_and_out(tmp_path):
     src = tmp_path / "ext" / "model.onnx"
     src.parent.mkdir()
