@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import types
 import typing
@@ -59,12 +60,7 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
                   environ: dict[str, str] | None = None, check_files: bool = True) -> LoadedPipeline:
     path = Path(file)
     shown = str(file)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError("pipeline file not found", file=shown) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read the pipeline file: {exc}", file=shown) from None
+    text = read_pipeline_text(path, shown)
 
     data, lines = parse_yaml(text, shown)
     if not isinstance(data, dict):
@@ -116,14 +112,66 @@ def unsafe_store_root(root: Path) -> str | None:
     return None
 
 
+def read_pipeline_text(path: Path, shown: str) -> str:
+    """The pipeline file's text, read only if it is a regular file of at most MAX_PIPELINE_BYTES (a FIFO hung
+    `validate`, /dev/zero ran out of memory, a 50 MB file parsed for minutes)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise SpecError("pipeline file not found", file=shown) from None
+    except OSError as exc:
+        raise SpecError(f"cannot read the pipeline file: {exc.strerror or exc}", file=shown) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecError("the pipeline file is not a regular file (a directory, FIFO or device)", file=shown,
+                        hint="give the path of a YAML file")
+    if st.st_size > MAX_PIPELINE_BYTES:
+        raise SpecError(f"the pipeline file is {st.st_size / 2**20:.1f} MiB; a pipeline file is at most "
+                        f"{MAX_PIPELINE_BYTES // 2**20} MiB", file=shown, hint="is this the right file?")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_PIPELINE_BYTES + 1)
+        text = raw.decode("utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read the pipeline file: {exc.strerror or exc}", file=shown) from None
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise SpecError(f"the pipeline file is not UTF-8 text (byte {exc.start})", file=shown, line=line) from None
+    return text
+
+
 # --- YAML with line numbers ------------------------------------------------------------------------------------
 
+MAX_PIPELINE_BYTES = 2**20  # a pipeline file is a few KB
 MAX_YAML_NODES = 100_000  # a pipeline file has hundreds; an alias bomb expands to billions
+MAX_YAML_DEPTH = 64  # nesting of mappings and sequences; PyYAML's composer recurses (RecursionError at ~1000)
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _check_text(text: str, shown: str) -> None:
+    """Control characters and nesting, before PyYAML composes (which recurses per level of nesting)."""
+    bad = CONTROL.search(text)
+    if bad:
+        line = text.count("\n", 0, bad.start()) + 1
+        raise SpecError(f"control character U+{ord(bad.group()):04X} in the file (YAML allows none)", file=shown,
+                        line=line, hint="remove it; a binary file given as the pipeline?")
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_YAML_DEPTH:
+                    raise SpecError(f"YAML nested more than {MAX_YAML_DEPTH} levels deep", file=shown,
+                                    line=event.start_mark.line + 1, hint="a pipeline file nests a few levels")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # parse_yaml reports it with its line
 
 
 def parse_yaml(text: str, shown: str) -> tuple[Any, dict[Path_, int]]:
     """The data and the line of every key path. Composed once, then checked before anything expands aliases:
     an alias bomb, an alias inside itself and a key given twice are errors, not silently accepted or fatal."""
+    _check_text(text, shown)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()

@@ -2,6 +2,9 @@
 exit 2, before any work, and nothing read that could hang."""
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import onnx
 import pytest
@@ -116,3 +119,26 @@ def test_a_profile_naming_a_missing_input_is_found_before_anything_runs(write_ya
     assert line.startswith(f"error: {path}:10: stages.build.profiles.bs1.imgs: model 'models/cls.onnx' has no "
                            f"input 'imgs' (")
     assert not (path.parent / ".trtflow").exists(), "nothing ran"
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda p: p.write_bytes((HEAD + "stages:\n  p: {kind: prepare}\n").encode().replace(b"prepare}", b"prep\0are}")),
+     ":5: control character U+0000 in the file (YAML allows none)"),
+    (lambda p: p.write_text(HEAD + "stages: " + "[" * 50_000 + "]" * 50_000 + "\n"),
+     ":4: YAML nested more than 64 levels deep"),
+    (lambda p: p.write_text(HEAD + "stages:\n" + "".join(f"  s{i}: {{kind: prepare}}\n" for i in range(80_000))),
+     ": the pipeline file is 2.0 MiB; a pipeline file is at most 1 MiB"),
+    (lambda p: os.mkfifo(p), ": the pipeline file is not a regular file (a directory, FIFO or device)"),
+    (lambda p: p.symlink_to("/dev/zero"), ": the pipeline file is not a regular file (a directory, FIFO or device)"),
+    (lambda p: p.write_bytes(b"version: 1\nname: \xff\xfe\n"), ":2: the pipeline file is not UTF-8 text (byte 17)"),
+], ids=["NUL byte", "50000 levels", "2 MB file", "FIFO", "/dev/zero", "not UTF-8"])
+def test_a_pipeline_file_that_is_not_one_is_refused_at_once(workdir, capsys, make, expected):
+    """Issue #27: a FIFO hung `validate`, /dev/zero ran out of memory, deep nesting was a RecursionError and a NUL
+    byte PyYAML's own text as an unexpected error: each is one line naming the file (and line), exit 2, at once."""
+    path = workdir / "pipeline.yaml"
+    make(path)
+    started = time.monotonic()
+    assert cli.main(["validate", str(path)]) == 2
+    (line,) = errors_of(capsys)
+    assert line.startswith(f"error: {path}{expected}"), line
+    assert time.monotonic() - started < 5
