@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 
@@ -97,3 +98,30 @@ def test_poor_int8_accuracy_is_not_quiet(tmp_path):
     bar = [w for w in result.warnings if "cosine" in w]
     assert bar and "< 0.99 against FP32" in bar[0] and "onnxruntime-cpu" in bar[0]
     assert "**warning**" in result.summary or "warning:" in result.summary
+
+
+@pytest.mark.parametrize("write, expected", [
+    (lambda p: np.savez(p, x=np.full((1, 3, 48, 192), np.nan, np.float32)),
+     "calibrate: bad.npz: input 'x' holds 27648 NaN/Inf value(s) of 27648"),
+    (lambda p: np.save(p.with_suffix(".npy"), np.array([{"x": 1}], dtype=object)) or
+     p.with_suffix(".npy").rename(p),
+     "calibrate: bad.npz is not an array numpy reads without unpickling (Object arrays cannot be loaded when "
+     "allow_pickle=False)"),
+    (lambda p: p.write_bytes(b"not a zip, not an array\n" * 10),
+     "calibrate: bad.npz is not an array numpy reads without unpickling"),
+], ids=["NaN", "object array", "not a zip"])
+def test_sample_files_that_are_not_finite_arrays_are_bad_input(tmp_path, write, expected):
+    """Issue #27: NaN samples were numpy's `autodetected range of [nan, nan]` as an unexpected error, an object
+    array or a file that is not an array numpy's own text, retried as if transient. Now each is a StageError (never
+    retried) naming the file and the input."""
+    from tests.assets import PPOCR
+
+    bad = tmp_path / "bad.npz"
+    write(bad)
+    params = CalibrateStage.model_validate({"kind": "calibrate", "data": {"tensors": "*.npz"}, "holdout": 0,
+                                            "method": "minmax"})
+    inputs = Inputs({"model": Artifact(PPOCR, "onnx", "m"), "tensors": [Artifact(bad, "file", "t")]})
+    (tmp_path / "out").mkdir()
+    with pytest.raises(StageError) as info:
+        calibrate.run(params, inputs, tmp_path / "out")
+    assert type(info.value) is StageError and str(info.value).startswith(expected), str(info.value)

@@ -3,6 +3,7 @@ preprocessing artifact, tensors saved to files, or seeded random data. Produced 
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -74,12 +75,13 @@ class SampleSource:
             return {first.name: self._fit(first, self.pre(self.files[i]), self.files[i])}
         if self.from_files:
             f = self.files[i]
-            data = np.load(f)
+            data = self._load(f, lambda: np.load(f, allow_pickle=False))
             if isinstance(data, np.lib.npyio.NpzFile):
                 missing = [m.name for m in self.model_inputs if m.name not in data.files]
                 if missing:
                     raise StageError(f"{self.stage}: {f.name} has no array for input(s) {', '.join(missing)}")
-                return {m.name: self._fit(m, data[m.name], f) for m in self.model_inputs}
+                return {m.name: self._fit(m, self._load(f, lambda name=m.name: data[name]), f)
+                        for m in self.model_inputs}
             if len(self.model_inputs) != 1:
                 raise StageError(f"{self.stage}: the model has {len(self.model_inputs)} inputs; save .npz files "
                                  f"with one array per input name")
@@ -118,7 +120,20 @@ class SampleSource:
         return StageError(f"{self.stage}: the model does not run on the {self.label} inputs: {first_line(exc)}"
                           f"{where}; {fix}")
 
+    def _load(self, f: Path, read: Any) -> Any:
+        """A saved array (or .npz) read without unpickling: anything else is bad input, never retried."""
+        try:
+            return read()
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+            raise StageError(f"{self.stage}: {f.name} is not an array numpy reads without unpickling "
+                             f"({first_line(exc)})", hint="save plain numeric arrays with numpy.save or "
+                                                          "numpy.savez") from None
+
     def _fit(self, m: Any, x: np.ndarray, source: Path) -> np.ndarray:
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            bad = int(np.size(x) - np.isfinite(x).sum())
+            raise StageError(f"{self.stage}: {source.name}: input '{m.name}' holds {bad} NaN/Inf value(s) of "
+                             f"{x.size}", hint="calibration and checks need finite inputs: fix or drop that file")
         fitted = fit_to_input(x, m)
         if fitted is None:
             raise StageError(f"{self.stage}: {source.name} gives shape {list(x.shape)}, which does not fit the "
