@@ -153,7 +153,7 @@ class _Tail(threading.Thread):
 
     def __init__(self, log: Path, output: Callable[[str], None], name: str):
         super().__init__(name=f"trtflow-{name}-output", daemon=True)
-        self.log, self.output, self.stage = log, output, name
+        self.log, self.output = log, output
         self.done = threading.Event()
         self.sent = 0
 

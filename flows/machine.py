@@ -109,11 +109,16 @@ def send(result: Check) -> None:
                            f"recorded, so the next check reports it again") from exc
 
 
+def gpu_tag(name: str, device: str) -> str:
+    """`gpu:<machine>/<device>`, the tag of stage tasks that use that GPU. The machine is in it: Prefect's tag
+    limits are global to the server, and a limit on `gpu:0` would hold every machine's device 0 at once."""
+    return f"gpu:{name}/{device}"
+
+
 def gpu_tags(name: str, check_result: Check | None) -> list[str]:
-    """The GPU tags stage tasks on machine `name` carry (`pipeline_flow.gpu_tag`): one per GPU it has (device 0
-    when none is seen)."""
+    """The GPU tags stage tasks on machine `name` carry: one per GPU it has (device 0 when none is seen)."""
     gpus = ((check_result.fingerprint if check_result else {}).get("gpu") or {"0": None})
-    return [f"gpu:{name}/{i}" for i in sorted(gpus)]
+    return [gpu_tag(name, i) for i in sorted(gpus)]
 
 
 def create_gpu_limits(name: str, check_result: Check | None) -> list[str]:

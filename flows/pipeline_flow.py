@@ -174,31 +174,25 @@ def _tag_flow_run(wanted: list[str]) -> None:
             client.update_flow_run(flow_run.id, tags=have + missing)
 
 
-def stage_tags(runner: Runner, name: str) -> set[str]:
+def stage_tags(runner: Runner, name: str, gpu: str | None) -> set[str]:
     """A stage task's tags: trtflow, the pipeline and repo, the stage and its kind, and for a stage that uses the
-    GPU the device it uses (`gpu_tag`), for Prefect's tag-based concurrency limits."""
+    GPU its tag (`stage_gpu`), for Prefect's tag-based concurrency limits."""
     spec = runner.graph.nodes[name].spec
     tags = set(run_identity(str(runner.pipeline.file))[1]) | {f"stage:{name}", f"kind:{spec.kind}"}
-    device = stage_gpu(runner, name)
-    if device is not None:
-        tags.add(device)
-    return tags
+    return (tags | {gpu}) if gpu is not None else tags
 
 
 def stage_gpu(runner: Runner, name: str) -> str | None:
-    """`gpu_tag()` for a stage that uses the GPU (its key holds the GPU), else None."""
+    """For a stage that uses the GPU (its key holds the GPU): `machine.gpu_tag` of this machine and the device its
+    stages use (CUDA_VISIBLE_DEVICES' first entry, else 0; `trtflow init-deploy --limits` creates the limit).
+    None for a stage without a GPU."""
+    from trtflow.flows.machine import gpu_tag, machine_name
+
     spec = runner.graph.nodes[name].spec
-    return gpu_tag() if "gpu" in kind_of(spec).env(spec) else None
-
-
-def gpu_tag() -> str:
-    """`gpu:<machine>/<device>`: the machine's fleet name (`machine_name`) and the device its stages use
-    (CUDA_VISIBLE_DEVICES' first entry, else 0). Per machine: a limit on `gpu:0` would hold every machine's
-    device 0 at once (`trtflow init-deploy --machine` creates the limit for this machine's devices)."""
-    from trtflow.flows.machine import machine_name
-
+    if "gpu" not in kind_of(spec).env(spec):
+        return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return f"gpu:{machine_name()}/{visible or '0'}"
+    return gpu_tag(machine_name(), visible or "0")
 
 
 class _Schedule:
@@ -237,7 +231,7 @@ class _Schedule:
                 task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
                                                 retry_delay_seconds=spec.retry_delay,
                                                 retry_condition_fn=_retry_unless_user_error,
-                                                tags=stage_tags(self.runner, name))
+                                                tags=stage_tags(self.runner, name, self.gpu[name]))
                 _notify("start", name)
                 produced = {u: self.outcomes[u].manifest for u in node.upstream}
                 # the edges are the stages it reads (wait_for); its arguments are quoted: Prefect otherwise links

@@ -442,14 +442,12 @@ def _synced(rel: str) -> bool:
 
 
 def _snapshot(local: Path) -> dict[str, tuple[int, int]]:
-    if not local.is_dir():
-        return {}
+    """(size, mtime) of the synced files of `shared/`: only those are walked (not the engine cache beside them)."""
     out = {}
-    for p in local.rglob("*"):
-        rel = p.relative_to(local).as_posix()
-        if p.is_file() and _synced(rel) and not p.name.startswith("."):
+    for p in [*local.glob("timing-*"), *(local / "benchmark").rglob("*")]:
+        if p.is_file() and not p.name.startswith("."):
             st = p.stat()
-            out[rel] = (st.st_size, st.st_mtime_ns)
+            out[p.relative_to(local).as_posix()] = (st.st_size, st.st_mtime_ns)
     return out
 
 

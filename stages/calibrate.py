@@ -188,16 +188,16 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
         cal = calibration.calibrate(pre, list(params.quantize_ops), rule, data.feeds(calib), len(calib), work,
                                     FLUSH_EVERY)
 
-    def write(candidate: calibration.Rule, model: Path, ranges_out: Path) -> tuple[Any, list[str]]:
+    def write(candidate: calibration.Rule, model: Path, ranges_out: Path, histograms: bool) -> tuple[Any, list[str]]:
         tensors = cal.ranges(candidate)
-        # a candidate's cache without the histograms (the quantizer reads only the ranges; writing 2048 bins per
-        # tensor as JSON cost seconds per candidate): the one kept is saved whole below
-        qdq.write(pre, model, ranges_out, tensors if ranges_out == ranges else calibration.ranges_only(tensors),
+        # a candidate's cache goes without the histograms (the quantizer reads only the ranges; writing 2048 bins
+        # per tensor as JSON cost seconds per candidate): the one kept is saved whole below
+        qdq.write(pre, model, ranges_out, tensors if histograms else calibration.ranges_only(tensors),
                   params.per_channel, params.quantize_ops, excluded, params.quantize_outputs)
         return tensors, list(cal.full_range) if candidate.method == "entropy" else []
 
     if params.method == "minmax" or not params.entropy_check:
-        return cal.samples, write(rule, out, ranges)[1], None
+        return cal.samples, write(rule, out, ranges, histograms=True)[1], None
     other = "entropy" if params.method == "percentile" else "percentile"
     candidates = {params.method: rule, other: calibration.Rule(other, params.percentile, params.entropy_floor),
                   "full_range": calibration.Rule("minmax")}
@@ -206,7 +206,7 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     reference = [(feed, ort_runner.run(ref, feed)) for feed in data.feeds(probe)]
     for label, candidate in candidates.items():
         model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
-        tensors[label], sparse[label] = write(candidate, model, ranges_out)
+        tensors[label], sparse[label] = write(candidate, model, ranges_out, histograms=False)
         task[label], errors[label] = _closeness(reference, session(model), params.metrics, ref.get_outputs())
     order = list(candidates)
     # declared task metrics decide (higher is better, each in turn), and on a tie the method stands: on a few

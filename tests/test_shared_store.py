@@ -101,6 +101,15 @@ def _staged(store, stage: str, key: str, content: bytes) -> Path:
     return staging
 
 
+def _repo(tmp_path: Path, pipeline: str) -> Path:
+    """A model repo: the PP-OCR classifier as models/cls.onnx and `pipeline` as pipeline.yaml."""
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    shutil.copy(PPOCR, repo / "models" / "cls.onnx")
+    (repo / "pipeline.yaml").write_text(pipeline)
+    return repo
+
+
 def _manifest(key: str, content: bytes) -> Manifest:
     import hashlib
     return Manifest.model_validate({"key": key, "status": "ok", "stage": "s", "outputs": {"model": {
@@ -164,10 +173,7 @@ def test_two_workers_run_one_pipeline_at_once_on_one_s3_store(bucket, tmp_path):
     store (`trtflow verify`), each worker's local result is the store's, and a third machine reuses everything."""
     name, fs = bucket
     url = f"s3://{name}/team"
-    repo = tmp_path / "repo"
-    (repo / "models").mkdir(parents=True)
-    shutil.copy(PPOCR, repo / "models" / "cls.onnx")
-    (repo / "pipeline.yaml").write_text(PIPE.format(url=url))
+    repo = _repo(tmp_path, PIPE.format(url=url))
     env = dict(os.environ)  # both workers report to the test run's Prefect server, as a team's workers would
     cli = [sys.executable, "-m", "trtflow.flows.cli"]
     workers = []
@@ -366,10 +372,7 @@ def test_a_benchmark_baseline_accepted_on_one_machine_gates_another(bucket, tmp_
     one machine is the one the next machine's gate compares with (it said "no baseline" on every cold machine)."""
     name, fs = bucket
     url = f"s3://{name}/team"
-    repo = tmp_path / "repo"
-    (repo / "models").mkdir(parents=True)
-    shutil.copy(PPOCR, repo / "models" / "cls.onnx")
-    (repo / "pipeline.yaml").write_text(GATED.format(url=url))
+    repo = _repo(tmp_path, GATED.format(url=url))
     cli = [sys.executable, "-m", "trtflow.flows.cli"]
 
     def run(machine: str, *extra: str) -> dict:

@@ -130,8 +130,9 @@ class SampleSource:
                                                           "numpy.savez") from None
 
     def _fit(self, m: Any, x: np.ndarray, source: Path) -> np.ndarray:
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            bad = int(np.size(x) - np.isfinite(x).sum())
+        finite = np.isfinite(x) if x.dtype.kind == "f" else None
+        if finite is not None and not finite.all():
+            bad = int(finite.size - finite.sum())
             raise StageError(f"{self.stage}: {source.name}: input '{m.name}' holds {bad} NaN/Inf value(s) of "
                              f"{x.size}", hint="calibration and checks need finite inputs: fix or drop that file")
         fitted = fit_to_input(x, m)
