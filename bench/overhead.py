@@ -6,7 +6,7 @@ same session the baselines: the stage functions called directly (no trtflow, no 
 flow in a fresh process (Prefect's fixed start-up cost), with its temporary server and against a running one.
 
 Then, on the cached store, what issue #11's integrity checks cost: the check of every published file on reuse
-(size and mtime against the manifest) as a share of the fully cached run, and `trtflow verify` (re-hash
+(size, mtime and ctime against the manifest; and hashing every file instead) as a share of the fully cached run, and `trtflow verify` (re-hash
 everything) in MB/s against `sha256sum` over the same files.
 
     python bench/overhead.py [PIPELINE.yaml ...] [--repeat N]     (default: every example)
@@ -88,8 +88,9 @@ print(time.perf_counter() - t0)
     return time.perf_counter() - t0
 
 
-def reuse_check_seconds(store: Path, repeat: int = 20) -> float:
-    """Seconds to check every file of every published result as a cached run does (median of `repeat`)."""
+def reuse_check_seconds(store: Path, rehash: bool, repeat: int = 20) -> float:
+    """Seconds to check every file of every published result as a cached run does (its stamp: size, mtime,
+    ctime), or by hashing every file (the alternative); median of `repeat`."""
     from trtflow.flows.store import MANIFEST, check_files
 
     manifests = [(d, json.loads((d / MANIFEST).read_text())) for d in store.glob("*/*") if (d / MANIFEST).is_file()]
@@ -97,7 +98,7 @@ def reuse_check_seconds(store: Path, repeat: int = 20) -> float:
     for _ in range(repeat):
         t0 = time.perf_counter()
         for directory, manifest in manifests:
-            assert check_files(directory, manifest["files"]) is None
+            assert check_files(directory, manifest["files"], rehash=rehash) is None
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -124,7 +125,8 @@ def verify_vs_sha256sum(store: Path) -> tuple[float, float, float, float]:
 
 def overhead(pipeline: Path, repeat: int) -> None:
     trtflow = [sys.executable, "-m", "trtflow.flows.cli", "run", str(pipeline)]
-    keys = ("direct", "empty", "empty_bg", "cold", "cold_work", "cold_bg", "cold_bg_work", "cached", "check")
+    keys = ("direct", "empty", "empty_bg", "cold", "cold_work", "cold_bg", "cold_bg_work", "cached", "check",
+            "rehash")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory() as tmp:
         # this bench's own Prefect database and trtflow state: the user's are not touched
@@ -146,7 +148,8 @@ def overhead(pipeline: Path, repeat: int) -> None:
                 rows["cold_bg"].append(timed(trtflow + ["--store", str(store)], background))
                 rows["cold_bg_work"].append(stage_work(store))
                 rows["cached"].append(timed(trtflow + ["--store", str(store)], background))
-                rows["check"].append(reuse_check_seconds(store))
+                rows["check"].append(reuse_check_seconds(store, rehash=False))
+                rows["rehash"].append(reuse_check_seconds(store, rehash=True))
             mb, verify_rate, hash_rate, sha_rate = verify_vs_sha256sum(store)
         finally:
             subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "server", "stop"], env=background,
@@ -178,8 +181,11 @@ def overhead(pipeline: Path, repeat: int) -> None:
     integrity = Table(title=f"store integrity: {name}", title_justify="left")
     for col in ("what", "value", "against"):
         integrity.add_column(col, justify="right" if col != "what" else "left")
-    integrity.add_row("checking every published file on reuse (size, mtime)", f"{med['check'] * 1e3:.2f} ms",
+    integrity.add_row("checking every published file on reuse (size, mtime, ctime)", f"{med['check'] * 1e3:.2f} ms",
                       f"{med['check'] / med['cached']:.2%} of the cached run ({med['cached']:.2f} s)")
+    integrity.add_row(f"the alternative: hashing every published file ({mb:.1f} MB) on reuse",
+                      f"{med['rehash'] * 1e3:.2f} ms",
+                      f"{med['rehash'] / med['cached']:.2%} of the cached run; {mb / med['rehash']:.0f} MB/s")
     integrity.add_row(f"trtflow verify: the command (re-hash {mb:.1f} MB, incl. Python start-up)",
                       f"{verify_rate:.0f} MB/s", f"sha256sum {sha_rate:.0f} MB/s (x{verify_rate / sha_rate:.2f})")
     integrity.add_row("trtflow verify: its hashing (LocalStore.verify)", f"{hash_rate:.0f} MB/s",

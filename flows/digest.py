@@ -8,15 +8,26 @@ import stat
 import threading
 from pathlib import Path
 
+from trtflow.files import RECORD_BYTES, open_regular, read_json
+
 _CHUNK = 1 << 20
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, follow: bool = True) -> str:
+    """sha256 of regular file `path` (NotAFile for a FIFO or device, which would be read for ever)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+    fh, _ = open_regular(path, follow)
+    with fh:
+        while chunk := fh.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def stamp(st: os.stat_result) -> list[int]:
+    """What must not move for a file to be taken as unchanged without reading it: size, mtime, inode and ctime.
+    ctime is the one a user cannot set back (`touch -d`/`os.utime` restore mtime, and move ctime to now), so a
+    file written in place with its mtime restored is hashed again."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 def onnx_external_files(path: Path) -> list[Path]:
@@ -59,21 +70,21 @@ def _external_file(model: Path, base: Path, tensor: str, location: str) -> Path:
 
 
 class DigestCache:
-    """sha256 per file, remembered by (size, mtime_ns, inode) in one JSON file."""
+    """sha256 per file, remembered by its `stamp` in one JSON file."""
 
     def __init__(self, file: Path | None):
         self.file = file
         self._lock = threading.Lock()
         self._entries: dict[str, list] = {}
         self._dirty = False
-        if file is not None and file.is_file():
+        if file is not None:
             try:
-                entries = json.loads(file.read_text())
+                entries = read_json(file, RECORD_BYTES, follow=False)
             except (OSError, ValueError):
                 entries = {}
-            # an entry of another shape (a hand edit, another tool) is dropped: it is only a cache
-            self._entries = {k: v for k, v in entries.items() if isinstance(v, list) and len(v) == 4
-                             and all(isinstance(x, int) for x in v[:3])} if isinstance(entries, dict) else {}
+            # an entry of another shape (a hand edit, another tool, an older trtflow) is dropped: it is only a cache
+            self._entries = {k: v for k, v in entries.items() if isinstance(v, list) and len(v) == 5
+                             and all(isinstance(x, int) for x in v[:4])} if isinstance(entries, dict) else {}
 
     def sha256(self, path: Path) -> str:
         path = path.resolve()
@@ -81,14 +92,14 @@ class DigestCache:
         if not stat.S_ISREG(st.st_mode):  # a device or a FIFO would be read for ever
             from trtflow.errors import SpecError
             raise SpecError(f"{path} is not a regular file", hint="name a file")
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        now = stamp(st)
         with self._lock:
             hit = self._entries.get(str(path))
-            if hit and hit[:3] == stamp:
-                return hit[3]
+            if hit and hit[:4] == now:
+                return hit[4]
         digest = file_sha256(path)
         with self._lock:
-            self._entries[str(path)] = stamp + [digest]
+            self._entries[str(path)] = now + [digest]
             self._dirty = True
         return digest
 
@@ -111,17 +122,16 @@ class DigestCache:
 
     def _external_files(self, path: Path) -> list[Path]:
         path = path.resolve()
-        st = path.stat()
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        now = stamp(path.stat())
         key = f"{path}#external-data"
         with self._lock:
             hit = self._entries.get(key)
-        if hit and hit[:3] == stamp:  # the locations are the model's; what they point at is checked again
+        if hit and hit[:4] == now:  # the locations are the model's; what they point at is checked again
             base = path.parent.resolve()
-            return [_external_file(path, base, "?", n) for n in hit[3]]
+            return [_external_file(path, base, "?", n) for n in hit[4]]
         files = onnx_external_files(path)
         with self._lock:
-            self._entries[key] = stamp + [[str(f.relative_to(path.parent)) for f in files]]
+            self._entries[key] = now + [[str(f.relative_to(path.parent)) for f in files]]
             self._dirty = True
         return files
 

@@ -6,7 +6,6 @@ The record lives outside any store, per machine: `$TRTFLOW_STATE_DIR/environment
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow import files
 from trtflow.errors import TrtflowError
 from trtflow.flows import keys
 from trtflow.flows.fingerprint import ALL, fingerprint
@@ -72,7 +72,7 @@ def check(state: Path | None = None) -> Check:
     previous = None
     if state.exists():
         try:
-            previous = json.loads(state.read_text()).get("fingerprint")
+            previous = files.read_json(state, files.RECORD_BYTES).get("fingerprint")
         except (OSError, ValueError, AttributeError):
             previous = None  # unreadable: recorded afresh, reported as a first record
     env = fingerprint(ALL) or {}

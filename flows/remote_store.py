@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.errors import StoreError
+from trtflow.files import MANIFEST_BYTES, RECORD_BYTES
+from trtflow.flows.digest import DigestCache
 from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
     HOST,
@@ -34,6 +36,7 @@ from trtflow.flows.store import (
     LocalStore,
     check_files,
     file_records,
+    local_stamps,
 )
 from trtflow.flows.store_credentials import storage_options
 
@@ -71,6 +74,18 @@ class RemoteStore:
 
     def _remote(self, *parts: str) -> str:
         return "/".join([self.base.rstrip("/"), *parts])
+
+    def _cat_json(self, path: str, limit: int = MANIFEST_BYTES) -> Any:
+        """JSON of the object at `path`, reading at most `limit` bytes (ValueError beyond: a 50 GB object where a
+        manifest belongs would exhaust memory). FileNotFoundError and backend errors pass through."""
+        data = self.fs.cat_file(path, start=0, end=limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"more than {limit} bytes")
+        return json.loads(data)
+
+    @property
+    def digests(self) -> DigestCache:
+        return self.cache.digests
 
     def _fail(self, doing: str, exc: BaseException) -> StoreError:
         return StoreError(f"artifact store {self.location}: {doing} failed: {type(exc).__name__}: {exc}",
@@ -221,7 +236,7 @@ class RemoteStore:
 
     def last(self, stage: str) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.fs.cat_file(self._remote(stage, LAST)))
+            data = self._cat_json(self._remote(stage, LAST), RECORD_BYTES)
         except FileNotFoundError:
             return self.cache.last(stage)
         except Exception:  # noqa: BLE001 - unreadable: the explanation falls back to what this machine knows
@@ -272,11 +287,11 @@ class RemoteStore:
         for stage, key in ours:
             problem, data, manifest = None, None, None
             try:
-                data = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
+                data = self._cat_json(self._remote(stage, key, MANIFEST))
             except FileNotFoundError:
                 problem = "no manifest (an interrupted publish)"
-            except ValueError:
-                problem = "its manifest is not JSON"
+            except ValueError as exc:
+                problem = f"its manifest is not JSON ({exc})"
             if data is not None:
                 manifest = _parse(data, key)
                 if manifest is None:
@@ -316,11 +331,11 @@ class RemoteStore:
 
     def _remote_manifest(self, stage: str, key: str) -> Manifest | None:
         try:
-            data = json.loads(self.fs.cat_file(self._remote(stage, key, MANIFEST)))
+            data = self._cat_json(self._remote(stage, key, MANIFEST))
         except FileNotFoundError:
             return None
-        except ValueError:
-            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON; ignored"
+        except ValueError as exc:
+            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON ({exc}); ignored"
             return None
         except Exception as exc:  # noqa: BLE001
             raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
@@ -351,9 +366,8 @@ class RemoteStore:
                                            f"quarantined")
             self._quarantine(stage, key, manifest, problem)
             return None
-        # the files were just hashed against the manifest: only their mtimes are this machine's own
-        local = manifest.model_copy(update={"files": {rel: {**rec, "mtime_ns": (staging / rel).stat().st_mtime_ns}
-                                                      for rel, rec in (manifest.files or {}).items()}})
+        # the files were just hashed against the manifest: only their times are this machine's own
+        local = manifest.model_copy(update={"files": local_stamps(staging, manifest.files or {})})
         _, placed = self.cache.publish(stage, key, staging, local)
         return placed
 
@@ -380,7 +394,7 @@ class RemoteStore:
         """`rejected` names the quarantined results of this key (why `plan` says the stage must run)."""
         try:
             found = self.fs.glob(self._remote(QUARANTINE, stage, key, "*", "reason.json"))
-            reasons = [json.loads(self.fs.cat_file(f)) for f in found[:1]]
+            reasons = [self._cat_json(f, RECORD_BYTES) for f in found[:1]]
         except Exception:  # noqa: BLE001 - an unreadable quarantine record says nothing about the result
             return
         for r in reasons:

@@ -68,7 +68,6 @@ class Runner:
     pipeline: LoadedPipeline
     graph: StageGraph = None  # type: ignore[assignment]
     store: ArtifactStore = None  # type: ignore[assignment]
-    _digests: DigestCache | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # stages that do not depend on each other run side by side, at most this many at once
@@ -81,10 +80,7 @@ class Runner:
 
     @property
     def digests(self) -> DigestCache:
-        if self._digests is None:
-            path = self.store.root / "digests.json"
-            self._digests = DigestCache(path if self.store.root.is_dir() and not self.store.read_only else None)
-        return self._digests
+        return self.store.digests
 
     # --- selection ------------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from trtflow import files
 from trtflow.errors import PrefectUnavailable
 from trtflow.flows.machine import state_file
 
@@ -49,7 +50,7 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 def running() -> dict[str, Any] | None:
     """The background server's record, if that server is alive, is the process trtflow started, and answers."""
     try:
-        rec = json.loads(record_file().read_text())
+        rec = files.read_json(record_file(), files.RECORD_BYTES)
     except (OSError, ValueError):
         return None
     return rec if _ours(rec) and healthy(rec["url"]) else None
@@ -139,7 +140,7 @@ def stop() -> dict[str, Any] | None:
     """Stop the background server (its whole process group); its record, or None when none was running."""
     with _locked():
         try:
-            rec = json.loads(record_file().read_text())
+            rec = files.read_json(record_file(), files.RECORD_BYTES)
         except (OSError, ValueError):
             return None
         if _ours(rec):  # a stale record's pid may be another process's by now: never killed

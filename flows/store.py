@@ -14,21 +14,27 @@ shared fsspec store can implement the same methods).
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from trtflow import files
 from trtflow.errors import StageError, StoreError
-from trtflow.flows.digest import file_sha256
+from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
+from trtflow.flows.digest import DigestCache, file_sha256
 from trtflow.flows.manifest import MANIFEST, Manifest, safe_relpath
 
 LAST = "last.json"
+DIGESTS = "digests.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
 MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
 MARKER_CONTENT = {"trtflow": "artifact store", "format": 1}
@@ -40,25 +46,43 @@ os.umask(UMASK)
 
 
 def _result_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if (p.is_file() or p.is_symlink()) and p.name != MANIFEST)
+    """Everything under `directory` that is not a directory (symlinks, FIFOs and devices included), but the
+    manifest."""
+    return sorted(p for p in directory.rglob("*") if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST)
 
 
 def file_records(directory: Path, sha256: Callable[[Path], str] = file_sha256) -> dict[str, dict[str, Any]]:
-    """relative path -> size, sha256, mtime_ns of every file under `directory` but the manifest."""
+    """relative path -> size, sha256, mtime_ns and ctime_ns of every file under `directory` but the manifest."""
     out = {}
     for f in _result_files(directory):
-        if f.is_symlink():  # it would point outside the result, and is never served (check_files)
-            raise StageError(f"the stage wrote a symlink, {f.relative_to(directory).as_posix()}, among its outputs: "
-                             f"write the file itself")
+        if not is_regular(f):  # a symlink would point outside the result, a FIFO block its reader
+            raise StageError(f"the stage wrote {_what(f)}, {f.relative_to(directory).as_posix()}, among its "
+                             f"outputs: write the file itself")
         st = f.stat()
         out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": sha256(f),
-                                                    "mtime_ns": st.st_mtime_ns}
+                                                    "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
     return out
 
 
-def check_files(directory: Path, records: Any, rehash: bool = False) -> str | None:
-    """Why `directory` no longer holds what `records` says (None: it does). Without `rehash`, a file whose size
-    and mtime match is taken as unchanged; one whose mtime moved is hashed."""
+def _what(path: Path) -> str:
+    return "a symlink" if path.is_symlink() else "a FIFO" if path.is_fifo() else "a special file"
+
+
+def local_stamps(directory: Path, records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`records` of files just verified by hash, with this machine's mtime and ctime of them."""
+    out = {}
+    for rel, rec in records.items():
+        st = (directory / rel).stat()
+        out[rel] = {**rec, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+    return out
+
+
+def check_files(directory: Path, records: Any, rehash: bool = False,
+                sha256: Callable[[Path], str] | None = None) -> str | None:
+    """Why `directory` no longer holds what `records` says (None: it does). Without `rehash`, a file whose size,
+    mtime and ctime are as recorded is taken as unchanged; any other is hashed (by `sha256`, which may remember
+    what it hashed: a hard link made later moves ctime, not content). ctime is what catches a file written in
+    place with its mtime set back: no user can set it."""
     if not isinstance(records, dict) or not records:
         return "its manifest records no files (written by an older trtflow)"
     extra = [rel for rel in (p.relative_to(directory).as_posix() for p in _result_files(directory))
@@ -69,27 +93,50 @@ def check_files(directory: Path, records: Any, rehash: bool = False) -> str | No
         f = directory / rel
         if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not safe_relpath(rel):
             return f"its manifest's record of {rel} is malformed"
-        if f.is_symlink():
-            return f"{rel} is a symlink"
         try:
-            st = f.stat()
+            st = f.lstat()
         except OSError:
             return f"{rel} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{rel} is {_what(f)}, not the file it was"
         if st.st_size != rec.get("size"):
             return f"{rel} changed size ({rec.get('size')} -> {st.st_size} bytes)"
-        if rehash or st.st_mtime_ns != rec.get("mtime_ns"):
-            now = file_sha256(f)
-            if now != rec["sha256"]:
-                return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {now[:12]})"
+        if not rehash and st.st_mtime_ns == rec.get("mtime_ns") and st.st_ctime_ns == rec.get("ctime_ns"):
+            continue
+        try:
+            now = file_sha256(f, follow=False) if rehash or sha256 is None else sha256(f)
+        except OSError as exc:
+            return f"{rel} cannot be read ({exc.strerror or exc})"
+        if now != rec["sha256"]:
+            return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {now[:12]})"
     return None
 
 
-def read_json(path: Path) -> tuple[Any, str | None]:
-    """(data, None), or (None, why it cannot be used) for a file that is missing or not JSON."""
+def remove_tree(path: Path) -> None:
+    """Remove a directory trtflow made, even one whose directories were made read-only since (`chmod -R a-w` on a
+    result to protect it left `.trash-*` behind when it was replaced). Symlinks are removed, never followed."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path) or os.path.islink(path):
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for parent, dirs, _ in os.walk(path):  # os.walk follows no symlink
+        for d in [parent, *(os.path.join(parent, d) for d in dirs)]:
+            with contextlib.suppress(OSError):
+                if not os.path.islink(d):
+                    os.chmod(d, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def read_json(path: Path, limit: int = RECORD_BYTES) -> tuple[Any, str | None]:
+    """(data, None), or (None, why it cannot be used) for a file that is missing, not a regular file (a symlink
+    included: trtflow writes none in its store), larger than `limit` or not JSON."""
     try:
-        return json.loads(path.read_text()), None
+        return files.read_json(path, limit, follow=False), None
     except FileNotFoundError:
         return None, None
+    except files.NotAFile as exc:
+        return None, f"{exc.strerror}; ignored"
     except (OSError, ValueError) as exc:
         return None, f"{path} is unreadable ({type(exc).__name__}); ignored"
 
@@ -114,6 +161,7 @@ class ArtifactStore(Protocol):
     location: str  # what users gave: the directory, or the URL of a remote store
     rejected: dict[tuple[str, str], str]
     read_only: bool
+    digests: DigestCache  # sha256 of local files by stamp (the source model, data files, results on reuse)
 
     def ensure_writable(self) -> None: ...
     def lookup(self, stage: str, key: str) -> Manifest | None: ...
@@ -165,6 +213,15 @@ class LocalStore:
         self.location = str(self.root)
         self.rejected: dict[tuple[str, str], str] = {}
         self.read_only = False
+        self._digests: DigestCache | None = None
+
+    @property
+    def digests(self) -> DigestCache:
+        """sha256 of files by their stamp, in `<root>/digests.json` (kept in memory only on a read-only store)."""
+        if self._digests is None:
+            writable = self.root.is_dir() and not self.read_only
+            self._digests = DigestCache(self.root / DIGESTS if writable else None)
+        return self._digests
 
     def ensure_writable(self) -> None:
         """Create the store if needed; a store that exists but cannot be written (CI reading a store someone
@@ -190,15 +247,15 @@ class LocalStore:
         """The root carries trtflow's marker, or (a store made before the marker) holds a trtflow manifest."""
         if (self.root / MARKER).is_file():
             return True
-        return any(Manifest.parse(read_json(d / MANIFEST)[0], d.name) for _, d in self._walk()[0])
+        return any(Manifest.parse(read_json(d / MANIFEST, MANIFEST_BYTES)[0], d.name) for _, d in self._walk()[0])
 
     def _walk(self) -> tuple[list[tuple[str, Path]], list[str]]:
         """What lies under the root: (stage, directory) of every result (`<stage>/<32 hex>/`, real directories:
         a symlinked stage or result is never followed), and the names of what trtflow did not make (left alone
-        by `verify --repair`). trtflow's own files (`last.json`, staging, the marker) are in neither."""
+        by `verify --repair`). trtflow's own files (`last.json`, `digests.json`, staging, the marker) are in neither."""
         results, foreign = [], []
         for stage in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-            if stage.name.startswith(".") or stage.name == SHARED:
+            if stage.name.startswith(".") or stage.name in (SHARED, DIGESTS):
                 continue
             if stage.is_symlink() or not stage.is_dir():
                 foreign.append(stage.name + (" (a symlink)" if stage.is_symlink() else ""))
@@ -219,7 +276,7 @@ class LocalStore:
         `rejected[(stage, key)]` says why when a result was there."""
         self.rejected.pop((stage, key), None)
         directory = self.path(stage, key)
-        data, problem = read_json(directory / MANIFEST)
+        data, problem = read_json(directory / MANIFEST, MANIFEST_BYTES)
         if data is None:
             if problem:
                 self.rejected[(stage, key)] = problem
@@ -230,7 +287,7 @@ class LocalStore:
             return None
         if not manifest.ok:
             return None
-        problem = check_files(directory, manifest.files)
+        problem = check_files(directory, manifest.files, sha256=self.digests.sha256)
         if problem:
             self.rejected[(stage, key)] = f"its stored result failed verification: {problem}"
             return None
@@ -253,7 +310,7 @@ class LocalStore:
         removed = []
         for d in self._staging_dirs():
             if d.name.startswith(".trash-") or not _owner_alive(d.name):
-                shutil.rmtree(d, ignore_errors=True)
+                remove_tree(d)
                 removed.append(d)
         return removed
 
@@ -275,22 +332,31 @@ class LocalStore:
         write_json_atomic(staging / MANIFEST, manifest.to_json())  # last: its presence means complete
         _fsync_dir(staging)
         target = self.path(stage, key)
-        if target.exists():  # a broken earlier publish, a concurrent run that won, or what a forced run replaces
-            if not replace:
-                existing = self.lookup(stage, key)
-                if existing is not None:
-                    shutil.rmtree(staging, ignore_errors=True)
-                    return target, existing
-            self._drop(target)
-        os.replace(staging, target)
+        for attempt in range(3):
+            if target.exists():  # a broken earlier publish, a concurrent run that won, or what a forced run replaces
+                if not replace:
+                    existing = self.lookup(stage, key)
+                    if existing is not None:
+                        remove_tree(staging)
+                        return target, existing
+                self._drop(target)
+            try:
+                os.replace(staging, target)
+                break
+            except OSError as exc:  # another run published the key between the check and the rename
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == 2:
+                    raise
         _fsync_dir(target.parent)
         return target, manifest
 
     def _drop(self, directory: Path) -> None:
         """Remove a published directory: renamed first, so no reader sees it half-deleted."""
         trash = directory.with_name(f".trash-{directory.name[:12]}-{uuid.uuid4().hex[:8]}")
-        os.replace(directory, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(directory, trash)
+        except FileNotFoundError:  # another run dropped it first
+            return
+        remove_tree(trash)
 
     def verify(self, repair: bool = False) -> dict[str, Any]:
         """Hash every file of every published result against its manifest. With `repair`, results that do not
@@ -303,7 +369,7 @@ class LocalStore:
         rows, hashed = [], 0
         results, foreign = self._walk()
         for stage, directory in results:
-            data, problem = read_json(directory / MANIFEST)
+            data, problem = read_json(directory / MANIFEST, MANIFEST_BYTES)
             manifest = Manifest.parse(data, directory.name)
             if data is None:
                 problem = problem or "no manifest (an interrupted publish)"
@@ -329,7 +395,7 @@ class LocalStore:
         return {"rows": rows, "bytes": hashed}
 
     def discard(self, staging: Path) -> None:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
 
     def pull_shared(self) -> dict[str, tuple[int, int]]:
         return {}

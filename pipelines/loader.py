@@ -152,8 +152,8 @@ def _check_text(text: str, shown: str) -> None:
     bad = CONTROL.search(text)
     if bad:
         line = text.count("\n", 0, bad.start()) + 1
-        raise SpecError(f"control character U+{ord(bad.group()):04X} in the file (YAML allows none)", file=shown,
-                        line=line, hint="remove it; a binary file given as the pipeline?")
+        raise SpecError(f"control character U+{ord(bad.group()):04X} (YAML allows none)", file=shown,
+                        line=line, hint="remove it" if shown.startswith("--set") else "remove it; a binary file given as the pipeline?")
     depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -171,24 +171,31 @@ def _check_text(text: str, shown: str) -> None:
 def parse_yaml(text: str, shown: str) -> tuple[Any, dict[Path_, int]]:
     """The data and the line of every key path. Composed once, then checked before anything expands aliases:
     an alias bomb, an alias inside itself and a key given twice are errors, not silently accepted or fatal."""
+    try:
+        data, node = _compose(text, shown)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"YAML syntax error: {problem}", file=shown,
+                        line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from None
+    lines: dict[Path_, int] = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _compose(text: str, shown: str) -> tuple[Any, yaml.Node | None]:
+    """(data, root node) of YAML `text`, within the limits on characters, depth and size (SpecError), with
+    YAMLError for a syntax error. Pipeline files and `--set` values alike."""
     _check_text(text, shown)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is not None:
             _check_node(node, shown)
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(f"YAML syntax error: {problem}", file=shown,
-                        line=mark.line + 1 if mark else None, hint="fix the YAML syntax") from None
+        return (loader.construct_document(node) if node is not None else None), node
     finally:
         loader.dispose()
-    lines: dict[Path_, int] = {}
-    if node is not None:
-        _collect_lines(node, (), lines)
-    return data, lines
 
 
 def _check_node(root: yaml.Node, shown: str) -> None:
@@ -218,7 +225,7 @@ def _check_node(root: yaml.Node, shown: str) -> None:
             total += sum(walk(item, path + (i,)) for i, item in enumerate(node.value))
         on_path.discard(id(node))
         if total > MAX_YAML_NODES:
-            raise SpecError(f"the file expands to more than {MAX_YAML_NODES} YAML nodes through aliases "
+            raise SpecError(f"the YAML expands to more than {MAX_YAML_NODES} nodes through aliases "
                             f"(an alias bomb?)", file=shown, line=node.start_mark.line + 1, path=path,
                             hint="use fewer aliases")
         size[id(node)] = total
@@ -279,7 +286,8 @@ def _apply_override(data: dict, item: str) -> Path_:
         raise SpecError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. stages.build.workspace=2GiB",
                         file="--set")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        # the value is held to a pipeline file's limits: an alias bomb here expanded in the params model
+        value = _compose(raw, f"--set {key.strip()}")[0] if raw.strip() else ""
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or first_line(exc)
         where = getattr(exc, "problem_mark", None)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from trtflow import progress
+from trtflow import files, progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.benchmark import BenchmarkStage
@@ -250,14 +250,14 @@ def _gate(params: BenchmarkStage, inputs: Inputs, candidates: list[Candidate], c
             path = _baseline_file(inputs, cand)
             if path is not None and path.is_file():
                 try:
-                    baseline.update(json.loads(path.read_text()))
-                except ValueError:
+                    baseline.update(files.read_json(path, files.RECORD_BYTES, follow=False))
+                except (OSError, ValueError, TypeError):
                     out.skipped.append(f"{path}: unreadable baseline, ignored")
     else:
         path = inputs.many("baseline")[0].path
         out.baseline = str(path)
         try:
-            data = json.loads(Path(path).read_text())
+            data = files.read_json(path, files.RECORD_BYTES)
             baseline = {c["cell"]: c for c in data["cells"]}
         except (OSError, ValueError, KeyError, TypeError):
             raise StageError(f"benchmark: gate.baseline {path} is not a benchmark report.json (written by this "

@@ -23,7 +23,7 @@ def errors_of(capsys) -> list[str]:
 @pytest.mark.parametrize("body, expected", [
     # a billion laughs: 9^9 strings once aliases are expanded
     ("l0: &l0 ['lol']\n" + LAUGHS + "stages: *l9\n",
-     "pipeline.yaml:9: l5: the file expands to more than 100000 YAML nodes through aliases (an alias bomb?)"),
+     "pipeline.yaml:9: l5: the YAML expands to more than 100000 nodes through aliases (an alias bomb?)"),
     ("stages: &s\n  p: *s\n",
      "pipeline.yaml:4: stages.p: an alias refers to a node that contains it (a YAML structure inside itself)"),
     ("stages:\n  prepare: {kind: prepare}\n  prepare: {kind: prepare, target_opset: 13}\n",
@@ -123,7 +123,7 @@ def test_a_profile_naming_a_missing_input_is_found_before_anything_runs(write_ya
 
 @pytest.mark.parametrize("make, expected", [
     (lambda p: p.write_bytes((HEAD + "stages:\n  p: {kind: prepare}\n").encode().replace(b"prepare}", b"prep\0are}")),
-     ":5: control character U+0000 in the file (YAML allows none)"),
+     ":5: control character U+0000 (YAML allows none)"),
     (lambda p: p.write_text(HEAD + "stages: " + "[" * 50_000 + "]" * 50_000 + "\n"),
      ":4: YAML nested more than 64 levels deep"),
     (lambda p: p.write_text(HEAD + "stages:\n" + "".join(f"  s{i}: {{kind: prepare}}\n" for i in range(80_000))),
@@ -141,4 +141,22 @@ def test_a_pipeline_file_that_is_not_one_is_refused_at_once(workdir, capsys, mak
     assert cli.main(["validate", str(path)]) == 2
     (line,) = errors_of(capsys)
     assert line.startswith(f"error: {path}{expected}"), line
+    assert time.monotonic() - started < 5
+
+
+BOMB = "[&l0 [lol], " + ", ".join(f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)) + "]"
+
+
+@pytest.mark.parametrize("value, expected", [
+    (BOMB, ":1: [5]: the YAML expands to more than 100000 nodes through aliases (an alias bomb?)"),
+    ("[" * 5000 + "]" * 5000, ":1: YAML nested more than 64 levels deep"),
+    ("a\x01b", ":1: control character U+0001 (YAML allows none) (remove it)"),
+], ids=["alias bomb", "5000 levels", "control character"])
+def test_a_set_value_is_held_to_the_limits_of_a_pipeline_file(write_yaml, capsys, value, expected):
+    """Issue #27: an alias bomb given with --set to a user stage's params panicked in a dependency and hung."""
+    path = write_yaml(HEAD + 'stages:\n  s: {kind: "tests.stage_fns:copy_model", outputs: {model: onnx}}\n')
+    started = time.monotonic()
+    assert cli.main(["validate", str(path), "--set", f"stages.s.params.tag={value}"]) == 2
+    (line,) = errors_of(capsys)
+    assert line.startswith(f"error: --set stages.s.params.tag{expected}"), line
     assert time.monotonic() - started < 5

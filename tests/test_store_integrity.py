@@ -2,8 +2,13 @@
 the wrong shape, staging left by dead runs (issue #11)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import shutil
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -60,14 +65,23 @@ def test_a_same_size_corruption_is_noticed(pipe):
     assert published(store, "a").joinpath("model.onnx").read_bytes()[100] != data[100]
 
 
-def test_verify_finds_what_reuse_cannot_and_repair_drops_it(pipe, capsys):
+def restore_mtime_after(path: Path, change) -> None:
+    st = path.stat()
+    change(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def flip_byte(path: Path, at: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_file_written_in_place_with_its_mtime_restored_is_never_reused(pipe, capsys):
     path, store = pipe
-    model = published(store, "a") / "model.onnx"
-    st = model.stat()
-    data = bytearray(model.read_bytes())
-    data[100] ^= 0xFF
-    model.write_bytes(bytes(data))
-    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back: only a full re-hash sees it
+    restore_mtime_after(published(store, "a") / "model.onnx", flip_byte)  # size and mtime as recorded; not ctime
+    action, reason = plan_of(path)["a"]
+    assert action == "run" and "model.onnx changed content" in reason
     assert cli.main(["verify", "--store", str(store)]) == 1
     out = capsys.readouterr().out
     assert "model.onnx changed content" in out and "2 results verified, 1 bad" in out.replace("\n", " ")
@@ -76,6 +90,68 @@ def test_verify_finds_what_reuse_cannot_and_repair_drops_it(pipe, capsys):
     assert run_all(path)["a"] == "ran"
     assert cli.main(["verify", "--store", str(store)]) == 0
     assert "3 results verified, 0 bad" in capsys.readouterr().out
+
+
+def test_a_source_model_changed_in_place_with_its_mtime_restored_is_an_input_change(pipe):
+    path, store = pipe
+    restore_mtime_after(path.parent / "models" / "cls.onnx", lambda p: flip_byte(p, at=-5))
+    assert plan_of(path)["a"] == ("run", "input 'model' changed")
+
+
+def test_a_file_hard_linked_elsewhere_is_hashed_once_then_trusted_again(pipe):
+    """A link moves ctime and not the content (the engine cache links engines): hashed, found equal, remembered."""
+    path, store = pipe
+    model = published(store, "a") / "model.onnx"
+    os.link(model, store / "elsewhere.onnx")
+    assert set(run_all(path).values()) == {"reused"}
+    cache = json.loads((store / "digests.json").read_text())
+    assert cache[str(model.resolve())][3] == model.stat().st_ctime_ns
+
+
+@contextlib.contextmanager
+def within(seconds: int):
+    """Fail instead of hanging (a FIFO opened for reading waits for a writer for ever)."""
+    def expired(*_):
+        raise AssertionError(f"still running after {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _dev_zero(path: Path) -> None:
+    path.unlink()
+    path.symlink_to("/dev/zero")
+
+
+@pytest.mark.parametrize("file, make, problem", [
+    ("model.onnx", _fifo, "model.onnx is a FIFO, not the file it was"),
+    ("model.onnx", _dev_zero, "model.onnx is a symlink, not the file it was"),
+    ("manifest.json", _fifo, "manifest.json is a FIFO, not a regular file; ignored"),
+    ("manifest.json", _dev_zero, "manifest.json is a symlink; ignored"),
+    ("../last.json", _fifo, None), ("../last.json", _dev_zero, None), ("../../digests.json", _fifo, None),
+])
+def test_store_files_that_are_not_files_are_never_read(pipe, capsys, file, make, problem):
+    """A FIFO or /dev/zero where a result's file, manifest, last.json or the digest cache belongs: `plan`, `verify`
+    and `run` answer at once (they hung, or ran out of memory): a result is recomputed, a record ignored."""
+    path, store = pipe
+    make(published(store, "a") / file)
+    with within(5):
+        action, reason = plan_of(path)["a"]
+        assert (action, problem is None or reason.endswith(problem)) == ("reuse" if problem is None else "run", True)
+        assert cli.main(["verify", "--store", str(store)]) == (0 if problem is None else 1)
+        assert (problem or "0 bad") in capsys.readouterr().out
+        assert run_all(path)["a"] == ("reused" if problem is None else "ran")
+    assert set(run_all(path).values()) == {"reused"}
+    assert cli.main(["verify", "--store", str(store)]) == 0
 
 
 @pytest.mark.parametrize("meta, content", [
@@ -171,6 +247,66 @@ def test_publishing_over_a_concurrent_winner_returns_the_winners_manifest(pipe):
     directory, manifest = s.publish("a", key, staging, mine)
     assert manifest.outputs["model"].digest != "mine" and not staging.exists()
     assert (directory / "model.onnx").read_bytes() != b"another run's bytes"
+
+
+def test_a_run_that_loses_the_race_to_the_rename_adopts_the_winner(pipe, monkeypatch):
+    """Issue #27: the other run's rename came between our `exists()` and our own rename (1 in 36 real races):
+    `OSError: Directory not empty` as an unexpected error. Now it is the winner found on the second look."""
+    from trtflow.flows import store as store_module
+    path, store = pipe
+    s = store_module.LocalStore(store)
+    key = published(store, "a").name
+    winner = s.staging("a", key)
+    shutil.copytree(published(store, "a"), winner, dirs_exist_ok=True)
+    shutil.rmtree(published(store, "a"))  # the key is not published yet when we look
+    staging = s.staging("a", key)
+    (staging / "model.onnx").write_bytes(b"our bytes")
+    real_replace = os.replace
+
+    def theirs_first(src, dst):
+        if Path(dst) == s.path("a", key) and Path(src) == staging:
+            real_replace(winner, dst)  # the other run renames its result into place first
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(store_module.os, "replace", theirs_first)
+    mine = Manifest.model_validate({"status": "ok", "key": key, "outputs": {"model": {"path": "model.onnx",
+                                                                                      "digest": "mine"}}})
+    directory, manifest = s.publish("a", key, staging, mine)
+    assert manifest.outputs["model"].digest != "mine" and not staging.exists()
+    assert (directory / "model.onnx").read_bytes() != b"our bytes"
+    monkeypatch.undo()
+    assert set(run_all(path).values()) == {"reused"}
+
+
+def enforce_write_permission(monkeypatch) -> None:
+    """Root may remove entries of a directory without write permission; a user may not. Under root (CI), removal
+    is refused as it would be for the user (EACCES), so the test sees what users see."""
+    if os.geteuid() != 0:
+        return
+
+    def guarded(real):
+        def call(path, *, dir_fd=None):
+            parent = os.fstat(dir_fd) if dir_fd is not None else os.stat(os.path.dirname(os.path.abspath(path)))
+            if not parent.st_mode & stat.S_IWUSR:
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real(path, dir_fd=dir_fd)
+        return call
+
+    monkeypatch.setattr(os, "unlink", guarded(os.unlink))
+    monkeypatch.setattr(os, "rmdir", guarded(os.rmdir))
+
+
+def test_replacing_a_result_made_read_only_leaves_no_trash(pipe, monkeypatch):
+    """Issue #27: a result someone protected with `chmod -R a-w` was replaced by a forced run, and its
+    `.trash-*` stayed behind."""
+    path, store = pipe
+    enforce_write_permission(monkeypatch)
+    directory = published(store, "a")
+    for d in [directory, *(p for p in directory.rglob("*") if p.is_dir())]:
+        d.chmod(0o555)
+    assert run_all(path, force=["a"])["a"] == "ran"
+    assert not list(store.glob("*/.trash-*")) and not list(store.glob("*/.tmp-*"))
+    assert set(run_all(path).values()) == {"reused"}
 
 
 # --- shared and read-only stores (item 6) --------------------------------------------------------------------

@@ -1,16 +1,18 @@
 """The JSON files trtexec writes with `--exportTimes`, `--exportProfile` and `--exportLayerInfo`."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from trtflow import files
 from trtflow.errors import StageError
+
+EXPORT_BYTES = 2**30  # --exportProfile of a large network with many iterations runs to hundreds of MB
 
 
 def _load(path: Path, what: str) -> Any:
     try:
-        return json.loads(Path(path).read_text())
+        return files.read_json(path, EXPORT_BYTES)
     except (OSError, ValueError) as exc:
         raise StageError(f"{path}: not a trtexec {what} JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
 

@@ -1,0 +1,79 @@
+"""Opening files that something other than this process wrote: a regular file only, read with a bound.
+
+A FIFO blocks `open()` until a writer comes, a device (`/dev/zero`) never ends, and a 50 GB file where a 2 KB
+manifest belongs exhausts memory: each hung or crashed `plan`, `verify` or `run`. Every file trtflow reads back
+(its store's manifests and records, hashed outputs, data files) is opened here: without blocking, checked to be
+a regular file with `fstat` on the descriptor that is then read (no window between check and read), and, for
+trtflow's own files, without following a symlink.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import IO, Any
+
+MANIFEST_BYTES = 64 * 2**20  # a manifest is a few KB; one recording 100 000 files is ~20 MB
+RECORD_BYTES = 64 * 2**20  # last.json, the machine's environment record, digests.json of a large store
+
+
+class NotAFile(OSError):
+    """The path exists but is no regular file, or is larger than files of its kind are."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path | str, follow: bool = True) -> tuple[IO[bytes], os.stat_result]:
+    """`path` opened for reading, and its stat; NotAFile for anything but a regular file (with `follow=False`, a
+    symlink too: it could lead anywhere)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # O_NONBLOCK: a FIFO opens at once
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise NotAFile(errno.EINVAL, f"{path} is a symlink", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(errno.EINVAL, f"{path} is {_kind(st.st_mode)}, not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), st
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: Path | str, limit: int, follow: bool = True) -> bytes:
+    """The bytes of regular file `path`, at most `limit` of them (NotAFile beyond)."""
+    fh, st = open_regular(path, follow)
+    with fh:
+        if st.st_size > limit:
+            raise NotAFile(errno.EFBIG, f"{path} is {st.st_size} bytes, more than the {limit} a file of its kind "
+                                        f"may have", str(path))
+        data = fh.read(limit + 1)
+    if len(data) > limit:  # it grew after the stat
+        raise NotAFile(errno.EFBIG, f"{path} is more than {limit} bytes", str(path))
+    return data
+
+
+def read_json(path: Path | str, limit: int, follow: bool = True) -> Any:
+    return json.loads(read_bounded(path, limit, follow))
+
+
+def is_regular(path: Path) -> bool:
+    """A regular file, not through a symlink."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
