@@ -8,6 +8,7 @@ import stat
 import threading
 from pathlib import Path
 
+from trtflow.disk import disk_cause
 from trtflow.files import RECORD_BYTES, open_regular, read_json
 
 _CHUNK = 1 << 20
@@ -140,6 +141,12 @@ class DigestCache:
             return
         with self._lock:
             tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._entries))
-            os.replace(tmp, self.file)
+            try:
+                tmp.write_text(json.dumps(self._entries))
+                os.replace(tmp, self.file)
+            except OSError as exc:  # only a cache: a full disk is said by what could not be written
+                tmp.unlink(missing_ok=True)
+                if disk_cause(exc) is None:
+                    raise
+                return
             self._dirty = False

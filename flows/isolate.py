@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from trtflow import progress
+from trtflow.disk import disk_error
 from trtflow.errors import StageStopped, TransientStageError, TrtflowError
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
@@ -143,6 +144,12 @@ def unexpected(exc: BaseException, name: str, child_traceback: str = "") -> Tran
     return error
 
 
+def _disk_error(exc: BaseException, name: str, keep: Path | None) -> TrtflowError | None:
+    """A full disk (or quota, or read-only file system) while the stage wrote its outputs: said as such."""
+    where = keep.parent if keep is not None else Path(tempfile.gettempdir())
+    return disk_error(exc, where, f"stage '{name}'", shown=f"its output in {where.parent}")
+
+
 STAGE_LOG = "stage.log"  # the stage's own output, in its directory
 OUTPUT_LINES = 500  # at most this many lines of a stage's output go to `output` (the log file keeps all)
 OUTPUT_LINE_CHARS = 2000
@@ -220,7 +227,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         except TrtflowError:
             raise
         except Exception as exc:
-            raise unexpected(exc, name) from exc
+            raise _disk_error(exc, name, keep) or unexpected(exc, name) from exc
     payload = pickle.dumps((func, args))
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
@@ -281,7 +288,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         log.unlink(missing_ok=True)
     if status == "error":
         exc, trace = value
-        error = exc if isinstance(exc, TrtflowError) else unexpected(exc, name, trace)
+        error = exc if isinstance(exc, TrtflowError) else _disk_error(exc, name, keep) or unexpected(exc, name, trace)
         error.child_traceback, error.child_log = trace, text
         raise error
     return value

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtflow.artifact import Artifact, Inputs, StageResult
+from trtflow.disk import DiskError, disk_error
 from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
 from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
@@ -271,12 +272,18 @@ class Runner:
             directory, manifest = self.store.publish(name, key, staging, manifest, replace=self.forced(name, force))
         except TrtflowError as exc:
             self.store.discard(staging)
+            if isinstance(exc, DiskError):
+                exc.remeasure()
             _name_stage(exc, name)
             _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
             self._mark_last(name, key, parts, status="failed", error=_first_line(exc))
             raise
-        except BaseException:
+        except BaseException as exc:
             self.store.discard(staging)
+            full = disk_error(exc, staging, f"stage '{name}'", shown=f"its output in {staging.parent}")
+            if full is not None:
+                self._mark_last(name, key, parts, status="failed", error=_first_line(full))
+                raise full from None
             raise
         if failed is not None:
             _name_stage(failed, name)

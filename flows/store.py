@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from trtflow import files
-from trtflow.errors import StageError, StoreError
+from trtflow.disk import disk_cause, disk_error
+from trtflow.errors import StageError, StoreError, TrtflowError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
 from trtflow.flows.digest import DigestCache, file_sha256
 from trtflow.flows.manifest import MANIFEST, Manifest, safe_relpath
@@ -213,6 +214,7 @@ class LocalStore:
         self.location = str(self.root)
         self.rejected: dict[tuple[str, str], str] = {}
         self.read_only = False
+        self.full: TrtflowError | None = None  # why it is read-only when that is a full disk or quota
         self._digests: DigestCache | None = None
 
     @property
@@ -232,15 +234,23 @@ class LocalStore:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
+            # a full store still serves what it holds; a stage that must run is told it is full, not read-only
+            self.full = disk_error(exc, self.root, "the artifact store") if exc.errno != errno.EROFS else None
             if not (self.root.is_dir() and os.access(self.root, os.R_OK | os.X_OK)):
                 raise StoreError(f"cannot write the artifact store at {self.root}: {exc.strerror or exc}; "
                                  f"choose another with --store or the pipeline's 'artifacts:' key") from None
             self.read_only = True
             return
-        if not (self.root / MARKER).is_file():
-            write_json_atomic(self.root / MARKER, MARKER_CONTENT)
-            if not (self.root / GITIGNORE).exists():  # a store inside a model repo is not its source
-                (self.root / GITIGNORE).write_text("# trtflow's artifact store: results, not source\n*\n")
+        try:
+            if not (self.root / MARKER).is_file():
+                write_json_atomic(self.root / MARKER, MARKER_CONTENT)
+                if not (self.root / GITIGNORE).exists():  # a store inside a model repo is not its source
+                    (self.root / GITIGNORE).write_text("# trtflow's artifact store: results, not source\n*\n")
+        except OSError as exc:
+            self.full = disk_error(exc, self.root, "the artifact store")
+            if self.full is None:
+                raise
+            self.read_only = True
         self.clean_staging()
 
     def is_store(self) -> bool:
@@ -296,6 +306,8 @@ class LocalStore:
     peek = lookup  # what `plan` asks: here as cheap as the lookup itself
 
     def staging(self, stage: str, key: str) -> Path:
+        if self.full is not None:
+            raise self.full
         if self.read_only:
             raise StoreError(f"stage '{stage}' must run but the artifact store at {self.root} is read-only; "
                              f"give a writable one with --store")
@@ -410,5 +422,9 @@ class LocalStore:
     def mark_last(self, stage: str, record: dict[str, Any]) -> None:
         if self.read_only:
             return
-        (self.root / stage).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.root / stage / LAST, record)
+        try:
+            (self.root / stage).mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.root / stage / LAST, record)
+        except OSError as exc:  # only the explanation `plan` gives: a full disk is said by what could not be written
+            if disk_cause(exc) is None:
+                raise

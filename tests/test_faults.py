@@ -3,18 +3,24 @@ SIGTERM to `trtflow run`, an exception from the user's own code. Each ends in on
 nothing left behind: no staging directory, no process."""
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
 
 from tests.test_runner import plan_of, run_all
 from trtflow.errors import StageError, TransientStageError
+from trtflow.flows import cli
+from trtflow.flows.store import LocalStore
 from trtflow.pipelines.loader import load_pipeline
 
 ONE = """
@@ -182,3 +188,54 @@ def test_onnx_runtime_error_lines_stay_off_the_console(write_yaml, workdir, capf
     captured = capfd.readouterr()
     assert "[E:onnxruntime" not in captured.err + captured.out
     assert "[E:onnxruntime" in info.value.child_log, "ONNX Runtime's own line is kept for --verbose"
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, megabytes: int) -> Iterator[Path]:
+    """A real file system of `megabytes` at `path` (a tmpfs; needs root, as on CI's machines)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Fill `disk` until `leave` bytes are free; returns the filler (delete it to free the space)."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
+    return filler
+
+
+@pytest.mark.parametrize("leave, expected", [
+    (300_000, "error: stage 's': no space left on the device writing its output in {store}/s; {free} free there "
+              "(free some space, or give a store elsewhere with --store)"),
+    (0, "error: the artifact store: no space left on the device writing {store}; {free} free there (free some "
+        "space, or give a store elsewhere with --store)"),
+], ids=["stage output", "the store's own files"])
+def test_a_full_disk_is_one_line_naming_the_path_and_the_space_left(write_yaml, tmp_path, capsys, leave, expected):
+    """Issue #27: a store on a nearly full disk failed with `JSONDecodeError` or `OSError: [Errno 28]` as an
+    unexpected error (and was retried). Now: one line, the path and the free space, exit 1; nothing half-written
+    kept, and the run after space was freed completes."""
+    path = write_yaml(ONE.format(fn="copy_model", params="{}", extra=", inputs: {model: source}"))
+    with small_disk(tmp_path / "disk", 8) as disk:
+        store = disk / "store"
+        if leave:  # a store made before the disk filled up; with no space left, its marker cannot be written
+            LocalStore(store).ensure_writable()
+        filler = fill(disk, leave)
+        started = time.monotonic()
+        assert cli.main(["run", str(path), "--store", str(store)]) == 1
+        assert time.monotonic() - started < 30
+        (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        said = re.search(r"; ([0-9.]+ kB|[0-9]+ bytes) free there", line)
+        assert said and line == expected.format(store=store, free=said.group(1)), line
+        free = float(said.group(1).split()[0]) * (1e3 if "kB" in said.group(1) else 1)
+        assert abs(free - shutil.disk_usage(disk).free) < 20_000, "the space left once the partial output was removed"
+        assert [p for p in store.glob("s/*") if p.name != "last.json"] == [], "nothing half-written kept"
+        filler.unlink()
+        assert cli.main(["run", str(path), "--store", str(store)]) == 0

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from pathlib import Path
 
 from rich.markup import escape
 
+from trtflow.disk import disk_error
 from trtflow.errors import TrtflowError
 from trtflow.flows.cli import (
     check_env,
@@ -85,6 +87,8 @@ def _fail(exc: BaseException, verbose: bool) -> int:
             if text:
                 err.print(f"[dim]--- the stage process's {what.removeprefix('child_')} ---[/]\n{escape(text)}")
         err.print_exception(show_locals=False)
+    if not isinstance(exc, TrtflowError):
+        exc = disk_error(exc, Path.cwd()) or exc
     known = isinstance(exc, TrtflowError)
     message = str(exc) if known else f"{type(exc).__name__}: {exc}"
     err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
