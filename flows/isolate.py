@@ -17,27 +17,28 @@ fork server that preloaded the common imports, with the caller's environment of 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from trtflow import progress
 from trtflow.disk import disk_error
 from trtflow.errors import StageStopped, TransientStageError, TrtflowError
+from trtflow.parent_death import die_with_parent
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
-_PR_SET_PDEATHSIG = 1
-_LIVE: set[int] = set()  # process groups of the stages running now (several run side by side, in threads)
+_LIVE: dict[int, str] = {}  # process group -> tag of the stages running now (several run side by side, in threads)
 _LIVE_LOCK = threading.Lock()
 
 
@@ -49,9 +50,9 @@ def kill_all() -> None:
     each stage's own thread then sees its process gone and unwinds, removing its staging (StageStopped)."""
     _STOPPING.set()
     with _LIVE_LOCK:
-        groups = list(_LIVE)
-    for pgid in groups:
-        _kill_group(pgid)
+        groups = list(_LIVE.items())
+    for pgid, tag in groups:
+        _kill_group(pgid, tag)
 
 
 def resume() -> None:
@@ -59,16 +60,10 @@ def resume() -> None:
     _STOPPING.clear()
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the pipe's EOF still ends the stage's wait
-        pass
-
-
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
-PRELOAD = ["trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds", "trtflow.artifact"]
+PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
+           "trtflow.artifact"]
 _CONTEXT: Any = None
 _CONTEXT_LOCK = threading.Lock()
 
@@ -83,9 +78,42 @@ def _context() -> Any:
         return _CONTEXT
 
 
+_SPAWNS: "queue.SimpleQueue[tuple[threading.Event, list[BaseException]]]" = queue.SimpleQueue()
+_SPAWNER: threading.Thread | None = None
+
+
+def _ensure_fork_server() -> None:
+    """Start the fork server (or start it again, after it died) from one thread that lives as long as this
+    process: it dies when the thread that forked it ends (parent_death), and the thread that first runs a stage
+    is one of Prefect's task threads, which end with their flow run."""
+    global _SPAWNER
+    with _CONTEXT_LOCK:
+        if _SPAWNER is None:
+            _SPAWNER = threading.Thread(target=_spawn_loop, name="trtflow-fork-server-parent", daemon=True)
+            _SPAWNER.start()
+    done, errors = threading.Event(), []
+    _SPAWNS.put((done, errors))
+    done.wait()
+    if errors:
+        raise errors[0]
+
+
+def _spawn_loop() -> None:
+    from multiprocessing import forkserver
+
+    while True:
+        done, errors = _SPAWNS.get()
+        try:
+            forkserver.ensure_running()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+
 def _child(conn, payload: bytes, sys_path: list[str], log: str, environ: dict[str, str]) -> None:
     os.setpgrp()
-    _die_with_parent()  # the fork server's death, which follows trtflow's (it exits when its pipe closes)
+    die_with_parent()  # the fork server's death, which follows trtflow's
     os.environ.clear()  # the environment of now, not of when the fork server started
     os.environ.update(environ)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
@@ -109,11 +137,36 @@ def _child(conn, payload: bytes, sys_path: list[str], log: str, environ: dict[st
         conn.close()
 
 
-def _kill_group(pgid: int) -> None:
+STAGE_TAG = "TRTFLOW_STAGE_TAG"  # in the environment of a stage's process and of everything it starts
+
+
+def _kill_group(pgid: int, tag: str) -> None:
+    """Kill the stage whose process leads group `pgid`, what it started, and what it detached from its group
+    (`setsid`, a daemon's double fork): those are found by the `tag` their environment inherited."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    _kill_tagged(f"{STAGE_TAG}={tag}".encode())
+
+
+def _kill_tagged(tag: bytes) -> None:
+    """SIGKILL every process of ours whose environment carries `tag` (a scan of /proc: a few ms). A process that
+    cleared its environment is not found: the README says so."""
+    me = os.getpid()
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:  # gone, or not ours
+            continue
+        if tag in environ.split(b"\0"):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def _how_it_ended(code: int | None) -> str:
@@ -230,11 +283,14 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
             raise _disk_error(exc, name, keep) or unexpected(exc, name) from exc
     payload = pickle.dumps((func, args))
     ctx = _context()
+    _ensure_fork_server()
     parent, child = ctx.Pipe(duplex=False)
     fd, log_name = tempfile.mkstemp(prefix=f"trtflow-{name}-", suffix=".log")
     os.close(fd)
     log = Path(log_name)
-    proc = ctx.Process(target=_child, args=(child, payload, list(sys.path), log_name, dict(os.environ)),
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    proc = ctx.Process(target=_child, args=(child, payload, list(sys.path), log_name,
+                                            {**os.environ, STAGE_TAG: tag}),
                        name=f"trtflow-{name}", daemon=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     text = ""
@@ -245,12 +301,12 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         with _main_not_reimported():
             proc.start()
         with _LIVE_LOCK:
-            _LIVE.add(proc.pid)
+            _LIVE[proc.pid] = tag
         child.close()
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not parent.poll(wait):
-                _kill_group(proc.pid)
+                _kill_group(proc.pid, tag)
                 proc.join()
                 raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
                                           f"pipeline file if the work is expected to take longer)")
@@ -272,10 +328,10 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     finally:
         parent.close()
         if proc.pid is not None:
-            _kill_group(proc.pid)  # anything the stage started and left running
+            _kill_group(proc.pid, tag)  # anything the stage started and left running
             proc.join()
             with _LIVE_LOCK:
-                _LIVE.discard(proc.pid)
+                _LIVE.pop(proc.pid, None)
         if tail is not None:
             tail.done.set()
             tail.join(10)

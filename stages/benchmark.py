@@ -20,6 +20,7 @@ import onnx
 from trtflow import files, progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
+from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.compare import perf_gate
 from trtflow.stages.ort import harness
@@ -165,7 +166,8 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
     cmd = command.compose(trtexec, cand.engine, shapes, params, files, version)
     log = stem.with_suffix(".log")
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent)
         try:
             proc.wait(timeout=TRTEXEC_TIMEOUT_S)
         except subprocess.TimeoutExpired:

@@ -105,12 +105,14 @@ def crash(params, inputs, out_dir: Path) -> StageResult:
 
 
 def spawn_and_sleep(params, inputs, out_dir: Path) -> StageResult:
-    """Starts a long-lived process of its own (its pid written to params['pidfile']), then sleeps."""
+    """Starts a long-lived process of its own (its pid written to params['pidfile']; with params['detach'], in a
+    session of its own, as `setsid` or a daemon would), then sleeps params['seconds'] (and then writes a model)."""
     import subprocess
-    proc = subprocess.Popen(["sleep", "300"])
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=bool(params.params.get("detach")))
     Path(params.params["pidfile"]).write_text(str(proc.pid))
     time.sleep(float(params.params.get("seconds", 300)))
-    return StageResult(outputs={})
+    (out_dir / "model.onnx").write_bytes(b"made")
+    return StageResult(outputs={"model": out_dir / "model.onnx"})
 
 
 def flaky(params, inputs, out_dir: Path) -> StageResult:

@@ -93,14 +93,26 @@ def test_a_user_exception_is_one_line_naming_the_stage(write_yaml, timeout):
     assert "raise ValueError" in info.value.child_traceback
 
 
-def test_a_timeout_kills_what_the_stage_started(write_yaml, tmp_path):
+@pytest.mark.parametrize("detach", [False, True], ids=["its group", "detached with setsid"])
+def test_a_timeout_kills_what_the_stage_started(write_yaml, tmp_path, detach):
     pidfile = tmp_path / "pid"
-    path = write_yaml(ONE.format(fn="spawn_and_sleep", params=f"{{pidfile: '{pidfile}'}}", extra=", timeout: 3s"))
+    path = write_yaml(ONE.format(fn="spawn_and_sleep", params=f"{{pidfile: '{pidfile}', detach: {detach}}}",
+                                 extra=", timeout: 3s"))
     with pytest.raises(TransientStageError, match=r"stage 's' timed out after 3 s"):
         run_all(path)
     grandchild = int(pidfile.read_text())
-    assert wait_gone([grandchild]) == [], "the process the stage started was killed with it"
+    assert wait_gone([grandchild], 1) == [], "the process the stage started was killed with it"
     assert store_entries(path, "s") == ["last.json"]
+
+
+def test_a_process_a_stage_detached_ends_with_the_stage(write_yaml, tmp_path):
+    """Issue #27: a process a stage started with `setsid` outlived the run (a new session is out of reach of the
+    stage's process group)."""
+    pidfile = tmp_path / "pid"
+    path = write_yaml(ONE.format(fn="spawn_and_sleep", params=f"{{pidfile: '{pidfile}', detach: true, seconds: 0}}",
+                                 extra=""))
+    assert run_all(path) == {"s": "ran"}
+    assert wait_gone([int(pidfile.read_text())], 1) == []
 
 
 def test_sigterm_is_one_line_and_leaves_no_process(write_yaml, tmp_path):

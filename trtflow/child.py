@@ -19,6 +19,8 @@ from typing import Callable, TypeVar
 
 from pydantic import BaseModel
 
+from trtflow.parent_death import die_with_parent
+
 Request = TypeVar("Request", bound=BaseModel)
 Response = TypeVar("Response", bound=BaseModel)
 
@@ -33,7 +35,7 @@ def call(module: str, request: BaseModel, response_type: type[Response], folder:
     request_path.write_text(request.model_dump_json(indent=2) + "\n")
     response_path.unlink(missing_ok=True)
     proc = subprocess.run([sys.executable, "-m", module, str(request_path), str(response_path)],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, preexec_fn=die_with_parent)
     if not response_path.exists():
         return None, proc
     return response_type.model_validate_json(response_path.read_text()), proc

@@ -29,6 +29,7 @@ import onnx
 from onnx import helper
 
 from trtflow.errors import TrtflowError
+from trtflow.parent_death import die_with_parent
 from trtflow.stages.compare.accuracy import Comparison, added_nonfinite
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers
@@ -409,7 +410,8 @@ def command_check(command: str, timeout: float) -> Check:
         if "{model}" not in command:
             argv.append(str(path))
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=work)
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=work,
+                                  preexec_fn=die_with_parent)
         except subprocess.TimeoutExpired:
             return Failure(f"the command did not finish within {timeout:g} s", "timeout")
         except OSError as exc:
