@@ -1,0 +1,132 @@
+"""A stage's own process, or the ONNX Runtime probe it started, killed with SIGKILL at 20 moments of a real run
+(prepare, then FP16 precision on the PP-OCR classifier): a result the store serves afterwards is always the clean
+run's (issue #27)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+from tests.test_faults import descendants
+
+STAGES = """
+version: 1
+name: killstages
+model: models/cls.onnx
+stages:
+  prepare: {kind: prepare, target_opset: 17, input_shapes: {x: [1, 3, 48, 192]}, preflight: "off"}
+  fp16: {kind: precision, to: fp16, preflight: "off"}
+"""
+MOMENTS = 20
+
+
+def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(workdir):
+    """Issue #27: a stage's process or its ONNX Runtime probe killed at a random moment (the OOM killer) once let
+    the run publish an FP16 variant with nodes kept in FP32 "because ONNX Runtime rejected them", under the key of
+    unchanged inputs, and the next run reused it. 20 moments, each killing a stage's process or a probe that is
+    running then: every result the store would serve afterwards is the clean run's, byte for byte."""
+    from tests.test_runner import run_all
+    from trtflow.errors import TrtflowError
+    from trtflow.flows.store import LocalStore
+
+    path = workdir / "pipeline.yaml"
+    path.write_text(STAGES)
+    assert run_all(path, ["artifacts=reference"]) == {"prepare": "ran", "fp16": "ran"}
+    t0 = time.monotonic()
+    assert run_all(path, ["artifacts=warm"]) == {"prepare": "ran", "fp16": "ran"}  # the fork server already up
+    full = time.monotonic() - t0
+    expected = {stage: _served(LocalStore(workdir / "reference"), stage) for stage in ("prepare", "fp16")}
+
+    rng = random.Random(27)
+    killed, failed = [], 0
+    for n in range(MOMENTS):
+        store = f"store{n}"
+        # every other moment falls in the life of an ONNX Runtime probe (a short part of the run)
+        victim = _Killer(rng.uniform(0, 0.4), rng, "probe") if n % 2 else _Killer(rng.uniform(0, full), rng)
+        victim.start()
+        try:
+            run_all(path, [f"artifacts={store}"])
+        except TrtflowError:
+            failed += 1
+        victim.stop()
+        killed.append(victim.killed)
+        served = LocalStore(workdir / store)
+        for stage in ("prepare", "fp16"):
+            got = _served(served, stage)
+            assert got is None or got == expected[stage], (n, victim.killed, stage)
+    assert killed.count("probe") >= MOMENTS // 3 and killed.count("stage") >= MOMENTS // 4, killed
+    assert failed >= killed.count("probe"), "a run whose probe was killed fails (as a crash)"
+    # a store left by a killed run completes with the clean run's results
+    assert set(run_all(path, [f"artifacts=store{MOMENTS - 1}"]).values()) <= {"ran", "reused"}
+    assert {s: _served(LocalStore(workdir / f"store{MOMENTS - 1}"), s) for s in expected} == expected
+
+
+def _served(store, stage: str) -> dict | None:
+    """What the store would serve for `stage`: its published OK result's models and report (timings dropped)."""
+    last = store.last(stage)
+    manifest = store.lookup(stage, last["key"]) if last else None
+    if manifest is None:
+        return None
+    directory = store.path(stage, manifest.key)
+    report = json.loads((directory / manifest.outputs["report"].path).read_text())
+    return {"key": manifest.key, "model": manifest.outputs["model"].digest, "report": _untimed(report)}
+
+
+def _untimed(x):
+    if isinstance(x, dict):
+        return {k: _untimed(v) for k, v in x.items() if k not in ("seconds", "timings")}
+    return [_untimed(v) for v in x] if isinstance(x, list) else x
+
+
+class _Killer(threading.Thread):
+    """After `moment` seconds, SIGKILL one process that a stage runs in at that moment: a stage's own process
+    (forked by the fork server) or a helper it started (`python -m trtflow.stages...`: the ONNX Runtime probe).
+    With `prefer`, the moment counts from when such a helper appears, and that helper is the victim."""
+
+    def __init__(self, moment: float, rng: random.Random, prefer: str | None = None):
+        super().__init__(daemon=True)
+        self.moment, self.rng, self.prefer, self.killed = moment, rng, prefer, None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while self.prefer and self.prefer not in self._candidates().values():
+            if self.done.wait(0.01):
+                return
+        if self.done.wait(self.moment):
+            return
+        while not self.done.is_set():
+            candidates = self._candidates()
+            preferred = {p: w for p, w in candidates.items() if w == self.prefer}
+            if candidates:
+                pid, what = self.rng.choice(sorted((preferred or candidates).items()))
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed = what
+                except ProcessLookupError:
+                    continue
+                return
+            time.sleep(0.01)
+
+    @staticmethod
+    def _candidates() -> dict[int, str]:
+        me = os.getpid()
+        out = {}
+        for pid in descendants(me):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"trtflow.stages." in cmdline:
+                out[pid] = cmdline.split(b"\0")[2].decode().rsplit(".", 1)[-1]  # probe, preflight, ...
+            elif b"multiprocessing.forkserver" in cmdline and parent != me:
+                out[pid] = "stage"
+        return out
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
