@@ -1,5 +1,5 @@
 """A stage's own process, or the ONNX Runtime probe it started, killed with SIGKILL at 20 moments of a real run
-(prepare, then FP16 precision on the PP-OCR classifier): a result the store serves afterwards is always the clean
+(FP16 precision on the PP-OCR classifier, which probes its candidate graphs): a result the store serves afterwards is always the clean
 run's (issue #27)."""
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ version: 1
 name: killstages
 model: models/cls.onnx
 stages:
-  prepare: {kind: prepare, target_opset: 17, input_shapes: {x: [1, 3, 48, 192]}, preflight: "off"}
-  fp16: {kind: precision, to: fp16, preflight: "off"}
+  fp16: {kind: precision, to: fp16, preflight: "off", inputs: {model: source}}
 """
 MOMENTS = 20
 
@@ -35,11 +34,11 @@ def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(wor
 
     path = workdir / "pipeline.yaml"
     path.write_text(STAGES)
-    assert run_all(path, ["artifacts=reference"]) == {"prepare": "ran", "fp16": "ran"}
+    assert run_all(path, ["artifacts=reference"]) == {"fp16": "ran"}
     t0 = time.monotonic()
-    assert run_all(path, ["artifacts=warm"]) == {"prepare": "ran", "fp16": "ran"}  # the fork server already up
+    assert run_all(path, ["artifacts=warm"]) == {"fp16": "ran"}  # the fork server already up
     full = time.monotonic() - t0
-    expected = {stage: _served(LocalStore(workdir / "reference"), stage) for stage in ("prepare", "fp16")}
+    expected = {"fp16": _served(LocalStore(workdir / "reference"), "fp16")}
 
     rng = random.Random(27)
     killed, failed = [], 0
@@ -55,9 +54,8 @@ def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(wor
         victim.stop()
         killed.append(victim.killed)
         served = LocalStore(workdir / store)
-        for stage in ("prepare", "fp16"):
-            got = _served(served, stage)
-            assert got is None or got == expected[stage], (n, victim.killed, stage)
+        got = _served(served, "fp16")
+        assert got is None or got == expected["fp16"], (n, victim.killed)
     assert killed.count("probe") >= MOMENTS // 3 and killed.count("stage") >= MOMENTS // 4, killed
     assert failed >= killed.count("probe"), "a run whose probe was killed fails (as a crash)"
     # a store left by a killed run completes with the clean run's results
