@@ -18,6 +18,7 @@ from trtflow.errors import TrtflowError
 from trtflow.flows import keys
 from trtflow.flows.fingerprint import ALL, fingerprint
 from trtflow.flows.store import write_json_atomic
+from trtflow.state import state_dir
 
 EVENT = "trtflow.environment.changed"
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a machine name or GPU kind in a work pool or queue name
@@ -28,10 +29,7 @@ class EventNotSent(TrtflowError):
 
 
 def state_file() -> Path:
-    if os.environ.get("TRTFLOW_STATE_DIR"):
-        return Path(os.environ["TRTFLOW_STATE_DIR"]) / "environment.json"
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-    return base / "trtflow" / "environment.json"
+    return state_dir() / "environment.json"
 
 
 def machine_name() -> str:

@@ -140,3 +140,23 @@ def test_no_driver_no_gpu(fresh, tmp_path, monkeypatch):
     assert env.nvidia_system() == {"driver": None, "cuda_driver": None, "gpus": []}
     assert fp.fingerprint(("gpu",))["gpu"] is None
     assert json.dumps(fp.fingerprint(fp.ALL))  # serializable as it enters the keys
+
+
+def test_the_version_probe_is_asked_again_only_when_what_it_depends_on_moves(fresh, tmp_path, monkeypatch):
+    """The probe's child process (0.5 s of every run, cached ones included) is skipped while the module's file, the
+    import path, the linker's cache and the library variables are as when it last answered."""
+    monkeypatch.setenv("TRTFLOW_STATE_DIR", str(tmp_path / "state"))
+    pkg = _stand_in_tensorrt(tmp_path, monkeypatch, "__version__ = '10.13.3.9'\n")
+    asked = []
+    real = env.child.call
+    monkeypatch.setattr(env.child, "call", lambda *a, **k: asked.append(1) or real(*a, **k))
+    assert env.probe("tensorrt")["version"] == "10.13.3.9" and len(asked) == 1
+    env.probe.cache_clear()  # a new process
+    assert env.probe("tensorrt")["version"] == "10.13.3.9" and len(asked) == 1, "answered from the cache"
+    (pkg / "__init__.py").write_text("__version__ = '10.13.3.9'\n")  # the same bytes, written again: ctime moves
+    env.probe.cache_clear()
+    assert env.probe("tensorrt")["version"] == "10.13.3.9" and len(asked) == 2
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    env.probe.cache_clear()
+    env.probe("tensorrt")
+    assert len(asked) == 3

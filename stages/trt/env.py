@@ -6,17 +6,21 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import importlib.util
+import json
+import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from trtflow import child
+from trtflow import child, files
+from trtflow.state import state_dir
 
 # (module, flavour, distributions that may carry its version); full TensorRT first: it is what users deploy
 FLAVOURS = (
@@ -89,10 +93,58 @@ def _versions(request: VersionRequest, folder: Path) -> VersionResponse:
     return out
 
 
+PROBE_CACHE = "tensorrt-probe.json"  # in the state directory: the last answer, and what it depended on
+
+
+def _probe_stamp(module: str) -> list[Any]:
+    """What the probe's answer depends on and that moves when TensorRT or CUDA is installed, upgraded, replaced
+    or removed: the interpreter, the module's own file, every directory on the import path (pip and conda add and
+    remove entries there), the dynamic linker's cache and the variables that steer library search. The same
+    stamp: the same answer, without a child process (0.5 s of every run, cached ones included)."""
+    spec = None
+    try:
+        spec = importlib.util.find_spec(module)  # finds the file, imports nothing of TensorRT's
+    except (ImportError, ValueError):
+        pass
+    stamp: list[Any] = [module, sys.executable, os.environ.get("LD_LIBRARY_PATH"), os.environ.get("CUDA_HOME"),
+                        os.environ.get("CUDA_PATH"), os.environ.get("PYTHONPATH")]
+    for path in [spec.origin if spec and spec.origin else "", "/etc/ld.so.cache", *sys.path]:
+        try:
+            st = os.stat(path or ".")
+            stamp.append([path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+        except OSError:
+            stamp.append([path, None])
+    return stamp
+
+
 @functools.lru_cache(maxsize=4)
 def probe(module: str) -> dict[str, str | None]:
     """The version `module` itself reports (a TensorRT from a tarball or a container has no pip metadata) and the
-    CUDA runtime version the process would load, from a child process; None where it cannot tell."""
+    CUDA runtime version the process would load, from a child process; None where it cannot tell. The answer is
+    kept in the state directory with `_probe_stamp`, and asked again only when that moves."""
+    cache = state_dir() / PROBE_CACHE
+    stamp = _probe_stamp(module)
+    try:
+        kept = files.read_json(cache, files.RECORD_BYTES)
+        if kept.get(module, {}).get("stamp") == json.loads(json.dumps(stamp)):
+            return dict(kept[module]["answer"])
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        kept = {}
+    answer = _ask(module)
+    if answer["version"] is not None:  # a broken install is asked again next time
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            kept = kept if isinstance(kept, dict) else {}
+            kept[module] = {"stamp": stamp, "answer": answer}
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(kept))
+            os.replace(tmp, cache)
+        except OSError:  # only a cache
+            pass
+    return answer
+
+
+def _ask(module: str) -> dict[str, str | None]:
     found = None
     with tempfile.TemporaryDirectory(prefix="trtflow-version-") as folder:
         try:
