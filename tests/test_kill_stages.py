@@ -41,11 +41,15 @@ def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(wor
     expected = {"fp16": _served(LocalStore(workdir / "reference"), "fp16")}
 
     rng = random.Random(27)
-    killed, failed = [], 0
-    for n in range(MOMENTS):
+    killed, failed, n = [], 0, 0
+    # trials until 20 kills landed, half in the life of an ONNX Runtime probe (a short part of the run): on a busy
+    # machine a moment can fall after the process it aims at has ended
+    while (killed.count("probe") + killed.count("stage") < MOMENTS or min(killed.count("probe"),
+                                                                          killed.count("stage")) < MOMENTS // 4):
+        assert n < 3 * MOMENTS, f"fewer than {MOMENTS} kills landed in {n} trials: {killed}"
         store = f"store{n}"
-        # every other moment falls in the life of an ONNX Runtime probe (a short part of the run)
-        victim = _Killer(rng.uniform(0, 0.4), rng, "probe") if n % 2 else _Killer(rng.uniform(0, full), rng)
+        aim = "probe" if killed.count("probe") <= killed.count("stage") else "stage"
+        victim = _Killer(rng.uniform(0, 0.4), rng, "probe") if aim == "probe" else _Killer(rng.uniform(0, full), rng)
         victim.start()
         try:
             run_all(path, [f"artifacts={store}"])
@@ -56,11 +60,11 @@ def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(wor
         served = LocalStore(workdir / store)
         got = _served(served, "fp16")
         assert got is None or got == expected["fp16"], (n, victim.killed)
-    assert killed.count("probe") >= MOMENTS // 3 and killed.count("stage") >= MOMENTS // 4, killed
+        n += 1
     assert failed >= killed.count("probe"), "a run whose probe was killed fails (as a crash)"
     # a store left by a killed run completes with the clean run's results
-    assert set(run_all(path, [f"artifacts=store{MOMENTS - 1}"]).values()) <= {"ran", "reused"}
-    assert {s: _served(LocalStore(workdir / f"store{MOMENTS - 1}"), s) for s in expected} == expected
+    assert set(run_all(path, [f"artifacts=store{n - 1}"]).values()) <= {"ran", "reused"}
+    assert {s: _served(LocalStore(workdir / f"store{n - 1}"), s) for s in expected} == expected
 
 
 def _served(store, stage: str) -> dict | None:
