@@ -96,9 +96,23 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
                           outcome.reason)
     for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
         get_run_logger().warning("%s: %s", name, warning)
+    if outcome.status == "ran" and outcome.kind == "release":
+        _announce_releases(runner, outcome)
     if outcome.status == "reused":  # Prefect's own word for a result it did not recompute
         return Completed(name="Cached", message=f"reused: {outcome.reason}", data=outcome)
     return outcome
+
+
+def _announce_releases(runner: Runner, outcome: StageOutcome) -> None:
+    from prefect.events import emit_event
+
+    from trtflow.flows.watch import release_events
+
+    for event in release_events(runner.pipeline.file, outcome.name, outcome.key, outcome.directory,
+                                outcome.manifest.metrics.get("releases", [])):
+        emit_event(**event)
+        get_run_logger().info("released %s version %s for %s", event["resource"]["trtflow.model"],
+                              event["payload"]["version"], event["resource"]["trtflow.target"])
 
 
 def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
@@ -157,7 +171,9 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
              "engines": [str(o.directory / out.path) for out in o.manifest.outputs.values()
                          if out.type == "engines"],
              # a validate stage's verdict: the candidates that passed, and those never to deploy
-             "shipped": o.manifest.metrics.get("shipped", []), "not_shipped": o.manifest.metrics.get("not_shipped", [])}
+             "shipped": o.manifest.metrics.get("shipped", []), "not_shipped": o.manifest.metrics.get("not_shipped", []),
+             # a release stage's versions (trtflow.release.created was emitted for each new one)
+             "releases": o.manifest.metrics.get("releases", []) if o.kind == "release" else []}
             for n, o in ((n, run.outcomes[n]) for n in order)]
 
 
@@ -233,7 +249,8 @@ class _Schedule:
                                                 retry_condition_fn=_retry_unless_user_error,
                                                 tags=stage_tags(self.runner, name, self.gpu[name]))
                 _notify("start", name)
-                produced = {u: self.outcomes[u].manifest for u in node.upstream}
+                # every stage it depends on, directly or not: its inputs' lineage names them all
+                produced = {u: self.outcomes[u].manifest for u in self.runner.graph.closure([name]) if u != name}
                 # the edges are the stages it reads (wait_for); its arguments are quoted: Prefect otherwise links
                 # any argument whose id() matches an earlier result's (ids of freed objects are reused)
                 self.running[name] = task_.submit(quote(self.runner_id), quote(name), quote(produced),

@@ -451,14 +451,15 @@ class RemoteStore:
 
 
 def _synced(rel: str) -> bool:
-    """The parts of `shared/` a remote store keeps for every machine: benchmark baselines and timing caches."""
-    return rel.startswith("benchmark/") or (rel.startswith("timing-") and "/" not in rel)
+    """The parts of `shared/` a remote store keeps for every machine: benchmark baselines, timing caches and the
+    versions released so far."""
+    return rel.startswith(("benchmark/", "releases/")) or (rel.startswith("timing-") and "/" not in rel)
 
 
 def _snapshot(local: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of the synced files of `shared/`: only those are walked (not the engine cache beside them)."""
     out = {}
-    for p in [*local.glob("timing-*"), *(local / "benchmark").rglob("*")]:
+    for p in [*local.glob("timing-*"), *(local / "benchmark").rglob("*"), *(local / "releases").rglob("*")]:
         if p.is_file() and not p.name.startswith("."):
             st = p.stat()
             out[p.relative_to(local).as_posix()] = (st.st_size, st.st_mtime_ns)

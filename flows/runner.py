@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from trtflow.artifact import Artifact, Inputs, StageResult
+from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.disk import DiskError, disk_error
 from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
 from trtflow.flows import implementation, keys, precheck
@@ -123,7 +123,24 @@ class Runner:
             # shared across runs and pipelines on this store; it saves time and is not part of the key (made
             # only when the stage runs: a read-only store serves cached results)
             resolved[slot] = Artifact(self.store.root / SHARED, SHARED_CACHE, "")
+        resolved.lineage = self._lineage(name, produced)
         return resolved
+
+    def _lineage(self, name: str, produced: dict[str, Manifest]) -> tuple[Provenance, ...]:
+        """The results the stage's inputs come from, directly or not, in run order, after the source model."""
+        upstream = self.graph.closure([name])
+        entries = []
+        for stage in upstream:
+            if stage == name or stage not in produced:
+                continue
+            node, m = self.graph.nodes[stage], produced[stage]
+            entries.append(Provenance(stage, node.spec.kind, m.key, {o: r.digest for o, r in m.outputs.items()},
+                                      {slot: [f"{e.stage}.{e.output}" for e in edges]
+                                       for slot, edges in node.inputs.items()}))
+        if any(e.stage == SOURCE for n in upstream for edges in self.graph.nodes[n].inputs.values() for e in edges):
+            path = self.pipeline.model_path
+            entries.insert(0, Provenance(SOURCE, "model", "", {"model": self.digests.artifact(path, "onnx")}))
+        return tuple(entries)
 
     def _data_files(self, stage: str, pattern: str, keypath: tuple) -> list[Artifact]:
         """Files a parameter names by glob (sample images, saved tensors): inputs like any other."""

@@ -18,6 +18,7 @@ from trtflow.stages.trt.engines import built_engines
 
 ENGINE_EVENT = "trtflow.engine.rebuilt"
 STAGE_EVENT = "trtflow.stage.rebuilt"
+RELEASE_EVENT = "trtflow.release.created"
 SEARCH_DEPTH = 3  # a directory of model repos: <dir>/<repo>/<sub>/pipeline.yaml at most
 
 
@@ -70,6 +71,20 @@ def engine_events(pipeline: Path, outcome: dict[str, Any], changed: list[str]) -
     return [{"event": STAGE_EVENT,
              "resource": {"prefect.resource.id": f"trtflow.stage.{pipeline.parent.name}.{outcome['stage']}", **base},
              "payload": payload}]
+
+
+def release_events(pipeline: Path, stage: str, key: str, directory: Path, releases: list[dict[str, Any]]
+                   ) -> list[dict[str, Any]]:
+    """One event per new version a release stage made (a release of an engine released before makes none): what a
+    deployment that rolls engines out to Triton acts on."""
+    return [{"event": RELEASE_EVENT,
+             "resource": {"prefect.resource.id": f"trtflow.release.{pipeline.parent.name}.{stage}.{r['target']}",
+                          "trtflow.pipeline": str(pipeline), "trtflow.stage": stage, "trtflow.model": r["model"],
+                          "trtflow.target": r["target"]},
+             "payload": {"version": r["version"], "engine": r["engine"], "engine_sha256": r["engine_sha256"],
+                         "repository": str(directory / r["repository"]), "card": str(directory / "card"),
+                         "key": key}}
+            for r in releases if r.get("new")]
 
 
 @flow(name="trtflow-watch", persist_result=True, log_prints=True)
@@ -127,6 +142,10 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
         for o in outcomes:
             entry["ran" if o["status"] == "ran" else "reused"].append(o["stage"])
             if o["status"] == "ran":
+                for event in release_events(path, o["stage"], o["key"], Path(o["directory"]), o["releases"]):
+                    entry["events"].append({"event": event["event"],  # emitted by the release stage's task
+                                            "resource": event["resource"]["prefect.resource.id"],
+                                            "version": event["payload"]["version"]})
                 for event in engine_events(path, o, entry["environment_changed"]):
                     emit_event(**event)
                     entry["events"].append({"event": event["event"],

@@ -22,6 +22,7 @@ BUILT_IN = (
     "build",
     "validate",
     "benchmark",
+    "release",
 )
 
 KINDS: dict[str, Kind] = {name: importlib.import_module(f"trtflow.pipelines.params.{name}").KIND for name in BUILT_IN}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from trtflow.pipelines.kinds import KINDS, USER
 from trtflow.pipelines.schema import STAGE_NAME, Strict
@@ -38,6 +38,16 @@ class Pipeline(Strict):
         if "shared" in v:
             raise ValueError("'shared' is reserved: the store keeps caches shared by stages under that name")
         return v
+
+    @model_validator(mode="after")
+    def _release_names(self) -> "Pipeline":
+        """A release's Triton model is named after the pipeline unless it says otherwise (and the name is in the
+        release's key like any parameter: renaming the pipeline makes a new release)."""
+        for stage in self.stages.values():
+            triton = getattr(stage, "triton", None)
+            if stage.kind == "release" and triton is not None and triton.model_name is None:
+                triton.model_name = self.name
+        return self
 
 
 def json_schema() -> dict[str, Any]:

@@ -8,8 +8,21 @@ from pathlib import Path
 import pytest
 
 from tests.assets import last_report, trtflow
+from tests.browser import open_page
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def triton_config(store: Path, released: dict):
+    """The released config.pbtxt, read with Triton's own schema (tritonclient's generated model_config_pb2)."""
+    from google.protobuf import text_format
+
+    from trtflow.stages.triton.schema import model_config_pb2
+    key = json.loads((store / "release" / "last.json").read_text())["key"]
+    repo = store / "release" / key / released["repository"]
+    (model,) = [d for d in repo.iterdir() if d.is_dir()]
+    assert (model / str(released["version"]) / "model.plan").is_file()
+    return text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2().ModelConfig())
 
 
 @pytest.fixture
@@ -22,7 +35,7 @@ def example(tmp_path: Path) -> Path:
 def test_example_end_to_end(example: Path):
     first = trtflow("run", "pipeline.yaml", cwd=example)
     assert first.returncode == 0, first.stderr + first.stdout
-    assert "5 stages (5 ran, 0 reused)" in first.stdout
+    assert "7 stages (7 ran, 0 reused)" in first.stdout
     assert "Traceback" not in first.stderr
 
     store = example / ".trtflow" / "prepare"
@@ -45,7 +58,7 @@ def test_example_end_to_end(example: Path):
 
     second = trtflow("run", "pipeline.yaml", cwd=example)
     assert second.returncode == 0, second.stderr
-    assert "5 stages (0 ran, 5 reused)" in second.stdout
+    assert "7 stages (0 ran, 7 reused)" in second.stdout
 
     # two mistakes at once, as a deploy pipeline written from memory: one line names both and the fix
     bad = trtflow("run", "pipeline.yaml", "--stage", "parity", "--set", "stages.parity.deploy.0.read=rgb",
@@ -63,6 +76,10 @@ def test_example_end_to_end(example: Path):
     assert [c["candidate"] for c in measured["cells"]] == ["fp16.lines.native", "prepare.lines.native"]
     assert all("not a TensorRT number" in c["result"]["runtime"] and c["result"]["throughput_qps"] > 0
                for c in measured["cells"]), "no GPU, no trtexec here: the harness, labelled"
+    released = last_report(example / ".trtflow", "release")["targets"][0]
+    config = triton_config(example / ".trtflow", released)
+    assert config.name == "ppocr-cls" and config.platform == "tensorrt_plan" and config.max_batch_size == 32
+    assert [(i.name, list(i.dims)) for i in config.input] == [("x", [3, 48, -1])]  # the profile pins the height
 
     plan = trtflow("plan", "pipeline.yaml", "--set", "stages.prepare.target_opset=16", cwd=example)
     assert plan.returncode == 0, plan.stderr
@@ -88,7 +105,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     good = trtflow("run", "pipeline.yaml", "--set", "stages.benchmark.duration=0", "--set",
                    "stages.benchmark.warmup=0", "--set", "stages.benchmark.min_iterations=1", cwd=squeezenet)
     assert good.returncode == 0, good.stderr
-    assert "7 stages (6 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
+    assert "8 stages (7 ran, 1 reused)" in good.stdout  # prepare was done by the failed run already
     report = last_report(squeezenet / ".trtflow", "parity")
     assert report["verdict"] == "pass" and report["model"]["top1"] == 1.0
     # the antialiased resize is PIL's, bit for bit: the default tolerances hold with room to spare
@@ -103,3 +120,45 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     assert checked["passed"] and {c["name"] for c in checked["candidates"]} == {c["name"] for c in cells}
     assert all(c["runtime"].startswith("onnxruntime-cpu") and c["accuracy"]["outputs"]["logits"]["top1"] == 1.0
                for c in checked["candidates"])  # no GPU here: each engine's exact ONNX variant, simulated
+
+    # the release: the engine to deploy among those validate passed, as a Triton repository Triton's schema reads
+    store = squeezenet / ".trtflow"
+    release = last_report(store, "release")
+    target = release["targets"][0]
+    assert target["chosen"]["name"] in checked["shipped"] and target["version"] == 1
+    config = triton_config(store, target)
+    assert config.max_batch_size == (32 if ".dynamic." in target["chosen"]["name"] else 1)
+    assert [(i.name, list(i.dims)) for i in config.input] == [("input", [3, 224, 224])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("logits", [1000])]
+
+    # the model card, in a real browser: every picture decoded, every number the one its report holds
+    key = json.loads((store / "release" / "last.json").read_text())["key"]
+    shot = squeezenet.parent / "model-card.png"
+    seen = open_page(store / "release" / key / "card" / "model-card.html", shot)
+    print(f"model card screenshot: {shot}")
+    assert shot.stat().st_size > 50_000
+    assert seen["images"] and all(i["loaded"] and i["width"] > 100 for i in seen["images"]), seen["images"]
+    assert seen["fields"]["chosen"] == target["chosen"]["name"] and seen["fields"]["version"] == "1"
+    assert seen["fields"]["parity"] == "pass"
+    built = {c["name"]: c for c in cells}
+    measured = last_report(store, "benchmark")["cells"]
+    accuracy = {c["name"]: c["accuracy"]["outputs"] for c in checked["candidates"]}
+    compared = 0
+    for v in seen["values"]:
+        engine, field = v["engine"], v["field"]
+        mine = [m for m in measured if m["candidate"] == engine]
+        expected = {
+            "engine_bytes": built[engine]["engine_bytes"],
+            "samples_per_s": max(m["samples_per_s"] for m in mine),
+            "p99_ms": min(mine, key=lambda m: m["batch"])["result"]["latency_ms"]["p99"],
+            "metric": accuracy[engine].get((v["metric"] or "/").split("/")[0], {}).get((v["metric"] or "/")
+                                                                                       .split("/")[1]),
+            "accuracy_drop": 1 - min(accuracy[engine]["logits"][m] for m in ("top1", "top5")),
+        }.get(field)
+        if expected is not None:
+            assert v["visible"] and v["value"] == pytest.approx(expected, rel=1e-12), (v, expected)
+            compared += 1
+    assert compared >= 6 * 5, "every engine's size, speed and accuracy was compared"
+    for stage in ("prepare", "parity", "fp16", "int8", "build", "validate", "benchmark"):
+        assert seen["keys"][stage] == json.loads((store / stage / "last.json").read_text())["key"], stage
+    assert "Triton's TensorRT backend loads engines of full TensorRT" in seen["text"]

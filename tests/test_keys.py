@@ -53,13 +53,14 @@ PINNED_PREPARE = "0e79ca3f9b4c7e7e4c73d39d35085fbf"  # prepare v2, KEY_FORMAT 2:
 MINIMAL = {
     "prepare": {}, "precision": {}, "build": {}, "validate": {}, "benchmark": {},
     "parity": {"images": "data/*.png", "deploy": [{"read": "rgb"}], "training": {"callable": "mine.prep:reference"}},
-    "calibrate": {"data": {"images": "data/*.png"}},
+    "calibrate": {"data": {"images": "data/*.png"}}, "release": {},
 }
 SET = {
     "prepare": {"target_opset": 13, "simplify": False}, "precision": {"holdout": 3},
     "build": {"profiles": {"p": {"x": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}}}},
     "validate": {"repair": True}, "benchmark": {"duration": "1s", "shapes": ["opt", "max"]},
     "parity": {"tolerances": {"top1": "90%"}}, "calibrate": {"method": "minmax"},
+    "release": {"select": {"prefer": "size", "max_accuracy_drop": "1%"}, "triton": {"model_name": "m"}},
 }
 
 
@@ -104,5 +105,6 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
     "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
+    "release": ("16f3f7331847783514dc3eb013a1346e", "7f919fd67c0e2b119e90ede8fde10729"),
     "validate": ("bb26120f90e5e7287aa99f5d08bc666f", "8a3a89d379da4f8d710b0a1a2030e9ed"),
 }

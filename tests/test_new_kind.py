@@ -78,8 +78,8 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
     (src / "trtflow/stages/count.py").write_text(textwrap.dedent(STAGE).lstrip())
     kinds = src / "trtflow/pipelines/kinds.py"
     text = kinds.read_text()
-    assert '    "benchmark",\n)' in text
-    kinds.write_text(text.replace('    "benchmark",\n)', '    "benchmark",\n    "count",\n)'))
+    assert '    "release",\n)' in text
+    kinds.write_text(text.replace('    "release",\n)', '    "release",\n    "count",\n)'))
 
     added, differ = _changed(pristine, src)
     assert added == ["trtflow/pipelines/params/count.py", "trtflow/stages/count.py"] and differ == [

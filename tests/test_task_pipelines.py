@@ -51,6 +51,7 @@ stages:
     repair: true
     repair_rounds: 2
   benchmark: {{kind: benchmark, tool: builtin, duration: 0.3s, warmup: 0.05s}}
+  release: {{kind: release, select: {{prefer: size}}}}
 """
 
 
@@ -73,10 +74,12 @@ def test_an_int8_pipeline_on_a_trained_model_never_ships_what_fails_its_task(tas
     assert any(n in original["accuracy"]["outputs"][output] for n in names), "judged on the task metric"
 
 
-def never_ships_a_failure(proc: subprocess.CompletedProcess, store: Path, output: str, names: tuple[str, ...]) -> dict:
-    """However the run ended, nothing that failed validate was measured: it passed (after a repair, with most
-    nodes still INT8) and benchmark measured only the candidates validate shipped; or it exited 1 on one line
-    naming the output and the task metric, with nothing benchmarked. Returns validate's report."""
+def never_ships_a_failure(proc: subprocess.CompletedProcess, store: Path, output: str, names: tuple[str, ...],
+                          release: bool = True) -> dict:
+    """However the run ended, nothing that failed validate was measured or released: it passed (after a repair,
+    with most nodes still INT8), benchmark measured and release shipped only candidates validate shipped; or it
+    exited 1 on one line naming the output and the task metric, with nothing benchmarked or released. Returns
+    validate's report."""
     report = last_report(store, "validate")
     if proc.returncode == 0:
         assert report["passed"]
@@ -85,6 +88,11 @@ def never_ships_a_failure(proc: subprocess.CompletedProcess, store: Path, output
         bench = last_report(store, "benchmark")
         assert {c["candidate"] for c in bench["cells"]} <= set(report["shipped"])
         assert set(bench["not_measured"]) == set(report["not_shipped"])
+        if release:
+            released = last_report(store, "release")["targets"][0]
+            assert released["chosen"]["name"] in report["shipped"], "the release ships only what validate passed"
+            assert all(o["refused"].startswith("failed validation") for o in released["options"]
+                       if o["name"] in report["not_shipped"])
     else:
         assert proc.returncode == 1, proc.stdout + proc.stderr
         error = next(line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
@@ -92,5 +100,6 @@ def never_ships_a_failure(proc: subprocess.CompletedProcess, store: Path, output
         assert any(f"output '{output}': {n} " in error for n in names), error
         assert "repair" in error or "not viable" in error, error
         assert not (store / "benchmark" / "last.json").exists(), "nothing failing was measured"
+        assert not (store / "release" / "last.json").exists(), "nothing failing was released"
         assert not report["passed"] and report["not_shipped"]
     return report

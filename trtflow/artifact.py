@@ -21,9 +21,26 @@ class Artifact:
     origin: str = ""  # the stage that produced it ("source" for the pipeline's model)
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """One result a stage's inputs came from, directly or not: the stage, its key in the store and the digests of
+    its outputs, and which earlier outputs it read ('stage.output' per slot). The pipeline's model is the entry
+    `source`, with no key and the model's digest."""
+
+    stage: str
+    kind: str
+    key: str
+    outputs: dict[str, str]  # output -> digest
+    inputs: dict[str, list[str]] = field(default_factory=dict)  # slot -> ["stage.output", ...]
+
+
 class Inputs(dict):
     """A stage's inputs by slot name: an `Artifact`, or a list of them for a slot that takes many (and for the
-    files a data glob matched). A plain dict to a user's own stage; the typed accessors say what a slot holds."""
+    files a data glob matched). A plain dict to a user's own stage; the typed accessors say what a slot holds.
+    `lineage`: every result the inputs came from, down to the source model (not part of the key: the digests of
+    the inputs are)."""
+
+    lineage: tuple[Provenance, ...] = ()
 
     def one(self, slot: str) -> Artifact:
         value = self[slot]

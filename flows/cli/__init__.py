@@ -15,6 +15,7 @@ from trtflow.errors import TrtflowError
 from trtflow.flows.cli import (
     check_env,
     init_deploy,
+    output,
     parse_trtexec,
     plan,
     reduce,
@@ -31,6 +32,7 @@ COMMANDS: tuple[Command, ...] = (
     plan.Plan(),
     validate.Validate(),
     verify.Verify(),
+    output.Output(),
     reduce.Reduce(),
     parse_trtexec.ParseTrtexec(),
     check_env.CheckEnv(),

@@ -1,0 +1,82 @@
+"""Stage `release`: per build target, the engine to deploy (chosen by a declared rule among those that passed
+validation), as a Triton model repository and a model card."""
+from __future__ import annotations
+
+from typing import Literal, Mapping
+
+from pydantic import Field
+
+from trtflow.pipelines.row import PREPROCESS_SLOT, Kind, Slot
+from trtflow.pipelines.schema import StageBase, Strict
+from trtflow.pipelines.units import Duration, Fraction
+
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class Select(Strict):
+    """How the engine to ship is chosen among a target's engines."""
+    require: Literal["validated", "built"] = Field(
+        "validated", description="validated: only engines the validate stage passed (needs a validate stage); "
+                                 "built: any engine that built. An engine validate failed is never chosen")
+    prefer: Literal["throughput", "p99_latency", "size"] = Field(
+        "throughput", description="throughput: the most samples/s measured; p99_latency: the lowest p99 latency at "
+                                  "the smallest batch measured (declare benchmark shapes: [min, opt] to compare "
+                                  "engines at batch 1); size: the smallest engine")
+    max_accuracy_drop: Fraction | None = Field(
+        None, ge=0, le=1, description="the most a candidate may lose against the FP32 reference on any task metric "
+                                      "validate measured (top-1/top-5 agreement, text exact, CER, IoU, embedding "
+                                      "cosine; the cosine where an output has none), e.g. 1%")
+    variants: list[str] = Field(default_factory=list, description="only engines of these model variants (stage "
+                                                                  "names); default: all")
+    profiles: list[str] = Field(default_factory=list, description="only engines of these build profiles; "
+                                                                  "default: all")
+
+
+class TritonSpec(Strict):
+    """The Triton model repository written for the chosen engine(s)."""
+    model_name: str | None = Field(None, pattern=MODEL_NAME, description="default: the pipeline's name")
+    instances: int = Field(1, ge=1, le=64, description="model instances per GPU (per optimization profile)")
+    dynamic_batching: bool = Field(True, description="let Triton batch requests up to max_batch_size (only where "
+                                                     "the engine's first dimension is a batch)")
+    max_queue_delay: Duration = Field(0.0001, le=60, description="how long Triton may hold a request to batch it")
+    gpus: list[int] = Field(default_factory=list, description="GPU indices of the instance groups; default: all")
+
+
+class ReleaseStage(StageBase):
+    kind: Literal["release"]
+    select: Select = Field(default_factory=Select)
+    triton: TritonSpec = Field(default_factory=TritonSpec)
+
+
+def _wiring(spec: ReleaseStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+    kinds = set(upstream.values())
+    if "build" not in kinds:
+        return ("a release ships engines, and no build stage feeds this stage", (), "add a build stage before it")
+    if spec.select.require == "validated" and "validate" not in kinds:
+        return ("select.require: validated, but no validate stage feeds this stage: nothing says which engines are "
+                "fit to deploy", ("select", "require"), "add a validate stage before it, or set require: built")
+    if spec.select.max_accuracy_drop is not None and "validate" not in kinds:
+        return ("select.max_accuracy_drop needs the accuracy a validate stage measures", ("select",
+                                                                                          "max_accuracy_drop"),
+                "add a validate stage before it, or remove max_accuracy_drop")
+    if spec.select.prefer != "size" and "benchmark" not in kinds:
+        return (f"select.prefer: {spec.select.prefer} needs a benchmark stage's numbers", ("select", "prefer"),
+                "add a benchmark stage before it, or prefer: size")
+    return None
+
+
+KIND = Kind("release", ReleaseStage,
+            slots={"engines": Slot("engines", prefer=("build",)),
+                   # validate's verdict and accuracy, and its repaired engines (candidates like the others)
+                   "validation": Slot("json", required=False, prefer=("validate",)),
+                   "repaired": Slot("engines", required=False, prefer=("validate",)),
+                   "benchmark": Slot("json", required=False, prefer=("benchmark",)),
+                   # what the card shows: the variants' own reports (nodes left in higher precision), the
+                   # preprocessing as declared and parity's verdict on it
+                   "variant_reports": Slot("json", many=True, required=False, prefer=("precision", "calibrate")),
+                   "parity": Slot("json", required=False, prefer=("parity",)),
+                   "preprocess": PREPROCESS_SLOT},
+            outputs={"triton": "dir", "card": "file", "report": "json"},
+            # the versions released so far, per model and target: outside the key, like benchmark baselines
+            shared_caches=lambda p: ("releases",),
+            wiring=_wiring)

@@ -1,0 +1,74 @@
+"""Choosing the engine to ship among a target's engines: why an engine may not ship (validate failed it, the rule
+requires a verdict it has not got, it lost more accuracy than allowed, the rule names other variants or
+profiles), and the order of the others by the declared preference."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from trtflow.pipelines.params.release import Select
+from trtflow.pipelines.schema import metric_direction
+from trtflow.stages.compare.accuracy import task_values
+from trtflow.stages.reports.release import Option
+
+
+def accuracy_drop(outputs: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, float]], float | None,
+                                                                  str | None]:
+    """Per output, the task metrics validate measured (the cosine where an output has none), and the largest
+    loss against the FP32 reference among them with where it is: 1 - agreement (top-k, text exact, IoU,
+    embedding cosine), the error rate itself (CER). A function's own metrics are shown, not weighed (their scale
+    is unknown)."""
+    shown: dict[str, dict[str, float]] = {}
+    worst, where = None, None
+    for output, metrics in outputs.items():
+        task = {m: float(v) for m, v in task_values(metrics).items() if isinstance(v, (int, float))}
+        if not task:
+            task = {"cosine": float(metrics.get("cosine", 0.0))}
+        shown[output] = task
+        for metric, value in task.items():
+            direction = metric_direction(metric)
+            if direction is None or not math.isfinite(value):
+                continue
+            drop = 1.0 - value if direction else value
+            if worst is None or drop > worst:
+                worst, where = drop, f"{output}/{metric}"
+    return shown, worst, where
+
+
+def refusal(option: Option, rule: Select, verdict: str | None, checked: bool) -> str | None:
+    """Why `option` may not ship under `rule`; `verdict` is validate's reason to refuse it (None: it passed or
+    was not checked), `checked` whether a validate stage judged it."""
+    if verdict is not None and checked:
+        return f"failed validation: {verdict}"
+    if rule.require == "validated" and not checked:
+        return "not validated (select.require: validated)"
+    if rule.variants and option.variant not in rule.variants and \
+            (option.repaired_from is None or option.variant.removesuffix(".repaired") not in rule.variants):
+        return f"variant '{option.variant}' is not among select.variants"
+    if rule.profiles and not set(option.profiles) & set(rule.profiles):
+        return f"profile {', '.join(option.profiles)} is not among select.profiles"
+    if rule.max_accuracy_drop is not None and option.accuracy_drop is not None \
+            and option.accuracy_drop > rule.max_accuracy_drop:
+        return (f"accuracy drop {option.accuracy_drop:.2%} on {option.drop_metric} > select.max_accuracy_drop "
+                f"{rule.max_accuracy_drop:.2%}")
+    return None
+
+
+def _preference(option: Option, prefer: str) -> tuple[float, ...]:
+    inf = math.inf
+    if prefer == "throughput":
+        first = -option.samples_per_s if option.samples_per_s is not None else inf
+    elif prefer == "p99_latency":
+        first = option.p99_ms if option.p99_ms is not None else inf
+    else:
+        first = float(option.engine_bytes)
+    return first, float(option.engine_bytes)
+
+
+def rank(options: list[Option], rule: Select) -> list[Option]:
+    """The options, eligible ones first in the rule's order (unmeasured after measured; then the smaller engine,
+    then the name), each given its rank; refused ones after, unranked."""
+    eligible = sorted((o for o in options if o.refused is None), key=lambda o: (_preference(o, rule.prefer), o.name))
+    for n, option in enumerate(eligible, 1):
+        option.rank = n
+    return eligible + [o for o in options if o.refused is not None]

@@ -1,0 +1,244 @@
+"""Stage `release`: per build target, the engine to deploy — never one validation failed — chosen by the declared
+rule from the numbers validate and benchmark measured; a Triton model repository for it (config.pbtxt checked with
+Triton's own schema and load rules, the engine as `<version>/model.plan`, versions that increase with each engine
+released); a model card (Markdown and self-contained HTML) with the alternatives, the environment the engine is
+valid for, the preprocessing as declared, the provenance chain and the pictures validate and benchmark drew."""
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+from trtflow.artifact import Inputs, StageResult
+from trtflow.errors import StageError, StageFailed
+from trtflow.pipelines.params.release import ReleaseStage
+from trtflow.stages.compare import selection
+from trtflow.stages.reports import card
+from trtflow.stages.reports.benchmark import BenchmarkReport
+from trtflow.stages.reports.calibrate import CalibrateReport
+from trtflow.stages.reports.parity import ParityReport
+from trtflow.stages.reports.precision import PrecisionReport
+from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
+from trtflow.stages.reports.validate import ValidateReport
+from trtflow.stages.triton import config as triton_config
+from trtflow.stages.triton import schema, versions
+from trtflow.stages.trt.engines import Engine, built_engines
+
+VERSION = "1"
+NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
+
+
+def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    model_name = params.triton.model_name or "model"
+    engines = built_engines(inputs.one("engines").path)
+    repaired = inputs.optional("repaired")
+    if repaired is not None and repaired.path.is_dir():
+        engines += built_engines(repaired.path)
+    if not engines:
+        raise StageError("release: the build output holds no built engine: nothing to release")
+    verdict = ValidateReport.read(inputs.one("validation").path) if "validation" in inputs else None
+    bench = BenchmarkReport.model_validate_json(inputs.one("benchmark").path.read_text()) \
+        if "benchmark" in inputs else None
+    kept = _higher_precision(inputs, verdict)
+    warnings: list[str] = []
+    targets: dict[str, list[Engine]] = {}
+    for eng in engines:
+        targets.setdefault(eng.cell.target, []).append(eng)
+    shared = inputs.optional("releases")
+    released, ledgers = [], []
+    for target, found in targets.items():
+        options = selection.rank([_option(e, params, verdict, bench, kept) for e in found], params.select)
+        by_name = {e.cell.name: e for e in found}
+        chosen = options[0] if options and options[0].rank == 1 else None
+        release = TargetRelease(target=target, chosen=chosen, options=options)
+        if chosen is None:
+            release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
+        else:
+            eng = by_name[chosen.name]
+            ledger_path = versions.ledger_file(shared.path, model_name, target) if shared else None
+            ledger, unreadable = versions.read(ledger_path) if ledger_path else (versions.Ledger(), None)
+            warnings += [unreadable] if unreadable else []
+            release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
+            _repository(release, eng, params, model_name, out_dir)
+            release.environment = _environment(eng)
+            if eng.cell.backend.flavour == "tensorrt-rtx":
+                warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
+                                f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
+                                f"on a machine with TensorRT (the Triton container's version) to serve it there")
+            if ledger_path is not None:
+                ledgers.append((ledger_path, ledger, release.version, chosen.engine_sha256, chosen.name))
+        released.append(release)
+    numbers = sorted({o.measured_by for t in released for o in t.options if o.measured_by})
+    report = ReleaseReport(
+        model_name=model_name, rule=params.select.model_dump(mode="json"), targets=released,
+        lineage=list(inputs.lineage), warnings=warnings,
+        preprocessing=_preprocessing(inputs), parity=_parity(inputs),
+        numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
+                      "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
+    md, page = card.write(report, _plots(inputs, verdict, released), out_dir / "card")
+    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
+    (out_dir / "triton").mkdir(exist_ok=True)
+    shipped = [t for t in released if t.chosen is not None]
+    result = StageResult(outputs={"triton": out_dir / "triton", "card": out_dir / "card",
+                                  "report": out_dir / "report.json"},
+                         summary=report.summary(), warnings=warnings,
+                         metrics={"releases": [{"model": model_name, "target": t.target, "version": t.version,
+                                                "new": t.new_version, "engine": t.chosen.name,
+                                                "engine_sha256": t.chosen.engine_sha256,
+                                                "repository": t.repository} for t in shipped if t.chosen]})
+    if len(shipped) < len(released):
+        first = next(t for t in released if t.chosen is None)
+        raise StageFailed(f"release: nothing to ship for target '{first.target}': {first.why_none}", result)
+    for path, ledger, version, digest, name in ledgers:
+        versions.record(path, ledger, version, digest, name)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- the options
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, bench: BenchmarkReport | None,
+            kept: dict[str, tuple[int, int | None]]) -> Option:
+    cell = eng.cell
+    option = Option(name=cell.name, variant=cell.variant, precision=cell.precision, target=cell.target,
+                    profiles=[p.name for p in cell.profiles], engine_bytes=eng.plan.stat().st_size,
+                    engine_sha256=_sha256(eng.plan),
+                    repaired_from=cell.name.removesuffix(".repaired") if cell.variant.endswith(".repaired") else None)
+    why, checked = None, False
+    if verdict is not None:
+        results = {c.name: c for c in verdict.candidates}
+        result = results.get(cell.name) or (results.get(cell.variant) if cell.variant in results
+                                            and results[cell.variant].engine is None else None)
+        checked = result is not None
+        why = verdict.refuses(cell.name, cell.variant)
+        option.validated = checked and why is None
+        if result is not None:
+            option.accuracy, option.accuracy_drop, option.drop_metric = selection.accuracy_drop(
+                result.accuracy["outputs"])
+            option.accuracy_runtime = result.runtime
+    if bench is not None:
+        mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]
+        if mine:
+            rates = [m.samples_per_s for m in mine if m.samples_per_s]
+            option.samples_per_s = max(rates) if rates else None
+            smallest = min(mine, key=lambda m: m.batch)
+            latency = smallest.result.get("latency_ms") or smallest.result.get("gpu_compute_ms") or {}
+            option.p99_ms, option.p99_batch = latency.get("p99"), smallest.batch
+            option.measured_by = smallest.result.get("runtime")
+    count = kept.get(cell.variant.removesuffix(".repaired"))
+    if count is not None:
+        option.higher_precision_nodes, option.nodes = count
+        if option.repaired_from and verdict is not None and verdict.repair is not None:
+            option.higher_precision_nodes += len(verdict.repair.nodes)
+    option.refused = selection.refusal(option, params.select, why, checked)
+    return option
+
+
+def _higher_precision(inputs: Inputs, verdict: ValidateReport | None) -> dict[str, tuple[int, int | None]]:
+    """Per variant (its stage's name): how many nodes its precision/calibrate stage left in higher precision, of
+    how many (None where the report does not count them)."""
+    out: dict[str, tuple[int, int | None]] = {}
+    for art in inputs.many("variant_reports"):
+        text = art.path.read_text()
+        try:
+            p = PrecisionReport.model_validate_json(text)
+            out[art.origin] = (len(p.kept_fp32), p.nodes)
+        except ValueError:
+            try:
+                c = CalibrateReport.model_validate_json(text)
+                out[art.origin] = (len(c.left_in_float), None)
+            except ValueError:
+                continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- Triton
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "target"
+
+
+def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path) -> None:
+    """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan`; the config is written, read back with
+    Triton's schema and checked against the engine: a config Triton would refuse fails the stage here."""
+    repo = out_dir / "triton" / _safe(release.target)
+    model_dir = repo / model_name
+    (model_dir / str(release.version)).mkdir(parents=True)
+    try:
+        config = triton_config.make(model_name, eng, params.triton)
+    except triton_config.ConfigError as exc:
+        raise StageError(f"release: {exc}") from None
+    text = schema.to_text(config)
+    try:
+        parsed = schema.parse(text)
+    except ValueError as exc:
+        raise StageError(f"release: the config.pbtxt written for {eng.cell.name} is not one Triton reads: {exc}") \
+            from None
+    wrong = triton_config.problems(parsed, eng)
+    if wrong:
+        raise StageError(f"release: Triton would refuse the config.pbtxt for {eng.cell.name}: {'; '.join(wrong)}")
+    (model_dir / "config.pbtxt").write_text(text)
+    shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)
+    release.repository = repo.relative_to(out_dir).as_posix()
+    release.config = text
+    inputs, outputs = triton_config.engine_io(eng)
+    release.max_batch_size, _, release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)
+
+
+def _environment(eng: Engine) -> dict:
+    env = dict(eng.built.environment or {})
+    env["target"] = eng.cell.target
+    for k in ("hardware_compatibility", "version_compatible"):
+        if eng.cell.options.get(k):
+            env[k] = eng.cell.options[k]
+    if eng.built.validity:
+        env["validity_here"] = eng.built.validity.get("validity")
+    return env
+
+
+# ---------------------------------------------------------------------------------------------- the card's sources
+
+def _preprocessing(inputs: Inputs) -> list[dict] | None:
+    pre = inputs.optional("preprocess")
+    if pre is None:
+        return None
+    from trtflow import files
+
+    data = files.read_json(pre.path, files.RECORD_BYTES)
+    return list(data.get("steps") or []) if isinstance(data, dict) else None
+
+
+def _parity(inputs: Inputs) -> dict | None:
+    art = inputs.optional("parity")
+    if art is None:
+        return None
+    p = ParityReport.model_validate_json(art.path.read_text())
+    return {"verdict": p.verdict, "images": len(p.images), "top1": (p.model or {}).get("top1"),
+            "tolerances": p.tolerances}
+
+
+def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[TargetRelease]) -> dict[str, Path]:
+    """The pictures the card shows: validate's of each shipped engine, and benchmark's latency distributions."""
+    out: dict[str, Path] = {}
+    validation = inputs.optional("validation")
+    if verdict is not None and validation is not None:
+        chosen = {t.chosen.name for t in released if t.chosen}
+        for c in verdict.candidates:
+            if c.name in chosen:
+                for rel in c.plots:
+                    path = validation.path.parent / rel
+                    if path.is_file():
+                        out[f"validate: {c.name} ({Path(rel).stem.split('.')[-1]})"] = path
+    bench = inputs.optional("benchmark")
+    if bench is not None:
+        for path in sorted((bench.path.parent / "plots").glob("*.png")):
+            out[f"benchmark: {path.stem.replace('_', ' ')}"] = path
+    return out

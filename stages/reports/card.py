@@ -1,0 +1,182 @@
+"""The model card of a release, as Markdown and as one self-contained HTML page (styles inline, pictures as data
+URIs: it opens from anywhere, mailed or attached to a ticket). Both are written from the release report, so they
+say the same; every number in the HTML carries its unrounded value (`data-value`) for whoever checks it."""
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from trtflow.stages.reports.release import HEADER, Option, ReleaseReport, TargetRelease, rule_text
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#1b1f24;padding:0 1em}
+h1{font-size:1.6em;margin-bottom:.2em} h2{border-bottom:1px solid #d0d7de;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0} th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left}
+th{background:#f6f8fa} tr.shipped td{background:#dafbe1} tr.refused td{color:#6e7781}
+code,pre{font-family:ui-monospace,monospace;font-size:12.5px} pre{background:#f6f8fa;padding:.8em;overflow:auto}
+.warn{background:#fff8c5;border:1px solid #d4a72c;padding:.5em .8em;margin:.4em 0}
+img{max-width:100%;border:1px solid #d0d7de;margin:.4em 0} .muted{color:#57606a}
+"""
+
+
+def write(report: ReleaseReport, plots: dict[str, Path], out_dir: Path) -> tuple[Path, Path]:
+    """model-card.md (its pictures copied beside it, under plots/) and model-card.html; `plots`: caption ->
+    PNG file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plots").mkdir(exist_ok=True)
+    shown: dict[str, str] = {}
+    for n, (caption, src) in enumerate(plots.items()):
+        name = f"plots/{n:02d}-{src.name}"
+        (out_dir / name).write_bytes(src.read_bytes())
+        shown[caption] = name
+    md = out_dir / "model-card.md"
+    md.write_text(markdown(report, shown))
+    page = out_dir / "model-card.html"
+    page.write_text(to_html(report, {c: out_dir / p for c, p in shown.items()}))
+    return md, page
+
+
+# ---------------------------------------------------------------------------------------------- Markdown
+
+def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
+    lines = [f"# Model card: `{report.model_name}`", "",
+             f"Released by trtflow's release stage. Rule: {rule_text(report.rule)}.", ""]
+    for t in report.targets:
+        lines += _target_md(t)
+    if report.numbers_note:
+        lines += [f"> {report.numbers_note}", ""]
+    lines += ["## Preprocessing", ""] + _preprocessing_md(report) + [""]
+    lines += ["## Provenance", "", "Every result this release was made from, down to the source model:", "",
+              "| stage | kind | key | outputs (sha256) |", "|---|---|---|---|"]
+    lines += [f"| {p.stage} | {p.kind} | `{p.key or '-'}` | "
+              + ", ".join(f"{o} `{d}`" for o, d in p.outputs.items()) + " |" for p in report.lineage]
+    if plots:
+        lines += ["", "## Pictures", ""] + [f"**{c}**\n\n![{c}]({p})\n" for c, p in plots.items()]
+    if report.warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _target_md(t: TargetRelease) -> list[str]:
+    lines = [f"## Target `{t.target}`", ""]
+    if t.chosen is None:
+        lines += [f"**Nothing shipped**: {t.why_none}", ""]
+    else:
+        c = t.chosen
+        lines += [f"**Shipped**: `{c.name}` ({c.precision}, variant `{c.variant}`, profile(s) "
+                  f"{', '.join(c.profiles)}) as Triton version **{t.version}** in `{t.repository}`; "
+                  f"max_batch_size {t.max_batch_size}" + (f" ({t.batch_note})" if t.batch_note else "") + ".", "",
+                  "Valid for: " + _environment_text(t.environment), ""]
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(o.cells()) + " |" for o in t.options]
+    if t.config:
+        lines += ["", "`config.pbtxt`:", "", "```protobuf", t.config.rstrip(), "```"]
+    return lines + [""]
+
+
+def _environment_text(env: dict[str, Any]) -> str:
+    trt = env.get("tensorrt") or {}
+    parts = [f"{trt.get('flavour', '?')} {trt.get('version', '?')}", f"target {env.get('target')}"]
+    gpus = env.get("gpu") or []
+    parts.append("built on " + (", ".join(f"{g.get('name')} (driver {g.get('driver')})" for g in gpus)
+                                if gpus else "a machine without a GPU"))
+    for k in ("hardware_compatibility", "version_compatible"):
+        if env.get(k):
+            parts.append(f"{k.replace('_', ' ')}: {env[k]}")
+    return "; ".join(parts)
+
+
+def _preprocessing_md(report: ReleaseReport) -> list[str]:
+    if not report.preprocessing:
+        return ["No preprocessing declared (no parity stage): the engine takes tensors as they are."]
+    lines = ["As declared (the deploy steps the parity stage checked, in order):", "", "```yaml"]
+    lines += [f"- {json.dumps(step)}" for step in report.preprocessing] + ["```", ""]
+    p = report.parity
+    if p:
+        lines.append(f"Parity against the training transforms: **{p['verdict']}** on {p['images']} image(s)"
+                     + (f", model top-1 agreement {p['top1']:.0%}" if p.get("top1") is not None else "") + ".")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- HTML
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: float | int | None, text: str, field: str) -> str:
+    raw = "" if value is None else f' data-value="{_e(repr(value))}"'
+    return f'<td data-field="{field}"{raw}>{_e(text)}</td>'
+
+
+def _row(o: Option) -> str:
+    cells = o.cells()
+    css = "shipped" if o.rank == 1 else ("refused" if o.refused else "")
+    acc = "<br>".join(f'{_e(out)}/{_e(m)} <span data-field="metric" data-metric="{_e(out)}/{_e(m)}" '
+                      f'data-value="{_e(repr(v))}">{v:.4g}</span>'
+                      for out, metrics in o.accuracy.items() for m, v in metrics.items()) or "-"
+    return (f'<tr class="{css}" data-engine="{_e(o.name)}"><td><code>{_e(o.name)}</code></td><td>{_e(o.precision)}'
+            f'</td><td>{acc}</td>' + _num(o.accuracy_drop, cells[3], "accuracy_drop")
+            + _num(o.p99_ms, cells[4], "p99_ms") + _num(o.samples_per_s, cells[5], "samples_per_s")
+            + _num(o.engine_bytes, cells[6], "engine_bytes")
+            + _num(o.higher_precision_nodes, cells[7], "higher_precision_nodes")
+            + f'<td data-field="verdict">{_e(cells[8].replace("**", ""))}</td></tr>')
+
+
+def _image(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{data}"><figcaption>{_e(caption)}' \
+           f'</figcaption></figure>'
+
+
+def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
+    body = [f"<h1>Model card: <code>{_e(report.model_name)}</code></h1>",
+            f'<p class="muted">Released by trtflow\'s release stage. Rule: {_e(rule_text(report.rule))}.</p>']
+    for w in report.warnings:
+        body.append(f'<div class="warn">{_e(w)}</div>')
+    for t in report.targets:
+        body.append(f'<h2 data-target="{_e(t.target)}">Target <code>{_e(t.target)}</code></h2>')
+        if t.chosen is None:
+            body.append(f"<p><strong>Nothing shipped</strong>: {_e(t.why_none)}</p>")
+        else:
+            c = t.chosen
+            body.append(f'<p><strong>Shipped</strong>: <code data-field="chosen">{_e(c.name)}</code> '
+                        f'({_e(c.precision)}, variant <code>{_e(c.variant)}</code>, profile(s) '
+                        f'{_e(", ".join(c.profiles))}) as Triton version <strong data-field="version">'
+                        f'{t.version}</strong> in <code>{_e(t.repository)}</code>; max_batch_size '
+                        f'<span data-field="max_batch_size">{t.max_batch_size}</span>'
+                        + (f" ({_e(t.batch_note)})" if t.batch_note else "") + ".</p>")
+            body.append(f"<p>Valid for: {_e(_environment_text(t.environment))}</p>")
+        body.append("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>"
+                    + "".join(_row(o) for o in t.options) + "</tbody></table>")
+        if t.config:
+            body.append(f"<details open><summary><code>config.pbtxt</code></summary><pre>{_e(t.config)}</pre>"
+                        f"</details>")
+    if report.numbers_note:
+        body.append(f'<p class="muted">{_e(report.numbers_note)}</p>')
+    body.append("<h2>Preprocessing</h2>")
+    if report.preprocessing:
+        body.append("<p>As declared (the deploy steps the parity stage checked, in order):</p><ol>"
+                    + "".join(f"<li><code>{_e(json.dumps(s))}</code></li>" for s in report.preprocessing) + "</ol>")
+        p = report.parity
+        if p:
+            body.append(f'<p>Parity against the training transforms: <strong data-field="parity">{_e(p["verdict"])}'
+                        f'</strong> on {p["images"]} image(s)'
+                        + (f", model top-1 agreement {p['top1']:.0%}" if p.get("top1") is not None else "") + ".</p>")
+    else:
+        body.append("<p>No preprocessing declared (no parity stage): the engine takes tensors as they are.</p>")
+    body.append("<h2>Provenance</h2><p>Every result this release was made from, down to the source model:</p>"
+                "<table><thead><tr><th>stage</th><th>kind</th><th>key</th><th>outputs (sha256)</th></tr></thead>"
+                "<tbody>" + "".join(
+                    f'<tr data-stage="{_e(p.stage)}"><td>{_e(p.stage)}</td><td>{_e(p.kind)}</td>'
+                    f'<td><code data-field="key">{_e(p.key or "-")}</code></td><td>'
+                    + "<br>".join(f"{_e(o)} <code>{_e(d)}</code>" for o, d in p.outputs.items()) + "</td></tr>"
+                    for p in report.lineage) + "</tbody></table>")
+    if plots:
+        body.append("<h2>Pictures</h2>" + "".join(_image(p, c) for c, p in plots.items()))
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>Model card: {_e(report.model_name)}</title><style>{CSS}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")

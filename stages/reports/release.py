@@ -1,0 +1,110 @@
+"""Stage `release`'s report: per target the engine shipped (its Triton version and config) and every other
+engine with its numbers and why it was not shipped; the provenance chain; the preprocessing as declared."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtflow.artifact import Provenance
+
+
+class Option(BaseModel):
+    """One engine as the release weighs it: what it is and every number the earlier stages measured for it."""
+    name: str
+    variant: str
+    precision: str
+    target: str
+    profiles: list[str]
+    engine_bytes: int
+    engine_sha256: str
+    repaired_from: str | None = None  # validate's repaired engine: the failing engine it replaces
+    validated: bool | None = None  # None: no validate stage checked it
+    accuracy: dict[str, dict[str, float]] = {}  # output -> task metric (or cosine) -> value, against FP32
+    accuracy_runtime: str | None = None
+    accuracy_drop: float | None = None  # the largest loss on any of them
+    drop_metric: str | None = None  # where ("output/metric")
+    p99_ms: float | None = None
+    p99_batch: int | None = None  # the batch the p99 was measured at (the smallest measured)
+    samples_per_s: float | None = None  # the most measured, at any batch
+    measured_by: str | None = None  # the runtime of those numbers
+    higher_precision_nodes: int | None = None  # nodes left in FP32 (FP16 variant) / unquantized (INT8 variant)
+    nodes: int | None = None  # of how many
+    refused: str | None = None  # why it may not ship (None: eligible)
+    rank: int | None = None  # 1 = shipped; eligible engines ranked by the rule
+
+    def cells(self) -> list[str]:
+        """Its row in the card's and summary's table."""
+        acc = "; ".join(f"{m} {v:.4g}" for o in self.accuracy.values() for m, v in o.items()) or "-"
+        kept = "-" if self.higher_precision_nodes is None else (
+            f"{self.higher_precision_nodes}" + (f" of {self.nodes}" if self.nodes else ""))
+        p99 = "-" if self.p99_ms is None else f"{self.p99_ms:.4g} (batch {self.p99_batch})"
+        return [self.name, self.precision, acc, "-" if self.accuracy_drop is None else f"{self.accuracy_drop:.2%}",
+                p99, "-" if self.samples_per_s is None else f"{self.samples_per_s:.4g}",
+                f"{self.engine_bytes / 1e6:.2f}", kept,
+                "**shipped**" if self.rank == 1 else (self.refused or f"ranked {self.rank}")]
+
+
+HEADER = ["engine", "precision", "accuracy vs FP32", "drop", "p99 ms", "samples/s", "MB", "nodes in higher precision",
+          "verdict"]
+
+
+class TargetRelease(BaseModel):
+    target: str
+    chosen: Option | None
+    version: int | None = None
+    new_version: bool = False  # False: this engine was released before under `version`
+    why_none: str | None = None
+    options: list[Option]  # every engine of the target, the chosen first, then by rank, refused last
+    repository: str | None = None  # the Triton model repository, relative to the stage's output directory
+    config: str | None = None  # its config.pbtxt
+    max_batch_size: int = 0
+    batch_note: str = ""  # why there is no batch dimension
+    environment: dict[str, Any] = {}  # what the engine is valid for
+
+
+class ReleaseReport(BaseModel):
+    model_name: str
+    rule: dict[str, Any]
+    targets: list[TargetRelease]
+    lineage: list[Provenance]
+    preprocessing: list[dict[str, Any]] | None = None  # the declared deploy steps
+    parity: dict[str, Any] | None = None  # parity's verdict on them: verdict, images, top1, tolerances
+    numbers_note: str = ""  # which runtime measured the numbers, where it was not TensorRT
+    warnings: list[str] = []
+
+    @classmethod
+    def read(cls, path: Path) -> "ReleaseReport":
+        return cls.model_validate_json(path.read_text())
+
+    @property
+    def shipped(self) -> list[TargetRelease]:
+        return [t for t in self.targets if t.chosen is not None]
+
+    def summary(self) -> str:
+        lines = [f"### release · `{self.model_name}` · {len(self.shipped)}/{len(self.targets)} target(s) shipped",
+                 "", f"rule: {rule_text(self.rule)}", ""]
+        for t in self.targets:
+            if t.chosen is None:
+                lines += [f"**{t.target}**: nothing shipped: {t.why_none}", ""]
+            else:
+                lines += [f"**{t.target}**: `{t.chosen.name}` as version {t.version}"
+                          + ("" if t.new_version else " (released before: same engine, same version)")
+                          + f" · Triton repository `{t.repository}` · max_batch_size {t.max_batch_size}", ""]
+            lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+            lines += ["| " + " | ".join(o.cells()) + " |" for o in t.options] + [""]
+        if self.numbers_note:
+            lines += [self.numbers_note, ""]
+        lines += [f"**warning**: {w}" for w in self.warnings]
+        return "\n".join(lines) + "\n"
+
+
+def rule_text(rule: dict[str, Any]) -> str:
+    parts = [f"require {rule['require']}", f"prefer {rule['prefer']}"]
+    if rule.get("max_accuracy_drop") is not None:
+        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%}")
+    for key in ("variants", "profiles"):
+        if rule.get(key):
+            parts.append(f"{key} {', '.join(rule[key])}")
+    return ", ".join(parts)

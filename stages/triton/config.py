@@ -1,0 +1,192 @@
+"""A Triton `config.pbtxt` for one engine (platform `tensorrt_plan`), derived from what the build recorded: the
+engine's IO tensors (names, TensorRT data types, dimensions with -1 where dynamic) and its optimization profiles.
+
+- Batching: when every input and output has a dynamic first dimension and every profile starts it at 1, that
+  dimension is Triton's batch: `max_batch_size` is the largest batch every profile takes (the least of their
+  maxima: each instance group runs one profile), `dims` leave it out, and dynamic batching prefers the profiles'
+  opt batches. Otherwise `max_batch_size: 0` and `dims` are the engine's full shape.
+- `dims`: the engine's, with a dynamic dimension fixed where every profile pins it (min = max), -1 elsewhere.
+- Instance groups: on GPU (Triton's TensorRT backend runs nowhere else); one per optimization profile where the
+  engine has several, each naming its profile.
+
+`problems` checks a config against the engine with the rules Triton's TensorRT backend and core apply at load
+(tensorrt_backend `CompareDimsSupported`/`ValidateDimension`, core `ValidateModelConfig`/`ValidateInstanceGroup`),
+and the ones it leaves to failed requests (a `max_batch_size` beyond a profile's maximum loads, then fails).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trtflow.pipelines.params.release import TritonSpec
+from trtflow.stages.triton import schema
+from trtflow.stages.trt.engines import Engine, Profile
+
+PLAN_FILE = "model.plan"
+PLATFORM = "tensorrt_plan"
+
+# TensorRT DataType -> Triton's (tensorrt_backend ConvertTrtTypeToConfigDataType); FP8, INT4, FP4 have none
+DATA_TYPES = {"FLOAT": "TYPE_FP32", "HALF": "TYPE_FP16", "BF16": "TYPE_BF16", "INT8": "TYPE_INT8",
+              "UINT8": "TYPE_UINT8", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "BOOL": "TYPE_BOOL"}
+
+
+class ConfigError(ValueError):
+    """The engine cannot be served by Triton's TensorRT backend as it is (one line: what, and what to do)."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: list[int]  # -1 where dynamic
+    dtype: str  # TensorRT's name (FLOAT, HALF, ...)
+
+    @classmethod
+    def of(cls, record: dict[str, Any]) -> "Tensor":
+        return cls(str(record["name"]), [int(d) for d in record["shape"]], str(record["dtype"]))
+
+
+def engine_io(engine: Engine) -> tuple[list[Tensor], list[Tensor]]:
+    extra = engine.built.model_extra or {}
+    if "inputs" not in extra or "outputs" not in extra:
+        raise ConfigError(f"engine '{engine.cell.name}': its build record has no IO tensors (built by an older "
+                          f"trtflow): run the build stage again (--force build)")
+    return [Tensor.of(t) for t in extra["inputs"]], [Tensor.of(t) for t in extra["outputs"]]
+
+
+def batch_limits(inputs: list[Tensor], outputs: list[Tensor], profiles: list[Profile]) -> tuple[int, list[int], str]:
+    """(max_batch_size, preferred batch sizes, why there is no batch dimension); 0 when there is none."""
+    not_dynamic = [t.name for t in inputs + outputs if not t.shape or t.shape[0] != -1]
+    if not_dynamic:
+        return 0, [], f"the first dimension of {', '.join(not_dynamic[:3])} is not dynamic"
+    if not profiles:
+        return 0, [], "the engine has no optimization profile"
+    maxima, preferred = [], set()
+    for prof in profiles:
+        ranges = [prof.shapes[t.name] for t in inputs if t.name in prof.shapes]
+        if not ranges:
+            return 0, [], f"profile '{prof.name}' sets no input's shape"
+        if any(lo[0] != 1 for lo, _, _ in ranges):
+            return 0, [], f"profile '{prof.name}' does not take a batch of 1"
+        maxima.append(min(hi[0] for _, _, hi in ranges))
+        preferred.add(min(opt[0] for _, opt, _ in ranges))
+    largest = min(maxima)
+    return largest, sorted(b for b in preferred if 1 < b <= largest), ""
+
+
+def _dims(tensor: Tensor, profiles: list[Profile], batched: bool) -> list[int]:
+    dims = list(tensor.shape)
+    for i, d in enumerate(dims):
+        if d != -1 or i == 0 and batched:
+            continue
+        pinned = {(rng[0][i], rng[2][i]) for p in profiles if (rng := p.shapes.get(tensor.name))
+                  and len(rng[0]) == len(dims)}
+        if len(pinned) == 1 and all(p.shapes.get(tensor.name) for p in profiles):
+            lo, hi = pinned.pop()
+            if lo == hi:
+                dims[i] = lo
+    return dims[1:] if batched else dims
+
+
+def _data_type(tensor: Tensor, engine: Engine) -> str:
+    if tensor.dtype not in DATA_TYPES:
+        raise ConfigError(f"engine '{engine.cell.name}': tensor '{tensor.name}' is {tensor.dtype}, which Triton's "
+                          f"TensorRT backend cannot exchange (it takes {', '.join(DATA_TYPES)}): keep the model's "
+                          f"IO in one of those (precision stages keep FP32 IO by default)")
+    return DATA_TYPES[tensor.dtype]
+
+
+def make(model_name: str, engine: Engine, spec: TritonSpec) -> Any:
+    """The engine's `ModelConfig` (Triton's protobuf message)."""
+    pb = schema.model_config_pb2()
+    inputs, outputs = engine_io(engine)
+    profiles = engine.cell.profiles
+    max_batch, preferred, _ = batch_limits(inputs, outputs, profiles)
+    config = pb.ModelConfig(name=model_name, platform=PLATFORM, max_batch_size=max_batch,
+                            default_model_filename=PLAN_FILE)
+    for tensor, into in [(t, config.input) for t in inputs] + [(t, config.output) for t in outputs]:
+        dims = _dims(tensor, profiles if tensor in inputs else [], max_batch > 0)
+        item = into.add(name=tensor.name, data_type=pb.DataType.Value(_data_type(tensor, engine)))
+        if dims:
+            item.dims.extend(dims)
+        else:  # a batched tensor of one value per sample: Triton needs dims, and reshapes to the engine's
+            item.dims.append(1)
+            item.reshape.SetInParent()
+    if max_batch > 1 and spec.dynamic_batching:
+        config.dynamic_batching.preferred_batch_size.extend(preferred)
+        config.dynamic_batching.max_queue_delay_microseconds = round(spec.max_queue_delay * 1e6)
+    groups = [[str(i)] for i in range(len(profiles))] if len(profiles) > 1 else [[]]
+    for names in groups:
+        group = config.instance_group.add(count=spec.instances, kind=pb.ModelInstanceGroup.KIND_GPU)
+        group.gpus.extend(spec.gpus)
+        group.profile.extend(names)
+    return config
+
+
+def problems(config: Any, engine: Engine) -> list[str]:
+    """What Triton would refuse at load, or fail on at the first request, in `config` for `engine`."""
+    pb = schema.model_config_pb2()
+    out: list[str] = []
+    inputs, outputs = engine_io(engine)
+    profiles = engine.cell.profiles
+    if config.platform != PLATFORM and config.backend != "tensorrt":
+        out.append(f"platform is '{config.platform}', not '{PLATFORM}'")
+    batch = config.max_batch_size
+    if batch < 0:
+        out.append(f"max_batch_size {batch} is negative")
+    for declared, actual, what in ((config.input, inputs, "input"), (config.output, outputs, "output")):
+        by_name = {t.name: t for t in actual}
+        names = [d.name for d in declared]
+        if sorted(names) != sorted(by_name):
+            out.append(f"{what}s {sorted(names)} are not the engine's {sorted(by_name)}")
+        for d in declared:
+            t = by_name.get(d.name)
+            if t is None:
+                continue
+            if pb.DataType.Name(d.data_type) != DATA_TYPES.get(t.dtype):
+                out.append(f"{what} '{d.name}': {pb.DataType.Name(d.data_type)}, but the engine's is {t.dtype}")
+            dims = list(d.reshape.shape) if d.HasField("reshape") else list(d.dims)
+            if not d.dims or any(x < 1 and x != -1 for x in d.dims):
+                out.append(f"{what} '{d.name}': dims {list(d.dims)} (each must be -1 or at least 1)")
+            full = [-1] + dims if batch > 0 else dims
+            if len(full) != len(t.shape):
+                out.append(f"{what} '{d.name}': {len(full)} dimensions with the batch, the engine has "
+                           f"{len(t.shape)} ({t.shape})")
+                continue
+            for i, (c, e) in enumerate(zip(full, t.shape)):
+                if c != -1 and e != -1 and c != e:
+                    out.append(f"{what} '{d.name}': dimension {i} is {c}, the engine's is {e}")
+            if batch > 0 and t.shape[0] != -1:
+                out.append(f"{what} '{d.name}': max_batch_size {batch} > 0, but the engine's first dimension is "
+                           f"{t.shape[0]}, not a batch")
+    used = sorted({int(p) for g in config.instance_group for p in g.profile} or {0})
+    for i in used:
+        if not 0 <= i < max(len(profiles), 1):
+            out.append(f"instance group profile {i}: the engine has {len(profiles)} profile(s)")
+            continue
+        if not profiles:
+            continue
+        prof = profiles[i]
+        for d in config.input:
+            rng = prof.shapes.get(d.name)
+            if rng is None:
+                continue
+            lo, _, hi = rng
+            if batch > 0 and not (lo[0] <= 1 and batch <= hi[0]):
+                out.append(f"input '{d.name}': profile '{prof.name}' takes batches {lo[0]}..{hi[0]}, Triton sends "
+                           f"1..{batch}")
+            full = ([-1] if batch > 0 else []) + list(d.dims)
+            for j, c in enumerate(full):
+                if c != -1 and j < len(lo) and not lo[j] <= c <= hi[j]:
+                    out.append(f"input '{d.name}': dimension {j} is {c}, outside profile '{prof.name}' "
+                               f"({lo[j]}..{hi[j]})")
+    for g in config.instance_group:
+        if g.kind != pb.ModelInstanceGroup.KIND_GPU:
+            out.append(f"instance group kind {pb.ModelInstanceGroup.Kind.Name(g.kind)}: Triton's TensorRT backend "
+                       f"runs on GPU only (KIND_GPU)")
+    if config.HasField("dynamic_batching"):
+        if batch == 0:
+            out.append("dynamic batching with max_batch_size 0")
+        bad = [b for b in config.dynamic_batching.preferred_batch_size if not 0 < b <= batch]
+        if bad:
+            out.append(f"preferred batch sizes {bad} are not within 1..max_batch_size ({batch})")
+    return out

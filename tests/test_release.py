@@ -1,0 +1,288 @@
+"""Stage `release` on engines the real TensorRT-RTX builder made on the CPU: the Triton config follows the
+engine's IO and profiles and parses with Triton's own schema (tritonclient's model_config_pb2), an engine that
+failed validation is never shipped, versions increase with each engine released.
+
+No engine runs here, and Triton's TensorRT backend would not load a TensorRT-RTX engine anyway: what is checked is
+the configuration Triton reads and the rules it applies to it (tests/test_example.py has the model card in a
+browser)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+
+from tests.assets import PPOCR, SQUEEZENET
+from tests.test_validate_stage import IMAGES, overflowing_squeezenet, photos, run_stage
+from trtflow.artifact import Artifact, Inputs, Provenance
+from trtflow.errors import StageFailed
+from trtflow.pipelines.params.build import BuildStage
+from trtflow.pipelines.params.precision import PrecisionStage
+from trtflow.pipelines.params.release import ReleaseStage
+from trtflow.pipelines.params.validate import ValidateStage
+from trtflow.stages import build, precision, release, validate
+from trtflow.stages.triton import config as triton_config
+from trtflow.stages.triton import schema
+from trtflow.stages.trt.engines import built_engines
+
+pytestmark = pytest.mark.tensorrt
+
+LINES = {"x": {"min": [1, 3, 48, 48], "opt": [8, 3, 48, 192], "max": [32, 3, 48, 640]}}
+
+
+def triton_reads(text: str):
+    """The config as Triton reads it: its own generated schema, protobuf's text format."""
+    from tritonclient.grpc import model_config_pb2  # noqa: F401 - needs grpcio: load the generated file instead
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def parse(text: str):
+    try:
+        return triton_reads(text)
+    except (ImportError, RuntimeError):  # tritonclient without its grpc extra: the same generated module, by file
+        return text_format.Parse(text, schema.model_config_pb2().ModelConfig())
+
+
+def engines(tmp: Path, models: list[Artifact], **kw) -> Path:
+    out = tmp / f"build{len(list(tmp.glob('build*')))}"
+    out.mkdir(parents=True)
+    return build.run(BuildStage.model_validate({"kind": "build", "engine_cache": False, "timing_cache": False,
+                                                **kw}), Inputs({"models": models}), out).outputs["engines"]
+
+
+def release_of(tmp: Path, engines_dir: Path, shared: Path | None = None, **kw) -> tuple[dict, Path]:
+    out = tmp / f"release{len(list(tmp.glob('release*')))}"
+    out.mkdir(parents=True)
+    inputs = Inputs({"engines": Artifact(engines_dir, "engines", "e", "build"),
+                     **{k: Artifact(v, "json", k, k) for k, v in kw.pop("reports", {}).items()}})
+    inputs["releases"] = Artifact(shared or tmp / "shared", "shared-cache", "")
+    inputs.lineage = (Provenance("source", "model", "", {"model": "abc"}),)
+    params = ReleaseStage.model_validate({"kind": "release", "triton": {"model_name": "cls"}, **kw})
+    result = release.run(params, inputs, out)
+    return json.loads(result.outputs["report"].read_text()), out
+
+
+def config_of(out: Path, target: str = "native", model: str = "cls"):
+    return parse((out / "triton" / target / model / "config.pbtxt").read_text())
+
+
+@pytest.fixture(scope="module")
+def cls(tmp_path_factory) -> Artifact:
+    """PP-OCR's direction classifier with its anonymous dimensions named, as the prepare stage leaves it (PaddlePaddle
+    names height and width both '?', which TensorRT reads as one dimension)."""
+    import onnx
+
+    from trtflow.stages.onnx.graph import sanitize_dims
+    model = onnx.load(str(PPOCR))
+    sanitize_dims(model)
+    path = tmp_path_factory.mktemp("cls") / "cls.onnx"
+    onnx.save(model, str(path))
+    return Artifact(path, "onnx", "p", "prepare")
+
+
+def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
+    report, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": LINES}),
+                             select={"require": "built", "prefer": "size"})
+    c = config_of(out)
+    assert c.platform == "tensorrt_plan" and c.max_batch_size == 32
+    assert [(i.name, list(i.dims)) for i in c.input] == [("x", [3, 48, -1])]  # H pinned by the profile, W not
+    assert [(o.name, list(o.dims)) for o in c.output] == [("save_infer_model/scale_0.tmp_1", [2])]
+    assert list(c.dynamic_batching.preferred_batch_size) == [8] and c.instance_group[0].kind == 1  # KIND_GPU
+    assert report["targets"][0]["max_batch_size"] == 32
+    plan = out / "triton" / "native" / "cls" / "1" / "model.plan"
+    assert plan.read_bytes() == built_engines(tmp_path / "build0" / "engines")[0].plan.read_bytes()
+
+    # a smaller batch and a fixed width: max_batch_size and dims follow
+    smaller = {"x": {"min": [1, 3, 48, 192], "opt": [2, 3, 48, 192], "max": [4, 3, 48, 192]}}
+    _, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": smaller}),
+                        select={"require": "built", "prefer": "size"})
+    c = config_of(out)
+    assert c.max_batch_size == 4 and list(c.input[0].dims) == [3, 48, 192]
+    assert list(c.dynamic_batching.preferred_batch_size) == [2]
+
+    # a profile that does not take a batch of 1: no batch dimension Triton could fill, the engine's full shape
+    no_one = {"x": {"min": [2, 3, 48, 48], "opt": [8, 3, 48, 192], "max": [32, 3, 48, 640]}}
+    report, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": no_one}),
+                             select={"require": "built", "prefer": "size"})
+    c = config_of(out)
+    assert c.max_batch_size == 0 and list(c.input[0].dims) == [-1, 3, 48, -1]
+    assert not c.HasField("dynamic_batching")
+    assert "does not take a batch of 1" in report["targets"][0]["batch_note"]
+
+    # two profiles in one engine: an instance group per profile, max_batch_size the least of their maxima
+    two = {"small": smaller, "lines": LINES}
+    _, out = release_of(tmp_path, engines(tmp_path, [cls], profiles=two, profile_mode="combined"),
+                        select={"require": "built", "prefer": "size"})
+    c = config_of(out)
+    assert c.max_batch_size == 4
+    assert [list(g.profile) for g in c.instance_group] == [["0"], ["1"]]
+
+
+def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend):
+    """The checks mirror Triton's load rules: each mistake a hand-written config makes is named."""
+    eng = built_engines(engines(tmp_path, [cls], profiles={"lines": LINES}))[0]
+    good = triton_config.make("cls", eng, ReleaseStage.model_validate({"kind": "release"}).triton)
+    assert triton_config.problems(parse(schema.to_text(good)), eng) == []
+    for edit, expect in [
+        ("max_batch_size: 64", "profile 'lines' takes batches 1..32, Triton sends 1..64"),
+        ("data_type: TYPE_FP16", "TYPE_FP16, but the engine's is FLOAT"),
+        ("dims: 3\n  dims: 48\n  dims: -1", None),  # the written one: fine
+        ("dims: 3\n  dims: 64\n  dims: -1", "dimension 2 is 64, outside profile 'lines' (48..48)"),
+        ("kind: KIND_GPU", None),
+        ("kind: KIND_CPU", "runs on GPU only"),
+        ("preferred_batch_size: 128", "preferred batch sizes [128] are not within 1..max_batch_size (32)"),
+        ('name: "x"', None),
+        ('name: "image"', "inputs ['image'] are not the engine's ['x']"),
+    ]:
+        text = schema.to_text(good)
+        field = edit.split(":")[0]
+        lines = text.splitlines()
+        if field == "dims":
+            start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("dims"))
+            lines[start:start + 3] = edit.splitlines()
+        elif field == "name":
+            i = next(i for i, ln in enumerate(lines) if ln.strip() == 'name: "x"')
+            lines[i] = "  " + edit
+        else:
+            i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(field + ":"))
+            lines[i] = lines[i][:len(lines[i]) - len(lines[i].lstrip())] + edit
+        found = triton_config.problems(parse("\n".join(lines)), eng)
+        if expect is None:
+            assert found == [], (edit, found)
+        else:
+            assert any(expect in f for f in found), (edit, found)
+    with pytest.raises(ValueError, match="not a Triton model configuration"):
+        schema.parse('name: "cls"\nmax_batch: 4\n')  # a field Triton's schema has not got
+
+
+@pytest.fixture(scope="module")
+def overflow(tmp_path_factory) -> dict:
+    """SqueezeNet with a planted FP16 overflow: its FP32 engine passes validation, its FP16 engine fails."""
+    tmp = tmp_path_factory.mktemp("overflow")
+    model = overflowing_squeezenet(tmp)
+    inputs = photos(tmp)
+    fp16 = run_stage(precision, PrecisionStage, tmp / "fp16", {"model": Artifact(model, "onnx", "prepare"), **inputs},
+                     data=IMAGES, holdout=1, fallback={"auto": False})
+    models = [Artifact(model, "onnx", "m", "prepare"), Artifact(fp16.outputs["model"], "onnx", "f", "fp16")]
+    profile = {"input": {"min": [1, 3, 224, 224], "opt": [2, 3, 224, 224], "max": [4, 3, 224, 224]}}
+    built = engines(tmp, models, profiles={"b4": profile})
+    with pytest.raises(StageFailed) as failed:
+        run_stage(validate, ValidateStage, tmp / "v", {"engines": Artifact(built, "engines", "e", "build"),
+                                                       "models": models, "reference": models[0], **inputs},
+                  data=IMAGES, locate_first_bad_layer=False)
+    return {"engines": built, "validation": failed.value.result.outputs["report"], "tmp": tmp}
+
+
+def test_an_engine_that_failed_validation_is_never_shipped(tmp_path, tensorrt_backend, overflow):
+    verdict = json.loads(overflow["validation"].read_text())
+    assert verdict["not_shipped"] and all(n.startswith("fp16.") for n in verdict["not_shipped"])
+    # prefer size: the FP16 engine is the smaller one, and would be chosen if validation were not read
+    report, out = release_of(tmp_path, overflow["engines"], reports={"validation": overflow["validation"]},
+                             select={"prefer": "size"})
+    target = report["targets"][0]
+    assert target["chosen"]["name"] == "prepare.b4.native"
+    fp16 = next(o for o in target["options"] if o["name"] == "fp16.b4.native")
+    assert fp16["engine_bytes"] < target["chosen"]["engine_bytes"]
+    assert fp16["refused"].startswith("failed validation") and fp16["validated"] is False
+    shipped = out / "triton" / "native" / "cls" / "1" / "model.plan"
+    assert shipped.read_bytes() == (overflow["engines"] / "prepare.b4.native" / "engine.plan").read_bytes()
+    # require: built does not let it through either: validation failed it
+    report, _ = release_of(tmp_path, overflow["engines"], reports={"validation": overflow["validation"]},
+                           select={"prefer": "size", "require": "built"})
+    assert report["targets"][0]["chosen"]["name"] == "prepare.b4.native"
+    # when every engine is refused, nothing is shipped and the stage fails with the report kept
+    with pytest.raises(StageFailed, match="nothing to ship for target 'native'.*fp16.b4.native: failed validation"):
+        release_of(tmp_path, overflow["engines"], reports={"validation": overflow["validation"]},
+                   select={"prefer": "size", "variants": ["fp16"]})
+
+
+def test_versions_increase_with_each_engine_released(tmp_path, tensorrt_backend, overflow):
+    shared = tmp_path / "shared"
+    first, _ = release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
+    again, _ = release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
+    assert first["targets"][0]["version"] == again["targets"][0]["version"] == 1
+    assert first["targets"][0]["new_version"] and not again["targets"][0]["new_version"]
+    other, out = release_of(tmp_path, overflow["engines"], shared,
+                            select={"prefer": "size", "require": "built", "variants": ["prepare"]})
+    assert other["targets"][0]["chosen"]["name"] == "prepare.b4.native" and other["targets"][0]["version"] == 2
+    assert (out / "triton" / "native" / "cls" / "2" / "model.plan").is_file()
+    ledger = json.loads((shared / "releases" / "cls" / "native.json").read_text())
+    assert [(r["version"], r["candidate"]) for r in ledger["releases"]] == [(1, "fp16.b4.native"),
+                                                                            (2, "prepare.b4.native")]
+
+
+def test_bad_release_settings_are_refused_before_anything_runs(tmp_path):
+    from trtflow.errors import SpecError
+    from trtflow.pipelines.graph import build_graph
+    from trtflow.pipelines.loader import load_pipeline
+
+    def check(stages: str) -> str:
+        (tmp_path / "m.onnx").write_bytes(SQUEEZENET.read_bytes())
+        (tmp_path / "p.yaml").write_text(f"version: 1\nname: t\nmodel: m.onnx\nstages:\n{stages}")
+        with pytest.raises(SpecError) as err:
+            build_graph(load_pipeline(tmp_path / "p.yaml"))
+        return str(err.value)
+
+    build_stage = "  build: {kind: build}\n"
+    assert "no validate stage feeds this stage" in check(build_stage + "  release: {kind: release}\n")
+    assert "needs a benchmark stage" in check(build_stage + "  release: {kind: release, select: {require: built}}\n")
+    assert "no earlier stage produces the 'engines'" in check("  prepare: {kind: prepare}\n  release: {kind: "
+                                                               "release, select: {require: built, prefer: size}}\n")
+
+
+EVENT_PIPELINE = """
+version: 1
+name: ocr-cls
+model: models/cls.onnx
+stages:
+  prepare: {kind: prepare, target_opset: 17, input_shapes: {x: [1, 3, 48, 192]}}
+  build:
+    kind: build
+    profiles: {lines: {x: {min: [1, 3, 48, 48], opt: [8, 3, 48, 192], max: [32, 3, 48, 640]}}}
+  release: {kind: release, select: {require: built, prefer: size}}
+"""
+
+
+def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_api, tensorrt_backend):
+    """`trtflow run` through the test run's Prefect server: a release emits trtflow.release.created with its
+    version; an engine changed by a new profile is released as version 2 with the batch limit that follows; a run
+    that changes nothing releases nothing."""
+    import time
+
+    import httpx
+
+    from tests.assets import trtflow
+    (workdir / "pipeline.yaml").write_text(EVENT_PIPELINE)
+    first = trtflow("run", "pipeline.yaml", cwd=workdir)
+    assert first.returncode == 0, first.stdout + first.stderr
+    smaller = "stages.build.profiles.lines.x.max=[16, 3, 48, 640]"
+    second = trtflow("run", "pipeline.yaml", "--set", smaller, cwd=workdir)
+    assert second.returncode == 0 and "ran release" in second.stdout, second.stdout + second.stderr
+    third = trtflow("run", "pipeline.yaml", "--set", smaller, cwd=workdir)
+    assert third.returncode == 0 and "reused release" in third.stdout, third.stdout
+
+    released = json.loads((workdir / ".trtflow" / "release" / "last.json").read_text())
+    directory = workdir / ".trtflow" / "release" / released["key"]
+    assert parse((directory / "triton/native/ocr-cls/config.pbtxt").read_text()).max_batch_size == 16
+    assert (directory / "triton/native/ocr-cls/2/model.plan").is_file()
+
+    where = trtflow("output", "pipeline.yaml", "release", "triton", "--set", smaller, cwd=workdir)
+    assert where.returncode == 0 and Path(where.stdout.strip()) == directory / "triton", where.stdout + where.stderr
+    stale = trtflow("output", "pipeline.yaml", "release", cwd=workdir)  # the first profile: released before, but
+    assert stale.returncode == 0 and stale.stdout.strip() != str(directory)  # under its own key, still in store
+    resource = f"trtflow.release.{workdir.name}.release.native"
+    deadline, seen = time.monotonic() + 30, []
+    while time.monotonic() < deadline:
+        answer = httpx.post(f"{prefect_api}/events/filter", timeout=10, json={
+            "filter": {"event": {"name": ["trtflow.release.created"]},
+                       "resource": {"id": [resource]}}, "limit": 50})
+        answer.raise_for_status()
+        seen = sorted(e["payload"]["version"] for e in answer.json()["events"])
+        if len(seen) >= 2:
+            break
+        time.sleep(0.5)
+    assert seen == [1, 2], seen
+    latest = max(answer.json()["events"], key=lambda e: e["payload"]["version"])
+    assert latest["resource"]["trtflow.model"] == "ocr-cls"
+    assert Path(latest["payload"]["repository"]) == directory / "triton" / "native"
