@@ -22,6 +22,7 @@ from trtflow.stages.reports.precision import PrecisionReport
 from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.triton import config as triton_config
+from trtflow.stages.triton import preprocess as triton_preprocess
 from trtflow.stages.triton import schema, versions
 from trtflow.stages.trt.engines import Engine, built_engines
 
@@ -60,7 +61,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
             ledger, unreadable = versions.read(ledger_path) if ledger_path else (versions.Ledger(), None)
             warnings += [unreadable] if unreadable else []
             release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
-            _repository(release, eng, params, model_name, out_dir)
+            _repository(release, eng, params, model_name, out_dir, _preprocessing(inputs))
             release.environment = _environment(eng)
             if eng.cell.backend.flavour == "tensorrt-rtx":
                 warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
@@ -166,9 +167,11 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "target"
 
 
-def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path) -> None:
-    """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan`; the config is written, read back with
-    Triton's schema and checked against the engine: a config Triton would refuse fails the stage here."""
+def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path,
+                steps: list[dict] | None) -> None:
+    """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
+    ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
+    config Triton would refuse fails the stage here."""
     repo = out_dir / "triton" / _safe(release.target)
     model_dir = repo / model_name
     (model_dir / str(release.version)).mkdir(parents=True)
@@ -189,6 +192,12 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)
     release.repository = repo.relative_to(out_dir).as_posix()
     release.config = text
+    release.models = [model_name]
+    if params.triton.preprocess:
+        try:
+            release.models += list(triton_preprocess.write(repo, model_name, release.version, parsed, steps or []))
+        except (triton_config.ConfigError, ValueError) as exc:
+            raise StageError(f"release: {exc}") from None
     inputs, outputs = triton_config.engine_io(eng)
     release.max_batch_size, _, release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)
 

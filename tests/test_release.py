@@ -55,10 +55,12 @@ def release_of(tmp: Path, engines_dir: Path, shared: Path | None = None, **kw) -
     out = tmp / f"release{len(list(tmp.glob('release*')))}"
     out.mkdir(parents=True)
     inputs = Inputs({"engines": Artifact(engines_dir, "engines", "e", "build"),
-                     **{k: Artifact(v, "json", k, k) for k, v in kw.pop("reports", {}).items()}})
+                     **{k: Artifact(v, "json", k, k) for k, v in kw.pop("reports", {}).items()},
+                     **kw.pop("more", {})})
     inputs["releases"] = Artifact(shared or tmp / "shared", "shared-cache", "")
     inputs.lineage = (Provenance("source", "model", "", {"model": "abc"}),)
-    params = ReleaseStage.model_validate({"kind": "release", "triton": {"model_name": "cls"}, **kw})
+    params = ReleaseStage.model_validate({"kind": "release", **kw,
+                                          "triton": {"model_name": "cls", **kw.get("triton", {})}})
     result = release.run(params, inputs, out)
     return json.loads(result.outputs["report"].read_text()), out
 
@@ -195,6 +197,59 @@ def test_an_engine_that_failed_validation_is_never_shipped(tmp_path, tensorrt_ba
     with pytest.raises(StageFailed, match="nothing to ship for target 'native'.*fp16.b4.native: failed validation"):
         release_of(tmp_path, overflow["engines"], reports={"validation": overflow["validation"]},
                    select={"prefer": "size", "variants": ["fp16"]})
+
+
+def test_the_declared_preprocessing_ships_as_a_python_backend_model_and_an_ensemble(tmp_path, tensorrt_backend,
+                                                                                   overflow, monkeypatch):
+    """triton.preprocess: the parity stage's steps run by trtflow's own Preprocessor in a Python-backend model, and an
+    ensemble from encoded image to logits. model.py runs here against a stand-in of triton_python_backend_utils (it
+    proves the preprocessing it serves is the checked one, byte for byte; not Triton itself)."""
+    import importlib.util
+    import sys
+    import types
+
+    import numpy as np
+
+    from tests.assets import PHOTOS
+    from trtflow.stages.image.preprocess import load
+    pre = photos(tmp_path)["preprocess"]
+    report, out = release_of(tmp_path, overflow["engines"], more={"preprocess": pre}, triton={"preprocess": True},
+                             select={"prefer": "size", "require": "built", "variants": ["prepare"]})
+    target = report["targets"][0]
+    assert target["models"] == ["cls", "cls_preprocess", "cls_ensemble"]
+    repo = out / target["repository"]
+    engine, preprocess, ensemble = (parse((repo / m / "config.pbtxt").read_text()) for m in target["models"])
+    assert preprocess.backend == "python" and [list(o.dims) for o in preprocess.output] == [[1, 3, 224, 224]]
+    assert ensemble.platform == "ensemble" and [s.model_name for s in ensemble.ensemble_scheduling.step] == [
+        "cls_preprocess", "cls"]
+    assert [(o.name, list(o.dims)) for o in ensemble.output] == [("logits", [-1, 1000])]
+    assert all((repo / m / "1").is_dir() for m in target["models"])
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.Tensor, stub.TritonError = Tensor, str
+    stub.get_input_tensor_by_name = lambda request, name: request[name]
+    stub.InferenceResponse = lambda output_tensors, error=None: (output_tensors, error)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    spec = importlib.util.spec_from_file_location("served_model", repo / "cls_preprocess" / "1" / "model.py")
+    served = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(served)
+    model = served.TritonPythonModel()
+    model.initialize({"model_config": "{}"})
+    requests = [{"IMAGE": Tensor("IMAGE", np.frombuffer(p.read_bytes(), np.uint8))} for p in PHOTOS]
+    responses = model.execute(requests + [{"IMAGE": Tensor("IMAGE", np.frombuffer(b"not an image", np.uint8))}])
+    checked = load(pre.path)
+    for path, (outputs, error) in zip(PHOTOS, responses):
+        assert error is None and outputs[0].name == "input"
+        assert outputs[0].array.dtype == np.float32 and np.array_equal(outputs[0].array, checked(path)), path
+    outputs, error = responses[-1]
+    assert outputs == [] and "cannot decode the image" in error
 
 
 def test_versions_increase_with_each_engine_released(tmp_path, tensorrt_backend, overflow):

@@ -40,6 +40,9 @@ class TritonSpec(Strict):
                                                      "the engine's first dimension is a batch)")
     max_queue_delay: Duration = Field(0.0001, le=60, description="how long Triton may hold a request to batch it")
     gpus: list[int] = Field(default_factory=list, description="GPU indices of the instance groups; default: all")
+    preprocess: bool = Field(False, description="also a Python-backend model running the parity stage's "
+                                                "preprocessing (trtflow's own code: the Triton container needs "
+                                                "trtflow) and an ensemble taking encoded images")
 
 
 class ReleaseStage(StageBase):
@@ -59,6 +62,9 @@ def _wiring(spec: ReleaseStage, upstream: Mapping[str, str]) -> tuple[str, tuple
         return ("select.max_accuracy_drop needs the accuracy a validate stage measures", ("select",
                                                                                           "max_accuracy_drop"),
                 "add a validate stage before it, or remove max_accuracy_drop")
+    if spec.triton.preprocess and "parity" not in kinds:
+        return ("triton.preprocess: true, but no parity stage declares the preprocessing", ("triton", "preprocess"),
+                "add a parity stage before it, or remove preprocess")
     if spec.select.prefer != "size" and "benchmark" not in kinds:
         return (f"select.prefer: {spec.select.prefer} needs a benchmark stage's numbers", ("select", "prefer"),
                 "add a benchmark stage before it, or prefer: size")

@@ -37,23 +37,35 @@ def digest(steps: list[dict[str, Any]]) -> str:
 
 def read_image(path: Path, color: str = "rgb", depth: int = 8) -> np.ndarray:
     """HxWxC (C = 3, or 1 for gray) in the requested color order; uint8 or uint16."""
-    flags = cv2.IMREAD_GRAYSCALE if color == "gray" else cv2.IMREAD_COLOR
-    if depth == 16:
-        flags |= cv2.IMREAD_ANYDEPTH
     if not Path(path).is_file():
         raise StageError(f"image not found: {path}")
-    image = cv2.imread(str(path), flags)
+    image = cv2.imread(str(path), _flags(color, depth))
     if image is None:
         raise StageError(f"cannot read image {path}: not an image OpenCV can decode (corrupt or unsupported)")
+    return _ordered(image, color)
+
+
+def decode_image(data: bytes, color: str = "rgb", depth: int = 8) -> np.ndarray:
+    """`read_image` of an encoded image held in memory (what a serving request carries)."""
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), _flags(color, depth)) if data else None
+    if image is None:
+        raise StageError(f"cannot decode the image ({len(data)} bytes): not an image OpenCV can decode")
+    return _ordered(image, color)
+
+
+def _flags(color: str, depth: int) -> int:
+    flags = cv2.IMREAD_GRAYSCALE if color == "gray" else cv2.IMREAD_COLOR
+    return flags | cv2.IMREAD_ANYDEPTH if depth == 16 else flags
+
+
+def _ordered(image: np.ndarray, color: str) -> np.ndarray:
     if image.ndim == 2:
-        image = image[:, :, None]
-    elif color == "rgb":
-        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    return image
+        return image[:, :, None]
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if color == "rgb" else image
 
 
 class Preprocessor:
-    """Runs canonical steps on an image file and returns the exact tensor the engine is fed."""
+    """Runs canonical steps on an image (a file, or encoded bytes) and returns the exact tensor the engine is fed."""
 
     def __init__(self, steps: list[dict[str, Any]]):
         self.steps = steps
@@ -61,7 +73,14 @@ class Preprocessor:
 
     def __call__(self, path: Path) -> np.ndarray:
         (_, read), = self.steps[0].items()
-        img: np.ndarray = read_image(path, read["color"], read["depth"])
+        return self.run(read_image(path, read["color"], read["depth"]))
+
+    def from_bytes(self, data: bytes) -> np.ndarray:
+        (_, read), = self.steps[0].items()
+        return self.run(decode_image(data, read["color"], read["depth"]))
+
+    def run(self, img: np.ndarray) -> np.ndarray:
+        """The steps after `read` on a decoded HxWxC image."""
         layout = "hwc"
         for step in self.steps[1:]:
             (name, value), = step.items()

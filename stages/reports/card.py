@@ -70,6 +70,9 @@ def _target_md(t: TargetRelease) -> list[str]:
                   f"{', '.join(c.profiles)}) as Triton version **{t.version}** in `{t.repository}`; "
                   f"max_batch_size {t.max_batch_size}" + (f" ({t.batch_note})" if t.batch_note else "") + ".", "",
                   "Valid for: " + _environment_text(t.environment), ""]
+        if len(t.models) > 1:
+            lines += [f"Models in the repository: {', '.join(f'`{m}`' for m in t.models)}: send encoded images to "
+                      f"`{t.models[-1]}` (the declared preprocessing runs in `{t.models[1]}`, trtflow's own code).", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(o.cells()) + " |" for o in t.options]
     if t.config:
@@ -150,6 +153,10 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                         f'<span data-field="max_batch_size">{t.max_batch_size}</span>'
                         + (f" ({_e(t.batch_note)})" if t.batch_note else "") + ".</p>")
             body.append(f"<p>Valid for: {_e(_environment_text(t.environment))}</p>")
+            if len(t.models) > 1:
+                body.append(f"<p>Models in the repository: {_e(', '.join(t.models))}: send encoded images to "
+                            f"<code>{_e(t.models[-1])}</code> (the declared preprocessing runs in "
+                            f"<code>{_e(t.models[1])}</code>, trtflow's own code).</p>")
         body.append("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>"
                     + "".join(_row(o) for o in t.options) + "</tbody></table>")
         if t.config:

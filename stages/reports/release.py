@@ -59,6 +59,7 @@ class TargetRelease(BaseModel):
     options: list[Option]  # every engine of the target, the chosen first, then by rank, refused last
     repository: str | None = None  # the Triton model repository, relative to the stage's output directory
     config: str | None = None  # its config.pbtxt
+    models: list[str] = []  # the models in the repository: the engine's, and the preprocessing's and ensemble's
     max_batch_size: int = 0
     batch_note: str = ""  # why there is no batch dimension
     environment: dict[str, Any] = {}  # what the engine is valid for
