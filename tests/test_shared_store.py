@@ -389,6 +389,40 @@ def test_a_benchmark_baseline_accepted_on_one_machine_gates_another(bucket, tmp_
     assert second["gate"]["skipped"] == [] and second["gate"]["violations"] == [], second["gate"]
 
 
+RELEASED = """version: 1
+name: released
+model: models/cls.onnx
+artifacts: {url}
+stages:
+  prepare: {{kind: prepare, preflight: "off", input_shapes: {{x: [1, 3, 48, 192]}}}}
+  build:
+    kind: build
+    profiles: {{lines: {{x: {{min: [1, 3, 48, 48], opt: [2, 3, 48, 192], max: [4, 3, 48, 320]}}}}}}
+  release: {{kind: release, select: {{require: built, prefer: size}}}}
+"""
+
+
+def test_release_versions_are_counted_across_machines(bucket, tmp_path):
+    """The versions released so far live in the shared store: a machine that releases another engine of the same
+    model after another machine did gets the next version, not 1 again."""
+    name, fs = bucket
+    repo = _repo(tmp_path, RELEASED.format(url=f"s3://{name}/team"))
+    cli = [sys.executable, "-m", "trtflow.flows.cli"]
+
+    def run(machine: str, *extra: str) -> dict:
+        done = subprocess.run(cli + ["run", str(repo / "pipeline.yaml"), *extra], capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / machine)})
+        assert done.returncode == 0, done.stdout + done.stderr
+        (report,) = (tmp_path / machine).glob("*/release/*/report.json")
+        return json.loads(report.read_text())["targets"][0]
+
+    assert run("machine1")["version"] == 1
+    ledger = json.loads(fs.cat_file(f"{name}/team/shared/releases/released/native.json"))
+    assert [r["version"] for r in ledger["releases"]] == [1], "the ledger was sent to the store"
+    second = run("machine2", "--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]")
+    assert second["version"] == 2 and second["max_batch_size"] == 8 and second["new_version"]
+
+
 def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path, monkeypatch, prefect_api):
     """The store's credentials from a Prefect Secret block (TRTFLOW_STORE_CREDENTIALS=secret/<name>), with no AWS_*
     variable set: the store works; a wrong endpoint in the block fails on one line that does not carry the
