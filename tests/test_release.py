@@ -282,6 +282,9 @@ def test_bad_release_settings_are_refused_before_anything_runs(tmp_path):
     build_stage = "  build: {kind: build}\n"
     assert "no validate stage feeds this stage" in check(build_stage + "  release: {kind: release}\n")
     assert "needs a benchmark stage" in check(build_stage + "  release: {kind: release, select: {require: built}}\n")
+    assert "select.variants names fp61, not a model variant" in check(
+        "  fp16: {kind: precision}\n" + build_stage + "  release: {kind: release, select: {require: built, prefer: "
+        "size, variants: [fp61]}}\n")
     assert "no earlier stage produces the 'engines'" in check("  prepare: {kind: prepare}\n  release: {kind: "
                                                                "release, select: {require: built, prefer: size}}\n")
 

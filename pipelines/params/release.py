@@ -6,7 +6,7 @@ from typing import Literal, Mapping
 
 from pydantic import Field
 
-from trtflow.pipelines.row import PREPROCESS_SLOT, Kind, Slot
+from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, Slot
 from trtflow.pipelines.schema import StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
 
@@ -62,6 +62,11 @@ def _wiring(spec: ReleaseStage, upstream: Mapping[str, str]) -> tuple[str, tuple
         return ("select.max_accuracy_drop needs the accuracy a validate stage measures", ("select",
                                                                                           "max_accuracy_drop"),
                 "add a validate stage before it, or remove max_accuracy_drop")
+    makers = [n for n, k in upstream.items() if k in MODEL_MAKERS] + ["source"]
+    unknown = [v for v in spec.select.variants if v.removesuffix(".repaired") not in makers]
+    if unknown:
+        return (f"select.variants names {', '.join(unknown)}, not a model variant this stage's engines are built "
+                f"from", ("select", "variants"), f"name some of: {', '.join(makers)}")
     if spec.triton.preprocess and "parity" not in kinds:
         return ("triton.preprocess: true, but no parity stage declares the preprocessing", ("triton", "preprocess"),
                 "add a parity stage before it, or remove preprocess")
