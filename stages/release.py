@@ -198,8 +198,10 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
             release.models += list(triton_preprocess.write(repo, model_name, release.version, parsed, steps or []))
         except (triton_config.ConfigError, ValueError) as exc:
             raise StageError(f"release: {exc}") from None
+    release.max_batch_size = parsed.max_batch_size
     inputs, outputs = triton_config.engine_io(eng)
-    release.max_batch_size, _, release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)
+    release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)[2] or (
+        "set by triton.max_batch_size" if params.triton.max_batch_size is not None else "")
 
 
 def _environment(eng: Engine) -> dict:

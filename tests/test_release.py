@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from tests.assets import PPOCR, SQUEEZENET
 from tests.test_validate_stage import IMAGES, overflowing_squeezenet, photos, run_stage
 from trtflow.artifact import Artifact, Inputs, Provenance
-from trtflow.errors import StageFailed
+from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.release import ReleaseStage
@@ -102,6 +102,14 @@ def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     c = config_of(out)
     assert c.max_batch_size == 4 and list(c.input[0].dims) == [3, 48, 192]
     assert list(c.dynamic_batching.preferred_batch_size) == [2]
+
+    # told there is no batch dimension (an output counting detections would need it): full shapes; or a cap
+    _, out = release_of(tmp_path, tmp_path / "build1" / "engines", select={"require": "built", "prefer": "size"},
+                        triton={"max_batch_size": 0})
+    assert config_of(out).max_batch_size == 0 and list(config_of(out).input[0].dims) == [-1, 3, 48, 192]
+    with pytest.raises(StageError, match="triton.max_batch_size 8, but the engine takes batches of at most 4"):
+        release_of(tmp_path, tmp_path / "build1" / "engines", select={"require": "built", "prefer": "size"},
+                   triton={"max_batch_size": 8})
 
     # a profile that does not take a batch of 1: no batch dimension Triton could fill, the engine's full shape
     no_one = {"x": {"min": [2, 3, 48, 48], "opt": [8, 3, 48, 192], "max": [32, 3, 48, 640]}}

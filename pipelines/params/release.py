@@ -36,6 +36,10 @@ class TritonSpec(Strict):
     """The Triton model repository written for the chosen engine(s)."""
     model_name: str | None = Field(None, pattern=MODEL_NAME, description="default: the pipeline's name")
     instances: int = Field(1, ge=1, le=64, description="model instances per GPU (per optimization profile)")
+    max_batch_size: int | None = Field(None, ge=0, le=1 << 20, description=(
+        "default: the largest batch every profile takes, where every input and output has a dynamic first "
+        "dimension; 0: no batch dimension (e.g. an output whose first dimension counts detections, not samples); "
+        "a smaller number caps it"))
     dynamic_batching: bool = Field(True, description="let Triton batch requests up to max_batch_size (only where "
                                                      "the engine's first dimension is a batch)")
     max_queue_delay: Duration = Field(0.0001, le=60, description="how long Triton may hold a request to batch it")

@@ -100,7 +100,15 @@ def make(model_name: str, engine: Engine, spec: TritonSpec) -> Any:
     pb = schema.model_config_pb2()
     inputs, outputs = engine_io(engine)
     profiles = engine.cell.profiles
-    max_batch, preferred, _ = batch_limits(inputs, outputs, profiles)
+    max_batch, preferred, why = batch_limits(inputs, outputs, profiles)
+    if spec.max_batch_size is not None:
+        if spec.max_batch_size > max_batch:
+            raise ConfigError(f"engine '{engine.cell.name}': triton.max_batch_size {spec.max_batch_size}, but "
+                              + (f"the engine takes batches of at most {max_batch}" if max_batch else
+                                 f"it has no batch dimension Triton can fill ({why})")
+                              + ": leave it out, or lower it")
+        max_batch = spec.max_batch_size
+        preferred = [b for b in preferred if b <= max_batch]
     config = pb.ModelConfig(name=model_name, platform=PLATFORM, max_batch_size=max_batch,
                             default_model_filename=PLAN_FILE)
     for tensor, into in [(t, config.input) for t in inputs] + [(t, config.output) for t in outputs]:
