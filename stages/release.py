@@ -41,7 +41,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     verdict = ValidateReport.read(inputs.one("validation").path) if "validation" in inputs else None
     bench = BenchmarkReport.model_validate_json(inputs.one("benchmark").path.read_text()) \
         if "benchmark" in inputs else None
-    kept = _higher_precision(inputs, verdict)
+    kept = _higher_precision(inputs)
     warnings: list[str] = []
     targets: dict[str, list[Engine]] = {}
     for eng in engines:
@@ -77,7 +77,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
         preprocessing=_preprocessing(inputs), parity=_parity(inputs),
         numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
                       "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
-    md, page = card.write(report, _plots(inputs, verdict, released), out_dir / "card")
+    card.write(report, _plots(inputs, verdict, released), out_dir / "card")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     (out_dir / "triton").mkdir(exist_ok=True)
     shipped = [t for t in released if t.chosen is not None]
@@ -143,7 +143,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     return option
 
 
-def _higher_precision(inputs: Inputs, verdict: ValidateReport | None) -> dict[str, tuple[int, int | None]]:
+def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
     """Per variant (its stage's name): how many nodes its precision/calibrate stage left in higher precision, of
     how many (None where the report does not count them)."""
     out: dict[str, tuple[int, int | None]] = {}
