@@ -9,19 +9,7 @@ import threading
 from pathlib import Path
 
 from trtflow.disk import disk_cause
-from trtflow.files import RECORD_BYTES, open_regular, read_json
-
-_CHUNK = 1 << 20
-
-
-def file_sha256(path: Path, follow: bool = True) -> str:
-    """sha256 of regular file `path` (NotAFile for a FIFO or device, which would be read for ever)."""
-    h = hashlib.sha256()
-    fh, _ = open_regular(path, follow)
-    with fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+from trtflow.files import RECORD_BYTES, read_json, sha256
 
 
 def stamp(st: os.stat_result) -> list[int]:
@@ -98,7 +86,7 @@ class DigestCache:
             hit = self._entries.get(str(path))
             if hit and hit[:4] == now:
                 return hit[4]
-        digest = file_sha256(path)
+        digest = sha256(path)
         with self._lock:
             self._entries[str(path)] = now + [digest]
             self._dirty = True

@@ -31,7 +31,7 @@ from trtflow import files
 from trtflow.disk import disk_cause, disk_error
 from trtflow.errors import StageError, StoreError, TrtflowError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
-from trtflow.flows.digest import DigestCache, file_sha256
+from trtflow.flows.digest import DigestCache
 from trtflow.flows.manifest import MANIFEST, Manifest, safe_relpath
 
 LAST = "last.json"
@@ -52,7 +52,7 @@ def _result_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST)
 
 
-def file_records(directory: Path, sha256: Callable[[Path], str] = file_sha256) -> dict[str, dict[str, Any]]:
+def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) -> dict[str, dict[str, Any]]:
     """relative path -> size, sha256, mtime_ns and ctime_ns of every file under `directory` but the manifest."""
     out = {}
     for f in _result_files(directory):
@@ -105,7 +105,7 @@ def check_files(directory: Path, records: Any, rehash: bool = False,
         if not rehash and st.st_mtime_ns == rec.get("mtime_ns") and st.st_ctime_ns == rec.get("ctime_ns"):
             continue
         try:
-            now = file_sha256(f, follow=False) if rehash or sha256 is None else sha256(f)
+            now = files.sha256(f, follow=False) if rehash or sha256 is None else sha256(f)
         except OSError as exc:
             return f"{rel} cannot be read ({exc.strerror or exc})"
         if now != rec["sha256"]:

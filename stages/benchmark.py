@@ -4,7 +4,6 @@ engine's ONNX variant on ONNX Runtime, labelled as such) — with GPU telemetry 
 baseline measured in the same environment."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -228,11 +227,7 @@ def _cpu_name() -> str:
 # ---------------------------------------------------------------------------------------------- the gate
 
 def _artifact_id(cand: Candidate) -> str:
-    h = hashlib.sha256()
-    with open(cand.engine or cand.model, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()[:24]
+    return files.sha256(cand.engine or cand.model)[:24]
 
 
 def _baseline_file(inputs: Inputs, cand: Candidate) -> Path | None:

@@ -5,11 +5,11 @@ released); a model card (Markdown and self-contained HTML) with the alternatives
 valid for, the preprocessing as declared, the provenance chain and the pictures validate and benchmark drew."""
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from pathlib import Path
 
+from trtflow import files
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
@@ -47,6 +47,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     for eng in engines:
         targets.setdefault(eng.cell.target, []).append(eng)
     shared = inputs.optional("releases")
+    steps = _preprocessing(inputs)
     released, ledgers = [], []
     for target, found in targets.items():
         options = selection.rank([_option(e, params, verdict, bench, kept) for e in found], params.select)
@@ -61,7 +62,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
             ledger, unreadable = versions.read(ledger_path) if ledger_path else (versions.Ledger(), None)
             warnings += [unreadable] if unreadable else []
             release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
-            _repository(release, eng, params, model_name, out_dir, _preprocessing(inputs))
+            _repository(release, eng, params, model_name, out_dir, steps)
             release.environment = _environment(eng)
             if eng.cell.backend.flavour == "tensorrt-rtx":
                 warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
@@ -74,7 +75,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = ReleaseReport(
         model_name=model_name, rule=params.select.model_dump(mode="json"), targets=released,
         lineage=list(inputs.lineage), warnings=warnings,
-        preprocessing=_preprocessing(inputs), parity=_parity(inputs),
+        preprocessing=steps, parity=_parity(inputs),
         numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
                       "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
     card.write(report, _plots(inputs, verdict, released), out_dir / "card")
@@ -98,20 +99,12 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
 # ---------------------------------------------------------------------------------------------- the options
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, bench: BenchmarkReport | None,
             kept: dict[str, tuple[int, int | None]]) -> Option:
     cell = eng.cell
     option = Option(name=cell.name, variant=cell.variant, precision=cell.precision, target=cell.target,
                     profiles=[p.name for p in cell.profiles], engine_bytes=eng.plan.stat().st_size,
-                    engine_sha256=_sha256(eng.plan),
+                    engine_sha256=files.sha256(eng.plan),
                     repaired_from=cell.name.removesuffix(".repaired") if cell.variant.endswith(".repaired") else None)
     why, checked = None, False
     if verdict is not None:
@@ -221,8 +214,6 @@ def _preprocessing(inputs: Inputs) -> list[dict] | None:
     pre = inputs.optional("preprocess")
     if pre is None:
         return None
-    from trtflow import files
-
     data = files.read_json(pre.path, files.RECORD_BYTES)
     return list(data.get("steps") or []) if isinstance(data, dict) else None
 

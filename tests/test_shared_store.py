@@ -367,20 +367,26 @@ stages:
 """
 
 
+def _run_on(machine: str, repo: Path, tmp_path: Path, report: str, *extra: str) -> dict:
+    """`trtflow run` of the repo's pipeline on `machine` (its own cache of the shared store, as another computer
+    has); the one report.json of its cache matching `report`."""
+    done = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "run", str(repo / "pipeline.yaml"), *extra],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / machine)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    (found,) = (tmp_path / machine).glob(report)
+    return json.loads(found.read_text())
+
+
 def test_a_benchmark_baseline_accepted_on_one_machine_gates_another(bucket, tmp_path):
     """`shared/` (benchmark baselines, timing caches) lives in the remote store too: the baseline a run accepts on
     one machine is the one the next machine's gate compares with (it said "no baseline" on every cold machine)."""
     name, fs = bucket
     url = f"s3://{name}/team"
     repo = _repo(tmp_path, GATED.format(url=url))
-    cli = [sys.executable, "-m", "trtflow.flows.cli"]
 
     def run(machine: str, *extra: str) -> dict:
-        done = subprocess.run(cli + ["run", str(repo / "pipeline.yaml"), *extra], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / machine)})
-        assert done.returncode == 0, done.stdout + done.stderr
-        (report,) = (tmp_path / machine).glob("*/bench/*/report.json")
-        return json.loads(report.read_text())
+        return _run_on(machine, repo, tmp_path, "*/bench/*/report.json", *extra)
 
     first = run("machine1")
     assert any("no baseline" in s for s in first["gate"]["skipped"]), first["gate"]
@@ -407,14 +413,9 @@ def test_release_versions_are_counted_across_machines(bucket, tmp_path):
     model after another machine did gets the next version, not 1 again."""
     name, fs = bucket
     repo = _repo(tmp_path, RELEASED.format(url=f"s3://{name}/team"))
-    cli = [sys.executable, "-m", "trtflow.flows.cli"]
 
     def run(machine: str, *extra: str) -> dict:
-        done = subprocess.run(cli + ["run", str(repo / "pipeline.yaml"), *extra], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / machine)})
-        assert done.returncode == 0, done.stdout + done.stderr
-        (report,) = (tmp_path / machine).glob("*/release/*/report.json")
-        return json.loads(report.read_text())["targets"][0]
+        return _run_on(machine, repo, tmp_path, "*/release/*/report.json", *extra)["targets"][0]
 
     assert run("machine1")["version"] == 1
     ledger = json.loads(fs.cat_file(f"{name}/team/shared/releases/released/native.json"))

@@ -226,12 +226,12 @@ def test_a_forced_nondeterministic_run_keeps_manifests_truthful(write_yaml, work
     run_all(path)
     assert run_all(path, force=["r"]) == {"r": "ran", "c": "ran"}
     store = workdir / ".trtflow"
-    from trtflow.flows.digest import file_sha256
+    from trtflow.files import sha256
     model = published(store, "r") / "model.onnx"
     (c_dir,) = [d for d in (store / "c").iterdir() if d.is_dir() and json.loads(
         (store / "c" / "last.json").read_text())["key"] == d.name]
     recorded = json.loads((c_dir / "manifest.json").read_text())["inputs"]["model"]
-    assert recorded["path"] == str(model) and recorded["digest"] == file_sha256(model), \
+    assert recorded["path"] == str(model) and recorded["digest"] == sha256(model), \
         "the downstream manifest records the digest of the file it read"
 
 

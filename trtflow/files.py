@@ -9,6 +9,7 @@ trtflow's own files, without following a symlink.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import stat
@@ -52,6 +53,17 @@ def open_regular(path: Path | str, follow: bool = True) -> tuple[IO[bytes], os.s
     except BaseException:
         os.close(fd)
         raise
+
+
+def sha256(path: Path | str, follow: bool = True) -> str:
+    """sha256 of regular file `path`, read in 1 MiB chunks (NotAFile for a FIFO or device, which would be read for
+    ever)."""
+    h = hashlib.sha256()
+    fh, _ = open_regular(path, follow)
+    with fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_bounded(path: Path | str, limit: int, follow: bool = True) -> bytes:

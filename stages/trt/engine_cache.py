@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from trtflow import files
 from trtflow.stages.trt.engines import LOG, PLAN, Built, Cell
 
 FORMAT = 1
@@ -31,14 +32,6 @@ def cell_key(cell: Cell, model_digest: str, machine: Any) -> str:
     spec = cell.model_dump(mode="json", exclude={"name", "model", "timing_cache", "variant"})
     blob = json.dumps({"format": FORMAT, "cell": spec, "model": model_digest, "machine": machine}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _place(src: Path, dst: Path) -> None:
@@ -61,7 +54,7 @@ class EngineCache:
             if entry.is_symlink() or not (entry / PLAN).is_file() or (entry / PLAN).is_symlink():
                 return None
             built = Built.read(entry)
-            if built is None or not built.ok or (entry / DIGEST).read_text().strip() != _sha256(entry / PLAN):
+            if built is None or not built.ok or (entry / DIGEST).read_text().strip() != files.sha256(entry / PLAN):
                 self._drop(entry)
                 return None
         except (OSError, ValueError):
@@ -96,7 +89,7 @@ class EngineCache:
             if (cell_dir / LOG).is_file():
                 shutil.copyfile(cell_dir / LOG, tmp / LOG)
             built.write(tmp)
-            (tmp / DIGEST).write_text(_sha256(tmp / PLAN) + "\n")
+            (tmp / DIGEST).write_text(files.sha256(tmp / PLAN) + "\n")
             os.replace(tmp, self.root / key)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
