@@ -4,20 +4,13 @@ that is not a manifest of the key it sits under, or that names a path outside it
 (it may come from a shared bucket anyone can write to)."""
 from __future__ import annotations
 
-from pathlib import PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from trtflow.paths import safe_relpath
+
 MANIFEST = "manifest.json"
-
-
-def safe_relpath(rel: Any) -> bool:
-    """A path a manifest names: relative and inside its directory (no '..', no absolute path, no backslash)."""
-    if not isinstance(rel, str) or not rel or "\\" in rel or "\0" in rel:
-        return False
-    parts = PurePosixPath(rel).parts
-    return not rel.startswith("/") and bool(parts) and ".." not in parts
 
 
 def _inside(rel: str) -> str:

@@ -22,11 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from trtflow import files, paths
 from trtflow.errors import StoreError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
+    CLAIM_BYTES,
     HOST,
     KEY_NAME,
     LAST,
@@ -39,6 +41,7 @@ from trtflow.flows.store import (
     local_stamps,
 )
 from trtflow.flows.store_credentials import storage_options
+from trtflow.paths import OutsidePath, under
 
 QUARANTINE = ".quarantine"  # results whose files failed verification when fetched (see _quarantine)
 WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8 hex}", see publish
@@ -70,6 +73,7 @@ class RemoteStore:
         self.cache = LocalStore(cache or cache_root(self.location))
         self.root = self.cache.root  # local paths (digest cache, shared caches, what stages read) live here
         self.rejected = self.cache.rejected
+        self.notes: list[str] = []  # what was refused from the store's shared files, for the console
         self.read_only = False
 
     def _remote(self, *parts: str) -> str:
@@ -195,41 +199,90 @@ class RemoteStore:
         self.cache.discard(staging)
 
     def pull_shared(self) -> dict[str, tuple[int, int]]:
-        """The synced part of `shared/` (benchmark baselines, TensorRT timing caches: small, and useful to every
-        machine) fetched from the URL into the local cache; returns the local files' (size, mtime) after it, for
-        `push_shared`. The engine cache is not synced: published build results already carry the engines.
-        Best effort: a cache that cannot be fetched costs time, not correctness."""
+        """The synced part of `shared/` (benchmark baselines, TensorRT timing caches, the versions released: small,
+        and useful to every machine) fetched from the URL into the local cache; returns the local files' (size,
+        mtime) after it, for `push_shared`. The engine cache is not synced: published build results already carry
+        the engines. Anyone who can write to the bucket can list a key there: a key that would land outside the
+        local `shared/` (`..`, an absolute path, a symlink on the way) or an object larger than its kind is
+        refused, named in `notes`, never fetched. Best effort otherwise: a cache that cannot be fetched costs time,
+        not correctness."""
         local = self.root / SHARED
         try:
             remote = self.fs.find(self._remote(SHARED), detail=True)
         except Exception:  # noqa: BLE001 - no shared files yet, or the backend failed: work from the local ones
             remote = {}
         prefix = self._remote(SHARED).rstrip("/") + "/"
+        local.mkdir(parents=True, exist_ok=True)
         for path, info in remote.items():
             rel = path[len(prefix):] if path.startswith(prefix) else None
-            if rel is None or not _synced(rel):
+            limit = _synced(rel) if rel is not None else None
+            if limit is None:
                 continue
-            dest = local / rel
-            if dest.exists() and dest.stat().st_size == info.get("size"):
-                continue  # (a baseline is rewritten whole; the same size is the same record in practice)
+            size = info.get("size")
+            if not isinstance(size, int) or size > limit:
+                self._note(f"{self.location}: shared/{rel[:200]} is {size} bytes, more than the {limit} a file of "
+                           f"its kind may have: not fetched")
+                continue
             try:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+                dest = under(local, rel, make_parents=True)
+            except OutsidePath as exc:
+                self._note(f"{self.location}: a shared file's key leaves the store and was not fetched ({exc})")
+                continue
+            if files.is_regular(dest) and dest.stat().st_size == size:
+                continue  # (a baseline is rewritten whole; the same size is the same record in practice)
+            tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+            try:
                 self.fs.get_file(path, str(tmp))
+                if tmp.stat().st_size > limit:  # it grew after the listing
+                    raise ValueError("too large")
                 os.replace(tmp, dest)
             except Exception:  # noqa: BLE001
+                tmp.unlink(missing_ok=True)
                 continue
         return _snapshot(local)
 
     def push_shared(self, before: dict[str, tuple[int, int]]) -> None:
         """Send the synced files of `shared/` the stage wrote or changed to the URL (last writer wins per file:
-        a baseline is per engine, a timing cache per TensorRT version)."""
+        a baseline is per engine, a timing cache per TensorRT version). Claimed records are sent by `claim`."""
         for rel, stat in _snapshot(self.root / SHARED).items():
-            if before.get(rel) != stat:
+            if before.get(rel) != stat and not rel.startswith(CLAIMED):
                 try:
                     self.fs.put_file(str(self.root / SHARED / rel), self._remote(SHARED, *rel.split("/")))
                 except Exception:  # noqa: BLE001 - the next run on this machine still has it locally
                     continue
+
+    def claim(self, rel: str, data: bytes) -> bytes | None:
+        """Create `shared/<rel>` at the URL only if absent (S3's conditional `If-None-Match: *`): the first machine
+        wins; the others get what it wrote. Then the local copy, as `pull_shared` would fetch it."""
+        target = self._remote(SHARED, *rel.split("/"))
+        try:
+            self.fs.pipe_file(target, data, mode="create")
+            theirs = None
+        except Exception as exc:  # noqa: BLE001
+            if not _precondition_failed(exc):
+                raise self._fail(f"claiming shared/{rel}", exc) from None
+            theirs = self._cat_bytes(target, CLAIM_BYTES)
+        if theirs is None:  # a server that ignores the condition: the record read back says who won
+            placed = self._cat_bytes(target, CLAIM_BYTES)
+            theirs = None if placed == data else placed
+        local = self.root / SHARED
+        local.mkdir(parents=True, exist_ok=True)
+        paths.create_exclusive(local, rel, theirs if theirs is not None else data)
+        return theirs
+
+    def _cat_bytes(self, path: str, limit: int) -> bytes:
+        try:
+            data = self.fs.cat_file(path, start=0, end=limit + 1)
+        except Exception as exc:  # noqa: BLE001
+            raise self._fail(f"reading {path}", exc) from None
+        if len(data) > limit:
+            raise StoreError(f"{path} is more than {limit} bytes: not a record trtflow wrote",
+                             hint="remove it from the store")
+        return data
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     def clean_staging(self) -> list[Path]:
         return self.cache.clean_staging()
@@ -450,17 +503,24 @@ class RemoteStore:
             pass
 
 
-def _synced(rel: str) -> bool:
-    """The parts of `shared/` a remote store keeps for every machine: benchmark baselines, timing caches and the
-    versions released so far."""
-    return rel.startswith(("benchmark/", "releases/")) or (rel.startswith("timing-") and "/" not in rel)
+CLAIMED = "releases/"  # records created once by `claim`, never rewritten
+SYNCED_LIMITS = {"releases/": 2**20, "benchmark/": 16 * 2**20, "timing-": 1 << 30}  # prefix -> bytes at most
+
+
+def _synced(rel: str) -> int | None:
+    """The parts of `shared/` a remote store keeps for every machine (benchmark baselines, timing caches and the
+    versions released so far), and how large a file there may be; None for the rest."""
+    for prefix, limit in SYNCED_LIMITS.items():
+        if rel.startswith(prefix) and (prefix.endswith("/") or "/" not in rel):
+            return limit
+    return None
 
 
 def _snapshot(local: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of the synced files of `shared/`: only those are walked (not the engine cache beside them)."""
     out = {}
     for p in [*local.glob("timing-*"), *(local / "benchmark").rglob("*"), *(local / "releases").rglob("*")]:
-        if p.is_file() and not p.name.startswith("."):
+        if files.is_regular(p) and not p.name.startswith("."):
             st = p.stat()
             out[p.relative_to(local).as_posix()] = (st.st_size, st.st_mtime_ns)
     return out

@@ -16,13 +16,13 @@ from typing import Any, Callable
 
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.disk import DiskError, disk_error
-from trtflow.errors import SpecError, StageError, StageFailed, TrtflowError
+from trtflow.errors import SpecError, StageError, StageFailed, TransientStageError, TrtflowError
 from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import STAGE_LOG, call_stage
 from trtflow.flows.manifest import Manifest, OutputRecord
-from trtflow.flows.store import SHARED, ArtifactStore, file_records
+from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
 from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
@@ -31,6 +31,7 @@ from trtflow.text import suggestion
 from trtflow.usercode import source_digest
 
 SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)
+CLAIM_ATTEMPTS = 5  # runs of a stage whose claimed record (a release's version) another run took meanwhile
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Runner:
     pipeline: LoadedPipeline
     graph: StageGraph = None  # type: ignore[assignment]
     store: ArtifactStore = None  # type: ignore[assignment]
+    _noted: set[str] = field(default_factory=set, init=False, repr=False)  # store notes already logged
 
     def __post_init__(self) -> None:
         # stages that do not depend on each other run side by side, at most this many at once
@@ -272,18 +274,31 @@ class Runner:
             reason = "forced"
             inputs = Inputs({slot: art for slot, art in inputs.items() if slot not in kind_of(spec).result_caches})
 
-        shared = self._make_shared_caches(inputs)
+        shared = self._make_shared_caches(inputs, log)
         staging = self.store.staging(name, key)
         failed: StageFailed | None = None
         try:
-            began = datetime.now(timezone.utc)
-            t0 = time.perf_counter()
-            try:
-                result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name, output=log,
-                                    keep=staging / STAGE_LOG)
-            except StageFailed as exc:
-                failed, result = exc, exc.result
-            work = time.perf_counter() - t0
+            for attempt in range(1, CLAIM_ATTEMPTS + 1):
+                began = datetime.now(timezone.utc)
+                t0 = time.perf_counter()
+                try:
+                    result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name, output=log,
+                                        keep=staging / STAGE_LOG)
+                except StageFailed as exc:
+                    failed, result = exc, exc.result
+                work = time.perf_counter() - t0
+                lost = None if failed else claim_all(self.store, result.claims)
+                if lost is None:
+                    break
+                # another run took a record this result needs (a release's version): run again, counting from it
+                self.store.discard(staging)
+                if attempt == CLAIM_ATTEMPTS:
+                    raise TransientStageError(f"{CLAIM_ATTEMPTS} runs in a row lost a record of the store's shared/ "
+                                              f"to other runs ({lost})", hint="run again")
+                if log is not None:
+                    log(f"{lost}: running '{name}' again")
+                shared = self._make_shared_caches(inputs, log)
+                staging = self.store.staging(name, key)
             manifest = self._manifest(name, key, parts, inputs, result, staging, began, work,
                                       status="failed" if failed else "ok")
             directory, manifest = self.store.publish(name, key, staging, manifest, replace=self.forced(name, force))
@@ -316,13 +331,21 @@ class Runner:
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
 
-    def _make_shared_caches(self, inputs: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+    def _make_shared_caches(self, inputs: dict[str, Any],
+                            log: Callable[[str], None] | None = None) -> dict[str, tuple[int, int]] | None:
         """The shared caches the stage reads, made (and, from a remote store, fetched); None when it reads none,
-        else what `push_shared` compares with after the stage."""
+        else what `push_shared` compares with after the stage. What the store refused to fetch is logged once."""
         caches = [art for art in inputs.values() if isinstance(art, Artifact) and art.type == SHARED_CACHE]
         for art in caches:
             art.path.mkdir(parents=True, exist_ok=True)
-        return self.store.pull_shared() if caches else None
+        if not caches:
+            return None
+        before = self.store.pull_shared()
+        for note in getattr(self.store, "notes", ()):
+            if note not in self._noted and log is not None:
+                self._noted.add(note)
+                log(f"warning: {note}")
+        return before
 
     def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> dict[str, Any]:

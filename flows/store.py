@@ -27,16 +27,19 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from trtflow import files
+from trtflow import files, paths
+from trtflow.artifact import Claim
 from trtflow.disk import disk_cause, disk_error
 from trtflow.errors import StageError, StoreError, TrtflowError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
 from trtflow.flows.digest import DigestCache
-from trtflow.flows.manifest import MANIFEST, Manifest, safe_relpath
+from trtflow.flows.manifest import MANIFEST, Manifest
+from trtflow.paths import safe_relpath
 
 LAST = "last.json"
 DIGESTS = "digests.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
+CLAIM_BYTES = 2**20  # a claimed record (a release's version) is a few hundred bytes
 MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
 MARKER_CONTENT = {"trtflow": "artifact store", "format": 1}
 GITIGNORE = ".gitignore"
@@ -176,9 +179,28 @@ class ArtifactStore(Protocol):
     # stage that uses them runs, what it changed sent back after (a local store is already shared)
     def pull_shared(self) -> dict[str, tuple[int, int]]: ...
     def push_shared(self, before: dict[str, tuple[int, int]]) -> None: ...
+    # a record in `shared/` that is created once and never replaced (a release's version): None when this call
+    # created it, else what is there already; the store's own atomic primitive decides, on every machine at once
+    def claim(self, rel: str, data: bytes) -> bytes | None: ...
     def last(self, stage: str) -> dict[str, Any] | None: ...
     def mark_last(self, stage: str, record: dict[str, Any]) -> None: ...
     def path(self, stage: str, key: str) -> Path: ...
+
+
+def claim_all(store: ArtifactStore, claims: list[Claim]) -> str | None:
+    """Create the records a stage's result claims in the store's shared/: None when each is now the result's (or
+    was already, for the same owner), else which one another run holds."""
+    for claim in claims:
+        theirs = store.claim(claim.path, claim.data)
+        if theirs is None:
+            continue
+        try:
+            owner = json.loads(theirs).get("owner")
+        except (ValueError, AttributeError):
+            owner = None
+        if owner != claim.owner:
+            return f"shared/{claim.path} was created by another run meanwhile"
+    return None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -414,6 +436,18 @@ class LocalStore:
 
     def push_shared(self, before: dict[str, tuple[int, int]]) -> None:
         pass
+
+    def claim(self, rel: str, data: bytes) -> bytes | None:
+        shared = self.root / SHARED
+        try:
+            shared.mkdir(parents=True, exist_ok=True)
+            if paths.create_exclusive(shared, rel, data):
+                return None
+            return files.read_bounded(paths.under(shared, rel), CLAIM_BYTES, follow=False)
+        except (paths.OutsidePath, files.NotAFile) as exc:
+            raise StoreError(f"the artifact store's shared/{rel} cannot be written: {exc}",
+                             hint="replace the symlink or file there by the directory or record trtflow made") \
+                from None
 
     def last(self, stage: str) -> dict[str, Any] | None:
         data, _ = read_json(self.root / stage / LAST)

@@ -5,8 +5,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from trtflow.names import ModelName, StageName
 from trtflow.pipelines.kinds import KINDS, USER
-from trtflow.pipelines.schema import STAGE_NAME, Strict
+from trtflow.pipelines.schema import Strict
 
 
 def _kind_tag(value: Any) -> str:
@@ -23,12 +24,12 @@ AnyStage = Annotated[
 
 class Pipeline(Strict):
     version: Literal[1] = Field(description="spec version; 1 is the only one so far")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: ModelName
     model: str = Field(description="the ONNX model, relative to the pipeline file")
     artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
     concurrency: int | None = Field(None, ge=1, le=256, description="at most this many stages run side by side "
                                                                    "(default: the CPU count)")
-    stages: dict[Annotated[str, Field(pattern=STAGE_NAME)], AnyStage] = Field(min_length=1)
+    stages: dict[StageName, AnyStage] = Field(min_length=1)
 
     @field_validator("stages")
     @classmethod

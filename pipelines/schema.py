@@ -11,7 +11,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from trtflow.pipelines.units import Duration
 
-STAGE_NAME = r"^[A-Za-z_][A-Za-z0-9_-]*$"
 CUSTOM_KIND = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # package.module:function
 ARTIFACT_TYPES = ("onnx", "preprocess", "ranges", "engines", "json", "file", "dir")
 

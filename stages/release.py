@@ -5,7 +5,6 @@ released); a model card (Markdown and self-contained HTML) with the alternatives
 valid for, the preprocessing as declared, the provenance chain and the pictures validate and benchmark drew."""
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -48,7 +47,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
         targets.setdefault(eng.cell.target, []).append(eng)
     shared = inputs.optional("releases")
     steps = _preprocessing(inputs)
-    released, ledgers = [], []
+    released, claims = [], []
     for target, found in targets.items():
         options = selection.rank([_option(e, params, verdict, bench, kept) for e in found], params.select)
         by_name = {e.cell.name: e for e in found}
@@ -58,9 +57,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
             release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
         else:
             eng = by_name[chosen.name]
-            ledger_path = versions.ledger_file(shared.path, model_name, target) if shared else None
-            ledger, unreadable = versions.read(ledger_path) if ledger_path else (versions.Ledger(), None)
-            warnings += [unreadable] if unreadable else []
+            ledger = versions.read(shared.path, model_name, target) if shared else versions.Ledger()
             release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
             _repository(release, eng, params, model_name, out_dir, steps)
             release.environment = _environment(eng)
@@ -68,8 +65,9 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
                 warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
                                 f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
                                 f"on a machine with TensorRT (the Triton container's version) to serve it there")
-            if ledger_path is not None:
-                ledgers.append((ledger_path, ledger, release.version, chosen.engine_sha256, chosen.name))
+            if shared is not None and release.new_version:
+                claims.append(versions.claim(model_name, target, release.version, chosen.engine_sha256,
+                                             chosen.name))
         released.append(release)
     numbers = sorted({o.measured_by for t in released for o in t.options if o.measured_by})
     report = ReleaseReport(
@@ -88,12 +86,11 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
                          metrics={"releases": [{"model": model_name, "target": t.target, "version": t.version,
                                                 "new": t.new_version, "engine": t.chosen.name,
                                                 "engine_sha256": t.chosen.engine_sha256,
-                                                "repository": t.repository} for t in shipped if t.chosen]})
+                                                "repository": t.repository} for t in shipped if t.chosen]},
+                         claims=claims)
     if len(shipped) < len(released):
         first = next(t for t in released if t.chosen is None)
         raise StageFailed(f"release: nothing to ship for target '{first.target}': {first.why_none}", result)
-    for path, ledger, version, digest, name in ledgers:
-        versions.record(path, ledger, version, digest, name)
     return result
 
 
@@ -156,16 +153,12 @@ def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
 
 # ---------------------------------------------------------------------------------------------- Triton
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "target"
-
-
 def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path,
                 steps: list[dict] | None) -> None:
     """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
     ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
     config Triton would refuse fails the stage here."""
-    repo = out_dir / "triton" / _safe(release.target)
+    repo = out_dir / "triton" / release.target  # a checked name (trtflow.names)
     model_dir = repo / model_name
     (model_dir / str(release.version)).mkdir(parents=True)
     try:

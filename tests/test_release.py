@@ -17,6 +17,7 @@ from tests.assets import PPOCR, SQUEEZENET
 from tests.test_validate_stage import IMAGES, overflowing_squeezenet, photos, run_stage
 from trtflow.artifact import Artifact, Inputs, Provenance
 from trtflow.errors import StageError, StageFailed
+from trtflow.flows.store import LocalStore, claim_all
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.release import ReleaseStage
@@ -62,6 +63,8 @@ def release_of(tmp: Path, engines_dir: Path, shared: Path | None = None, **kw) -
     params = ReleaseStage.model_validate({"kind": "release", **kw,
                                           "triton": {"model_name": "cls", **kw.get("triton", {})}})
     result = release.run(params, inputs, out)
+    # as the runner does before publishing: the versions the release claims, created in the store's shared/
+    assert claim_all(LocalStore(inputs["releases"].path.parent), result.claims) is None
     return json.loads(result.outputs["report"].read_text()), out
 
 
@@ -270,9 +273,84 @@ def test_versions_increase_with_each_engine_released(tmp_path, tensorrt_backend,
                             select={"prefer": "size", "require": "built", "variants": ["prepare"]})
     assert other["targets"][0]["chosen"]["name"] == "prepare.b4.native" and other["targets"][0]["version"] == 2
     assert (out / "triton" / "native" / "cls" / "2" / "model.plan").is_file()
-    ledger = json.loads((shared / "releases" / "cls" / "native.json").read_text())
-    assert [(r["version"], r["candidate"]) for r in ledger["releases"]] == [(1, "fp16.b4.native"),
-                                                                            (2, "prepare.b4.native")]
+    records = sorted((shared / "releases" / "cls" / "native").iterdir())
+    assert [(r.name, json.loads(r.read_text())["candidate"]) for r in records] == [
+        ("1.json", "fp16.b4.native"), ("2.json", "prepare.b4.native")]
+
+
+def _released(shared: Path, out: Path) -> list[tuple[str, str]]:
+    return sorted((r.name, json.loads(r.read_text())["candidate"]) for r in (shared / "releases" / "cls" /
+                                                                               "native").glob("*.json"))
+
+
+@pytest.mark.parametrize("version", [-3, 0, 10**20, "7"])
+def test_a_ledger_version_triton_would_not_load_stops_the_release(tmp_path, tensorrt_backend, overflow, version):
+    """A ledger (here the one-file ledger of earlier stores, which is still read) whose entry for the shipped engine
+    is not a positive int64 stops the release with one line; nothing is claimed (it gave triton/native/cls/-3)."""
+    shared = tmp_path / "shared"
+    first, out = release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
+    digest = first["targets"][0]["chosen"]["engine_sha256"]
+    legacy = shared / "releases" / "cls" / "native.json"
+    legacy.write_text(json.dumps({"releases": [
+        {"version": version, "engine": digest, "candidate": "x", "created": "2026-01-01"},
+        {"version": 7, "engine": "0" * 64, "candidate": "y", "created": "2026-01-01"}]}))
+    with pytest.raises(StageError, match=r"release: .*native.json: unreadable release ledger \(version"):
+        release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
+    legacy.write_text(json.dumps({"releases": [
+        {"version": 7, "engine": "0" * 64, "candidate": "y", "created": "2026-01-01"}]}))
+    again, out = release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
+    assert again["targets"][0]["version"] == 8, "never lower than a version already released"
+    assert [p.name for p in (out / "triton" / "native" / "cls").iterdir() if p.is_dir()] == ["8"]
+
+
+def test_an_unreadable_ledger_stops_the_release_and_keeps_its_history(tmp_path, tensorrt_backend, overflow):
+    """Engines A (v1) and B (v2) released, the record of v2 truncated: the next release stops with one line naming
+    the file (it restarted at 1, released C as v1 and erased A and B), and the records are as they were."""
+    shared = tmp_path / "shared"
+    rule = {"prefer": "size", "require": "built"}
+    release_of(tmp_path, overflow["engines"], shared, select=rule)
+    release_of(tmp_path, overflow["engines"], shared, select={**rule, "variants": ["prepare"]})
+    before = _released(shared, tmp_path)
+    assert [name for name, _ in before] == ["1.json", "2.json"]
+    record = shared / "releases" / "cls" / "native" / "2.json"
+    record.write_text(record.read_text()[:20])
+    with pytest.raises(StageError, match=r"native/2.json: unreadable release ledger.*nothing was released"):
+        release_of(tmp_path, overflow["engines"], shared, select=rule)
+    record.unlink()
+    (shared / "releases" / "cls" / "native" / "02.json").write_text("{}")
+    with pytest.raises(StageError, match=r"02.json: unreadable release ledger \(not a version's record"):
+        release_of(tmp_path, overflow["engines"], shared, select=rule)
+    assert sorted(p.name for p in (shared / "releases" / "cls" / "native").iterdir()) == ["02.json", "1.json"]
+
+
+def test_the_ledger_is_never_written_through_a_symlink(tmp_path, tensorrt_backend, overflow):
+    """`shared/releases/<model>` a symlink to a directory outside the store: the release is refused with one line
+    and nothing appears outside (the ledger was written there)."""
+    shared, outside = tmp_path / "shared", tmp_path / "outside"
+    (shared / "releases").mkdir(parents=True)
+    outside.mkdir()
+    (shared / "releases" / "cls").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(StageError, match="unreadable release ledger.*symlink"):
+        release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
+    assert list(outside.iterdir()) == []
+    from trtflow.errors import StoreError
+    from trtflow.stages.triton import versions
+    claim = versions.claim("cls", "native", 1, "a" * 64, "x")
+    with pytest.raises(StoreError, match="shared/releases/cls/native/1.json cannot be written.*symlink"):
+        LocalStore(tmp_path).claim(claim.path, claim.data)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_claimed_version_is_never_given_to_a_second_engine(tmp_path):
+    """The store's exclusive create: the first claim of a version wins; the same engine claiming it again is
+    the same release; another engine is told who holds it."""
+    from trtflow.stages.triton import versions
+    store = LocalStore(tmp_path)
+    mine, other = versions.claim("m", "native", 3, "a" * 64, "x"), versions.claim("m", "native", 3, "b" * 64, "y")
+    assert claim_all(store, [mine]) is None
+    assert claim_all(store, [versions.claim("m", "native", 3, "a" * 64, "x")]) is None
+    assert claim_all(store, [other]) == "shared/releases/m/native/3.json was created by another run meanwhile"
+    assert json.loads((tmp_path / "shared" / mine.path).read_text())["owner"] == "a" * 64
 
 
 def test_bad_release_settings_are_refused_before_anything_runs(tmp_path):

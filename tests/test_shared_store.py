@@ -4,6 +4,7 @@ client. Each worker has its own local cache directory, as a separate machine wou
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -418,8 +419,8 @@ def test_release_versions_are_counted_across_machines(bucket, tmp_path):
         return _run_on(machine, repo, tmp_path, "*/release/*/report.json", *extra)["targets"][0]
 
     assert run("machine1")["version"] == 1
-    ledger = json.loads(fs.cat_file(f"{name}/team/shared/releases/released/native.json"))
-    assert [r["version"] for r in ledger["releases"]] == [1], "the ledger was sent to the store"
+    record = json.loads(fs.cat_file(f"{name}/team/shared/releases/released/native/1.json"))
+    assert record["version"] == 1, "the version's record was created in the store"
     second = run("machine2", "--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]")
     assert second["version"] == 2 and second["max_batch_size"] == 8 and second["new_version"]
 
@@ -460,3 +461,89 @@ def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path,
     monkeypatch.setenv("TRTFLOW_STORE_CREDENTIALS", "secret/no-such-block")
     with pytest.raises(StoreError, match="cannot load the Prefect block secret/no-such-block"):
         _store(url, tmp_path / "m4")
+
+
+@pytest.mark.parametrize("key", ["releases/" + "../" * 20 + "{outside}/PWNED", "benchmark/../../{outside}/PWNED",
+                                 "releases/x/..", "timing-../../PWNED"],
+                         ids=["releases-absolute", "benchmark-relative", "dotdot-end", "timing"])
+def test_a_poisoned_shared_key_writes_nothing_outside_the_cache(bucket, tmp_path, key):
+    """An object listed under the store's shared/ whose key climbs out of it: it was written to that path (an
+    existing file overwritten) by the next run of any pipeline with a build, benchmark or release stage. It is
+    refused and named; the rest of shared/ is still fetched."""
+    name, fs = bucket
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "PWNED").write_text("mine")
+    url = f"s3://{name}/store"
+    fs.pipe_file(f"{name}/store/shared/{key.format(outside=str(outside).lstrip('/'))}", b"attacker")
+    fs.pipe_file(f"{name}/store/shared/benchmark/ok.json", b"{}")
+    store = _store(url, tmp_path / "cache")
+    store.pull_shared()
+    assert (outside / "PWNED").read_text() == "mine" and sorted(p.name for p in outside.iterdir()) == ["PWNED"]
+    assert not [p for p in tmp_path.rglob("PWNED") if p.parent != outside]
+    assert (tmp_path / "cache" / "shared" / "benchmark" / "ok.json").read_bytes() == b"{}"
+    if key.startswith(("releases/", "benchmark/")) and "{outside}" in key:
+        assert any("leaves the store and was not fetched" in n for n in store.notes), store.notes
+
+
+def test_an_oversized_shared_object_is_not_fetched(bucket, tmp_path):
+    """A release record larger than a record can be (it was fetched whole to every machine)."""
+    name, fs = bucket
+    fs.pipe_file(f"{name}/store/shared/releases/m/native/1.json", b"x" * (2**20 + 1))
+    store = _store(f"s3://{name}/store", tmp_path / "cache")
+    store.pull_shared()
+    assert not (tmp_path / "cache" / "shared" / "releases" / "m" / "native" / "1.json").exists()
+    assert any("more than the 1048576 a file of its kind may have" in n for n in store.notes), store.notes
+
+
+def _release_rounds(url: str, cache: str, digest: str, rounds: int, barrier, out) -> None:
+    """One machine releasing model `m` for target native, `rounds` times, each time a new engine: the stage's
+    proposal (versions counted from the records pulled from the store) and the runner's claim, as `trtflow run`
+    does them. The barrier holds both machines between counting and claiming in the first try of each round, so
+    they propose the same version every round."""
+    from trtflow.flows.remote_store import RemoteStore
+    from trtflow.flows.store import claim_all
+    from trtflow.stages.triton import versions
+    store = RemoteStore(url, Path(cache))
+    store.ensure_writable()
+    got = []
+    for r in range(rounds):
+        engine = hashlib.sha256(f"{digest}-{r}".encode()).hexdigest()
+        for attempt in range(10):
+            store.pull_shared()
+            version, _ = versions.read(store.root / "shared", "m", "native").version_for(engine)
+            if attempt == 0:
+                barrier.wait(timeout=60)
+            if claim_all(store, [versions.claim("m", "native", version, engine, digest)]) is None:
+                got.append((version, engine, attempt))
+                break
+        else:
+            raise AssertionError("no version after 10 tries")
+    out.put(got)
+
+
+def test_two_machines_releasing_at_once_never_share_a_version(bucket, tmp_path):
+    """Two processes, each its own cache of one S3 store (moto), release a new engine of one model and target at
+    once, 20 rounds: the conditional create gives each version to one engine; the loser counts again and takes
+    the next. Every round both first propose the same version, so every round is a real race."""
+    import multiprocessing
+
+    name, fs = bucket
+    url = f"s3://{name}/store"
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_release_rounds, args=(url, str(tmp_path / m), m, 20, barrier, out))
+             for m in ("machine1", "machine2")]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    versions = [v for got in results for v, _, _ in got]
+    assert sorted(versions) == list(range(1, 41)), "each version given once, none skipped"
+    assert sum(attempt > 0 for got in results for _, _, attempt in got) >= 20, "every round one machine lost"
+    records = {int(p.rsplit("/", 1)[1].split(".")[0]): json.loads(fs.cat_file(p))["owner"]
+               for p in fs.glob(f"{name}/store/shared/releases/m/native/*.json")}
+    engines = {v: e for got in results for v, e, _ in got}
+    assert records == engines

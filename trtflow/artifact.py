@@ -57,9 +57,22 @@ class Inputs(dict):
         return value if isinstance(value, list) else [value]
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A record the result is only valid with, created once in the store's `shared/` and never replaced (a
+    release's version): `data` is a JSON object whose `"owner"` is `owner`. The runner creates it with the store's
+    atomic primitive before the result is published; where another run holds the same path for another owner, the
+    stage runs again and sees that record."""
+
+    path: str  # relative to the store's shared/
+    data: bytes
+    owner: str
+
+
 @dataclass
 class StageResult:
     outputs: dict[str, Path]  # output name -> path under out_dir
     summary: str = ""  # Markdown shown as the stage's Prefect artifact
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)

@@ -5,6 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from trtflow.names import Name
 from trtflow.pipelines.row import MODEL_MAKERS, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import Shape, StageBase, Strict
 from trtflow.pipelines.units import Size
@@ -42,11 +43,11 @@ class BuilderOptions(Strict):
 class BuildStage(StageBase, BuilderOptions):
     kind: Literal["build"]
     backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"
-    profiles: dict[str, dict[str, ShapeRange]] = Field(
+    profiles: dict[Name, dict[str, ShapeRange]] = Field(
         default_factory=dict, description="named optimization profiles: {name: {input: {min, opt, max}}}")
     profile_mode: Literal["separate", "combined"] = Field(
         "separate", description="one engine per profile, or all profiles in one engine")
-    targets: list[str] = Field(default_factory=lambda: ["native"],
+    targets: list[Name] = Field(default_factory=lambda: ["native"],
                                description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)")
     timing_cache: bool = True
     engine_cache: bool = Field(True, description="take a cell's engine from the store's engine cache when nothing it "

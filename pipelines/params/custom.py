@@ -5,6 +5,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from trtflow.names import Name
 from trtflow.pipelines.row import ANY_KIND, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import ARTIFACT_TYPES, CUSTOM_KIND, StageBase
 
@@ -12,7 +13,7 @@ from trtflow.pipelines.schema import ARTIFACT_TYPES, CUSTOM_KIND, StageBase
 class CustomStage(StageBase):
     kind: str = Field(pattern=CUSTOM_KIND, description="package.module:function")
     params: dict[str, Any] = Field(default_factory=dict)
-    outputs: dict[str, Literal[ARTIFACT_TYPES]] = Field(  # type: ignore[valid-type]
+    outputs: dict[Name, Literal[ARTIFACT_TYPES]] = Field(  # type: ignore[valid-type]
         default_factory=dict, description="names and types of what the function writes")
     version: str = Field("1", description="bump to invalidate cached results when the function changes")
     env_dependent: bool = False

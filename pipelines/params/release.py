@@ -2,15 +2,14 @@
 validation), as a Triton model repository and a model card."""
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from typing import Annotated, Literal, Mapping
 
 from pydantic import Field
 
+from trtflow.names import ModelName, Name
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, Slot
 from trtflow.pipelines.schema import StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
-
-MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class Select(Strict):
@@ -28,13 +27,13 @@ class Select(Strict):
                                       "cosine; the cosine where an output has none), e.g. 1%")
     variants: list[str] = Field(default_factory=list, description="only engines of these model variants (stage "
                                                                   "names); default: all")
-    profiles: list[str] = Field(default_factory=list, description="only engines of these build profiles; "
+    profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "
                                                                   "default: all")
 
 
 class TritonSpec(Strict):
     """The Triton model repository written for the chosen engine(s)."""
-    model_name: str | None = Field(None, pattern=MODEL_NAME, description="default: the pipeline's name")
+    model_name: ModelName | None = Field(None, description="default: the pipeline's name")
     instances: int = Field(1, ge=1, le=64, description="model instances per GPU (per optimization profile)")
     max_batch_size: int | None = Field(None, ge=0, le=1 << 20, description=(
         "default: the largest batch every profile takes, where every input and output has a dynamic first "
@@ -43,7 +42,7 @@ class TritonSpec(Strict):
     dynamic_batching: bool = Field(True, description="let Triton batch requests up to max_batch_size (only where "
                                                      "the engine's first dimension is a batch)")
     max_queue_delay: Duration = Field(0.0001, le=60, description="how long Triton may hold a request to batch it")
-    gpus: list[int] = Field(default_factory=list, description="GPU indices of the instance groups; default: all")
+    gpus: list[Annotated[int, Field(ge=0, le=255)]] = Field(default_factory=list, description="GPU indices of the instance groups; default: all")
     preprocess: bool = Field(False, description="also a Python-backend model running the parity stage's "
                                                 "preprocessing (trtflow's own code: the Triton container needs "
                                                 "trtflow) and an ensemble taking encoded images")

@@ -1,59 +1,134 @@
-"""The versions released so far, per model name and target: `<store>/shared/releases/<model>/<target>.json`.
+"""The versions released so far, per model name and target: one record per version,
+`<store>/shared/releases/<model>/<target>/<version>.json`, created once and never rewritten.
 
-A release of an engine released before keeps that release's version; any other engine gets the next one, so the
-versions of a model increase with each engine shipped (Triton serves the highest by default). Outside the stage
-key, like benchmark baselines: a shared store syncs it to every machine (the last writer wins if two machines
-release the same model and target at once).
+A release of the engine released last keeps its version; any other engine gets the next one, so a model's versions
+only increase (Triton serves the highest by default) and no version ever names two engines. The stage proposes the
+version; the runner creates its record with the store's atomic primitive (`StageResult.claims`: O_EXCL locally, a
+conditional write on S3) before the release is published, and where another machine took that version meanwhile
+for another engine, the stage runs again and counts from that record. Outside the stage key, like benchmark
+baselines. A ledger that cannot be read stops the release: counting again from 1 would give one version to two
+engines.
+
+Stores written before this layout hold one file per model and target, `releases/<model>/<target>.json`: it is read
+(never written) so that versions go on from it.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtflow import files
+from trtflow import files, paths
+from trtflow.artifact import Claim
+from trtflow.errors import StageError
+
+MAX_VERSION = 2**63 - 1  # Triton's versions are int64
+RECORD = re.compile(r"([1-9][0-9]{0,18})\.json")  # a positive number without a leading zero, as Triton loads it
+RECORD_BYTES = 2**20
+Version = Field(ge=1, le=MAX_VERSION)
 
 
 class Released(BaseModel):
-    version: int
-    engine: str  # sha256 of the engine file
+    model_config = ConfigDict(extra="forbid", strict=True)  # "7" or 7.0 is not a version Triton would load
+    version: int = Version
+    owner: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 of the engine file
     candidate: str
     created: str
+
+
+class LedgerError(StageError):
+    """The versions released so far cannot be read: nothing is released."""
+
+    def __init__(self, where: Path | str, why: str):
+        super().__init__(f"release: {where}: unreadable release ledger ({why}); nothing was released, so that no "
+                         f"version is given to two engines",
+                         hint="restore the file from the store's other machines or a backup; remove it only if "
+                              "that version was never deployed")
 
 
 class Ledger(BaseModel):
     releases: list[Released] = []
 
     def version_for(self, engine_digest: str) -> tuple[int, bool]:
-        """(the version of this engine, whether it is new)."""
-        for r in self.releases:
-            if r.engine == engine_digest:
-                return r.version, False
-        return max((r.version for r in self.releases), default=0) + 1, True
+        """(the version to ship this engine as, whether it is new): the latest version if it holds this engine,
+        else one more than the latest (an engine released long ago comes back as a new version: a lower one would
+        not be served)."""
+        if not self.releases:
+            return 1, True
+        latest = max(self.releases, key=lambda r: r.version)
+        if latest.owner == engine_digest:
+            return latest.version, False
+        if latest.version >= MAX_VERSION:
+            raise StageError(f"release: version {latest.version} is the largest Triton takes: no next version",
+                             hint="release under a new triton.model_name")
+        return latest.version + 1, True
 
 
-def ledger_file(shared: Path, model: str, target: str) -> Path:
-    return shared / "releases" / model / f"{target}.json"
+def folder(model: str, target: str) -> str:
+    """The ledger's directory, relative to the store's `shared/` (both names are checked names)."""
+    return f"releases/{model}/{target}"
 
 
-def read(path: Path) -> tuple[Ledger, str | None]:
-    """The ledger, and a warning when the file exists but cannot be read (versions then start again at 1)."""
-    if not path.exists() and not path.is_symlink():
-        return Ledger(), None
+def read(shared: Path, model: str, target: str) -> Ledger:
+    """Every version released of `model` for `target`; LedgerError when any record cannot be read."""
+    rel = folder(model, target)
+    found = _legacy(shared, f"{rel}.json")
     try:
-        return Ledger.model_validate(files.read_json(path, files.RECORD_BYTES, follow=False)), None
-    except (OSError, ValueError, ValidationError, files.NotAFile) as exc:
-        return Ledger(), f"{path}: unreadable release ledger ({exc}); versions counted from 1"
+        directory = paths.under(shared, f"{rel}/record").parent  # no symlink on the way to it
+    except paths.OutsidePath as exc:
+        raise LedgerError(shared / rel, str(exc)) from None
+    if directory.is_symlink():
+        raise LedgerError(directory, "a symlink where the ledger's directory belongs")
+    try:
+        names = sorted(os.listdir(directory)) if directory.is_dir() else []
+    except OSError as exc:
+        raise LedgerError(directory, exc.strerror or str(exc)) from None
+    for name in names:
+        if name.startswith("."):  # a record being written
+            continue
+        m = RECORD.fullmatch(name)
+        if m is None:
+            raise LedgerError(directory / name, "not a version's record: <positive number>.json")
+        try:
+            entry = Released.model_validate(files.read_json(directory / name, RECORD_BYTES, follow=False))
+        except (OSError, ValueError) as exc:  # (pydantic's ValidationError is a ValueError)
+            raise LedgerError(directory / name, _why(exc)) from None
+        if entry.version != int(m.group(1)):
+            raise LedgerError(directory / name, f"it says version {entry.version}")
+        found.append(entry)
+    return Ledger(releases=found)
 
 
-def record(path: Path, ledger: Ledger, version: int, engine_digest: str, candidate: str) -> None:
-    if any(r.version == version for r in ledger.releases):
-        return
-    ledger.releases.append(Released(version=version, engine=engine_digest, candidate=candidate,
-                                    created=datetime.now(timezone.utc).isoformat(timespec="seconds")))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(ledger.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(map(str, err['loc'])) or 'the record'}: {err['msg']}"
+    return (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__
+
+
+def _legacy(shared: Path, rel: str) -> list[Released]:
+    """The one-file ledger of stores written before records per version."""
+    try:
+        path = paths.under(shared, rel)
+    except paths.OutsidePath as exc:
+        raise LedgerError(shared / rel, str(exc)) from None
+    if not path.exists() and not path.is_symlink():
+        return []
+    try:
+        data = files.read_json(path, RECORD_BYTES, follow=False)
+        entries = data["releases"]
+        return [Released(version=e["version"], owner=e["engine"], candidate=e["candidate"], created=e["created"])
+                for e in entries]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LedgerError(path, _why(exc)) from None
+
+
+def claim(model: str, target: str, version: int, engine_digest: str, candidate: str) -> Claim:
+    record = Released(version=version, owner=engine_digest, candidate=candidate,
+                      created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return Claim(path=f"{folder(model, target)}/{version}.json",
+                 data=(json.dumps(record.model_dump(), indent=2) + "\n").encode(), owner=engine_digest)
