@@ -105,7 +105,7 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     wall = time.perf_counter() - t0
 
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
-    warnings = size_warnings(rows, be.flavour)
+    warnings = size_warnings(rows, be.flavour) + [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
     report = BuildReport(backend=be, environment={"tensorrt": be.model_dump(), "gpu": gpus() or None}, cells=rows,
                          wall_seconds=round(wall, 3), parallel=params.parallel,
                          timing_cache=str(cache) if cache else None, warnings=warnings)

@@ -89,3 +89,25 @@ def is_regular(path: Path) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+# --- the build's caches in the store's shared/ (issue #37) ---------------------------------------------------------
+TIMING_CACHE_BYTES = 2**30  # a TensorRT timing cache: a few MB for a model zoo; more is not a timing cache
+ENGINE_LOG_BYTES = 256 * 2**20  # TensorRT's build log, verbose included
+ENGINE_BYTES = 2**38  # a serialized engine: a large language model's is tens of GB (copied streamed, never read whole)
+
+
+def copy_regular(src: Path | str, dst: Path | str, limit: int, follow: bool = True) -> None:
+    """Copy regular file `src` (at most `limit` bytes, NotAFile beyond) to a new file `dst`, streamed."""
+    fh, st = open_regular(src, follow)
+    with fh:
+        if st.st_size > limit:
+            raise NotAFile(errno.EFBIG, f"{src} is {st.st_size} bytes, more than the {limit} a file of its kind "
+                                        f"may have", str(src))
+        with open(dst, "xb") as out:
+            copied = 0
+            while chunk := fh.read(1 << 20):
+                copied += len(chunk)
+                if copied > limit:  # it grew after the stat
+                    raise NotAFile(errno.EFBIG, f"{src} is more than {limit} bytes", str(src))
+                out.write(chunk)

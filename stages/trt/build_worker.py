@@ -7,6 +7,7 @@ beside it.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import resource
 import tempfile
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtflow import files
 from trtflow.child import serve
 from trtflow.stages.trt.engines import Built, Cell
 from trtflow.stages.trt.log_errors import first_error, shorten
@@ -30,6 +32,7 @@ def build(spec: Cell, cell: Path) -> Built:
     t0 = time.perf_counter()
     parsed = trt_parse.parse(be, Path(spec.model), SEVERITY[spec.log_severity])
     trt, builder, network, log_lines = parsed.trt, parsed.builder, parsed.network, parsed.log
+    warnings: list[str] = []
     try:
         if not parsed.ok:
             found = trt_parse.failures(parsed.parser, Path(spec.model))
@@ -41,8 +44,11 @@ def build(spec: Cell, cell: Path) -> Built:
         applied = trt_config.apply(options, trt, config, spec.target)
         cache = None
         if spec.timing_cache:
-            path = Path(spec.timing_cache)
-            cache = config.create_timing_cache(path.read_bytes() if path.exists() else b"")
+            known, warning = timing_cache(Path(spec.timing_cache))
+            if warning:
+                warnings.append(warning)
+                log_lines.append(f"[trtflow] {warning}")
+            cache = config.create_timing_cache(known)
             config.set_timing_cache(cache, ignore_mismatch=False)
         for prof in spec.profiles:
             p = builder.create_optimization_profile()
@@ -60,13 +66,26 @@ def build(spec: Cell, cell: Path) -> Built:
             _save_atomic(Path(spec.timing_cache), bytes(config.get_timing_cache().serialize()))
         from trtflow.stages.trt.env import gpus
         return Built(status="ok", runtime=f"{spec.backend.flavour} {spec.backend.version}", seconds=round(seconds, 3),
-                     engine_bytes=len(data), layers=network.num_layers, options=applied,
+                     engine_bytes=len(data), engine_sha256=hashlib.sha256(data).hexdigest(),
+                     layers=network.num_layers, options=applied, warnings=warnings,
                      validity=validity(trt, parsed.logger, data, log_lines),
                      environment={"tensorrt": {"flavour": spec.backend.flavour, "version": spec.backend.version},
                                   "gpu": gpus() or None},
                      **trt_parse.io_tensors(network))
     finally:
         (cell / "build.log").write_text("\n".join(log_lines) + "\n")
+
+
+def timing_cache(path: Path) -> tuple[bytes, str | None]:
+    """The shared timing cache's bytes (none yet: empty), and why it was ignored where it cannot be read: a FIFO
+    would block this process until its time limit, a device never ends."""
+    try:
+        return files.read_bounded(path, files.TIMING_CACHE_BYTES, follow=False), None
+    except FileNotFoundError:
+        return b"", None
+    except OSError as exc:
+        why = exc.strerror if isinstance(exc, files.NotAFile) else f"{path}: {exc.strerror or exc}"
+        return b"", f"the timing cache was not read ({why}): built without it; this build's replaces it"
 
 
 class BuildError(Exception):

@@ -4,18 +4,27 @@ cell): a new FP16 block list rebuilds the FP16 engines, the FP32 and INT8 cells 
     <root>/<cell key>/engine.plan   the engine
                       build.json    what building it gave (engines.Built)
                       build.log     TensorRT's log
-                      sha256        the engine's digest, checked before every reuse
+    <root>/index/<cell key>         the engine's sha256 as its builder reported it, checked before every reuse
 
 The cell key is the hash of everything the engine depends on: the model's digest (not its path), the profiles,
 the target, the backend and its version, the builder options, and the GPUs and driver of this machine. An entry is
-written to a temporary directory and renamed into place; an entry that fails its digest is ignored (and replaced
-by the next build), never served.
+written to a temporary directory and renamed into place, after its index record; an entry that is not a directory
+of regular files, has no record or whose engine does not match it is ignored (and replaced by the next build),
+never served.
+
+The digest is kept apart from the entry it protects (a digest inside the entry is replaced with the engine): it
+comes from the builder (`Built.engine_sha256`, published in the build result that used the engine), is recorded
+outside the entries, and is compared with the engine as placed in the build's output, streamed. Whoever can also
+rewrite the index can substitute an engine: the store trusts its writers; the cache only never serves an entry
+that contradicts its record.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,7 +34,8 @@ from trtflow import files
 from trtflow.stages.trt.engines import LOG, PLAN, Built, Cell
 
 FORMAT = 1
-DIGEST = "sha256"
+INDEX = "index"  # <root>/index/<key>: the digest the entry <root>/<key> must match (keys are hex: no entry is named so)
+RECORD_BYTES = 256  # an index record: 64 hex digits
 
 
 def cell_key(cell: Cell, model_digest: str, machine: Any) -> str:
@@ -35,41 +45,93 @@ def cell_key(cell: Cell, model_digest: str, machine: Any) -> str:
 
 
 def _place(src: Path, dst: Path) -> None:
-    """A hard link where the file system allows it (engines are large), else a copy."""
+    """A hard link where the file system allows it (engines are large), else a streamed copy; never through a
+    symlink (what is placed is hashed afterwards, without following one either)."""
     try:
-        os.link(src, dst)
+        os.link(src, dst, follow_symlinks=False)
     except OSError:
-        shutil.copyfile(src, dst)
+        files.copy_regular(src, dst, files.ENGINE_BYTES, follow=False)
+
+
+def _copy_log(src: Path, dst: Path) -> None:
+    """TensorRT's log, where there is one that is a regular file (it only explains the engine)."""
+    try:
+        files.copy_regular(src, dst, files.ENGINE_LOG_BYTES, follow=False)
+    except OSError:
+        dst.unlink(missing_ok=True)
+
+
+def _regular_files_only(entry: Path) -> bool:
+    return not entry.is_symlink() and entry.is_dir() and all(files.is_regular(p) for p in entry.iterdir())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class EngineCache:
     def __init__(self, root: Path):
         self.root = root
+        self.index = root / INDEX
 
     def take(self, key: str, cell_dir: Path) -> Built | None:
         """The cached build of `key`, its engine and log placed in `cell_dir` (made); None when there is none or
         it fails its digest."""
         entry = self.root / key
+        if not os.path.lexists(entry):
+            return None
         try:
-            if entry.is_symlink() or not (entry / PLAN).is_file() or (entry / PLAN).is_symlink():
-                return None
-            built = Built.read(entry)
-            if built is None or not built.ok or (entry / DIGEST).read_text().strip() != files.sha256(entry / PLAN):
-                self._drop(entry)
-                return None
+            built = self._trusted(key, entry)
         except (OSError, ValueError):
+            built = None
+        if built is None:
             self._drop(entry)
             return None
         cell_dir.mkdir()
-        _place(entry / PLAN, cell_dir / PLAN)
-        if (entry / LOG).is_file():
-            shutil.copyfile(entry / LOG, cell_dir / LOG)
+        try:
+            _place(entry / PLAN, cell_dir / PLAN)
+            placed = files.sha256(cell_dir / PLAN, follow=False)
+        except OSError:
+            placed = None
+        if placed != built.engine_sha256:
+            shutil.rmtree(cell_dir)
+            self._drop(entry)
+            return None
+        _copy_log(entry / LOG, cell_dir / LOG)
         built.reused = key
         return built
 
+    def _trusted(self, key: str, entry: Path) -> Built | None:
+        """The entry's record, with the digest its engine must have from the index; None for an entry that cannot
+        be trusted."""
+        if not _regular_files_only(entry):  # a FIFO would block its reader, a symlink lead anywhere
+            return None
+        expected = self._recorded(key)
+        built = Built.read(entry) if expected else None
+        if built is None or not built.ok:
+            return None
+        built.engine_sha256 = expected
+        return built
+
+    def _recorded(self, key: str) -> str | None:
+        try:
+            text = files.read_bounded(self.index / key, RECORD_BYTES, follow=False).decode("ascii").strip()
+        except FileNotFoundError:
+            return None
+        return text if re.fullmatch(r"[0-9a-f]{64}", text) else None
+
     def _drop(self, entry: Path) -> None:
         """Remove an entry that cannot be trusted, so the next build of its cell replaces it."""
-        if entry.is_symlink() or not entry.is_dir():
+        if entry.is_symlink() or not entry.is_dir():  # a symlink, FIFO or file in its place
+            with contextlib.suppress(OSError):
+                entry.unlink()
             return
         trash = entry.with_name(f".drop-{entry.name}-{os.getpid()}")
         try:
@@ -80,16 +142,23 @@ class EngineCache:
 
     def keep(self, key: str, cell_dir: Path, built: Built) -> None:
         """Record a cell that built. Best effort: a cache that cannot be written costs a rebuild, nothing else."""
-        if not built.ok or (self.root / key).exists():
+        if not built.ok or not built.engine_sha256 or os.path.lexists(self.root / key):
             return
+        tmp = None
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.index.mkdir(parents=True, exist_ok=True)
+            if self.index.is_symlink():  # records are written into the store, never where a link leads
+                return
             tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
             _place(cell_dir / PLAN, tmp / PLAN)
-            if (cell_dir / LOG).is_file():
-                shutil.copyfile(cell_dir / LOG, tmp / LOG)
+            if files.sha256(tmp / PLAN, follow=False) != built.engine_sha256:
+                raise ValueError("the engine changed since it was built")
+            _copy_log(cell_dir / LOG, tmp / LOG)
             built.write(tmp)
-            (tmp / DIGEST).write_text(files.sha256(tmp / PLAN) + "\n")
+            # the record first, so an entry is never seen without one; a writer racing this one for the same key
+            # may leave a record that does not match the entry that won: that entry is then rebuilt once
+            _write_atomic(self.index / key, built.engine_sha256 + "\n")
             os.replace(tmp, self.root / key)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
+        except (OSError, ValueError):
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)

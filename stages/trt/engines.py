@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from trtflow import files
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 
@@ -65,7 +66,7 @@ class Cell(BaseModel):
 
     @classmethod
     def read(cls, cell_dir: Path) -> "Cell":
-        return cls.model_validate_json((cell_dir / SPEC).read_text())
+        return cls.model_validate_json(files.read_bounded(cell_dir / SPEC, files.RECORD_BYTES, follow=False))
 
 
 class Built(BaseModel):
@@ -84,6 +85,8 @@ class Built(BaseModel):
     environment: dict[str, Any] | None = None
     peak_host_memory_mb: float | None = None
     reused: str | None = None  # the engine cache's key, when the engine was taken from it instead of built
+    engine_sha256: str | None = None  # the engine's digest as the builder made it (the engine cache checks against it)
+    warnings: list[str] = []  # what the cell built without (an unreadable timing cache)
 
     @property
     def ok(self) -> bool:
@@ -94,8 +97,12 @@ class Built(BaseModel):
 
     @classmethod
     def read(cls, cell_dir: Path) -> "Built | None":
-        path = cell_dir / BUILT
-        return cls.model_validate_json(path.read_text()) if path.exists() else None
+        """The cell's record; None where there is none (NotAFile for a FIFO, symlink or device in its place)."""
+        try:
+            data = files.read_bounded(cell_dir / BUILT, files.RECORD_BYTES, follow=False)
+        except FileNotFoundError:
+            return None
+        return cls.model_validate_json(data)
 
 
 @dataclass(frozen=True)
