@@ -38,7 +38,8 @@ from trtflow.errors import StageStopped, TransientStageError, TrtflowError
 from trtflow.parent_death import die_with_parent
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
-_LIVE: dict[int, str] = {}  # process group -> tag of the stages running now (several run side by side, in threads)
+# process group -> tag and start time of the stages running now (several run side by side, in threads)
+_LIVE: dict[int, tuple[str, int]] = {}
 _LIVE_LOCK = threading.Lock()
 
 
@@ -51,8 +52,8 @@ def kill_all() -> None:
     _STOPPING.set()
     with _LIVE_LOCK:
         groups = list(_LIVE.items())
-    for pgid, tag in groups:
-        _kill_group(pgid, tag)
+    for pgid, (tag, since) in groups:
+        _kill_group(pgid, tag, since)
 
 
 def resume() -> None:
@@ -140,33 +141,64 @@ def _child(conn, payload: bytes, sys_path: list[str], log: str, environ: dict[st
 STAGE_TAG = "TRTFLOW_STAGE_TAG"  # in the environment of a stage's process and of everything it starts
 
 
-def _kill_group(pgid: int, tag: str) -> None:
+def _kill_group(pgid: int, tag: str, since: int) -> None:
     """Kill the stage whose process leads group `pgid`, what it started, and what it detached from its group
-    (`setsid`, a daemon's double fork): those are found by the `tag` their environment inherited."""
+    (`setsid`, a daemon's double fork): those are found by the `tag` their environment inherited, and by having
+    started at `since` (`_boot_ticks()` when the stage started) or later."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    _kill_tagged(f"{STAGE_TAG}={tag}".encode())
+    _kill_tagged(f"{STAGE_TAG}={tag}".encode(), since)
 
 
-def _kill_tagged(tag: bytes) -> None:
-    """SIGKILL every process of ours whose environment carries `tag` (a scan of /proc: a few ms). A process that
-    cleared its environment is not found: the README says so."""
-    me = os.getpid()
+def _kill_tagged(tag: bytes, since: int) -> None:
+    """SIGKILL every process of this user, started at `since` or later, whose environment carries `tag` (a scan of
+    /proc: a few ms). Another user's process carrying the tag (root reads every environment) is none of the stage's
+    doing, nor is one started before the stage (its pid reused). A process that cleared its environment is not
+    found: the README says so."""
+    me, uid = os.getpid(), os.getuid()
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
+        pid = int(entry.name)
         try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 environ = f.read()
         except OSError:  # gone, or not ours
             continue
-        if tag in environ.split(b"\0"):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-            except OSError:
-                pass
+        if tag not in environ.split(b"\0") or _owner(pid) != uid or (_started(pid) or -1) < since:
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _owner(pid: int) -> int | None:
+    """The real uid of process `pid` (None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _boot_ticks() -> int:
+    """Now, in the clock of `_started`."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // (10**9 // os.sysconf("SC_CLK_TCK"))
+
+
+def _started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat's field 22; None when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])  # fields from the 3rd on, after the command's name
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _how_it_ended(code: int | None) -> str:
@@ -293,6 +325,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
                                             {**os.environ, STAGE_TAG: tag}),
                        name=f"trtflow-{name}", daemon=True)
     deadline = None if timeout is None else time.monotonic() + timeout
+    since = _boot_ticks()  # the stage's start: whatever carries its tag started then or later
     text = ""
     tail = _Tail(log, output, name) if output is not None else None
     try:
@@ -301,12 +334,12 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         with _main_not_reimported():
             proc.start()
         with _LIVE_LOCK:
-            _LIVE[proc.pid] = tag
+            _LIVE[proc.pid] = (tag, since)
         child.close()
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not parent.poll(wait):
-                _kill_group(proc.pid, tag)
+                _kill_group(proc.pid, tag, since)
                 proc.join()
                 raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
                                           f"pipeline file if the work is expected to take longer)")
@@ -328,7 +361,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     finally:
         parent.close()
         if proc.pid is not None:
-            _kill_group(proc.pid, tag)  # anything the stage started and left running
+            _kill_group(proc.pid, tag, since)  # anything the stage started and left running
             proc.join()
             with _LIVE_LOCK:
                 _LIVE.pop(proc.pid, None)

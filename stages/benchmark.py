@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from trtflow import files, progress
+from trtflow import child, files, progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.parent_death import die_with_parent
@@ -174,6 +174,10 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
             proc.wait()
             raise StageError(f"benchmark: trtexec did not finish within {TRTEXEC_TIMEOUT_S} s on {cand.name} "
                              f"(log: {log})") from None
+    killed = child.killed_by(proc.returncode)
+    if killed:  # from outside (the OOM killer, a user): no measurement, so no result either (a crash, retried)
+        raise child.Killed(f"benchmark: trtexec was killed ({killed}) while timing {cand.name}; that says nothing "
+                           f"about the engine: run again (log: {log})")
     result = parse_summary(log.read_text(errors="replace"))
     result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
     if proc.returncode != 0 and result.status != "failed":

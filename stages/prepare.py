@@ -105,7 +105,7 @@ def _load_and_check(src: Path, warnings: list[str]) -> tuple[onnx.ModelProto, bo
     """The model, whether it keeps its weights in external data, and the full checker's verdict."""
     external = model_io.has_external_data(model_io.load(src, with_data=False))
     model = model_io.load(src)
-    opset, known = onnx_graph.default_opset(model), onnx.defs.onnx_opset_version()
+    opset, known = _default_opset(src, model), onnx.defs.onnx_opset_version()
     if opset > known:  # the checker lets it through; no converter, runtime or parser here knows its ops
         raise StageError(f"{src.name} declares ONNX opset {opset}, newer than any this onnx {onnx.__version__} "
                          f"knows (up to {known}), let alone ONNX Runtime and TensorRT",
@@ -122,6 +122,17 @@ def _load_and_check(src: Path, warnings: list[str]) -> tuple[onnx.ModelProto, bo
         full_check = {"ok": False, "error": first_line(exc)}
         warnings.append(f"strict shape inference fails on the source model: {first_line(exc)}")
     return model, external, full_check
+
+
+def _default_opset(src: Path, model: onnx.ModelProto) -> int:
+    """The model's ONNX (default-domain) opset; a model without one (an empty file parses as an empty model) is
+    not one any converter, runtime or parser here can read."""
+    opset = onnx_graph.default_opset(model)
+    if opset is not None:
+        return opset
+    what = "the file is empty" if model.ByteSize() == 0 else "it imports no ONNX (ai.onnx) opset"
+    raise StageError(f"{src.name} is not a valid ONNX model: {what}",
+                     hint="export it again; its opset_import must name the default domain")
 
 
 def _convert_opset(model: onnx.ModelProto, path: Path, name: str, target: int | None, checker: "_Checker",

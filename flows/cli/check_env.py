@@ -4,9 +4,12 @@ what the change made stale (`watch.py`), so a change no deployment acted on is s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from trtflow.flows.cli.base import CHECK_WOULD_RUN, Command, out
 
@@ -32,7 +35,8 @@ class CheckEnv(Command):
         result = machine.check(state)
         changed = result.previous is not None and result.previous != result.fingerprint
         if changed and not args.no_event:
-            machine.send(result)  # raises (exit 1): the change is reported again next time
+            with _prefect_quiet(args.verbose):
+                machine.send(result)  # raises (exit 1): the change is reported again next time
         elif result.previous != result.fingerprint:  # a first record, or --no-event
             machine.record(result, state)
         if args.json:
@@ -49,3 +53,14 @@ class CheckEnv(Command):
             out.print(f"environment unchanged ({describe(result.fingerprint)})")
         return CHECK_WOULD_RUN if changed else 0
 
+
+@contextlib.contextmanager
+def _prefect_quiet(verbose: bool) -> Iterator[None]:
+    """Without --verbose, Prefect's events client does not print its own "Unable to connect ..." warning: the
+    failure is the command's one `error:` line."""
+    client = logging.getLogger("prefect.events.clients")
+    disabled, client.disabled = client.disabled, client.disabled or not verbose
+    try:
+        yield
+    finally:
+        client.disabled = disabled

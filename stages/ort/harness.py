@@ -79,13 +79,15 @@ class HarnessResponse(BaseModel):
 def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, duration_s: float,
               iterations: int | None, min_iterations: int, folder: Path, log: Path) -> PerfResult:
     """`model` timed on ONNX Runtime in a child process (files in `folder`, the child's stderr in `log`); a
-    child that fails or dies gives a failed result saying so, in the harness's words."""
+    child that fails or crashes gives a failed result saying so, in the harness's words (one killed from outside
+    raises child.Killed: no measurement at all)."""
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "feeds.npz", **feeds)
     request = HarnessRequest(model=str(model), feeds=str(folder / "feeds.npz"), warmup_s=warmup_s,
                              duration_s=duration_s, iterations=iterations, min_iterations=min_iterations)
     try:
-        answer, proc = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S)
+        answer, proc = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S,
+                                  what="the built-in harness (ONNX Runtime)")
     except subprocess.TimeoutExpired:
         return PerfResult(status="failed", runtime=RUNTIME,
                           error=f"the built-in harness (ONNX Runtime) did not finish within {TIMEOUT_S} s")

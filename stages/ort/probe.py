@@ -5,7 +5,6 @@ process that would end the pipeline. The child answers with ONNX Runtime's error
 """
 from __future__ import annotations
 
-import signal
 import subprocess
 from pathlib import Path
 
@@ -16,9 +15,6 @@ from trtflow import child
 from trtflow.errors import TransientStageError
 
 TIMEOUT_S = 900
-# How a process ends when something outside kills it. SIGSEGV, SIGABRT, SIGBUS, SIGFPE and SIGILL are ONNX Runtime
-# crashing on the graph: evidence that it cannot run it.
-KILLED = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT}
 
 
 class ProbeRequest(BaseModel):
@@ -40,15 +36,17 @@ def probe(model: Path, feed: dict[str, np.ndarray], work: Path) -> None:
     np.savez(feed_path, **feed)
     try:
         result, proc = child.call("trtflow.stages.ort.probe", ProbeRequest(model=str(model), feed=str(feed_path)),
-                                  ProbeResponse, work, TIMEOUT_S, names=("probe.json", "probe.response.json"))
+                                  ProbeResponse, work, TIMEOUT_S, names=("probe.json", "probe.response.json"),
+                                  what="the ONNX Runtime probe")
     except subprocess.TimeoutExpired:
         raise TransientStageError(f"the ONNX Runtime probe did not load and run the model within {TIMEOUT_S} s "
                                   f"(killed); that says nothing about the model: run again") from None
     if proc.returncode == 0 and result and result.ok:
         return
-    if -proc.returncode in KILLED:  # killed from outside (the OOM killer, a user, a scheduler): not the model's doing
-        raise TransientStageError(f"the ONNX Runtime probe was killed ({signal.Signals(-proc.returncode).name}); "
-                                  f"that says nothing about the model: run again")
+    killed = child.killed_by(proc.returncode)  # before it answered, `call` raised child.Killed
+    if killed:  # killed from outside (the OOM killer, a user, a scheduler): not the model's doing
+        raise TransientStageError(f"the ONNX Runtime probe was killed ({killed}); that says nothing about the model: "
+                                  f"run again")
     if result:
         raise ProbeFailed(result.error or "ONNX Runtime failed")
     raise ProbeFailed(f"ONNX Runtime crashed loading or running the model (exit code {proc.returncode})")

@@ -30,8 +30,9 @@ class PrepResponse(BaseModel):
 def pre_process(src: Path, dst: Path, work: Path) -> list[str]:
     """Write the pre-processed model to `dst` (the source as is when every attempt fails); returns warnings."""
     result, proc = child.call("trtflow.stages.ort.quant_prep", PrepRequest(src=str(src), dst=str(dst)), PrepResponse,
-                              work, TIMEOUT_S, cwd=work, names=("quant_prep.json", "quant_prep.response.json"))
-    if proc.returncode != 0 or result is None:
+                              work, TIMEOUT_S, cwd=work, names=("quant_prep.json", "quant_prep.response.json"),
+                              what="ONNX Runtime's quantization pre-processing")
+    if result is None:  # it crashed (one killed from outside made `call` raise: never "quantized as is")
         shutil.copy(src, dst)
         return [f"quantization pre-processing failed ({child.last_line(proc)}); quantized the model as is"]
     return result.warnings

@@ -27,7 +27,7 @@ def build_cell(cell: Cell, cell_dir: Path) -> Built:
     cell_dir.mkdir()
     try:
         built, proc = child.call("trtflow.stages.trt.build_worker", cell, Built, cell_dir, CELL_TIMEOUT_S,
-                                 names=(SPEC, BUILT))
+                                 names=(SPEC, BUILT), what=f"the build of engine {cell.name}")
         code = proc.returncode
     except subprocess.TimeoutExpired:
         built, code = None, "timeout"

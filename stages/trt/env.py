@@ -150,7 +150,7 @@ def _ask(module: str) -> dict[str, str | None]:
         try:
             found, _ = child.call("trtflow.stages.trt.env", VersionRequest(module=module), VersionResponse,
                                   Path(folder), 120)
-        except (OSError, subprocess.SubprocessError, ValueError):
+        except (OSError, subprocess.SubprocessError, ValueError, child.Killed):  # unknown: asked again next time
             pass
     found = found or VersionResponse()
     return {"version": found.version, "cuda_runtime": found.cuda_runtime}

@@ -1,7 +1,8 @@
 """TensorRT pre-flight: parse the model with the real TensorRT ONNX parser and list every node it rejects.
 
 The parse runs in a child process (`trtflow.child`'s convention), so a crash inside the native parser fails the
-pre-flight with a message instead of taking the pipeline down.
+pre-flight with a message instead of taking the pipeline down. A child killed from outside, or at the time limit,
+gave no answer: that is a crash of the stage (retried), never a report.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from trtflow import child
+from trtflow.errors import TransientStageError
 from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
 from trtflow.stages.trt.log_errors import first_error, shorten
 
@@ -85,19 +87,21 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
                   timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
     shapes (with `min_shapes`, at a profile from them up to `shapes`: some builds fail only with dynamic
-    dimensions). Always returns a report; `ran` says whether a parser was actually used."""
+    dimensions). Returns a report; `ran` says whether a parser was actually used. A pre-flight that gave no
+    answer because it was killed (from outside, or at `timeout`) raises TransientStageError: a report saying it
+    did not run would be published, and reused, as if it had."""
     trt = detect_tensorrt()
     if trt is None:
         return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
+    request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes)
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
         try:
-            answer, proc = child.call("trtflow.stages.trt.preflight", PreflightRequest(model=str(model), shapes=shapes,
-                                                                               min_shapes=min_shapes),
-                                      PreflightReport, Path(folder), timeout)
-        except subprocess.TimeoutExpired:
-            return {"ran": False, "reason": f"the TensorRT parser did not finish within {timeout:g} s",
-                    "failures": [], "runtime": _label(trt)}
-    if proc.returncode != 0 or answer is None:
+            answer, proc = child.call("trtflow.stages.trt.preflight", request, PreflightReport, Path(folder), timeout,
+                                      what="the TensorRT pre-flight")
+        except subprocess.TimeoutExpired:  # killed at the limit: no answer, so no result either
+            raise TransientStageError(f"the TensorRT pre-flight did not finish within {timeout:g} s (killed): no "
+                                      f"answer; run again, or set preflight: off") from None
+    if answer is None:  # the parser crashed on the model (one killed from outside made `call` raise Killed)
         return {"ran": False, "reason": f"the TensorRT parser process failed (exit code {proc.returncode}): "
                                         f"{child.last_line(proc)}", "failures": [], "runtime": _label(trt)}
     report = answer.model_dump(exclude_none=True)
