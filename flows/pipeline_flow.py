@@ -15,6 +15,7 @@ from prefect.cache_policies import NONE
 from prefect.states import Cancelled, Completed
 from prefect.utilities.annotations import quote
 
+from trtflow import markdown as md
 from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
 from trtflow.flows.fingerprint import describe
@@ -81,14 +82,16 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
     except StageStopped as exc:  # the run was cancelled or interrupted: the stage did not fail
         return Cancelled(message=str(exc))
     except StageFailed as exc:  # the verdict is failure, but its report is worth showing
-        create_markdown_artifact(key=key, markdown=f"**failed** · stage `{name}` · {exc}\n\n{exc.result.summary}",
+        create_markdown_artifact(key=key, markdown=f"**failed** · stage {md.code(name)} · {md.text(exc)}\n\n"
+                                                   f"{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
         raise
     env = describe(outcome.manifest.key_parts.get("env"))
-    header = (f"**{outcome.status}** · stage `{name}` ({outcome.kind}) · key `{outcome.key[:12]}`"
-              f" · {outcome.reason}" + (f" · environment: {env}" if env != "-" else "")
-              + f" · published in `{outcome.directory}`"
-              + (f" (cache of `{runner.store.location}/{name}/{outcome.key}`)"
+    header = (f"**{outcome.status}** · stage {md.code(name)} ({md.text(outcome.kind)}) · key "
+              f"{md.code(outcome.key[:12])} · {md.text(outcome.reason)}"
+              + (f" · environment: {md.text(env)}" if env != "-" else "")
+              + f" · published in {md.code(outcome.directory)}"
+              + (f" (cache of {md.code(f'{runner.store.location}/{name}/{outcome.key}')})"
                  if runner.store.location != str(runner.store.root) else "") + "\n\n")
     create_markdown_artifact(key=key, markdown=header + outcome.summary,
                              description=f"trtflow stage {name}: {outcome.status}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import string
+from urllib.parse import quote
 
 _PUNCT = re.compile("([" + re.escape(string.punctuation) + "])")
 _BREAKS = re.compile(r"[\r\n\t\v\f\x85\u2028\u2029]+")
@@ -35,3 +36,17 @@ def code(value: object, cell: bool = False) -> str:
 def row(cells: list[object]) -> str:
     """A table row of literal texts."""
     return "| " + " | ".join(text(c) for c in cells) + " |"
+
+
+def image(alt: object, path: object) -> str:
+    """A picture: `alt` as literal text, `path` (relative) percent-encoded, so that it can neither end the link nor
+    name a scheme (`javascript:`)."""
+    return f"![{text(alt)}]({quote(str(path))})"
+
+
+def block(body: str, info: str = "") -> list[str]:
+    """A fenced code block (`info`: our own language name). Its fence is longer than any run of backticks in
+    `body`: a line of them would otherwise close it, and the rest of `body` would be read as Markdown."""
+    longest = max((len(run) for run in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + info, body.rstrip(), fence]

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from trtflow import markdown
 from trtflow.stages.compare import task_metrics
 
 REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
@@ -118,9 +119,9 @@ class Accuracy:
     def table(self) -> list[str]:
         lines = ["| output | max abs | mean abs | cosine | NaN/Inf | task metrics |", "|---|---|---|---|---|---|"]
         for name, r in self.outputs.items():
-            task = ", ".join(f"{k} {v:.4g}" for k, v in task_values(r).items()) or "-"
-            lines.append(f"| `{name}` | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | {r['cosine']:.6f} | "
-                         f"{r['nan']}/{r['inf']} | {task} |")
+            task = ", ".join(f"{markdown.text(k)} {v:.4g}" for k, v in task_values(r).items()) or "-"
+            lines.append(f"| {markdown.code(name, cell=True)} | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | "
+                         f"{r['cosine']:.6f} | {r['nan']}/{r['inf']} | {task} |")
         return lines
 
 

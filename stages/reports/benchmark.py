@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trtflow import markdown as md
 from pydantic import BaseModel, Field
 
 
@@ -48,39 +49,42 @@ class BenchmarkReport(BaseModel):
     plots: list[str] = Field([], exclude=True)
 
     def summary(self) -> str:
-        lines = [f"# benchmark: {len(self.cells)} measurement(s) by {self.tool}", ""]
+        lines = [f"# benchmark: {len(self.cells)} measurement(s) by {md.text(self.tool)}", ""]
         if self.tool != "trtexec":
-            lines += [f"trtexec was not found (looked in: {', '.join(self.trtexec_looked) or 'nowhere: tool: builtin'}"
-                      f"); numbers below name the runtime that produced them.", ""]
+            looked = ', '.join(md.text(p) for p in self.trtexec_looked) or 'nowhere: tool: builtin'
+            lines += [f"trtexec was not found (looked in: {looked}); numbers below name the runtime that produced "
+                      "them.", ""]
         lines += ["| cell | runtime | batches/s | samples/s | mean (ms) | p99 (ms) | iterations | status |",
                   "|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
             res = c.result
             lat = res.get("latency_ms") or res.get("gpu_compute_ms") or {}
-            lines.append(f"| {c.cell} | {res.get('runtime') or '-'} | {_num(res.get('throughput_qps'))} | "
+            lines.append(f"| {md.text(c.cell)} | {md.text(res.get('runtime') or '-')} | "
+                         f"{_num(res.get('throughput_qps'))} | "
                          f"{_num(c.samples_per_s)} | {_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
                          f"{c.iterations or '-'} | "
-                         f"{'ok' if c.ok else 'failed: ' + str(res.get('note'))} |")
+                         f"{'ok' if c.ok else 'failed: ' + md.text(res.get('note'))} |")
         if self.not_measured:
             lines += ["", "**not measured** (they failed validation and must not be deployed):"]
-            lines += [f"- `{n}`: {why}" for n, why in self.not_measured.items()]
+            lines += [f"- {md.code(n)}: {md.text(why)}" for n, why in self.not_measured.items()]
         g = self.gate
         if g.baseline:
-            lines += ["", f"**gate** against {g.baseline}: "
+            lines += ["", f"**gate** against {md.text(g.baseline)}: "
                       + ("passed" if not g.violations else f"{len(g.violations)} regression(s)")]
-            lines += [f"- regression: {v}" for v in g.violations] + [f"- skipped: {s}" for s in g.skipped]
+            lines += [f"- regression: {md.text(v)}" for v in g.violations]
+            lines += [f"- skipped: {md.text(s)}" for s in g.skipped]
         tele = self.telemetry
-        lines += ["", "**GPU telemetry**: " + (tele["why"] if not tele.get("available") else
+        lines += ["", "**GPU telemetry**: " + (md.text(tele["why"]) if not tele.get("available") else
                                                f"{tele.get('samples', 0)} samples, throttled: "
-                                               f"{', '.join(tele.get('throttled') or []) or 'no'}")]
+                                               f"{', '.join(md.text(r) for r in tele.get('throttled') or []) or 'no'}")]
         for c in [c for c in self.cells if c.slowest_layers][:1]:
-            lines += ["", f"**slowest layers** of {c.cell}:", "", "| layer | average (ms) | share |",
+            lines += ["", f"**slowest layers** of {md.text(c.cell)}:", "", "| layer | average (ms) | share |",
                       "|---|---|---|"]
-            lines += [f"| {layer['name']} | {layer['average_ms']} | {layer['percent']}% |"
+            lines += [md.row([layer["name"], layer["average_ms"], f"{layer['percent']}%"])
                       for layer in c.slowest_layers]
-        lines += [f"\n![latency]({p})" for p in self.plots]
+        lines += [f"\n{md.image('latency', p)}" for p in self.plots]
         if self.warnings:
-            lines += ["", "Warnings:"] + [f"- {w}" for w in self.warnings]
+            lines += ["", "Warnings:"] + [f"- {md.text(w)}" for w in self.warnings]
         return "\n".join(lines) + "\n"
 
 

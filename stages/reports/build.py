@@ -5,6 +5,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtflow import markdown as md
 from trtflow.stages.trt.engines import Backend, Built, Cell
 
 
@@ -39,20 +40,23 @@ class BuildReport(BaseModel):
 
     def summary(self) -> str:
         be = self.backend
-        lines = [f"### build · {be.flavour} {be.version} · {len(self.cells) - len(self.failed)}/{len(self.cells)} "
+        lines = [f"### build · {md.text(be.flavour)} {md.text(be.version)} · "
+                 f"{len(self.cells) - len(self.failed)}/{len(self.cells)} "
                  f"engines · {self.wall_seconds:.1f} s wall ({self.parallel} in parallel)", "",
                  "| engine | variant | precision | profiles | target | status | size MB | build s | layers | peak host "
                  "MB | valid here |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
             v = c.validity or {}
-            valid = (v.get("validity", "?") + (f" ({', '.join(v['diagnostics'])})" if v.get("diagnostics") else "")
-                     if v.get("checked") else "unknown")
-            status = ("ok (engine cache)" if c.reused else "ok") if c.ok else f"**failed**: {(c.error or '')[:120]}"
-            lines.append(f"| `{c.name}` | {c.variant} | {c.precision} | {', '.join(c.profiles)} | {c.target} | "
+            diagnostics = f" ({', '.join(v['diagnostics'])})" if v.get("diagnostics") else ""
+            valid = md.text(v.get("validity", "?") + diagnostics) if v.get("checked") else "unknown"
+            status = (("ok (engine cache)" if c.reused else "ok") if c.ok
+                      else f"**failed**: {md.text((c.error or '')[:120])}")
+            lines.append(f"| {md.code(c.name, cell=True)} | {md.text(c.variant)} | {md.text(c.precision)} | "
+                         f"{', '.join(md.text(n) for n in c.profiles)} | {md.text(c.target)} | "
                          f"{status} | {c.engine_bytes / 1e6:.2f} | {c.seconds:.2f} | "
                          f"{c.layers if c.layers is not None else ''} | "
                          f"{c.peak_host_memory_mb if c.peak_host_memory_mb is not None else ''} | {valid} |")
-        lines += [f"\n**warning**: {w}" for w in self.warnings]
+        lines += [f"\n**warning**: {md.text(w)}" for w in self.warnings]
         lines += ["", "Engines cannot run on this machine unless it has a GPU the engine targets; `valid here` is "
                       "TensorRT-RTX's own verdict (Runtime.get_engine_validity)."]
         return "\n".join(lines) + "\n"

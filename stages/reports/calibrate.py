@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtflow import markdown as md
 from trtflow.stages.compare.accuracy import Accuracy
 
 
@@ -41,24 +42,26 @@ class CalibrateReport(BaseModel):
 
     def summary(self) -> str:
         where = "inputs and outputs" if self.quantize_outputs else "inputs only"
-        lines = [f"### calibrate · INT8 Q/DQ · {self.method} · {self.calibration_samples} samples", "",
-                 (f"data: {self.data} · {self.quantize_linear_nodes} QuantizeLinear nodes · quantized ops: "
-                  f"{', '.join(self.quantize_ops)} ({where}) · symmetric, per-channel weights, bias in float"), ""]
+        ops = ", ".join(md.text(op) for op in self.quantize_ops)
+        lines = [f"### calibrate · INT8 Q/DQ · {md.text(self.method)} · {self.calibration_samples} samples", "",
+                 (f"data: {md.text(self.data)} · {self.quantize_linear_nodes} QuantizeLinear nodes · quantized ops: "
+                  f"{ops} ({where}) · symmetric, per-channel weights, bias in float"), ""]
         if self.left_in_float:
             reasons: dict[str, list[str]] = {}
             for node, why in self.left_in_float.items():
                 reasons.setdefault(why, []).append(node)
-            lines.append(f"left in float: {len(self.left_in_float)} node(s) of {', '.join(self.quantize_ops)}: " +
-                         "; ".join(f"{len(ns)} {why} ({', '.join(f'`{n}`' for n in ns[:4])}"
+            lines.append(f"left in float: {len(self.left_in_float)} node(s) of {ops}: " +
+                         "; ".join(f"{len(ns)} {md.text(why)} ({', '.join(md.code(n) for n in ns[:4])}"
                                    f"{', …' if len(ns) > 4 else ''})" for why, ns in reasons.items()) + "\n")
         if self.range_check:
             c = self.range_check
-            lines.append(f"ranges: {c.used.replace('_', ' ')} (mean relative error on {c.samples} calibration "
-                         f"samples: " + ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in c.errors.items()) + ")\n")
+            lines.append(f"ranges: {md.text(c.used.replace('_', ' '))} (mean relative error on {c.samples} "
+                         "calibration samples: " + ", ".join(f"{md.text(k.replace('_', ' '))} {v:.4g}"
+                                                             for k, v in c.errors.items()) + ")\n")
         if self.holdout_samples:
-            lines += [(f"**CPU accuracy pre-flight** ({self.accuracy['runtime']}, not a TensorRT number), "
+            lines += [(f"**CPU accuracy pre-flight** ({md.text(self.accuracy['runtime'])}, not a TensorRT number), "
                        f"INT8 variant vs FP32 reference on {self.holdout_samples} held-out samples:"), ""]
             lines += Accuracy.from_json(self.accuracy).table()
         for w in self.warnings:
-            lines.append(f"\n- warning: {w}")
+            lines.append(f"\n- warning: {md.text(w)}")
         return "\n".join(lines) + "\n"

@@ -7,8 +7,9 @@ import base64
 import html
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from trtflow import markdown as md
 from trtflow.stages.reports.release import HEADER, Option, ReleaseReport, TargetRelease, rule_text
 
 CSS = """
@@ -42,64 +43,68 @@ def write(report: ReleaseReport, plots: dict[str, Path], out_dir: Path) -> tuple
 # ---------------------------------------------------------------------------------------------- Markdown
 
 def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
-    lines = [f"# Model card: `{report.model_name}`", "",
-             f"Released by trtflow's release stage. Rule: {rule_text(report.rule)}.", ""]
+    lines = [f"# Model card: {md.code(report.model_name)}", "",
+             f"Released by trtflow's release stage. Rule: {rule_text(report.rule, md.text)}.", ""]
     for t in report.targets:
         lines += _target_md(t)
     if report.numbers_note:
-        lines += [f"> {report.numbers_note}", ""]
+        lines += [f"> {md.text(report.numbers_note)}", ""]
     lines += ["## Preprocessing", ""] + _preprocessing_md(report) + [""]
     lines += ["## Provenance", "", "Every result this release was made from, down to the source model:", "",
               "| stage | kind | key | outputs (sha256) |", "|---|---|---|---|"]
-    lines += [f"| {p.stage} | {p.kind} | `{p.key or '-'}` | "
-              + ", ".join(f"{o} `{d}`" for o, d in p.outputs.items()) + " |" for p in report.lineage]
+    lines += [f"| {md.text(p.stage)} | {md.text(p.kind)} | {md.code(p.key or '-', cell=True)} | "
+              + ", ".join(f"{md.text(o)} {md.code(d, cell=True)}" for o, d in p.outputs.items()) + " |"
+              for p in report.lineage]
     if plots:
-        lines += ["", "## Pictures", ""] + [f"**{c}**\n\n![{c}]({p})\n" for c, p in plots.items()]
+        lines += ["", "## Pictures", ""] + [f"**{md.text(c)}**\n\n{md.image(c, p)}\n" for c, p in plots.items()]
     if report.warnings:
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
+        lines += ["", "## Warnings", ""] + [f"- {md.text(w)}" for w in report.warnings]
     return "\n".join(lines) + "\n"
 
 
 def _target_md(t: TargetRelease) -> list[str]:
-    lines = [f"## Target `{t.target}`", ""]
+    lines = [f"## Target {md.code(t.target)}", ""]
     if t.chosen is None:
-        lines += [f"**Nothing shipped**: {t.why_none}", ""]
+        lines += [f"**Nothing shipped**: {md.text(t.why_none)}", ""]
     else:
         c = t.chosen
-        lines += [f"**Shipped**: `{c.name}` ({c.precision}, variant `{c.variant}`, profile(s) "
-                  f"{', '.join(c.profiles)}) as Triton version **{t.version}** in `{t.repository}`; "
-                  f"max_batch_size {t.max_batch_size}" + (f" ({t.batch_note})" if t.batch_note else "") + ".", "",
-                  "Valid for: " + _environment_text(t.environment), ""]
+        profiles = ", ".join(md.text(n) for n in c.profiles)
+        lines += [f"**Shipped**: {md.code(c.name)} ({md.text(c.precision)}, variant {md.code(c.variant)}, profile(s) "
+                  f"{profiles}) as Triton version **{t.version}** in {md.code(t.repository)}; max_batch_size "
+                  f"{t.max_batch_size}" + (f" ({md.text(t.batch_note)})" if t.batch_note else "") + ".", "",
+                  "Valid for: " + _environment_text(t.environment, md.text), ""]
         if len(t.models) > 1:
-            lines += [f"Models in the repository: {', '.join(f'`{m}`' for m in t.models)}: send encoded images to "
-                      f"`{t.models[-1]}` (the declared preprocessing runs in `{t.models[1]}`, trtflow's own code).", ""]
+            lines += [f"Models in the repository: {', '.join(md.code(m) for m in t.models)}: send encoded images to "
+                      f"{md.code(t.models[-1])} (the declared preprocessing runs in {md.code(t.models[1])}, trtflow's "
+                      "own code).", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(o.cells()) + " |" for o in t.options]
+    lines += [o.md_row() for o in t.options]
     if t.config:
-        lines += ["", "`config.pbtxt`:", "", "```protobuf", t.config.rstrip(), "```"]
+        lines += ["", "`config.pbtxt`:", ""] + md.block(t.config, "protobuf")
     return lines + [""]
 
 
-def _environment_text(env: dict[str, Any]) -> str:
+def _environment_text(env: dict[str, Any], name: Callable[[Any], str] = str) -> str:
+    """What the engine is valid for, in words; `name`: how a value is written (`markdown.text` in Markdown)."""
     trt = env.get("tensorrt") or {}
-    parts = [f"{trt.get('flavour', '?')} {trt.get('version', '?')}", f"target {env.get('target')}"]
+    parts = [f"{name(trt.get('flavour', '?'))} {name(trt.get('version', '?'))}", f"target {name(env.get('target'))}"]
     gpus = env.get("gpu") or []
-    parts.append("built on " + (", ".join(f"{g.get('name')} (driver {g.get('driver')})" for g in gpus)
+    parts.append("built on " + (", ".join(f"{name(g.get('name'))} (driver {name(g.get('driver'))})" for g in gpus)
                                 if gpus else "a machine without a GPU"))
     for k in ("hardware_compatibility", "version_compatible"):
         if env.get(k):
-            parts.append(f"{k.replace('_', ' ')}: {env[k]}")
+            parts.append(f"{k.replace('_', ' ')}: {name(env[k])}")
     return "; ".join(parts)
 
 
 def _preprocessing_md(report: ReleaseReport) -> list[str]:
     if not report.preprocessing:
         return ["No preprocessing declared (no parity stage): the engine takes tensors as they are."]
-    lines = ["As declared (the deploy steps the parity stage checked, in order):", "", "```yaml"]
-    lines += [f"- {json.dumps(step)}" for step in report.preprocessing] + ["```", ""]
+    steps = "\n".join(f"- {json.dumps(step)}" for step in report.preprocessing)
+    lines = ["As declared (the deploy steps the parity stage checked, in order):", ""] + md.block(steps, "yaml") + [""]
     p = report.parity
     if p:
-        lines.append(f"Parity against the training transforms: **{p['verdict']}** on {p['images']} image(s)"
+        lines.append(f"Parity against the training transforms: **{md.text(p['verdict'])}** on {p['images']} image(s)"
                      + (f", model top-1 agreement {p['top1']:.0%}" if p.get("top1") is not None else "") + ".")
     return lines
 

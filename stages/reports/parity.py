@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtflow import markdown as md
 from trtflow.stages.image import diagnosis as dx
 
 
@@ -41,21 +42,22 @@ class ParityReport(BaseModel):
     def summary(self, picture: Path | None) -> str:
         ok = self.verdict == "pass"
         lines = [f"### parity · {'✅ pass' if ok else '❌ fail'}", "",
-                 f"deploy: {self.runtimes['deploy']} · training: {self.runtimes['training']} · "
-                 f"preprocess digest `{self.preprocess_digest[:12]}`", "",
+                 f"deploy: {md.text(self.runtimes['deploy'])} · training: {md.text(self.runtimes['training'])} · "
+                 f"preprocess digest {md.code(self.preprocess_digest[:12])}", "",
                  "| image | max abs | mean abs | PSNR dB | within tolerance |", "|---|---|---|---|---|"]
         tol = self.tolerances
         for x in self.images:
             if x["shape_ok"]:
-                lines.append(f"| {x['image']} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
+                lines.append(f"| {md.text(x['image'])} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
                              f"{'yes' if dx.passes(x, tol) else '**no**'} |")
             else:
-                lines.append(f"| {x['image']} | shape {x['deploy_shape']} vs {x['training_shape']} | | | **no** |")
+                lines.append(f"| {md.text(x['image'])} | shape {md.text(x['deploy_shape'])} vs "
+                             f"{md.text(x['training_shape'])} | | | **no** |")
         lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
                      + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
         m, d = self.model, self.diagnosis
         if m and m.get("ran"):
-            line = f"\n**model outputs** ({m['runtime']}): max |diff| {m['max_abs_diff']:.4g}"
+            line = f"\n**model outputs** ({md.text(m['runtime'])}): max |diff| {m['max_abs_diff']:.4g}"
             if "top1" in m:
                 line += f", top-1 agreement {m['top1']:.0%}, top-5 {m['top5']:.0%}"
             lines.append(line)
@@ -64,7 +66,8 @@ class ParityReport(BaseModel):
         if d:
             lines += _diagnosis(d)
         if picture:
-            lines += ["", f"Worst image `{self.worst_image}` (deploy, training, difference): `{picture.name}`"]
+            lines += ["", f"Worst image {md.code(self.worst_image)} (deploy, training, difference): "
+                          f"{md.code(picture.name)}"]
             data = picture.read_bytes()
             if len(data) < 200_000:  # inline, so the Prefect artifact shows it
                 lines += ["", f"![worst](data:image/png;base64,{base64.b64encode(data).decode()})"]
@@ -81,11 +84,12 @@ def _predictions(declared: list[dict[str, Any]], fixed: list[dict[str, Any]] | N
     lines = ["", head, "|" + "---|" * (head.count("|") - 1)]
     after = {p["image"]: p for p in fixed or []}
     for p in declared[:16]:
-        row = (f"| {p['image']} | {p['training']} ({p['training_score']:.3g}) | {p['deploy']} "
-               f"({p['deploy_score']:.3g}){'' if p['deploy'] == p['training'] else ' **differs**'} |")
+        row = (f"| {md.text(p['image'])} | {md.text(p['training'])} ({p['training_score']:.3g}) | "
+               f"{md.text(p['deploy'])} ({p['deploy_score']:.3g})"
+               f"{'' if p['deploy'] == p['training'] else ' **differs**'} |")
         if fixed and p["image"] in after:
             q = after[p["image"]]
-            row += f" {q['deploy']} ({q['deploy_score']:.3g}) |"
+            row += f" {md.text(q['deploy'])} ({q['deploy_score']:.3g}) |"
         lines.append(row)
     if len(declared) > 16:
         lines.append(f"\n({len(declared) - 16} more in report.json)")
@@ -101,18 +105,21 @@ def _diagnosis(d: dict[str, Any]) -> list[str]:
                      f"agreement; {cost}. Closest single changes:",
                  "", "| change tried | worst mean abs | agrees |", "|---|---|---|"]
         for t in d["tried"][:6]:
-            lines.append(f"| {t['fix']} | {t.get('mean_abs', float('nan')):.4g} | {'yes' if t['ok'] else 'no'} |")
+            lines.append(f"| {md.text(t['fix'])} | {t.get('mean_abs', float('nan')):.4g} | "
+                         f"{'yes' if t['ok'] else 'no'} |")
         return lines
-    lines = ["", f"**Diagnosis**: {d['cause']}. Fix: " + " and ".join(f"`{c['fix']}`" for c in d["chain"]), "",
+    lines = ["", f"**Diagnosis**: {md.text(d['cause'])}. Fix: " + " and ".join(md.code(c["fix"]) for c in d["chain"]),
+             "",
              "| step | change | worst mean abs | max abs |", "|---|---|---|---|",
              f"| as declared | | {d['declared']['mean_abs']:.4g} | {d['declared']['max_abs']:.4g} |"]
     for i, c in enumerate(d["chain"], 1):
-        lines.append(f"| {i}. {c['cause']} | `{c['fix']}` | {c['mean_abs']:.4g} | {c['max_abs']:.4g} |")
+        lines.append(f"| {i}. {md.text(c['cause'])} | {md.code(c['fix'], cell=True)} | {c['mean_abs']:.4g} | "
+                     f"{c['max_abs']:.4g} |")
     a = d.get("after_fix")
     if a:
         check = f"The fix on all {a['images']} image(s): {a['passing']} within tolerance"
         if (a.get("model") or {}).get("top1") is not None:
             check += f"; model top-1 agreement {a['model']['top1']:.0%}"
         lines += ["", check + "."]
-    lines += ["", "```yaml", d["yaml"].rstrip(), "```", "", cost + "."]
+    lines += [""] + md.block(d["yaml"], "yaml") + ["", cost + "."]
     return lines

@@ -5,6 +5,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtflow import markdown as md
 from trtflow.stages.compare.accuracy import Accuracy
 
 
@@ -25,19 +26,19 @@ class PrecisionReport(BaseModel):
     def summary(self) -> str:
         kept = self.kept_fp32
         lines = [f"### precision · FP16 · {len(kept)} of {self.nodes} nodes kept in FP32", "",
-                 f"sample data: {self.data} · {self.calibration_samples} for the fallback analysis, "
+                 f"sample data: {md.text(self.data)} · {self.calibration_samples} for the fallback analysis, "
                  f"{self.holdout_samples} held out for the accuracy check", "",
-                 f"**CPU accuracy pre-flight** ({self.accuracy['runtime']}, not a TensorRT number), "
+                 f"**CPU accuracy pre-flight** ({md.text(self.accuracy['runtime'])}, not a TensorRT number), "
                  f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(self.accuracy).table()
         trial = self.trial_build
         if trial.get("ran"):
             shapes = f"{trial.get('min_shapes') or trial['shapes']} .. {trial['shapes']}"
-            lines += ["", f"**trial build** ({trial['runtime']}, profile {shapes}): "
-                          + ("builds" if trial["ok"] else f"fails: {trial['error']}")]
-        lines += [f"\n**warning**: {w}" for w in self.warnings]
+            lines += ["", f"**trial build** ({md.text(trial['runtime'])}, profile {md.text(shapes)}): "
+                          + ("builds" if trial["ok"] else f"fails: {md.text(trial['error'])}")]
+        lines += [f"\n**warning**: {md.text(w)}" for w in self.warnings]
         if kept:
             lines += ["", "| node kept in FP32 | why |", "|---|---|"]
-            lines += [f"| `{n}` | {why} |" for n, why in list(kept.items())[:40]]
+            lines += [f"| {md.code(n, cell=True)} | {md.text(why)} |" for n, why in list(kept.items())[:40]]
             if len(kept) > 40:
                 lines.append(f"| ... | and {len(kept) - 40} more (report.json) |")
         return "\n".join(lines) + "\n"

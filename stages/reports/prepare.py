@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trtflow import markdown as md
 from pydantic import BaseModel
 
 
@@ -29,7 +30,7 @@ class PrepareReport(BaseModel):
 
     def summary(self, model_name: str) -> str:
         b, a = self.before, self.after
-        lines = [f"### prepare · `{model_name}`", "",
+        lines = [f"### prepare · {md.code(model_name)}", "",
                  "| | before | after |", "|---|---|---|",
                  f"| default opset | {b['opsets'].get('ai.onnx')} | {a['opsets'].get('ai.onnx')} |",
                  f"| nodes | {b['nodes']} | {a['nodes']} |",
@@ -42,49 +43,53 @@ class PrepareReport(BaseModel):
             lines.append(f"- **opset conversion** {conv['from']} → {conv['to']}: {_check_text(conv['check'])}")
         s = self.simplification
         if s["requested"]:
-            lines.append("- **simplification**: " + (f"applied ({s.get('tool')}), {_check_text(s['check'])}"
-                                                      if s["applied"] else f"not applied: {s['reason']}"))
+            lines.append("- **simplification**: " + (
+                f"applied ({md.text(s.get('tool'))}), {_check_text(s['check'])}" if s["applied"]
+                else f"not applied: {md.text(s['reason'])}"))
         if self.constants_to_initializers:
             lines.append(f"- **{self.constants_to_initializers} Constant nodes** turned into initializers")
         if self.sanitized_dims:
-            lines.append("- **sanitized dims**: " + ", ".join(
-                f"`{d['tensor']}[{d['axis']}]` {d['was']!r}→`{d['now']}`" for d in self.sanitized_dims))
+            dims = [md.code(f"{d['tensor']}[{d['axis']}]") + f" {md.text(repr(d['was']))}→" + md.code(d["now"])
+                    for d in self.sanitized_dims]
+            lines.append("- **sanitized dims**: " + ", ".join(dims))
         dyn = self.dynamic_dims
         lines.append("- **dynamic input dims**: " + (
-            ", ".join(f"`{d['input']}[{d['axis']}]` ({d['name']})" for d in dyn)
+            ", ".join(md.code(f"{d['input']}[{d['axis']}]") + f" ({md.code(d['name'])})" for d in dyn)
             + " — each needs a min/opt/max in the build's profiles" if dyn else "none (static shapes)"))
         lines += _preflight_lines(self.preflight)
         if self.warnings:
-            lines += ["", "**Warnings**", ""] + [f"- {w}" for w in self.warnings]
-        lines += ["", "Top ops after: " + ", ".join(f"{op} ×{n}" for op, n in sorted(
+            lines += ["", "**Warnings**", ""] + [f"- {md.text(w)}" for w in self.warnings]
+        lines += ["", "Top ops after: " + ", ".join(f"{md.text(op)} ×{n}" for op, n in sorted(
             ((op, n) for ops in a["ops"].values() for op, n in ops.items()), key=lambda x: -x[1])[:8])]
         return "\n".join(lines) + "\n"
 
 
 def _preflight_lines(p: dict[str, Any]) -> list[str]:
     if not p.get("ran"):
-        return [f"- **TensorRT pre-flight did not run**: {p['reason']}"]
+        return [f"- **TensorRT pre-flight did not run**: {md.text(p['reason'])}"]
     verdict = (f"parsed, {p.get('layers', '?')} layers" if p.get("parsed")
                else f"**{len(p['failures'])} node(s) rejected**")
     trial = p.get("trial_build")
     if trial:
-        verdict += f"; trial build at {trial['shapes']}: " + (
+        verdict += f"; trial build at {md.text(trial['shapes'])}: " + (
             f"ok, {trial['engine_bytes'] / 1e6:.1f} MB engine in {trial['seconds']:.1f} s" if trial["ok"]
-            else f"**failed**: {trial['error']} ({trial['hint']})")
-    lines = [f"- **TensorRT pre-flight** ({p['runtime']}): {verdict}"]
+            else f"**failed**: {md.text(trial['error'])} ({md.text(trial['hint'])})")
+    lines = [f"- **TensorRT pre-flight** ({md.text(p['runtime'])}): {verdict}"]
     if p["failures"]:
         lines += ["", "| node | op | parser says | what to do |", "|---|---|---|---|"]
-        lines += [f"| `{f['node']}` | {f['op_type']} | {f['reason']} | {f['hint']} |" for f in p["failures"]]
+        lines += [f"| {md.code(f['node'], cell=True)} | {md.text(f['op_type'])} | {md.text(f['reason'])} | "
+                  f"{md.text(f['hint'])} |" for f in p["failures"]]
     return lines
 
 
 def _io(items: list[dict[str, Any]]) -> str:
-    return "<br>".join(f"`{i['name']}` {i['dtype']} {i['shape']}" for i in items)
+    return "<br>".join(f"{md.code(i['name'], cell=True)} {md.text(i['dtype'])} {md.text(i['shape'])}" for i in items)
 
 
 def _check_text(check: dict[str, Any]) -> str:
     if check.get("ok") is None:
-        return f"not verified ({check.get('skipped')})"
+        return f"not verified ({md.text(check.get('skipped'))})"
     worst = max((o.get("max_abs", 0.0) for o in check["outputs"].values()), default=0.0)
-    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} {check.get('data', 'random')} input(s) "
-            f"(max abs diff {worst:.3g}, rtol {check['rtol']:g}, atol {check['atol']:g}, {check['runtime']})")
+    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} {md.text(check.get('data', 'random'))} "
+            f"input(s) (max abs diff {worst:.3g}, rtol {check['rtol']:g}, atol {check['atol']:g}, "
+            f"{md.text(check['runtime'])})")

@@ -3,10 +3,11 @@ engine with its numbers and why it was not shipped; the provenance chain; the pr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from trtflow import markdown
 from trtflow.artifact import Provenance
 
 
@@ -35,7 +36,8 @@ class Option(BaseModel):
     rank: int | None = None  # 1 = shipped; eligible engines ranked by the rule
 
     def cells(self) -> list[str]:
-        """Its row in the card's and summary's table."""
+        """Its row in the card's and summary's table, unescaped (the HTML card escapes it; `md_row()` is its
+        Markdown)."""
         acc = "; ".join(f"{m} {v:.4g}" for o in self.accuracy.values() for m, v in o.items()) or "-"
         kept = "-" if self.higher_precision_nodes is None else (
             f"{self.higher_precision_nodes}" + (f" of {self.nodes}" if self.nodes else ""))
@@ -44,6 +46,14 @@ class Option(BaseModel):
                 p99, "-" if self.samples_per_s is None else f"{self.samples_per_s:.4g}",
                 f"{self.engine_bytes / 1e6:.2f}", kept,
                 "**shipped**" if self.rank == 1 else (self.refused or f"ranked {self.rank}")]
+
+    def md_row(self) -> str:
+        """Its table row in Markdown: names and the refusal as literal text, the shipped engine's verdict in bold."""
+        cells = self.cells()
+        cells[:3] = [markdown.text(c) for c in cells[:3]]  # the rest are numbers, formatted here
+        if self.rank != 1:
+            cells[8] = markdown.text(cells[8])
+        return "| " + " | ".join(cells) + " |"
 
 
 HEADER = ["engine", "precision", "accuracy vs FP32", "drop", "p99 ms", "samples/s", "MB", "nodes in higher precision",
@@ -84,28 +94,31 @@ class ReleaseReport(BaseModel):
         return [t for t in self.targets if t.chosen is not None]
 
     def summary(self) -> str:
-        lines = [f"### release · `{self.model_name}` · {len(self.shipped)}/{len(self.targets)} target(s) shipped",
-                 "", f"rule: {rule_text(self.rule)}", ""]
+        lines = [f"### release · {markdown.code(self.model_name)} · "
+                 f"{len(self.shipped)}/{len(self.targets)} target(s) shipped", "",
+                 f"rule: {rule_text(self.rule, markdown.text)}", ""]
         for t in self.targets:
             if t.chosen is None:
-                lines += [f"**{t.target}**: nothing shipped: {t.why_none}", ""]
+                lines += [f"**{markdown.text(t.target)}**: nothing shipped: {markdown.text(t.why_none)}", ""]
             else:
-                lines += [f"**{t.target}**: `{t.chosen.name}` as version {t.version}"
+                lines += [f"**{markdown.text(t.target)}**: {markdown.code(t.chosen.name)} as version {t.version}"
                           + ("" if t.new_version else " (released before: same engine, same version)")
-                          + f" · Triton repository `{t.repository}` · max_batch_size {t.max_batch_size}", ""]
+                          + f" · Triton repository {markdown.code(t.repository)} · max_batch_size {t.max_batch_size}",
+                          ""]
             lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-            lines += ["| " + " | ".join(o.cells()) + " |" for o in t.options] + [""]
+            lines += [o.md_row() for o in t.options] + [""]
         if self.numbers_note:
-            lines += [self.numbers_note, ""]
-        lines += [f"**warning**: {w}" for w in self.warnings]
+            lines += [markdown.text(self.numbers_note), ""]
+        lines += [f"**warning**: {markdown.text(w)}" for w in self.warnings]
         return "\n".join(lines) + "\n"
 
 
-def rule_text(rule: dict[str, Any]) -> str:
-    parts = [f"require {rule['require']}", f"prefer {rule['prefer']}"]
+def rule_text(rule: dict[str, Any], name: Callable[[Any], str] = str) -> str:
+    """The rule in words; `name`: how a name is written (`markdown.text` in Markdown)."""
+    parts = [f"require {name(rule['require'])}", f"prefer {name(rule['prefer'])}"]
     if rule.get("max_accuracy_drop") is not None:
         parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%}")
     for key in ("variants", "profiles"):
         if rule.get(key):
-            parts.append(f"{key} {', '.join(rule[key])}")
+            parts.append(f"{key} {', '.join(name(n) for n in rule[key])}")
     return ", ".join(parts)

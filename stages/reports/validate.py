@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtflow import markdown as md
 from trtflow.stages.bisect.repair import Repair, Round
 from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.ort.layerwise import Layerwise
@@ -36,28 +37,30 @@ class CandidateResult(BaseModel):
 
     def summary(self) -> list[str]:
         verdict = "passes" if self.passed else "**fails**"
-        lines = [f"#### `{self.name}` ({self.precision}) {verdict}", "", f"runtime: {self.runtime} · "
-                 f"{self.accuracy['samples']} samples at shapes "
-                 + "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in self.shapes[:4]), ""]
+        lines = [f"#### {md.code(self.name)} ({md.text(self.precision)}) {verdict}", "",
+                 f"runtime: {md.text(self.runtime)} · {self.accuracy['samples']} samples at shapes "
+                 + "; ".join(", ".join(f"{md.text(k)} {v}" for k, v in s.items()) for s in self.shapes[:4]), ""]
         lines += Accuracy.from_json(self.accuracy).table()
-        lines += [f"\n**fails**: {v}" for v in self.violations]
+        lines += [f"\n**fails**: {md.text(v)}" for v in self.violations]
         loc = self.layerwise
         if loc:
             first = loc.first_bad
+            found = (f"{md.code(first.node)} ({md.text(first.op)}), cosine {first.cosine:.5f}, "
+                     f"non-finite {first.nonfinite}" if first else "none found")
             lines += ["", f"**first node that goes wrong** (cosine < {loc.bound} on {loc.samples} samples, "
-                          f"{loc.on}): " + (f"`{first.node}` ({first.op}), cosine {first.cosine:.5f}, "
-                                           f"non-finite {first.nonfinite}" if first else "none found"), "",
+                          f"{md.text(loc.on)}): " + found, "",
                       "| node | op | cosine | drift added | RMS error / RMS reference | reference max |",
                       "|---|---|---|---|---|---|"]
-            lines += [f"| `{w.node}` | {w.op} | {w.cosine:.5f} | {w.added:.2e} | {w.rms_rel:.3g} | "
-                      f"{w.reference_max:.4g} |" for w in loc.worst]
+            lines += [f"| {md.code(w.node, cell=True)} | {md.text(w.op)} | {w.cosine:.5f} | {w.added:.2e} | "
+                      f"{w.rms_rel:.3g} | {w.reference_max:.4g} |" for w in loc.worst]
             if loc.overflow:
                 lines += ["", "reference activations beyond FP16's 65504: " + ", ".join(
-                    f"`{o.tensor}` ({o.reference_max:.4g})" for o in loc.overflow)]
+                    f"{md.code(o.tensor)} ({o.reference_max:.4g})" for o in loc.overflow)]
             if loc.clipping:
                 lines += ["", "INT8 ranges that do not fit the data: " + ", ".join(
-                    f"`{o.tensor}` (clipped {o.clipped:.2%}, range use {o.range_use:.3f})" for o in loc.clipping)]
-        lines += ["", " ".join(f"![{p}]({p})" for p in self.plots), ""]
+                    f"{md.code(o.tensor)} (clipped {o.clipped:.2%}, range use {o.range_use:.3f})"
+                    for o in loc.clipping)]
+        lines += ["", " ".join(md.image(p, p) for p in self.plots), ""]
         return lines
 
 
@@ -88,37 +91,39 @@ class ValidateReport(BaseModel):
 
     def summary(self) -> str:
         ok = sum(c.passed for c in self.candidates)
-        lines = [f"### validate · {ok}/{len(self.candidates)} candidates pass · reference: {self.reference.model} "
-                 f"on {self.reference.runtime}", "", f"sample data: {self.data}", ""]
+        lines = [f"### validate · {ok}/{len(self.candidates)} candidates pass · reference: "
+                 f"{md.text(self.reference.model)} on {md.text(self.reference.runtime)}", "",
+                 f"sample data: {md.text(self.data)}", ""]
         if self.not_shipped:
-            lines += ["**not to be deployed**: " + "; ".join(f"`{n}`: {why}" for n, why in self.not_shipped.items()),
-                      ""]
+            lines += ["**not to be deployed**: " + "; ".join(f"{md.code(n)}: {md.text(why)}"
+                                                             for n, why in self.not_shipped.items()), ""]
         for c in self.candidates:
             lines += c.summary()
         if self.repair:
             lines += _repair_summary(self.repair)
-        lines += [f"**warning**: {w}" for w in self.warnings]
+        lines += [f"**warning**: {md.text(w)}" for w in self.warnings]
         return "\n".join(lines) + "\n"
 
 
 def _repair_summary(rep: Repair) -> list[str]:
-    lines = [f"#### repair of `{rep.variant}` ({rep.precision})", ""]
+    lines = [f"#### repair of {md.code(rep.variant)} ({md.text(rep.precision)})", ""]
     if rep.note:
-        return lines + [rep.note, ""]
+        return lines + [md.text(rep.note), ""]
     given = "kept in FP32" if rep.precision == "fp16" else "left unquantized"
     lines += [("**repaired**: " if rep.passed else "**not repaired** ") +
-              f"{len(rep.nodes)} of {rep.of} node(s) {given}: " + ", ".join(f"`{n}`" for n in rep.nodes) +
+              f"{len(rep.nodes)} of {rep.of} node(s) {given}: " + ", ".join(md.code(n) for n in rep.nodes) +
               f" ({len(rep.rounds)} rebuild-and-check rounds)", ""]
     lines += ["| round | nodes | passes |", "|---|---|---|"]
-    lines += [f"| {i} | {_round_change(h)} | {'yes' if not h.violations else h.violations[0]} |"
+    lines += [f"| {i} | {_round_change(h)} | {'yes' if not h.violations else md.text(h.violations[0])} |"
               for i, h in enumerate(rep.rounds, 1)]
     if rep.yaml:
-        lines += ["", "```yaml", rep.yaml.rstrip(), "```"]
+        lines += [""] + md.block(rep.yaml, "yaml")
     return lines + [""]
 
 
 def _round_change(h: Round) -> str:
-    """'+ a, b' for nodes given back in a repair round, '- a' for nodes tried without; long lists shortened."""
+    """'+ a, b' for nodes given back in a repair round, '- a' for nodes tried without; long lists shortened (a table
+    cell)."""
     sign, nodes = ("+", h.give_back) if h.give_back is not None else ("-", h.without or [])
-    shown = ", ".join(f"`{n}`" for n in nodes[:3])
+    shown = ", ".join(md.code(n, cell=True) for n in nodes[:3])
     return f"{sign} {shown}" + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
