@@ -136,3 +136,19 @@ def test_a_tensor_name_never_becomes_code_in_the_generated_model_py(tmp_path, mo
     model.initialize({"model_config": "{}"})
     assert model.output == HOSTILE
     assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+
+
+@pytest.mark.parametrize("node", ["a'b", "x\n  evil: 1", "p]q, [r", "\u2028z"])
+def test_the_repair_yaml_to_paste_reads_back_the_node_names(node):
+    """validate's repair suggests YAML to paste into the pipeline: a node named with a quote or a line break must
+    read back as that node (it broke the list, or added a key of the attacker's)."""
+    import re
+
+    import yaml
+
+    from trtflow.stages.bisect.repair import yaml_fix
+    for precision, key in (("fp16", "block_nodes"), ("int8", "exclude_nodes")):
+        stage = yaml.safe_load(yaml_fix(precision, [node], "v"))["stages"]["v"]
+        assert list(stage) == [key]
+        (value,) = stage[key]
+        assert (re.fullmatch(value, node) is not None) if precision == "fp16" else value == node

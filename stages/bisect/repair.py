@@ -8,6 +8,7 @@ set are tried without (while rounds last), so the set stays small.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,7 +187,15 @@ def _next(v: Variant, loc: Layerwise, given: list[str], count: int) -> list[str]
 def yaml_fix(precision: str, nodes: list[str], stage: str) -> str:
     """The lines to paste into the precision / calibrate stage so the fix lives in the pipeline file."""
     if precision == "fp16":
-        items = ", ".join(f"'{re.escape(n)}'" for n in nodes)
+        items = ", ".join(_yaml_string(re.escape(n)) for n in nodes)
         return f"stages:\n  {stage}:\n    block_nodes: [{items}]   # kept in FP32 (validate's repair)\n"
-    items = ", ".join(f"'{n}'" for n in nodes)
+    items = ", ".join(_yaml_string(n) for n in nodes)
     return f"stages:\n  {stage}:\n    exclude_nodes: [{items}]   # left unquantized (validate's repair)\n"
+
+
+def _yaml_string(value: str) -> str:
+    """A YAML scalar that reads back as `value`, whatever a model named its node: single-quoted ('' for a quote),
+    or, where a line break or control character would be folded there, JSON's double-quoted form (valid YAML)."""
+    if value.isprintable():
+        return "'" + value.replace("'", "''") + "'"
+    return json.dumps(value)
