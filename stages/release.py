@@ -22,7 +22,8 @@ from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.triton import config as triton_config
 from trtflow.stages.triton import preprocess as triton_preprocess
-from trtflow.stages.triton import schema, versions
+from trtflow.stages.triton import client_example, contract, schema, versions
+from trtflow.stages.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 
 VERSION = "1"
@@ -49,25 +50,34 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     steps = _preprocessing(inputs)
     released, claims = [], []
     for target, found in targets.items():
+        ledger = versions.read(shared.path, model_name, target) if shared else versions.Ledger()
+        latest = ledger.latest()
         options = selection.rank([_option(e, params, verdict, bench, kept) for e in found], params.select)
+        options, stability = selection.keep_previous(options, latest.candidate if latest else None,
+                                                     params.select.prefer)
         by_name = {e.cell.name: e for e in found}
         chosen = options[0] if options and options[0].rank == 1 else None
-        release = TargetRelease(target=target, chosen=chosen, options=options)
+        release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability,
+                                previous=latest.candidate if latest else None)
         if chosen is None:
             release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
         else:
             eng = by_name[chosen.name]
-            ledger = versions.read(shared.path, model_name, target) if shared else versions.Ledger()
             release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
             _repository(release, eng, params, model_name, out_dir, steps)
+            if latest is not None and latest.contract is not None and release.contract is not None:
+                release.contract_changes = release.contract.changes(latest.contract)
             release.environment = _environment(eng)
             if eng.cell.backend.flavour == "tensorrt-rtx":
                 warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
                                 f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
                                 f"on a machine with TensorRT (the Triton container's version) to serve it there")
+            if release.contract_changes and params.select.contract == "allow_change":
+                warnings.append(f"{target}: the serving contract changed since version {latest.version}: "
+                                + "; ".join(release.contract_changes))
             if shared is not None and release.new_version:
                 claims.append(versions.claim(model_name, target, release.version, chosen.engine_sha256,
-                                             chosen.name))
+                                             chosen.name, release.contract))
         released.append(release)
     numbers = sorted({o.measured_by for t in released for o in t.options if o.measured_by})
     report = ReleaseReport(
@@ -91,6 +101,12 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     if len(shipped) < len(released):
         first = next(t for t in released if t.chosen is None)
         raise StageFailed(f"release: nothing to ship for target '{first.target}': {first.why_none}", result)
+    changed = [t for t in shipped if t.contract_changes and params.select.contract == "fixed"]
+    if changed:
+        t = changed[0]
+        raise StageFailed(f"release: version {t.version} of '{model_name}' for target '{t.target}' would change its "
+                          f"serving contract: {'; '.join(t.contract_changes)}; clients of the previous version "
+                          f"would be refused (set select.contract: allow_change to ship it, and tell them)", result)
     return result
 
 
@@ -123,6 +139,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             smallest = min(mine, key=lambda m: m.batch)
             latency = smallest.result.get("latency_ms") or smallest.result.get("gpu_compute_ms") or {}
             option.p99_ms, option.p99_batch = latency.get("p99"), smallest.batch
+            option.spread = _spread(mine)
             option.measured_by = smallest.result.get("runtime")
     count = kept.get(cell.variant.removesuffix(".repaired"))
     if count is not None:
@@ -131,6 +148,18 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             option.higher_precision_nodes += len(verdict.repair.nodes)
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
+
+
+def _spread(measured: list) -> float | None:
+    """The benchmark's own jitter for an engine: the largest (p90 - median) / median of its cells' iteration
+    latencies (a ranking that moves by less than this between two runs is noise)."""
+    spreads = []
+    for m in measured:
+        lat = m.result.get("latency_ms") or m.result.get("gpu_compute_ms") or {}
+        median, p90 = lat.get("median"), lat.get("p90")
+        if isinstance(median, (int, float)) and isinstance(p90, (int, float)) and median > 0:
+            spreads.append(max(0.0, (p90 - median) / median))
+    return max(spreads) if spreads else None
 
 
 def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
@@ -178,12 +207,19 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)
     release.repository = repo.relative_to(out_dir).as_posix()
     release.config = text
+    release.contract = Contract.of(parsed, eng.cell.profiles)
+    (model_dir / contract.FILE).write_text(release.contract.model_dump_json(indent=2) + "\n")
     release.models = [model_name]
     if params.triton.preprocess:
         try:
-            release.models += list(triton_preprocess.write(repo, model_name, release.version, parsed, steps or []))
+            release.configs = triton_preprocess.write(repo, model_name, release.version, parsed, steps or [],
+                                                      release.contract)
         except (triton_config.ConfigError, ValueError) as exc:
             raise StageError(f"release: {exc}") from None
+        release.models += list(release.configs)
+        release.requirements = list(triton_preprocess.REQUIREMENTS)
+    release.request_example = client_example.script(model_name, release.contract,
+                                                    release.models[-1] if len(release.models) > 1 else None)
     release.max_batch_size = parsed.max_batch_size
     inputs, outputs = triton_config.engine_io(eng)
     release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)[2] or (

@@ -107,13 +107,16 @@ def test_a_tensor_name_never_becomes_code_in_the_generated_model_py(tmp_path, mo
     and initializing the model, as Triton's Python backend does, runs nothing."""
     from tests.assets import IMAGENET
     from trtflow.stages.triton import preprocess, schema
+    from trtflow.stages.triton.contract import Contract, ProfileRange
 
     def generate(name: str, where: Path) -> Path:
         pb = schema.model_config_pb2()
         engine = pb.ModelConfig(name="m", platform="tensorrt_plan", max_batch_size=4)
         engine.input.add(name=name, data_type=pb.TYPE_FP32, dims=[3, 224, 224])
         engine.output.add(name='logits"""', data_type=pb.TYPE_FP32, dims=[1000])
-        preprocess.write(where, "m", 1, engine, IMAGENET)
+        ranges = Contract(inputs=[], outputs=[], max_batch_size=4, dynamic_batching=False, profiles=[ProfileRange(
+            name="p", shapes={name: ([1, 3, 224, 224], [1, 3, 224, 224], [4, 3, 224, 224])})])
+        preprocess.write(where, "m", 1, engine, IMAGENET, ranges)
         return where
 
     hostile, plain = generate(HOSTILE, tmp_path / "hostile"), generate("input", tmp_path / "plain")

@@ -29,6 +29,8 @@ from trtflow.stages.trt.engines import built_engines
 
 pytestmark = pytest.mark.tensorrt
 
+# these releases share one store's ledger: each one changes the contract on purpose
+ANY_CONTRACT = {"require": "built", "prefer": "size", "contract": "allow_change"}
 LINES = {"x": {"min": [1, 3, 48, 48], "opt": [8, 3, 48, 192], "max": [32, 3, 48, 640]}}
 
 
@@ -88,7 +90,7 @@ def cls(tmp_path_factory) -> Artifact:
 
 def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     report, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": LINES}),
-                             select={"require": "built", "prefer": "size"})
+                             select=ANY_CONTRACT)
     c = config_of(out)
     assert c.platform == "tensorrt_plan" and c.max_batch_size == 32
     assert [(i.name, list(i.dims)) for i in c.input] == [("x", [3, 48, -1])]  # H pinned by the profile, W not
@@ -101,23 +103,23 @@ def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     # a smaller batch and a fixed width: max_batch_size and dims follow
     smaller = {"x": {"min": [1, 3, 48, 192], "opt": [2, 3, 48, 192], "max": [4, 3, 48, 192]}}
     _, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": smaller}),
-                        select={"require": "built", "prefer": "size"})
+                        select=ANY_CONTRACT)
     c = config_of(out)
     assert c.max_batch_size == 4 and list(c.input[0].dims) == [3, 48, 192]
     assert list(c.dynamic_batching.preferred_batch_size) == [2]
 
     # told there is no batch dimension (an output counting detections would need it): full shapes; or a cap
-    _, out = release_of(tmp_path, tmp_path / "build1" / "engines", select={"require": "built", "prefer": "size"},
+    _, out = release_of(tmp_path, tmp_path / "build1" / "engines", select=ANY_CONTRACT,
                         triton={"max_batch_size": 0})
     assert config_of(out).max_batch_size == 0 and list(config_of(out).input[0].dims) == [-1, 3, 48, 192]
     with pytest.raises(StageError, match="triton.max_batch_size 8, but the engine takes batches of at most 4"):
-        release_of(tmp_path, tmp_path / "build1" / "engines", select={"require": "built", "prefer": "size"},
+        release_of(tmp_path, tmp_path / "build1" / "engines", select=ANY_CONTRACT,
                    triton={"max_batch_size": 8})
 
     # a profile that does not take a batch of 1: no batch dimension Triton could fill, the engine's full shape
     no_one = {"x": {"min": [2, 3, 48, 48], "opt": [8, 3, 48, 192], "max": [32, 3, 48, 640]}}
     report, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": no_one}),
-                             select={"require": "built", "prefer": "size"})
+                             select=ANY_CONTRACT)
     c = config_of(out)
     assert c.max_batch_size == 0 and list(c.input[0].dims) == [-1, 3, 48, -1]
     assert not c.HasField("dynamic_batching")
@@ -126,7 +128,7 @@ def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     # two profiles in one engine: an instance group per profile, max_batch_size the least of their maxima
     two = {"small": smaller, "lines": LINES}
     _, out = release_of(tmp_path, engines(tmp_path, [cls], profiles=two, profile_mode="combined"),
-                        select={"require": "built", "prefer": "size"})
+                        select=ANY_CONTRACT)
     c = config_of(out)
     assert c.max_batch_size == 4
     assert [list(g.profile) for g in c.instance_group] == [["0"], ["1"]]
@@ -341,6 +343,49 @@ def test_the_ledger_is_never_written_through_a_symlink(tmp_path, tensorrt_backen
     assert list(outside.iterdir()) == []
 
 
+def _bench(tmp: Path, rates: dict[str, float], spread: float) -> Path:
+    """A benchmark report measuring each candidate at `rates` samples/s, its iterations' p90 `spread` above the
+    median (the jitter the release weighs a change against)."""
+    from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
+    cells = [Measurement(cell=f"{c}.opt", candidate=c, variant=c.split(".")[0], precision="fp32", profile="b4",
+                         point="opt", shapes={"input": [1, 3, 224, 224]}, environment={}, batch=1,
+                         samples_per_s=rate, result={"has_summary": True, "runtime": "test numbers",
+                                                     "latency_ms": {"median": 1000 / rate,
+                                                                    "p90": 1000 / rate * (1 + spread),
+                                                                    "p99": 1000 / rate * (1 + 2 * spread)}})
+             for c, rate in rates.items()]
+    path = tmp / f"bench{len(list(tmp.glob('bench*')))}.json"
+    path.write_text(BenchmarkReport(tool="builtin", trtexec=None, trtexec_looked=[], tensorrt_version=None,
+                                    cells=cells, telemetry={}, gate=Gate(), warnings=[]).model_dump_json())
+    return path
+
+
+def test_numbers_that_move_within_their_spread_do_not_change_the_shipped_engine(tmp_path, tensorrt_backend,
+                                                                               overflow):
+    """Two runs of one pipeline shipped fp16.dynamic, then int8.bs1, as the CPU numbers moved within their noise.
+    Now the engine the previous version shipped stays while another beats it by no more than the benchmark's
+    spread (its iterations' (p90 - median) / median), and is replaced when one beats it by more."""
+    shared = tmp_path / "shared"
+    rule = {"require": "built", "prefer": "throughput"}
+    a, b = "prepare.b4.native", "fp16.b4.native"
+
+    def shipped(rates: dict[str, float]) -> dict:
+        report, _ = release_of(tmp_path, overflow["engines"], shared, select=rule,
+                               reports={"benchmark": _bench(tmp_path, rates, spread=0.10)})
+        return report["targets"][0]
+
+    assert shipped({a: 100.0, b: 95.0})["chosen"]["name"] == a
+    for rates in ({a: 100.0, b: 104.0}, {a: 92.0, b: 100.0}, {a: 100.0, b: 109.9}):  # each within 10%
+        again = shipped(rates)
+        assert again["chosen"]["name"] == a and again["version"] == 1 and not again["new_version"], rates
+        assert again["stability"].startswith(f"{a} kept: {b} is ") and "within the benchmark's spread (10" \
+            in again["stability"]
+    moved = shipped({a: 100.0, b: 125.0})
+    assert moved["chosen"]["name"] == b and moved["version"] == 2
+    assert moved["stability"] == f"{b} replaces {a}: 25.0% better on throughput, more than the benchmark's " \
+                                 "spread (10.0%)"
+
+
 def test_a_claimed_version_is_never_given_to_a_second_engine(tmp_path):
     """The store's exclusive create: the first claim of a version wins; the same engine claiming it again is
     the same release; another engine is told who holds it."""
@@ -401,9 +446,16 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
     first = trtflow("run", "pipeline.yaml", cwd=workdir)
     assert first.returncode == 0, first.stdout + first.stderr
     smaller = "stages.build.profiles.lines.x.max=[16, 3, 48, 640]"
-    second = trtflow("run", "pipeline.yaml", "--set", smaller, cwd=workdir)
+    refused = trtflow("run", "pipeline.yaml", "--set", smaller, cwd=workdir)  # clients sending 32 would break
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "would change its serving contract: input 'x' shapes [1, 3, 48, 48]..[32, 3, 48, " \
+        "640] -> [1, 3, 48, 48]..[16, 3, 48, 640]; max_batch_size 32 -> 16" in errors[0], refused.stderr
+    smaller = [smaller, "--set", "stages.release.select.contract=allow_change"]
+    second = trtflow("run", "pipeline.yaml", "--set", *smaller, cwd=workdir)
     assert second.returncode == 0 and "ran release" in second.stdout, second.stdout + second.stderr
-    third = trtflow("run", "pipeline.yaml", "--set", smaller, cwd=workdir)
+    assert "the serving contract changed since version 1: input 'x' shapes" in second.stdout + second.stderr
+    third = trtflow("run", "pipeline.yaml", "--set", *smaller, cwd=workdir)
     assert third.returncode == 0 and "reused release" in third.stdout, third.stdout
 
     released = json.loads((workdir / ".trtflow" / "release" / "last.json").read_text())
@@ -411,7 +463,7 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
     assert parse((directory / "triton/native/ocr-cls/config.pbtxt").read_text()).max_batch_size == 16
     assert (directory / "triton/native/ocr-cls/2/model.plan").is_file()
 
-    where = trtflow("output", "pipeline.yaml", "release", "triton", "--set", smaller, cwd=workdir)
+    where = trtflow("output", "pipeline.yaml", "release", "triton", "--set", *smaller, cwd=workdir)
     assert where.returncode == 0 and Path(where.stdout.strip()) == directory / "triton", where.stdout + where.stderr
     stale = trtflow("output", "pipeline.yaml", "release", cwd=workdir)  # the first profile: released before, but
     assert stale.returncode == 0 and stale.stdout.strip() != str(directory)  # under its own key, still in store

@@ -32,6 +32,7 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("flows/watch.py", "_is_pipeline"): USER,
     ("flows/cli/parse_trtexec.py", "ParseTrtexec.run"): USER,
     ("flows/cli/init_deploy.py", "InitDeploy.run"): PACKAGE,
+    ("stages/triton/preprocess.py", "vendored_sources"): PACKAGE,  # trtflow's preprocessing modules, copied
     ("flows/runner.py", "StageOutcome.summary"): INPUT,  # summary.md of a result the runner verified
     ("stages/image/preprocess.py", "load"): INPUT,
     ("stages/release.py", "run"): INPUT,

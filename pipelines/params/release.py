@@ -29,6 +29,11 @@ class Select(Strict):
                                                                   "names); default: all")
     profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "
                                                                   "default: all")
+    contract: Literal["fixed", "allow_change"] = Field(
+        "fixed", description="fixed: a new version whose serving contract (input/output names, types, dims, "
+                             "profile ranges, max_batch_size, batching) differs from the previous version's of the "
+                             "same model and target fails the release, naming what changed; allow_change: ship it "
+                             "(the card shows the change)")
 
 
 class TritonSpec(Strict):

@@ -72,3 +72,35 @@ def rank(options: list[Option], rule: Select) -> list[Option]:
     for n, option in enumerate(eligible, 1):
         option.rank = n
     return eligible + [o for o in options if o.refused is not None]
+
+
+def keep_previous(ranked: list[Option], previous: str | None, prefer: str) -> tuple[list[Option], str]:
+    """`ranked` with the engine the previous version shipped first again, where the new best beats it by no more
+    than the benchmark's own spread (the larger of the two engines' (p90 - median) / median latency): numbers that
+    move within their noise must not flip the engine a deployment serves. Returns the options and a line saying
+    which engine was kept or why it was replaced ("" when there is nothing to weigh)."""
+    if previous is None or not ranked or ranked[0].rank != 1 or ranked[0].name == previous or prefer == "size":
+        return ranked, ""
+    prev = next((o for o in ranked if o.name == previous), None)
+    if prev is None:
+        return ranked, f"the previous version's engine {previous} is not among this build's engines"
+    if prev.refused is not None:
+        return ranked, f"the previous version's engine {previous} may not ship now: {prev.refused}"
+    best = ranked[0]
+    margin = max(best.spread or 0.0, prev.spread or 0.0)
+    if prefer == "throughput":
+        new, old = best.samples_per_s, prev.samples_per_s
+        gain = None if not new or not old else new / old - 1
+    else:
+        new, old = best.p99_ms, prev.p99_ms
+        gain = None if not new or not old else old / new - 1
+    if gain is None:
+        return ranked, ""
+    if gain > margin:
+        return ranked, (f"{best.name} replaces {previous}: {gain:.1%} better on {prefer}, more than the "
+                        f"benchmark's spread ({margin:.1%})")
+    order = [prev] + [o for o in ranked if o is not prev]
+    for n, option in enumerate((o for o in order if o.refused is None), 1):
+        option.rank = n
+    return order, (f"{previous} kept: {best.name} is {gain:.1%} better on {prefer}, within the benchmark's "
+                   f"spread ({margin:.1%})")

@@ -79,9 +79,55 @@ def _target_md(t: TargetRelease) -> list[str]:
                       "own code).", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += [o.md_row() for o in t.options]
+    if t.stability:
+        lines += ["", f"Selection: {md.text(t.stability)}."]
+    if t.contract is not None:
+        lines += ["", "### Serving contract", ""] + _contract_md(t)
     if t.config:
         lines += ["", "`config.pbtxt`:", ""] + md.block(t.config, "protobuf")
+    for name, text in t.configs.items():
+        lines += ["", f"{md.code(name)} `config.pbtxt`:", ""] + md.block(text, "protobuf")
+    if t.requirements:
+        lines += ["", "The preprocessing model runs in Triton's Python backend and needs these packages (its "
+                  "`requirements.txt`), exactly:", ""] + md.block("\n".join(t.requirements), "text") + [
+            "", SERVE_ENV]
+    if t.request_example:
+        lines += ["", "### Request example", "", "Python with `tritonclient[http]`; `TRITON_URL` is the server "
+                  "(default `localhost:8000`)" + ("; give an image file to send it through the ensemble" if
+                                                  len(t.models) > 1 else "") + ":", ""]
+        lines += md.block(t.request_example, "python")
     return lines + [""]
+
+
+# how to give Triton's Python backend the packages (Triton's python_backend README: "Using Custom Python Execution
+# Environments")
+SERVE_ENV = ("Provide them either in the server's own Python environment (`pip install -r requirements.txt` in the "
+             "Triton container), or as an environment of the model's own: pack a conda environment with "
+             "`conda-pack` and name it in the preprocessing model's config, `parameters: {key: "
+             "\"EXECUTION_ENV_PATH\", value: {string_value: \"$$TRITON_MODEL_DIRECTORY/env.tar.gz\"}}`. numpy must "
+             "stay below 2 on Triton 2.51 and 2.52, whose Python backend corrupts numpy 2 tensors silently.")
+
+
+def _contract_md(t: TargetRelease) -> list[str]:
+    c = t.contract
+    assert c is not None
+    lines = [f"max_batch_size {c.max_batch_size}, dynamic batching {'on' if c.dynamic_batching else 'off'}. "
+             "The shapes each optimization profile takes (Triton passes any size where its config says -1; the "
+             "engine takes only these):", "",
+             "| tensor | kind | data type | dims (Triton) | profile | min | opt | max |",
+             "|---|---|---|---|---|---|---|---|"]
+    for tensor in c.inputs:
+        ranges = [(p.name, p.shapes[tensor.name]) for p in c.profiles if tensor.name in p.shapes] or [("-", None)]
+        for name, rng in ranges:
+            lo, opt, hi = (list(map(str, rng)) if rng else ["-"] * 3)
+            lines.append(f"| {md.code(tensor.name, cell=True)} | input | {tensor.data_type} | {tensor.dims} | "
+                         f"{md.text(name)} | {lo} | {opt} | {hi} |")
+    for tensor in c.outputs:
+        lines.append(f"| {md.code(tensor.name, cell=True)} | output | {tensor.data_type} | {tensor.dims} | | | | |")
+    if t.contract_changes:
+        lines += ["", "Changed since the previous version (a client written for it may be refused):", ""]
+        lines += [f"- {md.text(change)}" for change in t.contract_changes]
+    return lines
 
 
 def _environment_text(env: dict[str, Any], name: Callable[[Any], str] = str) -> str:
@@ -140,6 +186,30 @@ def _image(path: Path, caption: str) -> str:
            f'</figcaption></figure>'
 
 
+def _contract_html(t: TargetRelease) -> str:
+    c = t.contract
+    assert c is not None
+    rows = []
+    for tensor in c.inputs:
+        ranges = [(p.name, p.shapes[tensor.name]) for p in c.profiles if tensor.name in p.shapes] or [("-", None)]
+        for name, rng in ranges:
+            lo, opt, hi = (list(map(str, rng)) if rng else ["-"] * 3)
+            rows.append(f'<tr data-tensor="{_e(tensor.name)}"><td><code>{_e(tensor.name)}</code></td><td>input</td>'
+                        f"<td>{_e(tensor.data_type)}</td><td>{_e(tensor.dims)}</td><td>{_e(name)}</td>"
+                        f'<td data-field="min">{_e(lo)}</td><td>{_e(opt)}</td><td data-field="max">{_e(hi)}</td></tr>')
+    for tensor in c.outputs:
+        rows.append(f'<tr data-tensor="{_e(tensor.name)}"><td><code>{_e(tensor.name)}</code></td><td>output</td>'
+                    f"<td>{_e(tensor.data_type)}</td><td>{_e(tensor.dims)}</td><td></td><td></td><td></td><td></td>"
+                    "</tr>")
+    changes = ("<p>Changed since the previous version (a client written for it may be refused):</p><ul>"
+               + "".join(f"<li>{_e(x)}</li>" for x in t.contract_changes) + "</ul>") if t.contract_changes else ""
+    return (f"<h3>Serving contract</h3><p>max_batch_size {c.max_batch_size}, dynamic batching "
+            f"{'on' if c.dynamic_batching else 'off'}. The shapes each optimization profile takes (Triton passes any "
+            "size where its config says -1; the engine takes only these):</p><table><thead><tr><th>tensor</th>"
+            "<th>kind</th><th>data type</th><th>dims (Triton)</th><th>profile</th><th>min</th><th>opt</th>"
+            "<th>max</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>" + changes)
+
+
 def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
     body = [f"<h1>Model card: <code>{_e(report.model_name)}</code></h1>",
             f'<p class="muted">Released by trtflow\'s release stage. Rule: {_e(rule_text(report.rule))}.</p>']
@@ -164,9 +234,24 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                             f"<code>{_e(t.models[1])}</code>, trtflow's own code).</p>")
         body.append("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>"
                     + "".join(_row(o) for o in t.options) + "</tbody></table>")
+        if t.stability:
+            body.append(f'<p data-field="stability">Selection: {_e(t.stability)}.</p>')
+        if t.contract is not None:
+            body.append(_contract_html(t))
         if t.config:
             body.append(f"<details open><summary><code>config.pbtxt</code></summary><pre>{_e(t.config)}</pre>"
                         f"</details>")
+        for name, text in t.configs.items():
+            body.append(f"<details><summary><code>{_e(name)}</code> config.pbtxt</summary><pre>{_e(text)}</pre>"
+                        f"</details>")
+        if t.requirements:
+            body.append("<p>The preprocessing model runs in Triton's Python backend and needs these packages (its "
+                        f"<code>requirements.txt</code>), exactly:</p><pre data-field=\"requirements\">"
+                        f"{_e(chr(10).join(t.requirements))}</pre><p>{_e(SERVE_ENV)}</p>")
+        if t.request_example:
+            body.append("<h3>Request example</h3><p>Python with <code>tritonclient[http]</code>; "
+                        "<code>TRITON_URL</code> is the server (default <code>localhost:8000</code>).</p>"
+                        f'<pre data-field="request-example">{_e(t.request_example)}</pre>')
     if report.numbers_note:
         body.append(f'<p class="muted">{_e(report.numbers_note)}</p>')
     body.append("<h2>Preprocessing</h2>")

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
+from trtflow.stages.triton.contract import Contract
 
 
 class Option(BaseModel):
@@ -30,6 +31,7 @@ class Option(BaseModel):
     p99_batch: int | None = None  # the batch the p99 was measured at (the smallest measured)
     samples_per_s: float | None = None  # the most measured, at any batch
     measured_by: str | None = None  # the runtime of those numbers
+    spread: float | None = None  # the benchmark's own jitter: (p90 - median) / median latency of its iterations
     higher_precision_nodes: int | None = None  # nodes left in FP32 (FP16 variant) / unquantized (INT8 variant)
     nodes: int | None = None  # of how many
     refused: str | None = None  # why it may not ship (None: eligible)
@@ -38,7 +40,9 @@ class Option(BaseModel):
     def cells(self) -> list[str]:
         """Its row in the card's and summary's table, unescaped (the HTML card escapes it; `md_row()` is its
         Markdown)."""
-        acc = "; ".join(f"{m} {v:.4g}" for o in self.accuracy.values() for m, v in o.items()) or "-"
+        named = len(self.accuracy) > 1  # several outputs: say which output each number is of
+        acc = "; ".join(f"{o + ' ' if named else ''}{m} {v:.4g}" for o, ms in self.accuracy.items()
+                        for m, v in ms.items()) or "-"
         kept = "-" if self.higher_precision_nodes is None else (
             f"{self.higher_precision_nodes}" + (f" of {self.nodes}" if self.nodes else ""))
         p99 = "-" if self.p99_ms is None else f"{self.p99_ms:.4g} (batch {self.p99_batch})"
@@ -73,6 +77,13 @@ class TargetRelease(BaseModel):
     max_batch_size: int = 0
     batch_note: str = ""  # why there is no batch dimension
     environment: dict[str, Any] = {}  # what the engine is valid for
+    contract: Contract | None = None  # what a client may send and gets back (also contract.json in the repository)
+    contract_changes: list[str] = []  # against the previous version of this model and target
+    previous: str | None = None  # the engine the previous version shipped, where it is still an option
+    stability: str = ""  # why the previous choice was kept, or replaced
+    request_example: str = ""  # a Python script (tritonclient) that sends the model a request
+    configs: dict[str, str] = {}  # the preprocessing and ensemble models' config.pbtxt, by model name
+    requirements: list[str] = []  # the Python packages the preprocessing model needs in Triton's Python backend
 
 
 class ReleaseReport(BaseModel):

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtflow import files, paths
 from trtflow.artifact import Claim
 from trtflow.errors import StageError
+from trtflow.stages.triton.contract import Contract
 
 MAX_VERSION = 2**63 - 1  # Triton's versions are int64
 RECORD = re.compile(r"([1-9][0-9]{0,18})\.json")  # a positive number without a leading zero, as Triton loads it
@@ -38,6 +39,7 @@ class Released(BaseModel):
     owner: str = Field(pattern=r"^[0-9a-f]{64}$")  # sha256 of the engine file
     candidate: str
     created: str
+    contract: Contract | None = None  # what clients of this version may send and get back (None: before contracts)
 
 
 class LedgerError(StageError):
@@ -53,13 +55,17 @@ class LedgerError(StageError):
 class Ledger(BaseModel):
     releases: list[Released] = []
 
+    def latest(self) -> Released | None:
+        return max(self.releases, key=lambda r: r.version) if self.releases else None
+
     def version_for(self, engine_digest: str) -> tuple[int, bool]:
         """(the version to ship this engine as, whether it is new): the latest version if it holds this engine,
         else one more than the latest (an engine released long ago comes back as a new version: a lower one would
         not be served)."""
         if not self.releases:
             return 1, True
-        latest = max(self.releases, key=lambda r: r.version)
+        latest = self.latest()
+        assert latest is not None
         if latest.owner == engine_digest:
             return latest.version, False
         if latest.version >= MAX_VERSION:
@@ -127,8 +133,9 @@ def _legacy(shared: Path, rel: str) -> list[Released]:
         raise LedgerError(path, _why(exc)) from None
 
 
-def claim(model: str, target: str, version: int, engine_digest: str, candidate: str) -> Claim:
-    record = Released(version=version, owner=engine_digest, candidate=candidate,
+def claim(model: str, target: str, version: int, engine_digest: str, candidate: str,
+          contract: Contract | None = None) -> Claim:
+    record = Released(version=version, owner=engine_digest, candidate=candidate, contract=contract,
                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     return Claim(path=f"{folder(model, target)}/{version}.json",
-                 data=(json.dumps(record.model_dump(), indent=2) + "\n").encode(), owner=engine_digest)
+                 data=(record.model_dump_json(indent=2) + "\n").encode(), owner=engine_digest)

@@ -1,0 +1,308 @@
+"""A real Triton Inference Server for the tests: the `tritonserver` binary (Triton 2.51.0, with its Python backend)
+that ships inside the `nvidia-pytriton` 0.7.0 wheel, fetched from the package index with `pip download --no-deps`
+and unpacked into a cache, never installed (the wheel declares numpy < 2, the project runs numpy 2). It starts on a
+machine without a GPU, on loopback ports.
+
+No TensorRT backend comes with it: `tests/triton_backend/model.py` stands in for it (a Python-based backend named
+`tensorrt`, which Triton picks for `platform: "tensorrt_plan"`), running the released variant's ONNX on ONNX
+Runtime. What the tests prove with it is what Triton does with a released repository, not what TensorRT does.
+
+The Python backend's stub (one per Python minor version, shipped in the wheel) runs in an environment of its own,
+found through `PATH` (the environment's `bin` first) with the base interpreter's libpython on `LD_LIBRARY_PATH`:
+`environment()` makes one from exact requirement lines, as a release's card tells its users to.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+WHEEL = "nvidia-pytriton==0.7.0"
+TRITON_VERSION = "2.51.0"
+STAND_IN = Path(__file__).with_name("triton_backend") / "model.py"
+STAND_IN_REQUIREMENTS = ["numpy>=1.26,<2", "onnxruntime>=1.20,<1.33"]  # what the stand-in backend itself imports
+
+
+def cache() -> Path:
+    root = Path(os.environ.get("TRTFLOW_TEST_CACHE") or Path.home() / ".cache" / "trtflow-tests")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """One test process at a time prepares a cached thing (pytest-xdist runs two)."""
+    with open(cache() / f".{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _pip(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"pip {' '.join(args)} failed: {done.stderr[-2000:]}")
+
+
+def server_home() -> Path:
+    """The unpacked wheel: `pytriton/tritonserver/{bin,backends}` and `nvidia_pytriton.libs`."""
+    home = cache() / WHEEL.replace("==", "-")
+    with _locked("server"):
+        if not (home / ".complete").exists():
+            shutil.rmtree(home, ignore_errors=True)
+            download = cache() / "download"
+            shutil.rmtree(download, ignore_errors=True)
+            _pip("download", "--no-deps", "-d", str(download), WHEEL)
+            (wheel,) = download.glob("*.whl")
+            with zipfile.ZipFile(wheel) as z:
+                z.extractall(home)
+            shutil.rmtree(download)
+            server = home / "pytriton" / "tritonserver"
+            stub = server / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / \
+                "triton_python_backend_stub"
+            shutil.copy(stub, server / "backends" / "python" / stub.name)  # (its rpath holds there too)
+            for exe in (server / "bin" / "tritonserver", server / "backends" / "python" / stub.name):
+                exe.chmod(0o755)
+            (home / ".complete").write_text(WHEEL)
+    return home
+
+
+def backends(home: Path) -> Path:
+    """The backend directory: Triton's Python backend and the stand-in `tensorrt` backend."""
+    root = home / "pytriton" / "tritonserver" / "backends"
+    with _locked("server"):
+        (root / "tensorrt").mkdir(exist_ok=True)
+        if not (root / "tensorrt" / "model.py").exists() or \
+                (root / "tensorrt" / "model.py").read_bytes() != STAND_IN.read_bytes():
+            shutil.copy(STAND_IN, root / "tensorrt" / "model.py")
+    return root
+
+
+def environment(requirements: list[str]) -> Path:
+    """A virtual environment made with `pip install` of exactly these requirement lines (cached by them)."""
+    lines = sorted(set(requirements))
+    key = hashlib.sha256(json.dumps([sys.version, lines]).encode()).hexdigest()[:12]
+    env = cache() / f"env-{key}"
+    with _locked(f"env-{key}"):
+        if not (env / ".complete").exists():
+            shutil.rmtree(env, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, capture_output=True, timeout=300)
+            (env / "requirements.txt").write_text("\n".join(lines) + "\n")
+            done = subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q",
+                                   "--disable-pip-version-check", "-r", str(env / "requirements.txt")],
+                                  capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"making the Python backend's environment failed: {done.stderr[-2000:]}")
+            (env / ".complete").write_text("\n".join(lines))
+    return env
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@dataclass
+class Server:
+    url: str  # host:port of the HTTP endpoint
+    repository: Path
+    log: Path
+    proc: subprocess.Popen
+
+    def _request(self, method: str, path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
+        req = urllib.request.Request(f"http://{self.url}{path}", method=method,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def load(self, model: str) -> None:
+        """Load (or reload) `model` from the repository; AssertionError with Triton's reason when it fails."""
+        status, text = self._request("POST", f"/v2/repository/models/{model}/load", {})
+        assert status == 200, f"Triton did not load '{model}': {text}\n{self.log.read_text()[-3000:]}"
+
+    def ready(self, model: str) -> bool:
+        return self._request("GET", f"/v2/models/{model}/ready")[0] == 200
+
+    def client(self):
+        import tritonclient.http as http
+        return http.InferenceServerClient(self.url, network_timeout=120, connection_timeout=60)
+
+
+@contextlib.contextmanager
+def triton(repository: Path, env: Path, log: Path) -> Iterator[Server]:
+    """tritonserver on `repository` (models loaded explicitly: `Server.load`), its Python models in `env`."""
+    home = server_home()
+    root = backends(home)
+    http_port, grpc_port, metrics_port = _free_ports(3)
+    variables = {**os.environ, "PATH": f"{env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                 "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [sysconfig.get_config_var("LIBDIR"),
+                                                                  os.environ.get("LD_LIBRARY_PATH")]))}
+    variables.pop("PYTHONPATH", None)
+    with open(log, "wb") as out:  # a file, not a pipe: a full pipe would stop the server
+        proc = subprocess.Popen(
+            [str(home / "pytriton" / "tritonserver" / "bin" / "tritonserver"), "--model-repository", str(repository),
+             "--backend-directory", str(root), "--model-control-mode", "explicit", "--exit-on-error", "false",
+             "--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
+             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--allow-metrics", "false"],
+            stdout=out, stderr=subprocess.STDOUT, env=variables, start_new_session=True)
+    server = Server(f"127.0.0.1:{http_port}", repository, log, proc)
+    try:
+        deadline = time.monotonic() + 120
+        while not (_up(http_port) and server._request("GET", "/v2/health/live", timeout=5)[0] == 200):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tritonserver did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _up(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+# ------------------------------------------------------------------------------------------ a release, served
+
+def released(store: Path, tmp: Path, target: int = 0) -> tuple[Path, dict, dict[str, Path]]:
+    """The newest release in `store`: its repository for one target copied to `tmp/models` as a machine without a
+    GPU must have it (the one edit: KIND_GPU -> KIND_CPU, which Triton requires with no GPU present), the shipped
+    variant's ONNX placed beside each engine for the stand-in backend. Returns the repository, the target's report
+    and model name -> the ONNX it serves."""
+    import hashlib as _hashlib
+
+    key = json.loads((store / "release" / "last.json").read_text())["key"]
+    report = json.loads((store / "release" / key / "report.json").read_text())["targets"][target]
+    repo = tmp / "models"
+    shutil.copytree(store / "release" / key / report["repository"], repo)
+    for config in repo.glob("*/config.pbtxt"):
+        config.write_text(config.read_text().replace("kind: KIND_GPU", "kind: KIND_CPU"))
+    digest = report["chosen"]["engine_sha256"]
+    plans = [p for p in store.glob("*/*/engines/*/engine.plan")
+             if _hashlib.sha256(p.read_bytes()).hexdigest() == digest]
+    assert plans, f"the shipped engine {report['chosen']['name']} is not in {store}"
+    cell = json.loads((plans[0].parent / "spec.json").read_text())
+    variant = plans[0].parent / "variant.onnx"
+    onnx = variant if variant.exists() else Path(cell["model"])
+    model = next(m for m in report["models"] if not m.endswith(("_preprocess", "_ensemble")))
+    shutil.copy(onnx, repo / model / str(report["version"]) / "model.onnx")
+    return repo, report, {model: onnx}
+
+
+def requirements(repo: Path) -> list[str]:
+    """What the release says the Python backend's environment needs (its preprocessing model's requirements.txt),
+    and what the stand-in backend needs beside it."""
+    lines = [ln.strip() for f in sorted(repo.glob("*/requirements.txt")) for ln in f.read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    return lines + STAND_IN_REQUIREMENTS
+
+
+def check_engine_model(server: Server, name: str, onnx: Path, contract: dict) -> list[str]:
+    """Requests to the released engine model at batch 1, at max_batch_size and one above it (refused), and at each
+    profile's min and max shapes: each answer equal to ONNX Runtime's on the shipped variant's ONNX. Returns what
+    was checked, one line each."""
+    import numpy as np
+    import onnxruntime as ort
+    import tritonclient.http as http
+    from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+    session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    client = server.client()
+    batch = contract["max_batch_size"]
+    inputs = {t["name"]: t for t in contract["inputs"]}
+    outputs = [t["name"] for t in contract["outputs"]]
+    rng = np.random.default_rng(0)
+    checked = []
+
+    def ask(shapes: dict[str, list[int]]):
+        feeds = {n: rng.random(s).astype(triton_to_np_dtype(inputs[n]["data_type"].removeprefix("TYPE_")))
+                 for n, s in shapes.items()}
+        request = []
+        for n, a in feeds.items():
+            item = http.InferInput(n, list(a.shape), inputs[n]["data_type"].removeprefix("TYPE_"))
+            item.set_data_from_numpy(a)
+            request.append(item)
+        answer = client.infer(name, request, outputs=[http.InferRequestedOutput(o) for o in outputs])
+        return feeds, answer
+
+    for profile in contract["profiles"]:
+        cap = (lambda shape: [min(shape[0], batch), *shape[1:]]) if batch > 0 else list
+        points = {"min": {n: list(r[0]) for n, r in profile["shapes"].items()},
+                  "max": {n: cap(r[2]) for n, r in profile["shapes"].items()}}
+        if batch > 0:
+            points["batch 1"] = {n: [1, *r[1][1:]] for n, r in profile["shapes"].items()}
+            points[f"max_batch_size {batch}"] = {n: [batch, *r[1][1:]] for n, r in profile["shapes"].items()}
+        for what, shapes in points.items():
+            feeds, answer = ask(shapes)
+            expected = session.run(outputs, feeds)
+            for o, e in zip(outputs, expected):
+                got = answer.as_numpy(o)
+                assert got.shape == e.shape and np.array_equal(got, e), (what, o, got.shape, e.shape)
+            checked.append(f"{profile['name']} {what}: {shapes}")
+        if batch > 0:
+            over = {n: [batch + 1, *r[1][1:]] for n, r in profile["shapes"].items()}
+            try:
+                ask(over)
+            except InferenceServerException as exc:
+                assert "batch-size must be <=" in str(exc), exc
+                checked.append(f"{profile['name']} batch {batch + 1}: refused by Triton")
+            else:
+                raise AssertionError(f"a batch of {batch + 1} was served")
+        for n, (lo, opt, hi) in profile["shapes"].items():  # a dimension Triton lets through (-1 in its config)
+            declared = ([-1] if batch > 0 else []) + inputs[n]["dims"]
+            free = [i for i, d in enumerate(declared) if d == -1 and (i > 0 or batch == 0) and lo[i] > 1]
+            for i in free[:1]:
+                shapes = {m: list(r[1]) for m, r in profile["shapes"].items()}
+                shapes[n][i] = lo[i] - 1
+                try:
+                    ask(shapes)
+                except InferenceServerException as exc:
+                    assert "outside the engine's profile" in str(exc), exc
+                    checked.append(f"{profile['name']} {n} dimension {i} = {lo[i] - 1}: refused by the engine")
+                else:
+                    raise AssertionError(f"{n} dimension {i} = {lo[i] - 1} was served")
+    return checked
+
+
+def run_request_example(server: Server, script: str, where: Path, *args: str) -> str:
+    """The card's request example, run as a user would (its own process), against `server`; its output."""
+    path = where / "request_example.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRITON_URL": server.url})
+    assert done.returncode == 0, f"the card's request example failed: {done.stdout}{done.stderr}"
+    return done.stdout
