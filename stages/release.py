@@ -23,6 +23,7 @@ from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.triton import config as triton_config
 from trtflow.stages.triton import preprocess as triton_preprocess
 from trtflow.stages.triton import client_example, contract, schema, versions
+from trtflow.stages.triton import warmup as triton_warmup
 from trtflow.stages.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 
@@ -64,7 +65,8 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
         else:
             eng = by_name[chosen.name]
             release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
-            _repository(release, eng, params, model_name, out_dir, steps)
+            warnings += _repository(release, eng, params, model_name, out_dir, steps, _warmup_sample(params, inputs,
+                                                                                                      eng))
             if latest is not None and latest.contract is not None and release.contract is not None:
                 release.contract_changes = release.contract.changes(latest.contract)
             release.environment = _environment(eng)
@@ -182,8 +184,21 @@ def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
 
 # ---------------------------------------------------------------------------------------------- Triton
 
+def _warmup_sample(params: ReleaseStage, inputs: Inputs, eng: Engine) -> dict | None:
+    """The first of the release's samples for the engine's model (validation images or tensors), for Triton's
+    warmup; None where they are random (Triton makes its own)."""
+    if not params.triton.warmup or params.data.random:
+        return None
+    from trtflow.stages.onnx.model_io import load
+    from trtflow.stages.ort import runner as ort_runner
+    from trtflow.stages.ort.samples import SampleSource
+    model = load(eng.own_variant or Path(eng.cell.model), with_data=False)
+    source = SampleSource(params.data, inputs, ort_runner.model_inputs(model), "release", model)
+    return source.sample(0) if len(source) else None
+
+
 def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path,
-                steps: list[dict] | None) -> None:
+                steps: list[dict] | None, sample: dict | None) -> list[str]:
     """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
     ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
     config Triton would refuse fails the stage here."""
@@ -194,6 +209,7 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
         config = triton_config.make(model_name, eng, params.triton)
     except triton_config.ConfigError as exc:
         raise StageError(f"release: {exc}") from None
+    notes = triton_warmup.add(config, eng.cell.profiles, sample, model_dir) if params.triton.warmup else []
     text = schema.to_text(config)
     try:
         parsed = schema.parse(text)
@@ -224,6 +240,7 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     inputs, outputs = triton_config.engine_io(eng)
     release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)[2] or (
         "set by triton.max_batch_size" if params.triton.max_batch_size is not None else "")
+    return notes
 
 
 def _environment(eng: Engine) -> dict:

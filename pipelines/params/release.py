@@ -2,13 +2,13 @@
 validation), as a Triton model repository and a model card."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
 
 from trtflow.names import ModelName, Name
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, Slot
-from trtflow.pipelines.schema import StageBase, Strict
+from trtflow.pipelines.schema import SampleData, StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
 
 
@@ -49,14 +49,27 @@ class TritonSpec(Strict):
     max_queue_delay: Duration = Field(0.0001, le=60, description="how long Triton may hold a request to batch it")
     gpus: list[Annotated[int, Field(ge=0, le=255)]] = Field(default_factory=list, description="GPU indices of the instance groups; default: all")
     preprocess: bool = Field(False, description="also a Python-backend model running the parity stage's "
-                                                "preprocessing (trtflow's own code: the Triton container needs "
-                                                "trtflow) and an ensemble taking encoded images")
+                                                "preprocessing (trtflow's own steps, copied beside it: numpy, "
+                                                "OpenCV and scipy, pinned in its requirements.txt) and an ensemble "
+                                                "taking encoded images")
+    warmup: bool = Field(True, description="model_warmup: a request per optimization profile at its opt shape, "
+                                           "from the stage's `data` (the validation samples), before the model "
+                                           "is ready")
+    optimization: dict[str, Any] = Field(default_factory=dict, description=(
+        "Triton's `optimization` block as is, checked with Triton's schema, e.g. {cuda: {graphs: true}}"))
+    response_cache: bool = Field(False, description="Triton's response cache for this model (the server needs "
+                                                    "--cache-config)")
+    parameters: dict[str, str] = Field(default_factory=dict, description="Triton's `parameters` of the model "
+                                                                         "(string values)")
 
 
 class ReleaseStage(StageBase):
     kind: Literal["release"]
     select: Select = Field(default_factory=Select)
     triton: TritonSpec = Field(default_factory=TritonSpec)
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True, samples=1),
+                             description="the samples Triton warms the model up with (triton.warmup): the "
+                                         "validation images or tensors; default random")
 
 
 def _wiring(spec: ReleaseStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:

@@ -122,6 +122,16 @@ def make(model_name: str, engine: Engine, spec: TritonSpec) -> Any:
     if max_batch > 1 and spec.dynamic_batching:
         config.dynamic_batching.preferred_batch_size.extend(preferred)
         config.dynamic_batching.max_queue_delay_microseconds = round(spec.max_queue_delay * 1e6)
+    if spec.optimization:
+        from google.protobuf import json_format
+        try:
+            json_format.ParseDict({"optimization": spec.optimization}, config)
+        except json_format.ParseError as exc:
+            raise ConfigError(f"triton.optimization is not Triton's `optimization` block: {exc}") from None
+    if spec.response_cache:
+        config.response_cache.enable = True
+    for key, value in spec.parameters.items():
+        config.parameters[key].string_value = value
     groups = [[str(i)] for i in range(len(profiles))] if len(profiles) > 1 else [[]]
     for names in groups:
         group = config.instance_group.add(count=spec.instances, kind=pb.ModelInstanceGroup.KIND_GPU)
