@@ -155,3 +155,30 @@ def test_the_repair_yaml_to_paste_reads_back_the_node_names(node):
         assert list(stage) == [key]
         (value,) = stage[key]
         assert (re.fullmatch(value, node) is not None) if precision == "fp16" else value == node
+
+
+def test_the_preprocessing_model_refuses_an_image_no_profile_takes(tmp_path, monkeypatch):
+    """Triton's config says -1 where a profile bounds a dimension: the preprocessing model checks the engine's
+    profile ranges itself, and an image whose tensor falls outside fails its own request, naming the range."""
+    import numpy as np
+
+    from tests.assets import IMAGENET, PHOTOS
+    from trtflow.stages.triton import preprocess, schema
+    from trtflow.stages.triton.contract import Contract, ProfileRange
+    pb = schema.model_config_pb2()
+    engine = pb.ModelConfig(name="m", platform="tensorrt_plan", max_batch_size=4)
+    engine.input.add(name="input", data_type=pb.TYPE_FP32, dims=[3, -1, -1])
+    engine.output.add(name="logits", data_type=pb.TYPE_FP32, dims=[1000])
+    small = Contract(inputs=[], outputs=[], max_batch_size=4, dynamic_batching=False, profiles=[ProfileRange(
+        name="small", shapes={"input": ([1, 3, 32, 32], [1, 3, 64, 64], [4, 3, 128, 128])})])
+    preprocess.write(tmp_path, "m", 1, engine, IMAGENET, small)
+    _stub_backend(monkeypatch)
+    spec = importlib.util.spec_from_file_location("ranged", tmp_path / "m_preprocess" / "1" / "model.py")
+    served = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(served)
+    model = served.TritonPythonModel()
+    model.initialize({"model_config": "{}"})
+    (outputs, error), = model.execute([{"IMAGE": sys.modules["triton_python_backend_utils"].Tensor(
+        "IMAGE", np.frombuffer(PHOTOS[0].read_bytes(), np.uint8))}])
+    assert outputs == [] and error == ("the image gives a tensor of shape [1, 3, 224, 224], which the engine does "
+                                       "not take: dimension 2 is 224, profile 'small' takes 32..128")

@@ -134,6 +134,24 @@ def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     assert [list(g.profile) for g in c.instance_group] == [["0"], ["1"]]
 
 
+def test_triton_settings_pass_through_checked_by_its_schema_and_warmup_per_profile(tmp_path, cls, tensorrt_backend):
+    """optimization, response_cache and parameters reach config.pbtxt as given (a key Triton's schema has not got
+    is refused with the key named); model_warmup runs each profile at its opt shape (random data: the release
+    declares no samples)."""
+    built = engines(tmp_path, [cls], profiles={"lines": LINES})
+    _, out = release_of(tmp_path, built, select=ANY_CONTRACT, triton={
+        "optimization": {"cuda": {"graphs": True}, "priority": "PRIORITY_MAX"}, "response_cache": True,
+        "parameters": {"note": "a b"}})
+    c = config_of(out)
+    assert c.optimization.cuda.graphs and c.optimization.priority == 1 and c.response_cache.enable
+    assert c.parameters["note"].string_value == "a b"
+    (warm,) = c.model_warmup
+    assert warm.name == "opt-lines" and warm.batch_size == 8 and warm.inputs["x"].random_data
+    assert list(warm.inputs["x"].dims) == [3, 48, 192]
+    with pytest.raises(StageError, match="triton.optimization is not Triton's `optimization` block: .*graph"):
+        release_of(tmp_path, built, select=ANY_CONTRACT, triton={"optimization": {"cuda": {"graph": True}}})
+
+
 def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend):
     """The checks mirror Triton's load rules: each mistake a hand-written config makes is named."""
     eng = built_engines(engines(tmp_path, [cls], profiles={"lines": LINES}))[0]

@@ -135,8 +135,16 @@ def _environment_text(env: dict[str, Any], name: Callable[[Any], str] = str) -> 
     trt = env.get("tensorrt") or {}
     parts = [f"{name(trt.get('flavour', '?'))} {name(trt.get('version', '?'))}", f"target {name(env.get('target'))}"]
     gpus = env.get("gpu") or []
-    parts.append("built on " + (", ".join(f"{name(g.get('name'))} (driver {name(g.get('driver'))})" for g in gpus)
-                                if gpus else "a machine without a GPU"))
+    target = str(env.get("target") or "")
+    if target.startswith("sm") and target[2:].isdigit():
+        parts.append(f"GPUs of compute capability {name(target[2:-1] + '.' + target[-1])}")
+    parts.append("built on " + (", ".join(f"{name(g.get('name'))} (compute capability "
+                                          f"{name(g.get('compute_capability', '?'))}, driver {name(g.get('driver'))})"
+                                          for g in gpus) if gpus else "a machine without a GPU"))
+    if trt.get("version"):
+        parts.append(f"serve it with a Triton whose TensorRT backend links {name(trt.get('flavour', '?'))} "
+                     f"{name(trt['version'])} (a Triton release's notes name its TensorRT; an engine loads only on "
+                     f"the TensorRT version that built it)")
     for k in ("hardware_compatibility", "version_compatible"):
         if env.get(k):
             parts.append(f"{k.replace('_', ' ')}: {name(env[k])}")
