@@ -216,3 +216,16 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     for stage in ("prepare", "parity", "fp16", "int8", "build", "validate", "benchmark"):
         assert seen["keys"][stage] == json.loads((store / stage / "last.json").read_text())["key"], stage
     assert "Triton's TensorRT backend loads engines of full TensorRT" in seen["text"]
+
+
+def test_detector_example_released_and_served_by_triton(tmp_path: Path):
+    """The text detector example as its README line promises (INT8 judged by the regions it finds), ending with
+    its release served by the real Triton: the only example whose profile is one fixed shape (max_batch_size 1)."""
+    shutil.copytree(ROOT / "examples" / "ppocr-det", tmp_path / "ppocr-det", ignore=shutil.ignore_patterns(".trtflow"))
+    shutil.copy(ROOT / "examples" / "trtflow.schema.json", tmp_path / "trtflow.schema.json")
+    done = trtflow("run", "pipeline.yaml", cwd=tmp_path / "ppocr-det", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    release = last_report(tmp_path / "ppocr-det" / ".trtflow", "release")["targets"][0]
+    assert release["chosen"]["name"] in last_report(tmp_path / "ppocr-det" / ".trtflow", "validate")["shipped"]
+    assert release["contract"]["max_batch_size"] == 1
+    served_by_triton(tmp_path / "ppocr-det" / ".trtflow", tmp_path, "ppocr-det")
