@@ -421,7 +421,8 @@ def test_release_versions_are_counted_across_machines(bucket, tmp_path):
     assert run("machine1")["version"] == 1
     record = json.loads(fs.cat_file(f"{name}/team/shared/releases/released/native/1.json"))
     assert record["version"] == 1, "the version's record was created in the store"
-    second = run("machine2", "--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]")
+    second = run("machine2", "--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]",
+                 "--set", "stages.release.select.contract=allow_change")  # a larger batch: a new contract
     assert second["version"] == 2 and second["max_batch_size"] == 8 and second["new_version"]
 
 
