@@ -3,37 +3,22 @@ cache belongs never hangs a build (it is ignored and replaced), and an entry who
 the digest inside it is never served: the digest it must match is kept apart from it."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tests.test_store_integrity import within
 from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages import build
 from trtflow.stages.trt import building
 
 pytestmark = pytest.mark.tensorrt
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Fail instead of hanging (a FIFO opened for reading waits for a writer for ever)."""
-    def expired(*_):
-        raise AssertionError(f"still running after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ import ast
 import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 from tests.assets import SQUEEZENET
+from tests.triton_server import stub_backend_utils
 from trtflow.errors import SpecError
 from trtflow.pipelines.loader import load_pipeline
 
@@ -86,21 +86,6 @@ def test_stage_and_output_names_follow_the_same_rule(tmp_path):
 HOSTILE = 'x"""\nimport os; os.system("touch PWNED")\n"""'
 
 
-def _stub_backend(monkeypatch) -> None:
-    class Tensor:
-        def __init__(self, name, array):
-            self.name, self.array = name, array
-
-        def as_numpy(self):
-            return self.array
-
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.Tensor, stub.TritonError = Tensor, str
-    stub.get_input_tensor_by_name = lambda request, name: request[name]
-    stub.InferenceResponse = lambda output_tensors, error=None: (output_tensors, error)
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-
-
 def test_a_tensor_name_never_becomes_code_in_the_generated_model_py(tmp_path, monkeypatch):
     """An engine input named `x\"\"\"` + a line of Python: the generated preprocessing model is constant code (every
     generated .py parses to the same tree whatever the names), the name is data in preprocess.json, and importing
@@ -130,7 +115,7 @@ def test_a_tensor_name_never_becomes_code_in_the_generated_model_py(tmp_path, mo
     spec_file = hostile / "m_preprocess" / "1" / "preprocess.json"
     assert json.loads(spec_file.read_text())["output"] == HOSTILE
 
-    _stub_backend(monkeypatch)
+    stub_backend_utils(monkeypatch)
     monkeypatch.chdir(tmp_path)
     spec = importlib.util.spec_from_file_location("served", hostile / "m_preprocess" / "1" / "model.py")
     served = importlib.util.module_from_spec(spec)
@@ -172,7 +157,7 @@ def test_the_preprocessing_model_refuses_an_image_no_profile_takes(tmp_path, mon
     small = Contract(inputs=[], outputs=[], max_batch_size=4, dynamic_batching=False, profiles=[ProfileRange(
         name="small", shapes={"input": ([1, 3, 32, 32], [1, 3, 64, 64], [4, 3, 128, 128])})])
     preprocess.write(tmp_path, "m", 1, engine, IMAGENET, small)
-    _stub_backend(monkeypatch)
+    stub_backend_utils(monkeypatch)
     spec = importlib.util.spec_from_file_location("ranged", tmp_path / "m_preprocess" / "1" / "model.py")
     served = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(served)

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from tests.assets import PPOCR, SQUEEZENET
 from tests.test_validate_stage import IMAGES, overflowing_squeezenet, photos, run_stage
+from tests.triton_server import stub_backend_utils
 from trtflow.artifact import Artifact, Inputs, Provenance
 from trtflow.errors import StageError, StageFailed
 from trtflow.flows.store import LocalStore, claim_all
@@ -236,8 +237,6 @@ def test_the_declared_preprocessing_ships_as_a_python_backend_model_and_an_ensem
     ensemble from encoded image to logits. model.py runs here against a stand-in of triton_python_backend_utils (it
     proves the preprocessing it serves is the checked one, byte for byte; not Triton itself)."""
     import importlib.util
-    import sys
-    import types
 
     import numpy as np
 
@@ -256,18 +255,7 @@ def test_the_declared_preprocessing_ships_as_a_python_backend_model_and_an_ensem
     assert [(o.name, list(o.dims)) for o in ensemble.output] == [("logits", [-1, 1000])]
     assert all((repo / m / "1").is_dir() for m in target["models"])
 
-    class Tensor:
-        def __init__(self, name, array):
-            self.name, self.array = name, array
-
-        def as_numpy(self):
-            return self.array
-
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.Tensor, stub.TritonError = Tensor, str
-    stub.get_input_tensor_by_name = lambda request, name: request[name]
-    stub.InferenceResponse = lambda output_tensors, error=None: (output_tensors, error)
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    Tensor = stub_backend_utils(monkeypatch)
     spec = importlib.util.spec_from_file_location("served_model", repo / "cls_preprocess" / "1" / "model.py")
     served = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(served)

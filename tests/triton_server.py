@@ -259,6 +259,15 @@ def check_engine_model(server: Server, name: str, onnx: Path, contract: dict) ->
         answer = client.infer(name, request, outputs=[http.InferRequestedOutput(o) for o in outputs])
         return feeds, answer
 
+    def refused(shapes: dict[str, list[int]], reason: str, line: str) -> None:
+        try:
+            ask(shapes)
+        except InferenceServerException as exc:
+            assert reason in str(exc), exc
+            checked.append(line)
+        else:
+            raise AssertionError(f"served, though it should be refused: {line}")
+
     for profile in contract["profiles"]:
         cap = (lambda shape: [min(shape[0], batch), *shape[1:]]) if batch > 0 else list
         points = {"min": {n: list(r[0]) for n, r in profile["shapes"].items()},
@@ -274,27 +283,16 @@ def check_engine_model(server: Server, name: str, onnx: Path, contract: dict) ->
                 assert got.shape == e.shape and np.array_equal(got, e), (what, o, got.shape, e.shape)
             checked.append(f"{profile['name']} {what}: {shapes}")
         if batch > 0:
-            over = {n: [batch + 1, *r[1][1:]] for n, r in profile["shapes"].items()}
-            try:
-                ask(over)
-            except InferenceServerException as exc:
-                assert "batch-size must be <=" in str(exc), exc
-                checked.append(f"{profile['name']} batch {batch + 1}: refused by Triton")
-            else:
-                raise AssertionError(f"a batch of {batch + 1} was served")
+            refused({n: [batch + 1, *r[1][1:]] for n, r in profile["shapes"].items()}, "batch-size must be <=",
+                    f"{profile['name']} batch {batch + 1}: refused by Triton")
         for n, (lo, opt, hi) in profile["shapes"].items():  # a dimension Triton lets through (-1 in its config)
             declared = ([-1] if batch > 0 else []) + inputs[n]["dims"]
             free = [i for i, d in enumerate(declared) if d == -1 and (i > 0 or batch == 0) and lo[i] > 1]
             for i in free[:1]:
                 shapes = {m: list(r[1]) for m, r in profile["shapes"].items()}
                 shapes[n][i] = lo[i] - 1
-                try:
-                    ask(shapes)
-                except InferenceServerException as exc:
-                    assert "outside the engine's profile" in str(exc), exc
-                    checked.append(f"{profile['name']} {n} dimension {i} = {lo[i] - 1}: refused by the engine")
-                else:
-                    raise AssertionError(f"{n} dimension {i} = {lo[i] - 1} was served")
+                refused(shapes, "outside the engine's profile",
+                        f"{profile['name']} {n} dimension {i} = {lo[i] - 1}: refused by the engine")
     return checked
 
 
@@ -306,3 +304,24 @@ def run_request_example(server: Server, script: str, where: Path, *args: str) ->
                           env={**os.environ, "TRITON_URL": server.url})
     assert done.returncode == 0, f"the card's request example failed: {done.stdout}{done.stderr}"
     return done.stdout
+
+
+def stub_backend_utils(monkeypatch) -> type:
+    """A stand-in of `triton_python_backend_utils` (the module Triton's Python backend gives a model.py), enough
+    to run a generated model.py in this process: it proves the model's own code, not Triton. Returns its Tensor."""
+    import types
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+        def as_numpy(self):
+            return self.array
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.Tensor, stub.TritonError = Tensor, str
+    stub.get_input_tensor_by_name = lambda request, name: request[name]
+    stub.InferenceResponse = lambda output_tensors, error=None: (output_tensors, error)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    return Tensor
+
