@@ -121,7 +121,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                     checked.append(_validate(job, cand)[0])
     shutil.rmtree(work)
 
-    verdict = _verdict(checked, fixes)
+    verdict = _verdict(checked, fixes, set(params.optional))
     warnings += [w for r in checked for w in r.warnings]
     simulated: dict[str, list[str]] = {}
     for r in checked:
@@ -137,13 +137,21 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                         f"{repaired.of} {repaired.precision.upper()} node(s) repairs it (output 'repaired', engines "
                         f"in output 'engines'); make it permanent in the pipeline file:\n{repaired.yaml}")
     failed = [r for r in checked if r.name in verdict.unexcused]
+    if not verdict.shipped and not failed:  # every variant optional, and every one failed: nothing may ship
+        failed = [r for r in checked if not r.passed]
+    excluded = {}
+    for variant in sorted({r.variant.removesuffix(".repaired") for r in checked if r.name in verdict.optional}):
+        mine = [r for r in checked if r.name in verdict.optional and r.variant.removesuffix(".repaired") == variant]
+        excluded[variant] = _failure_line(mine, checked, repaired, params).removeprefix("validate: ")
+        warnings.append(f"optional variant '{variant}' excluded from benchmark and release: {excluded[variant]}")
     report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
                             data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
-                            shipped=verdict.shipped, not_shipped=verdict.not_shipped, warnings=warnings)
+                            shipped=verdict.shipped, not_shipped=verdict.not_shipped, excluded=excluded,
+                            warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     result = StageResult(outputs=outputs, summary=report.summary(), warnings=warnings,
                          metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
-                                  "not_shipped": sorted(verdict.not_shipped),
+                                  "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
                                   "worst_cosine": min((o["cosine"] for r in checked
                                                        for o in r.accuracy["outputs"].values()), default=None)})
     if failed:
@@ -156,11 +164,12 @@ class _Verdict:
     shipped: list[str]  # candidates that pass: the only ones later stages measure or release
     not_shipped: dict[str, str]  # candidate -> why it must not be deployed
     unexcused: list[str]  # failing candidates no passing repaired candidate replaces: they fail the stage
+    optional: list[str]  # failing candidates of optional variants: left out, no failure of the stage
 
 
-def _verdict(checked: list[CandidateResult], fixes: list[Candidate]) -> _Verdict:
+def _verdict(checked: list[CandidateResult], fixes: list[Candidate], optional: set[str] = frozenset()) -> _Verdict:
     """Which candidates may be deployed. A failing candidate is excused (still not shipped, but no failure of the
-    stage) only where a repaired candidate made from it passes in its place."""
+    stage) where a repaired candidate made from it passes in its place, or where its variant is optional."""
     passed = {r.name for r in checked if r.passed}
     replaced = {fix.replaces: fix.name for fix in fixes if fix.name in passed}
     not_shipped = {}
@@ -169,8 +178,12 @@ def _verdict(checked: list[CandidateResult], fixes: list[Candidate]) -> _Verdict
             why = r.violations[0] if r.violations else "fails"
             not_shipped[r.name] = why + (f" (the repaired {replaced[r.name]} passes in its place)"
                                          if r.name in replaced else "")
+    variant = {r.name: r.variant.removesuffix(".repaired") for r in checked}
+    left_out = [n for n in not_shipped if n not in replaced and variant[n] in optional]
+    for n in left_out:
+        not_shipped[n] += " (optional variant: excluded)"
     return _Verdict([r.name for r in checked if r.passed], not_shipped,
-                    [n for n in not_shipped if n not in replaced])
+                    [n for n in not_shipped if n not in replaced and n not in left_out], left_out)
 
 
 def _viable(rep: Repair, params: ValidateStage) -> bool:

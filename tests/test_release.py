@@ -205,7 +205,8 @@ def overflow(tmp_path_factory) -> dict:
         run_stage(validate, ValidateStage, tmp / "v", {"engines": Artifact(built, "engines", "e", "build"),
                                                        "models": models, "reference": models[0], **inputs},
                   data=IMAGES, locate_first_bad_layer=False)
-    return {"engines": built, "validation": failed.value.result.outputs["report"], "tmp": tmp}
+    return {"engines": built, "validation": failed.value.result.outputs["report"], "tmp": tmp, "models": models,
+            "inputs": inputs}
 
 
 def test_an_engine_that_failed_validation_is_never_shipped(tmp_path, tensorrt_backend, overflow):
@@ -269,6 +270,28 @@ def test_the_declared_preprocessing_ships_as_a_python_backend_model_and_an_ensem
         assert outputs[0].array.dtype == np.float32 and np.array_equal(outputs[0].array, checked(path)), path
     outputs, error = responses[-1]
     assert outputs == [] and "cannot decode the image" in error
+
+
+def test_an_optional_variant_that_fails_is_left_out_and_the_rest_ships(tmp_path, tensorrt_backend, overflow):
+    """FP16 fails validation (a planted overflow): declared optional, validate passes with FP16 excluded and says
+    why; the release ships the FP32 engine and its card names why FP16 may not ship. Without the declaration the
+    stage fails (as the overflow fixture shows)."""
+    models, inputs = overflow["models"], overflow["inputs"]
+    result = run_stage(validate, ValidateStage, tmp_path / "v", {
+        "engines": Artifact(overflow["engines"], "engines", "e", "build"), "models": models,
+        "reference": models[0], **inputs}, data=IMAGES, locate_first_bad_layer=False, optional=["fp16"])
+    report = json.loads(result.outputs["report"].read_text())
+    assert report["passed"] and report["shipped"] == ["prepare.b4.native"]
+    assert list(report["excluded"]) == ["fp16"] and "fp16.b4.native" in report["excluded"]["fp16"]
+    assert any(w.startswith("optional variant 'fp16' excluded from benchmark and release: 1 of 2 candidate(s) "
+                            "fail") for w in result.warnings), result.warnings
+    released, out = release_of(tmp_path, overflow["engines"], reports={"validation": result.outputs["report"]},
+                               select={"prefer": "size"})
+    target = released["targets"][0]
+    assert target["chosen"]["name"] == "prepare.b4.native"
+    refused = next(o for o in target["options"] if o["name"] == "fp16.b4.native")["refused"]
+    assert refused.startswith("failed validation: ") and refused.endswith("(optional variant: excluded)")
+    assert "optional variant: excluded" in (out / "card" / "model-card.html").read_text()
 
 
 def test_versions_increase_with_each_engine_released(tmp_path, tensorrt_backend, overflow):
@@ -424,6 +447,8 @@ def test_bad_release_settings_are_refused_before_anything_runs(tmp_path):
         "size, variants: [fp61]}}\n")
     assert "no earlier stage produces the 'engines'" in check("  prepare: {kind: prepare}\n  release: {kind: "
                                                                "release, select: {require: built, prefer: size}}\n")
+    assert "optional names fp61, not a precision or calibrate stage this stage checks (name some of: fp16)" in check(
+        "  fp16: {kind: precision}\n" + build_stage + "  validate: {kind: validate, optional: [fp61], metrics: {}}\n")
 
 
 EVENT_PIPELINE = """

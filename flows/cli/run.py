@@ -105,9 +105,14 @@ class Run(Command):
             status.stop()
         ran = sum(r["status"] == "ran" for r in results)
         for r in results:
-            if r.get("not_shipped"):
+            excluded = r.get("excluded") or {}
+            replaced = [n for n in r.get("not_shipped") or [] if n.split(".")[0] not in excluded]
+            if replaced:
                 out.print(f"  [yellow]not to deploy[/] (failed {r['stage']}; each replaced by a repaired engine that "
-                          f"passes): {escape(', '.join(r['not_shipped']))}")
+                          f"passes): {escape(', '.join(replaced))}")
+            for variant, why in excluded.items():
+                out.print(f"  [yellow]left out[/] optional variant {escape(variant)} (failed {r['stage']}; not "
+                          f"benchmarked or released): {escape(why)}")
         out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
                   f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
         return 0

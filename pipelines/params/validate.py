@@ -5,6 +5,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import ConfigDict, Field, model_validator
 
+from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import Metrics, SampleData, StageBase, Strict, metric_direction
 from trtflow.pipelines.units import Fraction
@@ -82,6 +83,10 @@ class ValidateStage(StageBase):
                           "the stage fails saying the precision is not viable at these tolerances")
     repair_variant: str | None = Field(None, description="the precision/calibrate stage whose variant is repaired and "
                                                          "published as output 'repaired' (default: the only one)")
+    optional: list[StageName] = Field(default_factory=list, description=(
+        "model variants (their precision/calibrate stages) that may fail: a failing optional variant is excluded "
+        "from benchmark and release, its verdict and reason kept, and the run goes on; every other variant must "
+        "pass (without it, any failure fails the stage)"))
 
     @model_validator(mode="after")
     def _bounded_metrics_exist(self) -> "ValidateStage":
@@ -97,9 +102,13 @@ class ValidateStage(StageBase):
         return self
 
 
-def _repair_wiring(spec: ValidateStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
-    """repair settings that cannot work with the variants the pipeline feeds this stage."""
+def _wiring(spec: ValidateStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+    """repair and optional settings that cannot work with the variants the pipeline feeds this stage."""
     low = [n for n, kind in upstream.items() if kind in ("precision", "calibrate")]
+    unknown = [v for v in spec.optional if v not in low]
+    if unknown:
+        return (f"optional names {', '.join(unknown)}, not a precision or calibrate stage this stage checks",
+                ("optional",), f"name some of: {', '.join(low)}" if low else "add a precision/calibrate stage")
     if spec.repair_variant is not None and spec.repair_variant not in low:
         return (f"repair_variant '{spec.repair_variant}' is not a precision or calibrate stage this stage checks",
                 ("repair_variant",), f"name one of: {', '.join(low)}" if low else "add a precision/calibrate stage")
@@ -123,4 +132,4 @@ KIND = Kind("validate", ValidateStage,
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,
-            wiring=_repair_wiring)
+            wiring=_wiring)

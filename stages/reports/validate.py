@@ -72,6 +72,7 @@ class ValidateReport(BaseModel):
     passed: bool
     shipped: list[str] = []  # the candidates that pass: the only ones to measure and deploy
     not_shipped: dict[str, str] = {}  # candidate -> why it must not be deployed
+    excluded: dict[str, str] = {}  # optional variant -> why it failed and was left out (the run went on)
     warnings: list[str]
 
     @classmethod
