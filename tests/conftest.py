@@ -182,3 +182,18 @@ SLOWEST_FIRST = ("test_example.py", "test_example_ocr.py", "test_kill.py", "test
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FIRST)))  # stable: file order otherwise
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory):
+    """The real Triton server (tests/triton_server.py), started once per test process on an empty repository whose
+    models each test loads; its Python backend's environment made from exactly what the release's preprocessing
+    model requires (its requirements.txt, as the card says) and what the stand-in TensorRT backend needs."""
+    from tests import triton_server
+    from trtflow.stages.triton.preprocess import REQUIREMENTS
+    root = tmp_path_factory.mktemp("triton")
+    (root / "models").mkdir()
+    env = triton_server.environment(list(REQUIREMENTS) + triton_server.STAND_IN_REQUIREMENTS)
+    with triton_server.triton(root / "models", env, root / "tritonserver.log") as server:
+        yield server
+

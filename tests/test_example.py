@@ -25,7 +25,7 @@ def triton_config(store: Path, released: dict):
     return text_format.Parse((model / "config.pbtxt").read_text(), model_config_pb2().ModelConfig())
 
 
-def served_by_triton(store: Path, tmp: Path, model: str, preprocess: Path | None = None) -> None:
+def served_by_triton(server, store: Path, tmp: Path, model: str, preprocess: Path | None = None) -> None:
     """The release as a deployment engineer serves it: the real Triton server (2.51.0, CPU) loads the repository
     with one edit (KIND_GPU -> KIND_CPU, no GPU here), a stand-in for the TensorRT backend runs the shipped
     variant's ONNX (tests/triton_backend: proves Triton's side, not TensorRT's), in a Python environment made from
@@ -36,45 +36,47 @@ def served_by_triton(store: Path, tmp: Path, model: str, preprocess: Path | None
     import numpy as np
 
     from tests import triton_server as ts
-    repo, target, onnx = ts.released(store, tmp)
+    repo = server.repository
+    target, onnx = ts.released(store, repo)
     assert target["models"][0] == model
-    with ts.triton(repo, ts.environment(ts.requirements(repo)), tmp / "triton.log") as server:
-        for m in target["models"]:
-            server.load(m)
-        contract = json.loads((repo / model / "contract.json").read_text())
-        checked = ts.check_engine_model(server, model, onnx[model], contract)
-        assert any("refused by the engine" in c for c in checked) or all(
-            d != -1 for t in contract["inputs"] for d in t["dims"]), checked
-        images = sorted(p for p in (preprocess or tmp).glob("*") if p.suffix in (".png", ".jpg"))
-        printed = ts.run_request_example(server, target["request_example"], tmp, *[str(p) for p in images[:1]])
-        assert [line.split()[0] for line in printed.splitlines()] == [o["name"] for o in contract["outputs"]] * (
-            2 if preprocess else 1), printed
-        if preprocess is None:
-            return
-        import onnxruntime as ort
-        import tritonclient.http as http
+    for m in target["models"][1:2]:  # the environment is made exactly as the preprocessing model's card says
+        assert set(ts.requirements(repo / m)) <= set(server.requirements), (ts.requirements(repo / m), server)
+    for m in target["models"]:
+        server.load(m)
+    contract = json.loads((repo / model / "contract.json").read_text())
+    checked = ts.check_engine_model(server, model, onnx[model], contract)
+    assert any("refused by the engine" in c for c in checked) or all(
+        d != -1 for t in contract["inputs"] for d in t["dims"]), checked
+    images = sorted(p for p in (preprocess or tmp).glob("*") if p.suffix in (".png", ".jpg"))
+    printed = ts.run_request_example(server, target["request_example"], tmp, *[str(p) for p in images[:1]])
+    assert [line.split()[0] for line in printed.splitlines()] == [o["name"] for o in contract["outputs"]] * (
+        2 if preprocess else 1), printed
+    if preprocess is None:
+        return
+    import onnxruntime as ort
+    import tritonclient.http as http
 
-        from trtflow.stages.image.preprocess import load
-        parity = json.loads((store / "parity" / "last.json").read_text())["key"]  # what the release was made from
-        pre = load(store / "parity" / parity / "preprocess.json")
-        session = ort.InferenceSession(str(onnx[model]), providers=["CPUExecutionProvider"])
-        client = server.client()
-        bodies = [p.read_bytes() for p in images] + [b"not an image", images[0].read_bytes()[:100]]
-        pending = []
-        for body in bodies:
-            item = http.InferInput("IMAGE", [len(body)], "UINT8")
-            item.set_data_from_numpy(np.frombuffer(body, np.uint8))
-            pending.append((client.async_infer(f"{model}_preprocess", [item]),
-                            client.async_infer(f"{model}_ensemble", [item])))
-        for path, (tensor, logits) in zip(images, pending):
-            expected = pre(path)
-            assert np.array_equal(tensor.get_result().as_numpy(contract["inputs"][0]["name"]), expected), path
-            assert np.array_equal(logits.get_result().as_numpy("logits"),
-                                  session.run(["logits"], {contract["inputs"][0]["name"]: expected})[0]), path
-        for tensor, logits in pending[len(images):]:  # each corrupt image fails its own request only
-            for answer in (tensor, logits):
-                with pytest.raises(Exception, match="cannot decode the image"):
-                    answer.get_result()
+    from trtflow.stages.image.preprocess import load
+    parity = json.loads((store / "parity" / "last.json").read_text())["key"]  # what the release was made from
+    pre = load(store / "parity" / parity / "preprocess.json")
+    session = ort.InferenceSession(str(onnx[model]), providers=["CPUExecutionProvider"])
+    client = server.client()
+    bodies = [p.read_bytes() for p in images] + [b"not an image", images[0].read_bytes()[:100]]
+    pending = []
+    for body in bodies:
+        item = http.InferInput("IMAGE", [len(body)], "UINT8")
+        item.set_data_from_numpy(np.frombuffer(body, np.uint8))
+        pending.append((client.async_infer(f"{model}_preprocess", [item]),
+                        client.async_infer(f"{model}_ensemble", [item])))
+    for path, (tensor, logits) in zip(images, pending):
+        expected = pre(path)
+        assert np.array_equal(tensor.get_result().as_numpy(contract["inputs"][0]["name"]), expected), path
+        assert np.array_equal(logits.get_result().as_numpy("logits"),
+                              session.run(["logits"], {contract["inputs"][0]["name"]: expected})[0]), path
+    for tensor, logits in pending[len(images):]:  # each corrupt image fails its own request only
+        for answer in (tensor, logits):
+            with pytest.raises(Exception, match="cannot decode the image"):
+                answer.get_result()
 
 
 @pytest.fixture
@@ -84,7 +86,7 @@ def example(tmp_path: Path) -> Path:
     return tmp_path / "ppocr-cls"
 
 
-def test_example_end_to_end(example: Path):
+def test_example_end_to_end(example: Path, triton):
     first = trtflow("run", "pipeline.yaml", cwd=example)
     assert first.returncode == 0, first.stderr + first.stdout
     assert "7 stages (7 ran, 0 reused)" in first.stdout
@@ -132,7 +134,7 @@ def test_example_end_to_end(example: Path):
     config = triton_config(example / ".trtflow", released)
     assert config.name == "ppocr-cls" and config.platform == "tensorrt_plan" and config.max_batch_size == 32
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [3, 48, -1])]  # the profile pins the height
-    served_by_triton(example / ".trtflow", example.parent, "ppocr-cls")
+    served_by_triton(triton, example / ".trtflow", example.parent, "ppocr-cls")
 
     plan = trtflow("plan", "pipeline.yaml", "--set", "stages.prepare.target_opset=16", cwd=example)
     assert plan.returncode == 0, plan.stderr
@@ -148,7 +150,7 @@ def squeezenet(tmp_path: Path) -> Path:
     return tmp_path / "squeezenet-cls"
 
 
-def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
+def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
     pytest.importorskip("torchvision")
     bad = trtflow("run", "pipeline.yaml", "--set", "stages.parity.deploy.0.read=bgr", cwd=squeezenet)
     assert bad.returncode == 1, bad.stdout + bad.stderr
@@ -183,7 +185,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path):
     assert config.max_batch_size == (32 if ".dynamic." in target["chosen"]["name"] else 1)
     assert [(i.name, list(i.dims)) for i in config.input] == [("input", [3, 224, 224])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("logits", [1000])]
-    served_by_triton(store, squeezenet.parent, "squeezenet-cls", preprocess=squeezenet / "data")
+    served_by_triton(triton, store, squeezenet.parent, "squeezenet-cls", preprocess=squeezenet / "data")
 
     # the model card, in a real browser: every picture decoded, every number the one its report holds
     key = json.loads((store / "release" / "last.json").read_text())["key"]

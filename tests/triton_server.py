@@ -28,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -131,6 +131,7 @@ class Server:
     repository: Path
     log: Path
     proc: subprocess.Popen
+    requirements: list[str] = field(default_factory=list)  # what its Python backend's environment was made from
 
     def _request(self, method: str, path: str, body: dict | None = None, timeout: float = 120) -> tuple[int, str]:
         req = urllib.request.Request(f"http://{self.url}{path}", method=method,
@@ -171,7 +172,8 @@ def triton(repository: Path, env: Path, log: Path) -> Iterator[Server]:
              "--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--allow-metrics", "false"],
             stdout=out, stderr=subprocess.STDOUT, env=variables, start_new_session=True)
-    server = Server(f"127.0.0.1:{http_port}", repository, log, proc)
+    made_from = (env / "requirements.txt").read_text().split() if (env / "requirements.txt").exists() else []
+    server = Server(f"127.0.0.1:{http_port}", repository, log, proc, made_from)
     try:
         deadline = time.monotonic() + 120
         while not (_up(http_port) and server._request("GET", "/v2/health/live", timeout=5)[0] == 200):
@@ -198,18 +200,19 @@ def _up(port: int) -> bool:
 
 # ------------------------------------------------------------------------------------------ a release, served
 
-def released(store: Path, tmp: Path, target: int = 0) -> tuple[Path, dict, dict[str, Path]]:
-    """The newest release in `store`: its repository for one target copied to `tmp/models` as a machine without a
-    GPU must have it (the one edit: KIND_GPU -> KIND_CPU, which Triton requires with no GPU present), the shipped
-    variant's ONNX placed beside each engine for the stand-in backend. Returns the repository, the target's report
-    and model name -> the ONNX it serves."""
+def released(store: Path, repo: Path, target: int = 0) -> tuple[dict, dict[str, Path]]:
+    """The newest release in `store`: its models for one target copied into the server's repository `repo` as a
+    machine without a GPU must have them (the one edit: KIND_GPU -> KIND_CPU, which Triton requires with no GPU
+    present), the shipped variant's ONNX placed beside the engine for the stand-in backend. Returns the target's
+    report and model name -> the ONNX it serves."""
     import hashlib as _hashlib
 
     key = json.loads((store / "release" / "last.json").read_text())["key"]
     report = json.loads((store / "release" / key / "report.json").read_text())["targets"][target]
-    repo = tmp / "models"
-    shutil.copytree(store / "release" / key / report["repository"], repo)
-    for config in repo.glob("*/config.pbtxt"):
+    for name in report["models"]:
+        shutil.rmtree(repo / name, ignore_errors=True)
+        shutil.copytree(store / "release" / key / report["repository"] / name, repo / name)
+        config = repo / name / "config.pbtxt"
         config.write_text(config.read_text().replace("kind: KIND_GPU", "kind: KIND_CPU"))
     digest = report["chosen"]["engine_sha256"]
     plans = [p for p in store.glob("*/*/engines/*/engine.plan")
@@ -220,15 +223,13 @@ def released(store: Path, tmp: Path, target: int = 0) -> tuple[Path, dict, dict[
     onnx = variant if variant.exists() else Path(cell["model"])
     model = next(m for m in report["models"] if not m.endswith(("_preprocess", "_ensemble")))
     shutil.copy(onnx, repo / model / str(report["version"]) / "model.onnx")
-    return repo, report, {model: onnx}
+    return report, {model: onnx}
 
 
-def requirements(repo: Path) -> list[str]:
-    """What the release says the Python backend's environment needs (its preprocessing model's requirements.txt),
-    and what the stand-in backend needs beside it."""
-    lines = [ln.strip() for f in sorted(repo.glob("*/requirements.txt")) for ln in f.read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]
-    return lines + STAND_IN_REQUIREMENTS
+def requirements(model_dir: Path) -> list[str]:
+    """The lines of a released model's requirements.txt (what its card says to install)."""
+    return [ln.strip() for ln in (model_dir / "requirements.txt").read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
 
 
 def check_engine_model(server: Server, name: str, onnx: Path, contract: dict) -> list[str]:
