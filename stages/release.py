@@ -20,9 +20,9 @@ from trtflow.stages.reports.parity import ParityReport
 from trtflow.stages.reports.precision import PrecisionReport
 from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
 from trtflow.stages.reports.validate import ValidateReport
+from trtflow.stages.triton import client_example, contract, schema, versions
 from trtflow.stages.triton import config as triton_config
 from trtflow.stages.triton import preprocess as triton_preprocess
-from trtflow.stages.triton import client_example, contract, schema, versions
 from trtflow.stages.triton import warmup as triton_warmup
 from trtflow.stages.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines

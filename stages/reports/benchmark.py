@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtflow import markdown as md
 from pydantic import BaseModel, Field
+
+from trtflow import markdown as md
 
 
 class Measurement(BaseModel):

@@ -14,7 +14,6 @@ Stores written before this layout hold one file per model and target, `releases/
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from datetime import datetime, timezone
