@@ -287,7 +287,7 @@ class Runner:
                 except StageFailed as exc:
                     failed, result = exc, exc.result
                 work = time.perf_counter() - t0
-                lost = None if failed else claim_all(self.store, result.claims)
+                lost = None if failed else claim_all(self.store, getattr(result, "claims", None) or [])
                 if lost is None:
                     break
                 # another run took a record this result needs (a release's version): run again, counting from it
@@ -341,7 +341,7 @@ class Runner:
         if not caches:
             return None
         before = self.store.pull_shared()
-        for note in getattr(self.store, "notes", ()):
+        for note in self.store.notes:
             if note not in self._noted and log is not None:
                 self._noted.add(note)
                 log(f"warning: {note}")

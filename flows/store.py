@@ -164,6 +164,7 @@ class ArtifactStore(Protocol):
     root: Path  # local: where stages read and write, the digest cache and the shared caches live
     location: str  # what users gave: the directory, or the URL of a remote store
     rejected: dict[tuple[str, str], str]
+    notes: list[str]  # what the store refused to fetch from its shared files (a remote store's), for the console
     read_only: bool
     digests: DigestCache  # sha256 of local files by stamp (the source model, data files, results on reuse)
 
@@ -235,6 +236,7 @@ class LocalStore:
         self.root = Path(root)
         self.location = str(self.root)
         self.rejected: dict[tuple[str, str], str] = {}
+        self.notes: list[str] = []
         self.read_only = False
         self.full: TrtflowError | None = None  # why it is read-only when that is a full disk or quota
         self._digests: DigestCache | None = None
