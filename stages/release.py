@@ -64,9 +64,8 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
             release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
         else:
             eng = by_name[chosen.name]
-            release.version, release.new_version = ledger.version_for(chosen.engine_sha256)
-            warnings += _repository(release, eng, params, model_name, out_dir, steps, _warmup_sample(params, inputs,
-                                                                                                      eng))
+            warnings += _repository(release, eng, params, model_name, out_dir, steps,
+                                    _warmup_sample(params, inputs, eng), ledger)
             if latest is not None and latest.contract is not None and release.contract is not None:
                 release.contract_changes = release.contract.changes(latest.contract)
             release.environment = _environment(eng)
@@ -198,13 +197,14 @@ def _warmup_sample(params: ReleaseStage, inputs: Inputs, eng: Engine) -> dict | 
 
 
 def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path,
-                steps: list[dict] | None, sample: dict | None) -> list[str]:
+                steps: list[dict] | None, sample: dict | None, ledger: versions.Ledger) -> list[str]:
     """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
     ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
-    config Triton would refuse fails the stage here."""
+    config Triton would refuse fails the stage here. The version: the latest's where it holds this engine under
+    this contract, else the next."""
     repo = out_dir / "triton" / release.target  # a checked name (trtflow.names)
     model_dir = repo / model_name
-    (model_dir / str(release.version)).mkdir(parents=True)
+    model_dir.mkdir(parents=True)
     try:
         config = triton_config.make(model_name, eng, params.triton)
     except triton_config.ConfigError as exc:
@@ -219,11 +219,13 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     wrong = triton_config.problems(parsed, eng)
     if wrong:
         raise StageError(f"release: Triton would refuse the config.pbtxt for {eng.cell.name}: {'; '.join(wrong)}")
+    release.contract = Contract.of(parsed, eng.cell.profiles)
+    release.version, release.new_version = ledger.version_for(release.chosen.engine_sha256, release.contract)
+    (model_dir / str(release.version)).mkdir()
     (model_dir / "config.pbtxt").write_text(text)
     shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)
     release.repository = repo.relative_to(out_dir).as_posix()
     release.config = text
-    release.contract = Contract.of(parsed, eng.cell.profiles)
     (model_dir / contract.FILE).write_text(release.contract.model_dump_json(indent=2) + "\n")
     release.models = [model_name]
     if params.triton.preprocess:

@@ -153,6 +153,22 @@ def test_triton_settings_pass_through_checked_by_its_schema_and_warmup_per_profi
         release_of(tmp_path, built, select=ANY_CONTRACT, triton={"optimization": {"cuda": {"graph": True}}})
 
 
+def test_the_same_engine_under_another_contract_is_a_new_version(tmp_path, cls, tensorrt_backend):
+    """The engine of version 1 released again with a smaller batch cap: clients of version 1 could send 32, so it
+    is refused by default, and with allow_change it ships as version 2, never as version 1 with another config."""
+    built = engines(tmp_path, [cls], profiles={"lines": LINES})
+    shared = tmp_path / "shared"
+    first, _ = release_of(tmp_path, built, shared, select={"require": "built", "prefer": "size"})
+    assert first["targets"][0]["version"] == 1
+    with pytest.raises(StageFailed, match="would change its serving contract: max_batch_size 32 -> 16"):
+        release_of(tmp_path, built, shared, select={"require": "built", "prefer": "size"},
+                   triton={"max_batch_size": 16})
+    again, out = release_of(tmp_path, built, shared, select=ANY_CONTRACT, triton={"max_batch_size": 16})
+    assert again["targets"][0]["version"] == 2 and again["targets"][0]["new_version"]
+    assert again["targets"][0]["contract_changes"] == ["max_batch_size 32 -> 16"]
+    assert (out / "triton" / "native" / "cls" / "2" / "model.plan").is_file()
+
+
 def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend):
     """The checks mirror Triton's load rules: each mistake a hand-written config makes is named."""
     eng = built_engines(engines(tmp_path, [cls], profiles={"lines": LINES}))[0]

@@ -57,15 +57,17 @@ class Ledger(BaseModel):
     def latest(self) -> Released | None:
         return max(self.releases, key=lambda r: r.version) if self.releases else None
 
-    def version_for(self, engine_digest: str) -> tuple[int, bool]:
-        """(the version to ship this engine as, whether it is new): the latest version if it holds this engine,
-        else one more than the latest (an engine released long ago comes back as a new version: a lower one would
-        not be served)."""
+    def version_for(self, engine_digest: str, contract: Contract | None = None) -> tuple[int, bool]:
+        """(the version to ship this engine as, whether it is new): the latest version if it holds this engine
+        under the same serving contract, else one more than the latest (an engine released long ago comes back as
+        a new version: a lower one would not be served; a config that changes what clients may send is a new
+        version too)."""
         if not self.releases:
             return 1, True
         latest = self.latest()
         assert latest is not None
-        if latest.owner == engine_digest:
+        if latest.owner == engine_digest and (latest.contract is None or contract is None
+                                              or latest.contract == contract):
             return latest.version, False
         if latest.version >= MAX_VERSION:
             raise StageError(f"release: version {latest.version} is the largest Triton takes: no next version",
