@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -120,7 +121,20 @@ class Run(Command):
 
 
 SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often
-SERVER_LOST_AFTER = 3  # failed checks in a row: the server is gone (Prefect's client would retry for minutes)
+SERVER_LOST_AFTER = 3  # refused connections in a row: the server is gone
+# a server that takes connections and does not answer is slow (SQLite writes, a busy machine, a paused VM): it is
+# given this long (TRTFLOW_SERVER_PATIENCE, seconds), as Prefect's own client retries for minutes
+SERVER_PATIENCE_S = 300.0
+SERVER_SLOW_SAY_S = 15.0  # said once on the console after this long without an answer
+
+
+def _patience() -> float:
+    value = os.environ.get("TRTFLOW_SERVER_PATIENCE", "")
+    try:
+        seconds = float(value) if value else SERVER_PATIENCE_S
+    except ValueError:
+        return SERVER_PATIENCE_S
+    return max(seconds, SERVER_CHECK_S) if math.isfinite(seconds) else SERVER_PATIENCE_S
 
 
 @contextlib.contextmanager
@@ -135,15 +149,28 @@ def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
 
     done = threading.Event()
 
+    patience = _patience()
+
     def watch() -> None:
-        failed = 0
+        refused, answered, said = 0, time.monotonic(), False
         while not done.wait(SERVER_CHECK_S):
             try:
                 ok = httpx.get(f"{url}/health", timeout=SERVER_CHECK_S).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            failed = 0 if ok else failed + 1
-            if failed >= SERVER_LOST_AFTER and not done.is_set():
+                gone = False
+            except httpx.ConnectError:  # nobody listens there: the server is gone
+                ok, gone = False, True
+            except httpx.HTTPError:  # it took the connection and did not answer in time: slow, not gone
+                ok, gone = False, False
+            if ok:
+                refused, answered = 0, time.monotonic()
+                continue
+            refused = refused + 1 if gone else 0
+            silent = time.monotonic() - answered  # since its last answer (or the run's start)
+            if not gone and not said and silent >= SERVER_SLOW_SAY_S:
+                said = True
+                sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
+                sys.stderr.flush()
+            if (refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
                 from trtflow.flows.isolate import kill_all
 
                 kill_all()

@@ -1,0 +1,49 @@
+"""A slow Prefect server is not a dead one: while a run goes on, trtflow asks the server's /health every 3 s. A
+server that refuses connections is gone (the run stops, exit 3, within seconds); one that takes connections and
+does not answer (SQLite writes, a busy machine, a paused VM) is waited for, up to TRTFLOW_SERVER_PATIENCE seconds.
+Three unanswered checks (about 18 s) used to end a healthy run, and, run in process, the pytest worker with it."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+WATCHED = textwrap.dedent("""
+    import sys, time
+    from trtflow.flows.cli.run import _server_watch
+    with _server_watch(sys.argv[1], False):
+        time.sleep(float(sys.argv[2]))
+    print("the run ended")
+""")
+
+
+def _start(url: str, seconds: float, patience: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WATCHED, url, str(seconds)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TRTFLOW_SERVER_PATIENCE": patience})
+
+
+def test_a_silent_server_is_waited_for_and_a_refusing_one_is_gone():
+    """Three runs side by side: one whose server takes connections and says nothing for 24 s (past the old
+    limit) goes on to its end; one whose silent server outlasts TRTFLOW_SERVER_PATIENCE=4 ends with exit 3; one
+    whose server refuses connections ends with exit 3 within seconds."""
+    with socket.socket() as silent, socket.socket() as closed:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # connections are taken (the kernel's backlog) and never answered
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        t0 = time.monotonic()
+        patient = _start(f"http://127.0.0.1:{silent.getsockname()[1]}/api", 24, "120")
+        impatient = _start(f"http://127.0.0.1:{silent.getsockname()[1]}/api", 120, "4")
+        refused = _start(f"http://127.0.0.1:{closed.getsockname()[1]}/api", 120, "120")
+        ended = {}
+        for name, proc in (("refused", refused), ("impatient", impatient), ("patient", patient)):
+            out, err = proc.communicate(timeout=120)
+            ended[name] = (proc.returncode, time.monotonic() - t0, out + err)
+    assert ended["patient"][0] == 0 and "the run ended" in ended["patient"][2], ended
+    assert "waiting for the Prefect server at" in ended["patient"][2], ended  # said once, after 15 s
+    for name in ("impatient", "refused"):
+        code, seconds, text = ended[name]
+        assert code == 3 and "stopped answering during the run" in text and seconds < 40, (name, ended)
