@@ -175,10 +175,16 @@ def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
 
                 kill_all()
                 what = "trtflow's background Prefect server" if ours else "the Prefect server"
-                sys.stderr.write(f"error: {what} at {url} stopped answering during the run; the running stages "
-                                 f"were stopped and nothing they were writing was kept; "
-                                 + ("run again (a new one is started)\n" if ours else
-                                    "start it again and run again\n"))
+                kept = "the running stages were stopped and nothing they were writing was kept"
+                if refused >= SERVER_LOST_AFTER:  # gone: a new background server is started by the next run
+                    sys.stderr.write(f"error: {what} at {url} stopped answering during the run; {kept}; "
+                                     + ("run again (a new one is started)\n" if ours else
+                                        "start it again and run again\n"))
+                else:  # still there, and silent: no new server would be started
+                    sys.stderr.write(f"error: {what} at {url} took connections but did not answer for {silent:.0f} s "
+                                     f"(TRTFLOW_SERVER_PATIENCE); {kept}; run again when it answers"
+                                     + (" (or `trtflow server stop`: the next run then starts a new one)\n" if ours
+                                        else "\n"))
                 sys.stderr.flush()
                 os._exit(PrefectUnavailable.exit_code)
 
