@@ -175,8 +175,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
                          if out.type == "engines"],
              # a validate stage's verdict: the candidates that passed, and those never to deploy
              "shipped": o.manifest.metrics.get("shipped", []), "not_shipped": o.manifest.metrics.get("not_shipped", []),
-             # optional variants that failed, left out of benchmark and release: variant -> why
-             "excluded": o.manifest.metrics.get("excluded", {}),
+             # optional variants that failed, left out of benchmark and release: variant -> why, and their candidates
+             "excluded": o.manifest.metrics.get("excluded", {}), "left_out": o.manifest.metrics.get("left_out", []),
              # a release stage's versions (trtflow.release.created was emitted for each new one)
              "releases": o.manifest.metrics.get("releases", []) if o.kind == "release" else []}
             for n, o in ((n, run.outcomes[n]) for n in order)]

@@ -22,13 +22,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trtflow import files, paths
+from trtflow import files
+from trtflow.artifact import CLAIM_BYTES
 from trtflow.errors import StoreError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
-    CLAIM_BYTES,
     HOST,
     KEY_NAME,
     LAST,
@@ -79,13 +79,16 @@ class RemoteStore:
     def _remote(self, *parts: str) -> str:
         return "/".join([self.base.rstrip("/"), *parts])
 
-    def _cat_json(self, path: str, limit: int = MANIFEST_BYTES) -> Any:
-        """JSON of the object at `path`, reading at most `limit` bytes (ValueError beyond: a 50 GB object where a
-        manifest belongs would exhaust memory). FileNotFoundError and backend errors pass through."""
+    def _cat(self, path: str, limit: int) -> bytes:
+        """The object at `path`, reading at most `limit` bytes (ValueError beyond: a 50 GB object where a manifest
+        belongs would exhaust memory). FileNotFoundError and backend errors pass through."""
         data = self.fs.cat_file(path, start=0, end=limit + 1)
         if len(data) > limit:
             raise ValueError(f"more than {limit} bytes")
-        return json.loads(data)
+        return data
+
+    def _cat_json(self, path: str, limit: int = MANIFEST_BYTES) -> Any:
+        return json.loads(self._cat(path, limit))
 
     @property
     def digests(self) -> DigestCache:
@@ -256,29 +259,20 @@ class RemoteStore:
         wins; the others get what it wrote. Then the local copy, as `pull_shared` would fetch it."""
         target = self._remote(SHARED, *rel.split("/"))
         try:
-            self.fs.pipe_file(target, data, mode="create")
-            theirs = None
-        except Exception as exc:  # noqa: BLE001
-            if not _precondition_failed(exc):
-                raise self._fail(f"claiming shared/{rel}", exc) from None
-            theirs = self._cat_bytes(target, CLAIM_BYTES)
-        if theirs is None:  # a server that ignores the condition: the record read back says who won
-            placed = self._cat_bytes(target, CLAIM_BYTES)
-            theirs = None if placed == data else placed
-        local = self.root / SHARED
-        local.mkdir(parents=True, exist_ok=True)
-        paths.create_exclusive(local, rel, theirs if theirs is not None else data)
-        return theirs
-
-    def _cat_bytes(self, path: str, limit: int) -> bytes:
-        try:
-            data = self.fs.cat_file(path, start=0, end=limit + 1)
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(f"reading {path}", exc) from None
-        if len(data) > limit:
-            raise StoreError(f"{path} is more than {limit} bytes: not a record trtflow wrote",
-                             hint="remove it from the store")
-        return data
+            try:
+                self.fs.pipe_file(target, data, mode="create")
+                placed = self._cat(target, CLAIM_BYTES)  # a server that ignores the condition: who won is read back
+            except Exception as exc:  # noqa: BLE001
+                if not _precondition_failed(exc):
+                    raise
+                placed = self._cat(target, CLAIM_BYTES)
+        except ValueError as exc:
+            raise StoreError(f"{target}: {exc}: not a record trtflow wrote", hint="remove it from the store") \
+                from None
+        except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
+            raise self._fail(f"claiming shared/{rel}", exc) from None
+        self.cache.claim(rel, placed)
+        return None if placed == data else placed
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
@@ -504,7 +498,7 @@ class RemoteStore:
 
 
 CLAIMED = "releases/"  # records created once by `claim`, never rewritten
-SYNCED_LIMITS = {"releases/": 2**20, "benchmark/": 16 * 2**20, "timing-": 1 << 30}  # prefix -> bytes at most
+SYNCED_LIMITS = {CLAIMED: CLAIM_BYTES, "benchmark/": 16 * 2**20, "timing-": 1 << 30}  # prefix -> bytes at most
 
 
 def _synced(rel: str) -> int | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from trtflow import files, paths
-from trtflow.artifact import Claim
+from trtflow.artifact import CLAIM_BYTES, Claim
 from trtflow.disk import disk_cause, disk_error
 from trtflow.errors import StageError, StoreError, TrtflowError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
@@ -39,7 +39,6 @@ from trtflow.paths import safe_relpath
 LAST = "last.json"
 DIGESTS = "digests.json"
 SHARED = "shared"  # <root>/shared/: caches stages share across keys (timing cache, benchmark baselines)
-CLAIM_BYTES = 2**20  # a claimed record (a release's version) is a few hundred bytes
 MARKER = ".trtflow-store"  # at the root of every store trtflow made: what `verify --repair` asks before removing
 MARKER_CONTENT = {"trtflow": "artifact store", "format": 1}
 GITIGNORE = ".gitignore"

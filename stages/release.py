@@ -66,8 +66,6 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
             eng = by_name[chosen.name]
             warnings += _repository(release, eng, params, model_name, out_dir, steps,
                                     _warmup_sample(params, inputs, eng), ledger)
-            if latest is not None and latest.contract is not None and release.contract is not None:
-                release.contract_changes = release.contract.changes(latest.contract)
             release.environment = _environment(eng)
             if eng.cell.backend.flavour == "tensorrt-rtx":
                 warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
@@ -200,8 +198,8 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
                 steps: list[dict] | None, sample: dict | None, ledger: versions.Ledger) -> list[str]:
     """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
     ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
-    config Triton would refuse fails the stage here. The version: the latest's where it holds this engine under
-    this contract, else the next."""
+    config Triton would refuse fails the stage here. The serving contract is compared with the latest version's;
+    the version is the latest's where it holds this engine under an unchanged contract, else the next."""
     repo = out_dir / "triton" / release.target  # a checked name (trtflow.names)
     model_dir = repo / model_name
     model_dir.mkdir(parents=True)
@@ -220,7 +218,11 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     if wrong:
         raise StageError(f"release: Triton would refuse the config.pbtxt for {eng.cell.name}: {'; '.join(wrong)}")
     release.contract = Contract.of(parsed, eng.cell.profiles)
-    release.version, release.new_version = ledger.version_for(release.chosen.engine_sha256, release.contract)
+    latest = ledger.latest()
+    if latest is not None and latest.contract is not None:
+        release.contract_changes = release.contract.changes(latest.contract)
+    release.version, release.new_version = ledger.version_for(release.chosen.engine_sha256,
+                                                              bool(release.contract_changes))
     (model_dir / str(release.version)).mkdir()
     (model_dir / "config.pbtxt").write_text(text)
     shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)

@@ -139,9 +139,12 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     failed = [r for r in checked if r.name in verdict.unexcused]
     if not verdict.shipped and not failed:  # every variant optional, and every one failed: nothing may ship
         failed = [r for r in checked if not r.passed]
+    left_out: dict[str, list[CandidateResult]] = {}
+    for r in checked:
+        if r.name in verdict.optional:
+            left_out.setdefault(r.variant.removesuffix(".repaired"), []).append(r)
     excluded = {}
-    for variant in sorted({r.variant.removesuffix(".repaired") for r in checked if r.name in verdict.optional}):
-        mine = [r for r in checked if r.name in verdict.optional and r.variant.removesuffix(".repaired") == variant]
+    for variant, mine in sorted(left_out.items()):
         excluded[variant] = _failure_line(mine, checked, repaired, params).removeprefix("validate: ")
         warnings.append(f"optional variant '{variant}' excluded from benchmark and release: {excluded[variant]}")
     report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
@@ -152,6 +155,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     result = StageResult(outputs=outputs, summary=report.summary(), warnings=warnings,
                          metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
                                   "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
+                                  "left_out": sorted(verdict.optional),
                                   "worst_cosine": min((o["cosine"] for r in checked
                                                        for o in r.accuracy["outputs"].values()), default=None)})
     if failed:

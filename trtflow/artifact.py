@@ -57,6 +57,9 @@ class Inputs(dict):
         return value if isinstance(value, list) else [value]
 
 
+CLAIM_BYTES = 2**20  # a claimed record (a release's version) is a few hundred bytes; larger is not one of trtflow's
+
+
 @dataclass(frozen=True)
 class Claim:
     """A record the result is only valid with, created once in the store's `shared/` and never replaced (a

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import IO, Any
 
@@ -111,3 +112,17 @@ def copy_regular(src: Path | str, dst: Path | str, limit: int, follow: bool = Tr
                 if copied > limit:  # it grew after the stat
                     raise NotAFile(errno.EFBIG, f"{src} is more than {limit} bytes", str(src))
                 out.write(chunk)
+
+
+def write_atomic(path: Path | str, data: bytes) -> None:
+    """`data` as the whole of `path`, renamed into place: a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+

@@ -1,6 +1,6 @@
 """One rule for the names that become directories, file names, code or markup: stage names, build profiles and
-targets, output names, the pipeline's and Triton's model names, and the names read back from a store (release
-ledgers, shared caches).
+targets, output names, the pipeline's and Triton's model names. (Paths read back from a store, its manifests' and
+its shared keys, follow `trtflow.paths`; release records are named by their version.)
 
 A name comes from a pipeline file, a model or a store that someone else wrote, so it is checked where it enters,
 by `problem()`, and refused with one line naming its key path: never made safe by replacing characters later (two

@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 
@@ -24,8 +24,7 @@ def safe_relpath(rel: Any) -> bool:
     """A relative path inside its directory: no '..', '.', empty component, absolute path, backslash or NUL."""
     if not isinstance(rel, str) or not rel or "\\" in rel or "\0" in rel or rel.startswith("/"):
         return False
-    parts = rel.split("/")
-    return all(p not in ("", ".", "..") for p in parts) and PurePosixPath(rel).parts == tuple(parts)
+    return all(p not in ("", ".", "..") for p in rel.split("/"))
 
 
 def under(root: Path, rel: str, make_parents: bool = False) -> Path:

@@ -106,12 +106,12 @@ class Run(Command):
             status.stop()
         ran = sum(r["status"] == "ran" for r in results)
         for r in results:
-            excluded = r.get("excluded") or {}
-            replaced = [n for n in r.get("not_shipped") or [] if n.split(".")[0] not in excluded]
+            left_out = set(r.get("left_out") or [])
+            replaced = [n for n in r.get("not_shipped") or [] if n not in left_out]
             if replaced:
                 out.print(f"  [yellow]not to deploy[/] (failed {r['stage']}; each replaced by a repaired engine that "
                           f"passes): {escape(', '.join(replaced))}")
-            for variant, why in excluded.items():
+            for variant, why in (r.get("excluded") or {}).items():
                 out.print(f"  [yellow]left out[/] optional variant {escape(variant)} (failed {r['stage']}; not "
                           f"benchmarked or released): {escape(why)}")
         out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "

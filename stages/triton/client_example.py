@@ -9,9 +9,7 @@ run as the code it shows. The tests run it against a real Triton server.
 from __future__ import annotations
 
 from trtflow.stages.triton.contract import Contract
-
-NUMPY = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_BF16": "float32", "TYPE_UINT8": "uint8",
-         "TYPE_INT8": "int8", "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_BOOL": "bool"}
+from trtflow.stages.triton.schema import NUMPY
 
 
 def script(model: str, contract: Contract, ensemble: str | None = None) -> str:

@@ -27,19 +27,6 @@ class ProfileRange(BaseModel):
     name: str
     shapes: dict[str, tuple[list[int], list[int], list[int]]]  # input -> full (min, opt, max), batch included
 
-    def admits(self, shapes: dict[str, list[int]]) -> str | None:
-        """Why this profile does not take these full input shapes, or None."""
-        for name, (lo, _, hi) in self.shapes.items():
-            shape = shapes.get(name)
-            if shape is None:
-                continue
-            if len(shape) != len(lo):
-                return f"input '{name}' has {len(shape)} dimensions, profile '{self.name}' {len(lo)}"
-            for i, (a, s, b) in enumerate(zip(lo, shape, hi)):
-                if not a <= s <= b:
-                    return f"input '{name}' dimension {i} is {s}, profile '{self.name}' takes {a}..{b}"
-        return None
-
 
 class Contract(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -63,13 +50,6 @@ class Contract(BaseModel):
                    profiles=[ProfileRange(name=p.name, shapes={k: (list(lo), list(opt), list(hi))
                                                                for k, (lo, opt, hi) in p.shapes.items()})
                              for p in profiles])
-
-    def admits(self, shapes: dict[str, list[int]]) -> str | None:
-        """Why no profile takes these full input shapes (batch included), or None when one does."""
-        if not self.profiles:
-            return None
-        reasons = [p.admits(shapes) for p in self.profiles]
-        return None if any(r is None for r in reasons) else "; ".join(r for r in reasons if r)
 
     def changes(self, before: "Contract") -> list[str]:
         """What a client of `before` finds different here, one line each (empty: the same contract)."""
@@ -107,8 +87,3 @@ class Contract(BaseModel):
                 else:
                     out[name] = (list(lo), list(hi))
         return out
-
-    def ranges_text(self) -> list[str]:
-        """Per profile and input: 'profile: input min..max (opt)'."""
-        return [f"{p.name}: {name} {lo}..{hi} (opt {opt})" for p in self.profiles
-                for name, (lo, opt, hi) in p.shapes.items()]

@@ -26,8 +26,6 @@ from trtflow.stages.triton.contract import Contract
 
 IMAGE = "IMAGE"
 PREPROCESSED = "preprocessed"
-NUMPY = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8",
-         "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_BOOL": "bool"}
 
 PACKAGE = "trtflow_preprocessing"
 VENDORED = ("steps", "resample", "preprocess")  # trtflow.stages.image's modules the preprocessing runs
@@ -140,7 +138,7 @@ def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: 
                           f"input '{engine_in.name}' has rank {rank}: "
                           + ("add `- batch: true` to the steps" if rank == 4 else "the steps do not fit this engine"))
     dtype = pb.DataType.Name(engine_in.data_type)
-    if dtype not in NUMPY:
+    if dtype not in schema.NUMPY:
         raise ConfigError(f"triton.preprocess: the engine's input is {dtype}, which the preprocessing does not make")
     full = ([1] if batched else []) + list(engine_in.dims)  # one image per request: batch 1
 
@@ -176,7 +174,7 @@ def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: 
         (code / PACKAGE / name).write_text(source)
     ranges = {p.name: (p.shapes[engine_in.name][0], p.shapes[engine_in.name][2]) for p in contract.profiles
               if engine_in.name in p.shapes}
-    spec = {"output": engine_in.name, "dtype": NUMPY[dtype], "steps": steps, "ranges": ranges}
+    spec = {"output": engine_in.name, "dtype": schema.NUMPY[dtype], "steps": steps, "ranges": ranges}
     (code / "preprocess.json").write_text(json.dumps(spec, indent=2) + "\n")
     (repo / pre_name / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n")
     return texts

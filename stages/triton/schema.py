@@ -15,6 +15,10 @@ from typing import Any
 from trtflow.errors import StageError
 
 MODULE = "tritonclient.grpc.model_config_pb2"
+# Triton's data types that trtflow writes as numpy arrays (the preprocessing's tensor, warmup files, the card's
+# request example): Triton's name -> numpy's
+NUMPY = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8",
+         "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_BOOL": "bool"}
 
 
 @cache

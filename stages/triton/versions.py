@@ -22,13 +22,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtflow import files, paths
-from trtflow.artifact import Claim
+from trtflow.artifact import CLAIM_BYTES, Claim
 from trtflow.errors import StageError
 from trtflow.stages.triton.contract import Contract
 
 MAX_VERSION = 2**63 - 1  # Triton's versions are int64
 RECORD = re.compile(r"([1-9][0-9]{0,18})\.json")  # a positive number without a leading zero, as Triton loads it
-RECORD_BYTES = 2**20
 Version = Field(ge=1, le=MAX_VERSION)
 
 
@@ -57,17 +56,16 @@ class Ledger(BaseModel):
     def latest(self) -> Released | None:
         return max(self.releases, key=lambda r: r.version) if self.releases else None
 
-    def version_for(self, engine_digest: str, contract: Contract | None = None) -> tuple[int, bool]:
+    def version_for(self, engine_digest: str, contract_changed: bool = False) -> tuple[int, bool]:
         """(the version to ship this engine as, whether it is new): the latest version if it holds this engine
-        under the same serving contract, else one more than the latest (an engine released long ago comes back as
-        a new version: a lower one would not be served; a config that changes what clients may send is a new
-        version too)."""
+        and the serving contract did not change, else one more than the latest (an engine released long ago comes
+        back as a new version: a lower one would not be served; a config that changes what clients may send is a
+        new version too)."""
         if not self.releases:
             return 1, True
         latest = self.latest()
         assert latest is not None
-        if latest.owner == engine_digest and (latest.contract is None or contract is None
-                                              or latest.contract == contract):
+        if latest.owner == engine_digest and not contract_changed:
             return latest.version, False
         if latest.version >= MAX_VERSION:
             raise StageError(f"release: version {latest.version} is the largest Triton takes: no next version",
@@ -101,7 +99,7 @@ def read(shared: Path, model: str, target: str) -> Ledger:
         if m is None:
             raise LedgerError(directory / name, "not a version's record: <positive number>.json")
         try:
-            entry = Released.model_validate(files.read_json(directory / name, RECORD_BYTES, follow=False))
+            entry = Released.model_validate(files.read_json(directory / name, CLAIM_BYTES, follow=False))
         except (OSError, ValueError) as exc:  # (pydantic's ValidationError is a ValueError)
             raise LedgerError(directory / name, _why(exc)) from None
         if entry.version != int(m.group(1)):
@@ -126,7 +124,7 @@ def _legacy(shared: Path, rel: str) -> list[Released]:
     if not path.exists() and not path.is_symlink():
         return []
     try:
-        data = files.read_json(path, RECORD_BYTES, follow=False)
+        data = files.read_json(path, CLAIM_BYTES, follow=False)
         entries = data["releases"]
         return [Released(version=e["version"], owner=e["engine"], candidate=e["candidate"], created=e["created"])
                 for e in entries]

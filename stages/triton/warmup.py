@@ -16,9 +16,6 @@ import numpy as np
 from trtflow.stages.triton import schema
 from trtflow.stages.trt.engines import Profile
 
-NUMPY = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_UINT8": np.uint8, "TYPE_INT8": np.int8,
-         "TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_BOOL": np.bool_}
-
 
 def add(config: Any, profiles: list[Profile], sample: dict[str, np.ndarray] | None, model_dir: Path) -> list[str]:
     """`config.model_warmup` per profile, the data files under `model_dir/warmup/`; returns a note per input that
@@ -38,7 +35,7 @@ def add(config: Any, profiles: list[Profile], sample: dict[str, np.ndarray] | No
             item.data_type = tensor.data_type
             item.dims.extend(dims)
             data = _one(sample, tensor.name, dims, batched)
-            dtype = NUMPY.get(pb.DataType.Name(tensor.data_type))
+            dtype = schema.NUMPY.get(pb.DataType.Name(tensor.data_type))
             if data is None or dtype is None:
                 item.random_data = True
                 if sample is not None:

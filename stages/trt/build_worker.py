@@ -8,9 +8,7 @@ beside it.
 from __future__ import annotations
 
 import hashlib
-import os
 import resource
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -63,7 +61,7 @@ def build(spec: Cell, cell: Path) -> Built:
         seconds = time.perf_counter() - t0
         (cell / "engine.plan").write_bytes(data)
         if cache is not None:
-            _save_atomic(Path(spec.timing_cache), bytes(config.get_timing_cache().serialize()))
+            files.write_atomic(spec.timing_cache, bytes(config.get_timing_cache().serialize()))
         from trtflow.stages.trt.env import gpus
         return Built(status="ok", runtime=f"{spec.backend.flavour} {spec.backend.version}", seconds=round(seconds, 3),
                      engine_bytes=len(data), engine_sha256=hashlib.sha256(data).hexdigest(),
@@ -107,13 +105,6 @@ def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> dict[s
     if str(state).endswith("INVALID") and not names:  # e.g. no GPU or driver at all: the log says which
         result["reason"] = next((ln for ln in reversed(log_lines) if "GPU" in ln or "CUDA" in ln), None)
     return result
-
-
-def _save_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def handle(spec: Cell, cell: Path) -> Built:

@@ -65,17 +65,6 @@ def _regular_files_only(entry: Path) -> bool:
     return not entry.is_symlink() and entry.is_dir() and all(files.is_regular(p) for p in entry.iterdir())
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class EngineCache:
     def __init__(self, root: Path):
         self.root = root
@@ -157,7 +146,7 @@ class EngineCache:
             built.write(tmp)
             # the record first, so an entry is never seen without one; a writer racing this one for the same key
             # may leave a record that does not match the entry that won: that entry is then rebuilt once
-            _write_atomic(self.index / key, built.engine_sha256 + "\n")
+            files.write_atomic(self.index / key, (built.engine_sha256 + "\n").encode())
             os.replace(tmp, self.root / key)
         except (OSError, ValueError):
             if tmp is not None:
