@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from trtflow import markdown as md
 from trtflow.stages.reports.release import HEADER, Option, ReleaseReport, TargetRelease, rule_text
+from trtflow.stages.triton.contract import Contract
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#1b1f24;padding:0 1em}
@@ -108,22 +109,31 @@ SERVE_ENV = ("Provide them either in the server's own Python environment (`pip i
              "stay below 2 on Triton 2.51 and 2.52, whose Python backend corrupts numpy 2 tensors silently.")
 
 
-def _contract_md(t: TargetRelease) -> list[str]:
-    c = t.contract
-    assert c is not None
-    lines = [f"max_batch_size {c.max_batch_size}, dynamic batching {'on' if c.dynamic_batching else 'off'}. "
-             "The shapes each optimization profile takes (Triton passes any size where its config says -1; the "
-             "engine takes only these):", "",
-             "| tensor | kind | data type | dims (Triton) | profile | min | opt | max |",
-             "|---|---|---|---|---|---|---|---|"]
+def _contract_rows(c: Contract) -> list[tuple[str, str, str, str, str, str, str, str]]:
+    """The contract's table, one row per input and profile, one per output: tensor, kind, data type, dims (as
+    Triton declares them), profile, min, opt, max (unescaped: the Markdown and the HTML card escape them)."""
+    rows = []
     for tensor in c.inputs:
         ranges = [(p.name, p.shapes[tensor.name]) for p in c.profiles if tensor.name in p.shapes] or [("-", None)]
         for name, rng in ranges:
             lo, opt, hi = (list(map(str, rng)) if rng else ["-"] * 3)
-            lines.append(f"| {md.code(tensor.name, cell=True)} | input | {tensor.data_type} | {tensor.dims} | "
-                         f"{md.text(name)} | {lo} | {opt} | {hi} |")
-    for tensor in c.outputs:
-        lines.append(f"| {md.code(tensor.name, cell=True)} | output | {tensor.data_type} | {tensor.dims} | | | | |")
+            rows.append((tensor.name, "input", tensor.data_type, str(tensor.dims), name, lo, opt, hi))
+    rows += [(t.name, "output", t.data_type, str(t.dims), "", "", "", "") for t in c.outputs]
+    return rows
+
+
+CONTRACT_HEADER = ["tensor", "kind", "data type", "dims (Triton)", "profile", "min", "opt", "max"]
+CONTRACT_NOTE = ("The shapes each optimization profile takes (Triton passes any size where its config says -1; the "
+                 "engine takes only these):")
+
+
+def _contract_md(t: TargetRelease) -> list[str]:
+    c = t.contract
+    assert c is not None
+    lines = [f"max_batch_size {c.max_batch_size}, dynamic batching {'on' if c.dynamic_batching else 'off'}. "
+             + CONTRACT_NOTE, "", "| " + " | ".join(CONTRACT_HEADER) + " |", "|" + "---|" * len(CONTRACT_HEADER)]
+    for name, *rest in _contract_rows(c):
+        lines.append("| " + " | ".join([md.code(name, cell=True), *(md.text(x) if x else "" for x in rest)]) + " |")
     if t.contract_changes:
         lines += ["", "Changed since the previous version (a client written for it may be refused):", ""]
         lines += [f"- {md.text(change)}" for change in t.contract_changes]
@@ -197,25 +207,16 @@ def _image(path: Path, caption: str) -> str:
 def _contract_html(t: TargetRelease) -> str:
     c = t.contract
     assert c is not None
-    rows = []
-    for tensor in c.inputs:
-        ranges = [(p.name, p.shapes[tensor.name]) for p in c.profiles if tensor.name in p.shapes] or [("-", None)]
-        for name, rng in ranges:
-            lo, opt, hi = (list(map(str, rng)) if rng else ["-"] * 3)
-            rows.append(f'<tr data-tensor="{_e(tensor.name)}"><td><code>{_e(tensor.name)}</code></td><td>input</td>'
-                        f"<td>{_e(tensor.data_type)}</td><td>{_e(tensor.dims)}</td><td>{_e(name)}</td>"
-                        f'<td data-field="min">{_e(lo)}</td><td>{_e(opt)}</td><td data-field="max">{_e(hi)}</td></tr>')
-    for tensor in c.outputs:
-        rows.append(f'<tr data-tensor="{_e(tensor.name)}"><td><code>{_e(tensor.name)}</code></td><td>output</td>'
-                    f"<td>{_e(tensor.data_type)}</td><td>{_e(tensor.dims)}</td><td></td><td></td><td></td><td></td>"
-                    "</tr>")
+    rows = [f'<tr data-tensor="{_e(name)}"><td><code>{_e(name)}</code></td><td>{_e(kind)}</td><td>{_e(dtype)}</td>'
+            f'<td>{_e(dims)}</td><td>{_e(profile)}</td><td data-field="min">{_e(lo)}</td><td>{_e(opt)}</td>'
+            f'<td data-field="max">{_e(hi)}</td></tr>'
+            for name, kind, dtype, dims, profile, lo, opt, hi in _contract_rows(c)]
     changes = ("<p>Changed since the previous version (a client written for it may be refused):</p><ul>"
                + "".join(f"<li>{_e(x)}</li>" for x in t.contract_changes) + "</ul>") if t.contract_changes else ""
     return (f"<h3>Serving contract</h3><p>max_batch_size {c.max_batch_size}, dynamic batching "
-            f"{'on' if c.dynamic_batching else 'off'}. The shapes each optimization profile takes (Triton passes any "
-            "size where its config says -1; the engine takes only these):</p><table><thead><tr><th>tensor</th>"
-            "<th>kind</th><th>data type</th><th>dims (Triton)</th><th>profile</th><th>min</th><th>opt</th>"
-            "<th>max</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>" + changes)
+            f"{'on' if c.dynamic_batching else 'off'}. {_e(CONTRACT_NOTE)}</p><table><thead><tr>"
+            + "".join(f"<th>{_e(h)}</th>" for h in CONTRACT_HEADER) + "</tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table>" + changes)
 
 
 def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
