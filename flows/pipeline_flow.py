@@ -178,7 +178,9 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
              # optional variants that failed, left out of benchmark and release: variant -> why, and their candidates
              "excluded": o.manifest.metrics.get("excluded", {}), "left_out": o.manifest.metrics.get("left_out", []),
              # a release stage's versions (trtflow.release.created was emitted for each new one)
-             "releases": o.manifest.metrics.get("releases", []) if o.kind == "release" else []}
+             "releases": o.manifest.metrics.get("releases", []) if o.kind == "release" else [],
+             # targets whose previous version stays the one served (the variant it shipped was left out)
+             "held": o.manifest.metrics.get("held", []) if o.kind == "release" else []}
             for n, o in ((n, run.outcomes[n]) for n in order)]
 
 

@@ -63,6 +63,10 @@ class PlanItem:
     key: str | None = None
     environment: str = "-"
     changed: list[str] = field(default_factory=list)  # environment fields that differ from the last run's
+    # what a reused result decided for deployment: optional variants a validate stage left out (variant -> why),
+    # targets a release stage kept at their previous version
+    excluded: dict[str, str] = field(default_factory=dict)
+    held: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -199,7 +203,9 @@ class Runner:
                 will_run.add(name)
             elif manifest is not None:
                 produced[name] = manifest
-                items.append(PlanItem(name, spec.kind, "reuse", "nothing changed", key, env))
+                items.append(PlanItem(name, spec.kind, "reuse", "nothing changed", key, env,
+                                      excluded=dict(manifest.metrics.get("excluded") or {}),
+                                      held=list(manifest.metrics.get("held") or [])))
             else:
                 items.append(PlanItem(name, spec.kind, "run", self.why_stale(name, key, parts), key, env,
                                       self.env_changes(name, parts)))

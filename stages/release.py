@@ -54,6 +54,13 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
         ledger = versions.read(shared.path, model_name, target) if shared else versions.Ledger()
         latest = ledger.latest()
         options = selection.rank([_option(e, params, verdict, bench, kept) for e in found], params.select)
+        held = _held(latest, options, verdict, params)
+        if held is not None:
+            released.append(TargetRelease(target=target, chosen=None, options=options, held=held,
+                                          version=latest.version if latest else None,
+                                          previous=latest.candidate if latest else None))
+            warnings.append(f"{target}: version {latest.version if latest else '?'} stays the one served: {held}")
+            continue
         options, stability = selection.keep_previous(options, latest.candidate if latest else None,
                                                      params.select.prefer)
         by_name = {e.cell.name: e for e in found}
@@ -89,16 +96,20 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     (out_dir / "triton").mkdir(exist_ok=True)
     shipped = [t for t in released if t.chosen is not None]
+    held = [t for t in released if t.held is not None]
     result = StageResult(outputs={"triton": out_dir / "triton", "card": out_dir / "card",
                                   "report": out_dir / "report.json"},
                          summary=report.summary(), warnings=warnings,
                          metrics={"releases": [{"model": model_name, "target": t.target, "version": t.version,
                                                 "new": t.new_version, "engine": t.chosen.name,
                                                 "engine_sha256": t.chosen.engine_sha256,
-                                                "repository": t.repository} for t in shipped if t.chosen]},
+                                                "repository": t.repository} for t in shipped if t.chosen],
+                                  # targets whose previous version stays: an optional variant it shipped was lost
+                                  "held": [{"model": model_name, "target": t.target, "version": t.version,
+                                            "engine": t.previous, "why": t.held} for t in held]},
                          claims=claims)
-    if len(shipped) < len(released):
-        first = next(t for t in released if t.chosen is None)
+    if len(shipped) + len(held) < len(released):
+        first = next(t for t in released if t.chosen is None and t.held is None)
         raise StageFailed(f"release: nothing to ship for target '{first.target}': {first.why_none}", result)
     changed = [t for t in shipped if t.contract_changes and params.select.contract == "fixed"]
     if changed:
@@ -110,6 +121,23 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
 
 # ---------------------------------------------------------------------------------------------- the options
+
+def _held(latest: versions.Released | None, options: list[Option], verdict: ValidateReport | None,
+          params: ReleaseStage) -> str | None:
+    """Why the target's previous version must stay the one served, or None: the engine it shipped is of an optional
+    variant validate left out of this run (a rebuild lost it), and `select.lost_variant` keeps it. Switching the
+    precision a fleet serves is a decision for a person, not for a scheduled rebuild."""
+    if latest is None or verdict is None or params.select.lost_variant != "keep_previous":
+        return None
+    prev = next((o for o in options if o.name == latest.candidate), None)
+    variant = prev.variant.removesuffix(".repaired") if prev is not None else None
+    if variant is None or variant not in verdict.excluded:
+        return None
+    best = next((o.name for o in options if o.rank == 1), None)
+    instead = f"; {best} passed and would replace it" if best else ""
+    return (f"its engine {latest.candidate} is of optional variant '{variant}', which this run left out "
+            f"({verdict.excluded[variant]}){instead}: set select.lost_variant: replace to ship it")
+
 
 def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, bench: BenchmarkReport | None,
             kept: dict[str, tuple[int, int | None]]) -> Option:

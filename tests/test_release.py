@@ -310,6 +310,43 @@ def test_an_optional_variant_that_fails_is_left_out_and_the_rest_ships(tmp_path,
     assert "optional variant: excluded" in (out / "card" / "model-card.html").read_text()
 
 
+def test_a_rebuild_that_loses_the_shipped_variant_keeps_the_previous_version(tmp_path, tensorrt_backend, overflow):
+    """A fleet rebuild: version 1 shipped the FP16 engine; the rebuild's FP16 fails validation (declared optional,
+    left out). The target keeps version 1 (no new version, no repository written, the card and the stage's result
+    say why and what would replace it); `select.lost_variant: replace` ships the FP32 engine as version 2."""
+    shared = tmp_path / "shared"
+    first, _ = release_of(tmp_path, overflow["engines"], shared,
+                          select={"prefer": "size", "require": "built", "variants": ["fp16"]})
+    assert first["targets"][0]["chosen"]["name"] == "fp16.b4.native" and first["targets"][0]["version"] == 1
+    models, inputs = overflow["models"], overflow["inputs"]
+    checked = run_stage(validate, ValidateStage, tmp_path / "v", {
+        "engines": Artifact(overflow["engines"], "engines", "e", "build"), "models": models,
+        "reference": models[0], **inputs}, data=IMAGES, locate_first_bad_layer=False, optional=["fp16"])
+    reports = {"validation": checked.outputs["report"]}
+    out = tmp_path / "held"
+    out.mkdir()
+    inputs = Inputs({"engines": Artifact(overflow["engines"], "engines", "e", "build"),
+                     "validation": Artifact(reports["validation"], "json", "v", "validate"),
+                     "releases": Artifact(shared, "shared-cache", "")})
+    inputs.lineage = (Provenance("source", "model", "", {"model": "abc"}),)
+    result = release.run(ReleaseStage.model_validate({"kind": "release", "select": {"prefer": "size"},
+                                                      "triton": {"model_name": "cls"}}), inputs, out)
+    target = json.loads(result.outputs["report"].read_text())["targets"][0]
+    assert target["chosen"] is None and target["version"] == 1 and target["previous"] == "fp16.b4.native"
+    assert "optional variant 'fp16', which this run left out" in target["held"]
+    assert "prepare.b4.native passed and would replace it" in target["held"], target["held"]
+    assert result.claims == [] and result.metrics["releases"] == []
+    assert result.metrics["held"] == [{"model": "cls", "target": "native", "version": 1, "engine": "fp16.b4.native",
+                                       "why": target["held"]}]
+    assert not (out / "triton" / "native").exists()
+    assert "Previous version 1 kept" in (out / "card" / "model-card.md").read_text()
+    assert "version 1 stays the one served" in " ".join(result.warnings)
+    replaced, _ = release_of(tmp_path, overflow["engines"], shared, reports=reports,
+                             select={"prefer": "size", "lost_variant": "replace"})
+    assert replaced["targets"][0]["chosen"]["name"] == "prepare.b4.native"
+    assert replaced["targets"][0]["version"] == 2 and replaced["targets"][0]["held"] is None
+
+
 def test_versions_increase_with_each_engine_released(tmp_path, tensorrt_backend, overflow):
     shared = tmp_path / "shared"
     first, _ = release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})

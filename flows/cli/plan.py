@@ -51,7 +51,8 @@ class Plan(Command):
                                          "stages": [{"stage": i.name, "kind": i.kind, "action": i.action,
                                                      "reason": i.reason, "key": i.key, "environment": i.environment,
                                                      "environment_changed": i.changed,
-                                                     "executes": loaded.spec.stages[i.name].executes()}
+                                                     "executes": loaded.spec.stages[i.name].executes(),
+                                                     "excluded": i.excluded, "held": i.held}
                                                     for i in items]}, indent=2) + "\n")
             return code
         table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.location})", title_justify="left")
@@ -59,7 +60,9 @@ class Plan(Command):
             table.add_column(col, overflow="fold")
         style = {"reuse": "green", "run": "yellow", "error": "red"}
         for it in items:
-            table.add_row(it.name, escape(it.kind), f"[{style[it.action]}]{it.action}[/]", escape(it.reason),
+            why = "; ".join([it.reason] + [f"left out optional variant {v}" for v in it.excluded]
+                            + [f"kept version {h.get('version')} for target {h.get('target')}" for h in it.held])
+            table.add_row(it.name, escape(it.kind), f"[{style[it.action]}]{it.action}[/]", escape(why),
                           (it.key or "")[:12], it.environment)
         out.print(table)
         n_run = sum(i.action == "run" for i in items)

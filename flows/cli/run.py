@@ -46,6 +46,8 @@ class Run(Command):
             for o in reused:
                 out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
                           f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
+            for o in reused:
+                _say_verdict(o.name, o.manifest.metrics)
             out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
                       f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
             return 0
@@ -106,18 +108,27 @@ class Run(Command):
             status.stop()
         ran = sum(r["status"] == "ran" for r in results)
         for r in results:
-            left_out = set(r.get("left_out") or [])
-            replaced = [n for n in r.get("not_shipped") or [] if n not in left_out]
-            if replaced:
-                out.print(f"  [yellow]not to deploy[/] (failed {r['stage']}; each replaced by a repaired engine that "
-                          f"passes): {escape(', '.join(replaced))}")
-            for variant, why in (r.get("excluded") or {}).items():
-                out.print(f"  [yellow]left out[/] optional variant {escape(variant)} (failed {r['stage']}; not "
-                          f"benchmarked or released): {escape(why)}")
+            _say_verdict(r["stage"], r)
         out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
                   f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
         return 0
 
+
+
+def _say_verdict(stage: str, metrics: dict[str, Any]) -> None:
+    """What a stage's verdict means for deployment, from its result (a validate stage's candidates replaced or left
+    out; a release stage's targets whose previous version stays)."""
+    left_out = set(metrics.get("left_out") or [])
+    replaced = [n for n in metrics.get("not_shipped") or [] if n not in left_out]
+    if replaced:
+        out.print(f"  [yellow]not to deploy[/] (failed {escape(stage)}; each replaced by a repaired engine that "
+                  f"passes): {escape(', '.join(replaced))}")
+    for variant, why in (metrics.get("excluded") or {}).items():
+        out.print(f"  [yellow]left out[/] optional variant {escape(variant)} (failed {escape(stage)}; not "
+                  f"benchmarked or released): {escape(why)}")
+    for held in metrics.get("held") or []:
+        out.print(f"  [yellow]kept[/] version {held['version']} of {escape(held['model'])} for target "
+                  f"{escape(held['target'])} ({escape(stage)}): {escape(held['why'])}")
 
 
 SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often

@@ -29,6 +29,11 @@ class Select(Strict):
                                                                   "names); default: all")
     profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "
                                                                   "default: all")
+    lost_variant: Literal["keep_previous", "replace"] = Field(
+        "keep_previous", description="when the engine a target's previous version shipped belongs to an optional "
+                                     "variant validate left out of this run (a rebuild where INT8 no longer passes): "
+                                     "keep_previous: no new version for that target, the previous one stays the one "
+                                     "served and the card says why; replace: ship the best engine that passed")
     contract: Literal["fixed", "allow_change"] = Field(
         "fixed", description="fixed: a new version whose serving contract (input/output names, types, dims, "
                              "profile ranges, max_batch_size, batching) differs from the previous version's of the "

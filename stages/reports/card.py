@@ -65,7 +65,9 @@ def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
 
 def _target_md(t: TargetRelease) -> list[str]:
     lines = [f"## Target {md.code(t.target)}", ""]
-    if t.chosen is None:
+    if t.held is not None:
+        lines += [f"**Previous version {t.version} kept** (no new version): {md.text(t.held)}", ""]
+    elif t.chosen is None:
         lines += [f"**Nothing shipped**: {md.text(t.why_none)}", ""]
     else:
         c = t.chosen
@@ -226,7 +228,10 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
         body.append(f'<div class="warn">{_e(w)}</div>')
     for t in report.targets:
         body.append(f'<h2 data-target="{_e(t.target)}">Target <code>{_e(t.target)}</code></h2>')
-        if t.chosen is None:
+        if t.held is not None:
+            body.append(f'<p><strong>Previous version <span data-field="version">{t.version}</span> kept</strong> '
+                        f'(no new version): <span data-field="held">{_e(t.held)}</span></p>')
+        elif t.chosen is None:
             body.append(f"<p><strong>Nothing shipped</strong>: {_e(t.why_none)}</p>")
         else:
             c = t.chosen

@@ -70,6 +70,7 @@ class TargetRelease(BaseModel):
     version: int | None = None
     new_version: bool = False  # False: this engine was released before under `version`
     why_none: str | None = None
+    held: str | None = None  # why no engine of this run replaces the previous version (it stays the one served)
     options: list[Option]  # every engine of the target, the chosen first, then by rank, refused last
     repository: str | None = None  # the Triton model repository, relative to the stage's output directory
     config: str | None = None  # its config.pbtxt
@@ -104,12 +105,19 @@ class ReleaseReport(BaseModel):
     def shipped(self) -> list[TargetRelease]:
         return [t for t in self.targets if t.chosen is not None]
 
+    @property
+    def held(self) -> list[TargetRelease]:
+        return [t for t in self.targets if t.held is not None]
+
     def summary(self) -> str:
         lines = [f"### release · {markdown.code(self.model_name)} · "
                  f"{len(self.shipped)}/{len(self.targets)} target(s) shipped", "",
                  f"rule: {rule_text(self.rule, markdown.text)}", ""]
         for t in self.targets:
-            if t.chosen is None:
+            if t.held is not None:
+                lines += [f"**{markdown.text(t.target)}**: previous version {t.version} kept: "
+                          f"{markdown.text(t.held)}", ""]
+            elif t.chosen is None:
                 lines += [f"**{markdown.text(t.target)}**: nothing shipped: {markdown.text(t.why_none)}", ""]
             else:
                 lines += [f"**{markdown.text(t.target)}**: {markdown.code(t.chosen.name)} as version {t.version}"
