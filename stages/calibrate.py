@@ -78,8 +78,8 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
     job = _Job(params, data, ref, pre, excluded, work)
     calibrated, full_range, check = _quantize(job, calib, out, ranges)
-    if check and check.warning():
-        warnings.append(check.warning())
+    if check and (chosen := check.warning()):
+        warnings.append(chosen)
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
