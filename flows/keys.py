@@ -14,6 +14,8 @@ import json
 from typing import Any
 
 KEY_FORMAT = 2  # 2: parameters at their default are left out
+SHOWN_CHANGES = 8  # 'params changed' names at most this many key paths, then says how many more
+VALUE_WIDTH = 60  # characters of an old or new value shown, past which it is cut
 
 
 def key_parts(kind: str, version: str, params: dict[str, Any], inputs: dict[str, str | list[str]],
@@ -52,7 +54,8 @@ def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], desc
     before = last.get("params") if isinstance(last.get("params"), dict) else old.get("params", {})
     changed = diff(before, params)
     if changed:
-        reasons.append("params changed: " + ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else ""))
+        more = f", and {len(changed) - SHOWN_CHANGES} more" if len(changed) > SHOWN_CHANGES else ""
+        reasons.append("params changed: " + ", ".join(changed[:SHOWN_CHANGES]) + more)
     for slot in sorted(set(old.get("inputs", {})) | set(parts["inputs"])):
         if old.get("inputs", {}).get(slot) != parts["inputs"].get(slot):
             reasons.append(f"input '{slot}' changed")
@@ -63,13 +66,27 @@ def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], desc
     return "; ".join(reasons) or "not in the store"
 
 
+_ABSENT = object()
+
+
 def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """'a.b old -> new' for every leaf that differs."""
+    """'a.b[2].c old -> new' for every leaf that differs, by key path into dicts and lists (a changed list item
+    is named by its index, not shown whole); each value cut at VALUE_WIDTH characters."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
-            out += diff(old.get(k), new.get(k), f"{prefix}{k}.")
+            out += diff(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        out = []
+        for i in range(max(len(old), len(new))):
+            out += diff(old[i] if i < len(old) else _ABSENT, new[i] if i < len(new) else _ABSENT, f"{prefix}[{i}]")
         return out
     if old != new:
-        return [f"{prefix.rstrip('.')} {json.dumps(old)} -> {json.dumps(new)}"]
+        return [f"{prefix} {_shown(old)} -> {_shown(new)}"]
     return []
+
+
+def _shown(value: Any) -> str:
+    text = "(absent)" if value is _ABSENT else json.dumps(value, default=str)
+    return text if len(text) <= VALUE_WIDTH else text[:VALUE_WIDTH - 1] + "…"

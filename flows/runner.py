@@ -278,7 +278,7 @@ class Runner:
             reason = self.why_stale(name, key, parts)
         else:
             reason = "forced"
-            inputs = Inputs({slot: art for slot, art in inputs.items() if slot not in kind_of(spec).result_caches})
+            inputs = inputs.without(kind_of(spec).result_caches)
 
         shared = self._make_shared_caches(inputs, log)
         staging = self.store.staging(name, key)

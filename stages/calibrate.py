@@ -34,13 +34,14 @@ from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.calibrate import CalibrateReport, RangeCheck
-from trtflow.text import did_you_mean, distinct
+from trtflow.text import did_you_mean
 
-VERSION = "6"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+VERSION = "7"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
 # percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
-# tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck)
+# tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck). 7: the
+# range check's task metrics as measured (were signed) and the one that decided (its warning quoted the errors)
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
@@ -77,11 +78,8 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
     job = _Job(params, data, ref, pre, excluded, work)
     calibrated, full_range, check = _quantize(job, calib, out, ranges)
-    if check and check.used != check.rule:
-        better, chosen = distinct(check.errors[check.used], check.errors[check.rule])
-        warnings.append(f"on the calibration samples the {check.used.replace('_', ' ')} ranges tracked FP32 better "
-                        f"than the {check.rule} ones (mean relative error {better} < {chosen}) and are used; set "
-                        f"entropy_check: false for the {check.rule} rule regardless")
+    if check and (chosen := check.warning()):
+        warnings.append(chosen)
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
@@ -208,24 +206,36 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
         model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
         tensors[label], sparse[label] = write(candidate, model, ranges_out, histograms=False)
         task[label], errors[label] = _closeness(reference, session(model), params.metrics, ref.get_outputs())
-    order = list(candidates)
-    # declared task metrics decide (higher is better, each in turn), and on a tie the method stands: on a few
-    # calibration samples the relative error over whole outputs is a weaker guide than the rule (ddddocr's OCR:
-    # entropy had the smallest error and read 5% fewer held-out lines exactly). Without them, the relative error.
-    used = min(order, key=lambda k: ([-v for v in task[k].values()], 0.0 if task[k] else errors[k], order.index(k)))
+    used, decided_by = _choose(list(candidates), task, errors)
     shutil.copy(work / f"{used}.onnx", out)
     calibration.save(tensors[used], ranges)
     check = RangeCheck(samples=len(probe), errors={k: round(v, 6) for k, v in errors.items()},
                        task={k: {m: round(v, 6) for m, v in t.items()} for k, t in task.items() if t},
-                       used=used, rule=params.method)
+                       used=used, rule=params.method, decided_by=decided_by)
     return cal.samples, sparse[used], check
+
+
+def _choose(order: list[str], task: dict[str, dict[str, float]],
+            errors: dict[str, float]) -> tuple[str, str | None]:
+    """The candidate kept (`order[0]` is the rule's), and the task metric that set it apart from the rule's.
+    Declared task metrics decide, each in turn toward its better end, and on a tie the rule stands: on a few
+    calibration samples the relative error over whole outputs is a weaker guide than the rule (ddddocr's OCR:
+    entropy had the smallest error and read 5% fewer held-out lines exactly). Without them, the relative error."""
+    rule = order[0]
+    if not task[rule]:
+        return min(order, key=lambda k: (errors[k], order.index(k))), None
+
+    def standing(k: str) -> list[float]:
+        return [v if metric_direction(m.rsplit("/", 1)[1]) else -v for m, v in task[k].items()]
+
+    used = max(order, key=lambda k: (standing(k), -order.index(k)))
+    return used, next((m for m in task[rule] if task[used][m] != task[rule][m]), None)
 
 
 def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, Any],
                outputs: list[Any]) -> tuple[dict[str, float], float]:
     """How close a candidate stays to FP32 on `reference` ((feed, FP32 outputs) pairs): its declared task metrics
-    (output/metric -> value, signed so that higher is better; metrics whose direction is not known are left out)
-    and its mean relative L2 error."""
+    (output/metric -> value; metrics whose direction is not known are left out) and its mean relative L2 error."""
     cmp = Comparison(metrics, None, "calibrate")
     errors: list[float] = []
     for feed, r in reference:
@@ -236,9 +246,8 @@ def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, A
     task = {}
     for out in (o.name for o in outputs if declared(metrics, o.name)):
         for name, value in task_values(acc.outputs.get(out, {})).items():
-            direction = metric_direction(name)
-            if direction is not None:
-                task[f"{out}/{name}"] = value if direction else -value
+            if metric_direction(name) is not None:
+                task[f"{out}/{name}"] = value
     return task, float(np.mean(errors)) if errors else 0.0
 
 

@@ -277,6 +277,7 @@ def test_the_range_rules_are_checked_against_each_other(tmp_path):
     assert all(set(t) == {"logits/top1", "logits/top5"} for t in check["task"].values()), check["task"]
     order = ["percentile", "entropy", "full_range"]
     assert check["used"] == min(order, key=lambda k: ([-v for v in check["task"][k].values()], order.index(k)))
+    assert f"ranges: {check['used'].replace('_', ' ')} (by the declared task metrics on 3" in result.summary
 
 
 def test_full_ranges_are_exactly_minmax(tmp_path):
@@ -313,3 +314,41 @@ def test_full_ranges_are_exactly_minmax(tmp_path):
     edges = entropy.calibrator.collector.histogram_dict["r"][1]
     assert edges[-1] > seen  # the case this guards against is real: the last edge lies past the largest value
     assert float(entropy.ranges().data["r"].highest) <= seen
+
+
+def test_the_range_check_says_the_task_metric_that_decided(tmp_path):
+    """Issue #39: with `metrics:` declared the task metric picks the ranges, but the warning quoted the mean
+    relative errors as the reason even where they said the opposite. PP-OCRv4's recognizer on 7 of the example's
+    real text lines: the entropy ranges read more lines exactly as FP32 does than the percentile ones and are kept,
+    though their mean relative error is the larger: the warning and the summary say the text decided."""
+    from onnx import version_converter
+
+    from tests.test_task_pipelines import TASKS, rec_input
+    from trtflow import markdown as md
+    from trtflow.stages.onnx.graph import constants_to_initializers, sanitize_dims
+
+    model, images, *_ = TASKS["rec"]
+    m = onnx.load(str(model))
+    sanitize_dims(m)
+    m = version_converter.convert_version(m, 17)
+    constants_to_initializers(m)
+    onnx.save(m, str(tmp_path / "rec.onnx"))
+    (tmp_path / "lines").mkdir()
+    tensors = []
+    for p in sorted(images.glob("*.png"))[:8]:
+        np.save(tmp_path / "lines" / f"{p.stem}.npy", rec_input(p))
+        tensors.append(Artifact(tmp_path / "lines" / f"{p.stem}.npy", "file", p.stem))
+    result = run_calibrate(tmp_path / "rec.onnx", tmp_path / "out", {"tensors": tensors},
+                           data={"tensors": "lines/*.npy", "samples": 8}, holdout=1, method="percentile",
+                           metrics={"softmax_11.tmp_0": {"ctc": {"blank": 0}}})
+    check = json.loads(result.outputs["report"].read_text())["range_check"]
+    exact = "softmax_11.tmp_0/text_exact"
+    used, rule = check["task"]["entropy"], check["task"]["percentile"]
+    assert check["used"] == "entropy" and used[exact] > rule[exact], check
+    assert check["errors"]["entropy"] > check["errors"]["percentile"], "the case the old warning got wrong"
+    (warned,) = [w for w in result.warnings if "tracked FP32 better" in w]
+    assert f"(declared task metric {exact} {used[exact]:.5g} vs {rule[exact]:.5g}) and are used" in warned, warned
+    assert "mean relative error" not in warned, warned
+    assert check["decided_by"] == exact, check
+    assert ("ranges: entropy (by the declared task metrics on 7 calibration samples, the percentile rule on a tie: "
+            f"{md.text(exact)}: percentile {rule[exact]:.4g}, entropy {used[exact]:.4g}, ") in result.summary

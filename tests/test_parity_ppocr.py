@@ -1,16 +1,20 @@
 """The parity stage on a trained model: PP-OCR's text-direction classifier, its preprocessing declared as the
-example does, PaddleOCR's own function as the training reference, on real text lines (half upside down)."""
+example does, PaddleOCR's own function as the training reference, on real text lines (half upside down); and
+RapidOCR's own classifier (the wheel the model comes from, unzipped by tests/wheels.py) reading the same lines."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from tests.assets import EXAMPLES, PPOCR
+from tests import wheels
+from tests.assets import EXAMPLES, PPOCR, need
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
@@ -21,6 +25,7 @@ from trtflow.stages.reports.parity import ParityReport
 SPEC = yaml.safe_load((EXAMPLES / "ppocr-cls" / "pipeline.yaml").read_text())["stages"]["parity"]
 LINES = sorted((EXAMPLES / "ppocr-cls" / "data").glob("*.png"))
 TURNED = {p.name: int(p.stem.rsplit("-", 1)[1] == "180") for p in LINES}  # class 1 = 180 degrees
+RAPIDOCR = "rapidocr-onnxruntime==1.4.4"  # ships the example's model; its ch_ppocr_cls is PaddleOCR's code
 
 
 def _run(deploy: list, out: Path) -> dict:
@@ -34,9 +39,31 @@ def _run(deploy: list, out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def test_example_declaration_passes_and_the_classifier_reads_the_lines(tmp_path):
+@pytest.fixture(scope="module")
+def declared(tmp_path_factory) -> dict:
+    """The parity report of the example's declaration."""
+    return _run(SPEC["deploy"], tmp_path_factory.mktemp("declared") / "ok")
+
+
+@pytest.fixture(scope="module")
+def rapidocr():
+    """RapidOCR's package as its users import it, from its wheel unzipped into the test cache (its own imports are
+    the project's dependencies and the test extras)."""
+    try:
+        root = wheels.unpacked(RAPIDOCR)
+    except RuntimeError as exc:
+        need(f"{RAPIDOCR} from the package index ({str(exc).splitlines()[0]})")
+    sys.path.insert(0, str(root))
+    try:
+        import rapidocr_onnxruntime
+    finally:
+        sys.path.remove(str(root))
+    return rapidocr_onnxruntime
+
+
+def test_example_declaration_passes_and_the_classifier_reads_the_lines(declared):
     assert len(LINES) == 8 and sorted(TURNED.values()) == [0] * 4 + [1] * 4
-    report = _run(SPEC["deploy"], tmp_path / "ok")
+    report = declared
     assert report["verdict"] == "pass" and "error" not in report
     assert all(r["max_abs"] < 1e-6 for r in report["images"])  # the same operations as PaddleOCR's code
     model = report["model"]
@@ -81,9 +108,8 @@ def test_gray_read_with_the_model_names_the_diagnosed_fix(tmp_path):
         _run(planted, tmp_path / "gray")
 
 
-def test_mirror_matches_rapidocr_where_installed():
-    """trtflow's copy of PaddleOCR's resize_norm_img against RapidOCR's own (the wheel the model comes from)."""
-    text_cls = pytest.importorskip("rapidocr_onnxruntime.ch_ppocr_cls.text_cls")
+def test_mirror_matches_rapidocr(rapidocr):
+    """trtflow's copy of PaddleOCR's resize_norm_img against RapidOCR's own, array for array."""
     import cv2
 
     class Config:  # what TextClassifier.resize_norm_img reads of its instance
@@ -91,5 +117,24 @@ def test_mirror_matches_rapidocr_where_installed():
 
     for path in LINES:
         img = cv2.imread(str(path))
-        theirs = text_cls.TextClassifier.resize_norm_img(Config(), img)
+        theirs = rapidocr.ch_ppocr_cls.TextClassifier.resize_norm_img(Config(), img)
         np.testing.assert_array_equal(paddleocr.cls_resize_norm_img(str(path)), theirs)
+
+
+def test_rapidocr_reads_each_line_as_the_declared_preprocessing_does(rapidocr, declared):
+    """RapidOCR's text-direction classifier as its users run it (its config, its preprocessing and batching, its ONNX
+    Runtime session on the model in its wheel: the example's model, byte for byte) against the parity stage's
+    declared `deploy:` steps on the same model: every line the same class, with the same score."""
+    import cv2
+
+    root = Path(rapidocr.__file__).parent
+    config = yaml.safe_load((root / "config.yaml").read_text())["Cls"]
+    config["model_path"] = str(root / config["model_path"])
+    digest = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in (config["model_path"], PPOCR)]
+    assert digest[0] == digest[1], "the example's model is the one RapidOCR ships"
+    _, results, _ = rapidocr.ch_ppocr_cls.TextClassifier(config)([cv2.imread(str(p)) for p in LINES])
+    theirs = {p.name: (config["label_list"].index(label), float(score)) for p, (label, score) in zip(LINES, results)}
+    ours = {p["image"]: (p["deploy"], p["deploy_score"]) for p in declared["model"]["predictions"]}
+    assert {k: c for k, (c, _) in theirs.items()} == {k: c for k, (c, _) in ours.items()} == TURNED
+    for name, (_, score) in theirs.items():
+        assert ours[name][1] == pytest.approx(score, rel=1e-5, abs=1e-6), name

@@ -566,3 +566,42 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
     latest = max(answer.json()["events"], key=lambda e: e["payload"]["version"])
     assert latest["resource"]["trtflow.model"] == "ocr-cls"
     assert Path(latest["payload"]["repository"]) == directory / "triton" / "native"
+
+
+FORCED = """
+version: 1
+name: forced
+model: models/cls.onnx
+stages:
+  prepare: {kind: prepare, preflight: "off", input_shapes: {x: [1, 3, 48, 192]}}
+  build:
+    kind: build
+    profiles: {lines: {x: {min: [1, 3, 48, 48], opt: [2, 3, 48, 192], max: [4, 3, 48, 192]}}}
+  release: {kind: release, select: {require: built, prefer: size}}
+"""
+
+
+def test_a_forced_release_keeps_the_provenance_chain(write_yaml, workdir, tensorrt_backend):
+    """Issue #39: `--force release` wrote a card with no provenance: the runner rebuilt a forced stage's inputs
+    without their lineage. The forced release's report and card name the same chain as the first run's."""
+    from tests.test_runner import run_all
+
+    path = write_yaml(FORCED)
+    assert run_all(path) == dict.fromkeys(("prepare", "build", "release"), "ran")
+    store = workdir / ".trtflow"
+
+    def released() -> tuple[list[dict], str]:
+        key = json.loads((store / "release" / "last.json").read_text())["key"]
+        return (json.loads((store / "release" / key / "report.json").read_text())["lineage"],
+                (store / "release" / key / "card" / "model-card.md").read_text())
+
+    first, first_card = released()
+    keys = {stage: json.loads((store / stage / "last.json").read_text())["key"] for stage in ("prepare", "build")}
+    assert [(p["stage"], p["key"]) for p in first] == [("source", ""), ("prepare", keys["prepare"]),
+                                                       ("build", keys["build"])]
+    assert run_all(path, force=["release"]) == {"prepare": "reused", "build": "reused", "release": "ran"}
+    forced, forced_card = released()
+    assert forced == first
+    provenance = forced_card.split("## Provenance", 1)[1]
+    assert provenance == first_card.split("## Provenance", 1)[1]
+    assert all(f"`{k}`" in provenance for k in keys.values()), provenance

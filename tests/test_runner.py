@@ -72,6 +72,34 @@ def test_param_change_reruns_stage_and_dependents_only(write_yaml):
     assert set(run_all(path).values()) == {"reused"}
 
 
+def test_a_changed_list_item_is_named_by_its_key_path(write_yaml):
+    """Issue #39: a changed `deploy:` item printed both whole lists (about 4 KB on one line); now the key path
+    of each changed leaf, its values cut short, at most keys.SHOWN_CHANGES of them."""
+    steps = [{"read": "rgb"}, {"resize": {"size": 224, "interpolation": "bilinear"}}, {"scale": 1 / 255},
+             {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}] + \
+        [{"note": "x" * 200}] * 20
+
+    def pipe(deploy: list) -> str:
+        return PIPE.replace("params: {tag: one}", f"params: {{tag: one, deploy: {json.dumps(deploy)}}}")
+
+    path = write_yaml(pipe(steps))
+    run_all(path)
+    bigger = json.loads(json.dumps(steps))
+    bigger[1]["resize"]["size"] = 256
+    write_yaml(pipe(bigger))
+    assert plan_of(path)["a"] == ("run", "params changed: params.deploy[1].resize.size 224 -> 256")
+    longer = json.loads(json.dumps(steps))
+    longer[0] = {"read": "bgr", "note": "y" * 200}
+    longer += [{"pad": {"size": [48, 192]}}]
+    write_yaml(pipe(longer + [{"note": str(i)} for i in range(10)]))
+    _, reason = plan_of(path)["a"]
+    cut = '"' + "y" * 58 + "…"
+    assert reason.startswith(f"params changed: params.deploy[0].note (absent) -> {cut}, "
+                             'params.deploy[0].read "rgb" -> "bgr", params.deploy[24] (absent) -> '
+                             '{"pad": {"size": [48, 192]}}, params.deploy[25] (absent) -> {"note": "0"}, '), reason
+    assert reason.endswith(", and 5 more") and len(reason) < 600, reason
+
+
 def test_forced_rerun_with_identical_output_keeps_dependents(write_yaml):
     path = write_yaml(PIPE)
     run_all(path)

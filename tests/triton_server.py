@@ -14,7 +14,6 @@ found through `PATH` (the environment's `bin` first) with the base interpreter's
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -27,10 +26,11 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+from tests import wheels
 
 WHEEL = "nvidia-pytriton==0.7.0"
 TRITON_VERSION = "2.51.0"
@@ -38,57 +38,24 @@ STAND_IN = Path(__file__).with_name("triton_backend") / "model.py"
 STAND_IN_REQUIREMENTS = ["numpy>=1.26,<2", "onnxruntime>=1.20,<1.33"]  # what the stand-in backend itself imports
 
 
-def cache() -> Path:
-    root = Path(os.environ.get("TRTFLOW_TEST_CACHE") or Path.home() / ".cache" / "trtflow-tests")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-@contextlib.contextmanager
-def _locked(name: str) -> Iterator[None]:
-    """One test process at a time prepares a cached thing (pytest-xdist runs two)."""
-    with open(cache() / f".{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _pip(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
-                          capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"pip {' '.join(args)} failed: {done.stderr[-2000:]}")
-
-
 def server_home() -> Path:
     """The unpacked wheel: `pytriton/tritonserver/{bin,backends}` and `nvidia_pytriton.libs`."""
-    home = cache() / WHEEL.replace("==", "-")
-    with _locked("server"):
-        if not (home / ".complete").exists():
-            shutil.rmtree(home, ignore_errors=True)
-            download = cache() / "download"
-            shutil.rmtree(download, ignore_errors=True)
-            _pip("download", "--no-deps", "-d", str(download), WHEEL)
-            (wheel,) = download.glob("*.whl")
-            with zipfile.ZipFile(wheel) as z:
-                z.extractall(home)
-            shutil.rmtree(download)
-            server = home / "pytriton" / "tritonserver"
-            stub = server / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / \
-                "triton_python_backend_stub"
-            shutil.copy(stub, server / "backends" / "python" / stub.name)  # (its rpath holds there too)
-            for exe in (server / "bin" / "tritonserver", server / "backends" / "python" / stub.name):
-                exe.chmod(0o755)
-            (home / ".complete").write_text(WHEEL)
-    return home
+    return wheels.unpacked(WHEEL, _install_stub)
+
+
+def _install_stub(home: Path) -> None:
+    server = home / "pytriton" / "tritonserver"
+    stub = server / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / \
+        "triton_python_backend_stub"
+    shutil.copy(stub, server / "backends" / "python" / stub.name)  # (its rpath holds there too)
+    for exe in (server / "bin" / "tritonserver", server / "backends" / "python" / stub.name):
+        exe.chmod(0o755)
 
 
 def backends(home: Path) -> Path:
     """The backend directory: Triton's Python backend and the stand-in `tensorrt` backend."""
     root = home / "pytriton" / "tritonserver" / "backends"
-    with _locked("server"):
+    with wheels.locked("server"):
         (root / "tensorrt").mkdir(exist_ok=True)
         if not (root / "tensorrt" / "model.py").exists() or \
                 (root / "tensorrt" / "model.py").read_bytes() != STAND_IN.read_bytes():
@@ -100,8 +67,8 @@ def environment(requirements: list[str]) -> Path:
     """A virtual environment made with `pip install` of exactly these requirement lines (cached by them)."""
     lines = sorted(set(requirements))
     key = hashlib.sha256(json.dumps([sys.version, lines]).encode()).hexdigest()[:12]
-    env = cache() / f"env-{key}"
-    with _locked(f"env-{key}"):
+    env = wheels.cache() / f"env-{key}"
+    with wheels.locked(f"env-{key}"):
         if not (env / ".complete").exists():
             shutil.rmtree(env, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(env)], check=True, capture_output=True, timeout=300)

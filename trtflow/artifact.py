@@ -51,6 +51,12 @@ class Inputs(dict):
     def optional(self, slot: str) -> Artifact | None:
         return self.one(slot) if slot in self else None
 
+    def without(self, slots: tuple[str, ...]) -> "Inputs":
+        """These inputs less `slots`, with their lineage (a plain dict copy would drop it)."""
+        kept = Inputs({slot: value for slot, value in self.items() if slot not in slots})
+        kept.lineage = self.lineage
+        return kept
+
     def many(self, slot: str) -> list[Artifact]:
         """The artifacts of a slot that takes many (or a data glob); [] when the slot is not wired."""
         value = self.get(slot, [])

@@ -8,6 +8,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.text import distinct
 
 
 class RangeCheck(BaseModel):
@@ -17,10 +18,46 @@ class RangeCheck(BaseModel):
     the mean relative L2 error per sample and output."""
     samples: int
     errors: dict[str, float]  # candidate ("entropy", "percentile", "full_range") -> mean relative error
-    task: dict[str, dict[str, float]] = {}  # candidate -> declared task metric ("output/metric") -> value, signed
-    # so that higher is better: where declared, these decide (in declaration order), the rule on a tie
+    task: dict[str, dict[str, float]] = {}  # candidate -> declared task metric ("output/metric") -> value: where
+    # declared, these decide (in declaration order, each toward its better end), the rule on a tie
     used: str
     rule: str
+    decided_by: str | None = None  # the task metric that set `used` apart from the rule's ranges (None: the
+    # rule's ranges are used, or no task metric was declared and the mean relative error decided)
+
+    def warning(self) -> str | None:
+        """When other ranges than the rule's are used: which, and the comparison that actually decided."""
+        if self.used == self.rule:
+            return None
+        if self.decided_by:
+            m = self.decided_by
+            better, chosen = distinct(self.task[self.used][m], self.task[self.rule][m])
+            metrics = list(self.task[self.rule])
+            tied = metrics[:metrics.index(m)]
+            why = f"declared task metric {m} {better} vs {chosen}" + (f", after a tie on {', '.join(tied)}"
+                                                                       if tied else "")
+        else:
+            better, chosen = distinct(self.errors[self.used], self.errors[self.rule])
+            why = f"mean relative error {better} < {chosen}"
+        return (f"on the calibration samples the {_label(self.used)} ranges tracked FP32 better than the {self.rule} "
+                f"ones ({why}) and are used; set entropy_check: false for the {self.rule} rule regardless")
+
+    def summary(self) -> str:
+        """One Markdown line: the ranges used and the numbers they were chosen by."""
+        errors = ", ".join(f"{md.text(_label(k))} {v:.4g}" for k, v in self.errors.items())
+        if not self.task:
+            return f"ranges: {md.text(_label(self.used))} (mean relative error on {self.samples} calibration " \
+                   f"samples: {errors})"
+        metrics = list(next(iter(self.task.values())))
+        by_metric = "; ".join(f"{md.text(m)}: " + ", ".join(f"{md.text(_label(k))} {t[m]:.4g}"
+                                                            for k, t in self.task.items()) for m in metrics)
+        return (f"ranges: {md.text(_label(self.used))} (by the declared task metrics on {self.samples} calibration "
+                f"samples, the {md.text(self.rule)} rule on a tie: {by_metric}; mean relative error, not deciding: "
+                f"{errors})")
+
+
+def _label(candidate: str) -> str:
+    return candidate.replace("_", " ")
 
 
 class CalibrateReport(BaseModel):
@@ -54,10 +91,7 @@ class CalibrateReport(BaseModel):
                          "; ".join(f"{len(ns)} {md.text(why)} ({', '.join(md.code(n) for n in ns[:4])}"
                                    f"{', …' if len(ns) > 4 else ''})" for why, ns in reasons.items()) + "\n")
         if self.range_check:
-            c = self.range_check
-            lines.append(f"ranges: {md.text(c.used.replace('_', ' '))} (mean relative error on {c.samples} "
-                         "calibration samples: " + ", ".join(f"{md.text(k.replace('_', ' '))} {v:.4g}"
-                                                             for k, v in c.errors.items()) + ")\n")
+            lines.append(self.range_check.summary() + "\n")
         if self.holdout_samples:
             lines += [(f"**CPU accuracy pre-flight** ({md.text(self.accuracy['runtime'])}, not a TensorRT number), "
                        f"INT8 variant vs FP32 reference on {self.holdout_samples} held-out samples:"), ""]
