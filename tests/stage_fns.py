@@ -177,8 +177,6 @@ def sign_agreement(reference, candidate):
 
 def face_iou(reference, candidate):
     """A user's metric on a face segmenter's 2-channel softmax (background, face): IoU of the face regions."""
-    import numpy as np
-
     r, g = reference[:, 1] > 0.5, candidate[:, 1] > 0.5
     union = (r | g).sum()
     return {"face_iou": float((r & g).sum() / union) if union else 1.0}

@@ -73,7 +73,7 @@ def test_a_metric_without_a_direction_is_an_error_where_it_would_be_weighed():
                                          r"declare it in validate's metrics.faces.callable"):
         selection.accuracy_drop(acc, weigh=True)
     # without max_accuracy_drop it is shown, not weighed: the drop is the cosine's, and says so
-    shown, drop, where = selection.accuracy_drop(acc, weigh=False)
+    shown, _, where = selection.accuracy_drop(acc, weigh=False)
     assert shown["faces"] == {"face_iou": pytest.approx(823 / 900)} and where == "embedding/cosine"
     # a function's value outside [0, 1] is no share: it cannot be weighed against the others
     acc.outputs["faces"]["face_iou"] = 3.5

@@ -4,7 +4,6 @@ profiles), and the order of the others by the declared preference."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
