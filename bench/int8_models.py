@@ -267,7 +267,38 @@ def ddddocr_det(n: int) -> Bench:
                  [("iou", True), ("iou_min", True)],
                  # the score of each anchor (objectness x class), thresholded at ddddocr's score_thr 0.1
                  view=lambda outs, feed: outs[0][..., 4] * outs[0][..., 5], shapes={"images": [1, 3, 416, 416]},
-                 declare={"*": {"callable": "int8_models:yolox_objectness_iou"}})
+                 declare={"*": {"detections": DDDDOCR_DETECTIONS}})
+
+
+# how ddddocr 1.6.1 post-processes its detector (DetectionEngine.get_bbox): score_thr 0.1, nms_thr 0.45
+DDDDOCR_DETECTIONS = {"decode": "int8_models:yolox_decode", "score_threshold": 0.1, "nms_iou": 0.45}
+YOLOX_STRIDES = (8, 16, 32)
+
+
+def yolox_decode(outputs: dict[str, np.ndarray], feed: dict[str, np.ndarray]
+                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A detections decoder (validate's `metrics: {output: {detections: {decode: int8_models:yolox_decode}}}`) for
+    a raw YOLOX head, [N, A, 5+C] per grid cell at strides 8, 16 and 32 (ddddocr's common_det.onnx): centre =
+    (offset + cell) x stride, size = exp(log size) x stride, as YOLOX's demo_postprocess decodes it; each anchor's
+    best class scored objectness x class score. The grid comes from the image input's height and width (NCHW)."""
+    (x,) = outputs.values()
+    image = next(v for v in feed.values() if v.ndim == 4)
+    h, w = image.shape[2:]
+    cells = [(np.stack(np.meshgrid(np.arange(w // s), np.arange(h // s)), -1).reshape(-1, 2), s)
+             for s in YOLOX_STRIDES]
+    grid = np.concatenate([c for c, _ in cells]).astype(np.float64)
+    stride = np.concatenate([np.full(len(c), s, np.float64) for c, s in cells])[:, None]
+    if len(grid) != x.shape[1]:
+        raise ValueError(f"{x.shape[1]} anchors, but a {h}x{w} input has {len(grid)} cells at strides "
+                         f"{YOLOX_STRIDES}")
+    out = []
+    for p in x.astype(np.float64):
+        centre = (p[:, :2] + grid) * stride
+        half = np.exp(p[:, 2:4]) * stride / 2
+        cls = p[:, 5:].argmax(1)
+        score = p[:, 4] * p[np.arange(len(p)), 5 + cls]
+        out.append((np.concatenate([centre - half, centre + half], 1), score, cls))
+    return out
 
 
 def ddddocr_text(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
@@ -277,15 +308,6 @@ def ddddocr_text(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     metric = CTC()
     metric.add(np.transpose(ref, (1, 0, 2)), np.transpose(got, (1, 0, 2)))
     return metric.result()
-
-
-def yolox_objectness_iou(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
-    """The YOLOX detector's object map (objectness x class score above 0.1), as a user metric."""
-    from trtflow.stages.compare.task_metrics import MapIoU
-
-    metric = MapIoU(0.1)
-    metric.add(ref[..., 4] * ref[..., 5], got[..., 4] * got[..., 5])
-    return {"iou": metric.result()["iou"]}
 
 
 # ---- all-MiniLM-L6-v2

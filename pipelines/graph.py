@@ -112,7 +112,7 @@ def build_graph(p: LoadedPipeline) -> StageGraph:
     graph = StageGraph(nodes, order)
     for name in order:
         spec = stages[name]
-        upstream = {n: stages[n].kind for n in graph.closure([name]) if n != name}
+        upstream = {n: stages[n] for n in graph.closure([name]) if n != name}
         wrong = kind_of(spec).wiring(spec, upstream)
         if wrong is not None:
             message, key, hint = wrong

@@ -39,7 +39,7 @@ def _no_outputs(spec: Any) -> Mapping[str, str]:
     return {}
 
 
-def _no_wiring_check(spec: Any, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+def _no_wiring_check(spec: Any, upstream: Mapping[str, StageBase]) -> tuple[str, tuple[str, ...], str] | None:
     return None
 
 
@@ -56,9 +56,9 @@ class Kind:
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
-    # (params, every stage it depends on, directly or not: name -> kind) -> (what is wrong, the parameter's key
-    # path under the stage, what to do), for settings that cannot work with what the pipeline feeds the stage
-    wiring: Callable[[Any, Mapping[str, str]], tuple[str, tuple[str, ...], str] | None] = _no_wiring_check
+    # (params, every stage it depends on, directly or not: name -> its params) -> (what is wrong, the parameter's
+    # key path under the stage, what to do), for settings that cannot work with what the pipeline feeds the stage
+    wiring: Callable[[Any, Mapping[str, StageBase]], tuple[str, tuple[str, ...], str] | None] = _no_wiring_check
 
     def __post_init__(self) -> None:
         if self.module == "":

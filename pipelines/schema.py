@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from trtflow.pipelines.units import Duration
 
@@ -75,7 +75,7 @@ class StageBase(Strict):
     def code_refs(self) -> list[str]:
         """User callables (package.module:function) named in the parameters: a declared metric's function."""
         metrics = getattr(self, "metrics", None) or {}
-        return [m.callable for m in metrics.values() if m.callable]
+        return [ref for m in metrics.values() for ref in m.code_refs()]
 
     def executes(self) -> list[str]:
         """Code outside trtflow that this stage runs: a pipeline file is code, and this is what a reviewer reads."""
@@ -131,7 +131,25 @@ class CTCMetric(Strict):
 
 
 class MapMetric(Strict):
-    threshold: float = Field(0.5, description="a map value above this marks a region")
+    """A map thresholded into regions (the whole output, or one `channel` of it), or a segmentation's class
+    scores whose argmax along `axis` marks each selected class's region (`classes`)."""
+    threshold: float = Field(0.5, description="a map value above this marks a region (not with classes)")
+    channel: int | None = Field(None, ge=0, description="only this index along axis: one channel's map (e.g. the "
+                                                         "face channel of a background/face softmax)")
+    classes: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, max_length=1000,
+        description="segmentation logits: each sample's class is the argmax along axis; the IoU of each of these "
+                    "classes' regions, pooled (iou), for the worst sample (iou_min) and the worst class "
+                    "(iou_class_min)")
+    axis: int = Field(1, description="the channel or class axis (with channel or classes)")
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> "MapMetric":
+        if self.channel is not None and self.classes:
+            raise ValueError("give channel (one channel's map, thresholded) or classes (argmax regions), not both")
+        if self.classes and "threshold" in self.model_fields_set:
+            raise ValueError("with classes each region is where its class is the argmax: threshold does not apply")
+        return self
 
 
 class EmbeddingMetric(Strict):
@@ -144,35 +162,116 @@ class EmbeddingMetric(Strict):
                                                "sentence-transformers pools")
 
 
+class CallableMetric(Strict):
+    """The user's metric function, and which of the names it returns are better higher or lower (what
+    `select.max_accuracy_drop` needs to weigh them; a tolerance's {min: x} / {max: x} says it too). Written as
+    the function alone (`callable: pkg.mod:fn`) or with its directions (`callable: {function: pkg.mod:fn,
+    higher: [face_iou], lower: [miss_rate]}`)."""
+    function: str = Field(pattern=CUSTOM_KIND, description="package.module:function(reference, candidate) -> "
+                                                           "{name: value}, called per batch of one output; each "
+                                                           "value's mean is reported")
+    higher: list[str] = Field(default_factory=list, description="names it returns that are better higher: shares "
+                                                                "in [0, 1] such as an IoU or an agreement")
+    lower: list[str] = Field(default_factory=list, description="names it returns that are better lower: rates in "
+                                                               "[0, 1] such as an error rate")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain(cls, data: Any) -> Any:
+        return {"function": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CallableMetric":
+        both = sorted(set(self.higher) & set(self.lower))
+        if both:
+            raise ValueError(f"{', '.join(both)}: both in higher and lower")
+        for name in self.higher + self.lower:
+            own = metric_direction(name)
+            if own is not None and own != (name in self.higher):
+                raise ValueError(f"{name}: trtflow's own metric, {'higher' if own else 'lower'} is better; name "
+                                 f"your function's metric otherwise")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: Any) -> Any:
+        # the plain form stays a string: a pipeline that declares no directions keeps its cache keys
+        return self.function if not self.higher and not self.lower else handler(self)
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        return {"anyOf": [{"type": "string", "pattern": CUSTOM_KIND}, handler(core_schema)]}
+
+    def directions(self) -> dict[str, bool]:
+        return {**{n: True for n in self.higher}, **{n: False for n in self.lower}}
+
+
+class DetectionsMetric(Strict):
+    """A detector's boxes, decoded from its outputs, suppressed (class-aware NMS) and matched one-to-one to the
+    reference's (same class, IoU at least match_iou, greedily by the candidate's score)."""
+    layout: Literal["auto", "yolov5", "yolov8", "end2end"] = Field(
+        "auto", description="yolov5: [N, A, 5+C] (cx, cy, w, h, objectness, C class scores); yolov8: [N, 4+C, A] "
+                            "or [N, A, 4+C] (cx, cy, w, h, C class scores); end2end: [N, K, 6] after the model's "
+                            "own NMS (x1, y1, x2, y2, score, class); auto: yolov8 where the output is [N, 4+C, A] "
+                            "(channels first), else give it")
+    decode: str | None = Field(None, pattern=CUSTOM_KIND, description=(
+        "instead of a layout, package.module:function(outputs, feed) -> one (boxes [K, 4] x1 y1 x2 y2, scores "
+        "[K], classes [K]) per image of the batch; outputs: every output of the model by name (heads spread "
+        "over several outputs), feed: the inputs"))
+    score_threshold: float = Field(0.25, description="a box scoring at most this is no detection")
+    nms_iou: float = Field(0.45, ge=0, le=1, description="non-maximum suppression: a box overlapping a better one "
+                                                          "of its class by more than this IoU is dropped (not for "
+                                                          "end2end)")
+    match_iou: float = Field(0.5, gt=0, le=1, description="a candidate box matches a reference box of its class "
+                                                          "overlapping it by at least this IoU")
+    max_detections: int = Field(300, ge=1, le=100_000, description="per image, the best-scoring boxes kept")
+
+    @model_validator(mode="after")
+    def _layout_or_decoder(self) -> "DetectionsMetric":
+        if self.decode is not None and self.layout != "auto":
+            raise ValueError("give layout (a built-in decoder) or decode (your function), not both")
+        return self
+
+
 class OutputMetrics(Strict):
     """How one output's users judge it, beside the elementwise metrics. Names each gives (which tolerances may
-    bound): topk -> top1, top<k>; ctc -> text_exact, cer; map_iou -> iou, iou_min; embedding -> embedding_cosine
-    (worst sample), embedding_cosine_mean; callable -> the names its function returns."""
+    bound): topk -> top1, top<k>; ctc -> text_exact, cer; map_iou -> iou, iou_min (iou_class_min with classes);
+    embedding -> embedding_cosine (worst sample), embedding_cosine_mean; detections -> det_recall,
+    det_precision, det_iou, det_f1_min; callable -> the names its function returns."""
     topk: TopKMetric | None = None
     ctc: CTCMetric | None = None
     map_iou: MapMetric | None = None
     embedding: EmbeddingMetric | None = None
-    callable: str | None = Field(None, pattern=CUSTOM_KIND,
-                                 description="package.module:function(reference, candidate) -> {name: value}, "
-                                             "called per batch of one output; each value's mean is reported")
+    detections: DetectionsMetric | None = None
+    callable: CallableMetric | None = Field(None, description=(
+        "package.module:function, or {function: package.module:function, higher: [names], lower: [names]}"))
 
     def names(self) -> set[str]:
-        """The metric names the built-in metrics give (a callable's names are known when it runs)."""
+        """The metric names the built-in metrics give and the callable declares (it may return others)."""
         out: set[str] = set()
         if self.topk:
             out |= {"top1", f"top{self.topk.k}"}
         if self.ctc:
             out |= {"text_exact", "cer"}
         if self.map_iou:
-            out |= {"iou", "iou_min"}
+            out |= {"iou", "iou_min"} | ({"iou_class_min"} if self.map_iou.classes else set())
         if self.embedding:
             out |= {"embedding_cosine", "embedding_cosine_mean"}
+        if self.detections:
+            out |= set(DETECTION_NAMES)
+        if self.callable:
+            out |= set(self.callable.directions())
         return out
+
+    def code_refs(self) -> list[str]:
+        """Functions of the user's it names: the metric function, a detections decoder."""
+        return [ref for ref in (self.callable and self.callable.function, self.detections and self.detections.decode)
+                if ref]
 
 
 # the direction of each metric name trtflow gives: a candidate must reach at least these, and at most the others
-HIGHER_IS_BETTER = frozenset({"cosine", "text_exact", "iou", "iou_min", "embedding_cosine",
-                              "embedding_cosine_mean", "top1", "top5"})
+DETECTION_NAMES = ("det_recall", "det_precision", "det_iou", "det_f1_min")
+HIGHER_IS_BETTER = frozenset({"cosine", "text_exact", "iou", "iou_min", "iou_class_min", "embedding_cosine",
+                              "embedding_cosine_mean", "top1", "top5", *DETECTION_NAMES})
 LOWER_IS_BETTER = frozenset({"cer", "max_abs", "mean_abs", "max_rel", "rtol"})
 
 

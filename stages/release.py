@@ -13,6 +13,7 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.compare import selection
+from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.reports import card
 from trtflow.stages.reports.benchmark import BenchmarkReport
 from trtflow.stages.reports.calibrate import CalibrateReport
@@ -27,7 +28,7 @@ from trtflow.stages.triton import warmup as triton_warmup
 from trtflow.stages.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 
-VERSION = "1"
+VERSION = "2"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction)
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 
 
@@ -156,7 +157,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         option.validated = checked and why is None
         if result is not None:
             option.accuracy, option.accuracy_drop, option.drop_metric = selection.accuracy_drop(
-                result.accuracy["outputs"])
+                Accuracy.from_json(result.accuracy), params.select.max_accuracy_drop is not None)
             option.accuracy_runtime = result.runtime
     if bench is not None:
         mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]

@@ -39,10 +39,11 @@ from trtflow.stages.trt import building
 from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
 from trtflow.text import did_you_mean
 
-VERSION = "5"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+VERSION = "6"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
 # on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
 # variant's recipe; RMS error per node. 5: task metrics; a failing candidate fails the stage unless its repaired
 # engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale
+# 6: each candidate's accuracy records its task metrics' directions (what release's max_accuracy_drop weighs)
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
               "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}

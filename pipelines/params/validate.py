@@ -7,7 +7,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import Metrics, SampleData, StageBase, Strict, metric_direction
+from trtflow.pipelines.schema import DETECTION_NAMES, Metrics, SampleData, StageBase, Strict, metric_direction
 from trtflow.pipelines.units import Fraction
 
 
@@ -21,7 +21,8 @@ class OutputTolerance(Strict):
     top1: Fraction | None = Field(None, description="lowest share of samples whose top-1 class agrees")
     top5: Fraction | None = Field(None, description="lowest share whose reference class is in the top 5")
     # and any name a declared metric gives (`metrics:`): a number for trtflow's own (text_exact, cer, iou,
-    # iou_min, embedding_cosine, embedding_cosine_mean, top<k>), {min: x} or {max: x} for a function's
+    # iou_min, iou_class_min, embedding_cosine, embedding_cosine_mean, top<k>, det_*), {min: x} or {max: x} for a
+    # function's
     model_config = ConfigDict(extra="allow")
 
     @model_validator(mode="before")
@@ -55,8 +56,10 @@ class OutputTolerance(Strict):
 
 
 _EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "map_iou: {threshold: 0.3}",
-            "iou_min": "map_iou: {threshold: 0.3}", "embedding_cosine": "embedding: {pool: mean}",
-            "embedding_cosine_mean": "embedding: {pool: mean}"}
+            "iou_min": "map_iou: {threshold: 0.3}", "iou_class_min": "map_iou: {classes: [1, 2]}",
+            "embedding_cosine": "embedding: {pool: mean}",
+            "embedding_cosine_mean": "embedding: {pool: mean}",
+            **{n: "detections: {layout: yolov8}" for n in DETECTION_NAMES}}
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
 class ValidateStage(StageBase):
@@ -94,17 +97,36 @@ class ValidateStage(StageBase):
             declared = [m for key, m in self.metrics.items() if key in ("*", output) or output == "*"]
             names = set().union(*(m.names() for m in declared)) if declared else set()
             custom = any(m.callable for m in declared)
+            said = {n: d for m in declared if m.callable for n, d in m.callable.directions().items()}
+            bounds = tol.given()
             for name in tol.model_extra or {}:
                 if name not in names and not (custom and metric_direction(name) is None):
                     raise ValueError(f"tolerances.{output}.{name}: no metric declared for '{output}' gives "
                                      f"'{name}'; declare it under metrics.{output} (e.g. "
                                      f"{_EXAMPLE.get(name, 'callable: package.module:function')})")
+                if name in said and said[name] != bounds[name][1]:
+                    raise ValueError(f"tolerances.{output}.{name}: {{{'min' if bounds[name][1] else 'max'}: x}}, "
+                                     f"but your callable declares {name} {'higher' if said[name] else 'lower'} is "
+                                     f"better")
         return self
 
+    def undirected(self) -> str | None:
+        """The output (its `metrics:` key) whose function's metrics nothing says the direction of (which way is a
+        loss): a callable declaring no names as higher/lower, with no {min: x}/{max: x} tolerance on its output
+        either."""
+        for output, m in self.metrics.items():
+            if m.callable is None or m.callable.directions():
+                continue
+            bounded = [name for key, tol in self.tolerances.items() if key in ("*", output) or output == "*"
+                       for name in tol.model_extra or {} if metric_direction(name) is None]
+            if not bounded:
+                return output
+        return None
 
-def _wiring(spec: ValidateStage, upstream: Mapping[str, str]) -> tuple[str, tuple[str, ...], str] | None:
+
+def _wiring(spec: ValidateStage, upstream: Mapping[str, StageBase]) -> tuple[str, tuple[str, ...], str] | None:
     """repair and optional settings that cannot work with the variants the pipeline feeds this stage."""
-    low = [n for n, kind in upstream.items() if kind in ("precision", "calibrate")]
+    low = [n for n, up in upstream.items() if up.kind in ("precision", "calibrate")]
     unknown = [v for v in spec.optional if v not in low]
     if unknown:
         return (f"optional names {', '.join(unknown)}, not a precision or calibrate stage this stage checks",

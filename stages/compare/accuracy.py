@@ -36,7 +36,9 @@ class OutputStats:
         self.task = task
         self.declared = bool(task)
 
-    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: task_metrics.Sample | None = None) -> None:
+        """One batch of this output; `sample`: what it came from (a task metric may read the inputs or the other
+        outputs)."""
         r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
         self.nan += int(np.isnan(g).sum())
         self.inf += int(np.isinf(g).sum())
@@ -61,7 +63,7 @@ class OutputStats:
         if self.task is None:
             self.task = [task_metrics.TopK(5, 1)] if ref.ndim == 2 and ref.shape[1] > 1 else []
         for metric in self.task:
-            metric.add(ref, got, feed)
+            metric.add(ref, got, sample)
 
     def result(self) -> dict[str, Any]:
         if self.ref_sq and self.got_sq:
@@ -80,11 +82,12 @@ class OutputStats:
 
 ELEMENTWISE = ("max_abs", "mean_abs", "max_rel", "cosine", "nan", "inf", "reference_nan", "reference_inf", "scale",
                "task")
+COUNTS = ("reference_boxes",)  # what a task metric counts beside its values (how many boxes the reference has)
 
 
 def task_values(metrics: dict[str, Any]) -> dict[str, float]:
     """The task-level values among one output's metrics."""
-    return {k: v for k, v in metrics.items() if k not in ELEMENTWISE}
+    return {k: v for k, v in metrics.items() if k not in ELEMENTWISE and k not in COUNTS}
 
 
 def added_nonfinite(metrics: dict[str, Any]) -> int:
@@ -102,16 +105,20 @@ class Accuracy:
     outputs: dict[str, dict[str, Any]]  # output -> metric -> value
     violations: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)  # what else the comparator reports (its bounds, shapes)
+    # output -> task metric -> whether higher is better, where it is known (gate.judge records it: trtflow's own
+    # metrics, a callable's declared names, a tolerance's {min: x} / {max: x})
+    directions: dict[str, dict[str, bool]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return not self.violations
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.details, "runtime": self.runtime, "samples": self.samples, "outputs": self.outputs}
+        return {**self.details, "runtime": self.runtime, "samples": self.samples, "outputs": self.outputs,
+                "directions": self.directions}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Accuracy":
-        return cls(data["runtime"], data["samples"], data["outputs"])
+        return cls(data["runtime"], data["samples"], data["outputs"], directions=data.get("directions", {}))
 
     def total(self, metric: str) -> float:
         return sum(o.get(metric, 0) for o in self.outputs.values())
@@ -119,7 +126,8 @@ class Accuracy:
     def table(self) -> list[str]:
         lines = ["| output | max abs | mean abs | cosine | NaN/Inf | task metrics |", "|---|---|---|---|---|---|"]
         for name, r in self.outputs.items():
-            task = ", ".join(f"{markdown.text(k)} {v:.4g}" for k, v in task_values(r).items()) or "-"
+            task = ", ".join([f"{markdown.text(k)} {v:.4g}" for k, v in task_values(r).items()]
+                             + [f"{k.replace('_', ' ')} {r[k]}" for k in COUNTS if k in r]) or "-"
             lines.append(f"| {markdown.code(name, cell=True)} | {r['max_abs']:.4g} | {r['mean_abs']:.4g} | "
                          f"{r['cosine']:.6f} | {r['nan']}/{r['inf']} | {task} |")
         return lines
@@ -139,11 +147,12 @@ class Comparison:
             feed: dict[str, np.ndarray] | None = None) -> None:
         """One sample's outputs; `feed`, its inputs (a metric may read one, e.g. an attention mask)."""
         self.samples += 1
+        sample = task_metrics.Sample(feed or {}, ref, got)
         for name, r in ref.items():
             if name not in self.outputs:
-                task = task_metrics.make(task_metrics.declared(self.metrics, name), self.what) or None
+                task = task_metrics.make(task_metrics.declared(self.metrics, name), self.what, name) or None
                 self.outputs[name] = OutputStats(task, self.floors.get(name, 0.0))
-            self.outputs[name].add(r, got[name], feed)
+            self.outputs[name].add(r, got[name], sample)
 
     def result(self, runtime: str) -> Accuracy:
         return Accuracy(runtime, self.samples, {n: s.result() for n, s in self.outputs.items()})

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import higher_is_better
-from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite
+from trtflow.pipelines.schema import higher_is_better, metric_direction
+from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite, task_values
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.text import did_you_mean, distinct
 
@@ -22,9 +22,12 @@ DEFAULTS: dict[str, dict[str, float]] = {
 }
 # ... and for an output with declared task metrics, instead (each applies where its metric is declared)
 TASK_DEFAULTS: dict[str, dict[str, float]] = {
-    "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999},
-    "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995},
-    "int8": {"top1": 0.95, "text_exact": 0.9, "cer": 0.02, "iou": 0.9, "embedding_cosine": 0.98},
+    "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999,
+             "det_recall": 0.99, "det_precision": 0.99, "det_iou": 0.98},
+    "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995,
+             "det_recall": 0.95, "det_precision": 0.95, "det_iou": 0.95},
+    "int8": {"top1": 0.95, "text_exact": 0.9, "cer": 0.02, "iou": 0.9, "embedding_cosine": 0.98,
+             "det_recall": 0.9, "det_precision": 0.9, "det_iou": 0.9},
 }
 
 
@@ -82,10 +85,30 @@ def bounds_for(precision: str, output: str, tolerances: dict[str, Any], metrics:
     return bounds
 
 
+def directions(output: str, names: list[str], tolerances: dict[str, Any],
+               metrics: dict[str, Any] | None = None) -> dict[str, bool]:
+    """Of one output's metric `names`, those whose direction is known -> whether higher is better: trtflow's own,
+    the names a callable declares higher/lower, those a tolerance bounds with {min: x} / {max: x}."""
+    known = {n: d for m in declared(metrics, output) if m.callable for n, d in m.callable.directions().items()}
+    for key in ("*", output):
+        given = tolerances.get(key)
+        if given is not None:
+            known.update({n: at_least for n, (_, at_least) in given.given().items()})
+    out = {}
+    for name in names:
+        direction = known.get(name, metric_direction(name))
+        if direction is not None:
+            out[name] = direction
+    return out
+
+
 def judge(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool,
           metrics: dict[str, Any] | None = None) -> Accuracy:
-    """`result` with the bounds it misses recorded as its violations."""
+    """`result` with the bounds it misses recorded as its violations, and the direction of each task metric it
+    knows (what `select.max_accuracy_drop` weighs)."""
     result.violations = [v.line() for v in check(result, precision, tolerances, nan_inf, metrics)]
+    result.directions = {o: directions(o, list(task_values(m)), tolerances, metrics)
+                         for o, m in result.outputs.items()}
     return result
 
 

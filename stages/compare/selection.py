@@ -4,32 +4,45 @@ profiles), and the order of the others by the declared preference."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
+from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.schema import metric_direction
-from trtflow.stages.compare.accuracy import task_values
+from trtflow.stages.compare.accuracy import Accuracy, task_values
 from trtflow.stages.reports.release import Option
 
 
-def accuracy_drop(outputs: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, float]], float | None,
-                                                                  str | None]:
+def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float]], float | None, str | None]:
     """Per output, the task metrics validate measured (the cosine where an output has none), and the largest
-    loss against the FP32 reference among them with where it is: 1 - agreement (top-k, text exact, IoU,
-    embedding cosine), the error rate itself (CER). A function's own metrics are shown, not weighed (their scale
-    is unknown)."""
+    loss against the FP32 reference among them with where it is ("output/metric"): 1 - the value of a metric
+    better higher (an agreement, an IoU: a share), the value of one better lower (an error rate). A metric that
+    did not come out finite lost everything (1). `weigh` (select.max_accuracy_drop is set): every metric must be
+    weighed, so one whose direction nothing declares, or a function's value that is no share in [0, 1], is an
+    error; otherwise such a metric is shown and not weighed."""
     shown: dict[str, dict[str, float]] = {}
     worst, where = None, None
-    for output, metrics in outputs.items():
+    for output, metrics in acc.outputs.items():
         task = {m: float(v) for m, v in task_values(metrics).items() if isinstance(v, (int, float))}
         if not task:
             task = {"cosine": float(metrics.get("cosine", 0.0))}
         shown[output] = task
+        known = acc.directions.get(output, {})
         for metric, value in task.items():
-            direction = metric_direction(metric)
-            if direction is None or not math.isfinite(value):
+            direction = known.get(metric, metric_direction(metric))
+            if direction is None:
+                if weigh:
+                    raise StageError(
+                        f"release: select.max_accuracy_drop weighs every metric validate measured, and nothing says "
+                        f"whether '{output}/{metric}' is better higher or lower: declare it in validate's "
+                        f"metrics.{output}.callable ({{function: ..., higher: [{metric}]}} or lower: [{metric}]), "
+                        f"or bound it in validate's tolerances.{output} with {{min: x}} / {{max: x}}")
                 continue
-            drop = 1.0 - value if direction else value
+            if weigh and metric_direction(metric) is None and math.isfinite(value) and not 0.0 <= value <= 1.0:
+                raise StageError(
+                    f"release: select.max_accuracy_drop weighs losses as shares, and your function's metric "
+                    f"'{output}/{metric}' is {value:.4g}, outside [0, 1]: return a share (e.g. 1 - error / scale) "
+                    f"to weigh it, or leave max_accuracy_drop out and bound it in validate's tolerances")
+            drop = (1.0 - value if direction else value) if math.isfinite(value) else 1.0
             if worst is None or drop > worst:
                 worst, where = drop, f"{output}/{metric}"
     return shown, worst, where

@@ -1,18 +1,29 @@
 """Accuracy the way a model's users judge it, per output: classification top-k agreement, the text a CTC
-recognizer decodes, the regions a probability map marks, each sample's embedding, or the user's own function.
+recognizer decodes, the regions a probability map or a segmentation marks, each sample's embedding, a detector's
+boxes after decoding and NMS, or the user's own function.
 
-Each metric folds in one batch at a time (`add(reference, candidate, feed)`: arrays of one output, batch first, and
-the inputs that produced them) and
-gives named values (`result()`), the names tolerances bound. Every value is a share in [0, 1] or a rate, so a
-bound reads the same on any model.
+Each metric folds in one batch at a time (`add(reference, candidate, sample)`: arrays of one output, batch first,
+and the `Sample` they came from: the inputs, and every output of both sides by name) and gives named values
+(`result()`), the names tolerances bound. Every value is a share in [0, 1] or a rate, so a bound reads the same on
+any model.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from trtflow.errors import StageError
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One comparison step: the inputs fed, and every output of the reference and of the candidate by name (a
+    metric of one output may need the others: a detector's scores and boxes in separate outputs)."""
+    feed: dict[str, np.ndarray]
+    reference: dict[str, np.ndarray]
+    candidate: dict[str, np.ndarray]
 
 
 class TopK:
@@ -22,7 +33,7 @@ class TopK:
         self.k, self.axis = k, axis
         self.top1 = self.topk = self.rows = 0
 
-    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         r = np.moveaxis(ref, self.axis, -1)
         g = np.nan_to_num(np.moveaxis(got, self.axis, -1).astype(np.float64), nan=-np.inf)
         classes = r.shape[-1]
@@ -75,7 +86,7 @@ class CTC:
         self.blank, self.axis = blank, axis
         self.exact = self.samples = self.edits = self.chars = 0
 
-    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         for want, have in zip(ctc_greedy(ref, self.blank, self.axis), ctc_greedy(got, self.blank, self.axis)):
             self.samples += 1
             self.exact += want == have
@@ -90,28 +101,61 @@ class CTC:
 
 class MapIoU:
     """A probability or segmentation map thresholded into regions: IoU of the candidate's regions with the
-    reference's, pooled over every sample (`iou`) and for the worst sample (`iou_min`). Two empty maps agree."""
+    reference's, pooled over every sample (`iou`) and for the worst sample (`iou_min`). Two empty maps agree.
+    `channel`: only that index along `axis` is the map. `classes`: each element's class is the argmax along
+    `axis` (segmentation scores), and each listed class's region is compared: pooled over the classes and samples
+    (`iou`), the worst sample (`iou_min`), the worst class (`iou_class_min`)."""
 
-    def __init__(self, threshold: float = 0.5) -> None:
-        self.threshold = threshold
+    def __init__(self, threshold: float = 0.5, channel: int | None = None, classes: list[int] | tuple[int, ...] = (),
+                 axis: int = 1, what: str = "map_iou") -> None:
+        self.threshold, self.channel, self.classes, self.axis, self.what = threshold, channel, list(classes), axis, what
         self.inter = self.union = 0
+        self.class_inter = np.zeros(len(self.classes), np.int64)
+        self.class_union = np.zeros(len(self.classes), np.int64)
         self.worst = 1.0
         self.samples = 0
 
-    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
-        r = ref.reshape(ref.shape[0], -1) > self.threshold
-        g = np.nan_to_num(got.astype(np.float64), nan=-np.inf).reshape(got.shape[0], -1) > self.threshold
-        inter, union = (r & g).sum(1), (r | g).sum(1)
+    def _regions(self, x: np.ndarray) -> np.ndarray:
+        """(batch, regions, elements) booleans: one region, or one per selected class."""
+        x = np.nan_to_num(x.astype(np.float64), nan=-np.inf)
+        if self.channel is None and not self.classes:
+            return (x > self.threshold).reshape(x.shape[0], 1, -1)
+        if not -x.ndim <= self.axis < x.ndim or self.axis % x.ndim == 0:
+            raise StageError(f"{self.what}.axis: {self.axis} is not a non-batch axis of an output of shape "
+                             f"{list(x.shape)}")
+        count = x.shape[self.axis]
+        wanted = [self.channel] if self.channel is not None else self.classes
+        beyond = [c for c in wanted if c >= count]
+        if beyond:
+            raise StageError(f"{self.what}.{'channel' if self.channel is not None else 'classes'}: "
+                             f"{', '.join(map(str, beyond))} beyond the {count} along axis {self.axis} of an output "
+                             f"of shape {list(x.shape)}")
+        if self.channel is not None:
+            return (np.take(x, self.channel, axis=self.axis) > self.threshold).reshape(x.shape[0], 1, -1)
+        label = x.argmax(self.axis).reshape(x.shape[0], -1)
+        return np.stack([label == c for c in self.classes], 1)
+
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
+        r, g = self._regions(ref), self._regions(got)
+        inter, union = (r & g).sum(2), (r | g).sum(2)  # (batch, regions)
         self.inter += int(inter.sum())
         self.union += int(union.sum())
-        per = np.where(union > 0, inter / np.maximum(union, 1), 1.0)
+        if self.classes:
+            self.class_inter += inter.sum(0)
+            self.class_union += union.sum(0)
+        i, u = inter.sum(1), union.sum(1)
+        per = np.where(u > 0, i / np.maximum(u, 1), 1.0)
         self.worst = min(self.worst, float(per.min()))
         self.samples += r.shape[0]
 
     def result(self) -> dict[str, float]:
         if not self.samples:
             return {}
-        return {"iou": self.inter / self.union if self.union else 1.0, "iou_min": self.worst}
+        out = {"iou": self.inter / self.union if self.union else 1.0, "iou_min": self.worst}
+        if self.classes:
+            per = np.where(self.class_union > 0, self.class_inter / np.maximum(self.class_union, 1), 1.0)
+            out["iou_class_min"] = float(per.min())
+        return out
 
 
 def _cosines(r: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -132,20 +176,21 @@ class Embedding:
         self.axis, self.pool, self.mask = axis, pool, mask
         self.values: list[float] = []
 
-    def _vectors(self, x: np.ndarray, feed: dict[str, np.ndarray] | None) -> np.ndarray:
+    def _vectors(self, x: np.ndarray, sample: Sample | None) -> np.ndarray:
         x = np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=0.0, neginf=0.0)
         if self.pool == "mean" and x.ndim > 2:
             x = np.moveaxis(x, self.axis, -1)
             x = x.reshape(x.shape[0], -1, x.shape[-1])
-            if self.mask is not None and feed is not None and self.mask in feed:
+            feed = sample.feed if sample is not None else {}
+            if self.mask is not None and self.mask in feed:
                 m = feed[self.mask].reshape(x.shape[0], -1)[..., None].astype(np.float64)
                 return (x * m).sum(1) / np.maximum(m.sum(1), 1.0)
             x = x.mean(1)
         return x.reshape(x.shape[0], -1)
 
-    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         bad = ~np.isfinite(got.astype(np.float64)).reshape(got.shape[0], -1).all(1)
-        cos = _cosines(self._vectors(ref, feed), self._vectors(got, feed))
+        cos = _cosines(self._vectors(ref, sample), self._vectors(got, sample))
         self.values += [0.0 if b else float(c) for b, c in zip(bad, cos)]  # a non-finite embedding is no match
 
     def result(self) -> dict[str, float]:
@@ -163,7 +208,7 @@ class UserMetric:
         self.sums: dict[str, float] = {}
         self.calls = 0
 
-    def add(self, ref: np.ndarray, got: np.ndarray, feed: dict[str, np.ndarray] | None = None) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         try:
             values = self.func(ref, got)
         except Exception as exc:  # the user's code: one line naming it, not a traceback from inside trtflow
@@ -183,20 +228,29 @@ def declared(metrics: dict[str, Any] | None, output: str) -> list[Any]:
     return [m for key, m in (metrics or {}).items() if key in ("*", output)]
 
 
-def make(specs: list[Any], what: str) -> list[Any]:
-    """The metric objects the `OutputMetrics` entries `specs` declare."""
+def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
+    """The metric objects the `OutputMetrics` entries `specs` declare for `output`."""
+    from trtflow.stages.compare.detections import Detections
     from trtflow.usercode import import_callable
 
     made: list[Any] = []
     for m in specs:
+        where = f"{what}: metrics.{output}"
         if m.topk:
             made.append(TopK(m.topk.k, m.topk.axis))
         if m.ctc:
             made.append(CTC(m.ctc.blank, m.ctc.axis))
         if m.map_iou:
-            made.append(MapIoU(m.map_iou.threshold))
+            made.append(MapIoU(m.map_iou.threshold, m.map_iou.channel, m.map_iou.classes, m.map_iou.axis,
+                               f"{where}.map_iou"))
         if m.embedding:
             made.append(Embedding(m.embedding.axis, m.embedding.pool, m.embedding.mask))
+        if m.detections:
+            d = m.detections
+            decoder = import_callable(d.decode, f"{where}.detections.decode", 2) if d.decode else None
+            made.append(Detections(d.layout, decoder, d.decode or "", d.score_threshold, d.nms_iou, d.match_iou,
+                                   d.max_detections, f"{where}.detections"))
         if m.callable:
-            made.append(UserMetric(import_callable(m.callable, f"{what}: metrics callable", 2), m.callable))
+            ref = m.callable.function
+            made.append(UserMetric(import_callable(ref, f"{what}: metrics callable", 2), ref))
     return made

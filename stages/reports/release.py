@@ -26,7 +26,7 @@ class Option(BaseModel):
     accuracy: dict[str, dict[str, float]] = {}  # output -> task metric (or cosine) -> value, against FP32
     accuracy_runtime: str | None = None
     accuracy_drop: float | None = None  # the largest loss on any of them
-    drop_metric: str | None = None  # where ("output/metric")
+    drop_metric: str | None = None  # where ("output/metric"): the metric that lost the most
     p99_ms: float | None = None
     p99_batch: int | None = None  # the batch the p99 was measured at (the smallest measured)
     samples_per_s: float | None = None  # the most measured, at any batch
@@ -46,7 +46,9 @@ class Option(BaseModel):
         kept = "-" if self.higher_precision_nodes is None else (
             f"{self.higher_precision_nodes}" + (f" of {self.nodes}" if self.nodes else ""))
         p99 = "-" if self.p99_ms is None else f"{self.p99_ms:.4g} (batch {self.p99_batch})"
-        return [self.name, self.precision, acc, "-" if self.accuracy_drop is None else f"{self.accuracy_drop:.2%}",
+        drop = "-" if self.accuracy_drop is None else f"{self.accuracy_drop:.2%}" + (
+            f" on {self.drop_metric}" if self.drop_metric else "")
+        return [self.name, self.precision, acc, drop,
                 p99, "-" if self.samples_per_s is None else f"{self.samples_per_s:.4g}",
                 f"{self.engine_bytes / 1e6:.2f}", kept,
                 "**shipped**" if self.rank == 1 else (self.refused or f"ranked {self.rank}")]
@@ -54,7 +56,7 @@ class Option(BaseModel):
     def md_row(self) -> str:
         """Its table row in Markdown: names and the refusal as literal text, the shipped engine's verdict in bold."""
         cells = self.cells()
-        cells[:3] = [markdown.text(c) for c in cells[:3]]  # the rest are numbers, formatted here
+        cells[:4] = [markdown.text(c) for c in cells[:4]]  # the rest are numbers, formatted here
         if self.rank != 1:
             cells[8] = markdown.text(cells[8])
         return "| " + " | ".join(cells) + " |"
