@@ -130,6 +130,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             option.accuracy, option.accuracy_drop, option.drop_metric = selection.accuracy_drop(
                 result.accuracy["outputs"])
             option.accuracy_runtime = result.runtime
+            option.shapes = result.per_shape
     if bench is not None:
         mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]
         if mine:

@@ -106,5 +106,5 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
     "release": ("16f3f7331847783514dc3eb013a1346e", "7f919fd67c0e2b119e90ede8fde10729"),
-    "validate": ("bb26120f90e5e7287aa99f5d08bc666f", "8a3a89d379da4f8d710b0a1a2030e9ed"),
+    "validate": ("954e4197f9d1ab831956dd6d6ad70619", "91339b4fbcd34ec920c300f3352e0ebc"),
 }
