@@ -1,6 +1,7 @@
 """Stage `validate`: every candidate (each engine of a build, or each model variant when there is no build)
-against the FP32 reference on ONNX Runtime; per output metrics gated by tolerances; NaN/Inf; for a failing
-candidate, the first node that goes wrong and, with `repair: true`, the nodes to keep in higher precision.
+against the FP32 reference on ONNX Runtime, at every shape of its profiles (a verdict per shape); per output
+metrics gated by tolerances; NaN/Inf; for a failing candidate, the first node that goes wrong and, with
+`repair: true`, the nodes to keep in higher precision.
 
 A candidate runs on TensorRT where this machine can execute its engine; otherwise its exact ONNX variant is
 simulated on ONNX Runtime (FP16 through the per-node FP16 emulation, Q/DQ as fake quantization) and every
