@@ -44,7 +44,7 @@ class ShapeResult(BaseModel):
         return [self.name, shapes_text(self.shapes), str(self.samples),
                 f"{min(o['cosine'] for o in outs):.6f}" if outs else "-",
                 f"{max(o['max_abs'] for o in outs):.4g}" if outs else "-",
-                str(sum(added_nonfinite(o) for o in outs)), task,
+                str(sum(max(0, added_nonfinite(o)) for o in outs)), task,
                 "passes" if self.passed else "fails: " + "; ".join(self.violations), self.data]
 
 
