@@ -306,7 +306,7 @@ class _Measured:
     errors: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
 
-def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list["_ShapeSet"], reference: _Reference,
+def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_ShapeSet], reference: _Reference,
              metrics: dict[str, Any], ranked: list | None = None) -> _Measured:
     """The candidate against the reference over every sample of every shape set. `ranked`, when given, receives
     (how far the sample's outputs are off, its source, its index) per sample."""
@@ -339,7 +339,7 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list["
     return measured
 
 
-def _judged(measured: _Measured, sets: list["_ShapeSet"], runtime: str, precision: str,
+def _judged(measured: _Measured, sets: list[_ShapeSet], runtime: str, precision: str,
             params: ValidateStage) -> tuple[Accuracy, list[ShapeResult]]:
     """Each shape set through the gate (a row each), and the metrics over all samples carrying every shape's
     violations: a candidate passes only where it passes at every shape, and a violation names its shape when
