@@ -106,6 +106,10 @@ class SampleData(Strict):
     ranges: dict[str, list[float]] = Field(
         default_factory=dict, description="per input, [low, high] of its random values (equal bounds pin a "
                                           "constant), e.g. {token_type_ids: [0, 1], sample_rate: [16000, 16000]}")
+    pad: dict[str, float] = Field(
+        default_factory=dict, description="validate, where it makes files into a profile's larger shape: per input, "
+                                          "the value it is padded with, e.g. {input_ids: 1} (the tokenizer's pad id); "
+                                          "inputs not named: integers padded with 0, floats repeat their content")
     seed: int = 0
 
     @model_validator(mode="after")

@@ -28,7 +28,8 @@ from trtflow.stages.triton import warmup as triton_warmup
 from trtflow.stages.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 
-VERSION = "2"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction)
+VERSION = "3"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
+# shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 
 
@@ -159,6 +160,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             option.accuracy, option.accuracy_drop, option.drop_metric = selection.accuracy_drop(
                 Accuracy.from_json(result.accuracy), params.select.max_accuracy_drop is not None)
             option.accuracy_runtime = result.runtime
+            option.shapes = result.per_shape
     if bench is not None:
         mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]
         if mine:

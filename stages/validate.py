@@ -1,6 +1,7 @@
 """Stage `validate`: every candidate (each engine of a build, or each model variant when there is no build)
-against the FP32 reference on ONNX Runtime; per output metrics gated by tolerances; NaN/Inf; for a failing
-candidate, the first node that goes wrong and, with `repair: true`, the nodes to keep in higher precision.
+against the FP32 reference on ONNX Runtime, at every shape of its profiles (a verdict per shape); per output
+metrics gated by tolerances; NaN/Inf; for a failing candidate, the first node that goes wrong and, with
+`repair: true`, the nodes to keep in higher precision.
 
 A candidate runs on TensorRT where this machine can execute its engine; otherwise its exact ONNX variant is
 simulated on ONNX Runtime (FP16 through the per-node FP16 emulation, Q/DQ as fake quantization) and every
@@ -12,7 +13,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -24,7 +25,7 @@ from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.bisect import repair
 from trtflow.stages.bisect.repair import Repair
 from trtflow.stages.compare import gate
-from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
@@ -34,16 +35,17 @@ from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
-from trtflow.stages.reports.validate import CandidateResult, Reference, ValidateReport
+from trtflow.stages.reports.validate import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.stages.trt import building
 from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
 from trtflow.text import did_you_mean
 
-VERSION = "6"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+VERSION = "7"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
 # on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
 # variant's recipe; RMS error per node. 5: task metrics; a failing candidate fails the stage unless its repaired
-# engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale
-# 6: each candidate's accuracy records its task metrics' directions (what release's max_accuracy_drop weighs)
+# engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale.
+# 6: each candidate's accuracy records its task metrics' directions (what release's max_accuracy_drop weighs).
+# 7: file data made into every dynamic profile's min/opt/max, a verdict per shape; repair checked at the failing ones
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
               "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
@@ -258,24 +260,29 @@ def _repaired_candidates(target: Candidate, candidates: list[Candidate], checked
 def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, Any]]:
     params, out_dir = job.params, job.out_dir
     runtime, runner, why, sim_model = _runtime(job, cand)
-    sets = list(_sample_sets(job, cand))
+    sets = _sample_sets(job, cand)
     ranked: list = []
-    cmp, errors, shapes_seen = _measure(runner, sets, job.reference, params.metrics, ranked)
-    acc = gate.judge(cmp.result(runtime), cand.precision, params.tolerances, params.check_nan_inf, params.metrics)
+    measured = _measure(runner, sets, job.reference, params.metrics, ranked)
+    acc, rows = _judged(measured, sets, runtime, cand.precision, params)
     warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
                 f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
                 for name, o in acc.outputs.items() if o["reference_nan"] or o["reference_inf"]]
     result = CandidateResult(
         name=cand.name, variant=cand.variant, precision=cand.precision, runtime=runtime,
-        engine=cand.engine.name if cand.engine else None, data=sets[0][1].label, shapes=shapes_seen,
+        engine=cand.engine.name if cand.engine else None, data=sets[0].source.label,
+        shapes=[s for seen in measured.shapes for s in seen],
         bounds={o: {m: b for m, (b, _) in gate.bounds_for(cand.precision, o, params.tolerances, params.metrics,
                                                            acc.outputs[o].get("task")).items()}
                 for o in acc.outputs},
         accuracy=acc.to_json(), passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
-        warnings=warnings)
-    ctx = {"sets": sets, "sim": sim_model, "worst": _worst_samples(ranked, params.locate_samples)}
+        warnings=warnings, per_shape=rows)
+    # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
+    failing = [s.source for s, row in zip(sets, rows) if not row.passed]
+    ctx = {"sets": sets, "sim": sim_model,
+           "worst": _worst_samples([r for r in ranked if any(r[1] is f for f in failing)] or ranked,
+                                   params.locate_samples)}
     slug = cand.name.replace("/", "_")
-    hist = error_histograms(errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
+    hist = error_histograms(measured.errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
     result.plots = [str(hist.relative_to(out_dir))]
     if not acc and params.locate_first_bad_layer:
         bound = gate.layer_bound(cand.precision, params.tolerances)
@@ -290,37 +297,63 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, An
     return result, ctx
 
 
-def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list, reference: _Reference,
-             metrics: dict[str, Any], ranked: list | None = None
-             ) -> tuple[Comparison, dict[str, list[np.ndarray]], list[dict[str, list[int]]]]:
-    """The candidate against the reference over every sample of every shape set; a bounded sample of the
-    absolute errors per output (for the histogram); the shapes seen. `ranked`, when given, receives
+@dataclass
+class _Measured:
+    """A candidate against the reference: over every sample, per shape set, the input shapes seen per shape set,
+    and a bounded sample of the absolute errors per output (for the histogram)."""
+    total: Comparison
+    per_set: list[Comparison] = field(default_factory=list)
+    shapes: list[list[dict[str, list[int]]]] = field(default_factory=list)
+    errors: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+
+def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_ShapeSet], reference: _Reference,
+             metrics: dict[str, Any], ranked: list | None = None) -> _Measured:
+    """The candidate against the reference over every sample of every shape set. `ranked`, when given, receives
     (how far the sample's outputs are off, its source, its index) per sample."""
-    cmp, errors = Comparison(metrics, reference.floors), {}
-    shapes_seen: list[dict[str, list[int]]] = []
-    for label, source, which, profile_of in sets:
-        for i in which:
+    measured = _Measured(Comparison(metrics, reference.floors))
+    for shape_set in sets:
+        cmp, seen, source = Comparison(metrics, reference.floors), [], shape_set.source
+        for i in range(len(source)):
             feed = source.sample(i)
-            profile = profile_of(feed)
             shapes = {k: list(v.shape) for k, v in feed.items()}
-            if shapes not in shapes_seen:
-                shapes_seen.append(shapes)
-            key = (label, json.dumps(shapes), i)
+            if shapes not in seen:
+                seen.append(shapes)
+            key = (shape_set.name, json.dumps(shapes), i)
             ref_cache = reference.outputs
             if key not in ref_cache:
                 try:
                     ref_cache[key] = ort_runner.run(reference.session, feed)
                 except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                     raise source.failure(exc) from None
-            got = runner(feed, profile)
+            got = runner(feed, shape_set.profile(feed))
             cmp.add(ref_cache[key], got, feed)
+            measured.total.add(ref_cache[key], got, feed)
             if ranked is not None:
                 ranked.append((_how_far_off(ref_cache[key], got), source, i))
             for name, r in ref_cache[key].items():
-                kept = errors.setdefault(name, [])
+                kept = measured.errors.setdefault(name, [])
                 if sum(map(len, kept)) < ERROR_SAMPLE:
                     kept.append(np.abs(r.astype(np.float64) - got[name].astype(np.float64)).ravel())
-    return cmp, errors, shapes_seen
+        measured.per_set.append(cmp)
+        measured.shapes.append(seen)
+    return measured
+
+
+def _judged(measured: _Measured, sets: list[_ShapeSet], runtime: str, precision: str,
+            params: ValidateStage) -> tuple[Accuracy, list[ShapeResult]]:
+    """Each shape set through the gate (a row each), and the metrics over all samples carrying every shape's
+    violations: a candidate passes only where it passes at every shape, and a violation names its shape when
+    there are several."""
+    rows = []
+    for shape_set, cmp, seen in zip(sets, measured.per_set, measured.shapes):
+        acc = gate.judge(cmp.result(runtime), precision, params.tolerances, params.check_nan_inf, params.metrics)
+        rows.append(ShapeResult(name=shape_set.name, shapes=seen, data=shape_set.source.made(), samples=acc.samples,
+                                outputs=acc.outputs, passed=bool(acc), violations=acc.violations))
+    total = measured.total.result(runtime)
+    total.violations = [v if len(rows) == 1 else f"at {row.name} ({shapes_text(row.shapes)}): {v}"
+                        for row in rows for v in row.violations]
+    return total, rows
 
 
 def _how_far_off(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> float:
@@ -399,14 +432,19 @@ def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candid
 
 
 def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: list) -> Repair:
-    """Repair the target variant if any of its candidates fails; its simulation must then pass every sample set
-    those candidates were checked on."""
+    """Repair the target variant if any of its candidates fails; its simulation must then pass every shape those
+    candidates fail at (the samples off the most, from those shapes, locate where it goes wrong); the repaired
+    candidates are then validated at every shape."""
     mine = [(r, ctx) for (r, ctx), c in zip(results, candidates) if c.variant == target.variant]
     failing = [(r, ctx) for r, ctx in mine if not r.passed]
     params, work, reference = job.params, job.work, job.reference.model
     if not failing:
         return Repair(variant=target.variant, precision=target.precision, passed=True, note="nothing to repair")
-    sets = [s for _, ctx in failing for s in ctx["sets"]]
+    sets: list[_ShapeSet] = []
+    for r, ctx in failing:
+        for shape_set, row in zip(ctx["sets"], r.per_shape):
+            if not row.passed and shape_set.name not in {s.name for s in sets}:
+                sets.append(shape_set)
     first_r, first_ctx = failing[0]
     variant = model_io.load(target.model)
     locate_feeds = [source.sample(i) for source, i in first_ctx["worst"]]
@@ -416,9 +454,8 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: 
         path = work / "repair_sim.onnx"
         model_io.save(sim, path)
         sess = session(path)
-        cmp, _, _ = _measure(lambda f, p: ort_runner.run(sess, f), sets, job.reference, params.metrics)
-        return gate.judge(cmp.result(RUNTIME), target.precision, params.tolerances, params.check_nan_inf,
-                          params.metrics).violations
+        measured = _measure(lambda f, p: ort_runner.run(sess, f), sets, job.reference, params.metrics)
+        return _judged(measured, sets, RUNTIME, target.precision, params)[0].violations
 
     def locate(sim: onnx.ModelProto) -> layerwise.Layerwise:
         qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None
@@ -433,33 +470,43 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: 
                           int(params.repair_max_giveback * how.size))
     for h in found.rounds:
         h.violations = h.violations[:3]
+    found.shapes = [s.name for s in sets]
     return found
 
 
 # ------------------------------------------------------------------------------------------------ data
 
-def _sample_sets(job: _Job, cand: Candidate) -> Iterator[tuple[str, SampleSource, range, Callable[[Feeds], int]]]:
-    """(label, source, sample indices, feed -> profile index) per shape set: random data at each profile's
-    min/opt/max shapes; files as they are, each fitted to a profile (or refused)."""
-    params, inputs, ref = job.params, job.inputs, job.reference
+@dataclass
+class _ShapeSet:
+    """Samples at one shape (a profile's min, opt or max; or the data as given, where no profile is dynamic): a
+    row of the report."""
+    name: str  # "<profile>.<point>", or "data"
+    source: SampleSource
+    profile: Callable[[Feeds], int]  # a feed -> the index of the engine's profile it runs on
+
+
+def _sample_sets(job: _Job, cand: Candidate) -> list[_ShapeSet]:
+    """A shape set per profile and `profile_shapes` point (the same shapes once): random data drawn at it, files
+    made into it (`SampleSource.at`) where a profile is dynamic. Files for static profiles (or no profile) are
+    taken as they are, each fitted to a profile (or refused)."""
+    params, ref = job.params, job.reference
     data = params.data
-    if data.random and cand.profiles:
-        seen = []
+    src = SampleSource(data, job.inputs, ref.session.get_inputs(), "validate", ref.model)
+    if not len(src):
+        raise StageError(f"validate: data: no samples found ({src.label}); check the glob in data.images / "
+                         f"data.tensors, or use data: {{random: true}}")
+    if cand.profiles and (data.random or any(p.dynamic for p in cand.profiles)):
+        sets: list[_ShapeSet] = []
+        seen: list[dict[str, list[int]]] = []
         for index, prof in enumerate(cand.profiles):
             for point in params.profile_shapes:
                 shapes = prof.at(point)
                 if shapes in seen:
                     continue
                 seen.append(shapes)
-                src = SampleSource(data.model_copy(update={"shapes": {**data.shapes, **shapes}}), inputs,
-                                   ref.session.get_inputs(), "validate", ref.model)
-                yield f"{prof.name}.{point}", src, range(len(src)), lambda feed, i=index: i
-        return
-    src = SampleSource(data, inputs, ref.session.get_inputs(), "validate", ref.model)
-    if not len(src):
-        raise StageError(f"validate: data: no samples found ({src.label}); check the glob in data.images / "
-                         f"data.tensors, or use data: {{random: true}}")
-    yield "data", src, range(len(src)), lambda feed: _profile_for(feed, cand)
+                sets.append(_ShapeSet(f"{prof.name}.{point}", src.at(shapes), lambda feed, i=index: i))
+        return sets
+    return [_ShapeSet("data", src, lambda feed: _profile_for(feed, cand))]
 
 
 def _profile_for(feed: Feeds, cand: Candidate) -> int:

@@ -105,6 +105,6 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
     "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
-    "release": ("6b1814a91e8c5f142bcadd13d7f2fa5d", "f96b466475ccccf5efe8b0204739fac7"),
-    "validate": ("954e4197f9d1ab831956dd6d6ad70619", "91339b4fbcd34ec920c300f3352e0ebc"),
+    "release": ("ae508de2bddecd22f67abd958c7b1d68", "d9fe161f595190819ee60eb8f943e881"),
+    "validate": ("a3b644a07cb7f30c256af13e88f8e2f5", "1a59d38b63ed17eee2b368c1c9f70c2d"),
 }

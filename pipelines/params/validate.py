@@ -70,7 +70,9 @@ class ValidateStage(StageBase):
                             "Runtime")
     profile_shapes: list[Literal["min", "opt", "max"]] = Field(
         default_factory=lambda: ["min", "opt", "max"], min_length=1,
-        description="for random data, the shapes of each profile to check at")
+        description="the shapes of each profile to check at: random data is drawn at them; files are made into them "
+                    "where a profile is dynamic (images through the preprocessing set for that size, tensors cut, "
+                    "padded or repeated, batches filled with more files)")
     metrics: Metrics
     tolerances: dict[str, OutputTolerance] = Field(
         default_factory=dict, description="per output name, or '*' for all outputs")

@@ -47,6 +47,7 @@ class Repair(BaseModel):
     note: str | None = None
     yaml: str | None = None
     warnings: list[str] = []
+    shapes: list[str] = []  # the shapes (validate's shape sets) each round was checked at: those that failed
     model: Any = Field(None, exclude=True)  # an onnx.ModelProto (whatever Variant.rebuild makes)
 
 

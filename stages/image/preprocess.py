@@ -79,6 +79,40 @@ class Preprocessor:
         (_, read), = self.steps[0].items()
         return self.run(decode_image(data, read["color"], read["depth"]))
 
+    @property
+    def layout(self) -> str:
+        """The layout of the image in the tensor the steps give: 'hwc' or 'chw'."""
+        return next((v for step in reversed(self.steps) for k, v in step.items() if k == "layout"), "hwc")
+
+    def output_size(self) -> tuple[int, int] | None:
+        """(height, width) of every tensor the steps give, where the last step that sizes the image fixes it; None
+        where it depends on the image (a resize to a height alone, a pad to a square)."""
+        size = None
+        for step in self.steps[1:]:
+            (name, value), = step.items()
+            kind = STEPS.get(name)
+            if kind is not None and kind.sizes:
+                size = kind.fixed_size(value)
+        return size
+
+    def resized(self, height: int, width: int) -> tuple["Preprocessor", list[str]] | None:
+        """The same steps giving `height` x `width` tensors, and the changed steps in words: every step that sizes
+        the image scaled by the same factors (a resize to 256 before a 224 crop becomes one to 512 before a 448
+        crop). None where the steps do not fix the size."""
+        size = self.output_size()
+        if size is None:
+            return None
+        fy, fx = height / size[0], width / size[1]
+        steps, changed = [self.steps[0]], []
+        for step in self.steps[1:]:
+            (name, value), = step.items()
+            kind = STEPS.get(name)
+            new = kind.scaled(value, fy, fx) if kind is not None else value
+            if new != value:
+                changed.append(f"{name} {json.dumps(kind.friendly(new), separators=(', ', ': '))}")
+            steps.append({name: new})
+        return Preprocessor(steps), changed
+
     def run(self, img: np.ndarray) -> np.ndarray:
         """The steps after `read` on a decoded HxWxC image."""
         layout = "hwc"

@@ -30,10 +30,12 @@ ROUNDINGS = ("floor", "round", "ceil")
 
 
 class Step:
-    """One kind of step. `spatial` steps work on HxWxC images, so they come before `layout: chw` and `batch`."""
+    """One kind of step. `spatial` steps work on HxWxC images, so they come before `layout: chw` and `batch`;
+    `sizes` steps may change the image's height and width."""
 
     name: ClassVar[str]
     spatial: ClassVar[bool] = False
+    sizes: ClassVar[bool] = False
 
     def canonical(self, value: Any) -> Any:
         """The value with every default filled in: the same steps always give the same digest."""
@@ -50,6 +52,15 @@ class Step:
         """The canonical value in the form people write it."""
         return {k: v for k, v in value.items() if not (k == "antialias" and v is False)} \
             if isinstance(value, dict) else value
+
+    def fixed_size(self, value: Any) -> tuple[int, int] | None:
+        """(height, width) of every image the step gives; None where it depends on the image (or the step keeps
+        it: see `sizes`)."""
+        return None
+
+    def scaled(self, value: Any, fy: float, fx: float) -> Any:
+        """The value for images fy times as high and fx times as wide (validate's data at a profile's shape)."""
+        return value
 
 
 def _replace(steps: Steps, i: int, step: dict[str, Any]) -> Steps:
@@ -76,7 +87,7 @@ class Read(Step):
 
 
 class Resize(Step):
-    name, spatial = "resize", True
+    name, spatial, sizes = "resize", True, True
 
     def canonical(self, value: Any) -> Any:
         if value.get("round") == "floor":  # the default: the same steps, the same digest
@@ -89,12 +100,33 @@ class Resize(Step):
     def causes(self, steps: Steps, i: int, value: Any) -> Iterator[Cause]:
         return _resize_causes(steps, i, value)
 
+    def fixed_size(self, value: Any) -> tuple[int, int] | None:
+        return tuple(value["size"]) if value.get("size") else None
+
+    def scaled(self, value: Any, fy: float, fx: float) -> Any:
+        out = dict(value)
+        if out.get("size"):
+            out["size"] = _times(out["size"], fy, fx)
+        elif out.get("height"):
+            out["height"] = max(1, round(out["height"] * fy))
+            if out.get("max_width"):
+                out["max_width"] = max(1, round(out["max_width"] * fx))
+        else:  # the shorter side: at least as far as either side grows, so a crop after it still fits
+            out["shorter"] = math.ceil(out["shorter"] * max(fy, fx))
+        return out
+
 
 class Letterbox(Step):
-    name, spatial = "letterbox", True
+    name, spatial, sizes = "letterbox", True, True
 
     def apply(self, img: np.ndarray, value: Any, layout: str) -> tuple[np.ndarray, str]:
         return _letterbox(img, value), layout
+
+    def fixed_size(self, value: Any) -> tuple[int, int] | None:
+        return tuple(value["size"])
+
+    def scaled(self, value: Any, fy: float, fx: float) -> Any:
+        return {**value, "size": _times(value["size"], fy, fx)}
 
     def causes(self, steps: Steps, i: int, value: Any) -> Iterator[Cause]:
         for interp in INTERP:
@@ -110,10 +142,18 @@ class Letterbox(Step):
 
 
 class CenterCrop(Step):
-    name, spatial = "center_crop", True
+    name, spatial, sizes = "center_crop", True, True
 
     def canonical(self, value: Any) -> Any:
         return _center_crop_spec(value)
+
+    def fixed_size(self, value: Any) -> tuple[int, int] | None:
+        return tuple(value["size"] if isinstance(value, dict) else value)
+
+    def scaled(self, value: Any, fy: float, fx: float) -> Any:
+        if isinstance(value, dict):
+            return {**value, "size": _times(value["size"], fy, fx)}
+        return _times(value, fy, fx)
 
     def apply(self, img: np.ndarray, value: Any, layout: str) -> tuple[np.ndarray, str]:
         return _center_crop(img, value), layout
@@ -130,10 +170,18 @@ class CenterCrop(Step):
 
 
 class Crop(Step):
-    name, spatial = "crop", True
+    name, spatial, sizes = "crop", True, True
 
     def apply(self, img: np.ndarray, value: Any, layout: str) -> tuple[np.ndarray, str]:
         return _crop(img, value), layout
+
+    def fixed_size(self, value: Any) -> tuple[int, int] | None:
+        return value["height"], value["width"]
+
+    def scaled(self, value: Any, fy: float, fx: float) -> Any:
+        height, width = _times([value["height"], value["width"]], fy, fx)
+        return {**value, "top": round(value["top"] * fy), "left": round(value["left"] * fx), "height": height,
+                "width": width}
 
     def causes(self, steps: Steps, i: int, value: Any) -> Iterator[Cause]:
         return _crop_offsets(steps, i, self.name, value)
@@ -147,7 +195,7 @@ class Color(Step):
 
 
 class Pad(Step):
-    name = "pad"
+    name, sizes = "pad", True
 
     def canonical(self, value: Any) -> Any:
         # the placement every pad had before `place` existed is left out: their digests stay what they were
@@ -157,6 +205,12 @@ class Pad(Step):
         if img.ndim != 3:
             raise StageError("'pad' must come before 'batch'")
         return _pad(img, value, layout), layout
+
+    def fixed_size(self, value: Any) -> tuple[int, int] | None:
+        return None if value["size"] == "square" else tuple(value["size"])
+
+    def scaled(self, value: Any, fy: float, fx: float) -> Any:
+        return value if value["size"] == "square" else {**value, "size": _times(value["size"], fy, fx)}
 
     def causes(self, steps: Steps, i: int, value: Any) -> Iterator[Cause]:
         yield from _pad_values(steps, i, value)
@@ -247,6 +301,11 @@ def apply(img: np.ndarray, name: str, value: Any, layout: str) -> tuple[np.ndarr
 
 
 # --- implementations ----------------------------------------------------------------------------------------------
+
+def _times(hw: list[int], fy: float, fx: float) -> list[int]:
+    """[h, w] scaled by (fy, fx), rounded, at least 1: a size that was exactly (h0, w0) becomes exactly the target."""
+    return [max(1, round(hw[0] * fy)), max(1, round(hw[1] * fx))]
+
 
 def _resize(img: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
     h, w = img.shape[:2]

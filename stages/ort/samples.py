@@ -2,6 +2,7 @@
 preprocessing artifact, tensors saved to files, or seeded random data. Produced one sample at a time."""
 from __future__ import annotations
 
+import copy
 import re
 import zipfile
 from pathlib import Path
@@ -16,6 +17,7 @@ from trtflow.pipelines.schema import SampleData
 from trtflow.stages.image import preprocess
 from trtflow.stages.onnx.graph import index_bounds, inputs_upstream_of
 from trtflow.stages.ort.runner import fit_to_input, random_input, run, session_shapes
+from trtflow.stages.ort.shaping import Target
 from trtflow.text import did_you_mean, first_line
 
 Feeds = dict[str, np.ndarray]
@@ -31,10 +33,11 @@ class SampleSource:
                  model: onnx.ModelProto | None = None, key: str = "data"):
         self.data, self.model_inputs, self.stage, self.model, self.key = data, model_inputs, stage, model, key
         known = {m.name for m in model_inputs}
-        for name in data.ranges:
-            if name not in known:
-                raise StageError(f"{stage}: {key}.ranges: the model has no input '{name}'"
-                                 f"{did_you_mean(name, sorted(known))}")
+        for section in ("ranges", "pad"):
+            for name in getattr(data, section):
+                if name not in known:
+                    raise StageError(f"{stage}: {key}.{section}: the model has no input '{name}'"
+                                     f"{did_you_mean(name, sorted(known))}")
         self.ranges = {**(index_bounds(model) if model is not None else {}),
                        **{k: (v[0], v[1]) for k, v in data.ranges.items()}}
         self.files: list[Path] = []
@@ -51,9 +54,51 @@ class SampleSource:
         self.count = len(self.files) if self.from_files else data.samples
         self.label = ("images via preprocess " + self.pre.digest[:12] if self.pre else
                       "saved tensors" if data.tensors else f"random (seed {data.seed})")
+        self.target: Target | None = None  # files made into one profile shape (`at`)
+        self.rows = 0  # the batch rows a file gives (known once `at` has read one)
 
     def __len__(self) -> int:
         return self.count
+
+    def at(self, shapes: dict[str, list[int]]) -> "SampleSource":
+        """These samples at one profile shape (input -> shape): random data drawn at it; files made into it
+        (`shaping.py`: dimensions cut, padded or repeated, batches filled with more files; images through the
+        declared preprocessing set for that size, where its steps fix the size). `made()` says how."""
+        other = copy.copy(self)
+        if not self.from_files:
+            other.data = self.data.model_copy(update={"shapes": {**self.data.shapes, **shapes}})
+            return other
+        other.target = Target.of(shapes, self.model_inputs, self.data.pad)
+        if self.pre is not None:
+            other.pre = self._sized_preprocessing(other.target)
+        if not self.rows and self.count:
+            first = self._file_sample(0)
+            self.rows = next(iter(first.values())).shape[0] if other.target.batched else 1
+        other.rows = self.rows
+        other.count = -(-self.count // other.target.files_per_sample(self.rows)) if self.count else 0
+        return other
+
+    def made(self) -> str:
+        """How these samples were made: the data, and what `at` did to it."""
+        return self.label if self.target is None else f"{self.label}: {self.target.notes.text()}"
+
+    def _sized_preprocessing(self, target: Target) -> Any:
+        """The preprocessing giving images of the target's height and width (itself where it already does)."""
+        first = self.model_inputs[0]
+        want = target.shapes.get(first.name)
+        if want is None or len(want) < 3:
+            return self.pre
+        h, w = (want[-2], want[-1]) if self.pre.layout == "chw" else (want[-3], want[-2])
+        if self.pre.output_size() == (h, w):
+            return self.pre
+        resized = self.pre.resized(h, w)
+        if resized is None:
+            target.notes.say(f"the preprocessing does not fix the image size: each preprocessed image padded with "
+                             f"{self.data.pad.get(first.name, 0):g} or cropped to {h}x{w}")
+            return self.pre
+        pre, changed = resized
+        target.notes.say(f"the preprocessing set for {h}x{w} ({', '.join(changed)})")
+        return pre
 
     def split(self, holdout: int) -> tuple[range, range]:
         """(calibration, held out): files keep their last `holdout` (at most half) for holding out; random data
@@ -70,6 +115,21 @@ class SampleSource:
             yield self.sample(i)
 
     def sample(self, i: int) -> Feeds:
+        if self.target is None:
+            return self._file_sample(i) if self.from_files else self._random_sample(i)
+        n = len(self.files)
+        per = self.target.files_per_sample(self.rows)
+        images = {self.model_inputs[0].name: float(self.data.pad.get(self.model_inputs[0].name, 0))} \
+            if self.pre is not None else None
+        feeds = []
+        for j in range(per):
+            try:
+                feeds.append(self.target.fit(self._file_sample((i * per + j) % n), images))
+            except ValueError as exc:
+                raise StageError(f"{self.stage}: {self.files[(i * per + j) % n].name}: {exc}") from None
+        return self.target.batch(feeds, n)
+
+    def _file_sample(self, i: int) -> Feeds:
         first = self.model_inputs[0]
         if self.pre is not None:
             return {first.name: self._fit(first, self.pre(self.files[i]), self.files[i])}
@@ -86,6 +146,9 @@ class SampleSource:
                 raise StageError(f"{self.stage}: the model has {len(self.model_inputs)} inputs; save .npz files "
                                  f"with one array per input name")
             return {first.name: self._fit(first, data, f)}
+        raise AssertionError("random data has no files")
+
+    def _random_sample(self, i: int) -> Feeds:
         rng = np.random.default_rng([self.data.seed, i])
         try:
             shapes = session_shapes(self.model_inputs, self.data.shapes)
@@ -117,7 +180,8 @@ class SampleSource:
             example = ", ".join(f"{s}: [low, high]" for s in suspects[:3])
             fix = (f"give their realistic values: {self.key}.ranges: {{{example}}} (equal bounds pin a constant), "
                    f"or saved inputs in {self.key}.tensors")
-        return StageError(f"{self.stage}: the model does not run on the {self.label} inputs: {first_line(exc)}"
+        at = (" at " + ", ".join(f"{k} {v}" for k, v in self.target.shapes.items())) if self.target else ""
+        return StageError(f"{self.stage}: the model does not run on the {self.made()} inputs{at}: {first_line(exc)}"
                           f"{where}; {fix}")
 
     def _load(self, f: Path, read: Any) -> Any:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from trtflow import markdown as md
 from trtflow.stages.reports.release import HEADER, Option, ReleaseReport, TargetRelease, rule_text
+from trtflow.stages.reports.validate import SHAPE_HEADER, shape_table
 from trtflow.stages.triton.contract import Contract
 
 CSS = """
@@ -80,6 +81,8 @@ def _target_md(t: TargetRelease) -> list[str]:
             lines += [f"Models in the repository: {', '.join(md.code(m) for m in t.models)}: send encoded images to "
                       f"{md.code(t.models[-1])} (the declared preprocessing runs in {md.code(t.models[1])}, trtflow's "
                       "own code).", ""]
+        if c.shapes:
+            lines += [md.text(SHAPES_NOTE), ""] + shape_table(c.shapes) + [""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += [o.md_row() for o in t.options]
     if t.stability:
@@ -122,6 +125,10 @@ def _contract_rows(c: Contract) -> list[tuple[str, str, str, str, str, str, str,
             rows.append((tensor.name, "input", tensor.data_type, str(tensor.dims), name, lo, opt, hi))
     rows += [(t.name, "output", t.data_type, str(t.dims), "", "", "", "") for t in c.outputs]
     return rows
+
+
+SHAPES_NOTE = ("Validated at each shape of its profiles against the FP32 reference (the last column says how each "
+               "row's data was made from the declared data):")
 
 
 CONTRACT_HEADER = ["tensor", "kind", "data type", "dims (Triton)", "profile", "min", "opt", "max"]
@@ -246,6 +253,12 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                 body.append(f"<p>Models in the repository: {_e(', '.join(t.models))}: send encoded images to "
                             f"<code>{_e(t.models[-1])}</code> (the declared preprocessing runs in "
                             f"<code>{_e(t.models[1])}</code>, trtflow's own code).</p>")
+            if c.shapes:
+                body.append(f"<p>{_e(SHAPES_NOTE)}</p><table><thead><tr>"
+                            + "".join(f"<th>{_e(h)}</th>" for h in SHAPE_HEADER) + "</tr></thead><tbody>"
+                            + "".join(f'<tr data-shape="{_e(row.name)}" data-passed="{str(row.passed).lower()}">'
+                                      + "".join(f"<td>{_e(x)}</td>" for x in row.cells()) + "</tr>"
+                                      for row in c.shapes) + "</tbody></table>")
         body.append("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>"
                     + "".join(_row(o) for o in t.options) + "</tbody></table>")
         if t.stability:

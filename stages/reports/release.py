@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
+from trtflow.stages.reports.validate import ShapeResult
 from trtflow.stages.triton.contract import Contract
 
 
@@ -25,6 +26,7 @@ class Option(BaseModel):
     validated: bool | None = None  # None: no validate stage checked it
     accuracy: dict[str, dict[str, float]] = {}  # output -> task metric (or cosine) -> value, against FP32
     accuracy_runtime: str | None = None
+    shapes: list[ShapeResult] = []  # validate's row per shape it checked the engine at
     accuracy_drop: float | None = None  # the largest loss on any of them
     drop_metric: str | None = None  # where ("output/metric"): the metric that lost the most
     p99_ms: float | None = None

@@ -9,13 +9,47 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.stages.bisect.repair import Repair, Round
-from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite, task_values
 from trtflow.stages.ort.layerwise import Layerwise
 
 
 class Reference(BaseModel):
     model: str  # the stage that made it ("source" for the pipeline's model)
     runtime: str
+
+
+def shapes_text(shapes: list[dict[str, list[int]]], most: int = 3) -> str:
+    """Input shapes in words: 'x [1, 3, 48, 512]' (several: '; ' between, the first `most`)."""
+    text = "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in shapes[:most])
+    return text + (f"; and {len(shapes) - most} more" if len(shapes) > most else "")
+
+
+class ShapeResult(BaseModel):
+    """A candidate at one shape: a profile's min, opt or max (or the data as given, where no profile is dynamic),
+    how its samples were made, its metrics and its verdict."""
+    name: str  # "<profile>.<point>", or "data"
+    shapes: list[dict[str, list[int]]]  # the input shapes its samples had
+    data: str  # how its samples were made
+    samples: int
+    outputs: dict[str, dict[str, Any]]  # output -> metric -> value (Accuracy.outputs)
+    passed: bool
+    violations: list[str]
+
+    def cells(self) -> list[str]:
+        """Its row in the report's and the model card's table (SHAPE_HEADER), unescaped."""
+        outs = self.outputs.values()
+        named = len(self.outputs) > 1
+        task = "; ".join(f"{o + ' ' if named else ''}{k} {v:.4g}" for o, m in self.outputs.items()
+                         for k, v in task_values(m).items()) or "-"
+        return [self.name, shapes_text(self.shapes), str(self.samples),
+                f"{min(o['cosine'] for o in outs):.6f}" if outs else "-",
+                f"{max(o['max_abs'] for o in outs):.4g}" if outs else "-",
+                str(sum(max(0, added_nonfinite(o)) for o in outs)), task,
+                "passes" if self.passed else "fails: " + "; ".join(self.violations), self.data]
+
+
+SHAPE_HEADER = ["shape", "inputs", "samples", "cosine (worst output)", "max abs", "NaN/Inf added", "task metrics",
+                "verdict", "data"]
 
 
 class CandidateResult(BaseModel):
@@ -34,13 +68,16 @@ class CandidateResult(BaseModel):
     warnings: list[str]
     plots: list[str] = []
     layerwise: Layerwise | None = None
+    per_shape: list[ShapeResult] = []  # a row per shape it was checked at (reports before it have none)
 
     def summary(self) -> list[str]:
         verdict = "passes" if self.passed else "**fails**"
         lines = [f"#### {md.code(self.name)} ({md.text(self.precision)}) {verdict}", "",
                  f"runtime: {md.text(self.runtime)} · {self.accuracy['samples']} samples at shapes "
-                 + "; ".join(", ".join(f"{md.text(k)} {v}" for k, v in s.items()) for s in self.shapes[:4]), ""]
+                 + md.text(shapes_text(self.shapes, 4)), ""]
         lines += Accuracy.from_json(self.accuracy).table()
+        if self.per_shape:
+            lines += ["", "per shape:", ""] + shape_table(self.per_shape)
         lines += [f"\n**fails**: {md.text(v)}" for v in self.violations]
         loc = self.layerwise
         if loc:
@@ -62,6 +99,17 @@ class CandidateResult(BaseModel):
                     for o in loc.clipping)]
         lines += ["", " ".join(md.image(p, p) for p in self.plots), ""]
         return lines
+
+
+def shape_table(rows: list[ShapeResult]) -> list[str]:
+    """The Markdown table of a candidate's shapes: one row each, a failing one's verdict in bold."""
+    lines = ["| " + " | ".join(SHAPE_HEADER) + " |", "|" + "---|" * len(SHAPE_HEADER)]
+    for r in rows:
+        cells = [md.text(c) for c in r.cells()]
+        if not r.passed:
+            cells[7] = f"**{cells[7]}**"
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 class ValidateReport(BaseModel):
@@ -113,7 +161,8 @@ def _repair_summary(rep: Repair) -> list[str]:
     given = "kept in FP32" if rep.precision == "fp16" else "left unquantized"
     lines += [("**repaired**: " if rep.passed else "**not repaired** ") +
               f"{len(rep.nodes)} of {rep.of} node(s) {given}: " + ", ".join(md.code(n) for n in rep.nodes) +
-              f" ({len(rep.rounds)} rebuild-and-check rounds)", ""]
+              f" ({len(rep.rounds)} rebuild-and-check rounds"
+              + (f", each checked at {', '.join(md.text(n) for n in rep.shapes)}" if rep.shapes else "") + ")", ""]
     lines += ["| round | nodes | passes |", "|---|---|---|"]
     lines += [f"| {i} | {_round_change(h)} | {'yes' if not h.violations else md.text(h.violations[0])} |"
               for i, h in enumerate(rep.rounds, 1)]

@@ -38,6 +38,11 @@ class Profile(BaseModel):
                                           and all(a <= s <= b for a, s, b in zip(lo, shapes[name], hi)))
                    for name, (lo, _, hi) in self.shapes.items())
 
+    @property
+    def dynamic(self) -> bool:
+        """Whether some input's min and max differ."""
+        return any(lo != hi for lo, _, hi in self.shapes.values())
+
     def describe(self) -> str:
         return f"{self.name}: " + ", ".join(f"{n} {lo}..{hi}" for n, (lo, _, hi) in self.shapes.items())
 
