@@ -157,8 +157,8 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         why = verdict.refuses(cell.name, cell.variant)
         option.validated = checked and why is None
         if result is not None:
-            option.accuracy, option.accuracy_drop, option.drop_metric = selection.accuracy_drop(
-                Accuracy.from_json(result.accuracy), params.select.max_accuracy_drop is not None)
+            option.accuracy, option.accuracy_drop, option.drop_metric = selection.worst_drop(
+                Accuracy.from_json(result.accuracy), result.per_shape, params.select.max_accuracy_drop is not None)
             option.accuracy_runtime = result.runtime
             option.shapes = result.per_shape
     if bench is not None:

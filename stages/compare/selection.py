@@ -4,6 +4,8 @@ profiles), and the order of the others by the declared preference."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
@@ -45,6 +47,19 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
             drop = (1.0 - value if direction else value) if math.isfinite(value) else 1.0
             if worst is None or drop > worst:
                 worst, where = drop, f"{output}/{metric}"
+    return shown, worst, where
+
+
+def worst_drop(acc: Accuracy, shapes: list[Any], weigh: bool) -> tuple[dict[str, dict[str, float]],
+                                                                         float | None, str | None]:
+    """`accuracy_drop` over all samples, and where validate checked several profile shapes, the largest drop at
+    any one of them ("<profile>.<point>: output/metric"): an engine is only as good as its worst shape."""
+    shown, worst, where = accuracy_drop(acc, weigh)
+    if len(shapes) > 1:
+        for shape in shapes:
+            _, drop, at = accuracy_drop(replace(acc, outputs=shape.outputs), weigh)
+            if drop is not None and (worst is None or drop > worst):
+                worst, where = drop, f"{shape.name}: {at}"
     return shown, worst, where
 
 
