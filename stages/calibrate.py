@@ -23,7 +23,6 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
-from trtflow.pipelines.schema import metric_direction
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison, task_values
 from trtflow.stages.compare.task_metrics import declared
@@ -200,13 +199,14 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     candidates = {params.method: rule, other: calibration.Rule(other, params.percentile, params.entropy_floor),
                   "full_range": calibration.Rule("minmax")}
     probe = calib[:ENTROPY_CHECK_SAMPLES]
-    task, errors, sparse, tensors = {}, {}, {}, {}
+    task, errors, sparse, tensors, higher = {}, {}, {}, {}, {}
     reference = [(feed, ort_runner.run(ref, feed)) for feed in data.feeds(probe)]
     for label, candidate in candidates.items():
         model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
         tensors[label], sparse[label] = write(candidate, model, ranges_out, histograms=False)
-        task[label], errors[label] = _closeness(reference, session(model), params.metrics, ref.get_outputs())
-    used, decided_by = _choose(list(candidates), task, errors)
+        task[label], errors[label], higher = _closeness(reference, session(model), params.metrics,
+                                                        ref.get_outputs())
+    used, decided_by = _choose(list(candidates), task, errors, higher)
     shutil.copy(work / f"{used}.onnx", out)
     calibration.save(tensors[used], ranges)
     check = RangeCheck(samples=len(probe), errors={k: round(v, 6) for k, v in errors.items()},
@@ -215,27 +215,29 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     return cal.samples, sparse[used], check
 
 
-def _choose(order: list[str], task: dict[str, dict[str, float]],
-            errors: dict[str, float]) -> tuple[str, str | None]:
+def _choose(order: list[str], task: dict[str, dict[str, float]], errors: dict[str, float],
+            higher: dict[str, bool]) -> tuple[str, str | None]:
     """The candidate kept (`order[0]` is the rule's), and the task metric that set it apart from the rule's.
     Declared task metrics decide, each in turn toward its better end, and on a tie the rule stands: on a few
     calibration samples the relative error over whole outputs is a weaker guide than the rule (ddddocr's OCR:
-    entropy had the smallest error and read 5% fewer held-out lines exactly). Without them, the relative error."""
+    entropy had the smallest error and read 5% fewer held-out lines exactly). Without them, the relative error.
+    `higher`: output/metric -> whether higher is better."""
     rule = order[0]
     if not task[rule]:
         return min(order, key=lambda k: (errors[k], order.index(k))), None
 
     def standing(k: str) -> list[float]:
-        return [v if metric_direction(m.rsplit("/", 1)[1]) else -v for m, v in task[k].items()]
+        return [v if higher[m] else -v for m, v in task[k].items()]
 
     used = max(order, key=lambda k: (standing(k), -order.index(k)))
     return used, next((m for m in task[rule] if task[used][m] != task[rule][m]), None)
 
 
 def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, Any],
-               outputs: list[Any]) -> tuple[dict[str, float], float]:
+               outputs: list[Any]) -> tuple[dict[str, float], float, dict[str, bool]]:
     """How close a candidate stays to FP32 on `reference` ((feed, FP32 outputs) pairs): its declared task metrics
-    (output/metric -> value; metrics whose direction is not known are left out) and its mean relative L2 error."""
+    (output/metric -> value; metrics whose direction is not known are left out), its mean relative L2 error, and
+    whether each metric is better higher (trtflow's own, or as a callable's declaration says)."""
     cmp = Comparison(metrics, None, "calibrate")
     errors: list[float] = []
     for feed, r in reference:
@@ -243,12 +245,12 @@ def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, A
         cmp.add(r, g, feed)
         errors += ort_runner.relative_errors(r, g)
     acc = cmp.result(SIMULATED)
-    task = {}
+    task, higher = {}, {}
     for out in (o.name for o in outputs if declared(metrics, o.name)):
-        for name, value in task_values(acc.outputs.get(out, {})).items():
-            if metric_direction(name) is not None:
-                task[f"{out}/{name}"] = value
-    return task, float(np.mean(errors)) if errors else 0.0
+        values = task_values(acc.outputs.get(out, {}))
+        for name, up in gate.directions(out, list(values), {}, metrics).items():
+            task[f"{out}/{name}"], higher[f"{out}/{name}"] = values[name], up
+    return task, float(np.mean(errors)) if errors else 0.0, higher
 
 
 def _excluded_nodes(model: Any, params: CalibrateStage, small: bool) -> dict[str, str]:

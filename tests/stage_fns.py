@@ -200,3 +200,10 @@ def chatty(params, inputs, out_dir: Path) -> StageResult:
         os._exit(7)
     (out_dir / "report.json").write_text("{}")
     return StageResult(outputs={"report": out_dir / "report.json"})
+
+
+def mean_abs_error(ref, got):
+    """A user metric better lower (declared so in the pipeline)."""
+    import numpy as np
+
+    return {"abs_err": float(np.abs(ref.astype(np.float64) - got).mean())}

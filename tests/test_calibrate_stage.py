@@ -352,3 +352,28 @@ def test_the_range_check_says_the_task_metric_that_decided(tmp_path):
     assert check["decided_by"] == exact, check
     assert ("ranges: entropy (by the declared task metrics on 7 calibration samples, the percentile rule on a tie: "
             f"{md.text(exact)}: percentile {rule[exact]:.4g}, entropy {used[exact]:.4g}, ") in result.summary
+
+
+def test_the_range_check_weighs_a_functions_metric_by_its_declared_direction(tmp_path):
+    """A function's metric declared better lower counts toward the range check as such: of two candidates the
+    one with the smaller error stands higher (it was left out of the check: only trtflow's own names had a
+    direction)."""
+    from trtflow.pipelines.schema import OutputMetrics
+    from trtflow.stages.ort.runner import session
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    metrics = {"y": OutputMetrics.model_validate({"callable": {"function": "tests.stage_fns:mean_abs_error",
+                                                               "lower": ["abs_err"]}})}
+    feed = {"x": np.ones((2, 4), np.float32)}
+    sess = session(path)
+    task, _, higher = calibrate._closeness([(feed, {"y": feed["x"] + 0.25})], sess, metrics, sess.get_outputs())
+    assert task == {"y/abs_err": pytest.approx(0.25)} and higher == {"y/abs_err": False}
+    used, decided = calibrate._choose(["entropy", "percentile"], {"entropy": {"y/abs_err": 0.3},
+                                                                 "percentile": {"y/abs_err": 0.1}},
+                                      {"entropy": 0.0, "percentile": 1.0}, higher)
+    assert (used, decided) == ("percentile", "y/abs_err")
