@@ -49,13 +49,15 @@ LINE = (64, 320)  # text-line images: height, width (PP-OCR rec 48x320 after its
 class Bench:
     """One trained model and its samples: `samples` feed dicts (the first `calib` calibrate, the rest are held
     out), `metric()` a fresh task metric from trtflow.stages.compare.task_metrics, `view(output)` the array the
-    metric reads (batch first), `main` the metric's headline name and whether higher is better."""
+    metric reads (batch first), `main` the metric's headline name and whether higher is better. `metric` None:
+    judged by the declared metrics (`declare`) as validate judges, each sample's outputs by name (a detector's
+    decoder reads every output and the input's size)."""
     name: str
     model: Path
     what: str
     data: str
     samples: list[dict[str, np.ndarray]]
-    metric: Callable[[], Any]
+    metric: Callable[[], Any] | None
     headline: list[tuple[str, bool]]  # (metric name, higher is better); the first decides
     view: Callable[[list[np.ndarray], dict[str, np.ndarray]], np.ndarray] = lambda outs, feed: outs[0]
     shapes: dict[str, list[int]] = field(default_factory=dict)
@@ -256,18 +258,16 @@ def ddddocr_ocr(n: int) -> Bench:
 
 def ddddocr_det(n: int) -> Bench:
     d = wheel("ddddocr", "ddddocr/common")
-    from trtflow.stages.compare.task_metrics import MapIoU
 
     def prep(rgb: np.ndarray) -> np.ndarray:  # ddddocr's det: BGR 0..255, 416x416 (the scenes are that size)
         return rgb[:, :, ::-1].astype(np.float32).transpose(2, 0, 1)[None].copy()
     return Bench("ddddocr_det", d / "ddddocr/common_det.onnx",
                  "ddddocr detector (YOLOX-style: CSP backbone, PAN, decoupled head; trained), ddddocr 1.6.1",
                  "416x416 real-photo crops with 3-8 words drawn -> 1x3x416x416 BGR 0..255",
-                 [{"images": prep(i)} for i in text_scenes(n, 416, 416, seed=3)], lambda: MapIoU(0.1),
-                 [("iou", True), ("iou_min", True)],
-                 # the score of each anchor (objectness x class), thresholded at ddddocr's score_thr 0.1
-                 view=lambda outs, feed: outs[0][..., 4] * outs[0][..., 5], shapes={"images": [1, 3, 416, 416]},
-                 declare={"*": {"detections": DDDDOCR_DETECTIONS}})
+                 [{"images": prep(i)} for i in text_scenes(n, 416, 416, seed=3)], None,
+                 # the boxes after decoding and NMS as ddddocr makes them, matched to FP32's (IoU 0.5, same class)
+                 [("det_recall", True), ("det_precision", True), ("det_iou", True), ("det_f1_min", True)],
+                 shapes={"images": [1, 3, 416, 416]}, declare={"*": {"detections": DDDDOCR_DETECTIONS}})
 
 
 # how ddddocr 1.6.1 post-processes its detector (DetectionEngine.get_bbox): score_thr 0.1, nms_thr 0.45
