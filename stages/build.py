@@ -106,7 +106,8 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     wall = time.perf_counter() - t0
 
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
-    warnings = size_warnings(rows, be.flavour, {c.variant: Path(c.model) for c in cells}) + [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
+    warnings = size_warnings(rows, be.flavour, {c.variant: Path(c.model) for c in cells}) + \
+        [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
     report = BuildReport(backend=be, environment={"tensorrt": be.model_dump(), "gpu": gpus() or None}, cells=rows,
                          wall_seconds=round(wall, 3), parallel=params.parallel,
                          timing_cache=str(cache) if cache else None, warnings=warnings)
@@ -187,10 +188,12 @@ def _rtx_size_causes(int8: CellRow, model: Path) -> str:
                "FP32 fuses it into the Conv: the file grows, the weights it puts on the GPU shrink; quantize only ops "
                "of more than ~44K weights (calibrate: min_weight_params: 48000) or use the FP16 variant")
     static = all(lo == hi for shapes in int8.shapes.values() for lo, _, hi in shapes.values())
-    padded = qdq.padded_convs(onnx.load(str(model), load_external_data=False)) if static else []
+    padded = qdq.padded_convs(onnx.load(str(model), load_external_data=False)) if static else {}
     if not padded:
         return kernels
-    return (f"{len(padded)} of its INT8 Convs have input channels per group not a multiple of 4 (depthwise Convs, "
-            f"an RGB stem), whose zero padding TensorRT-RTX stores in an engine of static shapes (3 bytes per input "
-            f"value of a depthwise Conv): leave them in float (calibrate: float_padded_convs: true, the default) or "
-            f"give the profile a dynamic dimension; and {kernels}")
+    depthwise = sum(padded.values())
+    also = ", or leave them in float (calibrate: float_depthwise: true, the default)" if depthwise else ""
+    return (f"{len(padded)} of its INT8 Convs ({depthwise} depthwise) have input channels per group not a multiple "
+            f"of 4, whose zero padding TensorRT-RTX stores in an engine of static shapes (3 bytes per input value of "
+            f"a depthwise Conv, 1 per pixel of an RGB stem): give the profile a dynamic dimension{also}; and "
+            f"{kernels}")

@@ -40,8 +40,8 @@ VERSION = "7"  # 2: TensorRT's entropy and percentile rules; ranges and table bo
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
 # percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
-# tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck). 7: Convs
-# whose input channels per group are not a multiple of 4 in float (float_padded_convs: TensorRT-RTX pads them)
+# tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck). 7:
+# depthwise Convs in float (float_depthwise: TensorRT-RTX pads their INT8 groups to 4 channels)
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
@@ -139,19 +139,19 @@ def _split(data: SampleSource, params: CalibrateStage, warnings: list[str]) -> t
 def _check_model(model: onnx.ModelProto, params: CalibrateStage,
                  warnings: list[str]) -> tuple[dict[str, str], tuple[bool, bool]]:
     """The nodes excluded from quantization (node -> why), once the model is known to be quantizable, and whether
-    the small-ops and padded-convs rules apply (not when they would leave every node in float: a model of such
+    the small-ops and depthwise rules apply (not when they would leave every node in float: a model of such
     ops only is quantized as asked, with a warning)."""
     opset = default_opset(model) or 0
     if opset < 13:  # QuantizeLinear's axis (per-channel) and TensorRT's Q/DQ support start at opset 13
         raise StageError(f"calibrate: Q/DQ quantization needs opset >= 13, the model is at opset {opset}; "
                          f"set target_opset: 17 in the prepare stage")
-    applied = (params.float_small_ops, params.float_padded_convs)
+    applied = (params.float_small_ops, params.float_depthwise)
     excluded = _excluded_nodes(model, params, *applied)
     if any(applied) and not any(n.op_type in params.quantize_ops and n.name not in excluded for n in model.graph.node):
         relaxed = _excluded_nodes(model, params, False, False)
         if len(relaxed) < len(excluded):
             why = "; ".join(sorted({w for w in excluded.values() if w in (qdq.SMALL_CONV, qdq.SMALL_GEMM,
-                                                                          qdq.PADDED_CONV)}))
+                                                                          qdq.DEPTHWISE_CONV)}))
             warnings.append(f"every {'/'.join(params.quantize_ops)} node is left in float by the recipe ({why}): "
                             f"quantized them anyway, as asked (TensorRT may run them in higher precision)")
             excluded, applied = relaxed, (False, False)
@@ -246,13 +246,13 @@ def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, A
     return task, float(np.mean(errors)) if errors else 0.0
 
 
-def _excluded_nodes(model: Any, params: CalibrateStage, small: bool, padded: bool) -> dict[str, str]:
+def _excluded_nodes(model: Any, params: CalibrateStage, small: bool, depthwise: bool) -> dict[str, str]:
     names = [n.name for n in model.graph.node if n.name]
     for name in params.exclude_nodes:
         if name not in names:
             raise StageError(f"calibrate: exclude_nodes: no node named '{name}'{did_you_mean(name, names)}")
     require_op_types(model, params.exclude_ops, "calibrate: exclude_ops")
-    excluded = qdq.left_in_float(model, params.quantize_ops, params.float_attention, small, padded)
+    excluded = qdq.left_in_float(model, params.quantize_ops, params.float_attention, small, depthwise)
     if params.min_weight_params:
         sizes = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
         excluded.update({n.name: f"fewer than {params.min_weight_params} weight parameters (min_weight_params)"
@@ -265,7 +265,7 @@ def _excluded_nodes(model: Any, params: CalibrateStage, small: bool, padded: boo
 
 # the recipe's own exclusions and the setting that turns each off
 RECIPE_SWITCHES = {qdq.ATTENTION: "float_attention: false", qdq.SMALL_CONV: "float_small_ops: false",
-                   qdq.SMALL_GEMM: "float_small_ops: false", qdq.PADDED_CONV: "float_padded_convs: false"}
+                   qdq.SMALL_GEMM: "float_small_ops: false", qdq.DEPTHWISE_CONV: "float_depthwise: false"}
 
 
 def _left_in_float(quantized: onnx.ModelProto, quantize_ops: list[str], why: dict[str, str]) -> dict[str, str]:

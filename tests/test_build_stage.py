@@ -160,8 +160,8 @@ def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, vari
 def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend):
     """PP-OCR's classifier (small convs): TensorRT-RTX's INT8 engine is larger than its FP32 engine. The warning
     names the causes that apply: every engine carries its JIT kernels' CUDA source, INT8 adds an epilogue kernel
-    per Conv; and when channel-padded Convs are quantized (float_padded_convs: false) under a static profile, the
-    zero padding TensorRT-RTX stores."""
+    per Conv; and when depthwise Convs are quantized (float_depthwise: false) under a static profile, the zero
+    padding TensorRT-RTX stores."""
     from onnx import version_converter
 
     from trtflow.pipelines.params.calibrate import CalibrateStage
@@ -188,16 +188,17 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
     (warning,) = result.warnings
     assert "is larger than the FP32 engine" in warning and "CUDA source of every JIT-compiled kernel" in warning
     assert "min_weight_params: 48000" in warning and "FP16 variant" in warning
-    assert "float_padded_convs" not in warning, "the default recipe leaves channel-padded Convs in float"
+    assert "(0 depthwise)" in warning and "float_depthwise" not in warning, "the default leaves them in float"
+    assert "give the profile a dynamic dimension" in warning  # the RGB stem's 3 channels are padded to 4
     assert "**warning**" in result.summary
-    padded = int8("padded", float_padded_convs=False)
+    padded = int8("padded", float_depthwise=False)
     (warning,) = run_build([fp32, padded], tmp_path / "padded-static", profiles=static).warnings
-    assert warning.startswith("the INT8 engine int8.lines.native (") and "18 of its INT8 Convs have input " \
-        "channels per group not a multiple of 4" in warning and "float_padded_convs: true" in warning
+    assert warning.startswith("the INT8 engine int8.lines.native (") and "(11 depthwise)" in warning
+    assert "float_depthwise: true" in warning
     assert "CUDA source" in warning
     dynamic = {"lines": {"x": {"min": [1, 3, 48, 48], "opt": shapes["x"], "max": [8, 3, 48, 320]}}}
     (warning,) = run_build([fp32, padded], tmp_path / "padded-dynamic", profiles=dynamic).warnings
-    assert "float_padded_convs" not in warning, "with a dynamic dimension, no zeros are stored"
+    assert "depthwise" not in warning, "with a dynamic dimension, no zeros are stored"
 
 
 def test_a_changed_variant_rebuilds_only_its_own_engines(tmp_path, variants):

@@ -41,11 +41,10 @@ class CalibrateStage(StageBase):
     float_small_ops: bool = Field(
         True, description="leave Convs with fewer than 16 channels in shapes TensorRT's INT8 kernels do not take, "
                           "and Gemm/MatMul layers with fewer than 16 outputs, in float, as ModelOpt does")
-    float_padded_convs: bool = Field(
-        True, description="leave Convs whose input channels per group are not a multiple of 4 (depthwise convs, an "
-                          "RGB stem) in float: TensorRT-RTX zero-pads their INT8 input and stores the zeros in "
-                          "static-shape engines (3 bytes per input value of a depthwise conv); false quantizes them, "
-                          "as ModelOpt does")
+    float_depthwise: bool = Field(
+        True, description="leave depthwise Convs (grouped, input channels per group not a multiple of 4) in float: "
+                          "TensorRT-RTX zero-pads each INT8 group to 4 channels and stores the zeros in engines of "
+                          "static shapes (3 bytes per input value); false quantizes them, as ModelOpt does")
     min_weight_params: int = Field(
         0, ge=0, description="leave ops with fewer weight parameters in float: on TensorRT-RTX each quantized op "
                              "adds up to one JIT kernel whose CUDA source (~130 KB) the engine carries, and saves 3 "
