@@ -2,8 +2,9 @@
 
 ONNX Runtime's quantization tools configured as ModelOpt configures them for TensorRT: Q/DQ format, symmetric
 INT8 activations and weights, per-channel weights, bias left in float (TensorRT rejects an INT32
-DequantizeLinear), Q/DQ on the inputs of the quantized ops only, attention's MatMuls in float; the report names
-every node left in float and why (`left_in_float`). bench/int8.py measures it against ModelOpt on trained models.
+DequantizeLinear), Q/DQ on the inputs of the quantized ops only, attention's MatMuls in float; and, unlike
+ModelOpt, depthwise Convs in float (TensorRT-RTX pads their INT8 groups to 4 channels); the report names every node
+left in float and why (`left_in_float`). bench/int8.py measures it against ModelOpt on trained models.
 Calibration streams: statistics are folded into the calibrator every few samples, so memory does not grow with the
 number of samples. The per-tensor ranges are an output of their own (`ranges.json`).
 """
