@@ -192,8 +192,8 @@ def _rtx_size_causes(int8: CellRow, model: Path) -> str:
     if not padded:
         return kernels
     depthwise = sum(padded.values())
-    also = ", or leave them in float (calibrate: float_depthwise: true, the default)" if depthwise else ""
-    return (f"{len(padded)} of its INT8 Convs ({depthwise} depthwise) have input channels per group not a multiple "
-            f"of 4, whose zero padding TensorRT-RTX stores in an engine of static shapes (3 bytes per input value of "
-            f"a depthwise Conv, 1 per pixel of an RGB stem): give the profile a dynamic dimension{also}; and "
-            f"{kernels}")
+    which = f" ({depthwise} depthwise)" if depthwise else ""
+    also = ", or leave the depthwise ones in float (calibrate: float_depthwise: true, the default)" if depthwise else ""
+    return (f"{len(padded)} of its INT8 Convs{which} have input channels per group not a multiple of 4, whose zero "
+            f"padding TensorRT-RTX stores in an engine of static shapes (3 bytes per input value of a depthwise Conv, "
+            f"1 per pixel of an RGB stem): give the profile a dynamic dimension{also}; and {kernels}")
