@@ -17,6 +17,7 @@ from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.onnx.graph import graph_inputs, precision
+from trtflow.stages.ort import qdq
 from trtflow.stages.reports.build import BuildReport, CellRow
 from trtflow.stages.trt import building, config
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
@@ -105,7 +106,8 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     wall = time.perf_counter() - t0
 
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
-    warnings = size_warnings(rows, be.flavour) + [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
+    warnings = size_warnings(rows, be.flavour, {c.variant: Path(c.model) for c in cells}) + \
+        [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
     report = BuildReport(backend=be, environment={"tensorrt": be.model_dump(), "gpu": gpus() or None}, cells=rows,
                          wall_seconds=round(wall, 3), parallel=params.parallel,
                          timing_cache=str(cache) if cache else None, warnings=warnings)
@@ -161,8 +163,10 @@ def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_c
     return cells
 
 
-def size_warnings(cells: list[CellRow], flavour: str) -> list[str]:
-    """An INT8 engine larger than the FP32 engine of the same profiles and target defeats a reason to quantize."""
+def size_warnings(cells: list[CellRow], flavour: str, models: dict[str, Path]) -> list[str]:
+    """An INT8 engine larger than the FP32 engine of the same profiles and target defeats a reason to quantize: say
+    so, with the causes measured on TensorRT-RTX (docs/NOTES.md, "INT8 engine size on TensorRT-RTX") that apply.
+    `models`: each variant's ONNX."""
     found = []
     groups: dict[tuple, dict[str, CellRow]] = {}
     for c in cells:
@@ -171,10 +175,25 @@ def size_warnings(cells: list[CellRow], flavour: str) -> list[str]:
     for group in groups.values():
         fp32, int8 = group.get("fp32"), group.get("int8")
         if fp32 and int8 and int8.engine_bytes > fp32.engine_bytes:
-            why = ("TensorRT-RTX engines carry the source of their JIT-compiled kernels (about 150 KB each, "
-                   "measured) and INT8 adds an epilogue kernel per quantized op: leave small ops in float "
-                   "(calibrate: min_weight_params: 48000) or use the FP16 variant"
-                   if flavour == "tensorrt-rtx" else "quantize fewer, larger ops, or use the FP16 variant")
+            why = _rtx_size_causes(int8, models[int8.variant]) if flavour == "tensorrt-rtx" else \
+                "quantize fewer, larger ops, or use the FP16 variant"
             found.append(f"the INT8 engine {int8.name} ({int8.engine_bytes / 1e6:.2f} MB) is larger than the "
                          f"FP32 engine {fp32.name} ({fp32.engine_bytes / 1e6:.2f} MB): {why}")
     return found
+
+
+def _rtx_size_causes(int8: CellRow, model: Path) -> str:
+    kernels = ("TensorRT-RTX engines carry the CUDA source of every JIT-compiled kernel (about 130 KB each, measured) "
+               "and an INT8 Conv's epilogue (dequantize, bias, activation, quantize) is a kernel of its own where "
+               "FP32 fuses it into the Conv: the file grows, the weights it puts on the GPU shrink; quantize only ops "
+               "of more than ~44K weights (calibrate: min_weight_params: 48000) or use the FP16 variant")
+    static = all(lo == hi for shapes in int8.shapes.values() for lo, _, hi in shapes.values())
+    padded = qdq.padded_convs(onnx.load(str(model), load_external_data=False)) if static else {}
+    if not padded:
+        return kernels
+    depthwise = sum(padded.values())
+    which = f" ({depthwise} depthwise)" if depthwise else ""
+    also = ", or leave the depthwise ones in float (calibrate: float_depthwise: true, the default)" if depthwise else ""
+    return (f"{len(padded)} of its INT8 Convs{which} have input channels per group not a multiple of 4, whose zero "
+            f"padding TensorRT-RTX stores in an engine of static shapes (3 bytes per input value of a depthwise Conv, "
+            f"1 per pixel of an RGB stem): give the profile a dynamic dimension{also}; and {kernels}")

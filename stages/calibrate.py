@@ -2,8 +2,9 @@
 
 ONNX Runtime's quantization tools configured as ModelOpt configures them for TensorRT: Q/DQ format, symmetric
 INT8 activations and weights, per-channel weights, bias left in float (TensorRT rejects an INT32
-DequantizeLinear), Q/DQ on the inputs of the quantized ops only, attention's MatMuls in float; the report names
-every node left in float and why (`left_in_float`). bench/int8.py measures it against ModelOpt on trained models.
+DequantizeLinear), Q/DQ on the inputs of the quantized ops only, attention's MatMuls in float; and, unlike
+ModelOpt, depthwise Convs in float (TensorRT-RTX pads their INT8 groups to 4 channels); the report names every node
+left in float and why (`left_in_float`). bench/int8.py measures it against ModelOpt on trained models.
 Calibration streams: statistics are folded into the calibrator every few samples, so memory does not grow with the
 number of samples. The per-tensor ranges are an output of their own (`ranges.json`).
 """
@@ -35,12 +36,13 @@ from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.calibrate import CalibrateReport, RangeCheck
 from trtflow.text import did_you_mean
 
-VERSION = "7"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+VERSION = "8"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
 # percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
 # tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck). 7: the
-# range check's task metrics as measured (were signed) and the one that decided (its warning quoted the errors)
+# range check's task metrics as measured (were signed) and the one that decided (its warning quoted the errors).
+# 8: depthwise Convs in float (float_depthwise: TensorRT-RTX pads their INT8 groups to 4 channels)
 SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
@@ -63,7 +65,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     calib, hold = _split(data, params, warnings)
     data.check_reference(ref)
     gate.check_metrics("calibrate", params.metrics, ref)
-    left, small = _check_model(model, params, warnings)
+    left, applied = _check_model(model, params, warnings)
     excluded = set(left)
 
     pre = work / "pre.onnx"
@@ -72,7 +74,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     # is quantized too
     left.update({k: v for k, v in qdq.left_in_float(onnx.load(str(pre), load_external_data=False),
                                                      params.quantize_ops, params.float_attention,
-                                                     small).items() if k not in left})
+                                                     *applied).items() if k not in left})
     excluded = set(left)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
     job = _Job(params, data, ref, pre, excluded, work)
@@ -132,22 +134,25 @@ def _split(data: SampleSource, params: CalibrateStage, warnings: list[str]) -> t
     return calib, hold
 
 
-def _check_model(model: onnx.ModelProto, params: CalibrateStage, warnings: list[str]) -> tuple[dict[str, str], bool]:
+def _check_model(model: onnx.ModelProto, params: CalibrateStage,
+                 warnings: list[str]) -> tuple[dict[str, str], tuple[bool, bool]]:
     """The nodes excluded from quantization (node -> why), once the model is known to be quantizable, and whether
-    the small-ops rule applies (not when it would leave every node in float: a model of small ops only is
-    quantized as asked, with a warning)."""
+    the small-ops and depthwise rules apply (not when they would leave every node in float: a model of such
+    ops only is quantized as asked, with a warning)."""
     opset = default_opset(model) or 0
     if opset < 13:  # QuantizeLinear's axis (per-channel) and TensorRT's Q/DQ support start at opset 13
         raise StageError(f"calibrate: Q/DQ quantization needs opset >= 13, the model is at opset {opset}; "
                          f"set target_opset: 17 in the prepare stage")
-    excluded = _excluded_nodes(model, params, params.float_small_ops)
-    small = params.float_small_ops
-    if small and not any(n.op_type in params.quantize_ops and n.name not in excluded for n in model.graph.node):
-        relaxed = _excluded_nodes(model, params, False)
+    applied = (params.float_small_ops, params.float_depthwise)
+    excluded = _excluded_nodes(model, params, *applied)
+    if any(applied) and not any(n.op_type in params.quantize_ops and n.name not in excluded for n in model.graph.node):
+        relaxed = _excluded_nodes(model, params, False, False)
         if len(relaxed) < len(excluded):
-            warnings.append(f"every {'/'.join(params.quantize_ops)} node is small ({qdq.SMALL_CONV}; {qdq.SMALL_GEMM})"
-                            f": quantized them anyway, as asked (TensorRT may run them in higher precision)")
-            excluded, small = relaxed, False
+            why = "; ".join(sorted({w for w in excluded.values() if w in (qdq.SMALL_CONV, qdq.SMALL_GEMM,
+                                                                          qdq.DEPTHWISE_CONV)}))
+            warnings.append(f"every {'/'.join(params.quantize_ops)} node is left in float by the recipe ({why}): "
+                            f"quantized them anyway, as asked (TensorRT may run them in higher precision)")
+            excluded, applied = relaxed, (False, False)
     inside = [(owner, n) for owner, n in nodes_in_subgraphs(model) if n.op_type in params.quantize_ops]
     if inside:  # ONNX Runtime's static Q/DQ quantizer leaves subgraphs alone
         owners = sorted({owner for owner, _ in inside})
@@ -160,7 +165,7 @@ def _check_model(model: onnx.ModelProto, params: CalibrateStage, warnings: list[
         switch = "; ".join(f"{RECIPE_SWITCHES[why]} quantizes the nodes left in float as: {why}" for why in rules)
         raise StageError(f"calibrate: nothing to quantize: the model has no {'/'.join(params.quantize_ops)} node "
                          f"outside the exclusions and subgraphs{where}", hint=switch or None)
-    return excluded, small
+    return excluded, applied
 
 
 @dataclass(frozen=True)
@@ -253,13 +258,13 @@ def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, A
     return task, float(np.mean(errors)) if errors else 0.0, higher
 
 
-def _excluded_nodes(model: Any, params: CalibrateStage, small: bool) -> dict[str, str]:
+def _excluded_nodes(model: Any, params: CalibrateStage, small: bool, depthwise: bool) -> dict[str, str]:
     names = [n.name for n in model.graph.node if n.name]
     for name in params.exclude_nodes:
         if name not in names:
             raise StageError(f"calibrate: exclude_nodes: no node named '{name}'{did_you_mean(name, names)}")
     require_op_types(model, params.exclude_ops, "calibrate: exclude_ops")
-    excluded = qdq.left_in_float(model, params.quantize_ops, params.float_attention, small)
+    excluded = qdq.left_in_float(model, params.quantize_ops, params.float_attention, small, depthwise)
     if params.min_weight_params:
         sizes = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
         excluded.update({n.name: f"fewer than {params.min_weight_params} weight parameters (min_weight_params)"
@@ -272,7 +277,7 @@ def _excluded_nodes(model: Any, params: CalibrateStage, small: bool) -> dict[str
 
 # the recipe's own exclusions and the setting that turns each off
 RECIPE_SWITCHES = {qdq.ATTENTION: "float_attention: false", qdq.SMALL_CONV: "float_small_ops: false",
-                   qdq.SMALL_GEMM: "float_small_ops: false"}
+                   qdq.SMALL_GEMM: "float_small_ops: false", qdq.DEPTHWISE_CONV: "float_depthwise: false"}
 
 
 def _left_in_float(quantized: onnx.ModelProto, quantize_ops: list[str], why: dict[str, str]) -> dict[str, str]:

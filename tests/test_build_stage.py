@@ -158,7 +158,10 @@ def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, vari
 
 
 def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend):
-    """PP-OCR's classifier (small depthwise convs): TensorRT-RTX's INT8 engine is about 3x its FP32 engine."""
+    """PP-OCR's classifier (small convs): TensorRT-RTX's INT8 engine is larger than its FP32 engine. The warning
+    names the causes that apply: every engine carries its JIT kernels' CUDA source, INT8 adds an epilogue kernel
+    per Conv; and when depthwise Convs are quantized (float_depthwise: false) under a static profile, the zero
+    padding TensorRT-RTX stores."""
     from onnx import version_converter
 
     from trtflow.pipelines.params.calibrate import CalibrateStage
@@ -166,19 +169,37 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
 
     fp32 = _prepared_ppocr(tmp_path)
     onnx.save(version_converter.convert_version(onnx.load(str(fp32.path)), 17), str(fp32.path))
-    (tmp_path / "q").mkdir()
     shapes = {"x": [1, 3, 48, 192]}
-    int8 = calibrate.run(CalibrateStage.model_validate({"kind": "calibrate", "holdout": 0, "data": {
-        "random": True, "samples": 2, "shapes": shapes}}), Inputs({"model": fp32}), tmp_path / "q").outputs["model"]
-    profile = {"lines": {"x": {"min": shapes["x"], "opt": shapes["x"], "max": shapes["x"]}}}
-    result = run_build([fp32, Artifact(int8, "onnx", "q", "int8")], tmp_path / "out", profiles=profile)
+
+    def int8(name: str, **recipe) -> Artifact:
+        (tmp_path / name).mkdir()
+        params = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 0, "method": "minmax", **recipe,
+                                                "data": {"random": True, "samples": 2, "shapes": shapes}})
+        return Artifact(calibrate.run(params, Inputs({"model": fp32}), tmp_path / name).outputs["model"], "onnx",
+                        name, "int8")
+
+    static = {"lines": {"x": {"min": shapes["x"], "opt": shapes["x"], "max": shapes["x"]}}}
+    result = run_build([fp32, int8("default")], tmp_path / "out", profiles=static)
     cells = {c["variant"]: c for c in json.loads(result.outputs["report"].read_text())["cells"]}
     assert cells["prepare"]["precision"] == "fp32" and cells["int8"]["precision"] == "int8"
-    if tensorrt_backend["flavour"] == "tensorrt-rtx":
-        assert cells["int8"]["engine_bytes"] > cells["prepare"]["engine_bytes"]
-        (warning,) = result.warnings
-        assert "is larger than the FP32 engine" in warning and "min_weight_params: 48000" in warning
-        assert "**warning**" in result.summary
+    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+        return
+    assert cells["int8"]["engine_bytes"] > cells["prepare"]["engine_bytes"]
+    (warning,) = result.warnings
+    assert "is larger than the FP32 engine" in warning and "CUDA source of every JIT-compiled kernel" in warning
+    assert "min_weight_params: 48000" in warning and "FP16 variant" in warning
+    # the RGB stem's 3 channels (and a few Convs' odd counts) are padded to 4; no depthwise Conv is quantized
+    assert "of its INT8 Convs have input channels per group not a multiple of 4" in warning
+    assert "give the profile a dynamic dimension" in warning and "float_depthwise" not in warning
+    assert "**warning**" in result.summary
+    padded = int8("padded", float_depthwise=False)
+    (warning,) = run_build([fp32, padded], tmp_path / "padded-static", profiles=static).warnings
+    assert warning.startswith("the INT8 engine int8.lines.native (") and "(11 depthwise)" in warning
+    assert "float_depthwise: true" in warning
+    assert "CUDA source" in warning
+    dynamic = {"lines": {"x": {"min": [1, 3, 48, 48], "opt": shapes["x"], "max": [8, 3, 48, 320]}}}
+    (warning,) = run_build([fp32, padded], tmp_path / "padded-dynamic", profiles=dynamic).warnings
+    assert "depthwise" not in warning, "with a dynamic dimension, no zeros are stored"
 
 
 def test_a_changed_variant_rebuilds_only_its_own_engines(tmp_path, variants):

@@ -101,7 +101,7 @@ def test_a_value_equal_to_the_default_is_the_default():
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "benchmark": ("830c0fa7c5fb62f6e2ab831fa9c9e7a2", "686518610ae8e10e679afc755c52d7ec"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
-    "calibrate": ("bbf66f9d8f1fe7986dbe87fb56225c17", "51642e821f5a1dae1a3d37d36b9bd2cd"),
+    "calibrate": ("10603805266bd5351ccce069f955e7f5", "d3c769d07058be41fd9ba1ff5e7a0f93"),
     "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
     "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
     "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),

@@ -41,10 +41,14 @@ class CalibrateStage(StageBase):
     float_small_ops: bool = Field(
         True, description="leave Convs with fewer than 16 channels in shapes TensorRT's INT8 kernels do not take, "
                           "and Gemm/MatMul layers with fewer than 16 outputs, in float, as ModelOpt does")
+    float_depthwise: bool = Field(
+        True, description="leave depthwise Convs (grouped, input channels per group not a multiple of 4) in float: "
+                          "TensorRT-RTX zero-pads each INT8 group to 4 channels and stores the zeros in engines of "
+                          "static shapes (3 bytes per input value); false quantizes them, as ModelOpt does")
     min_weight_params: int = Field(
         0, ge=0, description="leave ops with fewer weight parameters in float: on TensorRT-RTX each quantized op "
-                             "adds a kernel of ~150 KB to the engine, which saves 3 bytes per weight (48000 "
-                             "makes MobileNet-style INT8 engines smaller than FP32)")
+                             "adds up to one JIT kernel whose CUDA source (~130 KB) the engine carries, and saves 3 "
+                             "bytes per weight (break-even ~44K parameters)")
     holdout: int = Field(8, ge=0, le=MAX_SAMPLES)
     trt_calibration_cache: bool = Field(False, description="also write a TensorRT <= 10 calibration cache")
     metrics: Metrics  # the INT8 pre-flight judges these too (validate's defaults for INT8)

@@ -154,14 +154,20 @@ def _frame_names(exc: BaseException) -> list[str]:
 
 
 def left_in_float(model: onnx.ModelProto, quantize_ops: list[str], attention: bool = True,
-                  small: bool = True) -> dict[str, str]:
+                  small: bool = True, depthwise: bool = True) -> dict[str, str]:
     """The default recipe's own exclusions, node -> why, as ModelOpt's INT8 recipe leaves them in float:
     - `attention`: attention's MatMuls (both inputs activations: QK^T, and the softmax probabilities times V).
       INT8 attention scores and probabilities cost accuracy (bench/int8.py, all-MiniLM-L6-v2: mean sentence-
       embedding cosine 0.976 with them in float; ModelOpt, which quantized them on that export, 0.86);
     - `small`: Convs with fewer than 16 input or output channels in shapes TensorRT's INT8 kernels do not take
       (ModelOpt's `find_nodes_from_convs_to_exclude`, int8), and Gemm/MatMul layers with fewer than 16 outputs
-      (a classifier's last layer: ModelOpt leaves such GEMV-like ops in float, INT8 gains nothing there)."""
+      (a classifier's last layer: ModelOpt leaves such GEMV-like ops in float, INT8 gains nothing there);
+    and beyond ModelOpt's recipe:
+    - `depthwise`: depthwise (grouped) Convs whose input channels per group are not a multiple of 4:
+      TensorRT-RTX zero-pads an INT8 Conv's input to 4 channels per group, so a depthwise Conv reads and computes
+      4x its input, and for static shapes the engine stores the zeros (3 bytes per input value: PP-OCRv4 rec at
+      batch 8, 29.7 MB INT8 against 14.2 MB FP32, 11.1 MB with them in float); in float, PP-OCRv4 rec and det
+      also read better (bench/int8.py; docs/NOTES.md, "INT8 engine size on TensorRT-RTX")."""
     const = input_independent(model)
     inits = {i.name: i for i in model.graph.initializer}
     inputs = {i.name for i in model.graph.input}
@@ -172,15 +178,47 @@ def left_in_float(model: onnx.ModelProto, quantize_ops: list[str], attention: bo
         weight = inits.get(n.input[1]) if len(n.input) > 1 else None
         if attention and n.op_type == "MatMul" and len(n.input) == 2 and not any(t in const for t in n.input):
             out[n.name] = ATTENTION
-        elif small and n.op_type == "Conv" and weight is not None and len(weight.dims) >= 3:
+        elif n.op_type == "Conv" and weight is not None and len(weight.dims) >= 3:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-            if not _int8_conv_ok(list(weight.dims), attrs.get("group", 1), attrs.get("kernel_shape", weight.dims[2:]),
-                                 n.input[0] in inputs):
+            if small and not _int8_conv_ok(list(weight.dims), attrs.get("group", 1),
+                                           attrs.get("kernel_shape", weight.dims[2:]), n.input[0] in inputs):
                 out[n.name] = SMALL_CONV
+            elif depthwise and padded_groups(list(weight.dims), attrs.get("group", 1)):
+                out[n.name] = DEPTHWISE_CONV
         elif small and n.op_type in ("MatMul", "Gemm") and weight is not None and len(weight.dims) == 2:
             trans_b = next((a.i for a in n.attribute if a.name == "transB"), 0) if n.op_type == "Gemm" else 0
             if weight.dims[0 if trans_b else 1] < SMALL_CHANNELS:
                 out[n.name] = SMALL_GEMM
+    return out
+
+
+CHANNEL_MULTIPLE = 4  # TensorRT-RTX's INT8 Convs take input channels per group in multiples of 4 (dp4a)
+
+
+def channels_padded(weight_dims: list[int]) -> bool:
+    """Whether TensorRT-RTX zero-pads the INT8 input of a Conv of these weights (out, in per group, *kernel) to a
+    multiple of 4 channels per group."""
+    return len(weight_dims) >= 3 and weight_dims[1] % CHANNEL_MULTIPLE != 0
+
+
+def padded_groups(weight_dims: list[int], group: int) -> bool:
+    """Whether a Conv is grouped (depthwise: 1 input channel per group) and `channels_padded`: its padding is 3x
+    its input. A plain Conv's is at most a third (an RGB stem, 3 -> 4): not worth leaving it in float (PP-OCR cls
+    read worse with its stem in float, rec and det slightly better)."""
+    return group > 1 and channels_padded(weight_dims)
+
+
+def padded_convs(model: onnx.ModelProto) -> dict[str, bool]:
+    """The quantized Convs of the Q/DQ `model` (reading a DequantizeLinear of an initializer) whose INT8 input
+    TensorRT-RTX zero-pads (`channels_padded`), each with whether it is grouped (`padded_groups`)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    weights = {n.output[0]: list(inits[n.input[0]].dims) for n in model.graph.node
+               if n.op_type == "DequantizeLinear" and n.input[0] in inits}
+    out = {}
+    for n in model.graph.node:
+        if n.op_type == "Conv" and len(n.input) > 1 and channels_padded(weights.get(n.input[1], [])):
+            group = next((a.i for a in n.attribute if a.name == "group"), 1)
+            out[n.name] = padded_groups(weights[n.input[1]], group)
     return out
 
 
@@ -205,6 +243,7 @@ def _int8_conv_ok(dims: list[int], group: int, kernel: Any, reads_graph_input: b
 ATTENTION = "MatMul of two activations (attention: QK^T or probabilities x V)"
 SMALL_CONV = "Conv with fewer than 16 channels in a shape TensorRT's INT8 kernels do not take"
 SMALL_GEMM = "Gemm/MatMul with fewer than 16 outputs (INT8 gains nothing)"
+DEPTHWISE_CONV = "depthwise Conv: input channels per group not a multiple of 4 (TensorRT-RTX zero-pads them in INT8)"
 
 
 def recipe(model: onnx.ModelProto) -> Recipe:
