@@ -71,7 +71,10 @@ _ABSENT = object()
 
 def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     """'a.b[2].c old -> new' for every leaf that differs, by key path into dicts and lists (a changed list item
-    is named by its index, not shown whole); each value cut at VALUE_WIDTH characters."""
+    is named by its index, not shown whole; null on one side and absent on the other is no change; a block shown
+    leaves out its unset (null) options); each value cut at VALUE_WIDTH characters."""
+    if (old is _ABSENT and new is None) or (new is _ABSENT and old is None):
+        return []
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
@@ -88,5 +91,14 @@ def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def _shown(value: Any) -> str:
-    text = "(absent)" if value is _ABSENT else json.dumps(value, default=str)
+    text = "(absent)" if value is _ABSENT else json.dumps(_set_only(value), default=str)
     return text if len(text) <= VALUE_WIDTH else text[:VALUE_WIDTH - 1] + "…"
+
+
+def _set_only(value: Any) -> Any:
+    """`value` without the options left unset (null) in its blocks: what the YAML said."""
+    if isinstance(value, dict):
+        return {k: _set_only(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_set_only(v) for v in value]
+    return value

@@ -25,13 +25,14 @@ def test_detector_example_released_and_served_by_triton(tmp_path: Path, triton):
 
 
 def optional_int8_of_a_detector(example: Path) -> None:
-    """The same trained detector with an FP16 variant beside INT8 and a region IoU bound INT8 misses (0.935 < 0.97)
-    while FP16 meets it: without a declaration the run fails (exit 1); with INT8 optional it ships FP16 and exits
+    """The same trained detector with an FP16 variant beside INT8 and region IoU bounds INT8 misses (pooled 0.976 <
+    0.99, worst scene 0.87 < 0.95) while FP16 meets them (0.999, 0.99): without a declaration the run fails (exit 1); with INT8 optional it ships FP16 and exits
     0, the card naming why INT8 was left out. Then a fleet rebuild: once INT8 shipped (a looser bound), a run that
     loses it keeps that version for the target (exit 0, no new version) and `plan --json` says so."""
     text = (example / "pipeline.yaml").read_text()
     (example / "pipeline.yaml").write_text(text.replace("  build:\n", "  fp16:\n    kind: precision\n\n  build:\n", 1))
-    strict = ["--set", "stages.validate.repair=false", "--set", "stages.validate.tolerances={sigmoid_0.tmp_0: {iou: 0.97}}",
+    strict = ["--set", "stages.validate.repair=false",
+              "--set", "stages.validate.tolerances={sigmoid_0.tmp_0: {iou: 0.99, iou_min: 0.95}}",
               "--set", "stages.release.select.variants=[int8, fp16]"]
     optional = ["--set", "stages.validate.optional=[int8]"]
     store = example / ".trtflow"
@@ -50,7 +51,7 @@ def optional_int8_of_a_detector(example: Path) -> None:
     card = (store / "release" / key / "card" / "model-card.html").read_text()
     assert "int8.scenes.native" in card and "optional variant: excluded" in card
     refused = next(o for o in release["options"] if o["name"] == "int8.scenes.native")["refused"]
-    assert "iou 0.93" in refused and "< 0.97" in refused and refused.endswith("(optional variant: excluded)")
+    assert "iou" in refused and "< 0.99" in refused and refused.endswith("(optional variant: excluded)")
 
     loose = trtflow("run", "pipeline.yaml", "--set", "stages.validate.tolerances={sigmoid_0.tmp_0: {iou: 0.5}}",
                     "--set", "stages.release.select.variants=[int8]", "--set", "stages.validate.repair=false",
@@ -60,8 +61,8 @@ def optional_int8_of_a_detector(example: Path) -> None:
     int8 = last_report(store, "release")["targets"][0]
     assert int8["chosen"]["name"] == "int8.scenes.native" and int8["version"] == release["version"] + 1
 
-    # a rebuild whose INT8 misses its bound again (0.96 here: with 0.97 every stage's key is run two's, reused)
-    again = [a.replace("iou: 0.97", "iou: 0.96") for a in strict]
+    # a rebuild whose INT8 misses its bound again (0.985 here: with 0.99 every stage's key is run two's, reused)
+    again = [a.replace("iou: 0.99", "iou: 0.985") for a in strict]
     rebuilt = trtflow("run", "pipeline.yaml", *again, *optional, cwd=example, timeout=600)
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
     kept = last_report(store, "release")["targets"][0]

@@ -9,6 +9,7 @@ import pytest
 
 from tests import stage_fns
 from trtflow.errors import StageError
+from trtflow.flows import keys
 from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore, StoreError
 from trtflow.pipelines.loader import load_pipeline
@@ -98,6 +99,13 @@ def test_a_changed_list_item_is_named_by_its_key_path(write_yaml):
                              'params.deploy[0].read "rgb" -> "bgr", params.deploy[24] (absent) -> '
                              '{"pad": {"size": [48, 192]}}, params.deploy[25] (absent) -> {"note": "0"}, '), reason
     assert reason.endswith(", and 5 more") and len(reason) < 600, reason
+
+
+def test_a_block_added_is_shown_as_written():
+    """A tolerance block added by --set was shown with every unset option of its model as null."""
+    added = keys.diff({"tolerances": {}}, {"tolerances": {"y": {"cosine": None, "iou": 0.99, "max_abs": None}}})
+    assert added == ['tolerances.y (absent) -> {"iou": 0.99}']
+    assert keys.diff({"a": 1}, {"a": 1, "b": None}) == []
 
 
 def test_forced_rerun_with_identical_output_keeps_dependents(write_yaml):
