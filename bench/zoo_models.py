@@ -37,6 +37,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtflow import files
+
 ROOT = Path(os.environ.get("TRTFLOW_ZOO", Path.home() / ".cache" / "trtflow-zoo"))
 MODELS = ROOT / "models"
 DATA = ROOT / "data"
@@ -921,7 +923,7 @@ def describe(path):
         fp16_value_info=sum(1 for v in list(g.value_info) + list(g.input) + list(g.output)
                             if v.type.tensor_type.elem_type == TensorProto.FLOAT16),
         control_flow={k: ops[k] for k in ("If", "Loop", "Scan") if ops.get(k)},
-        size_bytes=path.stat().st_size, sha256=hashlib.sha256(path.read_bytes()).hexdigest()[:16],
+        size_bytes=path.stat().st_size, sha256=files.sha256(path)[:16],
         metadata_keys=[p.key for p in m.metadata_props])
 
 

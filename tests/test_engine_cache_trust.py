@@ -3,9 +3,11 @@ cache belongs never hangs a build (it is ignored and replaced), and an entry who
 the digest inside it is never served: the digest it must match is kept apart from it."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import onnx
@@ -13,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.test_store_integrity import within
+from trtflow import files
 from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages import build
@@ -105,3 +108,86 @@ def test_a_fifo_in_place_of_the_timing_cache_is_ignored_and_replaced(run, tmp_pa
     assert cache.is_file() and cache.stat().st_size > 0  # this build's timing cache took its place
     again, result = run()
     assert again["reused"] and not result.warnings
+
+
+# --- engines stored once (issue #40): the build output and the cache entry are one file where the FS allows ------
+def cached_plan(tmp_path: Path, cell: dict) -> Path:
+    return tmp_path / "shared" / "engines" / cell["reused"] / "engine.plan"
+
+
+def index_digest(tmp_path: Path, key: str) -> str:
+    return (tmp_path / "shared" / "engines" / "index" / key).read_text().strip()
+
+
+def test_an_engine_is_stored_once_by_the_build_output_and_the_cache(run, tmp_path):
+    first, built = run()
+    second, reused = run()
+    (plan,) = built.outputs["engines"].glob("*/engine.plan")
+    (taken,) = reused.outputs["engines"].glob("*/engine.plan")
+    entry = cached_plan(tmp_path, second)
+    assert plan.stat().st_ino == entry.stat().st_ino == taken.stat().st_ino  # one file, three names
+    assert entry.stat().st_nlink == 3
+    # the released/published names go away: the cache's name keeps the engine whole and it is served again
+    for out in (built, reused):
+        shutil.rmtree(out.outputs["engines"])
+    assert files.sha256(entry) == index_digest(tmp_path, second["reused"]) == first["engine_sha256"]
+    third, _ = run()
+    assert third["reused"] == second["reused"]
+
+
+def test_where_a_link_fails_the_engine_is_copied(run, tmp_path, monkeypatch):
+    def no_link(*_, **__):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    monkeypatch.setattr(files.os, "link", no_link)
+    first, built = run()
+    second, reused = run()
+    (plan,) = built.outputs["engines"].glob("*/engine.plan")
+    (taken,) = reused.outputs["engines"].glob("*/engine.plan")
+    entry = cached_plan(tmp_path, second)
+    assert len({plan.stat().st_ino, entry.stat().st_ino, taken.stat().st_ino}) == 3
+    assert plan.read_bytes() == entry.read_bytes() == taken.read_bytes()
+    assert second["engine_sha256"] == first["engine_sha256"] == files.sha256(taken)
+
+
+def test_a_placed_copy_removed_or_replaced_leaves_the_cache_whole_written_through_is_never_served(run, tmp_path):
+    """A release placing the build's engine in a Triton repository with `files.place` shares its bytes with the cache:
+    deleting the repository or replacing its file leaves the cache's engine as it was; bytes written into it
+    in place (the one thing nothing in trtflow does) are caught by the cache's digest, never served."""
+    first, built = run()
+    (plan,) = built.outputs["engines"].glob("*/engine.plan")
+    released = tmp_path / "repo" / "m" / "1" / "model.plan"
+    released.parent.mkdir(parents=True)
+    files.place(plan, released, files.ENGINE_BYTES)
+    digest = first["engine_sha256"]
+    shutil.rmtree(tmp_path / "repo")  # the released repository deleted
+    again, _ = run()
+    entry = cached_plan(tmp_path, again)
+    assert files.sha256(entry) == digest
+    released.parent.mkdir(parents=True)
+    files.place(entry, released, files.ENGINE_BYTES)
+    released.unlink()  # replaced, the way a new version of a file is written
+    released.write_bytes(b"another engine")
+    assert files.sha256(entry) == digest and run()[0]["reused"] == again["reused"]
+    released.unlink()
+    files.place(entry, released, files.ENGINE_BYTES)
+    with open(released, "r+b") as fh:  # written in place through the released name
+        fh.write(b"x")
+    rebuilt, result = run()
+    assert "reused" not in rebuilt and hashlib.sha256(plan_of(result)).hexdigest() == digest  # rebuilt, the same engine
+    assert run()[0]["reused"] == again["reused"]  # and the entry replaced by it
+
+
+def test_place_refuses_what_is_no_regular_file_and_an_existing_name(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(files.NotAFile):
+        files.place(tmp_path / "fifo", tmp_path / "a", files.ENGINE_BYTES)
+    assert not os.path.lexists(tmp_path / "a")
+    (tmp_path / "target").write_bytes(b"engine")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(files.NotAFile):
+        files.place(tmp_path / "link", tmp_path / "b", files.ENGINE_BYTES)
+    assert not os.path.lexists(tmp_path / "b")
+    (tmp_path / "c").write_bytes(b"other")
+    with pytest.raises(FileExistsError):
+        files.place(tmp_path / "target", tmp_path / "c", files.ENGINE_BYTES)
+    assert (tmp_path / "c").read_bytes() == b"other"

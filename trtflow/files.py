@@ -56,15 +56,21 @@ def open_regular(path: Path | str, follow: bool = True) -> tuple[IO[bytes], os.s
         raise
 
 
+def digest_stream(fh: IO[bytes], chunk: int = 1 << 20) -> tuple[str, int]:
+    """The sha256 (hex) of everything `fh` yields and how many bytes that was: the one recipe for a file's digest
+    (stage outputs, engines, remote blobs), so a digest recorded by one part of trtflow is the one another computes."""
+    h, size = hashlib.sha256(), 0
+    while data := fh.read(chunk):
+        h.update(data)
+        size += len(data)
+    return h.hexdigest(), size
+
+
 def sha256(path: Path | str, follow: bool = True) -> str:
-    """sha256 of regular file `path`, read in 1 MiB chunks (NotAFile for a FIFO or device, which would be read for
-    ever)."""
-    h = hashlib.sha256()
+    """sha256 of regular file `path`, streamed (NotAFile for a FIFO or device, which would be read for ever)."""
     fh, _ = open_regular(path, follow)
     with fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return digest_stream(fh)[0]
 
 
 def read_bounded(path: Path | str, limit: int, follow: bool = True) -> bytes:
@@ -112,6 +118,22 @@ def copy_regular(src: Path | str, dst: Path | str, limit: int, follow: bool = Tr
                 if copied > limit:  # it grew after the stat
                     raise NotAFile(errno.EFBIG, f"{src} is more than {limit} bytes", str(src))
                 out.write(chunk)
+
+
+def place(src: Path | str, dst: Path | str, limit: int) -> None:
+    """Regular file `src` at new path `dst` stored once: a hard link where the file system allows it (engines are
+    large), else a streamed copy (another file system, a link count at its maximum); never through a symlink. A
+    file placed so may share its bytes with others: it is replaced, never written in place."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError:
+        copy_regular(src, dst, limit, follow=False)
+        return
+    if not is_regular(Path(dst)):  # a link to a FIFO or device is one too: nothing but a regular file is placed
+        os.unlink(dst)
+        raise NotAFile(errno.EINVAL, f"{src} is not a regular file", str(src))
 
 
 def write_atomic(path: Path | str, data: bytes) -> None:

@@ -121,39 +121,55 @@ def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    types = _float_types(model)
-    half_nodes = [n for n in g.node if n.name in p.half]
-    # precision of every float32 tensor of the main graph after conversion
+    is_half = _tensor_precisions(g, _float_types(model), p, keep_io_types)
+    outer_refs = {node.name: _outer_refs(node) for node in g.node if subgraphs(node)}
+    half_copy = _convert_weights(g, p, is_half, {t for refs in outer_refs.values() for t in refs})
+    nodes = _Nodes()
+    for node in g.node:
+        _rewire(node, node.name in p.half, is_half, half_copy, outer_refs.get(node.name), nodes)
+    _cast_outputs(g, nodes.order, is_half, keep_io_types)
+    del g.node[:]
+    g.node.extend(nodes.order)
+    del g.value_info[:]  # stale types; inference fills them in again
+    try:
+        return onnx.shape_inference.infer_shapes(out)
+    except Exception:  # noqa: BLE001 - the graph is still valid without value_info
+        return out
+
+
+def _tensor_precisions(g: onnx.GraphProto, types: dict[str, int], p: Plan, keep_io_types: bool) -> dict[str, bool]:
+    """Whether each float32 tensor of the main graph is FP16 after conversion (before its weights are converted);
+    without `keep_io_types` the graph's float inputs are retyped FP16 here."""
     is_half: dict[str, bool] = {t: False for t, ty in types.items() if ty == FLOAT}
-    for node in half_nodes:
+    for node in g.node:
+        if node.name not in p.half:
+            continue
         for t in node.output:
             if t in is_half or (node.op_type == "Cast" and _attr(node, "to") == FLOAT):
                 is_half[t] = True
-    inputs = {i.name for i in g.input}
     if not keep_io_types:
+        weights = {x.name for x in g.initializer}
         for i in g.input:
-            if types.get(i.name) == FLOAT and i.name not in {x.name for x in g.initializer}:
+            if types.get(i.name) == FLOAT and i.name not in weights:
                 is_half[i.name] = True
                 i.type.tensor_type.elem_type = HALF
+    return is_half
 
+
+def _convert_weights(g: onnx.GraphProto, p: Plan, is_half: dict[str, bool], fp32_readers: set[str]) -> dict[str, str]:
+    """Weights FP16 where FP16 nodes read them; a second, FP16 copy where FP32 readers (or the graph's inputs and
+    outputs, or control flow reading them by name: `fp32_readers`) need the original too. Returns weight -> copy."""
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in g.node:
         for t in node.input:
             consumers.setdefault(t, []).append(node)
-    outer_refs = {node.name: _outer_refs(node) for node in g.node if subgraphs(node)}
-    fp32_readers = {t for refs in outer_refs.values() for t in refs}
-
-    # weights: FP16 where FP16 nodes read them; a second, FP16 copy where FP32 readers need the original too
+    io = {i.name for i in g.input} | {o.name for o in g.output}
     half_copy: dict[str, str] = {}
     for init in list(g.initializer):
-        if init.data_type != FLOAT:
-            continue
         readers = consumers.get(init.name, [])
-        wants_half = [n for n in readers if n.name in p.half and n.op_type not in ANY_INPUT]
-        if not wants_half:
+        if init.data_type != FLOAT or not any(n.name in p.half and n.op_type not in ANY_INPUT for n in readers):
             continue
-        needs_fp32 = [n for n in readers if n.name not in p.half] or init.name in fp32_readers \
-            or init.name in inputs or init.name in {o.name for o in g.output}
+        needs_fp32 = any(n.name not in p.half for n in readers) or init.name in fp32_readers or init.name in io
         data = np.clip(numpy_helper.to_array(init), -FP16_MAX, FP16_MAX).astype(np.float16)
         if needs_fp32:
             half_copy[init.name] = f"{init.name}__fp16"
@@ -161,55 +177,59 @@ def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx
         else:
             init.CopyFrom(numpy_helper.from_array(data, init.name))
             is_half[init.name] = True
+    return half_copy
 
-    casts: dict[tuple[str, int], str] = {}
-    new_nodes: list[onnx.NodeProto] = []
 
-    def cast(tensor: str, to: int) -> str:
+@dataclass
+class _Nodes:
+    """The converted graph's nodes in order: each Cast (one per tensor and type) before the first node reading it."""
+    order: list[onnx.NodeProto] = field(default_factory=list)
+    casts: dict[tuple[str, int], str] = field(default_factory=dict)
+
+    def cast(self, tensor: str, to: int) -> str:
         key = (tensor, to)
-        if key not in casts:
+        if key not in self.casts:
             suffix = "fp16" if to == HALF else "fp32"
-            casts[key] = f"{tensor}__to_{suffix}"
-            new_nodes.append(helper.make_node("Cast", [tensor], [casts[key]], to=to,
-                                              name=f"{tensor}__trtflow_cast_{suffix}"))
-        return casts[key]
+            self.casts[key] = f"{tensor}__to_{suffix}"
+            self.order.append(helper.make_node("Cast", [tensor], [self.casts[key]], to=to,
+                                               name=f"{tensor}__trtflow_cast_{suffix}"))
+        return self.casts[key]
 
-    for node in g.node:
-        half = node.name in p.half
-        for i, t in enumerate(node.input):
-            if t not in is_half or node.op_type in ANY_INPUT:
-                continue
-            if half and t in half_copy:
-                node.input[i] = half_copy[t]
-            elif is_half[t] != half:
-                node.input[i] = cast(t, HALF if half else FLOAT)
-        if node.name in outer_refs:  # control flow stays FP32: its subgraphs read FP32 copies
-            renames = {t: cast(t, FLOAT) for t in outer_refs[node.name] if is_half.get(t)}
-            for sub in subgraphs(node):
-                _rename_refs(sub, renames)
-        if half:
-            _retype_attributes(node)
-        new_nodes.append(node)
 
+def _rewire(node: onnx.NodeProto, half: bool, is_half: dict[str, bool], half_copy: dict[str, str],
+            outer_refs: list[str] | None, nodes: _Nodes) -> None:
+    """`node` reading its inputs in its own precision (through a Cast or a weight's FP16 copy), appended to `nodes`;
+    control flow (`outer_refs`: what its subgraphs read by name) stays FP32: its subgraphs read FP32 copies."""
+    for i, t in enumerate(node.input):
+        if t not in is_half or node.op_type in ANY_INPUT:
+            continue
+        if half and t in half_copy:
+            node.input[i] = half_copy[t]
+        elif is_half[t] != half:
+            node.input[i] = nodes.cast(t, HALF if half else FLOAT)
+    if outer_refs is not None:
+        renames = {t: nodes.cast(t, FLOAT) for t in outer_refs if is_half.get(t)}
+        for sub in subgraphs(node):
+            _rename_refs(sub, renames)
+    if half:
+        _retype_attributes(node)
+    nodes.order.append(node)
+
+
+def _cast_outputs(g: onnx.GraphProto, nodes: list[onnx.NodeProto], is_half: dict[str, bool],
+                  keep_io_types: bool) -> None:
+    """FP16 graph outputs: retyped, or, with `keep_io_types`, cast back to FP32 under the same name."""
     for o in g.output:
         if not is_half.get(o.name):
             continue
-        if keep_io_types:  # the graph keeps its FP32 output; the FP16 value is cast back under the same name
+        if keep_io_types:
             inner = f"{o.name}__fp16"
-            for node in new_nodes:
+            for node in nodes:
                 node.output[:] = [inner if t == o.name else t for t in node.output]
                 node.input[:] = [inner if t == o.name else t for t in node.input]
-            new_nodes.append(helper.make_node("Cast", [inner], [o.name], to=FLOAT,
-                                              name=f"{o.name}__trtflow_cast_output"))
+            nodes.append(helper.make_node("Cast", [inner], [o.name], to=FLOAT, name=f"{o.name}__trtflow_cast_output"))
         else:
             o.type.tensor_type.elem_type = HALF
-    del g.node[:]
-    g.node.extend(new_nodes)
-    del g.value_info[:]  # stale types; inference fills them in again
-    try:
-        return onnx.shape_inference.infer_shapes(out)
-    except Exception:  # noqa: BLE001 - the graph is still valid without value_info
-        return out
 
 
 def convert_valid(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str], keep_io_types: bool,

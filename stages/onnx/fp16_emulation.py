@@ -22,66 +22,76 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     inferred = onnx.shape_inference.infer_shapes(model)
     float_tensors = {vi.name for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
                      + list(inferred.graph.output) if vi.type.tensor_type.elem_type == FLOAT}
-    inits = {i.name: i for i in out.graph.initializer}
-    consumers: dict[str, list[str]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            consumers.setdefault(t, []).append(n.name)
-
-    for name, init in inits.items():  # weights stored as FP16 where an FP16 node reads them
-        if init.data_type == FLOAT and any(c in half for c in consumers.get(name, [])):
-            rounded = np.clip(numpy_helper.to_array(init), -65504, 65504).astype(np.float16).astype(np.float32)
-            init.CopyFrom(numpy_helper.from_array(rounded, name))
-
-    nodes: list[onnx.NodeProto] = []
-
-    def round_trip(tensor: str) -> tuple[str, list[onnx.NodeProto]]:
-        raw = f"{tensor}__fp32"
-        return raw, [helper.make_node("Cast", [raw], [f"{tensor}__fp16"], to=TensorProto.FLOAT16,
-                                      name=f"{tensor}__to_fp16"),
-                     helper.make_node("Cast", [f"{tensor}__fp16"], [tensor], to=FLOAT, name=f"{tensor}__to_fp32")]
-
-    if not keep_io_types:  # the variant's inputs are FP16 themselves
-        for inp in out.graph.input:
-            if inp.name in float_tensors and inp.name not in inits:
-                renamed = f"{inp.name}__in"
-                for n in out.graph.node:
-                    n.input[:] = [renamed if t == inp.name else t for t in n.input]
-                nodes.append(helper.make_node("Cast", [inp.name], [f"{renamed}__fp16"], to=TensorProto.FLOAT16))
-                nodes.append(helper.make_node("Cast", [f"{renamed}__fp16"], [renamed], to=FLOAT))
-    # a float tensor an FP32 node produces and an FP16 node reads crosses a Cast to FP16 in the variant: round
-    # it where it enters (a value past 65504 becomes inf there, as in the variant)
-    producer = {t: n.name for n in model.graph.node for t in n.output}
-    graph_inputs = [i.name for i in model.graph.input if i.name not in inits]
-    entering: dict[str, str] = {}
+    weights = {i.name for i in out.graph.initializer}
+    _round_weights(out.graph, half)
+    nodes = [] if keep_io_types else _fp16_inputs(out.graph, float_tensors, weights)
+    graph_inputs = [i.name for i in model.graph.input if i.name not in weights]
+    entering = _entering(model.graph, out.graph, half, float_tensors, graph_inputs if keep_io_types else [])
+    nodes += [c for t in graph_inputs if t in entering for c in _enter(t, entering[t])]
     for node in out.graph.node:
-        if node.name in half:
-            for i, t in enumerate(node.input):
-                from_fp32 = producer[t] not in half if t in producer else keep_io_types and t in graph_inputs
-                if t in float_tensors and from_fp32:
-                    node.input[i] = entering.setdefault(t, f"{t}__entering_fp16")
-
-    def enter(t: str) -> list[onnx.NodeProto]:
-        return [helper.make_node("Cast", [t], [f"{t}__entering_h"], to=TensorProto.FLOAT16, name=f"{t}__enter_fp16"),
-                helper.make_node("Cast", [f"{t}__entering_h"], [entering[t]], to=FLOAT, name=f"{t}__enter_fp32")]
-
-    nodes += [c for t in graph_inputs if t in entering for c in enter(t)]
-    for node in out.graph.node:
-        extra: list[onnx.NodeProto] = []
-        if node.name in half:
-            for i, t in enumerate(node.output):
-                if t in float_tensors:
-                    raw, casts = round_trip(t)
-                    node.output[i] = raw
-                    extra += casts
-        for t in node.output:
-            if t in entering:
-                extra += enter(t)
-        nodes.append(node)
-        nodes += extra
+        extra = _round_outputs(node, float_tensors) if node.name in half else []
+        extra += [c for t in node.output if t in entering for c in _enter(t, entering[t])]
+        nodes += [node, *extra]
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def _round_weights(g: onnx.GraphProto, half: set[str]) -> None:
+    """Weights stored as FP16 (rounded, in FP32) where an FP16 node reads them."""
+    read_by_half = {t for n in g.node if n.name in half for t in n.input}
+    for init in g.initializer:
+        if init.data_type == FLOAT and init.name in read_by_half:
+            rounded = np.clip(numpy_helper.to_array(init), -65504, 65504).astype(np.float16).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(rounded, init.name))
+
+
+def _fp16_inputs(g: onnx.GraphProto, float_tensors: set[str], weights: set[str]) -> list[onnx.NodeProto]:
+    """The variant's float inputs are FP16 themselves: each is read through a round trip to FP16 (the Casts
+    returned) under a new name."""
+    casts = []
+    for inp in g.input:
+        if inp.name in float_tensors and inp.name not in weights:
+            renamed = f"{inp.name}__in"
+            for n in g.node:
+                n.input[:] = [renamed if t == inp.name else t for t in n.input]
+            casts.append(helper.make_node("Cast", [inp.name], [f"{renamed}__fp16"], to=TensorProto.FLOAT16))
+            casts.append(helper.make_node("Cast", [f"{renamed}__fp16"], [renamed], to=FLOAT))
+    return casts
+
+
+def _entering(original: onnx.GraphProto, g: onnx.GraphProto, half: set[str], float_tensors: set[str],
+              fp32_inputs: list[str]) -> dict[str, str]:
+    """A float tensor an FP32 node (or an FP32 graph input) produces and an FP16 node reads crosses a Cast to FP16
+    in the variant: FP16 readers of `g` are pointed at its rounded copy, tensor -> the copy's name (a value past
+    65504 becomes inf there, as in the variant)."""
+    producer = {t: n.name for n in original.node for t in n.output}
+    entering: dict[str, str] = {}
+    for node in g.node:
+        if node.name not in half:
+            continue
+        for i, t in enumerate(node.input):
+            from_fp32 = producer[t] not in half if t in producer else t in fp32_inputs
+            if t in float_tensors and from_fp32:
+                node.input[i] = entering.setdefault(t, f"{t}__entering_fp16")
+    return entering
+
+
+def _enter(t: str, rounded: str) -> list[onnx.NodeProto]:
+    return [helper.make_node("Cast", [t], [f"{t}__entering_h"], to=TensorProto.FLOAT16, name=f"{t}__enter_fp16"),
+            helper.make_node("Cast", [f"{t}__entering_h"], [rounded], to=FLOAT, name=f"{t}__enter_fp32")]
+
+
+def _round_outputs(node: onnx.NodeProto, float_tensors: set[str]) -> list[onnx.NodeProto]:
+    """An FP16 node's float outputs through Cast(FLOAT16) -> Cast(FLOAT): the node writes `<t>__fp32`, the Casts
+    (returned) give `t` its FP16 value."""
+    casts = []
+    for i, t in enumerate(node.output):
+        if t in float_tensors:
+            node.output[i] = raw = f"{t}__fp32"
+            casts += [helper.make_node("Cast", [raw], [f"{t}__fp16"], to=TensorProto.FLOAT16, name=f"{t}__to_fp16"),
+                      helper.make_node("Cast", [f"{t}__fp16"], [t], to=FLOAT, name=f"{t}__to_fp32")]
+    return casts
 
 
 def keeps_io_types(variant: onnx.ModelProto) -> bool:

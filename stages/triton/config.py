@@ -143,68 +143,85 @@ def make(model_name: str, engine: Engine, spec: TritonSpec) -> Any:
 def problems(config: Any, engine: Engine) -> list[str]:
     """What Triton would refuse at load, or fail on at the first request, in `config` for `engine`."""
     pb = schema.model_config_pb2()
-    out: list[str] = []
     inputs, outputs = engine_io(engine)
-    profiles = engine.cell.profiles
+    batch = config.max_batch_size
+    out: list[str] = []
     if config.platform != PLATFORM and config.backend != "tensorrt":
         out.append(f"platform is '{config.platform}', not '{PLATFORM}'")
-    batch = config.max_batch_size
     if batch < 0:
         out.append(f"max_batch_size {batch} is negative")
-    for declared, actual, what in ((config.input, inputs, "input"), (config.output, outputs, "output")):
-        by_name = {t.name: t for t in actual}
-        names = [d.name for d in declared]
-        if sorted(names) != sorted(by_name):
-            out.append(f"{what}s {sorted(names)} are not the engine's {sorted(by_name)}")
-        for d in declared:
-            t = by_name.get(d.name)
-            if t is None:
-                continue
-            if pb.DataType.Name(d.data_type) != DATA_TYPES.get(t.dtype):
-                out.append(f"{what} '{d.name}': {pb.DataType.Name(d.data_type)}, but the engine's is {t.dtype}")
-            dims = list(d.reshape.shape) if d.HasField("reshape") else list(d.dims)
-            if not d.dims or any(x < 1 and x != -1 for x in d.dims):
-                out.append(f"{what} '{d.name}': dims {list(d.dims)} (each must be -1 or at least 1)")
-            full = [-1] + dims if batch > 0 else dims
-            if len(full) != len(t.shape):
-                out.append(f"{what} '{d.name}': {len(full)} dimensions with the batch, the engine has "
-                           f"{len(t.shape)} ({t.shape})")
-                continue
-            for i, (c, e) in enumerate(zip(full, t.shape)):
-                if c != -1 and e != -1 and c != e:
-                    out.append(f"{what} '{d.name}': dimension {i} is {c}, the engine's is {e}")
-            if batch > 0 and t.shape[0] != -1:
-                out.append(f"{what} '{d.name}': max_batch_size {batch} > 0, but the engine's first dimension is "
-                           f"{t.shape[0]}, not a batch")
-    used = sorted({int(p) for g in config.instance_group for p in g.profile} or {0})
-    for i in used:
+    out += _io_problems(pb, config.input, inputs, "input", batch)
+    out += _io_problems(pb, config.output, outputs, "output", batch)
+    out += _profile_problems(config, engine.cell.profiles, batch)
+    out += [f"instance group kind {pb.ModelInstanceGroup.Kind.Name(g.kind)}: Triton's TensorRT backend runs on GPU "
+            f"only (KIND_GPU)" for g in config.instance_group if g.kind != pb.ModelInstanceGroup.KIND_GPU]
+    if config.HasField("dynamic_batching"):
+        out += _batching_problems(config.dynamic_batching, batch)
+    return out
+
+
+def _io_problems(pb: Any, declared: Any, actual: list[Tensor], what: str, batch: int) -> list[str]:
+    """The config's inputs (or outputs) against the engine's: the same names, and each one's type and dims."""
+    by_name = {t.name: t for t in actual}
+    names = [d.name for d in declared]
+    out = [f"{what}s {sorted(names)} are not the engine's {sorted(by_name)}"] if sorted(names) != sorted(by_name) \
+        else []
+    for d in declared:
+        if d.name in by_name:
+            out += _tensor_problems(pb, d, by_name[d.name], what, batch)
+    return out
+
+
+def _tensor_problems(pb: Any, d: Any, t: Tensor, what: str, batch: int) -> list[str]:
+    """One declared tensor against the engine's: data type, dims Triton accepts, rank and sizes with the batch."""
+    out = []
+    if pb.DataType.Name(d.data_type) != DATA_TYPES.get(t.dtype):
+        out.append(f"{what} '{d.name}': {pb.DataType.Name(d.data_type)}, but the engine's is {t.dtype}")
+    dims = list(d.reshape.shape) if d.HasField("reshape") else list(d.dims)
+    if not d.dims or any(x < 1 and x != -1 for x in d.dims):
+        out.append(f"{what} '{d.name}': dims {list(d.dims)} (each must be -1 or at least 1)")
+    full = [-1] + dims if batch > 0 else dims
+    if len(full) != len(t.shape):
+        out.append(f"{what} '{d.name}': {len(full)} dimensions with the batch, the engine has {len(t.shape)} "
+                   f"({t.shape})")
+        return out
+    out += [f"{what} '{d.name}': dimension {i} is {c}, the engine's is {e}"
+            for i, (c, e) in enumerate(zip(full, t.shape)) if c != -1 and e != -1 and c != e]
+    if batch > 0 and t.shape[0] != -1:
+        out.append(f"{what} '{d.name}': max_batch_size {batch} > 0, but the engine's first dimension is "
+                   f"{t.shape[0]}, not a batch")
+    return out
+
+
+def _profile_problems(config: Any, profiles: list[Profile], batch: int) -> list[str]:
+    """Each profile an instance group runs (profile 0 where none names one): it exists, and takes the batches and
+    fixed dims the config declares."""
+    out = []
+    for i in sorted({int(p) for g in config.instance_group for p in g.profile} or {0}):
         if not 0 <= i < max(len(profiles), 1):
             out.append(f"instance group profile {i}: the engine has {len(profiles)} profile(s)")
-            continue
-        if not profiles:
-            continue
-        prof = profiles[i]
-        for d in config.input:
-            rng = prof.shapes.get(d.name)
-            if rng is None:
-                continue
-            lo, _, hi = rng
-            if batch > 0 and not (lo[0] <= 1 and batch <= hi[0]):
-                out.append(f"input '{d.name}': profile '{prof.name}' takes batches {lo[0]}..{hi[0]}, Triton sends "
-                           f"1..{batch}")
-            full = ([-1] if batch > 0 else []) + list(d.dims)
-            for j, c in enumerate(full):
-                if c != -1 and j < len(lo) and not lo[j] <= c <= hi[j]:
-                    out.append(f"input '{d.name}': dimension {j} is {c}, outside profile '{prof.name}' "
-                               f"({lo[j]}..{hi[j]})")
-    for g in config.instance_group:
-        if g.kind != pb.ModelInstanceGroup.KIND_GPU:
-            out.append(f"instance group kind {pb.ModelInstanceGroup.Kind.Name(g.kind)}: Triton's TensorRT backend "
-                       f"runs on GPU only (KIND_GPU)")
-    if config.HasField("dynamic_batching"):
-        if batch == 0:
-            out.append("dynamic batching with max_batch_size 0")
-        bad = [b for b in config.dynamic_batching.preferred_batch_size if not 0 < b <= batch]
-        if bad:
-            out.append(f"preferred batch sizes {bad} are not within 1..max_batch_size ({batch})")
+        elif profiles:
+            out += [msg for d in config.input for msg in _input_in_profile(d, profiles[i], batch)]
+    return out
+
+
+def _input_in_profile(d: Any, prof: Profile, batch: int) -> list[str]:
+    rng = prof.shapes.get(d.name)
+    if rng is None:
+        return []
+    lo, _, hi = rng
+    out = []
+    if batch > 0 and not (lo[0] <= 1 and batch <= hi[0]):
+        out.append(f"input '{d.name}': profile '{prof.name}' takes batches {lo[0]}..{hi[0]}, Triton sends 1..{batch}")
+    full = ([-1] if batch > 0 else []) + list(d.dims)
+    out += [f"input '{d.name}': dimension {j} is {c}, outside profile '{prof.name}' ({lo[j]}..{hi[j]})"
+            for j, c in enumerate(full) if c != -1 and j < len(lo) and not lo[j] <= c <= hi[j]]
+    return out
+
+
+def _batching_problems(dynamic_batching: Any, batch: int) -> list[str]:
+    out = ["dynamic batching with max_batch_size 0"] if batch == 0 else []
+    bad = [b for b in dynamic_batching.preferred_batch_size if not 0 < b <= batch]
+    if bad:
+        out.append(f"preferred batch sizes {bad} are not within 1..max_batch_size ({batch})")
     return out

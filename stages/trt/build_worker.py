@@ -7,7 +7,6 @@ beside it.
 """
 from __future__ import annotations
 
-import hashlib
 import resource
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 from trtflow import files
 from trtflow.child import serve
-from trtflow.stages.trt.engines import Built, Cell
+from trtflow.stages.trt.engines import PLAN, Built, Cell
 from trtflow.stages.trt.log_errors import first_error, shorten
 
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
@@ -59,12 +58,13 @@ def build(spec: Cell, cell: Path) -> Built:
                              + first_error(log_lines, shorten(log_lines[-1]) if log_lines else "no log"))
         data = bytes(engine)
         seconds = time.perf_counter() - t0
-        (cell / "engine.plan").write_bytes(data)
+        with open(cell / PLAN, "xb") as out:  # a new file: an engine is never written into one that may be linked
+            out.write(data)
         if cache is not None:
             files.write_atomic(spec.timing_cache, bytes(config.get_timing_cache().serialize()))
         from trtflow.stages.trt.env import gpus
         return Built(status="ok", runtime=f"{spec.backend.flavour} {spec.backend.version}", seconds=round(seconds, 3),
-                     engine_bytes=len(data), engine_sha256=hashlib.sha256(data).hexdigest(),
+                     engine_bytes=len(data), engine_sha256=files.sha256(cell / PLAN),
                      layers=network.num_layers, options=applied, warnings=warnings,
                      validity=validity(trt, parsed.logger, data, log_lines),
                      environment={"tensorrt": {"flavour": spec.backend.flavour, "version": spec.backend.version},

@@ -17,6 +17,11 @@ comes from the builder (`Built.engine_sha256`, published in the build result tha
 outside the entries, and is compared with the engine as placed in the build's output, streamed. Whoever can also
 rewrite the index can substitute an engine: the store trusts its writers; the cache only never serves an entry
 that contradicts its record.
+
+An engine is stored once where the file system allows: the entry's `engine.plan` and the build output's are hard
+links of one file (`files.place`). Nothing writes an engine in place (a builder writes a new file, a release places
+its own), so removing or replacing either name leaves the other whole; bytes written into one through any name
+fail the digest check of the entry, which is then dropped and rebuilt, never served.
 """
 from __future__ import annotations
 
@@ -42,15 +47,6 @@ def cell_key(cell: Cell, model_digest: str, machine: Any) -> str:
     spec = cell.model_dump(mode="json", exclude={"name", "model", "timing_cache", "variant"})
     blob = json.dumps({"format": FORMAT, "cell": spec, "model": model_digest, "machine": machine}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def _place(src: Path, dst: Path) -> None:
-    """A hard link where the file system allows it (engines are large), else a streamed copy; never through a
-    symlink (what is placed is hashed afterwards, without following one either)."""
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError:
-        files.copy_regular(src, dst, files.ENGINE_BYTES, follow=False)
 
 
 def _copy_log(src: Path, dst: Path) -> None:
@@ -85,7 +81,7 @@ class EngineCache:
             return None
         cell_dir.mkdir()
         try:
-            _place(entry / PLAN, cell_dir / PLAN)
+            files.place(entry / PLAN, cell_dir / PLAN, files.ENGINE_BYTES)
             placed = files.sha256(cell_dir / PLAN, follow=False)
         except OSError:
             placed = None
@@ -139,7 +135,7 @@ class EngineCache:
             if self.index.is_symlink():  # records are written into the store, never where a link leads
                 return
             tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
-            _place(cell_dir / PLAN, tmp / PLAN)
+            files.place(cell_dir / PLAN, tmp / PLAN, files.ENGINE_BYTES)
             if files.sha256(tmp / PLAN, follow=False) != built.engine_sha256:
                 raise ValueError("the engine changed since it was built")
             _copy_log(cell_dir / LOG, tmp / LOG)

@@ -15,6 +15,7 @@ per run.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 from trtflow.stages.trtexec.result import PerfResult
 
@@ -114,75 +115,107 @@ def _stats(rest: str) -> dict[str, float]:
 
 
 def _parse_run(run: list[tuple[str, str]]) -> PerfResult:
-    r = PerfResult()
-    block: str | None = None  # the 7.x/8.0 block a `min:` line belongs to
-    in_summary = False
-    traces: list[tuple[float | None, ...]] = []
-    in_profile = False
+    reader = _RunReader()
     for sev, msg in run:
-        if sev != "&" and msg.strip():
-            r.last_line = msg.strip()
+        reader.read(sev, msg)
+    return reader.finish()
+
+
+@dataclass
+class _RunReader:
+    """One run read line by line: the result so far and where in trtexec's output the reader is."""
+    r: PerfResult = field(default_factory=PerfResult)
+    block: str | None = None  # the 7.x/8.0 block a `min:` line belongs to
+    in_summary: bool = False
+    in_profile: bool = False
+    traces: list[tuple[float | None, ...]] = field(default_factory=list)
+
+    def read(self, sev: str, msg: str) -> None:
+        r, stripped = self.r, msg.strip()
+        if sev != "&" and stripped:
+            r.last_line = stripped
         if sev == "&":
-            if msg.startswith(("PASSED", "FAILED")):
-                r.status = msg.split()[0].lower()
-            if "#" in msg and r.command is None:
-                r.command = msg.split("#", 1)[1].strip()
-            packed = _VERSION_PACKED.search(msg)
-            if packed and not r.tensorrt_version:
-                r.tensorrt_version = decode_packed_version(packed.group(1))
-            continue
+            self._status(msg)
+            return
         if r.tensorrt_version is None:
-            dotted = _VERSION_DOTTED.search(msg)
-            packed = _VERSION_PACKED.search(msg)
-            if dotted:
-                v = dotted.group(1)
-                r.tensorrt_version = decode_packed_version(v) if "." not in v and len(v) >= 4 else v
-            elif packed:
-                r.tensorrt_version = decode_packed_version(packed.group(1))
+            r.tensorrt_version = _version(msg)
         if sev in ("E", "F"):
-            if r.error is None and msg.strip():
-                r.error = msg.strip()
-            continue
-        stripped = msg.strip()
+            if r.error is None and stripped:
+                r.error = stripped
+            return
         if _SUMMARY_START.search(stripped):
-            in_summary = True
+            self.in_summary = True
         if sev == "W":
-            if in_summary and stripped.startswith("*"):
-                r.warnings.append(stripped.lstrip("* ").strip())
-            elif in_summary and r.warnings and msg.startswith(" "):
-                r.warnings[-1] += " " + stripped
-            elif "throttl" in stripped.lower():
-                r.warnings.append(stripped)
-            continue
-        if sev not in ("I", ""):
-            continue
-        if _PROFILE_START.match(stripped):
-            in_profile, r.profile = True, []
-            continue
-        if in_profile:
-            row = _PROFILE_ROW.match(stripped)
-            if row and row.group(5).strip() != "Total":
-                total, avg, median, pct, name = row.groups()
-                r.profile.append({"name": name.strip(), "total_ms": float(total), "average_ms": float(avg),
-                                  "median_ms": float(median) if median else None, "percent": float(pct)})
-                continue
-            if row or stripped.startswith("Time(ms)"):
-                continue
-            in_profile = False
-        _parse_info(r, stripped, traces, block)
-        block = _next_block(stripped, block)
-    if r.profile is not None:
-        r.profile.sort(key=lambda layer: -layer["average_ms"])
-    if r.throughput_qps == 0 and (r.latency_ms or r.gpu_compute_ms):
-        r.warnings.append("trtexec printed a throughput of 0 qps next to non-zero latencies (TensorRT 7's "
-                          "trtexec miscounts queries in some modes): use the latencies")
-    if traces and r.latency_ms is None and r.gpu_compute_ms is None:
-        n = len(traces)
-        gpu, host, e2e, enq = ({"mean": sum(t[i] for t in traces) / n} if traces[0][i] is not None else None
-                               for i in range(4))
-        r.gpu_compute_ms, r.latency_ms, r.end_to_end_ms, r.enqueue_ms = gpu, host, e2e, enq
-        r.layout = f"trace averages ({n} lines; the summary blocks are missing)"
-    return r
+            self._warning(msg, stripped)
+        elif sev in ("I", "") and not self._profile_line(stripped):
+            _parse_info(r, stripped, self.traces, self.block)
+            self.block = _next_block(stripped, self.block)
+
+    def _status(self, msg: str) -> None:
+        """A `&&&&` line: the run's outcome, its command, the version in its `[TensorRT v8601]` tag."""
+        r = self.r
+        if msg.startswith(("PASSED", "FAILED")):
+            r.status = msg.split()[0].lower()
+        if "#" in msg and r.command is None:
+            r.command = msg.split("#", 1)[1].strip()
+        packed = _VERSION_PACKED.search(msg)
+        if packed and not r.tensorrt_version:
+            r.tensorrt_version = decode_packed_version(packed.group(1))
+
+    def _warning(self, msg: str, stripped: str) -> None:
+        """The summary's `* ...` notes about the measurement (continued on indented lines), and throttling."""
+        warnings = self.r.warnings
+        if self.in_summary and stripped.startswith("*"):
+            warnings.append(stripped.lstrip("* ").strip())
+        elif self.in_summary and warnings and msg.startswith(" "):
+            warnings[-1] += " " + stripped
+        elif "throttl" in stripped.lower():
+            warnings.append(stripped)
+
+    def _profile_line(self, line: str) -> bool:
+        """Whether `line` belongs to a `--dumpProfile` table (its layer rows are kept); the table ends at the first
+        line that is none of its."""
+        if _PROFILE_START.match(line):
+            self.in_profile, self.r.profile = True, []
+            return True
+        if not self.in_profile:
+            return False
+        row = _PROFILE_ROW.match(line)
+        if row and row.group(5).strip() != "Total":
+            total, avg, median, pct, name = row.groups()
+            self.r.profile.append({"name": name.strip(), "total_ms": float(total), "average_ms": float(avg),
+                                   "median_ms": float(median) if median else None, "percent": float(pct)})
+            return True
+        if row or line.startswith("Time(ms)"):
+            return True
+        self.in_profile = False
+        return False
+
+    def finish(self) -> PerfResult:
+        """The result, its layers slowest first; trace averages where the summary blocks are missing."""
+        r, traces = self.r, self.traces
+        if r.profile is not None:
+            r.profile.sort(key=lambda layer: -layer["average_ms"])
+        if r.throughput_qps == 0 and (r.latency_ms or r.gpu_compute_ms):
+            r.warnings.append("trtexec printed a throughput of 0 qps next to non-zero latencies (TensorRT 7's "
+                              "trtexec miscounts queries in some modes): use the latencies")
+        if traces and r.latency_ms is None and r.gpu_compute_ms is None:
+            n = len(traces)
+            gpu, host, e2e, enq = ({"mean": sum(t[i] for t in traces) / n} if traces[0][i] is not None else None
+                                   for i in range(4))
+            r.gpu_compute_ms, r.latency_ms, r.end_to_end_ms, r.enqueue_ms = gpu, host, e2e, enq
+            r.layout = f"trace averages ({n} lines; the summary blocks are missing)"
+        return r
+
+
+def _version(msg: str) -> str | None:
+    """The TensorRT version a line names (`TensorRT version: 10.3.0`, 8.0's `8003`, `[TensorRT v8601]`)."""
+    if dotted := _VERSION_DOTTED.search(msg):
+        v = dotted.group(1)
+        return decode_packed_version(v) if "." not in v and len(v) >= 4 else v
+    if packed := _VERSION_PACKED.search(msg):
+        return decode_packed_version(packed.group(1))
+    return None
 
 
 def _next_block(line: str, block: str | None) -> str | None:
