@@ -36,6 +36,7 @@ from trtflow.flows.store import (
     MARKER_CONTENT,
     SHARED,
     LocalStore,
+    Lookup,
     check_files,
     file_records,
     local_stamps,
@@ -72,7 +73,6 @@ class RemoteStore:
                              hint="give a directory or an fsspec URL such as s3://bucket/prefix") from None
         self.cache = LocalStore(cache or cache_root(self.location))
         self.root = self.cache.root  # local paths (digest cache, shared caches, what stages read) live here
-        self.rejected = self.cache.rejected
         self.notes: list[str] = []  # what was refused from the store's shared files, for the console
         self.read_only = False
 
@@ -122,27 +122,26 @@ class RemoteStore:
     def path(self, stage: str, key: str) -> Path:
         return self.cache.path(stage, key)
 
-    def lookup(self, stage: str, key: str) -> dict[str, Any] | None:
+    def lookup(self, stage: str, key: str) -> Lookup:
         local = self.cache.lookup(stage, key)
-        if local is not None:
+        if local.manifest is not None:
             return local
-        manifest = self._remote_manifest(stage, key)
-        if manifest is None:
-            self._quarantined(stage, key)
-        if manifest is None or not manifest.ok:
-            return None
-        return self._fetch(stage, key, manifest)
+        found = self._published(stage, key, local)
+        return found if found.manifest is None else self._fetch(stage, key, found.manifest)
 
-    def peek(self, stage: str, key: str) -> dict[str, Any] | None:
-        """The manifest of a usable published result, without fetching its files (what `plan` needs); a result
-        that was quarantined is named in `rejected`."""
+    def peek(self, stage: str, key: str) -> Lookup:
+        """The manifest of a usable published result, without fetching its files (what `plan` needs); else why a
+        result there is not used (one that was quarantined included)."""
         local = self.cache.lookup(stage, key)
-        if local is not None:
-            return local
-        manifest = self._remote_manifest(stage, key)
+        return local if local.manifest is not None else self._published(stage, key, local)
+
+    def _published(self, stage: str, key: str, local: Lookup) -> Lookup:
+        """The OK manifest published at the URL; else why not (a quarantine record, then an unusable manifest,
+        then what the local cache said)."""
+        manifest, rejected = self._remote_manifest(stage, key)
         if manifest is None:
-            self._quarantined(stage, key)
-        return manifest if manifest is not None and manifest.ok else None
+            return Lookup(None, self._quarantined(stage, key) or rejected or local.rejected)
+        return Lookup(manifest if manifest.ok else None, local.rejected)
 
     def staging(self, stage: str, key: str) -> Path:
         if self.read_only:
@@ -153,10 +152,10 @@ class RemoteStore:
     def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
                 replace: bool = False) -> tuple[Path, Manifest]:
         if not replace:
-            theirs = self._remote_manifest(stage, key)
+            theirs, _ = self._remote_manifest(stage, key)
             if theirs is not None and theirs.ok:
-                adopted = self._fetch(stage, key, theirs)  # (one that fails verification is quarantined: ours
-                if adopted is not None:                    # takes its place)
+                adopted = self._fetch(stage, key, theirs).manifest  # (one that fails verification is quarantined:
+                if adopted is not None:                             # ours takes its place)
                     self.cache.discard(staging)
                     return self.path(stage, key), adopted
         files = file_records(staging)
@@ -177,19 +176,19 @@ class RemoteStore:
         except Exception as exc:  # noqa: BLE001
             self._remove_blobs(stage, key, writer)
             raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
-        placed = self._remote_manifest(stage, key)
+        placed, _ = self._remote_manifest(stage, key)
         if placed is not None and placed.blobs != writer:  # another writer's manifest is the one in place
-            adopted = self._fetch(stage, key, placed) if placed.ok else None
+            adopted = self._fetch(stage, key, placed).manifest if placed.ok else None
             if adopted is None and placed.ok:  # its files fail verification (and could not be quarantined): ours
                 try:                           # replace it, whole
                     self.fs.pipe_file(target, data)
                 except Exception as exc:  # noqa: BLE001
                     self._remove_blobs(stage, key, writer)
                     raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
-                placed = self._remote_manifest(stage, key)
+                placed, _ = self._remote_manifest(stage, key)
                 if placed is not None and placed.blobs == writer:
                     return self.cache.publish(stage, key, staging, manifest, replace=True)
-                adopted = self._fetch(stage, key, placed) if placed is not None and placed.ok else None
+                adopted = self._fetch(stage, key, placed).manifest if placed is not None and placed.ok else None
             self._remove_blobs(stage, key, writer)
             self.cache.discard(staging)
             if adopted is not None:
@@ -376,22 +375,21 @@ class RemoteStore:
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
-    def _remote_manifest(self, stage: str, key: str) -> Manifest | None:
+    def _remote_manifest(self, stage: str, key: str) -> tuple[Manifest | None, str]:
+        """The manifest published at the URL (None: none, or one that is unusable, and why)."""
         try:
             data = self._cat_json(self._remote(stage, key, MANIFEST))
         except FileNotFoundError:
-            return None
+            return None, ""
         except ValueError as exc:
-            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON ({exc}); ignored"
-            return None
+            return None, f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON ({exc}); ignored"
         except Exception as exc:  # noqa: BLE001
             raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
         manifest = _parse(data, key)
-        if manifest is None:
-            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not a trtflow manifest"
-        return manifest
+        return manifest, "" if manifest is not None else f"{self.location}/{stage}/{key}/{MANIFEST} is not a " \
+                                                          f"trtflow manifest"
 
-    def _fetch(self, stage: str, key: str, manifest: Manifest) -> Manifest | None:
+    def _fetch(self, stage: str, key: str, manifest: Manifest) -> Lookup:
         """Download a published result into the local cache, verified against its manifest."""
         staging = self.cache.staging(stage, key)
         try:
@@ -401,22 +399,19 @@ class RemoteStore:
                 self.fs.get_file(self._remote(stage, key, manifest.blobs, rel), str(dest))
         except FileNotFoundError as exc:
             self.cache.discard(staging)
-            self.rejected[(stage, key)] = f"its stored result at {self.location} is incomplete ({exc})"
-            return None
+            return Lookup(None, f"its stored result at {self.location} is incomplete ({exc})")
         except Exception as exc:  # noqa: BLE001
             self.cache.discard(staging)
             raise self._fail(f"fetching {stage}/{key[:12]}", exc) from None
         problem = check_files(staging, manifest.files, rehash=True)
         if problem:
             self.cache.discard(staging)
-            self.rejected[(stage, key)] = (f"its stored result at {self.location} failed verification: {problem}; "
-                                           f"quarantined")
             self._quarantine(stage, key, manifest, problem)
-            return None
+            return Lookup(None, f"its stored result at {self.location} failed verification: {problem}; quarantined")
         # the files were just hashed against the manifest: only their times are this machine's own
         local = manifest.model_copy(update={"files": local_stamps(staging, manifest.files or {})})
         _, placed = self.cache.publish(stage, key, staging, local)
-        return placed
+        return Lookup(placed)
 
     def _quarantine(self, stage: str, key: str, manifest: Manifest, problem: str) -> None:
         """Take a published result whose files fail verification out of use, so that the stage runs again and its
@@ -430,23 +425,24 @@ class RemoteStore:
                   "manifest": manifest.to_json()}
         try:
             self.fs.pipe_file(self._remote(*where, "reason.json"), json.dumps(reason, indent=2).encode())
-            current = self._remote_manifest(stage, key)
+            current, _ = self._remote_manifest(stage, key)
             if current is not None and current.blobs == manifest.blobs:  # not a result published meanwhile
                 self.fs.rm_file(self._remote(stage, key, MANIFEST))
             self.fs.mv(self._remote(stage, key, manifest.blobs), self._remote(*where, "files"), recursive=True)
         except Exception:  # noqa: BLE001 - any backend error: the stage runs again all the same
             pass
 
-    def _quarantined(self, stage: str, key: str) -> None:
-        """`rejected` names the quarantined results of this key (why `plan` says the stage must run)."""
+    def _quarantined(self, stage: str, key: str) -> str:
+        """Why a result of this key was quarantined (why `plan` says the stage must run); empty when none was."""
         try:
             found = self.fs.glob(self._remote(QUARANTINE, stage, key, "*", "reason.json"))
-            reasons = [self._cat_json(f, RECORD_BYTES) for f in found[:1]]
+            reason = self._cat_json(found[0], RECORD_BYTES) if found else None
         except Exception:  # noqa: BLE001 - an unreadable quarantine record says nothing about the result
-            return
-        for r in reasons:
-            self.rejected[(stage, key)] = (f"its stored result at {self.location} failed verification on "
-                                           f"{r.get('host')} ({r.get('problem')}) and was quarantined")
+            return ""
+        if not isinstance(reason, dict):
+            return ""
+        return (f"its stored result at {self.location} failed verification on {reason.get('host')} "
+                f"({reason.get('problem')}) and was quarantined")
 
     def _check_remote_files(self, stage: str, key: str, manifest: Manifest) -> str | None:
         records = manifest.files

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.disk import DiskError, disk_error
-from trtflow.errors import SpecError, StageError, StageFailed, TransientStageError, TrtflowError
+from trtflow.errors import SpecError, StageError, StageFailed, StoreError, TransientStageError, TrtflowError
 from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
@@ -67,6 +67,25 @@ class PlanItem:
     # targets a release stage kept at their previous version
     excluded: dict[str, str] = field(default_factory=dict)
     held: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Resolution:
+    """One stage resolved: its inputs and key (and the key's parts), the published result it reuses (None: it
+    runs) and why."""
+    name: str
+    kind: str
+    impl: implementation.StageImpl
+    inputs: Inputs
+    key: str
+    parts: dict[str, Any]
+    manifest: Manifest | None
+    reason: str
+
+    def outcome(self, directory: Path, seconds: float) -> StageOutcome:
+        """The outcome of reusing the published result."""
+        assert self.manifest is not None
+        return StageOutcome(self.name, self.kind, self.key, "reused", directory, self.manifest, self.reason, seconds)
 
 
 @dataclass
@@ -174,6 +193,25 @@ class Runner:
             {ref: source_digest(ref) for ref in spec.code_refs()})
         return keys.stage_key(parts), parts
 
+    # --- resolve: one stage's inputs, key, and whether it is reused or runs, and why ------------------------------
+
+    def resolve(self, name: str, produced: dict[str, Manifest], force: list[str] | None = None,
+                fetch: bool = True) -> Resolution:
+        """What stage `name` is to do given the manifests of the stages it reads (`produced`): its inputs, key and
+        the published result to reuse, or why it runs. `fetch=False` (`plan`) asks a remote store without
+        downloading the result's files."""
+        spec = self.graph.nodes[name].spec
+        impl = implementation.resolve(spec)
+        inputs = self.inputs_for(name, produced)
+        key, parts = self.key_for(name, inputs, impl)
+        if self.forced(name, force):
+            return Resolution(name, spec.kind, impl, inputs, key, parts, None, "forced")
+        found = self.store.lookup(name, key) if fetch else self.store.peek(name, key)
+        if found.manifest is not None:
+            return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest, "nothing changed")
+        reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe, spec.all_params())
+        return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
+
     # --- plan -------------------------------------------------------------------------------------------------
 
     def plan(self, stages: list[str] | None = None, force: list[str] | None = None) -> list[PlanItem]:
@@ -194,22 +232,17 @@ class Runner:
                                       environment=describe(fingerprint(impl.env_facets))))
                 will_run.add(name)
                 continue
-            inputs = self.inputs_for(name, produced)
-            key, parts = self.key_for(name, inputs, impl)
-            manifest = self.store.peek(name, key)
-            env = describe(parts["env"])
-            if self.forced(name, force):
-                items.append(PlanItem(name, spec.kind, "run", "forced", key, env))
-                will_run.add(name)
-            elif manifest is not None:
-                produced[name] = manifest
-                items.append(PlanItem(name, spec.kind, "reuse", "nothing changed", key, env,
-                                      excluded=dict(manifest.metrics.get("excluded") or {}),
-                                      held=list(manifest.metrics.get("held") or [])))
-            else:
-                items.append(PlanItem(name, spec.kind, "run", self.why_stale(name, key, parts), key, env,
-                                      self.env_changes(name, parts)))
-                will_run.add(name)
+            r = self.resolve(name, produced, force, fetch=False)
+            env = describe(r.parts["env"])
+            if r.manifest is not None:
+                produced[name] = r.manifest
+                items.append(PlanItem(name, spec.kind, "reuse", r.reason, r.key, env,
+                                      excluded=dict(r.manifest.metrics.get("excluded") or {}),
+                                      held=list(r.manifest.metrics.get("held") or [])))
+                continue
+            changed = [] if self.forced(name, force) else self.env_changes(name, r.parts)
+            items.append(PlanItem(name, spec.kind, "run", r.reason, r.key, env, changed))
+            will_run.add(name)
         return items
 
     def env_changes(self, name: str, parts: dict[str, Any]) -> list[str]:
@@ -217,12 +250,6 @@ class Runner:
         last = self.store.last(name)
         old = (last or {}).get("parts", {}).get("env") if isinstance((last or {}).get("parts"), dict) else None
         return keys.diff(old, parts["env"]) if last and old != parts["env"] else []
-
-    def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
-        if (name, key) in self.store.rejected:
-            return self.store.rejected[(name, key)]
-        return keys.why_stale(self.store.last(name), key, parts, describe,
-                              self.graph.nodes[name].spec.all_params())
 
     def _mark_last(self, name: str, key: str, parts: dict[str, Any], **outcome: str) -> None:
         """`last.json`: the key of the stage's last run, its parts, every parameter (for `plan`'s why) and, for a
@@ -241,18 +268,16 @@ class Runner:
         found = []
         for name in self.select(stages):
             started = time.perf_counter()
-            spec = self.graph.nodes[name].spec
             try:
-                inputs = self.inputs_for(name, produced)
-                key, parts = self.key_for(name, inputs, implementation.resolve(spec))
+                r = self.resolve(name, produced)
+            except (StoreError, DiskError):  # the store's own failure: said now, as before any flow run
+                raise
             except TrtflowError:
                 return None
-            manifest = self.store.lookup(name, key)
-            if manifest is None:
+            if r.manifest is None:
                 return None
-            produced[name] = manifest
-            found.append((StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
-                                       "nothing changed", time.perf_counter() - started), parts))
+            produced[name] = r.manifest
+            found.append((r.outcome(self.store.path(name, r.key), time.perf_counter() - started), r.parts))
         for outcome, parts in found:
             self._mark_last(outcome.name, outcome.key, parts)
         self.digests.save()
@@ -263,22 +288,13 @@ class Runner:
         """Reuse the stage's published result, or run it (in a child process; `log` gets its output line by
         line) and publish it."""
         started = time.perf_counter()
-        node = self.graph.nodes[name]
-        spec = node.spec
-        impl = implementation.resolve(spec)
-        inputs = self.inputs_for(name, produced)
-        key, parts = self.key_for(name, inputs, impl)
-        if not self.forced(name, force):
-            manifest = self.store.lookup(name, key)
-            if manifest is not None:
-                self._mark_last(name, key, parts)
-                self.digests.save()
-                return StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
-                                    "nothing changed", time.perf_counter() - started)
-            reason = self.why_stale(name, key, parts)
-        else:
-            reason = "forced"
-            inputs = inputs.without(kind_of(spec).result_caches)
+        r = self.resolve(name, produced, force)
+        spec, impl, key, parts, reason = self.graph.nodes[name].spec, r.impl, r.key, r.parts, r.reason
+        if r.manifest is not None:
+            self._mark_last(name, key, parts)
+            self.digests.save()
+            return r.outcome(self.store.path(name, key), time.perf_counter() - started)
+        inputs = r.inputs.without(kind_of(spec).result_caches) if self.forced(name, force) else r.inputs
 
         shared = self._make_shared_caches(inputs, log)
         staging = self.store.staging(name, key)
@@ -354,7 +370,7 @@ class Runner:
         return before
 
     def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
-                  staging: Path, began: datetime, work: float, status: str = "ok") -> dict[str, Any]:
+                  staging: Path, began: datetime, work: float, status: str = "ok") -> Manifest:
         spec = self.graph.nodes[name].spec
         if not isinstance(result, StageResult):
             raise StageError(f"stage '{name}' returned {type(result).__name__}, not a StageResult")
@@ -410,7 +426,7 @@ def _retarget(exc: BaseException, staging: Path, instead: str) -> None:
                     *exc.args[1:])
 
 
-__all__ = ["Runner", "StageOutcome", "PlanItem"]
+__all__ = ["Runner", "Resolution", "StageOutcome", "PlanItem"]
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:

@@ -9,8 +9,8 @@ when the store is next used.
 trtflow deletes only what carries its own marks: a store has a marker file at its root (`.trtflow-store`, written
 when a run first opens it), results are `<stage>/<32 hex>/` directories, staging is `.tmp-*`/`.trash-*`; nothing
 else under the root is touched, no symlink is followed, and every path a manifest names must stay inside its
-result directory. `ArtifactStore` is the interface; `LocalStore` the only implementation so far (a
-shared fsspec store can implement the same methods).
+result directory. `ArtifactStore` is the interface; `LocalStore` implements it for a directory, and
+flows/remote_store.py's `RemoteStore` for an fsspec URL (with a `LocalStore` as each machine's cache).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import socket
 import stat
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -159,17 +160,24 @@ def _owner_alive(name: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """What a store holds for (stage, key): the manifest of a usable published result, or None and why a result
+    that was there is not used (empty when there was none: then the record of the stage's last run explains)."""
+    manifest: Manifest | None
+    rejected: str = ""
+
+
 class ArtifactStore(Protocol):
     root: Path  # local: where stages read and write, the digest cache and the shared caches live
     location: str  # what users gave: the directory, or the URL of a remote store
-    rejected: dict[tuple[str, str], str]
     notes: list[str]  # what the store refused to fetch from its shared files (a remote store's), for the console
     read_only: bool
     digests: DigestCache  # sha256 of local files by stamp (the source model, data files, results on reuse)
 
     def ensure_writable(self) -> None: ...
-    def lookup(self, stage: str, key: str) -> Manifest | None: ...
-    def peek(self, stage: str, key: str) -> Manifest | None: ...
+    def lookup(self, stage: str, key: str) -> Lookup: ...
+    def peek(self, stage: str, key: str) -> Lookup: ...
     def staging(self, stage: str, key: str) -> Path: ...
     def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
                 replace: bool = False) -> tuple[Path, Manifest]: ...
@@ -234,7 +242,6 @@ class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.location = str(self.root)
-        self.rejected: dict[tuple[str, str], str] = {}
         self.notes: list[str] = []
         self.read_only = False
         self.full: TrtflowError | None = None  # why it is read-only when that is a full disk or quota
@@ -304,27 +311,22 @@ class LocalStore:
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
 
-    def lookup(self, stage: str, key: str) -> Manifest | None:
-        """The manifest of a published OK result whose files are as recorded; otherwise None, and
-        `rejected[(stage, key)]` says why when a result was there."""
-        self.rejected.pop((stage, key), None)
+    def lookup(self, stage: str, key: str) -> Lookup:
+        """The manifest of a published OK result whose files are as recorded; otherwise none, and why when a
+        result was there."""
         directory = self.path(stage, key)
         data, problem = read_json(directory / MANIFEST, MANIFEST_BYTES)
         if data is None:
-            if problem:
-                self.rejected[(stage, key)] = problem
-            return None
+            return Lookup(None, problem or "")
         manifest = Manifest.parse(data, key)
         if manifest is None:
-            self.rejected[(stage, key)] = f"{directory / MANIFEST} is not a trtflow manifest; ignored"
-            return None
+            return Lookup(None, f"{directory / MANIFEST} is not a trtflow manifest; ignored")
         if not manifest.ok:
-            return None
+            return Lookup(None)
         problem = check_files(directory, manifest.files, sha256=self.digests.sha256)
         if problem:
-            self.rejected[(stage, key)] = f"its stored result failed verification: {problem}"
-            return None
-        return manifest
+            return Lookup(None, f"its stored result failed verification: {problem}")
+        return Lookup(manifest)
 
     peek = lookup  # what `plan` asks: here as cheap as the lookup itself
 
@@ -370,7 +372,7 @@ class LocalStore:
         for attempt in range(3):
             if target.exists():  # a broken earlier publish, a concurrent run that won, or what a forced run replaces
                 if not replace:
-                    existing = self.lookup(stage, key)
+                    existing = self.lookup(stage, key).manifest
                     if existing is not None:
                         remove_tree(staging)
                         return target, existing

@@ -130,7 +130,7 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
 
     def not_yet(stage, k):  # the second machine looked before the first committed
         calls.append(k)
-        return None if len(calls) == 1 else real(stage, k)
+        return (None, "") if len(calls) == 1 else real(stage, k)
     second._remote_manifest = not_yet
     _, won = first.publish("s", key, _staged(first, "s", key, b"first machine's engine"),
                            _manifest(key, b"first machine's engine"))
@@ -142,7 +142,7 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
     assert writers == {won.blobs}, "the loser's upload was removed"
     # a third machine fetches the result and verifies it against the manifest
     third = _store(url, tmp_path / "m3")
-    assert third.lookup("s", key).outputs == won.outputs
+    assert third.lookup("s", key).manifest.outputs == won.outputs
     assert (third.path("s", key) / "model.onnx").read_bytes() == b"first machine's engine"
 
 
@@ -159,10 +159,12 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     bad = [r for r in _store(url, tmp_path / "m2").verify()["rows"] if r["status"] == "bad"]
     assert len(bad) == 1 and "changed content" in bad[0]["problem"]
     other = _store(url, tmp_path / "m4")
-    assert other.lookup("s", key) is None and "failed verification" in other.rejected[("s", key)]
+    found = other.lookup("s", key)
+    assert found.manifest is None and "failed verification" in found.rejected
     # it was quarantined: another machine's plan says why the stage must run
     later = _store(url, tmp_path / "m5")
-    assert later.peek("s", key) is None and "quarantined" in later.rejected[("s", key)]
+    found = later.peek("s", key)
+    assert found.manifest is None and "quarantined" in found.rejected
     store.verify(repair=True)
     assert not fs.exists(f"{name}/store/s/{key}")
 
@@ -342,13 +344,15 @@ def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp
     fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/{bad_path}", b"engine bytes")
     fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps(poisoned).encode())
     other = _store(url, tmp_path / "deep" / "m2")
-    assert other.lookup("s", key) is None and "is not a trtflow manifest" in other.rejected[("s", key)]
+    found = other.lookup("s", key)
+    assert found.manifest is None and "is not a trtflow manifest" in found.rejected
     written = {p for p in tmp_path.rglob("*PWNED*")} | {p for p in Path("/tmp").glob("PWNED*")}
     assert written == set()
     for blobs in ("../other-prefix", "/abs"):  # the writer directory is a name, not a path
         fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps({**m.to_json(), "blobs": blobs}).encode())
         third = _store(url, tmp_path / f"m3{len(blobs)}")
-        assert third.lookup("s", key) is None and "is not a trtflow manifest" in third.rejected[("s", key)]
+        found = third.lookup("s", key)
+        assert found.manifest is None and "is not a trtflow manifest" in found.rejected
 
 
 GATED = """version: 1
@@ -449,7 +453,7 @@ def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path,
     key = "d" * 32
     store = _store(url, tmp_path / "m1")
     store.publish("s", key, _staged(store, "s", key, b"engine"), _manifest(key, b"engine"))
-    assert _store(url, tmp_path / "m2").lookup("s", key) is not None
+    assert _store(url, tmp_path / "m2").lookup("s", key).manifest is not None
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
