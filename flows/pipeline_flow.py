@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -63,6 +64,22 @@ def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
             state["last"] = pct
 
     return on_progress
+
+
+# a runner its caller made already (`trtflow run` checks the spec and the store before Prefect starts, the watcher
+# plans first), by the flow's arguments: the flow takes it rather than loading the pipeline a second time
+_handed: dict[tuple[str, tuple[str, ...], str], Runner] = {}
+
+
+@contextlib.contextmanager
+def handing_over(runner: Runner, pipeline_file: str, overrides: list[str] | None) -> Iterator[None]:
+    """While inside, `pipeline_flow(pipeline_file, overrides, store=runner.store.location)` runs on `runner`."""
+    handle = (pipeline_file, tuple(overrides or ()), runner.store.location)
+    _handed[handle] = runner
+    try:
+        yield
+    finally:
+        _handed.pop(handle, None)
 
 
 # the runner of each running pipeline flow, by handle: a task gets the handle, never the object (Prefect walks a
@@ -145,7 +162,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published. A stage
     starts as soon as the stages it reads are done, side by side with others (pipeline `concurrency:`); a failed
     stage stops only the stages that depend on it."""
-    runner = make_runner(pipeline_file, overrides, store)
+    runner = _handed.pop((pipeline_file, tuple(overrides or ()), store or ""), None) \
+        or make_runner(pipeline_file, overrides, store)
     order = runner.select(stages)
     _tag_flow_run(run_identity(pipeline_file)[1])
     run = _Schedule(runner, order, force)

@@ -99,7 +99,7 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
     from prefect.events import emit_event
 
     from trtflow.flows import machine as this_machine
-    from trtflow.flows.pipeline_flow import pipeline_flow
+    from trtflow.flows.pipeline_flow import handing_over, pipeline_flow
     from trtflow.flows.runner import make_runner
 
     log = get_run_logger()
@@ -133,7 +133,8 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
                 log.info("%s: up to date (%d stages)", path, len(plan))
                 continue
             log.info("%s: %s stale (%s)", path, ", ".join(i.name for i in stale), stale[0].reason)
-            outcomes = pipeline_flow(str(path), store=store)
+            with handing_over(runner, str(path), []):
+                outcomes = pipeline_flow(str(path), store=runner.store.location)
         except TrtflowError as exc:
             log.error("%s: %s", path, exc)
             entry["error"] = str(exc)

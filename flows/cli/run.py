@@ -96,7 +96,7 @@ class Run(Command):
         try:
             with tags(*pf.run_identity(args.pipeline)[1]), pf.watching(listen), progress.listening(on_progress), \
                     temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), \
-                    _server_watch(watched, bool(api_url)):
+                    _server_watch(watched, bool(api_url)), pf.handing_over(runner, args.pipeline, args.overrides):
                 results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
                                            force=args.force, store=runner.store.location)
         except RuntimeError as exc:
