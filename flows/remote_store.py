@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,17 @@ from trtflow.flows.store import (
     LAST,
     MARKER,
     MARKER_CONTENT,
+    FOREIGN_PROBLEM,
     SHARED,
     LocalStore,
     Lookup,
+    VerifyReport,
+    VerifyRow,
+    VerifyStatus,
     check_files,
     file_records,
     local_stamps,
+    recorded_bytes,
 )
 from trtflow.flows.store_credentials import storage_options
 from trtflow.paths import OutsidePath, under
@@ -298,80 +304,77 @@ class RemoteStore:
         except Exception:  # noqa: BLE001 - advisory (explains `plan`); the result itself is published already
             pass
 
-    def verify(self, repair: bool = False) -> dict[str, Any]:
+    def verify(self, repair: bool = False) -> VerifyReport:
         """Every published result under the URL hashed (streamed) against its manifest; uploads no manifest names
         (a writer that lost a race, or died before its manifest) listed, and removed with `repair`; every
         manifest's inputs checked against the results they were read from. Then the local cache."""
-        rows, hashed = [], 0
+        listing = self._listing()
+        ours = listing.results()
+        if MARKER not in listing.paths and not any(MANIFEST in listing.children[pair] for pair in ours):
+            raise StoreError(f"{self.location} is not a trtflow artifact store (no {MARKER} and no trtflow "
+                             f"manifest): nothing was checked or removed",
+                             hint="give the store's URL: the pipeline's 'artifacts:'")
+        report = VerifyReport(rows=[VerifyRow(f"{stage}/{key}", "", VerifyStatus.FOREIGN, FOREIGN_PROBLEM)
+                                    for stage, key in listing.foreign(ours)])
         manifests: dict[tuple[str, str], Manifest] = {}
+        for stage, key in ours:
+            manifest = self._verify_result(stage, key, listing.subdirs[(stage, key)], repair, report)
+            if manifest is not None:
+                manifests[(stage, key)] = manifest
+        report.rows += self._consistency(manifests)
+        if self.cache.is_store():
+            local = self.cache.verify(repair=repair)
+            report.rows += [dataclasses.replace(r, stage=f"(cache) {r.stage}") for r in local.rows]
+            report.bytes += local.bytes
+        return report
+
+    def _listing(self) -> _Listing:
+        """Every object under the URL, in one listing."""
         try:
             self.fs.ls(self.base.split("/", 1)[0])  # the bucket (or top directory): missing or denied is an error
             entries = self.fs.find(self.base, withdirs=False)
         except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
             raise self._fail("listing", exc) from None
-        # one pass over the listing: (stage, key) -> the names directly under it, and which of those are directories
-        rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
-        children: dict[tuple[str, str], set[str]] = {}
-        subdirs: dict[tuple[str, str], set[str]] = {}
-        for p in rel_paths:
-            parts = p.split("/")
-            if len(parts) >= 2:
-                children.setdefault((parts[0], parts[1]), set()).update(parts[2:3])
-                subdirs.setdefault((parts[0], parts[1]), set()).update(parts[2:3] if len(parts) >= 4 else ())
-        pairs = sorted(children)
-        ours = [(stage, key) for stage, key in pairs if not stage.startswith(".") and stage != SHARED
-                and KEY_NAME.fullmatch(key)  # a key directory holding a manifest or a writer's files
-                and (MANIFEST in children[(stage, key)] or any(map(WRITER_NAME.fullmatch, children[(stage, key)])))]
-        if MARKER not in rel_paths and not any(MANIFEST in children[pair] for pair in ours):
-            raise StoreError(f"{self.location} is not a trtflow artifact store (no {MARKER} and no trtflow "
-                             f"manifest): nothing was checked or removed",
-                             hint="give the store's URL: the pipeline's 'artifacts:'")
-        for stage, key in sorted(set(pairs) - set(ours)):
-            if not stage.startswith(".") and stage != SHARED and key != LAST:
-                rows.append({"stage": f"{stage}/{key}", "key": "", "status": "foreign",
-                             "problem": "not made by trtflow: left alone"})
-        for stage, key in ours:
-            problem, data, manifest = None, None, None
+        return _Listing([e[len(self.base.rstrip("/")) + 1:] for e in entries])
+
+    def _verify_result(self, stage: str, key: str, writers: set[str], repair: bool,
+                       report: VerifyReport) -> Manifest | None:
+        """One result's row (and one per upload its manifest does not name) added to `report`; with `repair`, a
+        bad result's objects and the orphaned uploads are removed. Returns its manifest, when it has one."""
+        problem, manifest = self._check_result(stage, key)
+        if manifest is not None:
+            report.bytes += recorded_bytes(manifest)
+        report.rows.append(VerifyRow(stage, key, VerifyStatus.OK if problem is None else VerifyStatus.BAD, problem))
+        for orphan in sorted(writers - {manifest.blobs if manifest else None}):
+            if not WRITER_NAME.fullmatch(orphan):
+                report.rows.append(VerifyRow(f"{stage}/{key}/{orphan}", "", VerifyStatus.FOREIGN, FOREIGN_PROBLEM))
+                continue
+            report.rows.append(VerifyRow(stage, f"{key}/{orphan}", VerifyStatus.STALE_STAGING,
+                                         "files no manifest names (a run that lost the race or died)"))
+            if repair:
+                self._remove_blobs(stage, key, orphan)
+        if problem and repair:  # only trtflow's own objects of this key: the manifest and writer directories
+            for name in writers:
+                if WRITER_NAME.fullmatch(name):
+                    self._remove_blobs(stage, key, name)
             try:
-                data = self._cat_json(self._remote(stage, key, MANIFEST))
+                self.fs.rm_file(self._remote(stage, key, MANIFEST))
             except FileNotFoundError:
-                problem = "no manifest (an interrupted publish)"
-            except ValueError as exc:
-                problem = f"its manifest is not JSON ({exc})"
-            if data is not None:
-                manifest = _parse(data, key)
-                if manifest is None:
-                    problem = "its manifest is not a trtflow manifest"
-                else:
-                    manifests[(stage, key)] = manifest
-                    problem = self._check_remote_files(stage, key, manifest)
-                    hashed += sum(r.get("size", 0) for r in (manifest.files or {}).values() if isinstance(r, dict))
-            rows.append({"stage": stage, "key": key, "status": "ok" if problem is None else "bad",
-                         "problem": problem})
-            names = subdirs[(stage, key)]
-            for orphan in sorted(names - {manifest.blobs if manifest else None}):
-                if not WRITER_NAME.fullmatch(orphan):
-                    rows.append({"stage": f"{stage}/{key}/{orphan}", "key": "", "status": "foreign",
-                                 "problem": "not made by trtflow: left alone"})
-                    continue
-                rows.append({"stage": stage, "key": f"{key}/{orphan}", "status": "stale staging",
-                             "problem": "files no manifest names (a run that lost the race or died)"})
-                if repair:
-                    self._remove_blobs(stage, key, orphan)
-            if problem and repair:  # only trtflow's own objects of this key: the manifest and writer directories
-                for name in names:
-                    if WRITER_NAME.fullmatch(name):
-                        self._remove_blobs(stage, key, name)
-                try:
-                    self.fs.rm_file(self._remote(stage, key, MANIFEST))
-                except FileNotFoundError:
-                    pass
-        for row in self._consistency(manifests):
-            rows.append(row)
-        local = self.cache.verify(repair=repair) if self.cache.is_store() else {"rows": [], "bytes": 0}
-        for r in local["rows"]:
-            rows.append({**r, "stage": f"(cache) {r['stage']}"})
-        return {"rows": rows, "bytes": hashed + local["bytes"]}
+                pass
+        return manifest
+
+    def _check_result(self, stage: str, key: str) -> tuple[str | None, Manifest | None]:
+        """(what is wrong with the published result, None when nothing; its manifest, when it has one)."""
+        try:
+            data = self._cat_json(self._remote(stage, key, MANIFEST))
+        except FileNotFoundError:
+            return "no manifest (an interrupted publish)", None
+        except ValueError as exc:
+            return f"its manifest is not JSON ({exc})", None
+        manifest = _parse(data, key)
+        if manifest is None:
+            return "its manifest is not a trtflow manifest", None
+        return self._check_remote_files(stage, key, manifest), manifest
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -464,7 +467,7 @@ class RemoteStore:
         return None
 
     @staticmethod
-    def _consistency(manifests: dict[tuple[str, str], Manifest]) -> list[dict[str, Any]]:
+    def _consistency(manifests: dict[tuple[str, str], Manifest]) -> list[VerifyRow]:
         """A result whose inputs name a published result (…/<stage>/<key>/…) must have read what is published
         there: the digest it recorded is one of that result's outputs'."""
         rows = []
@@ -480,10 +483,10 @@ class RemoteStore:
                         continue
                     digests = {o.digest for o in manifests[source].outputs.values()}
                     if art["digest"] not in digests:
-                        rows.append({"stage": stage, "key": key, "status": "bad",
-                                     "problem": f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
-                                                f"digest {art['digest'][:12]}, which that published result does "
-                                                f"not hold (two runs published it differently)"})
+                        rows.append(VerifyRow(stage, key, VerifyStatus.BAD,
+                                              f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
+                                              f"digest {art['digest'][:12]}, which that published result does "
+                                              f"not hold (two runs published it differently)"))
         return rows
 
     def _remove_blobs(self, stage: str, key: str, writer: str) -> None:
@@ -491,6 +494,32 @@ class RemoteStore:
             self.fs.rm(self._remote(stage, key, writer), recursive=True)
         except Exception:  # noqa: BLE001 - leftover uploads are listed and removed by `verify --repair`
             pass
+
+
+class _Listing:
+    """The objects under a store's URL (paths relative to it), grouped by the `<stage>/<key>` they lie under."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+        self.children: dict[tuple[str, str], set[str]] = {}  # the names directly under <stage>/<key>
+        self.subdirs: dict[tuple[str, str], set[str]] = {}  # those of them that are directories
+        for p in paths:
+            parts = p.split("/")
+            if len(parts) >= 2:
+                self.children.setdefault((parts[0], parts[1]), set()).update(parts[2:3])
+                self.subdirs.setdefault((parts[0], parts[1]), set()).update(parts[2:3] if len(parts) >= 4 else ())
+
+    def results(self) -> list[tuple[str, str]]:
+        """Key directories trtflow made: holding a manifest or a writer's files."""
+        return [(stage, key) for stage, key in sorted(self.children) if not stage.startswith(".") and stage != SHARED
+                and KEY_NAME.fullmatch(key)
+                and (MANIFEST in self.children[(stage, key)] or any(map(WRITER_NAME.fullmatch,
+                                                                        self.children[(stage, key)])))]
+
+    def foreign(self, ours: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """What lies there that trtflow did not make (its own files, `last.json` and `shared/` aside)."""
+        return [(stage, key) for stage, key in sorted(set(self.children) - set(ours))
+                if not stage.startswith(".") and stage != SHARED and key != LAST]
 
 
 CLAIMED = "releases/"  # records created once by `claim`, never rewritten

@@ -24,7 +24,8 @@ import socket
 import stat
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -116,6 +117,12 @@ def check_files(directory: Path, records: Any, rehash: bool = False,
     return None
 
 
+def recorded_bytes(manifest: Manifest) -> int:
+    """The bytes of the files a manifest records (what verifying it hashes)."""
+    return sum(r.get("size", 0) for r in (manifest.files or {}).values()
+               if isinstance(r, dict) and isinstance(r.get("size"), int))
+
+
 def remove_tree(path: Path) -> None:
     """Remove a directory trtflow made, even one whose directories were made read-only since (`chmod -R a-w` on a
     result to protect it left `.trash-*` behind when it was replaced). Symlinks are removed, never followed."""
@@ -168,6 +175,34 @@ class Lookup:
     rejected: str = ""
 
 
+class VerifyStatus(str, Enum):
+    """What `verify` found at one place of the store."""
+    OK = "ok"  # a result whose files are as its manifest records
+    BAD = "bad"  # a result that is not (removed by --repair)
+    FOREIGN = "foreign"  # not made by trtflow: listed, never removed
+    STALE_STAGING = "stale staging"  # left by a run that is gone (removed by --repair, or by the next run)
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    stage: str
+    key: str
+    status: VerifyStatus
+    problem: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    rows: list[VerifyRow] = field(default_factory=list)
+    bytes: int = 0  # hashed
+
+    def having(self, status: VerifyStatus) -> list[VerifyRow]:
+        return [r for r in self.rows if r.status is status]
+
+
+FOREIGN_PROBLEM = "not made by trtflow: left alone"
+
+
 class ArtifactStore(Protocol):
     root: Path  # local: where stages read and write, the digest cache and the shared caches live
     location: str  # what users gave: the directory, or the URL of a remote store
@@ -181,7 +216,7 @@ class ArtifactStore(Protocol):
     def staging(self, stage: str, key: str) -> Path: ...
     def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
                 replace: bool = False) -> tuple[Path, Manifest]: ...
-    def verify(self, repair: bool = False) -> dict[str, Any]: ...
+    def verify(self, repair: bool = False) -> VerifyReport: ...
     def discard(self, staging: Path) -> None: ...
     # the shared caches (benchmark baselines, timing caches) of a store several machines use: fetched before a
     # stage that uses them runs, what it changed sent back after (a local store is already shared)
@@ -395,7 +430,7 @@ class LocalStore:
             return
         remove_tree(trash)
 
-    def verify(self, repair: bool = False) -> dict[str, Any]:
+    def verify(self, repair: bool = False) -> VerifyReport:
         """Hash every file of every published result against its manifest. With `repair`, results that do not
         match (and staging left by dead runs) are removed, so the next run recomputes them. A directory that is
         not a store is refused before anything is read; what trtflow did not make is listed, never removed."""
@@ -403,7 +438,7 @@ class LocalStore:
             raise StoreError(f"{self.root} is not a trtflow artifact store (no {MARKER} and no trtflow manifest): "
                              f"nothing was checked or removed",
                              hint="give the store's directory: the pipeline's 'artifacts:', .trtflow by default")
-        rows, hashed = [], 0
+        report = VerifyReport()
         results, foreign = self._walk()
         for stage, directory in results:
             data, problem = read_json(directory / MANIFEST, MANIFEST_BYTES)
@@ -414,22 +449,17 @@ class LocalStore:
                 problem = "its manifest is not a trtflow manifest"
             else:
                 problem = check_files(directory, manifest.files, rehash=True)
-                hashed += sum(r.get("size", 0) for r in (manifest.files or {}).values()
-                              if isinstance(r, dict) and isinstance(r.get("size"), int))
-            rows.append({"stage": stage, "key": directory.name,
-                         "status": "ok" if problem is None else "bad", "problem": problem})
+                report.bytes += recorded_bytes(manifest)
+            status = VerifyStatus.OK if problem is None else VerifyStatus.BAD
+            report.rows.append(VerifyRow(stage, directory.name, status, problem))
             if problem and repair:
                 self._drop(directory)
-        for name in foreign:
-            rows.append({"stage": name, "key": "", "status": "foreign",
-                         "problem": "not made by trtflow: left alone"})
-        stale = [d for d in self._staging_dirs() if d.name.startswith(".tmp-") and not _owner_alive(d.name)]
-        for d in stale:
-            rows.append({"stage": d.parent.name, "key": d.name, "status": "stale staging",
-                         "problem": "staging of a run that is gone"})
+        report.rows += [VerifyRow(name, "", VerifyStatus.FOREIGN, FOREIGN_PROBLEM) for name in foreign]
+        report.rows += [VerifyRow(d.parent.name, d.name, VerifyStatus.STALE_STAGING, "staging of a run that is gone")
+                        for d in self._staging_dirs() if d.name.startswith(".tmp-") and not _owner_alive(d.name)]
         if repair:
             self.clean_staging()
-        return {"rows": rows, "bytes": hashed}
+        return report
 
     def discard(self, staging: Path) -> None:
         remove_tree(staging)

@@ -20,6 +20,7 @@ import pytest
 
 from tests.assets import PPOCR
 from trtflow.flows.manifest import Manifest
+from trtflow.flows.store import VerifyStatus
 
 pytest.importorskip("s3fs")
 
@@ -154,10 +155,11 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
     fs.pipe_file(f"{name}/store/s/{key}/otherhost-4242-0badc0de/model.onnx", b"an upload whose run died")
     report = store.verify()
-    assert [r["status"] for r in report["rows"] if not r["stage"].startswith("(cache)")] == ["ok", "stale staging"]
+    assert [r.status for r in report.rows if not r.stage.startswith("(cache)")] == [VerifyStatus.OK,
+                                                                                VerifyStatus.STALE_STAGING]
     fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/model.onnx", b"engine bytez")  # same size, other bytes
-    bad = [r for r in _store(url, tmp_path / "m2").verify()["rows"] if r["status"] == "bad"]
-    assert len(bad) == 1 and "changed content" in bad[0]["problem"]
+    bad = _store(url, tmp_path / "m2").verify().having(VerifyStatus.BAD)
+    assert len(bad) == 1 and "changed content" in bad[0].problem
     other = _store(url, tmp_path / "m4")
     found = other.lookup("s", key)
     assert found.manifest is None and "failed verification" in found.rejected
@@ -552,3 +554,21 @@ def test_two_machines_releasing_at_once_never_share_a_version(bucket, tmp_path):
                for p in fs.glob(f"{name}/store/shared/releases/m/native/*.json")}
     engines = {v: e for got in results for v, e, _ in got}
     assert records == engines
+
+
+def test_verify_names_a_result_that_read_another_digest_than_the_one_published():
+    """Two runs published an upstream key differently: a downstream result whose recorded input digest is not one of
+    the published upstream's outputs is a bad row naming the input and where it was read from."""
+    from trtflow.flows.remote_store import RemoteStore
+
+    up, down = "a" * 32, "b" * 32
+    upstream = _manifest(up, b"the engine published")
+    read = {"path": f"/cache/store/s/{up}/model.onnx", "type": "onnx", "digest": hashlib.sha256(b"another").hexdigest()}
+    downstream = Manifest.model_validate({**_manifest(down, b"report").to_json(), "stage": "t",
+                                         "inputs": {"model": read}})
+    (row,) = RemoteStore._consistency({("s", up): upstream, ("t", down): downstream})
+    assert (row.stage, row.key, row.status) == ("t", down, VerifyStatus.BAD)
+    assert f"input 'model' was read from s/{up[:12]}" in row.problem
+    same = {**read, "digest": upstream.outputs["model"].digest}
+    downstream = downstream.model_copy(update={"inputs": {"model": [same]}})
+    assert RemoteStore._consistency({("s", up): upstream, ("t", down): downstream}) == []
