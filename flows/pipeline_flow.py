@@ -22,6 +22,7 @@ from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageE
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all, resume
 from trtflow.flows.manifest import Manifest
+from trtflow.flows.results import StageReport, Verdict
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import parse_yaml
@@ -129,7 +130,7 @@ def _announce_releases(runner: Runner, outcome: StageOutcome) -> None:
     from trtflow.flows.watch import release_events
 
     for event in release_events(runner.pipeline.file, outcome.name, outcome.key, outcome.directory,
-                                outcome.manifest.metrics.get("releases", [])):
+                                Verdict.of(outcome.manifest).releases):
         emit_event(**event)
         get_run_logger().info("released %s version %s for %s", event["resource"]["trtflow.model"],
                               event["payload"]["version"], event["resource"]["trtflow.target"])
@@ -161,7 +162,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
                   force: list[str] | None = None, store: str | None = None) -> list[dict[str, Any]]:
     """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published. A stage
     starts as soon as the stages it reads are done, side by side with others (pipeline `concurrency:`); a failed
-    stage stops only the stages that depend on it."""
+    stage stops only the stages that depend on it. Returns each stage's `StageReport` (flows/results.py) as
+    JSON."""
     runner = _handed.pop((pipeline_file, tuple(overrides or ()), store or ""), None) \
         or make_runner(pipeline_file, overrides, store)
     order = runner.select(stages)
@@ -187,19 +189,7 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         if extra and exc.args and isinstance(exc.args[0], str):
             exc.args = (exc.args[0] + extra, *exc.args[1:])
         raise exc
-    return [{"stage": n, "status": o.status, "key": o.key, "directory": str(o.directory),
-             "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason,
-             "engines": [str(o.directory / out.path) for out in o.manifest.outputs.values()
-                         if out.type == "engines"],
-             # a validate stage's verdict: the candidates that passed, and those never to deploy
-             "shipped": o.manifest.metrics.get("shipped", []), "not_shipped": o.manifest.metrics.get("not_shipped", []),
-             # optional variants that failed, left out of benchmark and release: variant -> why, and their candidates
-             "excluded": o.manifest.metrics.get("excluded", {}), "left_out": o.manifest.metrics.get("left_out", []),
-             # a release stage's versions (trtflow.release.created was emitted for each new one)
-             "releases": o.manifest.metrics.get("releases", []) if o.kind == "release" else [],
-             # targets whose previous version stays the one served (the variant it shipped was left out)
-             "held": o.manifest.metrics.get("held", []) if o.kind == "release" else []}
-            for n, o in ((n, run.outcomes[n]) for n in order)]
+    return [StageReport.of_outcome(run.outcomes[n]).model_dump(mode="json") for n in order]
 
 
 def _tag_flow_run(wanted: list[str]) -> None:

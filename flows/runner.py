@@ -22,6 +22,7 @@ from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import STAGE_LOG, call_stage
 from trtflow.flows.manifest import Manifest, OutputRecord
+from trtflow.flows.results import Held, Verdict
 from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
 from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
@@ -66,7 +67,7 @@ class PlanItem:
     # what a reused result decided for deployment: optional variants a validate stage left out (variant -> why),
     # targets a release stage kept at their previous version
     excluded: dict[str, str] = field(default_factory=dict)
-    held: list[dict[str, Any]] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
 
 
 @dataclass
@@ -236,9 +237,9 @@ class Runner:
             env = describe(r.parts["env"])
             if r.manifest is not None:
                 produced[name] = r.manifest
-                items.append(PlanItem(name, spec.kind, "reuse", r.reason, r.key, env,
-                                      excluded=dict(r.manifest.metrics.get("excluded") or {}),
-                                      held=list(r.manifest.metrics.get("held") or [])))
+                verdict = Verdict.of(r.manifest)
+                items.append(PlanItem(name, spec.kind, "reuse", r.reason, r.key, env, excluded=verdict.excluded,
+                                      held=verdict.held))
                 continue
             changed = [] if self.forced(name, force) else self.env_changes(name, r.parts)
             items.append(PlanItem(name, spec.kind, "run", r.reason, r.key, env, changed))

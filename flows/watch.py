@@ -13,6 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from trtflow.errors import SpecError, TrtflowError
+from trtflow.flows.results import Release, StageReport
 from trtflow.pipelines.loader import parse_yaml
 from trtflow.stages.trt.engines import built_engines
 
@@ -55,36 +56,35 @@ def _is_pipeline(path: Path) -> bool:
     return isinstance(data, dict) and "stages" in data and "version" in data
 
 
-def engine_events(pipeline: Path, outcome: dict[str, Any], changed: list[str]) -> list[dict[str, Any]]:
+def engine_events(pipeline: Path, outcome: StageReport, changed: list[str]) -> list[dict[str, Any]]:
     """One event per engine a stage that ran produced (the cells of its engines outputs that built), else one for
     the stage."""
-    directory = Path(outcome["directory"])
-    base = {"trtflow.pipeline": str(pipeline), "trtflow.stage": outcome["stage"]}
-    payload = {"key": outcome["key"], "directory": str(directory), "environment_changed": changed}
-    if outcome["engines"]:
+    base = {"trtflow.pipeline": str(pipeline), "trtflow.stage": outcome.stage}
+    payload = {"key": outcome.key, "directory": outcome.directory, "environment_changed": changed}
+    if outcome.engines:
         return [{"event": ENGINE_EVENT,
-                 "resource": {"prefect.resource.id": f"trtflow.engine.{pipeline.parent.name}.{outcome['stage']}."
+                 "resource": {"prefect.resource.id": f"trtflow.engine.{pipeline.parent.name}.{outcome.stage}."
                                                      f"{eng.cell.name}", **base},
                  "payload": {**payload, "engine": str(eng.plan), "runtime": eng.built.runtime,
                              "target": eng.cell.target}}
-                for engines in outcome["engines"] for eng in built_engines(Path(engines))]
+                for engines in outcome.engines for eng in built_engines(Path(engines))]
     return [{"event": STAGE_EVENT,
-             "resource": {"prefect.resource.id": f"trtflow.stage.{pipeline.parent.name}.{outcome['stage']}", **base},
+             "resource": {"prefect.resource.id": f"trtflow.stage.{pipeline.parent.name}.{outcome.stage}", **base},
              "payload": payload}]
 
 
-def release_events(pipeline: Path, stage: str, key: str, directory: Path, releases: list[dict[str, Any]]
+def release_events(pipeline: Path, stage: str, key: str, directory: Path, releases: list[Release]
                    ) -> list[dict[str, Any]]:
     """One event per new version a release stage made (a release of an engine released before makes none): what a
     deployment that rolls engines out to Triton acts on."""
     return [{"event": RELEASE_EVENT,
-             "resource": {"prefect.resource.id": f"trtflow.release.{pipeline.parent.name}.{stage}.{r['target']}",
-                          "trtflow.pipeline": str(pipeline), "trtflow.stage": stage, "trtflow.model": r["model"],
-                          "trtflow.target": r["target"]},
-             "payload": {"version": r["version"], "engine": r["engine"], "engine_sha256": r["engine_sha256"],
-                         "repository": str(directory / r["repository"]), "card": str(directory / "card"),
+             "resource": {"prefect.resource.id": f"trtflow.release.{pipeline.parent.name}.{stage}.{r.target}",
+                          "trtflow.pipeline": str(pipeline), "trtflow.stage": stage, "trtflow.model": r.model,
+                          "trtflow.target": r.target},
+             "payload": {"version": r.version, "engine": r.engine, "engine_sha256": r.engine_sha256,
+                         "repository": str(directory / r.repository), "card": str(directory / "card"),
                          "key": key}}
-            for r in releases if r.get("new")]
+            for r in releases if r.new]
 
 
 @flow(name="trtflow-watch", persist_result=True, log_prints=True)
@@ -140,10 +140,10 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
             entry["error"] = str(exc)
             failures.append(f"{path}: {exc}")
             continue
-        for o in outcomes:
-            entry["ran" if o["status"] == "ran" else "reused"].append(o["stage"])
-            if o["status"] == "ran":
-                for event in release_events(path, o["stage"], o["key"], Path(o["directory"]), o["releases"]):
+        for o in map(StageReport.model_validate, outcomes):
+            entry["ran" if o.status == "ran" else "reused"].append(o.stage)
+            if o.status == "ran":
+                for event in release_events(path, o.stage, o.key, Path(o.directory), o.releases):
                     entry["events"].append({"event": event["event"],  # emitted by the release stage's task
                                             "resource": event["resource"]["prefect.resource.id"],
                                             "version": event["payload"]["version"]})
