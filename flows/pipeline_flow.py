@@ -104,7 +104,7 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
                                                    f"{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
         raise
-    env = describe(outcome.manifest.key_parts.get("env"))
+    env = describe(outcome.manifest.key_parts.env)
     header = (f"**{outcome.status}** · stage {md.code(name)} ({md.text(outcome.kind)}) · key "
               f"{md.code(outcome.key[:12])} · {md.text(outcome.reason)}"
               + (f" · environment: {md.text(env)}" if env != "-" else "")

@@ -28,6 +28,7 @@ from trtflow.artifact import CLAIM_BYTES
 from trtflow.errors import StoreError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES
 from trtflow.flows.digest import DigestCache
+from trtflow.flows.keys import LastRun
 from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
     HOST,
@@ -286,21 +287,21 @@ class RemoteStore:
     def clean_staging(self) -> list[Path]:
         return self.cache.clean_staging()
 
-    def last(self, stage: str) -> dict[str, Any] | None:
+    def last(self, stage: str) -> LastRun | None:
         try:
             data = self._cat_json(self._remote(stage, LAST), RECORD_BYTES)
         except FileNotFoundError:
             return self.cache.last(stage)
         except Exception:  # noqa: BLE001 - unreadable: the explanation falls back to what this machine knows
             return self.cache.last(stage)
-        return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+        return LastRun.parse(data)
 
-    def mark_last(self, stage: str, record: dict[str, Any]) -> None:
+    def mark_last(self, stage: str, record: LastRun) -> None:
         self.cache.mark_last(stage, record)
         if self.read_only:
             return
         try:
-            self.fs.pipe_file(self._remote(stage, LAST), json.dumps(record, indent=2).encode())
+            self.fs.pipe_file(self._remote(stage, LAST), json.dumps(record.to_json(), indent=2).encode())
         except Exception:  # noqa: BLE001 - advisory (explains `plan`); the result itself is published already
             pass
 
@@ -449,7 +450,7 @@ class RemoteStore:
 
     def _check_remote_files(self, stage: str, key: str, manifest: Manifest) -> str | None:
         records = manifest.files
-        if not isinstance(records, dict) or not records:
+        if not records:
             return "its manifest records no files"
         for rel, rec in records.items():
             h, size = hashlib.sha256(), 0
@@ -460,10 +461,10 @@ class RemoteStore:
                         size += len(chunk)
             except FileNotFoundError:
                 return f"{rel} is missing"
-            if size != rec.get("size"):
-                return f"{rel} changed size ({rec.get('size')} -> {size} bytes)"
-            if h.hexdigest() != rec.get("sha256"):
-                return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {h.hexdigest()[:12]})"
+            if size != rec.size:
+                return f"{rel} changed size ({rec.size} -> {size} bytes)"
+            if h.hexdigest() != rec.sha256:
+                return f"{rel} changed content (sha256 {rec.sha256[:12]} -> {h.hexdigest()[:12]})"
         return None
 
     @staticmethod
@@ -474,18 +475,18 @@ class RemoteStore:
         for (stage, key), m in manifests.items():
             for slot, arts in m.inputs.items():
                 for art in arts if isinstance(arts, list) else [arts]:
-                    if not isinstance(art, dict) or not art.get("digest"):
+                    if not art.digest:
                         continue
-                    parts = Path(str(art.get("path", ""))).parts
+                    parts = Path(art.path).parts
                     source = next(((parts[i], parts[i + 1]) for i in range(len(parts) - 1)
                                    if (parts[i], parts[i + 1]) in manifests), None)
                     if source is None:
                         continue
                     digests = {o.digest for o in manifests[source].outputs.values()}
-                    if art["digest"] not in digests:
+                    if art.digest not in digests:
                         rows.append(VerifyRow(stage, key, VerifyStatus.BAD,
                                               f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
-                                              f"digest {art['digest'][:12]}, which that published result does "
+                                              f"digest {art.digest[:12]}, which that published result does "
                                               f"not hold (two runs published it differently)"))
         return rows
 

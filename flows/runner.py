@@ -21,7 +21,7 @@ from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import STAGE_LOG, call_stage
-from trtflow.flows.manifest import Manifest, OutputRecord
+from trtflow.flows.manifest import InputRecord, Manifest, OutputRecord
 from trtflow.flows.results import Held, Verdict
 from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
 from trtflow.flows.stores import open_store
@@ -79,7 +79,7 @@ class Resolution:
     impl: implementation.StageImpl
     inputs: Inputs
     key: str
-    parts: dict[str, Any]
+    parts: keys.KeyParts
     manifest: Manifest | None
     reason: str
 
@@ -184,7 +184,7 @@ class Runner:
         return arts
 
     def key_for(self, name: str, inputs: Inputs,
-                impl: implementation.StageImpl) -> tuple[str, dict[str, Any]]:
+                impl: implementation.StageImpl) -> tuple[str, keys.KeyParts]:
         spec = self.graph.nodes[name].spec
         parts = keys.key_parts(
             spec.kind, impl.version, spec.key_params(),
@@ -192,7 +192,7 @@ class Runner:
              if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
             fingerprint(impl.env_facets),
             {ref: source_digest(ref) for ref in spec.code_refs()})
-        return keys.stage_key(parts), parts
+        return keys.stage_key(parts), keys.KeyParts.model_validate(parts)
 
     # --- resolve: one stage's inputs, key, and whether it is reused or runs, and why ------------------------------
 
@@ -234,7 +234,7 @@ class Runner:
                 will_run.add(name)
                 continue
             r = self.resolve(name, produced, force, fetch=False)
-            env = describe(r.parts["env"])
+            env = describe(r.parts.env)
             if r.manifest is not None:
                 produced[name] = r.manifest
                 verdict = Verdict.of(r.manifest)
@@ -246,17 +246,15 @@ class Runner:
             will_run.add(name)
         return items
 
-    def env_changes(self, name: str, parts: dict[str, Any]) -> list[str]:
+    def env_changes(self, name: str, parts: keys.KeyParts) -> list[str]:
         """'field old -> new' for each environment fact that differs from the stage's last run."""
         last = self.store.last(name)
-        old = (last or {}).get("parts", {}).get("env") if isinstance((last or {}).get("parts"), dict) else None
-        return keys.diff(old, parts["env"]) if last and old != parts["env"] else []
+        return keys.diff(last.parts.env, parts.env) if last and last.parts.env != parts.env else []
 
-    def _mark_last(self, name: str, key: str, parts: dict[str, Any], **outcome: str) -> None:
-        """`last.json`: the key of the stage's last run, its parts, every parameter (for `plan`'s why) and, for a
-        failed run, `status` and `error`."""
-        self.store.mark_last(name, {"key": key, "parts": parts, "params": self.graph.nodes[name].spec.all_params(),
-                                    **outcome})
+    def _mark_last(self, name: str, key: str, parts: keys.KeyParts, **outcome: str) -> None:
+        """`last.json` (keys.LastRun); `outcome` is a failed run's `status` and `error`."""
+        self.store.mark_last(name, keys.LastRun(key=key, parts=parts, params=self.graph.nodes[name].spec.all_params(),
+                                                **outcome))
 
     # --- run --------------------------------------------------------------------------------------------------
 
@@ -370,7 +368,7 @@ class Runner:
                 log(f"warning: {note}")
         return before
 
-    def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
+    def _manifest(self, name: str, key: str, parts: keys.KeyParts, inputs: dict[str, Any], result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> Manifest:
         spec = self.graph.nodes[name].spec
         if not isinstance(result, StageResult):
@@ -391,8 +389,8 @@ class Runner:
                                              size=path.stat().st_size if path.is_file() else None)
         (staging / "summary.md").write_text(result.summary or "")
 
-        def describe_input(a: Artifact) -> dict[str, Any]:
-            return {"path": str(a.path), "type": a.type, "digest": a.digest}
+        def describe_input(a: Artifact) -> InputRecord:
+            return InputRecord(path=str(a.path), type=a.type, digest=a.digest)
 
         return Manifest(
             status=status, stage=name, kind=spec.kind, key=key, key_parts=parts,
@@ -402,7 +400,7 @@ class Runner:
             outputs=outputs, metrics=result.metrics, warnings=result.warnings,
             timings={"started": began.isoformat(), "work_seconds": round(work, 4)},
             environment={"python": platform.python_version(), "platform": platform.platform(),
-                         "fingerprint": parts["env"]},
+                         "fingerprint": parts.env},
             files=file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
         )
 

@@ -35,7 +35,8 @@ from trtflow.disk import disk_cause, disk_error
 from trtflow.errors import StageError, StoreError, TrtflowError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
 from trtflow.flows.digest import DigestCache
-from trtflow.flows.manifest import MANIFEST, Manifest
+from trtflow.flows.keys import LastRun
+from trtflow.flows.manifest import MANIFEST, FileRecord, Manifest
 from trtflow.paths import safe_relpath
 
 LAST = "last.json"
@@ -56,7 +57,7 @@ def _result_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST)
 
 
-def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) -> dict[str, dict[str, Any]]:
+def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) -> dict[str, FileRecord]:
     """relative path -> size, sha256, mtime_ns and ctime_ns of every file under `directory` but the manifest."""
     out = {}
     for f in _result_files(directory):
@@ -64,8 +65,8 @@ def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) 
             raise StageError(f"the stage wrote {_what(f)}, {f.relative_to(directory).as_posix()}, among its "
                              f"outputs: write the file itself")
         st = f.stat()
-        out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": sha256(f),
-                                                    "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+        out[f.relative_to(directory).as_posix()] = FileRecord(size=st.st_size, sha256=sha256(f),
+                                                              mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
     return out
 
 
@@ -73,22 +74,22 @@ def _what(path: Path) -> str:
     return "a symlink" if path.is_symlink() else "a FIFO" if path.is_fifo() else "a special file"
 
 
-def local_stamps(directory: Path, records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def local_stamps(directory: Path, records: dict[str, FileRecord]) -> dict[str, FileRecord]:
     """`records` of files just verified by hash, with this machine's mtime and ctime of them."""
     out = {}
     for rel, rec in records.items():
         st = (directory / rel).stat()
-        out[rel] = {**rec, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+        out[rel] = rec.model_copy(update={"mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns})
     return out
 
 
-def check_files(directory: Path, records: Any, rehash: bool = False,
+def check_files(directory: Path, records: dict[str, FileRecord] | None, rehash: bool = False,
                 sha256: Callable[[Path], str] | None = None) -> str | None:
     """Why `directory` no longer holds what `records` says (None: it does). Without `rehash`, a file whose size,
     mtime and ctime are as recorded is taken as unchanged; any other is hashed (by `sha256`, which may remember
     what it hashed: a hard link made later moves ctime, not content). ctime is what catches a file written in
     place with its mtime set back: no user can set it."""
-    if not isinstance(records, dict) or not records:
+    if not records:
         return "its manifest records no files (written by an older trtflow)"
     extra = [rel for rel in (p.relative_to(directory).as_posix() for p in _result_files(directory))
              if rel not in records]
@@ -96,7 +97,7 @@ def check_files(directory: Path, records: Any, rehash: bool = False,
         return f"{extra[0]} is not one of its recorded files" + (f" (and {len(extra) - 1} more)" if extra[1:] else "")
     for rel, rec in records.items():
         f = directory / rel
-        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not safe_relpath(rel):
+        if not safe_relpath(rel):
             return f"its manifest's record of {rel} is malformed"
         try:
             st = f.lstat()
@@ -104,23 +105,22 @@ def check_files(directory: Path, records: Any, rehash: bool = False,
             return f"{rel} is missing"
         if not stat.S_ISREG(st.st_mode):
             return f"{rel} is {_what(f)}, not the file it was"
-        if st.st_size != rec.get("size"):
-            return f"{rel} changed size ({rec.get('size')} -> {st.st_size} bytes)"
-        if not rehash and st.st_mtime_ns == rec.get("mtime_ns") and st.st_ctime_ns == rec.get("ctime_ns"):
+        if st.st_size != rec.size:
+            return f"{rel} changed size ({rec.size} -> {st.st_size} bytes)"
+        if not rehash and st.st_mtime_ns == rec.mtime_ns and st.st_ctime_ns == rec.ctime_ns:
             continue
         try:
             now = files.sha256(f, follow=False) if rehash or sha256 is None else sha256(f)
         except OSError as exc:
             return f"{rel} cannot be read ({exc.strerror or exc})"
-        if now != rec["sha256"]:
-            return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {now[:12]})"
+        if now != rec.sha256:
+            return f"{rel} changed content (sha256 {rec.sha256[:12]} -> {now[:12]})"
     return None
 
 
 def recorded_bytes(manifest: Manifest) -> int:
     """The bytes of the files a manifest records (what verifying it hashes)."""
-    return sum(r.get("size", 0) for r in (manifest.files or {}).values()
-               if isinstance(r, dict) and isinstance(r.get("size"), int))
+    return sum(r.size for r in (manifest.files or {}).values())
 
 
 def remove_tree(path: Path) -> None:
@@ -225,8 +225,8 @@ class ArtifactStore(Protocol):
     # a record in `shared/` that is created once and never replaced (a release's version): None when this call
     # created it, else what is there already; the store's own atomic primitive decides, on every machine at once
     def claim(self, rel: str, data: bytes) -> bytes | None: ...
-    def last(self, stage: str) -> dict[str, Any] | None: ...
-    def mark_last(self, stage: str, record: dict[str, Any]) -> None: ...
+    def last(self, stage: str) -> LastRun | None: ...
+    def mark_last(self, stage: str, record: LastRun) -> None: ...
     def path(self, stage: str, key: str) -> Path: ...
 
 
@@ -482,16 +482,15 @@ class LocalStore:
                              hint="replace the symlink or file there by the directory or record trtflow made") \
                 from None
 
-    def last(self, stage: str) -> dict[str, Any] | None:
-        data, _ = read_json(self.root / stage / LAST)
-        return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+    def last(self, stage: str) -> LastRun | None:
+        return LastRun.parse(read_json(self.root / stage / LAST)[0])
 
-    def mark_last(self, stage: str, record: dict[str, Any]) -> None:
+    def mark_last(self, stage: str, record: LastRun) -> None:
         if self.read_only:
             return
         try:
             (self.root / stage).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.root / stage / LAST, record)
+            write_json_atomic(self.root / stage / LAST, record.to_json())
         except OSError as exc:  # only the explanation `plan` gives: a full disk is said by what could not be written
             if disk_cause(exc) is None:
                 raise

@@ -43,3 +43,40 @@ def test_a_flow_result_stored_by_an_earlier_trtflow_is_read():
               "releases": [], "held": []}
     report = StageReport.model_validate(stored)
     assert report.model_dump(mode="json") == stored
+
+
+# a manifest and two last.json records as trtflow wrote them before these were models (field for field)
+OLD_MANIFEST = {
+    "key": "0123456789abcdef" * 2, "status": "ok", "stage": "b", "kind": "tests.stage_fns:count_bytes",
+    "key_parts": {"format": 2, "kind": "tests.stage_fns:count_bytes", "version": "1+abc", "params": {},
+                  "inputs": {"model": "ab" * 32, "images": ["cd" * 32, "ef" * 32]}, "env": None},
+    "pipeline": {"name": "p", "file": "/repo/pipeline.yaml"},
+    "inputs": {"model": {"path": "/repo/.trtflow/a/" + "1" * 32 + "/model.onnx", "type": "onnx", "digest": "ab" * 32},
+               "images": [{"path": "/repo/data/1.png", "type": "file", "digest": "cd" * 32},
+                          {"path": "/repo/data/2.png", "type": "file", "digest": "ef" * 32}]},
+    "outputs": {"report": {"path": "report.json", "type": "json", "digest": "12" * 32, "size": 18}},
+    "metrics": {"bytes": 585535}, "warnings": [], "timings": {"started": "2026-01-01T00:00:00+00:00",
+                                                             "work_seconds": 0.01},
+    "environment": {"python": "3.11.7", "platform": "Linux", "fingerprint": None},
+    "files": {"report.json": {"size": 18, "sha256": "12" * 32, "mtime_ns": 1, "ctime_ns": 2},
+              "summary.md": {"size": 0, "sha256": "e3" * 32, "mtime_ns": 3, "ctime_ns": 4}},
+}
+OLD_LAST_FAILED = {"key": "0123456789abcdef" * 2, "parts": {**OLD_MANIFEST["key_parts"], "code": {"m:f": "0a" * 8}},
+                   "params": {"tag": "one", "seconds": None}, "status": "failed", "error": "b: planted failure"}
+OLD_LAST_BEFORE_PARAMS = {"key": "f" * 32, "parts": {"format": 1, "kind": "prepare", "version": "1",
+                                                     "params": {"simplify": True}, "inputs": {}, "env": {"cpu": "x"}}}
+
+
+def test_stored_manifests_and_last_records_of_earlier_versions_read_and_write_back_unchanged():
+    from trtflow.flows.keys import LastRun
+
+    manifest = Manifest.parse(OLD_MANIFEST, OLD_MANIFEST["key"])
+    assert manifest is not None and manifest.files["summary.md"].ctime_ns == 4
+    assert manifest.inputs["images"][1].digest == "ef" * 32 and manifest.key_parts.env is None
+    assert manifest.to_json() == OLD_MANIFEST
+    for record in (OLD_LAST_FAILED, OLD_LAST_BEFORE_PARAMS):
+        last = LastRun.parse(record)
+        assert last is not None and last.to_json() == record
+    assert LastRun.parse(OLD_LAST_FAILED).error == "b: planted failure"
+    assert LastRun.parse(OLD_LAST_BEFORE_PARAMS).params is None  # `plan` falls back to the key's parameters
+    assert LastRun.parse({"parts": {}}) is None and LastRun.parse(["key"]) is None

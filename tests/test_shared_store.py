@@ -342,7 +342,7 @@ def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp
     key = "d" * 32
     store = _store(url, tmp_path / "m1")
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
-    poisoned = {**m.to_json(), "files": {bad_path: m.files["model.onnx"]}}
+    poisoned = {**m.to_json(), "files": {bad_path: m.to_json()["files"]["model.onnx"]}}
     fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/{bad_path}", b"engine bytes")
     fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps(poisoned).encode())
     other = _store(url, tmp_path / "deep" / "m2")
@@ -570,5 +570,5 @@ def test_verify_names_a_result_that_read_another_digest_than_the_one_published()
     assert (row.stage, row.key, row.status) == ("t", down, VerifyStatus.BAD)
     assert f"input 'model' was read from s/{up[:12]}" in row.problem
     same = {**read, "digest": upstream.outputs["model"].digest}
-    downstream = downstream.model_copy(update={"inputs": {"model": [same]}})
+    downstream = Manifest.model_validate({**downstream.to_json(), "inputs": {"model": [same]}})
     assert RemoteStore._consistency({("s", up): upstream, ("t", down): downstream}) == []
