@@ -60,7 +60,7 @@ class LastRun(BaseModel):
     error: str | None = None
 
     @classmethod
-    def parse(cls, data: Any) -> "LastRun | None":
+    def parse(cls, data: Any) -> LastRun | None:
         """The record in `data` (read from JSON); None when it is not one."""
         if not isinstance(data, dict) or not isinstance(data.get("key"), str):
             return None

@@ -52,17 +52,19 @@ def artifact_key(runner: Runner, stage: str) -> str:
 
 def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
     """A Prefect progress artifact for a stage's long work, updated every 5%."""
-    state: dict[str, Any] = {}
+    artifact: Any = None  # its id, once made
+    shown = 0.0  # the progress it shows
 
     def on_progress(what: str, done: int, total: int) -> None:
+        nonlocal artifact, shown
         pct = 100.0 * done / max(total, 1)
-        if "id" not in state:
-            state["id"] = create_progress_artifact(progress=pct, key=f"{key}-progress",
-                                                   description=f"trtflow stage {stage}: {what}")
-            state["last"] = pct
-        elif pct - state["last"] >= 5 or done == total:
-            update_progress_artifact(state["id"], progress=pct)
-            state["last"] = pct
+        if artifact is None:
+            artifact = create_progress_artifact(progress=pct, key=f"{key}-progress",
+                                                description=f"trtflow stage {stage}: {what}")
+            shown = pct
+        elif pct - shown >= 5 or done == total:
+            update_progress_artifact(artifact, progress=pct)
+            shown = pct
 
     return on_progress
 
@@ -125,15 +127,14 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
 
 
 def _announce_releases(runner: Runner, outcome: StageOutcome) -> None:
-    from prefect.events import emit_event
-
     from trtflow.flows.watch import release_events
 
     for event in release_events(runner.pipeline.file, outcome.name, outcome.key, outcome.directory,
                                 Verdict.of(outcome.manifest).releases):
-        emit_event(**event)
-        get_run_logger().info("released %s version %s for %s", event["resource"]["trtflow.model"],
-                              event["payload"]["version"], event["resource"]["trtflow.target"])
+        event.emit()
+        assert event.release is not None
+        get_run_logger().info("released %s version %s for %s", event.release.model, event.release.version,
+                              event.release.target)
 
 
 def run_identity(pipeline_file: str) -> tuple[str, list[str]]:

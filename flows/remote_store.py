@@ -14,14 +14,16 @@ fsspec's `FSSPEC_S3_*` variables), or from a Prefect block (`store_credentials.p
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
-import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from trtflow import files
 from trtflow.artifact import CLAIM_BYTES
@@ -31,12 +33,12 @@ from trtflow.flows.digest import DigestCache
 from trtflow.flows.keys import LastRun
 from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
+    FOREIGN_PROBLEM,
     HOST,
     KEY_NAME,
     LAST,
     MARKER,
     MARKER_CONTENT,
-    FOREIGN_PROBLEM,
     SHARED,
     LocalStore,
     Lookup,
@@ -425,10 +427,10 @@ class RemoteStore:
         import datetime
 
         where = (QUARANTINE, stage, key, manifest.blobs)
-        reason = {"problem": problem, "host": HOST, "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                  "manifest": manifest.to_json()}
+        at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        reason = QuarantineRecord(problem=problem, host=HOST, at=at, manifest=manifest.to_json())
         try:
-            self.fs.pipe_file(self._remote(*where, "reason.json"), json.dumps(reason, indent=2).encode())
+            self.fs.pipe_file(self._remote(*where, "reason.json"), reason.model_dump_json(indent=2).encode())
             current, _ = self._remote_manifest(stage, key)
             if current is not None and current.blobs == manifest.blobs:  # not a result published meanwhile
                 self.fs.rm_file(self._remote(stage, key, MANIFEST))
@@ -440,13 +442,13 @@ class RemoteStore:
         """Why a result of this key was quarantined (why `plan` says the stage must run); empty when none was."""
         try:
             found = self.fs.glob(self._remote(QUARANTINE, stage, key, "*", "reason.json"))
-            reason = self._cat_json(found[0], RECORD_BYTES) if found else None
+            reason = QuarantineRecord.model_validate(self._cat_json(found[0], RECORD_BYTES)) if found else None
         except Exception:  # noqa: BLE001 - an unreadable quarantine record says nothing about the result
             return ""
-        if not isinstance(reason, dict):
+        if reason is None:
             return ""
-        return (f"its stored result at {self.location} failed verification on {reason.get('host')} "
-                f"({reason.get('problem')}) and was quarantined")
+        return (f"its stored result at {self.location} failed verification on {reason.host} ({reason.problem}) "
+                f"and was quarantined")
 
     def _check_remote_files(self, stage: str, key: str, manifest: Manifest) -> str | None:
         records = manifest.files
@@ -495,6 +497,16 @@ class RemoteStore:
             self.fs.rm(self._remote(stage, key, writer), recursive=True)
         except Exception:  # noqa: BLE001 - leftover uploads are listed and removed by `verify --repair`
             pass
+
+
+class QuarantineRecord(BaseModel):
+    """`reason.json` beside a quarantined result: what failed, on which host, when, and the manifest it had."""
+    model_config = ConfigDict(extra="allow")
+
+    problem: str | None = None
+    host: str | None = None
+    at: str | None = None
+    manifest: dict[str, Any] = {}
 
 
 class _Listing:

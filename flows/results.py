@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from trtflow.flows.manifest import Manifest
 
@@ -49,12 +49,14 @@ class Verdict(BaseModel):
     held: list[Held] = []
 
     @classmethod
-    def of(cls, manifest: Manifest) -> "Verdict":
-        m = manifest.metrics
-        release = manifest.kind == "release"
-        return cls(shipped=m.get("shipped") or [], not_shipped=m.get("not_shipped") or [],
-                   excluded=m.get("excluded") or {}, left_out=m.get("left_out") or [],
-                   releases=(m.get("releases") or []) if release else [], held=(m.get("held") or []) if release else [])
+    def of(cls, manifest: Manifest) -> Verdict:
+        """From the result's metrics (the names above; others are the stage's own). Releases and held targets are
+        a release stage's only; metrics of these names in another shape (a user stage's) are no verdict."""
+        try:
+            verdict = cls.model_validate(manifest.metrics)
+        except ValidationError:
+            return cls()
+        return verdict if manifest.kind == "release" else verdict.model_copy(update={"releases": [], "held": []})
 
 
 class StageReport(Verdict):
@@ -69,7 +71,7 @@ class StageReport(Verdict):
     engines: list[str] = []  # the stage's outputs of type `engines`
 
     @classmethod
-    def of_outcome(cls, outcome: StageOutcome) -> "StageReport":
+    def of_outcome(cls, outcome: StageOutcome) -> StageReport:
         m = outcome.manifest
         return cls(stage=outcome.name, status=outcome.status, key=outcome.key, directory=str(outcome.directory),
                    seconds=round(outcome.seconds, 3), work_seconds=round(outcome.work_seconds, 3),

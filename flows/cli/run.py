@@ -8,12 +8,15 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rich.markup import escape
 
 from trtflow.errors import PrefectUnavailable
 from trtflow.flows.cli.base import Command, add_pipeline_arguments, add_selection_arguments, err, out, store_option
+
+if TYPE_CHECKING:
+    from trtflow.flows.results import Verdict
 
 EPHEMERAL_STARTUP_S = 120
 
