@@ -168,8 +168,9 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     runner = _handed.pop((pipeline_file, tuple(overrides or ()), store or ""), None) \
         or make_runner(pipeline_file, overrides, store)
     order = runner.select(stages)
-    _tag_flow_run(run_identity(pipeline_file)[1])
-    run = _Schedule(runner, order, force)
+    identity = run_identity(pipeline_file)[1]
+    _tag_flow_run(identity)
+    run = _Schedule(runner, order, force, identity)
     _runners[run.runner_id] = runner
     try:
         run.until_done()
@@ -206,11 +207,11 @@ def _tag_flow_run(wanted: list[str]) -> None:
             client.update_flow_run(flow_run.id, tags=have + missing)
 
 
-def stage_tags(runner: Runner, name: str, gpu: str | None) -> set[str]:
-    """A stage task's tags: trtflow, the pipeline and repo, the stage and its kind, and for a stage that uses the
-    GPU its tag (`stage_gpu`), for Prefect's tag-based concurrency limits."""
+def stage_tags(runner: Runner, name: str, gpu: str | None, identity: list[str]) -> set[str]:
+    """A stage task's tags: the flow run's (`identity`: trtflow, the pipeline and repo), the stage and its kind, and
+    for a stage that uses the GPU its tag (`stage_gpu`), for Prefect's tag-based concurrency limits."""
     spec = runner.graph.nodes[name].spec
-    tags = set(run_identity(str(runner.pipeline.file))[1]) | {f"stage:{name}", f"kind:{spec.kind}"}
+    tags = set(identity) | {f"stage:{name}", f"kind:{spec.kind}"}
     return (tags | {gpu}) if gpu is not None else tags
 
 
@@ -231,8 +232,8 @@ class _Schedule:
     """Submits each stage once what it reads is done, and collects outcomes and failures. Waiting is on the
     futures' own completion (no asking the server for each running task's state)."""
 
-    def __init__(self, runner: Runner, order: list[str], force: list[str] | None):
-        self.runner, self.order, self.force = runner, order, force
+    def __init__(self, runner: Runner, order: list[str], force: list[str] | None, identity: list[str]):
+        self.runner, self.order, self.force, self.identity = runner, order, force, identity
         self.runner_id = uuid.uuid4().hex
         self.pending = list(order)
         self.running: dict[str, Any] = {}
@@ -263,7 +264,7 @@ class _Schedule:
                 task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
                                                 retry_delay_seconds=spec.retry_delay,
                                                 retry_condition_fn=_retry_unless_user_error,
-                                                tags=stage_tags(self.runner, name, self.gpu[name]))
+                                                tags=stage_tags(self.runner, name, self.gpu[name], self.identity))
                 _notify("start", name)
                 # every stage it depends on, directly or not: its inputs' lineage names them all
                 produced = {u: self.outcomes[u].manifest for u in self.runner.graph.closure([name]) if u != name}
