@@ -235,13 +235,7 @@ def claim_all(store: ArtifactStore, claims: list[Claim]) -> str | None:
     was already, for the same owner), else which one another run holds."""
     for claim in claims:
         theirs = store.claim(claim.path, claim.data)
-        if theirs is None:
-            continue
-        try:
-            owner = json.loads(theirs).get("owner")
-        except (ValueError, AttributeError):
-            owner = None
-        if owner != claim.owner:
+        if theirs is not None and claim.held_by_another(theirs):
             return f"shared/{claim.path} was created by another run meanwhile"
     return None
 

@@ -80,3 +80,13 @@ def test_stored_manifests_and_last_records_of_earlier_versions_read_and_write_ba
     assert LastRun.parse(OLD_LAST_FAILED).error == "b: planted failure"
     assert LastRun.parse(OLD_LAST_BEFORE_PARAMS).params is None  # `plan` falls back to the key's parameters
     assert LastRun.parse({"parts": {}}) is None and LastRun.parse(["key"]) is None
+
+
+def test_a_claimed_record_is_another_runs_unless_it_names_the_claims_owner():
+    from trtflow.artifact import Claim
+
+    claim = Claim(path="releases/m/native/1.json", data=b'{"owner": "' + b"a" * 64 + b'"}', owner="a" * 64)
+    assert not claim.held_by_another(claim.data)
+    assert not claim.held_by_another(b'{"version": 1, "owner": "' + b"a" * 64 + b'", "candidate": "x"}')
+    for theirs in (b'{"owner": "' + b"b" * 64 + b'"}', b"{}", b'["owner"]', b"not json", b"\xff"):
+        assert claim.held_by_another(theirs), theirs
