@@ -352,7 +352,7 @@ class Runner:
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
 
-    def _make_shared_caches(self, inputs: dict[str, Any],
+    def _make_shared_caches(self, inputs: Inputs,
                             log: Callable[[str], None] | None = None) -> dict[str, tuple[int, int]] | None:
         """The shared caches the stage reads, made (and, from a remote store, fetched); None when it reads none,
         else what `push_shared` compares with after the stage. What the store refused to fetch is logged once."""
@@ -368,7 +368,7 @@ class Runner:
                 log(f"warning: {note}")
         return before
 
-    def _manifest(self, name: str, key: str, parts: keys.KeyParts, inputs: dict[str, Any], result: Any,
+    def _manifest(self, name: str, key: str, parts: keys.KeyParts, inputs: Inputs, result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> Manifest:
         spec = self.graph.nodes[name].spec
         if not isinstance(result, StageResult):
@@ -425,7 +425,7 @@ def _retarget(exc: BaseException, staging: Path, instead: str) -> None:
                     *exc.args[1:])
 
 
-__all__ = ["Runner", "Resolution", "StageOutcome", "PlanItem"]
+__all__ = ["PlanItem", "Resolution", "Runner", "StageOutcome"]
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:
