@@ -29,11 +29,19 @@ def key_parts(kind: str, version: str, params: dict[str, Any], inputs: dict[str,
     return parts
 
 
-class KeyParts(BaseModel):
-    """`key_parts` as recorded (a manifest's `key_parts`, `last.json`'s `parts`), read back. Written as it was
-    given: a part it was not given (`code` of a stage without user code, parts a record of an older trtflow lacks)
-    stays out of the JSON."""
+class Recorded(BaseModel):
+    """A part of a stored record, read back and written as it was given: a field it was not given (one a record
+    of an older trtflow lacks, an optional one left out) stays out of the JSON; fields a later trtflow adds survive."""
     model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set or k in (self.model_extra or {})}
+
+
+class KeyParts(Recorded):
+    """`key_parts` as recorded (a manifest's `key_parts`, `last.json`'s `parts`): `code` only for a stage with
+    user code."""
 
     format: int | None = None
     kind: str | None = None
@@ -42,10 +50,6 @@ class KeyParts(BaseModel):
     inputs: dict[str, str | list[str]] = {}
     env: dict[str, Any] | None = None
     code: dict[str, str] | None = None
-
-    @model_serializer(mode="wrap")
-    def _as_given(self, handler: Any) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if k in self.model_fields_set or k in (self.model_extra or {})}
 
 
 class LastRun(BaseModel):

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from trtflow.flows.keys import KeyParts
+from trtflow.flows.keys import KeyParts, Recorded
 from trtflow.paths import safe_relpath
 
 MANIFEST = "manifest.json"
@@ -50,6 +50,24 @@ class InputRecord(BaseModel):
     digest: str = ""
 
 
+class PipelineRef(Recorded):
+    """The pipeline a result was made by."""
+    name: str | None = None
+    file: str | None = None
+
+
+class Timings(Recorded):
+    started: str | None = None  # ISO 8601, UTC
+    work_seconds: float | None = None  # inside the stage's own function
+
+
+class RunEnvironment(Recorded):
+    """Where the result was made: Python, the platform, and the environment fingerprint its key holds."""
+    python: str | None = None
+    platform: str | None = None
+    fingerprint: dict[str, Any] | None = None
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")  # what a later trtflow adds survives a round trip
 
@@ -59,12 +77,12 @@ class Manifest(BaseModel):
     stage: str = ""
     kind: str = ""
     key_parts: KeyParts = KeyParts()
-    pipeline: dict[str, Any] = {}
+    pipeline: PipelineRef = PipelineRef()
     inputs: dict[str, InputRecord | list[InputRecord]] = {}
     metrics: dict[str, Any] = {}
     warnings: list[str] = []
-    timings: dict[str, Any] = {}
-    environment: dict[str, Any] = {}
+    timings: Timings = Timings()
+    environment: RunEnvironment = RunEnvironment()
     files: dict[str, FileRecord] | None = None  # relative path -> its record
     blobs: str | None = None  # a shared store's writer directory holding the files
 

@@ -21,7 +21,7 @@ from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import STAGE_LOG, call_stage
-from trtflow.flows.manifest import InputRecord, Manifest, OutputRecord
+from trtflow.flows.manifest import InputRecord, Manifest, OutputRecord, PipelineRef, RunEnvironment, Timings
 from trtflow.flows.results import Held, Verdict
 from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
 from trtflow.flows.stores import open_store
@@ -394,13 +394,13 @@ class Runner:
 
         return Manifest(
             status=status, stage=name, kind=spec.kind, key=key, key_parts=parts,
-            pipeline={"name": self.pipeline.spec.name, "file": str(self.pipeline.file)},
+            pipeline=PipelineRef(name=self.pipeline.spec.name, file=str(self.pipeline.file)),
             inputs={s: ([describe_input(a) for a in v] if isinstance(v, list) else describe_input(v))
                     for s, v in inputs.items()},
             outputs=outputs, metrics=result.metrics, warnings=result.warnings,
-            timings={"started": began.isoformat(), "work_seconds": round(work, 4)},
-            environment={"python": platform.python_version(), "platform": platform.platform(),
-                         "fingerprint": parts.env},
+            timings=Timings(started=began.isoformat(), work_seconds=round(work, 4)),
+            environment=RunEnvironment(python=platform.python_version(), platform=platform.platform(),
+                                       fingerprint=parts.env),
             files=file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
         )
 
