@@ -63,7 +63,7 @@ def main() -> None:
             continue
         if item.action != "reuse":
             raise SystemExit(f"{item.name} is not up to date in {store}: {item.reason}")
-        produced[item.name] = runner.store.lookup(item.name, item.key)
+        produced[item.name] = runner.store.lookup(item.name, item.key).manifest
     spec = runner.graph.nodes["release"].spec
     inputs = runner.inputs_for("release", produced)
     inputs.pop("releases")  # no ledger: every repetition releases version 1

@@ -13,6 +13,8 @@ import hashlib
 import json
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, model_serializer
+
 KEY_FORMAT = 2  # 2: parameters at their default are left out
 SHOWN_CHANGES = 8  # 'params changed' names at most this many key paths, then says how many more
 VALUE_WIDTH = 60  # characters of an old or new value shown, past which it is cut
@@ -27,41 +29,85 @@ def key_parts(kind: str, version: str, params: dict[str, Any], inputs: dict[str,
     return parts
 
 
+class Recorded(BaseModel):
+    """A part of a stored record, read back and written as it was given: a field it was not given (one a record
+    of an older trtflow lacks, an optional one left out) stays out of the JSON; fields a later trtflow adds survive."""
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _as_given(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set or k in (self.model_extra or {})}
+
+
+class KeyParts(Recorded):
+    """`key_parts` as recorded (a manifest's `key_parts`, `last.json`'s `parts`): `code` only for a stage with
+    user code."""
+
+    format: int | None = None
+    kind: str | None = None
+    version: str | None = None
+    params: dict[str, Any] = {}
+    inputs: dict[str, str | list[str]] = {}
+    env: dict[str, Any] | None = None
+    code: dict[str, str] | None = None
+
+
+class LastRun(BaseModel):
+    """`last.json`: the key of the stage's last run, its parts, every parameter (for `plan`'s why; absent in records
+    of older trtflow versions) and, for a failed run, `status` ("failed") and `error` (its first line)."""
+    model_config = ConfigDict(extra="allow")
+
+    key: str
+    parts: KeyParts = KeyParts()
+    params: dict[str, Any] | None = None
+    status: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, data: Any) -> LastRun | None:
+        """The record in `data` (read from JSON); None when it is not one."""
+        if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+            return None
+        try:
+            return cls.model_validate(data)
+        except ValueError:
+            return None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
 def stage_key(parts: dict[str, Any]) -> str:
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def why_stale(last: dict[str, Any] | None, key: str, parts: dict[str, Any], describe_env,
-              params: dict[str, Any]) -> str:
+def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env, params: dict[str, Any]) -> str:
     """Why a stage whose key is not published must run, from the record of its last run (`last.json`). `params`
     (every parameter, defaults included) is compared with the ones the last run recorded (a record written before
     they were: its key's parameters)."""
     if not last:
         return "never run"
-    old = last.get("parts", {})
-    if last.get("key") == key:
-        if last.get("status") == "failed":
-            error = last.get("error")
-            return f"its last run failed: {error}" if isinstance(error, str) and error else "its last run failed"
+    old = last.parts
+    if last.key == key:
+        if last.status == "failed":
+            return f"its last run failed: {last.error}" if last.error else "its last run failed"
         return "its published result is missing or incomplete"
     reasons = []
-    if old.get("format") != parts["format"]:
+    if old.format != parts.format:
         reasons.append("trtflow's key format changed")
-    if old.get("version") != parts["version"] or old.get("kind") != parts["kind"]:
-        reasons.append(f"stage implementation changed ({old.get('kind')} v{old.get('version')} -> "
-                       f"{parts['kind']} v{parts['version']})")
-    before = last.get("params") if isinstance(last.get("params"), dict) else old.get("params", {})
-    changed = diff(before, params)
+    if old.version != parts.version or old.kind != parts.kind:
+        reasons.append(f"stage implementation changed ({old.kind} v{old.version} -> {parts.kind} v{parts.version})")
+    changed = diff(last.params if last.params is not None else old.params, params)
     if changed:
         more = f", and {len(changed) - SHOWN_CHANGES} more" if len(changed) > SHOWN_CHANGES else ""
         reasons.append("params changed: " + ", ".join(changed[:SHOWN_CHANGES]) + more)
-    for slot in sorted(set(old.get("inputs", {})) | set(parts["inputs"])):
-        if old.get("inputs", {}).get(slot) != parts["inputs"].get(slot):
+    for slot in sorted(set(old.inputs) | set(parts.inputs)):
+        if old.inputs.get(slot) != parts.inputs.get(slot):
             reasons.append(f"input '{slot}' changed")
-    if old.get("env") != parts["env"]:
-        reasons.append(f"environment changed: {describe_env(old.get('env'))} -> {describe_env(parts['env'])}")
-    if old.get("code") != parts.get("code"):
+    if old.env != parts.env:
+        reasons.append(f"environment changed: {describe_env(old.env)} -> {describe_env(parts.env)}")
+    if old.code != parts.code:
         reasons.append("user code named in the parameters changed")
     return "; ".join(reasons) or "not in the store"
 

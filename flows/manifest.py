@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from trtflow.flows.keys import KeyParts, Recorded
 from trtflow.paths import safe_relpath
 
 MANIFEST = "manifest.json"
@@ -29,6 +30,44 @@ class OutputRecord(BaseModel):
     _path_inside = field_validator("path")(_inside)
 
 
+class FileRecord(BaseModel):
+    """One file of the result as published: what `check_files` compares (mtime and ctime are the publishing
+    machine's; absent in manifests of older trtflow versions, so the file is hashed)."""
+    model_config = ConfigDict(extra="allow")
+
+    size: int
+    sha256: str
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+
+
+class InputRecord(BaseModel):
+    """One artifact the stage read: where it was, its type and content digest."""
+    model_config = ConfigDict(extra="allow")
+
+    path: str = ""
+    type: str = ""
+    digest: str = ""
+
+
+class PipelineRef(Recorded):
+    """The pipeline a result was made by."""
+    name: str | None = None
+    file: str | None = None
+
+
+class Timings(Recorded):
+    started: str | None = None  # ISO 8601, UTC
+    work_seconds: float | None = None  # inside the stage's own function
+
+
+class RunEnvironment(Recorded):
+    """Where the result was made: Python, the platform, and the environment fingerprint its key holds."""
+    python: str | None = None
+    platform: str | None = None
+    fingerprint: dict[str, Any] | None = None
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")  # what a later trtflow adds survives a round trip
 
@@ -37,19 +76,19 @@ class Manifest(BaseModel):
     outputs: dict[str, OutputRecord]
     stage: str = ""
     kind: str = ""
-    key_parts: dict[str, Any] = {}
-    pipeline: dict[str, Any] = {}
-    inputs: dict[str, Any] = {}
+    key_parts: KeyParts = KeyParts()
+    pipeline: PipelineRef = PipelineRef()
+    inputs: dict[str, InputRecord | list[InputRecord]] = {}
     metrics: dict[str, Any] = {}
     warnings: list[str] = []
-    timings: dict[str, Any] = {}
-    environment: dict[str, Any] = {}
-    files: dict[str, dict[str, Any]] | None = None  # relative path -> {size, sha256, mtime_ns}
+    timings: Timings = Timings()
+    environment: RunEnvironment = RunEnvironment()
+    files: dict[str, FileRecord] | None = None  # relative path -> its record
     blobs: str | None = None  # a shared store's writer directory holding the files
 
     @field_validator("files")
     @classmethod
-    def _files_inside(cls, files: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+    def _files_inside(cls, files: dict[str, FileRecord] | None) -> dict[str, FileRecord] | None:
         for rel in files or {}:
             _inside(rel)
         return files

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -21,6 +22,7 @@ from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageE
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all, resume
 from trtflow.flows.manifest import Manifest
+from trtflow.flows.results import StageReport, Verdict
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import parse_yaml
@@ -50,19 +52,37 @@ def artifact_key(runner: Runner, stage: str) -> str:
 
 def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
     """A Prefect progress artifact for a stage's long work, updated every 5%."""
-    state: dict[str, Any] = {}
+    artifact: Any = None  # its id, once made
+    shown = 0.0  # the progress it shows
 
     def on_progress(what: str, done: int, total: int) -> None:
+        nonlocal artifact, shown
         pct = 100.0 * done / max(total, 1)
-        if "id" not in state:
-            state["id"] = create_progress_artifact(progress=pct, key=f"{key}-progress",
-                                                   description=f"trtflow stage {stage}: {what}")
-            state["last"] = pct
-        elif pct - state["last"] >= 5 or done == total:
-            update_progress_artifact(state["id"], progress=pct)
-            state["last"] = pct
+        if artifact is None:
+            artifact = create_progress_artifact(progress=pct, key=f"{key}-progress",
+                                                description=f"trtflow stage {stage}: {what}")
+            shown = pct
+        elif pct - shown >= 5 or done == total:
+            update_progress_artifact(artifact, progress=pct)
+            shown = pct
 
     return on_progress
+
+
+# a runner its caller made already (`trtflow run` checks the spec and the store before Prefect starts, the watcher
+# plans first), by the flow's arguments: the flow takes it rather than loading the pipeline a second time
+_handed: dict[tuple[str, tuple[str, ...], str], Runner] = {}
+
+
+@contextlib.contextmanager
+def handing_over(runner: Runner, pipeline_file: str, overrides: list[str] | None) -> Iterator[None]:
+    """While inside, `pipeline_flow(pipeline_file, overrides, store=runner.store.location)` runs on `runner`."""
+    handle = (pipeline_file, tuple(overrides or ()), runner.store.location)
+    _handed[handle] = runner
+    try:
+        yield
+    finally:
+        _handed.pop(handle, None)
 
 
 # the runner of each running pipeline flow, by handle: a task gets the handle, never the object (Prefect walks a
@@ -86,7 +106,7 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
                                                    f"{exc.result.summary}",
                                  description=f"trtflow stage {name}: failed")
         raise
-    env = describe(outcome.manifest.key_parts.get("env"))
+    env = describe(outcome.manifest.key_parts.env)
     header = (f"**{outcome.status}** · stage {md.code(name)} ({md.text(outcome.kind)}) · key "
               f"{md.code(outcome.key[:12])} · {md.text(outcome.reason)}"
               + (f" · environment: {md.text(env)}" if env != "-" else "")
@@ -107,15 +127,14 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
 
 
 def _announce_releases(runner: Runner, outcome: StageOutcome) -> None:
-    from prefect.events import emit_event
-
     from trtflow.flows.watch import release_events
 
     for event in release_events(runner.pipeline.file, outcome.name, outcome.key, outcome.directory,
-                                outcome.manifest.metrics.get("releases", [])):
-        emit_event(**event)
-        get_run_logger().info("released %s version %s for %s", event["resource"]["trtflow.model"],
-                              event["payload"]["version"], event["resource"]["trtflow.target"])
+                                Verdict.of(outcome.manifest).releases):
+        event.emit()
+        assert event.release is not None
+        get_run_logger().info("released %s version %s for %s", event.release.model, event.release.version,
+                              event.release.target)
 
 
 def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
@@ -144,11 +163,14 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
                   force: list[str] | None = None, store: str | None = None) -> list[dict[str, Any]]:
     """Run a trtflow pipeline file: every declared stage, reusing those whose key is already published. A stage
     starts as soon as the stages it reads are done, side by side with others (pipeline `concurrency:`); a failed
-    stage stops only the stages that depend on it."""
-    runner = make_runner(pipeline_file, overrides, store)
+    stage stops only the stages that depend on it. Returns each stage's `StageReport` (flows/results.py) as
+    JSON."""
+    runner = _handed.pop((pipeline_file, tuple(overrides or ()), store or ""), None) \
+        or make_runner(pipeline_file, overrides, store)
     order = runner.select(stages)
-    _tag_flow_run(run_identity(pipeline_file)[1])
-    run = _Schedule(runner, order, force)
+    identity = run_identity(pipeline_file)[1]
+    _tag_flow_run(identity)
+    run = _Schedule(runner, order, force, identity)
     _runners[run.runner_id] = runner
     try:
         run.until_done()
@@ -169,19 +191,7 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         if extra and exc.args and isinstance(exc.args[0], str):
             exc.args = (exc.args[0] + extra, *exc.args[1:])
         raise exc
-    return [{"stage": n, "status": o.status, "key": o.key, "directory": str(o.directory),
-             "seconds": round(o.seconds, 3), "work_seconds": round(o.work_seconds, 3), "reason": o.reason,
-             "engines": [str(o.directory / out.path) for out in o.manifest.outputs.values()
-                         if out.type == "engines"],
-             # a validate stage's verdict: the candidates that passed, and those never to deploy
-             "shipped": o.manifest.metrics.get("shipped", []), "not_shipped": o.manifest.metrics.get("not_shipped", []),
-             # optional variants that failed, left out of benchmark and release: variant -> why, and their candidates
-             "excluded": o.manifest.metrics.get("excluded", {}), "left_out": o.manifest.metrics.get("left_out", []),
-             # a release stage's versions (trtflow.release.created was emitted for each new one)
-             "releases": o.manifest.metrics.get("releases", []) if o.kind == "release" else [],
-             # targets whose previous version stays the one served (the variant it shipped was left out)
-             "held": o.manifest.metrics.get("held", []) if o.kind == "release" else []}
-            for n, o in ((n, run.outcomes[n]) for n in order)]
+    return [StageReport.of_outcome(run.outcomes[n]).model_dump(mode="json") for n in order]
 
 
 def _tag_flow_run(wanted: list[str]) -> None:
@@ -197,11 +207,11 @@ def _tag_flow_run(wanted: list[str]) -> None:
             client.update_flow_run(flow_run.id, tags=have + missing)
 
 
-def stage_tags(runner: Runner, name: str, gpu: str | None) -> set[str]:
-    """A stage task's tags: trtflow, the pipeline and repo, the stage and its kind, and for a stage that uses the
-    GPU its tag (`stage_gpu`), for Prefect's tag-based concurrency limits."""
+def stage_tags(runner: Runner, name: str, gpu: str | None, identity: list[str]) -> set[str]:
+    """A stage task's tags: the flow run's (`identity`: trtflow, the pipeline and repo), the stage and its kind, and
+    for a stage that uses the GPU its tag (`stage_gpu`), for Prefect's tag-based concurrency limits."""
     spec = runner.graph.nodes[name].spec
-    tags = set(run_identity(str(runner.pipeline.file))[1]) | {f"stage:{name}", f"kind:{spec.kind}"}
+    tags = set(identity) | {f"stage:{name}", f"kind:{spec.kind}"}
     return (tags | {gpu}) if gpu is not None else tags
 
 
@@ -222,8 +232,8 @@ class _Schedule:
     """Submits each stage once what it reads is done, and collects outcomes and failures. Waiting is on the
     futures' own completion (no asking the server for each running task's state)."""
 
-    def __init__(self, runner: Runner, order: list[str], force: list[str] | None):
-        self.runner, self.order, self.force = runner, order, force
+    def __init__(self, runner: Runner, order: list[str], force: list[str] | None, identity: list[str]):
+        self.runner, self.order, self.force, self.identity = runner, order, force, identity
         self.runner_id = uuid.uuid4().hex
         self.pending = list(order)
         self.running: dict[str, Any] = {}
@@ -254,7 +264,7 @@ class _Schedule:
                 task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
                                                 retry_delay_seconds=spec.retry_delay,
                                                 retry_condition_fn=_retry_unless_user_error,
-                                                tags=stage_tags(self.runner, name, self.gpu[name]))
+                                                tags=stage_tags(self.runner, name, self.gpu[name], self.identity))
                 _notify("start", name)
                 # every stage it depends on, directly or not: its inputs' lineage names them all
                 produced = {u: self.outcomes[u].manifest for u in self.runner.graph.closure([name]) if u != name}

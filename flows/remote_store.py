@@ -14,6 +14,7 @@ fsspec's `FSSPEC_S3_*` variables), or from a Prefect block (`store_credentials.p
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,13 +23,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from trtflow import files
 from trtflow.artifact import CLAIM_BYTES
 from trtflow.errors import StoreError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES
 from trtflow.flows.digest import DigestCache
+from trtflow.flows.keys import LastRun
 from trtflow.flows.manifest import MANIFEST, Manifest
 from trtflow.flows.store import (
+    FOREIGN_PROBLEM,
     HOST,
     KEY_NAME,
     LAST,
@@ -36,9 +41,14 @@ from trtflow.flows.store import (
     MARKER_CONTENT,
     SHARED,
     LocalStore,
+    Lookup,
+    VerifyReport,
+    VerifyRow,
+    VerifyStatus,
     check_files,
     file_records,
     local_stamps,
+    recorded_bytes,
 )
 from trtflow.flows.store_credentials import storage_options
 from trtflow.paths import OutsidePath, under
@@ -72,7 +82,6 @@ class RemoteStore:
                              hint="give a directory or an fsspec URL such as s3://bucket/prefix") from None
         self.cache = LocalStore(cache or cache_root(self.location))
         self.root = self.cache.root  # local paths (digest cache, shared caches, what stages read) live here
-        self.rejected = self.cache.rejected
         self.notes: list[str] = []  # what was refused from the store's shared files, for the console
         self.read_only = False
 
@@ -122,27 +131,26 @@ class RemoteStore:
     def path(self, stage: str, key: str) -> Path:
         return self.cache.path(stage, key)
 
-    def lookup(self, stage: str, key: str) -> dict[str, Any] | None:
+    def lookup(self, stage: str, key: str) -> Lookup:
         local = self.cache.lookup(stage, key)
-        if local is not None:
+        if local.manifest is not None:
             return local
-        manifest = self._remote_manifest(stage, key)
-        if manifest is None:
-            self._quarantined(stage, key)
-        if manifest is None or not manifest.ok:
-            return None
-        return self._fetch(stage, key, manifest)
+        found = self._published(stage, key, local)
+        return found if found.manifest is None else self._fetch(stage, key, found.manifest)
 
-    def peek(self, stage: str, key: str) -> dict[str, Any] | None:
-        """The manifest of a usable published result, without fetching its files (what `plan` needs); a result
-        that was quarantined is named in `rejected`."""
+    def peek(self, stage: str, key: str) -> Lookup:
+        """The manifest of a usable published result, without fetching its files (what `plan` needs); else why a
+        result there is not used (one that was quarantined included)."""
         local = self.cache.lookup(stage, key)
-        if local is not None:
-            return local
-        manifest = self._remote_manifest(stage, key)
+        return local if local.manifest is not None else self._published(stage, key, local)
+
+    def _published(self, stage: str, key: str, local: Lookup) -> Lookup:
+        """The OK manifest published at the URL; else why not (a quarantine record, then an unusable manifest,
+        then what the local cache said)."""
+        manifest, rejected = self._remote_manifest(stage, key)
         if manifest is None:
-            self._quarantined(stage, key)
-        return manifest if manifest is not None and manifest.ok else None
+            return Lookup(None, self._quarantined(stage, key) or rejected or local.rejected)
+        return Lookup(manifest if manifest.ok else None, local.rejected)
 
     def staging(self, stage: str, key: str) -> Path:
         if self.read_only:
@@ -153,10 +161,10 @@ class RemoteStore:
     def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
                 replace: bool = False) -> tuple[Path, Manifest]:
         if not replace:
-            theirs = self._remote_manifest(stage, key)
+            theirs, _ = self._remote_manifest(stage, key)
             if theirs is not None and theirs.ok:
-                adopted = self._fetch(stage, key, theirs)  # (one that fails verification is quarantined: ours
-                if adopted is not None:                    # takes its place)
+                adopted = self._fetch(stage, key, theirs).manifest  # (one that fails verification is quarantined:
+                if adopted is not None:                             # ours takes its place)
                     self.cache.discard(staging)
                     return self.path(stage, key), adopted
         files = file_records(staging)
@@ -177,19 +185,19 @@ class RemoteStore:
         except Exception as exc:  # noqa: BLE001
             self._remove_blobs(stage, key, writer)
             raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
-        placed = self._remote_manifest(stage, key)
+        placed, _ = self._remote_manifest(stage, key)
         if placed is not None and placed.blobs != writer:  # another writer's manifest is the one in place
-            adopted = self._fetch(stage, key, placed) if placed.ok else None
+            adopted = self._fetch(stage, key, placed).manifest if placed.ok else None
             if adopted is None and placed.ok:  # its files fail verification (and could not be quarantined): ours
                 try:                           # replace it, whole
                     self.fs.pipe_file(target, data)
                 except Exception as exc:  # noqa: BLE001
                     self._remove_blobs(stage, key, writer)
                     raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
-                placed = self._remote_manifest(stage, key)
+                placed, _ = self._remote_manifest(stage, key)
                 if placed is not None and placed.blobs == writer:
                     return self.cache.publish(stage, key, staging, manifest, replace=True)
-                adopted = self._fetch(stage, key, placed) if placed is not None and placed.ok else None
+                adopted = self._fetch(stage, key, placed).manifest if placed is not None and placed.ok else None
             self._remove_blobs(stage, key, writer)
             self.cache.discard(staging)
             if adopted is not None:
@@ -281,117 +289,113 @@ class RemoteStore:
     def clean_staging(self) -> list[Path]:
         return self.cache.clean_staging()
 
-    def last(self, stage: str) -> dict[str, Any] | None:
+    def last(self, stage: str) -> LastRun | None:
         try:
             data = self._cat_json(self._remote(stage, LAST), RECORD_BYTES)
         except FileNotFoundError:
             return self.cache.last(stage)
         except Exception:  # noqa: BLE001 - unreadable: the explanation falls back to what this machine knows
             return self.cache.last(stage)
-        return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+        return LastRun.parse(data)
 
-    def mark_last(self, stage: str, record: dict[str, Any]) -> None:
+    def mark_last(self, stage: str, record: LastRun) -> None:
         self.cache.mark_last(stage, record)
         if self.read_only:
             return
         try:
-            self.fs.pipe_file(self._remote(stage, LAST), json.dumps(record, indent=2).encode())
+            self.fs.pipe_file(self._remote(stage, LAST), json.dumps(record.to_json(), indent=2).encode())
         except Exception:  # noqa: BLE001 - advisory (explains `plan`); the result itself is published already
             pass
 
-    def verify(self, repair: bool = False) -> dict[str, Any]:
+    def verify(self, repair: bool = False) -> VerifyReport:
         """Every published result under the URL hashed (streamed) against its manifest; uploads no manifest names
         (a writer that lost a race, or died before its manifest) listed, and removed with `repair`; every
         manifest's inputs checked against the results they were read from. Then the local cache."""
-        rows, hashed = [], 0
+        listing = self._listing()
+        ours = listing.results()
+        if MARKER not in listing.paths and not any(MANIFEST in listing.children[pair] for pair in ours):
+            raise StoreError(f"{self.location} is not a trtflow artifact store (no {MARKER} and no trtflow "
+                             f"manifest): nothing was checked or removed",
+                             hint="give the store's URL: the pipeline's 'artifacts:'")
+        report = VerifyReport(rows=[VerifyRow(f"{stage}/{key}", "", VerifyStatus.FOREIGN, FOREIGN_PROBLEM)
+                                    for stage, key in listing.foreign(ours)])
         manifests: dict[tuple[str, str], Manifest] = {}
+        for stage, key in ours:
+            manifest = self._verify_result(stage, key, listing.subdirs[(stage, key)], repair, report)
+            if manifest is not None:
+                manifests[(stage, key)] = manifest
+        report.rows += self._consistency(manifests)
+        if self.cache.is_store():
+            local = self.cache.verify(repair=repair)
+            report.rows += [dataclasses.replace(r, stage=f"(cache) {r.stage}") for r in local.rows]
+            report.bytes += local.bytes
+        return report
+
+    def _listing(self) -> _Listing:
+        """Every object under the URL, in one listing."""
         try:
             self.fs.ls(self.base.split("/", 1)[0])  # the bucket (or top directory): missing or denied is an error
             entries = self.fs.find(self.base, withdirs=False)
         except Exception as exc:  # noqa: BLE001 - network and credential errors of any fsspec backend
             raise self._fail("listing", exc) from None
-        # one pass over the listing: (stage, key) -> the names directly under it, and which of those are directories
-        rel_paths = [e[len(self.base.rstrip("/")) + 1:] for e in entries]
-        children: dict[tuple[str, str], set[str]] = {}
-        subdirs: dict[tuple[str, str], set[str]] = {}
-        for p in rel_paths:
-            parts = p.split("/")
-            if len(parts) >= 2:
-                children.setdefault((parts[0], parts[1]), set()).update(parts[2:3])
-                subdirs.setdefault((parts[0], parts[1]), set()).update(parts[2:3] if len(parts) >= 4 else ())
-        pairs = sorted(children)
-        ours = [(stage, key) for stage, key in pairs if not stage.startswith(".") and stage != SHARED
-                and KEY_NAME.fullmatch(key)  # a key directory holding a manifest or a writer's files
-                and (MANIFEST in children[(stage, key)] or any(map(WRITER_NAME.fullmatch, children[(stage, key)])))]
-        if MARKER not in rel_paths and not any(MANIFEST in children[pair] for pair in ours):
-            raise StoreError(f"{self.location} is not a trtflow artifact store (no {MARKER} and no trtflow "
-                             f"manifest): nothing was checked or removed",
-                             hint="give the store's URL: the pipeline's 'artifacts:'")
-        for stage, key in sorted(set(pairs) - set(ours)):
-            if not stage.startswith(".") and stage != SHARED and key != LAST:
-                rows.append({"stage": f"{stage}/{key}", "key": "", "status": "foreign",
-                             "problem": "not made by trtflow: left alone"})
-        for stage, key in ours:
-            problem, data, manifest = None, None, None
+        return _Listing([e[len(self.base.rstrip("/")) + 1:] for e in entries])
+
+    def _verify_result(self, stage: str, key: str, writers: set[str], repair: bool,
+                       report: VerifyReport) -> Manifest | None:
+        """One result's row (and one per upload its manifest does not name) added to `report`; with `repair`, a
+        bad result's objects and the orphaned uploads are removed. Returns its manifest, when it has one."""
+        problem, manifest = self._check_result(stage, key)
+        if manifest is not None:
+            report.bytes += recorded_bytes(manifest)
+        report.rows.append(VerifyRow(stage, key, VerifyStatus.OK if problem is None else VerifyStatus.BAD, problem))
+        for orphan in sorted(writers - {manifest.blobs if manifest else None}):
+            if not WRITER_NAME.fullmatch(orphan):
+                report.rows.append(VerifyRow(f"{stage}/{key}/{orphan}", "", VerifyStatus.FOREIGN, FOREIGN_PROBLEM))
+                continue
+            report.rows.append(VerifyRow(stage, f"{key}/{orphan}", VerifyStatus.STALE_STAGING,
+                                         "files no manifest names (a run that lost the race or died)"))
+            if repair:
+                self._remove_blobs(stage, key, orphan)
+        if problem and repair:  # only trtflow's own objects of this key: the manifest and writer directories
+            for name in writers:
+                if WRITER_NAME.fullmatch(name):
+                    self._remove_blobs(stage, key, name)
             try:
-                data = self._cat_json(self._remote(stage, key, MANIFEST))
+                self.fs.rm_file(self._remote(stage, key, MANIFEST))
             except FileNotFoundError:
-                problem = "no manifest (an interrupted publish)"
-            except ValueError as exc:
-                problem = f"its manifest is not JSON ({exc})"
-            if data is not None:
-                manifest = _parse(data, key)
-                if manifest is None:
-                    problem = "its manifest is not a trtflow manifest"
-                else:
-                    manifests[(stage, key)] = manifest
-                    problem = self._check_remote_files(stage, key, manifest)
-                    hashed += sum(r.get("size", 0) for r in (manifest.files or {}).values() if isinstance(r, dict))
-            rows.append({"stage": stage, "key": key, "status": "ok" if problem is None else "bad",
-                         "problem": problem})
-            names = subdirs[(stage, key)]
-            for orphan in sorted(names - {manifest.blobs if manifest else None}):
-                if not WRITER_NAME.fullmatch(orphan):
-                    rows.append({"stage": f"{stage}/{key}/{orphan}", "key": "", "status": "foreign",
-                                 "problem": "not made by trtflow: left alone"})
-                    continue
-                rows.append({"stage": stage, "key": f"{key}/{orphan}", "status": "stale staging",
-                             "problem": "files no manifest names (a run that lost the race or died)"})
-                if repair:
-                    self._remove_blobs(stage, key, orphan)
-            if problem and repair:  # only trtflow's own objects of this key: the manifest and writer directories
-                for name in names:
-                    if WRITER_NAME.fullmatch(name):
-                        self._remove_blobs(stage, key, name)
-                try:
-                    self.fs.rm_file(self._remote(stage, key, MANIFEST))
-                except FileNotFoundError:
-                    pass
-        for row in self._consistency(manifests):
-            rows.append(row)
-        local = self.cache.verify(repair=repair) if self.cache.is_store() else {"rows": [], "bytes": 0}
-        for r in local["rows"]:
-            rows.append({**r, "stage": f"(cache) {r['stage']}"})
-        return {"rows": rows, "bytes": hashed + local["bytes"]}
+                pass
+        return manifest
 
-    # --- helpers ------------------------------------------------------------------------------------------------
-
-    def _remote_manifest(self, stage: str, key: str) -> Manifest | None:
+    def _check_result(self, stage: str, key: str) -> tuple[str | None, Manifest | None]:
+        """(what is wrong with the published result, None when nothing; its manifest, when it has one)."""
         try:
             data = self._cat_json(self._remote(stage, key, MANIFEST))
         except FileNotFoundError:
-            return None
+            return "no manifest (an interrupted publish)", None
         except ValueError as exc:
-            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON ({exc}); ignored"
-            return None
+            return f"its manifest is not JSON ({exc})", None
+        manifest = _parse(data, key)
+        if manifest is None:
+            return "its manifest is not a trtflow manifest", None
+        return self._check_remote_files(stage, key, manifest), manifest
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _remote_manifest(self, stage: str, key: str) -> tuple[Manifest | None, str]:
+        """The manifest published at the URL (None: none, or one that is unusable, and why)."""
+        try:
+            data = self._cat_json(self._remote(stage, key, MANIFEST))
+        except FileNotFoundError:
+            return None, ""
+        except ValueError as exc:
+            return None, f"{self.location}/{stage}/{key}/{MANIFEST} is not JSON ({exc}); ignored"
         except Exception as exc:  # noqa: BLE001
             raise self._fail(f"reading {stage}/{key[:12]}", exc) from None
         manifest = _parse(data, key)
-        if manifest is None:
-            self.rejected[(stage, key)] = f"{self.location}/{stage}/{key}/{MANIFEST} is not a trtflow manifest"
-        return manifest
+        return manifest, "" if manifest is not None else f"{self.location}/{stage}/{key}/{MANIFEST} is not a " \
+                                                          f"trtflow manifest"
 
-    def _fetch(self, stage: str, key: str, manifest: Manifest) -> Manifest | None:
+    def _fetch(self, stage: str, key: str, manifest: Manifest) -> Lookup:
         """Download a published result into the local cache, verified against its manifest."""
         staging = self.cache.staging(stage, key)
         try:
@@ -401,22 +405,19 @@ class RemoteStore:
                 self.fs.get_file(self._remote(stage, key, manifest.blobs, rel), str(dest))
         except FileNotFoundError as exc:
             self.cache.discard(staging)
-            self.rejected[(stage, key)] = f"its stored result at {self.location} is incomplete ({exc})"
-            return None
+            return Lookup(None, f"its stored result at {self.location} is incomplete ({exc})")
         except Exception as exc:  # noqa: BLE001
             self.cache.discard(staging)
             raise self._fail(f"fetching {stage}/{key[:12]}", exc) from None
         problem = check_files(staging, manifest.files, rehash=True)
         if problem:
             self.cache.discard(staging)
-            self.rejected[(stage, key)] = (f"its stored result at {self.location} failed verification: {problem}; "
-                                           f"quarantined")
             self._quarantine(stage, key, manifest, problem)
-            return None
+            return Lookup(None, f"its stored result at {self.location} failed verification: {problem}; quarantined")
         # the files were just hashed against the manifest: only their times are this machine's own
         local = manifest.model_copy(update={"files": local_stamps(staging, manifest.files or {})})
         _, placed = self.cache.publish(stage, key, staging, local)
-        return placed
+        return Lookup(placed)
 
     def _quarantine(self, stage: str, key: str, manifest: Manifest, problem: str) -> None:
         """Take a published result whose files fail verification out of use, so that the stage runs again and its
@@ -426,31 +427,32 @@ class RemoteStore:
         import datetime
 
         where = (QUARANTINE, stage, key, manifest.blobs)
-        reason = {"problem": problem, "host": HOST, "at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                  "manifest": manifest.to_json()}
+        at = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        reason = QuarantineRecord(problem=problem, host=HOST, at=at, manifest=manifest.to_json())
         try:
-            self.fs.pipe_file(self._remote(*where, "reason.json"), json.dumps(reason, indent=2).encode())
-            current = self._remote_manifest(stage, key)
+            self.fs.pipe_file(self._remote(*where, "reason.json"), reason.model_dump_json(indent=2).encode())
+            current, _ = self._remote_manifest(stage, key)
             if current is not None and current.blobs == manifest.blobs:  # not a result published meanwhile
                 self.fs.rm_file(self._remote(stage, key, MANIFEST))
             self.fs.mv(self._remote(stage, key, manifest.blobs), self._remote(*where, "files"), recursive=True)
         except Exception:  # noqa: BLE001 - any backend error: the stage runs again all the same
             pass
 
-    def _quarantined(self, stage: str, key: str) -> None:
-        """`rejected` names the quarantined results of this key (why `plan` says the stage must run)."""
+    def _quarantined(self, stage: str, key: str) -> str:
+        """Why a result of this key was quarantined (why `plan` says the stage must run); empty when none was."""
         try:
             found = self.fs.glob(self._remote(QUARANTINE, stage, key, "*", "reason.json"))
-            reasons = [self._cat_json(f, RECORD_BYTES) for f in found[:1]]
+            reason = QuarantineRecord.model_validate(self._cat_json(found[0], RECORD_BYTES)) if found else None
         except Exception:  # noqa: BLE001 - an unreadable quarantine record says nothing about the result
-            return
-        for r in reasons:
-            self.rejected[(stage, key)] = (f"its stored result at {self.location} failed verification on "
-                                           f"{r.get('host')} ({r.get('problem')}) and was quarantined")
+            return ""
+        if reason is None:
+            return ""
+        return (f"its stored result at {self.location} failed verification on {reason.host} ({reason.problem}) "
+                f"and was quarantined")
 
     def _check_remote_files(self, stage: str, key: str, manifest: Manifest) -> str | None:
         records = manifest.files
-        if not isinstance(records, dict) or not records:
+        if not records:
             return "its manifest records no files"
         for rel, rec in records.items():
             h, size = hashlib.sha256(), 0
@@ -461,33 +463,33 @@ class RemoteStore:
                         size += len(chunk)
             except FileNotFoundError:
                 return f"{rel} is missing"
-            if size != rec.get("size"):
-                return f"{rel} changed size ({rec.get('size')} -> {size} bytes)"
-            if h.hexdigest() != rec.get("sha256"):
-                return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {h.hexdigest()[:12]})"
+            if size != rec.size:
+                return f"{rel} changed size ({rec.size} -> {size} bytes)"
+            if h.hexdigest() != rec.sha256:
+                return f"{rel} changed content (sha256 {rec.sha256[:12]} -> {h.hexdigest()[:12]})"
         return None
 
     @staticmethod
-    def _consistency(manifests: dict[tuple[str, str], Manifest]) -> list[dict[str, Any]]:
+    def _consistency(manifests: dict[tuple[str, str], Manifest]) -> list[VerifyRow]:
         """A result whose inputs name a published result (…/<stage>/<key>/…) must have read what is published
         there: the digest it recorded is one of that result's outputs'."""
         rows = []
         for (stage, key), m in manifests.items():
             for slot, arts in m.inputs.items():
                 for art in arts if isinstance(arts, list) else [arts]:
-                    if not isinstance(art, dict) or not art.get("digest"):
+                    if not art.digest:
                         continue
-                    parts = Path(str(art.get("path", ""))).parts
+                    parts = Path(art.path).parts
                     source = next(((parts[i], parts[i + 1]) for i in range(len(parts) - 1)
                                    if (parts[i], parts[i + 1]) in manifests), None)
                     if source is None:
                         continue
                     digests = {o.digest for o in manifests[source].outputs.values()}
-                    if art["digest"] not in digests:
-                        rows.append({"stage": stage, "key": key, "status": "bad",
-                                     "problem": f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
-                                                f"digest {art['digest'][:12]}, which that published result does "
-                                                f"not hold (two runs published it differently)"})
+                    if art.digest not in digests:
+                        rows.append(VerifyRow(stage, key, VerifyStatus.BAD,
+                                              f"input '{slot}' was read from {source[0]}/{source[1][:12]} with "
+                                              f"digest {art.digest[:12]}, which that published result does "
+                                              f"not hold (two runs published it differently)"))
         return rows
 
     def _remove_blobs(self, stage: str, key: str, writer: str) -> None:
@@ -495,6 +497,42 @@ class RemoteStore:
             self.fs.rm(self._remote(stage, key, writer), recursive=True)
         except Exception:  # noqa: BLE001 - leftover uploads are listed and removed by `verify --repair`
             pass
+
+
+class QuarantineRecord(BaseModel):
+    """`reason.json` beside a quarantined result: what failed, on which host, when, and the manifest it had."""
+    model_config = ConfigDict(extra="allow")
+
+    problem: str | None = None
+    host: str | None = None
+    at: str | None = None
+    manifest: dict[str, Any] = {}
+
+
+class _Listing:
+    """The objects under a store's URL (paths relative to it), grouped by the `<stage>/<key>` they lie under."""
+
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+        self.children: dict[tuple[str, str], set[str]] = {}  # the names directly under <stage>/<key>
+        self.subdirs: dict[tuple[str, str], set[str]] = {}  # those of them that are directories
+        for p in paths:
+            parts = p.split("/")
+            if len(parts) >= 2:
+                self.children.setdefault((parts[0], parts[1]), set()).update(parts[2:3])
+                self.subdirs.setdefault((parts[0], parts[1]), set()).update(parts[2:3] if len(parts) >= 4 else ())
+
+    def results(self) -> list[tuple[str, str]]:
+        """Key directories trtflow made: holding a manifest or a writer's files."""
+        return [(stage, key) for stage, key in sorted(self.children) if not stage.startswith(".") and stage != SHARED
+                and KEY_NAME.fullmatch(key)
+                and (MANIFEST in self.children[(stage, key)] or any(map(WRITER_NAME.fullmatch,
+                                                                        self.children[(stage, key)])))]
+
+    def foreign(self, ours: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """What lies there that trtflow did not make (its own files, `last.json` and `shared/` aside)."""
+        return [(stage, key) for stage, key in sorted(set(self.children) - set(ours))
+                if not stage.startswith(".") and stage != SHARED and key != LAST]
 
 
 CLAIMED = "releases/"  # records created once by `claim`, never rewritten

@@ -16,12 +16,13 @@ from typing import Any, Callable
 
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.disk import DiskError, disk_error
-from trtflow.errors import SpecError, StageError, StageFailed, TransientStageError, TrtflowError
+from trtflow.errors import SpecError, StageError, StageFailed, StoreError, TransientStageError, TrtflowError
 from trtflow.flows import implementation, keys, precheck
 from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import STAGE_LOG, call_stage
-from trtflow.flows.manifest import Manifest, OutputRecord
+from trtflow.flows.manifest import InputRecord, Manifest, OutputRecord, PipelineRef, RunEnvironment, Timings
+from trtflow.flows.results import Held, Verdict
 from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
 from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
@@ -66,7 +67,26 @@ class PlanItem:
     # what a reused result decided for deployment: optional variants a validate stage left out (variant -> why),
     # targets a release stage kept at their previous version
     excluded: dict[str, str] = field(default_factory=dict)
-    held: list[dict[str, Any]] = field(default_factory=list)
+    held: list[Held] = field(default_factory=list)
+
+
+@dataclass
+class Resolution:
+    """One stage resolved: its inputs and key (and the key's parts), the published result it reuses (None: it
+    runs) and why."""
+    name: str
+    kind: str
+    impl: implementation.StageImpl
+    inputs: Inputs
+    key: str
+    parts: keys.KeyParts
+    manifest: Manifest | None
+    reason: str
+
+    def outcome(self, directory: Path, seconds: float) -> StageOutcome:
+        """The outcome of reusing the published result."""
+        assert self.manifest is not None
+        return StageOutcome(self.name, self.kind, self.key, "reused", directory, self.manifest, self.reason, seconds)
 
 
 @dataclass
@@ -164,7 +184,7 @@ class Runner:
         return arts
 
     def key_for(self, name: str, inputs: Inputs,
-                impl: implementation.StageImpl) -> tuple[str, dict[str, Any]]:
+                impl: implementation.StageImpl) -> tuple[str, keys.KeyParts]:
         spec = self.graph.nodes[name].spec
         parts = keys.key_parts(
             spec.kind, impl.version, spec.key_params(),
@@ -172,7 +192,26 @@ class Runner:
              if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
             fingerprint(impl.env_facets),
             {ref: source_digest(ref) for ref in spec.code_refs()})
-        return keys.stage_key(parts), parts
+        return keys.stage_key(parts), keys.KeyParts.model_validate(parts)
+
+    # --- resolve: one stage's inputs, key, and whether it is reused or runs, and why ------------------------------
+
+    def resolve(self, name: str, produced: dict[str, Manifest], force: list[str] | None = None,
+                fetch: bool = True) -> Resolution:
+        """What stage `name` is to do given the manifests of the stages it reads (`produced`): its inputs, key and
+        the published result to reuse, or why it runs. `fetch=False` (`plan`) asks a remote store without
+        downloading the result's files."""
+        spec = self.graph.nodes[name].spec
+        impl = implementation.resolve(spec)
+        inputs = self.inputs_for(name, produced)
+        key, parts = self.key_for(name, inputs, impl)
+        if self.forced(name, force):
+            return Resolution(name, spec.kind, impl, inputs, key, parts, None, "forced")
+        found = self.store.lookup(name, key) if fetch else self.store.peek(name, key)
+        if found.manifest is not None:
+            return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest, "nothing changed")
+        reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe, spec.all_params())
+        return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
 
     # --- plan -------------------------------------------------------------------------------------------------
 
@@ -194,41 +233,28 @@ class Runner:
                                       environment=describe(fingerprint(impl.env_facets))))
                 will_run.add(name)
                 continue
-            inputs = self.inputs_for(name, produced)
-            key, parts = self.key_for(name, inputs, impl)
-            manifest = self.store.peek(name, key)
-            env = describe(parts["env"])
-            if self.forced(name, force):
-                items.append(PlanItem(name, spec.kind, "run", "forced", key, env))
-                will_run.add(name)
-            elif manifest is not None:
-                produced[name] = manifest
-                items.append(PlanItem(name, spec.kind, "reuse", "nothing changed", key, env,
-                                      excluded=dict(manifest.metrics.get("excluded") or {}),
-                                      held=list(manifest.metrics.get("held") or [])))
-            else:
-                items.append(PlanItem(name, spec.kind, "run", self.why_stale(name, key, parts), key, env,
-                                      self.env_changes(name, parts)))
-                will_run.add(name)
+            r = self.resolve(name, produced, force, fetch=False)
+            env = describe(r.parts.env)
+            if r.manifest is not None:
+                produced[name] = r.manifest
+                verdict = Verdict.of(r.manifest)
+                items.append(PlanItem(name, spec.kind, "reuse", r.reason, r.key, env, excluded=verdict.excluded,
+                                      held=verdict.held))
+                continue
+            changed = [] if self.forced(name, force) else self.env_changes(name, r.parts)
+            items.append(PlanItem(name, spec.kind, "run", r.reason, r.key, env, changed))
+            will_run.add(name)
         return items
 
-    def env_changes(self, name: str, parts: dict[str, Any]) -> list[str]:
+    def env_changes(self, name: str, parts: keys.KeyParts) -> list[str]:
         """'field old -> new' for each environment fact that differs from the stage's last run."""
         last = self.store.last(name)
-        old = (last or {}).get("parts", {}).get("env") if isinstance((last or {}).get("parts"), dict) else None
-        return keys.diff(old, parts["env"]) if last and old != parts["env"] else []
+        return keys.diff(last.parts.env, parts.env) if last and last.parts.env != parts.env else []
 
-    def why_stale(self, name: str, key: str, parts: dict[str, Any]) -> str:
-        if (name, key) in self.store.rejected:
-            return self.store.rejected[(name, key)]
-        return keys.why_stale(self.store.last(name), key, parts, describe,
-                              self.graph.nodes[name].spec.all_params())
-
-    def _mark_last(self, name: str, key: str, parts: dict[str, Any], **outcome: str) -> None:
-        """`last.json`: the key of the stage's last run, its parts, every parameter (for `plan`'s why) and, for a
-        failed run, `status` and `error`."""
-        self.store.mark_last(name, {"key": key, "parts": parts, "params": self.graph.nodes[name].spec.all_params(),
-                                    **outcome})
+    def _mark_last(self, name: str, key: str, parts: keys.KeyParts, **outcome: str) -> None:
+        """`last.json` (keys.LastRun); `outcome` is a failed run's `status` and `error`."""
+        self.store.mark_last(name, keys.LastRun(key=key, parts=parts, params=self.graph.nodes[name].spec.all_params(),
+                                                **outcome))
 
     # --- run --------------------------------------------------------------------------------------------------
 
@@ -241,18 +267,16 @@ class Runner:
         found = []
         for name in self.select(stages):
             started = time.perf_counter()
-            spec = self.graph.nodes[name].spec
             try:
-                inputs = self.inputs_for(name, produced)
-                key, parts = self.key_for(name, inputs, implementation.resolve(spec))
+                r = self.resolve(name, produced)
+            except (StoreError, DiskError):  # the store's own failure: said now, as before any flow run
+                raise
             except TrtflowError:
                 return None
-            manifest = self.store.lookup(name, key)
-            if manifest is None:
+            if r.manifest is None:
                 return None
-            produced[name] = manifest
-            found.append((StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
-                                       "nothing changed", time.perf_counter() - started), parts))
+            produced[name] = r.manifest
+            found.append((r.outcome(self.store.path(name, r.key), time.perf_counter() - started), r.parts))
         for outcome, parts in found:
             self._mark_last(outcome.name, outcome.key, parts)
         self.digests.save()
@@ -263,22 +287,13 @@ class Runner:
         """Reuse the stage's published result, or run it (in a child process; `log` gets its output line by
         line) and publish it."""
         started = time.perf_counter()
-        node = self.graph.nodes[name]
-        spec = node.spec
-        impl = implementation.resolve(spec)
-        inputs = self.inputs_for(name, produced)
-        key, parts = self.key_for(name, inputs, impl)
-        if not self.forced(name, force):
-            manifest = self.store.lookup(name, key)
-            if manifest is not None:
-                self._mark_last(name, key, parts)
-                self.digests.save()
-                return StageOutcome(name, spec.kind, key, "reused", self.store.path(name, key), manifest,
-                                    "nothing changed", time.perf_counter() - started)
-            reason = self.why_stale(name, key, parts)
-        else:
-            reason = "forced"
-            inputs = inputs.without(kind_of(spec).result_caches)
+        r = self.resolve(name, produced, force)
+        spec, impl, key, parts, reason = self.graph.nodes[name].spec, r.impl, r.key, r.parts, r.reason
+        if r.manifest is not None:
+            self._mark_last(name, key, parts)
+            self.digests.save()
+            return r.outcome(self.store.path(name, key), time.perf_counter() - started)
+        inputs = r.inputs.without(kind_of(spec).result_caches) if self.forced(name, force) else r.inputs
 
         shared = self._make_shared_caches(inputs, log)
         staging = self.store.staging(name, key)
@@ -337,7 +352,7 @@ class Runner:
         return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
                             time.perf_counter() - started, work)
 
-    def _make_shared_caches(self, inputs: dict[str, Any],
+    def _make_shared_caches(self, inputs: Inputs,
                             log: Callable[[str], None] | None = None) -> dict[str, tuple[int, int]] | None:
         """The shared caches the stage reads, made (and, from a remote store, fetched); None when it reads none,
         else what `push_shared` compares with after the stage. What the store refused to fetch is logged once."""
@@ -353,8 +368,8 @@ class Runner:
                 log(f"warning: {note}")
         return before
 
-    def _manifest(self, name: str, key: str, parts: dict[str, Any], inputs: dict[str, Any], result: Any,
-                  staging: Path, began: datetime, work: float, status: str = "ok") -> dict[str, Any]:
+    def _manifest(self, name: str, key: str, parts: keys.KeyParts, inputs: Inputs, result: Any,
+                  staging: Path, began: datetime, work: float, status: str = "ok") -> Manifest:
         spec = self.graph.nodes[name].spec
         if not isinstance(result, StageResult):
             raise StageError(f"stage '{name}' returned {type(result).__name__}, not a StageResult")
@@ -374,18 +389,18 @@ class Runner:
                                              size=path.stat().st_size if path.is_file() else None)
         (staging / "summary.md").write_text(result.summary or "")
 
-        def describe_input(a: Artifact) -> dict[str, Any]:
-            return {"path": str(a.path), "type": a.type, "digest": a.digest}
+        def describe_input(a: Artifact) -> InputRecord:
+            return InputRecord(path=str(a.path), type=a.type, digest=a.digest)
 
         return Manifest(
             status=status, stage=name, kind=spec.kind, key=key, key_parts=parts,
-            pipeline={"name": self.pipeline.spec.name, "file": str(self.pipeline.file)},
+            pipeline=PipelineRef(name=self.pipeline.spec.name, file=str(self.pipeline.file)),
             inputs={s: ([describe_input(a) for a in v] if isinstance(v, list) else describe_input(v))
                     for s, v in inputs.items()},
             outputs=outputs, metrics=result.metrics, warnings=result.warnings,
-            timings={"started": began.isoformat(), "work_seconds": round(work, 4)},
-            environment={"python": platform.python_version(), "platform": platform.platform(),
-                         "fingerprint": parts["env"]},
+            timings=Timings(started=began.isoformat(), work_seconds=round(work, 4)),
+            environment=RunEnvironment(python=platform.python_version(), platform=platform.platform(),
+                                       fingerprint=parts.env),
             files=file_records(staging, hasher.sha256),  # the outputs' hashes are reused, not taken again
         )
 
@@ -410,7 +425,7 @@ def _retarget(exc: BaseException, staging: Path, instead: str) -> None:
                     *exc.args[1:])
 
 
-__all__ = ["Runner", "StageOutcome", "PlanItem"]
+__all__ = ["PlanItem", "Resolution", "Runner", "StageOutcome"]
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:

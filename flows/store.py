@@ -9,8 +9,8 @@ when the store is next used.
 trtflow deletes only what carries its own marks: a store has a marker file at its root (`.trtflow-store`, written
 when a run first opens it), results are `<stage>/<32 hex>/` directories, staging is `.tmp-*`/`.trash-*`; nothing
 else under the root is touched, no symlink is followed, and every path a manifest names must stay inside its
-result directory. `ArtifactStore` is the interface; `LocalStore` the only implementation so far (a
-shared fsspec store can implement the same methods).
+result directory. `ArtifactStore` is the interface; `LocalStore` implements it for a directory, and
+flows/remote_store.py's `RemoteStore` for an fsspec URL (with a `LocalStore` as each machine's cache).
 """
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ import socket
 import stat
 import tempfile
 import uuid
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -33,7 +35,8 @@ from trtflow.disk import disk_cause, disk_error
 from trtflow.errors import StageError, StoreError, TrtflowError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES, is_regular
 from trtflow.flows.digest import DigestCache
-from trtflow.flows.manifest import MANIFEST, Manifest
+from trtflow.flows.keys import LastRun
+from trtflow.flows.manifest import MANIFEST, FileRecord, Manifest
 from trtflow.paths import safe_relpath
 
 LAST = "last.json"
@@ -54,7 +57,7 @@ def _result_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if (p.is_symlink() or not p.is_dir()) and p.name != MANIFEST)
 
 
-def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) -> dict[str, dict[str, Any]]:
+def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) -> dict[str, FileRecord]:
     """relative path -> size, sha256, mtime_ns and ctime_ns of every file under `directory` but the manifest."""
     out = {}
     for f in _result_files(directory):
@@ -62,8 +65,8 @@ def file_records(directory: Path, sha256: Callable[[Path], str] = files.sha256) 
             raise StageError(f"the stage wrote {_what(f)}, {f.relative_to(directory).as_posix()}, among its "
                              f"outputs: write the file itself")
         st = f.stat()
-        out[f.relative_to(directory).as_posix()] = {"size": st.st_size, "sha256": sha256(f),
-                                                    "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+        out[f.relative_to(directory).as_posix()] = FileRecord(size=st.st_size, sha256=sha256(f),
+                                                              mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
     return out
 
 
@@ -71,22 +74,22 @@ def _what(path: Path) -> str:
     return "a symlink" if path.is_symlink() else "a FIFO" if path.is_fifo() else "a special file"
 
 
-def local_stamps(directory: Path, records: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def local_stamps(directory: Path, records: dict[str, FileRecord]) -> dict[str, FileRecord]:
     """`records` of files just verified by hash, with this machine's mtime and ctime of them."""
     out = {}
     for rel, rec in records.items():
         st = (directory / rel).stat()
-        out[rel] = {**rec, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+        out[rel] = rec.model_copy(update={"mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns})
     return out
 
 
-def check_files(directory: Path, records: Any, rehash: bool = False,
+def check_files(directory: Path, records: dict[str, FileRecord] | None, rehash: bool = False,
                 sha256: Callable[[Path], str] | None = None) -> str | None:
     """Why `directory` no longer holds what `records` says (None: it does). Without `rehash`, a file whose size,
     mtime and ctime are as recorded is taken as unchanged; any other is hashed (by `sha256`, which may remember
     what it hashed: a hard link made later moves ctime, not content). ctime is what catches a file written in
     place with its mtime set back: no user can set it."""
-    if not isinstance(records, dict) or not records:
+    if not records:
         return "its manifest records no files (written by an older trtflow)"
     extra = [rel for rel in (p.relative_to(directory).as_posix() for p in _result_files(directory))
              if rel not in records]
@@ -94,7 +97,7 @@ def check_files(directory: Path, records: Any, rehash: bool = False,
         return f"{extra[0]} is not one of its recorded files" + (f" (and {len(extra) - 1} more)" if extra[1:] else "")
     for rel, rec in records.items():
         f = directory / rel
-        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not safe_relpath(rel):
+        if not safe_relpath(rel):
             return f"its manifest's record of {rel} is malformed"
         try:
             st = f.lstat()
@@ -102,17 +105,22 @@ def check_files(directory: Path, records: Any, rehash: bool = False,
             return f"{rel} is missing"
         if not stat.S_ISREG(st.st_mode):
             return f"{rel} is {_what(f)}, not the file it was"
-        if st.st_size != rec.get("size"):
-            return f"{rel} changed size ({rec.get('size')} -> {st.st_size} bytes)"
-        if not rehash and st.st_mtime_ns == rec.get("mtime_ns") and st.st_ctime_ns == rec.get("ctime_ns"):
+        if st.st_size != rec.size:
+            return f"{rel} changed size ({rec.size} -> {st.st_size} bytes)"
+        if not rehash and st.st_mtime_ns == rec.mtime_ns and st.st_ctime_ns == rec.ctime_ns:
             continue
         try:
             now = files.sha256(f, follow=False) if rehash or sha256 is None else sha256(f)
         except OSError as exc:
             return f"{rel} cannot be read ({exc.strerror or exc})"
-        if now != rec["sha256"]:
-            return f"{rel} changed content (sha256 {rec['sha256'][:12]} -> {now[:12]})"
+        if now != rec.sha256:
+            return f"{rel} changed content (sha256 {rec.sha256[:12]} -> {now[:12]})"
     return None
+
+
+def recorded_bytes(manifest: Manifest) -> int:
+    """The bytes of the files a manifest records (what verifying it hashes)."""
+    return sum(r.size for r in (manifest.files or {}).values())
 
 
 def remove_tree(path: Path) -> None:
@@ -159,21 +167,56 @@ def _owner_alive(name: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """What a store holds for (stage, key): the manifest of a usable published result, or None and why a result
+    that was there is not used (empty when there was none: then the record of the stage's last run explains)."""
+    manifest: Manifest | None
+    rejected: str = ""
+
+
+class VerifyStatus(str, Enum):
+    """What `verify` found at one place of the store."""
+    OK = "ok"  # a result whose files are as its manifest records
+    BAD = "bad"  # a result that is not (removed by --repair)
+    FOREIGN = "foreign"  # not made by trtflow: listed, never removed
+    STALE_STAGING = "stale staging"  # left by a run that is gone (removed by --repair, or by the next run)
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    stage: str
+    key: str
+    status: VerifyStatus
+    problem: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    rows: list[VerifyRow] = field(default_factory=list)
+    bytes: int = 0  # hashed
+
+    def having(self, status: VerifyStatus) -> list[VerifyRow]:
+        return [r for r in self.rows if r.status is status]
+
+
+FOREIGN_PROBLEM = "not made by trtflow: left alone"
+
+
 class ArtifactStore(Protocol):
     root: Path  # local: where stages read and write, the digest cache and the shared caches live
     location: str  # what users gave: the directory, or the URL of a remote store
-    rejected: dict[tuple[str, str], str]
     notes: list[str]  # what the store refused to fetch from its shared files (a remote store's), for the console
     read_only: bool
     digests: DigestCache  # sha256 of local files by stamp (the source model, data files, results on reuse)
 
     def ensure_writable(self) -> None: ...
-    def lookup(self, stage: str, key: str) -> Manifest | None: ...
-    def peek(self, stage: str, key: str) -> Manifest | None: ...
+    def lookup(self, stage: str, key: str) -> Lookup: ...
+    def peek(self, stage: str, key: str) -> Lookup: ...
     def staging(self, stage: str, key: str) -> Path: ...
     def publish(self, stage: str, key: str, staging: Path, manifest: Manifest,
                 replace: bool = False) -> tuple[Path, Manifest]: ...
-    def verify(self, repair: bool = False) -> dict[str, Any]: ...
+    def verify(self, repair: bool = False) -> VerifyReport: ...
     def discard(self, staging: Path) -> None: ...
     # the shared caches (benchmark baselines, timing caches) of a store several machines use: fetched before a
     # stage that uses them runs, what it changed sent back after (a local store is already shared)
@@ -182,8 +225,8 @@ class ArtifactStore(Protocol):
     # a record in `shared/` that is created once and never replaced (a release's version): None when this call
     # created it, else what is there already; the store's own atomic primitive decides, on every machine at once
     def claim(self, rel: str, data: bytes) -> bytes | None: ...
-    def last(self, stage: str) -> dict[str, Any] | None: ...
-    def mark_last(self, stage: str, record: dict[str, Any]) -> None: ...
+    def last(self, stage: str) -> LastRun | None: ...
+    def mark_last(self, stage: str, record: LastRun) -> None: ...
     def path(self, stage: str, key: str) -> Path: ...
 
 
@@ -192,13 +235,7 @@ def claim_all(store: ArtifactStore, claims: list[Claim]) -> str | None:
     was already, for the same owner), else which one another run holds."""
     for claim in claims:
         theirs = store.claim(claim.path, claim.data)
-        if theirs is None:
-            continue
-        try:
-            owner = json.loads(theirs).get("owner")
-        except (ValueError, AttributeError):
-            owner = None
-        if owner != claim.owner:
+        if theirs is not None and claim.held_by_another(theirs):
             return f"shared/{claim.path} was created by another run meanwhile"
     return None
 
@@ -234,7 +271,6 @@ class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.location = str(self.root)
-        self.rejected: dict[tuple[str, str], str] = {}
         self.notes: list[str] = []
         self.read_only = False
         self.full: TrtflowError | None = None  # why it is read-only when that is a full disk or quota
@@ -304,27 +340,22 @@ class LocalStore:
     def path(self, stage: str, key: str) -> Path:
         return self.root / stage / key
 
-    def lookup(self, stage: str, key: str) -> Manifest | None:
-        """The manifest of a published OK result whose files are as recorded; otherwise None, and
-        `rejected[(stage, key)]` says why when a result was there."""
-        self.rejected.pop((stage, key), None)
+    def lookup(self, stage: str, key: str) -> Lookup:
+        """The manifest of a published OK result whose files are as recorded; otherwise none, and why when a
+        result was there."""
         directory = self.path(stage, key)
         data, problem = read_json(directory / MANIFEST, MANIFEST_BYTES)
         if data is None:
-            if problem:
-                self.rejected[(stage, key)] = problem
-            return None
+            return Lookup(None, problem or "")
         manifest = Manifest.parse(data, key)
         if manifest is None:
-            self.rejected[(stage, key)] = f"{directory / MANIFEST} is not a trtflow manifest; ignored"
-            return None
+            return Lookup(None, f"{directory / MANIFEST} is not a trtflow manifest; ignored")
         if not manifest.ok:
-            return None
+            return Lookup(None)
         problem = check_files(directory, manifest.files, sha256=self.digests.sha256)
         if problem:
-            self.rejected[(stage, key)] = f"its stored result failed verification: {problem}"
-            return None
-        return manifest
+            return Lookup(None, f"its stored result failed verification: {problem}")
+        return Lookup(manifest)
 
     peek = lookup  # what `plan` asks: here as cheap as the lookup itself
 
@@ -370,7 +401,7 @@ class LocalStore:
         for attempt in range(3):
             if target.exists():  # a broken earlier publish, a concurrent run that won, or what a forced run replaces
                 if not replace:
-                    existing = self.lookup(stage, key)
+                    existing = self.lookup(stage, key).manifest
                     if existing is not None:
                         remove_tree(staging)
                         return target, existing
@@ -393,7 +424,7 @@ class LocalStore:
             return
         remove_tree(trash)
 
-    def verify(self, repair: bool = False) -> dict[str, Any]:
+    def verify(self, repair: bool = False) -> VerifyReport:
         """Hash every file of every published result against its manifest. With `repair`, results that do not
         match (and staging left by dead runs) are removed, so the next run recomputes them. A directory that is
         not a store is refused before anything is read; what trtflow did not make is listed, never removed."""
@@ -401,7 +432,7 @@ class LocalStore:
             raise StoreError(f"{self.root} is not a trtflow artifact store (no {MARKER} and no trtflow manifest): "
                              f"nothing was checked or removed",
                              hint="give the store's directory: the pipeline's 'artifacts:', .trtflow by default")
-        rows, hashed = [], 0
+        report = VerifyReport()
         results, foreign = self._walk()
         for stage, directory in results:
             data, problem = read_json(directory / MANIFEST, MANIFEST_BYTES)
@@ -412,22 +443,17 @@ class LocalStore:
                 problem = "its manifest is not a trtflow manifest"
             else:
                 problem = check_files(directory, manifest.files, rehash=True)
-                hashed += sum(r.get("size", 0) for r in (manifest.files or {}).values()
-                              if isinstance(r, dict) and isinstance(r.get("size"), int))
-            rows.append({"stage": stage, "key": directory.name,
-                         "status": "ok" if problem is None else "bad", "problem": problem})
+                report.bytes += recorded_bytes(manifest)
+            status = VerifyStatus.OK if problem is None else VerifyStatus.BAD
+            report.rows.append(VerifyRow(stage, directory.name, status, problem))
             if problem and repair:
                 self._drop(directory)
-        for name in foreign:
-            rows.append({"stage": name, "key": "", "status": "foreign",
-                         "problem": "not made by trtflow: left alone"})
-        stale = [d for d in self._staging_dirs() if d.name.startswith(".tmp-") and not _owner_alive(d.name)]
-        for d in stale:
-            rows.append({"stage": d.parent.name, "key": d.name, "status": "stale staging",
-                         "problem": "staging of a run that is gone"})
+        report.rows += [VerifyRow(name, "", VerifyStatus.FOREIGN, FOREIGN_PROBLEM) for name in foreign]
+        report.rows += [VerifyRow(d.parent.name, d.name, VerifyStatus.STALE_STAGING, "staging of a run that is gone")
+                        for d in self._staging_dirs() if d.name.startswith(".tmp-") and not _owner_alive(d.name)]
         if repair:
             self.clean_staging()
-        return {"rows": rows, "bytes": hashed}
+        return report
 
     def discard(self, staging: Path) -> None:
         remove_tree(staging)
@@ -450,16 +476,15 @@ class LocalStore:
                              hint="replace the symlink or file there by the directory or record trtflow made") \
                 from None
 
-    def last(self, stage: str) -> dict[str, Any] | None:
-        data, _ = read_json(self.root / stage / LAST)
-        return data if isinstance(data, dict) and isinstance(data.get("key"), str) else None
+    def last(self, stage: str) -> LastRun | None:
+        return LastRun.parse(read_json(self.root / stage / LAST)[0])
 
-    def mark_last(self, stage: str, record: dict[str, Any]) -> None:
+    def mark_last(self, stage: str, record: LastRun) -> None:
         if self.read_only:
             return
         try:
             (self.root / stage).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(self.root / stage / LAST, record)
+            write_json_atomic(self.root / stage / LAST, record.to_json())
         except OSError as exc:  # only the explanation `plan` gives: a full disk is said by what could not be written
             if disk_cause(exc) is None:
                 raise

@@ -7,12 +7,15 @@ Relative paths resolve against the flow run's working directory: the deployment'
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from pydantic import BaseModel
 
 from trtflow.errors import SpecError, TrtflowError
+from trtflow.flows.results import Release, StageReport
 from trtflow.pipelines.loader import parse_yaml
 from trtflow.stages.trt.engines import built_engines
 
@@ -55,36 +58,66 @@ def _is_pipeline(path: Path) -> bool:
     return isinstance(data, dict) and "stages" in data and "version" in data
 
 
-def engine_events(pipeline: Path, outcome: dict[str, Any], changed: list[str]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Event:
+    """A Prefect event trtflow emits: its name, the resource's id and other labels, the payload; `engine` is the
+    engine file of an engine's event, `release` the version a release event announces."""
+    event: str
+    resource_id: str
+    labels: dict[str, str]
+    payload: dict[str, Any]
+    engine: str | None = None
+    release: Release | None = None
+
+    def emit(self) -> None:
+        from prefect.events import emit_event
+
+        emit_event(event=self.event, resource={"prefect.resource.id": self.resource_id, **self.labels},
+                   payload=self.payload)
+
+
+class WatchedEvent(BaseModel):
+    """An event of the watcher's result: emitted by it (an engine's, a stage's) or by a release stage's task."""
+    event: str
+    resource: str
+    version: int | None = None  # a release's
+    engine: str | None = None  # an engine's
+
+
+class WatchEntry(BaseModel):
+    """The watcher's result for one pipeline (as JSON, parts it did not reach left out: `environment_changed`
+    once planned, `error` when it failed)."""
+    pipeline: str
+    ran: list[str] = []
+    reused: list[str] = []
+    events: list[WatchedEvent] = []
+    environment_changed: list[str] = []
+    error: str | None = None
+
+
+def engine_events(pipeline: Path, outcome: StageReport, changed: list[str]) -> list[Event]:
     """One event per engine a stage that ran produced (the cells of its engines outputs that built), else one for
     the stage."""
-    directory = Path(outcome["directory"])
-    base = {"trtflow.pipeline": str(pipeline), "trtflow.stage": outcome["stage"]}
-    payload = {"key": outcome["key"], "directory": str(directory), "environment_changed": changed}
-    if outcome["engines"]:
-        return [{"event": ENGINE_EVENT,
-                 "resource": {"prefect.resource.id": f"trtflow.engine.{pipeline.parent.name}.{outcome['stage']}."
-                                                     f"{eng.cell.name}", **base},
-                 "payload": {**payload, "engine": str(eng.plan), "runtime": eng.built.runtime,
-                             "target": eng.cell.target}}
-                for engines in outcome["engines"] for eng in built_engines(Path(engines))]
-    return [{"event": STAGE_EVENT,
-             "resource": {"prefect.resource.id": f"trtflow.stage.{pipeline.parent.name}.{outcome['stage']}", **base},
-             "payload": payload}]
+    base = {"trtflow.pipeline": str(pipeline), "trtflow.stage": outcome.stage}
+    payload = {"key": outcome.key, "directory": outcome.directory, "environment_changed": changed}
+    if outcome.engines:
+        return [Event(ENGINE_EVENT, f"trtflow.engine.{pipeline.parent.name}.{outcome.stage}.{eng.cell.name}", base,
+                      {**payload, "engine": str(eng.plan), "runtime": eng.built.runtime, "target": eng.cell.target},
+                      engine=str(eng.plan))
+                for engines in outcome.engines for eng in built_engines(Path(engines))]
+    return [Event(STAGE_EVENT, f"trtflow.stage.{pipeline.parent.name}.{outcome.stage}", base, payload)]
 
 
-def release_events(pipeline: Path, stage: str, key: str, directory: Path, releases: list[dict[str, Any]]
-                   ) -> list[dict[str, Any]]:
+def release_events(pipeline: Path, stage: str, key: str, directory: Path, releases: list[Release]) -> list[Event]:
     """One event per new version a release stage made (a release of an engine released before makes none): what a
     deployment that rolls engines out to Triton acts on."""
-    return [{"event": RELEASE_EVENT,
-             "resource": {"prefect.resource.id": f"trtflow.release.{pipeline.parent.name}.{stage}.{r['target']}",
-                          "trtflow.pipeline": str(pipeline), "trtflow.stage": stage, "trtflow.model": r["model"],
-                          "trtflow.target": r["target"]},
-             "payload": {"version": r["version"], "engine": r["engine"], "engine_sha256": r["engine_sha256"],
-                         "repository": str(directory / r["repository"]), "card": str(directory / "card"),
-                         "key": key}}
-            for r in releases if r.get("new")]
+    return [Event(RELEASE_EVENT, f"trtflow.release.{pipeline.parent.name}.{stage}.{r.target}",
+                  {"trtflow.pipeline": str(pipeline), "trtflow.stage": stage, "trtflow.model": r.model,
+                   "trtflow.target": r.target},
+                  {"version": r.version, "engine": r.engine, "engine_sha256": r.engine_sha256,
+                   "repository": str(directory / r.repository), "card": str(directory / "card"), "key": key},
+                  release=r)
+            for r in releases if r.new]
 
 
 @flow(name="trtflow-watch", persist_result=True, log_prints=True)
@@ -96,10 +129,8 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
     pipeline is up to date or rebuilt, this machine's environment record (check-env's) advances to the current
     environment. `machine`: the machine the run is for (a run that lands on another fails); `changed`: what
     check-env's event said changed (logged)."""
-    from prefect.events import emit_event
-
     from trtflow.flows import machine as this_machine
-    from trtflow.flows.pipeline_flow import pipeline_flow
+    from trtflow.flows.pipeline_flow import handing_over, pipeline_flow
     from trtflow.flows.runner import make_runner
 
     log = get_run_logger()
@@ -116,9 +147,10 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
         raise SpecError(f"no trtflow pipeline in {', '.join(map(repr, pipelines))} under {base} (the deployment's "
                         f"working directory: is TRTFLOW_MODELS set where it was deployed?)",
                         hint="give pipeline files or directories holding them")
-    results, failures = [], []
+    results: list[WatchEntry] = []
+    failures = []
     for path in found:
-        entry: dict[str, Any] = {"pipeline": str(path), "ran": [], "reused": [], "events": []}
+        entry = WatchEntry(pipeline=str(path), ran=[], reused=[], events=[])
         results.append(entry)
         try:
             runner = make_runner(str(path), [], store)
@@ -127,33 +159,31 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
             if broken:  # a stage that cannot even be planned (its code does not import here): not "up to date"
                 raise TrtflowError(f"stage '{broken[0].name}': {broken[0].reason}")
             stale = [i for i in plan if i.action == "run"]
-            entry["environment_changed"] = sorted({c for i in plan for c in i.changed})
+            entry.environment_changed = sorted({c for i in plan for c in i.changed})
             if not stale:
-                entry["reused"] = [i.name for i in plan]
+                entry.reused = [i.name for i in plan]
                 log.info("%s: up to date (%d stages)", path, len(plan))
                 continue
             log.info("%s: %s stale (%s)", path, ", ".join(i.name for i in stale), stale[0].reason)
-            outcomes = pipeline_flow(str(path), store=store)
+            with handing_over(runner, str(path), []):
+                outcomes = pipeline_flow(str(path), store=runner.store.location)
         except TrtflowError as exc:
             log.error("%s: %s", path, exc)
-            entry["error"] = str(exc)
+            entry.error = str(exc)
             failures.append(f"{path}: {exc}")
             continue
-        for o in outcomes:
-            entry["ran" if o["status"] == "ran" else "reused"].append(o["stage"])
-            if o["status"] == "ran":
-                for event in release_events(path, o["stage"], o["key"], Path(o["directory"]), o["releases"]):
-                    entry["events"].append({"event": event["event"],  # emitted by the release stage's task
-                                            "resource": event["resource"]["prefect.resource.id"],
-                                            "version": event["payload"]["version"]})
-                for event in engine_events(path, o, entry["environment_changed"]):
-                    emit_event(**event)
-                    entry["events"].append({"event": event["event"],
-                                            "resource": event["resource"]["prefect.resource.id"],
-                                            **({"engine": event["payload"]["engine"]}
-                                               if "engine" in event["payload"] else {})})
-        log.info("%s: ran %s; reused %s", path, ", ".join(entry["ran"]) or "nothing",
-                 ", ".join(entry["reused"]) or "nothing")
+        for o in map(StageReport.model_validate, outcomes):
+            (entry.ran if o.status == "ran" else entry.reused).append(o.stage)
+            if o.status == "ran":
+                for event in release_events(path, o.stage, o.key, Path(o.directory), o.releases):
+                    assert event.release is not None  # (emitted by the release stage's task)
+                    entry.events.append(WatchedEvent(event=event.event, resource=event.resource_id,
+                                                     version=event.release.version))
+                for event in engine_events(path, o, entry.environment_changed):
+                    event.emit()
+                    entry.events.append(WatchedEvent(event=event.event, resource=event.resource_id,
+                                                     **({"engine": event.engine} if event.engine else {})))
+        log.info("%s: ran %s; reused %s", path, ", ".join(entry.ran) or "nothing", ", ".join(entry.reused) or "nothing")
     if failures:
         raise TrtflowError(f"{len(failures)} of {len(results)} pipelines failed: " + "; ".join(failures) +
                            "; this machine's environment record was not advanced")
@@ -161,4 +191,4 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
     if check.previous != check.fingerprint:
         state = this_machine.record(check)
         log.info("recorded this machine's environment in %s: every pipeline is up to date with it", state)
-    return results
+    return [entry.model_dump(mode="json", exclude_unset=True) for entry in results]

@@ -88,6 +88,30 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
 
 
+def test_run_loads_the_pipeline_once(prefect_server, write_yaml, capsys, monkeypatch):
+    """`trtflow run` checks the pipeline and the store before Prefect starts; the flow it then starts runs on that
+    same runner: the pipeline file is loaded (read, interpolated, validated) once per command, whether the stages
+    run or are all reused; the run's identity is not read again per stage."""
+    from trtflow.flows import pipeline_flow as pf
+    from trtflow.pipelines import loader
+
+    path = write_yaml(PIPE)
+    loads, identities = [], []
+    real, parse = loader.load_pipeline, pf.parse_yaml
+    monkeypatch.setattr(loader, "load_pipeline", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
+    monkeypatch.setattr(pf, "parse_yaml", lambda *a, **k: identities.append(1) or parse(*a, **k))
+    assert cli.main(["run", str(path)]) == 0
+    assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
+    assert loads == [str(path)]
+    # the run's name and tags (run_identity) are read by the CLI, for the flow run's name and for its tags: not
+    # once more per stage task
+    assert len(identities) == 3
+    loads.clear()
+    assert cli.main(["run", str(path), "--force", "b"]) == 0
+    assert "2 stages (1 ran, 1 reused)" in capsys.readouterr().out
+    assert loads == [str(path)]
+
+
 def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, write_yaml, capsys):
     path = write_yaml(PIPE.replace("tests.stage_fns:count_bytes", "tests.stage_fns:fail")
                       .replace("outputs: {report: json}", "outputs: {model: onnx}"))

@@ -17,7 +17,7 @@ import pytest
 
 from tests.test_faults import descendants, wait_gone
 from trtflow.flows.runner import make_runner
-from trtflow.flows.store import LocalStore
+from trtflow.flows.store import LocalStore, VerifyStatus
 
 PIPELINE = """
 version: 1
@@ -88,7 +88,7 @@ def test_sigkill_at_random_moments_never_leaves_a_result_that_is_reused_broken(w
 
         if not store.exists():
             continue
-        bad = [r for r in LocalStore(store).verify()["rows"] if r["status"] == "bad"]  # what `trtflow verify` does
+        bad = LocalStore(store).verify().having(VerifyStatus.BAD)  # what `trtflow verify` does
         assert bad == [], f"kill {n} at {moment:.1f}s: {bad}"
         rerun = trtflow("run", str(path), "--store", str(store))
         assert rerun.returncode == 0, f"kill {n} at {moment:.1f}s: {rerun.stderr}"

@@ -70,7 +70,7 @@ def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(wor
 def _served(store, stage: str) -> dict | None:
     """What the store would serve for `stage`: its published OK result's models and report (timings dropped)."""
     last = store.last(stage)
-    manifest = store.lookup(stage, last["key"]) if last else None
+    manifest = store.lookup(stage, last.key).manifest if last else None
     if manifest is None:
         return None
     directory = store.path(stage, manifest.key)

@@ -190,8 +190,8 @@ def test_a_sigkilled_preflight_in_a_real_run_publishes_nothing(workdir):
     assert killer.killed, "the pre-flight child was never seen"
     store = LocalStore(workdir / "store")
     last = store.last("fp16")
-    assert last is not None and "was killed (SIGKILL)" in last["error"]
-    assert store.lookup("fp16", last["key"]) is None, "the run's key serves a result"
+    assert last is not None and "was killed (SIGKILL)" in last.error
+    assert store.lookup("fp16", last.key).manifest is None, "the run's key serves a result"
     assert list((workdir / "store").glob("fp16/*/manifest.json")) == []
 
 

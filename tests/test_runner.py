@@ -195,7 +195,7 @@ def test_half_written_result_is_never_a_cache_hit(write_yaml):
     run_all(path)
     runner = Runner(load_pipeline(path))
     last = runner.store.last("a")
-    directory = runner.store.path("a", last["key"])
+    directory = runner.store.path("a", last.key)
     # a run killed between writing outputs and the manifest: as if the manifest never got written
     (directory / "manifest.json").unlink()
     assert plan_of(path)["a"] == ("run", "its published result is missing or incomplete")
@@ -210,13 +210,13 @@ def test_manifest_contents(write_yaml):
     path = write_yaml(PIPE)
     run_all(path)
     runner = Runner(load_pipeline(path))
-    key = runner.store.last("b")["key"]
+    key = runner.store.last("b").key
     m = json.loads((runner.store.path("b", key) / "manifest.json").read_text())
     assert m["status"] == "ok" and m["key"] == key and m["stage"] == "b"
     out = m["outputs"]["model"]
     assert out["path"] == "model.onnx" and out["type"] == "onnx" and out["size"] > 500_000
     assert m["inputs"]["model"]["digest"] == json.loads(
-        (runner.store.path("a", runner.store.last("a")["key"]) / "manifest.json").read_text()
+        (runner.store.path("a", runner.store.last("a").key) / "manifest.json").read_text()
     )["outputs"]["model"]["digest"]
     assert "params" not in m["key_parts"]["params"], "left at its default ({}): not in the key"
     assert m["metrics"]["bytes"] == out["size"]

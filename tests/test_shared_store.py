@@ -20,6 +20,7 @@ import pytest
 
 from tests.assets import PPOCR
 from trtflow.flows.manifest import Manifest
+from trtflow.flows.store import VerifyStatus
 
 pytest.importorskip("s3fs")
 
@@ -130,7 +131,7 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
 
     def not_yet(stage, k):  # the second machine looked before the first committed
         calls.append(k)
-        return None if len(calls) == 1 else real(stage, k)
+        return (None, "") if len(calls) == 1 else real(stage, k)
     second._remote_manifest = not_yet
     _, won = first.publish("s", key, _staged(first, "s", key, b"first machine's engine"),
                            _manifest(key, b"first machine's engine"))
@@ -142,7 +143,7 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
     assert writers == {won.blobs}, "the loser's upload was removed"
     # a third machine fetches the result and verifies it against the manifest
     third = _store(url, tmp_path / "m3")
-    assert third.lookup("s", key).outputs == won.outputs
+    assert third.lookup("s", key).manifest.outputs == won.outputs
     assert (third.path("s", key) / "model.onnx").read_bytes() == b"first machine's engine"
 
 
@@ -154,15 +155,18 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
     fs.pipe_file(f"{name}/store/s/{key}/otherhost-4242-0badc0de/model.onnx", b"an upload whose run died")
     report = store.verify()
-    assert [r["status"] for r in report["rows"] if not r["stage"].startswith("(cache)")] == ["ok", "stale staging"]
+    assert [r.status for r in report.rows if not r.stage.startswith("(cache)")] == [VerifyStatus.OK,
+                                                                                VerifyStatus.STALE_STAGING]
     fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/model.onnx", b"engine bytez")  # same size, other bytes
-    bad = [r for r in _store(url, tmp_path / "m2").verify()["rows"] if r["status"] == "bad"]
-    assert len(bad) == 1 and "changed content" in bad[0]["problem"]
+    bad = _store(url, tmp_path / "m2").verify().having(VerifyStatus.BAD)
+    assert len(bad) == 1 and "changed content" in bad[0].problem
     other = _store(url, tmp_path / "m4")
-    assert other.lookup("s", key) is None and "failed verification" in other.rejected[("s", key)]
+    found = other.lookup("s", key)
+    assert found.manifest is None and "failed verification" in found.rejected
     # it was quarantined: another machine's plan says why the stage must run
     later = _store(url, tmp_path / "m5")
-    assert later.peek("s", key) is None and "quarantined" in later.rejected[("s", key)]
+    found = later.peek("s", key)
+    assert found.manifest is None and "quarantined" in found.rejected
     store.verify(repair=True)
     assert not fs.exists(f"{name}/store/s/{key}")
 
@@ -338,17 +342,19 @@ def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp
     key = "d" * 32
     store = _store(url, tmp_path / "m1")
     _, m = store.publish("s", key, _staged(store, "s", key, b"engine bytes"), _manifest(key, b"engine bytes"))
-    poisoned = {**m.to_json(), "files": {bad_path: m.files["model.onnx"]}}
+    poisoned = {**m.to_json(), "files": {bad_path: m.to_json()["files"]["model.onnx"]}}
     fs.pipe_file(f"{name}/store/s/{key}/{m.blobs}/{bad_path}", b"engine bytes")
     fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps(poisoned).encode())
     other = _store(url, tmp_path / "deep" / "m2")
-    assert other.lookup("s", key) is None and "is not a trtflow manifest" in other.rejected[("s", key)]
+    found = other.lookup("s", key)
+    assert found.manifest is None and "is not a trtflow manifest" in found.rejected
     written = {p for p in tmp_path.rglob("*PWNED*")} | {p for p in Path("/tmp").glob("PWNED*")}
     assert written == set()
     for blobs in ("../other-prefix", "/abs"):  # the writer directory is a name, not a path
         fs.pipe_file(f"{name}/store/s/{key}/manifest.json", json.dumps({**m.to_json(), "blobs": blobs}).encode())
         third = _store(url, tmp_path / f"m3{len(blobs)}")
-        assert third.lookup("s", key) is None and "is not a trtflow manifest" in third.rejected[("s", key)]
+        found = third.lookup("s", key)
+        assert found.manifest is None and "is not a trtflow manifest" in found.rejected
 
 
 GATED = """version: 1
@@ -449,7 +455,7 @@ def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path,
     key = "d" * 32
     store = _store(url, tmp_path / "m1")
     store.publish("s", key, _staged(store, "s", key, b"engine"), _manifest(key, b"engine"))
-    assert _store(url, tmp_path / "m2").lookup("s", key) is not None
+    assert _store(url, tmp_path / "m2").lookup("s", key).manifest is not None
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -548,3 +554,21 @@ def test_two_machines_releasing_at_once_never_share_a_version(bucket, tmp_path):
                for p in fs.glob(f"{name}/store/shared/releases/m/native/*.json")}
     engines = {v: e for got in results for v, e, _ in got}
     assert records == engines
+
+
+def test_verify_names_a_result_that_read_another_digest_than_the_one_published():
+    """Two runs published an upstream key differently: a downstream result whose recorded input digest is not one of
+    the published upstream's outputs is a bad row naming the input and where it was read from."""
+    from trtflow.flows.remote_store import RemoteStore
+
+    up, down = "a" * 32, "b" * 32
+    upstream = _manifest(up, b"the engine published")
+    read = {"path": f"/cache/store/s/{up}/model.onnx", "type": "onnx", "digest": hashlib.sha256(b"another").hexdigest()}
+    downstream = Manifest.model_validate({**_manifest(down, b"report").to_json(), "stage": "t",
+                                         "inputs": {"model": read}})
+    (row,) = RemoteStore._consistency({("s", up): upstream, ("t", down): downstream})
+    assert (row.stage, row.key, row.status) == ("t", down, VerifyStatus.BAD)
+    assert f"input 'model' was read from s/{up[:12]}" in row.problem
+    same = {**read, "digest": upstream.outputs["model"].digest}
+    downstream = Manifest.model_validate({**downstream.to_json(), "inputs": {"model": [same]}})
+    assert RemoteStore._consistency({("s", up): upstream, ("t", down): downstream}) == []

@@ -19,7 +19,7 @@ from tests import stage_fns
 from tests.test_runner import plan_of, run_all
 from trtflow.flows import cli
 from trtflow.flows.manifest import Manifest
-from trtflow.flows.store import HOST
+from trtflow.flows.store import HOST, VerifyStatus
 
 PIPE = """
 version: 1
@@ -387,7 +387,7 @@ def test_verify_leaves_the_shared_caches_alone(tmp_path):
     (staging / "out.bin").write_bytes(b"x")
     store.publish("s", "f0" * 16, staging, Manifest(key="f0" * 16, status="ok", outputs={}))
     report = store.verify(repair=True)
-    assert [(r["stage"], r["status"]) for r in report["rows"]] == [("s", "ok")]
+    assert [(r.stage, r.status) for r in report.rows] == [("s", VerifyStatus.OK)]
     assert (tmp_path / "store" / "shared" / "benchmark" / "baselines.json").is_file()
 
 

@@ -6,6 +6,7 @@ wrote.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class Inputs(dict):
         return value if isinstance(value, list) else [value]
 
 
+OWNER = "owner"  # the key of a claimed record naming the run's result it belongs to
 CLAIM_BYTES = 2**20  # a claimed record (a release's version) is a few hundred bytes; larger is not one of trtflow's
 
 
@@ -76,6 +78,15 @@ class Claim:
     path: str  # relative to the store's shared/
     data: bytes
     owner: str
+
+    def held_by_another(self, theirs: bytes) -> bool:
+        """Whether the record at `path` (`theirs`, as read) is another owner's: any that is not a JSON object
+        naming this claim's owner."""
+        try:
+            record = json.loads(theirs)
+        except ValueError:
+            return True
+        return not isinstance(record, dict) or record.get(OWNER) != self.owner
 
 
 @dataclass

@@ -26,7 +26,7 @@ class Output(Command):
         runner = Runner(loaded, store=open_store(store_option(args.store) or loaded.store_location))
         runner.check_stage_name(args.stage, "stage")
         item = next(i for i in runner.plan([args.stage]) if i.name == args.stage)
-        manifest = runner.store.lookup(args.stage, item.key) if item.action == "reuse" else None
+        manifest = runner.store.lookup(args.stage, item.key).manifest if item.action == "reuse" else None
         if manifest is None:
             raise SpecError(f"stage '{args.stage}' has no up-to-date result in {runner.store.location} "
                             f"({item.reason})", hint=f"run it first: trtflow run {args.pipeline} --stage {args.stage}")

@@ -52,7 +52,8 @@ class Plan(Command):
                                                      "reason": i.reason, "key": i.key, "environment": i.environment,
                                                      "environment_changed": i.changed,
                                                      "executes": loaded.spec.stages[i.name].executes(),
-                                                     "excluded": i.excluded, "held": i.held}
+                                                     "excluded": i.excluded,
+                                                     "held": [h.model_dump(mode="json") for h in i.held]}
                                                     for i in items]}, indent=2) + "\n")
             return code
         table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.location})", title_justify="left")
@@ -61,7 +62,7 @@ class Plan(Command):
         style = {"reuse": "green", "run": "yellow", "error": "red"}
         for it in items:
             why = "; ".join([it.reason] + [f"left out optional variant {v}" for v in it.excluded]
-                            + [f"kept version {h.get('version')} for target {h.get('target')}" for h in it.held])
+                            + [f"kept version {h.version} for target {h.target}" for h in it.held])
             table.add_row(it.name, escape(it.kind), f"[{style[it.action]}]{it.action}[/]", escape(why),
                           (it.key or "")[:12], it.environment)
         out.print(table)

@@ -8,12 +8,15 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from rich.markup import escape
 
 from trtflow.errors import PrefectUnavailable
 from trtflow.flows.cli.base import Command, add_pipeline_arguments, add_selection_arguments, err, out, store_option
+
+if TYPE_CHECKING:
+    from trtflow.flows.results import Verdict
 
 EPHEMERAL_STARTUP_S = 120
 
@@ -33,6 +36,7 @@ class Run(Command):
         # Prefect gives its temporary server 20 s to start, which a busy machine misses: give it more.
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_S))
         # Fail fast on spec and store problems, before paying for Prefect's start-up.
+        from trtflow.flows.results import StageReport, Verdict
         from trtflow.flows.runner import make_runner
 
         started = time.perf_counter()
@@ -47,7 +51,7 @@ class Run(Command):
                 out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
                           f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
             for o in reused:
-                _say_verdict(o.name, o.manifest.metrics)
+                _say_verdict(o.name, Verdict.of(o.manifest))
             out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
                       f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
             return 0
@@ -96,9 +100,10 @@ class Run(Command):
         try:
             with tags(*pf.run_identity(args.pipeline)[1]), pf.watching(listen), progress.listening(on_progress), \
                     temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), \
-                    _server_watch(watched, bool(api_url)):
-                results = pf.pipeline_flow(pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages,
-                                           force=args.force, store=runner.store.location)
+                    _server_watch(watched, bool(api_url)), pf.handing_over(runner, args.pipeline, args.overrides):
+                results = [StageReport.model_validate(r) for r in pf.pipeline_flow(
+                    pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages, force=args.force,
+                    store=runner.store.location)]
         except RuntimeError as exc:
             if api_url and str(exc).startswith("Failed to reach API at"):
                 raise PrefectUnavailable(f"trtflow's background Prefect server at {api_url} stopped answering during "
@@ -106,29 +111,29 @@ class Run(Command):
             raise _prefect_unavailable(exc) or exc from None
         finally:
             status.stop()
-        ran = sum(r["status"] == "ran" for r in results)
+        ran = sum(r.status == "ran" for r in results)
         for r in results:
-            _say_verdict(r["stage"], r)
+            _say_verdict(r.stage, r)
         out.print(f"[green]done[/] {len(results)} stages ({ran} ran, {len(results) - ran} reused) in "
                   f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
         return 0
 
 
 
-def _say_verdict(stage: str, metrics: dict[str, Any]) -> None:
-    """What a stage's verdict means for deployment, from its result (a validate stage's candidates replaced or left
-    out; a release stage's targets whose previous version stays)."""
-    left_out = set(metrics.get("left_out") or [])
-    replaced = [n for n in metrics.get("not_shipped") or [] if n not in left_out]
+def _say_verdict(stage: str, verdict: Verdict) -> None:
+    """What a stage's verdict means for deployment (a validate stage's candidates replaced or left out; a release
+    stage's targets whose previous version stays)."""
+    left_out = set(verdict.left_out)
+    replaced = [n for n in verdict.not_shipped if n not in left_out]
     if replaced:
         out.print(f"  [yellow]not to deploy[/] (failed {escape(stage)}; each replaced by a repaired engine that "
                   f"passes): {escape(', '.join(replaced))}")
-    for variant, why in (metrics.get("excluded") or {}).items():
+    for variant, why in verdict.excluded.items():
         out.print(f"  [yellow]left out[/] optional variant {escape(variant)} (failed {escape(stage)}; not "
                   f"benchmarked or released): {escape(why)}")
-    for held in metrics.get("held") or []:
-        out.print(f"  [yellow]kept[/] version {held['version']} of {escape(held['model'])} for target "
-                  f"{escape(held['target'])} ({escape(stage)}): {escape(held['why'])}")
+    for held in verdict.held:
+        out.print(f"  [yellow]kept[/] version {held.version} of {escape(held.model)} for target "
+                  f"{escape(held.target)} ({escape(stage)}): {escape(held.why)}")
 
 
 SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often

@@ -22,6 +22,7 @@ class Verify(Command):
                             "dead runs (the next run recomputes)")
 
     def run(self, args: argparse.Namespace) -> int:
+        from trtflow.flows.store import VerifyStatus
         from trtflow.flows.stores import open_store
         from trtflow.pipelines.loader import is_url
 
@@ -38,19 +39,19 @@ class Verify(Command):
         started = time.perf_counter()
         result = open_store(root).verify(repair=args.repair)
         seconds = time.perf_counter() - started
-        bad = [r for r in result["rows"] if r["status"] == "bad"]
-        stale = [r for r in result["rows"] if r["status"] == "stale staging"]
+        bad = result.having(VerifyStatus.BAD)
+        stale = result.having(VerifyStatus.STALE_STAGING)
         for r in bad:
             action = "removed" if args.repair else "bad"
-            out.print(f"  [red]{action}[/] {escape(r['stage'])}/{escape(r['key'][:24])}: {escape(r['problem'])}")
+            out.print(f"  [red]{action}[/] {escape(r.stage)}/{escape(r.key[:24])}: {escape(r.problem or '')}")
         for r in stale:
-            out.print(f"  [yellow]staging[/] {escape(r['stage'])}/{escape(r['key'])}: {escape(r['problem'])} "
+            out.print(f"  [yellow]staging[/] {escape(r.stage)}/{escape(r.key)}: {escape(r.problem or '')} "
                       f"({'removed' if args.repair else 'the next run removes it'})")
-        foreign = [r for r in result["rows"] if r["status"] == "foreign"]
+        foreign = result.having(VerifyStatus.FOREIGN)
         for r in foreign:
-            out.print(f"  [dim]left alone[/] {escape(r['stage'])}: {escape(r['problem'])}")
-        ok = len(result["rows"]) - len(bad) - len(stale) - len(foreign)
-        mb = result["bytes"] / 2**20
+            out.print(f"  [dim]left alone[/] {escape(r.stage)}: {escape(r.problem or '')}")
+        ok = len(result.having(VerifyStatus.OK))
+        mb = result.bytes / 2**20
         out.print(f"{ok} results verified, {len(bad)} {'removed' if args.repair else 'bad'}; {mb:.1f} MB hashed in "
                   f"{seconds:.2f}s ({mb / max(seconds, 1e-9):.0f} MB/s) in {root}")
         return 0 if not bad or args.repair else 1
