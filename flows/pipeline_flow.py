@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
+import importlib
 import os
 import re
 import uuid
@@ -19,12 +20,13 @@ from prefect.utilities.annotations import quote
 from trtflow import markdown as md
 from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
+from trtflow.events import Event, StageRan
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all, resume
 from trtflow.flows.manifest import Manifest
-from trtflow.flows.results import StageReport, Verdict
+from trtflow.flows.results import StageReport
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
-from trtflow.pipelines.kinds import kind_of
+from trtflow.pipelines.kinds import kind_named, kind_of
 from trtflow.pipelines.loader import parse_yaml
 
 StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) as stages start and finish
@@ -119,22 +121,37 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
                           outcome.reason)
     for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
         get_run_logger().warning("%s: %s", name, warning)
-    if outcome.status == "ran" and outcome.kind == "release":
-        _announce_releases(runner, outcome)
+    if outcome.status == "ran":
+        _announce(runner, outcome)
     if outcome.status == "reused":  # Prefect's own word for a result it did not recompute
         return Completed(name="Cached", message=f"reused: {outcome.reason}", data=outcome)
     return outcome
 
 
-def _announce_releases(runner: Runner, outcome: StageOutcome) -> None:
-    from trtflow.flows.watch import release_events
+def _announce(runner: Runner, outcome: StageOutcome) -> None:
+    """The events the stage's kind announces after it ran (its row's `events`)."""
+    for event in announced(runner.pipeline.file, outcome):
+        emit(event)
+        if event.say:
+            get_run_logger().info("%s", event.say)
 
-    for event in release_events(runner.pipeline.file, outcome.name, outcome.key, outcome.directory,
-                                Verdict.of(outcome.manifest).releases):
-        event.emit()
-        assert event.release is not None
-        get_run_logger().info("released %s version %s for %s", event.release.model, event.release.version,
-                              event.release.target)
+
+def emit(event: Event) -> None:
+    from prefect.events import emit_event
+
+    emit_event(event=event.event, resource={"prefect.resource.id": event.resource_id, **event.labels},
+               payload=event.payload)
+
+
+def announced(pipeline: Path, outcome: StageOutcome) -> list[Event]:
+    """What a stage's kind announces for a run of it (its row's `events`)."""
+    row = kind_named(outcome.kind)
+    if row is None or row.events is None:
+        return []
+    module, function = row.events.split(":")
+    announce = getattr(importlib.import_module(module), function)
+    return announce(StageRan(pipeline, outcome.name, outcome.key, Path(outcome.directory),
+                               outcome.manifest.metrics))
 
 
 def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
@@ -191,7 +208,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         if extra and exc.args and isinstance(exc.args[0], str):
             exc.args = (exc.args[0] + extra, *exc.args[1:])
         raise exc
-    return [StageReport.of_outcome(run.outcomes[n]).model_dump(mode="json") for n in order]
+    return [StageReport.of_outcome(o, announced(runner.pipeline.file, o) if o.status == "ran" else [])
+            .model_dump(mode="json") for o in (run.outcomes[n] for n in order)]
 
 
 def _tag_flow_run(wanted: list[str]) -> None:

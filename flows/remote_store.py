@@ -52,6 +52,7 @@ from trtflow.flows.store import (
 )
 from trtflow.flows.store_credentials import storage_options
 from trtflow.paths import OutsidePath, under
+from trtflow.pipelines.kinds import KINDS
 
 QUARANTINE = ".quarantine"  # results whose files failed verification when fetched (see _quarantine)
 WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8 hex}", see publish
@@ -256,7 +257,7 @@ class RemoteStore:
         """Send the synced files of `shared/` the stage wrote or changed to the URL (last writer wins per file:
         a baseline is per engine, a timing cache per TensorRT version). Claimed records are sent by `claim`."""
         for rel, stat in _snapshot(self.root / SHARED).items():
-            if before.get(rel) != stat and not rel.startswith(CLAIMED):
+            if before.get(rel) != stat and not _claimed(rel):
                 try:
                     self.fs.put_file(str(self.root / SHARED / rel), self._remote(SHARED, *rel.split("/")))
                 except Exception:  # noqa: BLE001 - the next run on this machine still has it locally
@@ -535,14 +536,21 @@ class _Listing:
                 if not stage.startswith(".") and stage != SHARED and key != LAST]
 
 
-CLAIMED = "releases/"  # records created once by `claim`, never rewritten
-SYNCED_LIMITS = {CLAIMED: CLAIM_BYTES, "benchmark/": 16 * 2**20, "timing-": 1 << 30}  # prefix -> bytes at most
+def _synced_limits() -> dict[str, int]:
+    """The parts of `shared/` a remote store keeps for every machine, as the kinds' rows declare them (`synced`:
+    benchmark baselines, timing caches, the versions released so far): prefix -> how large a file there may be."""
+    return {prefix: limit for row in KINDS.values() for prefix, limit in row.synced.items()}
+
+
+def _claimed(rel: str) -> bool:
+    """A record created once by `claim` (a kind's row says which prefixes: the versions released), never sent by
+    `push_shared`."""
+    return any(rel.startswith(prefix) for row in KINDS.values() for prefix in row.claimed)
 
 
 def _synced(rel: str) -> int | None:
-    """The parts of `shared/` a remote store keeps for every machine (benchmark baselines, timing caches and the
-    versions released so far), and how large a file there may be; None for the rest."""
-    for prefix, limit in SYNCED_LIMITS.items():
+    """How large a file of `shared/` a remote store keeps may be; None for the rest (the engine cache)."""
+    for prefix, limit in _synced_limits().items():
         if rel.startswith(prefix) and (prefix.endswith("/") or "/" not in rel):
             return limit
     return None
@@ -551,7 +559,9 @@ def _synced(rel: str) -> int | None:
 def _snapshot(local: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of the synced files of `shared/`: only those are walked (not the engine cache beside them)."""
     out = {}
-    for p in [*local.glob("timing-*"), *(local / "benchmark").rglob("*"), *(local / "releases").rglob("*")]:
+    found = [p for prefix in _synced_limits()
+             for p in ((local / prefix).rglob("*") if prefix.endswith("/") else local.glob(f"{prefix}*"))]
+    for p in found:
         if files.is_regular(p) and not p.name.startswith("."):
             st = p.stat()
             out[p.relative_to(local).as_posix()] = (st.st_size, st.st_mtime_ns)

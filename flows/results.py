@@ -5,36 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from trtflow.events import Event
 from trtflow.flows.manifest import Manifest
+from trtflow.pipelines.kinds import kind_named
+from trtflow.stages.triton.versions import Held, Release
 
 if TYPE_CHECKING:
     from trtflow.flows.runner import StageOutcome
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="allow")  # what a later stage version adds survives
-
-
-class Release(_Record):
-    """A version a release stage made or kept for one target (`new`: it made it)."""
-    model: str
-    target: str
-    version: int
-    new: bool = False
-    engine: str | None = None
-    engine_sha256: str | None = None
-    repository: str = ""
-
-
-class Held(_Record):
-    """A target whose previous version stays the one served: the variant it shipped was left out."""
-    model: str
-    target: str
-    version: int
-    engine: str | None = None
-    why: str = ""
 
 
 class Verdict(BaseModel):
@@ -50,13 +29,22 @@ class Verdict(BaseModel):
 
     @classmethod
     def of(cls, manifest: Manifest) -> Verdict:
-        """From the result's metrics (the names above; others are the stage's own). Releases and held targets are
-        a release stage's only; metrics of these names in another shape (a user stage's) are no verdict."""
+        """From the result's metrics (the names above; others are the stage's own): the parts the kind's row says
+        its metrics carry (`Kind.verdict`); metrics of these names from another kind are no verdict."""
         try:
             verdict = cls.model_validate(manifest.metrics)
         except ValidationError:
             return cls()
-        return verdict if manifest.kind == "release" else verdict.model_copy(update={"releases": [], "held": []})
+        row = kind_named(manifest.kind)
+        return cls.model_validate(verdict.model_dump(include=set(row.verdict))) if row is not None else cls()
+
+
+class Announced(BaseModel):
+    """An event a stage's kind announced after it ran (emitted by the stage's task): its name, the resource's id,
+    the version it announces (a release's)."""
+    event: str
+    resource: str
+    version: int | None = None
 
 
 class StageReport(Verdict):
@@ -69,12 +57,14 @@ class StageReport(Verdict):
     work_seconds: float
     reason: str
     engines: list[str] = []  # the stage's outputs of type `engines`
+    announced: list[Announced] = []  # the events its kind announced (a stage that ran)
 
     @classmethod
-    def of_outcome(cls, outcome: StageOutcome) -> StageReport:
+    def of_outcome(cls, outcome: StageOutcome, events: list[Event] = ()) -> StageReport:
         m = outcome.manifest
         return cls(stage=outcome.name, status=outcome.status, key=outcome.key, directory=str(outcome.directory),
                    seconds=round(outcome.seconds, 3), work_seconds=round(outcome.work_seconds, 3),
                    reason=outcome.reason,
                    engines=[str(outcome.directory / out.path) for out in m.outputs.values() if out.type == "engines"],
+                   announced=[Announced(event=e.event, resource=e.resource_id, version=e.version) for e in events],
                    **Verdict.of(m).model_dump())

@@ -7,7 +7,6 @@ Relative paths resolve against the flow run's working directory: the deployment'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,13 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
 from trtflow.errors import SpecError, TrtflowError
-from trtflow.flows.results import Release, StageReport
+from trtflow.events import Event
+from trtflow.flows.results import StageReport
 from trtflow.pipelines.loader import parse_yaml
 from trtflow.stages.trt.engines import built_engines
 
 ENGINE_EVENT = "trtflow.engine.rebuilt"
 STAGE_EVENT = "trtflow.stage.rebuilt"
-RELEASE_EVENT = "trtflow.release.created"
 SEARCH_DEPTH = 3  # a directory of model repos: <dir>/<repo>/<sub>/pipeline.yaml at most
 
 
@@ -58,24 +57,6 @@ def _is_pipeline(path: Path) -> bool:
     return isinstance(data, dict) and "stages" in data and "version" in data
 
 
-@dataclass(frozen=True)
-class Event:
-    """A Prefect event trtflow emits: its name, the resource's id and other labels, the payload; `engine` is the
-    engine file of an engine's event, `release` the version a release event announces."""
-    event: str
-    resource_id: str
-    labels: dict[str, str]
-    payload: dict[str, Any]
-    engine: str | None = None
-    release: Release | None = None
-
-    def emit(self) -> None:
-        from prefect.events import emit_event
-
-        emit_event(event=self.event, resource={"prefect.resource.id": self.resource_id, **self.labels},
-                   payload=self.payload)
-
-
 class WatchedEvent(BaseModel):
     """An event of the watcher's result: emitted by it (an engine's, a stage's) or by a release stage's task."""
     event: str
@@ -108,18 +89,6 @@ def engine_events(pipeline: Path, outcome: StageReport, changed: list[str]) -> l
     return [Event(STAGE_EVENT, f"trtflow.stage.{pipeline.parent.name}.{outcome.stage}", base, payload)]
 
 
-def release_events(pipeline: Path, stage: str, key: str, directory: Path, releases: list[Release]) -> list[Event]:
-    """One event per new version a release stage made (a release of an engine released before makes none): what a
-    deployment that rolls engines out to Triton acts on."""
-    return [Event(RELEASE_EVENT, f"trtflow.release.{pipeline.parent.name}.{stage}.{r.target}",
-                  {"trtflow.pipeline": str(pipeline), "trtflow.stage": stage, "trtflow.model": r.model,
-                   "trtflow.target": r.target},
-                  {"version": r.version, "engine": r.engine, "engine_sha256": r.engine_sha256,
-                   "repository": str(directory / r.repository), "card": str(directory / "card"), "key": key},
-                  release=r)
-            for r in releases if r.new]
-
-
 @flow(name="trtflow-watch", persist_result=True, log_prints=True)
 def watch_flow(pipelines: list[str], store: str | None = None, machine: str | None = None,
                changed: Any = None) -> list[dict[str, Any]]:
@@ -130,7 +99,7 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
     environment. `machine`: the machine the run is for (a run that lands on another fails); `changed`: what
     check-env's event said changed (logged)."""
     from trtflow.flows import machine as this_machine
-    from trtflow.flows.pipeline_flow import handing_over, pipeline_flow
+    from trtflow.flows.pipeline_flow import emit, handing_over, pipeline_flow
     from trtflow.flows.runner import make_runner
 
     log = get_run_logger()
@@ -175,12 +144,11 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
         for o in map(StageReport.model_validate, outcomes):
             (entry.ran if o.status == "ran" else entry.reused).append(o.stage)
             if o.status == "ran":
-                for event in release_events(path, o.stage, o.key, Path(o.directory), o.releases):
-                    assert event.release is not None  # (emitted by the release stage's task)
-                    entry.events.append(WatchedEvent(event=event.event, resource=event.resource_id,
-                                                     version=event.release.version))
+                for announced in o.announced:  # (emitted by the stage's task, as its kind's row declares)
+                    entry.events.append(WatchedEvent(event=announced.event, resource=announced.resource,
+                                                     version=announced.version))
                 for event in engine_events(path, o, entry.environment_changed):
-                    event.emit()
+                    emit(event)
                     entry.events.append(WatchedEvent(event=event.event, resource=event.resource_id,
                                                      **({"engine": event.engine} if event.engine else {})))
         log.info("%s: ran %s; reused %s", path, ", ".join(entry.ran) or "nothing", ", ".join(entry.reused) or "nothing")

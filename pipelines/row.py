@@ -5,7 +5,7 @@ caches outside the key it reads and updates. Each built-in kind's row sits besid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from trtflow.pipelines.schema import StageBase
@@ -54,6 +54,17 @@ class Kind:
     shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
     result_caches: tuple[str, ...] = ()  # those of them holding results (not only speed): a forced run goes without
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
+    # what the flow does for this kind, so that flows/ names no kind: the Prefect events it announces after a stage
+    # of it ran ("module:function", trtflow.events.StageRan -> [trtflow.events.Event], in its stage's code), ...
+    events: str | None = None
+    # ... the parts of the store's shared/ a remote store keeps for every machine (a prefix ending in '/' is a
+    # folder, another a file name's start) and how large a file there may be, ...
+    synced: Mapping[str, int] = field(default_factory=dict)
+    # ... those of them holding records created once by a claim (StageResult.claims), never sent otherwise, ...
+    claimed: tuple[str, ...] = ()
+    # ... and which parts of a deployment verdict its result's metrics carry, that the run reports
+    # (flows/results.Verdict's fields: a validate stage's candidates, a release stage's versions)
+    verdict: tuple[str, ...] = ()
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
     # (params, every stage it depends on, directly or not: name -> its params) -> (what is wrong, the parameter's

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.test_shared_store import bucket, s3_server  # noqa: F401 - fixtures: moto's S3 server, a bucket
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"trtflow": "trtflow", "pipelines": "trtflow/pipelines", "flows": "trtflow/flows", "stages": "trtflow/stages"}
 
@@ -120,3 +122,103 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
 
     changed = trtflow("plan", str(pipeline), "--set", "stages.convs.op_types=[Conv]")
     assert changed.returncode == 0 and "1 to run, 0 reused" in changed.stdout, changed.stdout
+
+
+NOTE_PARAMS = '''
+from typing import Literal
+
+from trtflow.pipelines.row import Kind
+from trtflow.pipelines.schema import StageBase
+
+
+class NoteStage(StageBase):
+    kind: Literal["note"]
+    text: str = "hello"
+
+
+KIND = Kind("note", NoteStage, slots={}, outputs={"note": "file"},
+            shared_caches=lambda p: ("notes",),  # the store's shared/ folder, outside the key
+            synced={"notes/": 1 << 16},  # kept for every machine of a remote store
+            events="trtflow.stages.note:announce")  # what the flow announces after a stage of it ran
+'''
+
+NOTE_STAGE = '''
+from pathlib import Path
+
+from trtflow.artifact import Inputs, StageResult
+from trtflow.events import Event, StageRan
+from trtflow.pipelines.params.note import NoteStage
+
+VERSION = "1"
+
+
+def announce(ran: StageRan) -> list[Event]:
+    return [Event("trtflow.note.written", f"trtflow.note.{ran.pipeline.parent.name}.{ran.stage}",
+                  {"trtflow.stage": ran.stage}, {"text": ran.metrics.get("text"), "key": ran.key},
+                  say=f"noted {ran.metrics.get('text')}")]
+
+
+def run(params: NoteStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    (out_dir / "note.txt").write_text(params.text)
+    shared = inputs.one("notes").path / "notes"
+    shared.mkdir(exist_ok=True)
+    (shared / "latest.txt").write_text(params.text)
+    return StageResult(outputs={"note": out_dir / "note.txt"}, summary=params.text, metrics={"text": params.text})
+'''
+
+
+def test_a_new_kind_declares_its_events_and_shared_folder_on_its_row(tmp_path, workdir, bucket, prefect_api):
+    """A kind whose stage emits an event after it ran and writes a shared folder that a remote store keeps for
+    every machine: still its params file (the row declares both), its stage module and one line; flows/ is not
+    touched. Run as users run it, on an S3 store (moto) and the test run's Prefect server."""
+    import time
+
+    import httpx
+
+    pristine = _copy_source(tmp_path / "pristine")
+    src = _copy_source(tmp_path / "src")
+    (src / "trtflow/pipelines/params/note.py").write_text(textwrap.dedent(NOTE_PARAMS).lstrip())
+    (src / "trtflow/stages/note.py").write_text(textwrap.dedent(NOTE_STAGE).lstrip())
+    kinds = src / "trtflow/pipelines/kinds.py"
+    kinds.write_text(kinds.read_text().replace('    "release",\n)', '    "release",\n    "note",\n)'))
+    added, differ = _changed(pristine, src)
+    assert added == ["trtflow/pipelines/params/note.py", "trtflow/stages/note.py"]
+    assert differ == ["trtflow/pipelines/kinds.py"]
+
+    name, fs = bucket
+    url = f"s3://{name}/team"
+    (workdir / "pipeline.yaml").write_text(f"version: 1\nname: noted\nmodel: models/cls.onnx\nartifacts: {url}\n"
+                                           "stages:\n  say: {kind: note, text: toy kind was here}\n")
+    env = {**os.environ, "PYTHONPATH": str(src), "TRTFLOW_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "run", "pipeline.yaml"], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = f"{name}/team/shared/notes/latest.txt"
+    assert kept in fs.find(name), (done.stdout, fs.find(name))  # synced by the store
+    assert fs.cat(kept) == b"toy kind was here"
+    deadline, seen = time.monotonic() + 30, []
+    while time.monotonic() < deadline and not seen:
+        answer = httpx.post(f"{prefect_api}/events/filter", timeout=10, json={
+            "filter": {"event": {"name": ["trtflow.note.written"]},
+                       "resource": {"id": [f"trtflow.note.{workdir.name}.say"]}}, "limit": 5})
+        answer.raise_for_status()
+        seen = [e["payload"]["text"] for e in answer.json()["events"]]
+        time.sleep(0.5)
+    assert seen == ["toy kind was here"]
+
+
+def test_flows_name_no_kind():
+    """What the flow does for a kind is declared on the kind's row: no string in flows/ is a kind's name, apart
+    from the CLI's own words that happen to be one (the command `trtflow validate`, reduce's check `build`)."""
+    import ast
+
+    from trtflow.pipelines.kinds import BUILT_IN
+
+    words = {("cli/validate.py", "validate"), ("cli/reduce.py", "build")}
+    found = []
+    for path in sorted((ROOT / "flows").rglob("*.py")):
+        rel = path.relative_to(ROOT / "flows").as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in BUILT_IN and (rel, node.value) not in words:
+                found.append(f"flows/{rel}:{node.lineno}: {node.value!r}")
+    assert found == []

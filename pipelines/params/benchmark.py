@@ -60,4 +60,5 @@ KIND = Kind("benchmark", BenchmarkStage,
             env=lambda p: TENSORRT_AND_GPU,
             gpu_alone=True,  # a build or validate beside it on the same GPU would be in its numbers
             # the accepted results a `baseline: previous` gate compares with: outside the key, like timing caches
-            shared_caches=lambda p: ("baselines",) if p.gate is not None and p.gate.baseline == "previous" else ())
+            shared_caches=lambda p: ("baselines",) if p.gate is not None and p.gate.baseline == "previous" else (),
+            synced={"benchmark/": 16 * 2**20})  # the accepted baselines, on every machine of the store

@@ -69,4 +69,5 @@ KIND = Kind("build", BuildStage,
             env=lambda p: TENSORRT_AND_GPU,
             shared_caches=lambda p: (("timing_cache",) if p.timing_cache else ())
             + (("engine_cache",) if p.engine_cache else ()),
-            result_caches=("engine_cache",))  # --force builds every engine again
+            result_caches=("engine_cache",),  # --force builds every engine again
+            synced={"timing-": 1 << 30})  # a timing cache per TensorRT version, on every machine of the store

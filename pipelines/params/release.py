@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
 
+from trtflow.artifact import CLAIM_BYTES
 from trtflow.names import ModelName, Name
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, Slot
@@ -128,4 +129,7 @@ KIND = Kind("release", ReleaseStage,
             outputs={"triton": "dir", "card": "file", "report": "json"},
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),
+            synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once
+            verdict=("releases", "held"),  # the versions made, and the targets kept at their previous version
+            events="trtflow.stages.triton.versions:announce",
             wiring=_wiring)

@@ -156,4 +156,6 @@ KIND = Kind("validate", ValidateStage,
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,
+            # the candidates that pass, those never to deploy, optional variants left out
+            verdict=("shipped", "not_shipped", "excluded", "left_out"),
             wiring=_wiring)

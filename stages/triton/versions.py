@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtflow import files, paths
 from trtflow.artifact import CLAIM_BYTES, Claim
 from trtflow.errors import StageError
+from trtflow.events import Event, StageRan
 from trtflow.stages.triton.contract import Contract
 
 MAX_VERSION = 2**63 - 1  # Triton's versions are int64
@@ -138,3 +139,49 @@ def claim(model: str, target: str, version: int, engine_digest: str, candidate: 
                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     return Claim(path=f"{folder(model, target)}/{version}.json",
                  data=(record.model_dump_json(indent=2) + "\n").encode(), owner=engine_digest)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="allow")  # what a later stage version adds survives
+
+
+class Release(_Record):
+    """A version a release stage made or kept for one target (`new`: it made it): an entry of its metrics'
+    `releases`."""
+    model: str
+    target: str
+    version: int
+    new: bool = False
+    engine: str | None = None
+    engine_sha256: str | None = None
+    repository: str = ""
+
+
+class Held(_Record):
+    """A target whose previous version stays the one served, the variant it shipped left out: an entry of the
+    release stage's metrics' `held`."""
+    model: str
+    target: str
+    version: int
+    engine: str | None = None
+    why: str = ""
+
+
+RELEASE_EVENT = "trtflow.release.created"
+
+
+def announce(ran: StageRan) -> list[Event]:
+    """The release kind's events (its row's `events`): one per new version a release stage made (a release of an
+    engine released before makes none): what a deployment that rolls engines out to Triton acts on."""
+    try:
+        made = [Release.model_validate(r) for r in ran.metrics.get("releases") or []]
+    except ValidationError:
+        return []
+    return [Event(RELEASE_EVENT, f"trtflow.release.{ran.pipeline.parent.name}.{ran.stage}.{r.target}",
+                  {"trtflow.pipeline": str(ran.pipeline), "trtflow.stage": ran.stage, "trtflow.model": r.model,
+                   "trtflow.target": r.target},
+                  {"version": r.version, "engine": r.engine, "engine_sha256": r.engine_sha256,
+                   "repository": str(ran.directory / r.repository), "card": str(ran.directory / "card"),
+                   "key": ran.key},
+                  version=r.version, say=f"released {r.model} version {r.version} for {r.target}")
+            for r in made if r.new]
