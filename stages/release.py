@@ -15,7 +15,7 @@ from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.compare import selection
 from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.reports import card
-from trtflow.stages.reports.benchmark import BenchmarkReport
+from trtflow.stages.reports.benchmark import BenchmarkReport, Measurement
 from trtflow.stages.reports.calibrate import CalibrateReport
 from trtflow.stages.reports.parity import ParityReport
 from trtflow.stages.reports.precision import PrecisionReport
@@ -167,10 +167,9 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             rates = [m.samples_per_s for m in mine if m.samples_per_s]
             option.samples_per_s = max(rates) if rates else None
             smallest = min(mine, key=lambda m: m.batch)
-            latency = smallest.result.get("latency_ms") or smallest.result.get("gpu_compute_ms") or {}
-            option.p99_ms, option.p99_batch = latency.get("p99"), smallest.batch
+            option.p99_ms, option.p99_batch = smallest.result.latency().get("p99"), smallest.batch
             option.spread = _spread(mine)
-            option.measured_by = smallest.result.get("runtime")
+            option.measured_by = smallest.result.runtime
     count = kept.get(cell.variant.removesuffix(".repaired"))
     if count is not None:
         option.higher_precision_nodes, option.nodes = count
@@ -180,12 +179,12 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     return option
 
 
-def _spread(measured: list) -> float | None:
+def _spread(measured: list[Measurement]) -> float | None:
     """The benchmark's own jitter for an engine: the largest (p90 - median) / median of its cells' iteration
     latencies (a ranking that moves by less than this between two runs is noise)."""
     spreads = []
     for m in measured:
-        lat = m.result.get("latency_ms") or m.result.get("gpu_compute_ms") or {}
+        lat = m.result.latency()
         median, p90 = lat.get("median"), lat.get("p90")
         if isinstance(median, (int, float)) and isinstance(p90, (int, float)) and median > 0:
             spreads.append(max(0.0, (p90 - median) / median))

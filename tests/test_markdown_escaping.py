@@ -216,7 +216,7 @@ def test_the_benchmark_summary(h):
                   "latency_ms": {"mean": 1.0, "p99": 2.0}}
         return Measurement(cell=h, candidate=h, variant=h, precision=h, profile=h, point="opt", shapes={h: [1]},
                            environment={h: h}, result=result, iterations=3, samples_per_s=10.0,
-                           slowest_layers=[{"name": h, "average_ms": h, "percent": h}])
+                           slowest_layers=[{"name": h, "average_ms": 0.5, "percent": 12.0}])
     for telemetry in ({"available": False, "why": h}, {"available": True, "samples": 3, "throttled": [h]}):
         report = BenchmarkReport(tool=h, trtexec=None, trtexec_looked=[h], tensorrt_version=h,
                                  cells=[measured(True), measured(False)], telemetry=telemetry,
