@@ -294,11 +294,11 @@ def write_trt_cache(ranges: Path, out: Path, version: str | None = None) -> Path
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     if version is None:
-        from trtflow.stages.trt.env import detect_tensorrt
-        trt = detect_tensorrt()
+        from trtflow.stages.trt.env import find_tensorrt
+        trt = find_tensorrt()
         version = "100000"
-        if trt and trt["flavour"] == "tensorrt" and trt["version"].split(".")[0] in ("8", "9", "10"):
-            major, minor, patch = (trt["version"].split(".") + ["0", "0"])[:3]
+        if trt and trt.flavour == "tensorrt" and trt.major in (8, 9, 10):
+            major, minor, patch = (trt.version.split(".") + ["0", "0"])[:3]
             version = str(int(major) * (1000 if int(major) < 10 else 10000) + int(minor) * 100 + int(patch))
     lines = [f"TRT-{version}-EntropyCalibration2"]
     data = load_tensors_data(ranges)

@@ -22,11 +22,12 @@ from trtflow.stages.onnx import model_io, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.prepare import PrepareReport, Source
-from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
-from trtflow.stages.trt.preflight import run_preflight
+from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
+from trtflow.stages.trt.preflight import PreflightReport, run_preflight
 from trtflow.text import first_line
 
-VERSION = "2"  # 2: checks on check.data, ranges and table bounds for random inputs
+VERSION = "3"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
+# with all its fields (typed)
 
 
 def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -81,7 +82,7 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
     metrics = {"nodes_before": before["nodes"], "nodes_after": after["nodes"],
                "opset": onnx_graph.default_opset(model), "dynamic_dims": len(dynamic),
                "simplified": simplification["applied"],
-               "preflight_failures": len(preflight["failures"]) if preflight.get("ran") else None,
+               "preflight_failures": len(preflight.failures) if preflight.ran else None,
                "seconds": lap.timings}
     _verdict(preflight, params.fail_on_unsupported, src.name, warnings)
     outputs = {"model": final, "report": out_dir / "report.json"}
@@ -153,22 +154,22 @@ def _convert_opset(model: onnx.ModelProto, path: Path, name: str, target: int | 
     return converted, conv_path, {"from": source_opset, "to": target, "check": check}
 
 
-def _verdict(preflight: dict[str, Any], fail_on_unsupported: bool, name: str, warnings: list[str]) -> None:
+def _verdict(preflight: PreflightReport, fail_on_unsupported: bool, name: str, warnings: list[str]) -> None:
     """Nodes TensorRT cannot parse fail the stage (or, if the user chose so, become warnings)."""
-    failures = preflight.get("failures") or []
+    failures = preflight.failures
     if failures and fail_on_unsupported:
-        shown = "; ".join(f"{f['node']} ({f['op_type']}): {f['hint']}" if f["node"] or f["op_type"]
-                          else f"{f['code']}: {f['reason']}" for f in failures[:3])
+        shown = "; ".join(f"{f.node} ({f.op_type}): {f.hint}" if f.node or f.op_type else f"{f.code}: {f.reason}"
+                          for f in failures[:3])
         more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
-        raise StageError(f"TensorRT pre-flight ({preflight['runtime']}): {len(failures)} node(s) of {name} "
+        raise StageError(f"TensorRT pre-flight ({preflight.runtime}): {len(failures)} node(s) of {name} "
                          f"cannot be parsed: {shown}{more} (set fail_on_unsupported: false to continue)")
     for f in failures:
-        warnings.append(f"TensorRT cannot parse node {f['node']} ({f['op_type']}): {f['hint']}")
-    trial = preflight.get("trial_build")
-    if trial and not trial["ok"]:
-        msg = (f"TensorRT pre-flight ({preflight['runtime']}): {name} parses, but the trial build at "
-               f"{trial['shapes']} fails: {trial['error']} ({trial['hint']})")
-        if fail_on_unsupported and not trial.get("needs_gpu"):
+        warnings.append(f"TensorRT cannot parse node {f.node} ({f.op_type}): {f.hint}")
+    trial = preflight.failed_build()
+    if trial is not None:
+        msg = (f"TensorRT pre-flight ({preflight.runtime}): {name} parses, but the trial build at "
+               f"{trial.shapes} fails: {trial.error} ({trial.hint})")
+        if fail_on_unsupported and not trial.needs_gpu:
             raise StageError(msg + "; set fail_on_unsupported: false to continue")
         warnings.append(msg)
 
@@ -276,14 +277,14 @@ def _trial_shapes(model: onnx.ModelProto, given: dict[str, list[int]], check: "_
                                        for vi in onnx_graph.graph_inputs(model)], given)
 
 
-def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> dict[str, Any]:
+def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> PreflightReport:
     if mode == "off":
-        return {"ran": False, "reason": "disabled (preflight: off)", "failures": []}
-    if detect_tensorrt() is None:
+        return PreflightReport(ran=False, reason="disabled (preflight: off)")
+    if find_tensorrt() is None:
         if mode == "required":
             raise StageError(f"preflight: required, but no TensorRT flavour is installed: {INSTALL_HINT}")
-        return {"ran": False, "reason": f"no TensorRT flavour installed ({INSTALL_HINT})", "failures": []}
+        return PreflightReport(ran=False, reason=f"no TensorRT flavour installed ({INSTALL_HINT})")
     report = run_preflight(model, trial)
-    if not report.get("ran") and mode == "required":
-        raise StageError(f"TensorRT pre-flight could not run: {report.get('reason')}")
+    if not report.ran and mode == "required":
+        raise StageError(f"TensorRT pre-flight could not run: {report.reason}")
     return report

@@ -86,7 +86,7 @@ def test_preflight_lists_every_unsupported_node(tmp_path):
 
 def test_preflight_modes_without_tensorrt(tmp_path, monkeypatch):
     # a machine without any TensorRT flavour: this checks trtflow's message, nothing about TensorRT
-    monkeypatch.setattr(prepare, "detect_tensorrt", lambda: None)
+    monkeypatch.setattr(prepare, "find_tensorrt", lambda: None)
     result = run_prepare(PPOCR, tmp_path / "a", simplify=False)
     pre = json.loads(result.outputs["report"].read_text())["preflight"]
     assert pre["ran"] is False and "pip install tensorrt-rtx-cu13" in pre["reason"]
@@ -192,7 +192,7 @@ def test_control_flow_that_parses_but_does_not_build(tmp_path, tensorrt_backend)
     build failed with TensorRT-RTX's graphScope assertion."""
     from tests.graphs import lstm_in_if_unused_y
 
-    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend.flavour != "tensorrt-rtx":
         pytest.skip("a TensorRT-RTX 1.7 observation")
     path = tmp_path / "vad.onnx"
     onnx.save(lstm_in_if_unused_y(), str(path))

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtflow import markdown as md
+from trtflow.stages.trt.preflight import PreflightReport
 
 
 class Source(BaseModel):
@@ -25,7 +26,7 @@ class PrepareReport(BaseModel):
     simplification: dict[str, Any]  # requested, applied, tool, seconds, its check, or why not
     dynamic_dims: list[dict[str, Any]]
     constants_to_initializers: int
-    preflight: dict[str, Any]  # trt.preflight.run_preflight()'s report, or why it did not run
+    preflight: PreflightReport  # or why it did not run
     timings: dict[str, float]
     warnings: list[str]
 
@@ -65,21 +66,21 @@ class PrepareReport(BaseModel):
         return "\n".join(lines) + "\n"
 
 
-def _preflight_lines(p: dict[str, Any]) -> list[str]:
-    if not p.get("ran"):
-        return [f"- **TensorRT pre-flight did not run**: {md.text(p['reason'])}"]
-    verdict = (f"parsed, {p.get('layers', '?')} layers" if p.get("parsed")
-               else f"**{len(p['failures'])} node(s) rejected**")
-    trial = p.get("trial_build")
+def _preflight_lines(p: PreflightReport) -> list[str]:
+    if not p.ran:
+        return [f"- **TensorRT pre-flight did not run**: {md.text(p.reason)}"]
+    verdict = (f"parsed, {p.layers if p.layers is not None else '?'} layers" if p.parsed
+               else f"**{len(p.failures)} node(s) rejected**")
+    trial = p.trial_build
     if trial:
-        verdict += f"; trial build at {md.text(trial['shapes'])}: " + (
-            f"ok, {trial['engine_bytes'] / 1e6:.1f} MB engine in {trial['seconds']:.1f} s" if trial["ok"]
-            else f"**failed**: {md.text(trial['error'])} ({md.text(trial['hint'])})")
-    lines = [f"- **TensorRT pre-flight** ({md.text(p['runtime'])}): {verdict}"]
-    if p["failures"]:
+        verdict += f"; trial build at {md.text(trial.shapes)}: " + (
+            f"ok, {(trial.engine_bytes or 0) / 1e6:.1f} MB engine in {trial.seconds or 0:.1f} s" if trial.ok
+            else f"**failed**: {md.text(trial.error)} ({md.text(trial.hint)})")
+    lines = [f"- **TensorRT pre-flight** ({md.text(p.runtime)}): {verdict}"]
+    if p.failures:
         lines += ["", "| node | op | parser says | what to do |", "|---|---|---|---|"]
-        lines += [f"| {md.code(f['node'], cell=True)} | {md.text(f['op_type'])} | {md.text(f['reason'])} | "
-                  f"{md.text(f['hint'])} |" for f in p["failures"]]
+        lines += [f"| {md.code(f.node, cell=True)} | {md.text(f.op_type)} | {md.text(f.reason)} | "
+                  f"{md.text(f.hint)} |" for f in p.failures]
     return lines
 
 
