@@ -110,7 +110,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              full_range_tensors=full_range, range_check=check,
                              excluded_nodes=sorted(excluded), left_in_float=left_in_float,
                              quantize_ops=params.quantize_ops, quantize_outputs=params.quantize_outputs,
-                             quantize_linear_nodes=n_q, accuracy=acc.to_json(), warnings=warnings)
+                             quantize_linear_nodes=n_q, accuracy=acc, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
                "nan_inf": int(acc.total("nan") + acc.total("inf"))}

@@ -90,7 +90,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = PrecisionReport(to="fp16", nodes=total, fp16_nodes=len(assignment.half), kept_fp32=assignment.fp32,
                              island=island, data=data.label, calibration_samples=len(calib),
                              holdout_samples=len(hold), fallback=params.fallback.model_dump(),
-                             accuracy=acc.to_json(), trial_build=trial, warnings=warnings)
+                             accuracy=acc, trial_build=trial, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),

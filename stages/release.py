@@ -13,7 +13,6 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.compare import selection
-from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.reports import card
 from trtflow.stages.reports.benchmark import BenchmarkReport, Measurement
 from trtflow.stages.reports.calibrate import CalibrateReport
@@ -158,7 +157,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         option.validated = checked and why is None
         if result is not None:
             option.accuracy, option.accuracy_drop, option.drop_metric = selection.worst_drop(
-                Accuracy.from_json(result.accuracy), result.per_shape, params.select.max_accuracy_drop is not None)
+                result.accuracy, result.per_shape, params.select.max_accuracy_drop is not None)
             option.accuracy_runtime = result.runtime
             option.shapes = result.per_shape
     if bench is not None:

@@ -160,7 +160,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                   "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
                                   "left_out": sorted(verdict.optional),
                                   "worst_cosine": min((o["cosine"] for r in checked
-                                                       for o in r.accuracy["outputs"].values()), default=None)})
+                                                       for o in r.accuracy.outputs.values()), default=None)})
     if failed:
         raise StageFailed(_failure_line(failed, checked, repaired, params), result)
     return result
@@ -274,7 +274,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, An
         bounds={o: {m: b for m, (b, _) in gate.bounds_for(cand.precision, o, params.tolerances, params.metrics,
                                                            acc.outputs[o].get("task")).items()}
                 for o in acc.outputs},
-        accuracy=acc.to_json(), passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
+        accuracy=acc, passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
         warnings=warnings, per_shape=rows)
     # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
     failing = [s.source for s, row in zip(sets, rows) if not row.passed]

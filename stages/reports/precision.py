@@ -20,7 +20,7 @@ class PrecisionReport(BaseModel):
     calibration_samples: int
     holdout_samples: int
     fallback: dict[str, Any]
-    accuracy: dict[str, Any]  # Accuracy.to_json()
+    accuracy: Accuracy
     trial_build: VariantTrial = VariantTrial()  # TensorRT's trial build of the variant
     warnings: list[str]
 
@@ -29,8 +29,8 @@ class PrecisionReport(BaseModel):
         lines = [f"### precision · FP16 · {len(kept)} of {self.nodes} nodes kept in FP32", "",
                  f"sample data: {md.text(self.data)} · {self.calibration_samples} for the fallback analysis, "
                  f"{self.holdout_samples} held out for the accuracy check", "",
-                 f"**CPU accuracy pre-flight** ({md.text(self.accuracy['runtime'])}, not a TensorRT number), "
-                 f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(self.accuracy).table()
+                 f"**CPU accuracy pre-flight** ({md.text(self.accuracy.runtime)}, not a TensorRT number), "
+                 f"FP16 variant vs FP32 reference:", ""] + self.accuracy.table()
         trial = self.trial_build
         if trial.ran:
             shapes = f"{trial.min_shapes or trial.shapes} .. {trial.shapes}"

@@ -61,7 +61,7 @@ class CandidateResult(BaseModel):
     data: str  # what the samples were
     shapes: list[dict[str, list[int]]]
     bounds: dict[str, dict[str, float]]  # output -> metric -> bound
-    accuracy: dict[str, Any]  # Accuracy.to_json()
+    accuracy: Accuracy
     passed: bool
     violations: list[str]
     not_on_tensorrt: str  # why TensorRT did not run it here ("" when it did)
@@ -73,9 +73,9 @@ class CandidateResult(BaseModel):
     def summary(self) -> list[str]:
         verdict = "passes" if self.passed else "**fails**"
         lines = [f"#### {md.code(self.name)} ({md.text(self.precision)}) {verdict}", "",
-                 f"runtime: {md.text(self.runtime)} · {self.accuracy['samples']} samples at shapes "
+                 f"runtime: {md.text(self.runtime)} · {self.accuracy.samples} samples at shapes "
                  + md.text(shapes_text(self.shapes, 4)), ""]
-        lines += Accuracy.from_json(self.accuracy).table()
+        lines += self.accuracy.table()
         if self.per_shape:
             lines += ["", "per shape:", ""] + shape_table(self.per_shape)
         lines += [f"\n**fails**: {md.text(v)}" for v in self.violations]
