@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trtflow import files
+from trtflow import files, names
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
@@ -131,7 +131,7 @@ def _held(latest: versions.Released | None, options: list[Option], verdict: Vali
     if latest is None or verdict is None or params.select.lost_variant != "keep_previous":
         return None
     prev = next((o for o in options if o.name == latest.candidate), None)
-    variant = prev.variant.removesuffix(".repaired") if prev is not None else None
+    variant = names.unrepaired(prev.variant) if prev is not None else None
     if variant is None or variant not in verdict.excluded:
         return None
     best = next((o.name for o in options if o.rank == 1), None)
@@ -146,7 +146,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     option = Option(name=cell.name, variant=cell.variant, precision=cell.precision, target=cell.target,
                     profiles=[p.name for p in cell.profiles], engine_bytes=eng.plan.stat().st_size,
                     engine_sha256=files.sha256(eng.plan),
-                    repaired_from=cell.name.removesuffix(".repaired") if cell.variant.endswith(".repaired") else None)
+                    repaired_from=names.unrepaired(cell.name) if names.is_repaired(cell.variant) else None)
     why, checked = None, False
     if verdict is not None:
         results = {c.name: c for c in verdict.candidates}
@@ -169,7 +169,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             option.p99_ms, option.p99_batch = smallest.result.latency().get("p99"), smallest.batch
             option.spread = _spread(mine)
             option.measured_by = smallest.result.runtime
-    count = kept.get(cell.variant.removesuffix(".repaired"))
+    count = kept.get(names.unrepaired(cell.variant))
     if count is not None:
         option.higher_precision_nodes, option.nodes = count
         if option.repaired_from and verdict is not None and verdict.repair is not None:

@@ -9,6 +9,7 @@ import onnx
 from onnx import helper
 
 from trtflow.errors import StageError
+from trtflow.precisions import Precision
 from trtflow.text import did_you_mean
 
 
@@ -261,7 +262,7 @@ def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto
     return found
 
 
-def precision(model: onnx.ModelProto) -> str:
+def precision(model: onnx.ModelProto) -> Precision:
     """"int8" for a Q/DQ model, "fp16" where FP16 weights or casts to FP16 appear, else "fp32"."""
     ops = {n.op_type for n in model.graph.node}
     if ops & {"QuantizeLinear", "DequantizeLinear"}:

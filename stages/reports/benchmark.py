@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trtflow import markdown as md
+from trtflow.precisions import Precision
 from trtflow.stages.trtexec.result import Layer, PerfRecord
 
 
@@ -14,7 +15,7 @@ class Measurement(BaseModel):
     cell: str
     candidate: str
     variant: str
-    precision: str
+    precision: Precision
     profile: str | None
     point: str  # "min", "opt" or "max"
     shapes: dict[str, list[int]]

@@ -2,7 +2,6 @@
 accuracy pre-flight."""
 from __future__ import annotations
 
-
 from pydantic import BaseModel
 
 from trtflow import markdown as md

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
+from trtflow.precisions import Precision
 from trtflow.stages.reports.validate import ShapeResult
 from trtflow.stages.triton.contract import Contract
 
@@ -17,7 +18,7 @@ class Option(BaseModel):
     """One engine as the release weighs it: what it is and every number the earlier stages measured for it."""
     name: str
     variant: str
-    precision: str
+    precision: Precision
     target: str
     profiles: list[str]
     engine_bytes: int

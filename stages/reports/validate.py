@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtflow import markdown as md
+from trtflow.precisions import Precision
 from trtflow.stages.bisect.repair import Repair, Round
 from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite, task_values
 from trtflow.stages.ort.layerwise import Layerwise
@@ -55,7 +56,7 @@ SHAPE_HEADER = ["shape", "inputs", "samples", "cosine (worst output)", "max abs"
 class CandidateResult(BaseModel):
     name: str
     variant: str
-    precision: str
+    precision: Precision
     runtime: str
     engine: str | None
     data: str  # what the samples were

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from trtflow import files
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
+from trtflow.precisions import Precision
 from trtflow.stages.trt.env import Backend
 from trtflow.stages.trt.parse import ParseFailure
 
@@ -55,7 +56,7 @@ class Cell(BaseModel):
 
     name: str
     variant: str
-    precision: str
+    precision: Precision
     model: str
     profiles: list[Profile]
     target: str
@@ -139,7 +140,7 @@ def built_engines(engines: Path) -> list[Engine]:
 class Candidate:
     name: str
     variant: str
-    precision: str
+    precision: Precision
     model: Path  # the ONNX variant the engine was built from
     engine: Path | None = None
     module: str = ""  # TensorRT module that built the engine
