@@ -16,14 +16,15 @@ import numpy as np
 
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.params.parity import ParityStage
+from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
 from trtflow.stages.reports.parity import ParityReport
 
-VERSION = "2"  # 2: combined diagnosis, per-image predictions, the fix checked on every image
+VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
+# metrics with all their fields (typed)
 DIAGNOSIS_SAMPLES = 4
 
 
@@ -38,16 +39,16 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
         d = pre(art.path)
         t = train_fn(art.path)
         m = dx.pixel_metrics(d, t)
-        m.update(image=art.path.name, channels=_channel_stats(d, t) if m["shape_ok"] else None)
+        m.image, m.channels = art.path.name, _channel_stats(d, t) if m.shape_ok else None
         rows.append(m)
         tensors.append((art.path, d, t))
-    tol = params.tolerances.model_dump()
+    tol = params.tolerances
     passed = [dx.passes(m, tol) for m in rows]
 
     pixel_ok = all(passed)
     diagnosis = None
     if not pixel_ok:
-        order = sorted(range(len(rows)), key=lambda i: -rows[i]["mean_abs"])[:DIAGNOSIS_SAMPLES]
+        order = sorted(range(len(rows)), key=lambda i: -rows[i].mean_abs)[:DIAGNOSIS_SAMPLES]
         diagnosis = dx.diagnose(steps, [(tensors[i][0], tensors[i][2]) for i in order], tol)
 
     model_check = None
@@ -57,23 +58,23 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
     if diagnosis and diagnosis.get("steps"):
         diagnosis["after_fix"] = _after_fix(diagnosis["steps"], tensors, inputs.optional("model"), tol)
 
-    worst = max(range(len(rows)), key=lambda i: rows[i]["mean_abs"])
+    worst = max(range(len(rows)), key=lambda i: rows[i].mean_abs)
     picture = None
-    if rows[worst]["shape_ok"]:
+    if rows[worst].shape_ok:
         picture = worst_picture(tensors[worst][1], tensors[worst][2], out_dir / "worst.png",
-                                title=f"{rows[worst]['image']}: deploy | training | |difference|")
+                                title=f"{rows[worst].image}: deploy | training | |difference|")
 
     preprocess.save(steps, out_dir / "preprocess.json")
     report = ParityReport(verdict="pass" if pixel_ok and model_ok else "fail", preprocess_digest=pre.digest,
                           steps=steps, runtimes={"deploy": f"opencv {cv2.__version__}", "training": train_label},
                           tolerances=tol, images=rows, model=model_check, diagnosis=diagnosis,
-                          worst_image=rows[worst]["image"])
+                          worst_image=rows[worst].image)
     (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=_json) + "\n")
     outputs = {"preprocess": out_dir / "preprocess.json", "report": out_dir / "report.json"}
     if picture:
         outputs["picture"] = picture
     summary = report.summary(picture)
-    finite = [r["mean_abs"] for r in rows if r["shape_ok"]]
+    finite = [r.mean_abs for r in rows if r.shape_ok]
     metrics = {"images": len(rows), "failing_images": passed.count(False),
                "worst_mean_abs": max(finite) if finite else None,
                "top1_agreement": (model_check or {}).get("top1")}
@@ -88,7 +89,7 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
     raise StageFailed(message, result)
 
 
-def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
+def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dx.ChannelStats]:
     d, t = dx.align(d, t)
     axis = 0 if d.ndim == 3 and d.shape[0] <= 4 else -1
     n = d.shape[axis] if d.ndim == 3 else 1
@@ -96,19 +97,19 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
     for c in range(n):
         dc = np.take(d, c, axis=axis) if d.ndim == 3 else d
         tc = np.take(t, c, axis=axis) if t.ndim == 3 else t
-        stats.append({"deploy_mean": float(dc.mean()), "training_mean": float(tc.mean()),
-                      "deploy_std": float(dc.std()), "training_std": float(tc.std())})
+        stats.append(dx.ChannelStats(deploy_mean=float(dc.mean()), training_mean=float(tc.mean()),
+                                     deploy_std=float(dc.std()), training_std=float(tc.std())))
     return stats
 
 
-def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: dict[str, Any]) -> dict[str, Any]:
+def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dict[str, Any]:
     """The suggested fix run on every image (the search looked at the worst few), and the model on its tensors."""
     pre = preprocess.Preprocessor(steps)
     fixed = [(path, pre(path), t) for path, _, t in tensors]
     rows = [dx.pixel_metrics(d, t) for _, d, t in fixed]
     out: dict[str, Any] = {"images": len(rows), "passing": sum(dx.passes(m, tol) for m in rows),
-                           "worst_mean_abs": max(m["mean_abs"] for m in rows),
-                           "worst_max_abs": max(m["max_abs"] for m in rows)}
+                           "worst_mean_abs": max(m.mean_abs for m in rows),
+                           "worst_max_abs": max(m.max_abs for m in rows)}
     if model is not None and out["passing"] == out["images"]:
         try:
             out["model"] = _model_check(model.path, fixed, rows, tol)
@@ -117,7 +118,7 @@ def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: dict[str
     return out
 
 
-def _model_check(model: Path, tensors: list, rows: list, tol: Any,
+def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
                  diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
     from trtflow.stages.ort.runner import RUNTIME, fit_to_input, session
@@ -155,7 +156,7 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any,
     result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": metrics["max_abs"]}
     if "top1" in metrics:  # a classifier's scores
         result.update(top1=metrics["top1"], top5=metrics["top5"], predictions=predictions)
-        result["ok"] = tol["top1"] is None or result["top1"] >= tol["top1"]
+        result["ok"] = tol.top1 is None or result["top1"] >= tol.top1
     return result
 
 

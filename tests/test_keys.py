@@ -102,7 +102,7 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "benchmark": ("830c0fa7c5fb62f6e2ab831fa9c9e7a2", "686518610ae8e10e679afc755c52d7ec"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
     "calibrate": ("10603805266bd5351ccce069f955e7f5", "d3c769d07058be41fd9ba1ff5e7a0f93"),
-    "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
+    "parity": ("6996d520918f56c5aa9464e3b7b8f262", "95d0f918acacce2cfd62599861b6fc22"),
     "precision": ("669555998164e68f0864aa8e04f34a8a", "d192a62069be57bca0423cf7db6914fa"),
     "prepare": ("4cc41c6d04c595a91d43d4bd5a49e065", "84314c7aa7fb461b4fd375e05ede74a6"),
     "release": ("ae508de2bddecd22f67abd958c7b1d68", "d9fe161f595190819ee60eb8f943e881"),

@@ -18,8 +18,10 @@ from typing import Any
 import cv2
 import numpy as np
 import yaml
+from pydantic import BaseModel
 
 from trtflow.errors import StageError
+from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.stages.image.causes import candidates
 from trtflow.stages.image.preprocess import digest, read_image
 from trtflow.stages.image.steps import STEPS, apply
@@ -42,26 +44,46 @@ def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return deploy, train
 
 
-def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> dict[str, Any]:
+class ChannelStats(BaseModel):
+    deploy_mean: float
+    training_mean: float
+    deploy_std: float
+    training_std: float
+
+
+class PixelMetrics(BaseModel):
+    """One image's deploy tensor against its training tensor (inf apart where the shapes differ)."""
+    shape_ok: bool
+    shape: list[int] | None = None  # where they agree
+    deploy_shape: list[int] | None = None  # where they do not
+    training_shape: list[int] | None = None
+    max_abs: float
+    mean_abs: float
+    psnr: float
+    image: str | None = None  # parity's rows: which image, and its channels' statistics
+    channels: list[ChannelStats] | None = None
+
+
+def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> PixelMetrics:
     d, t = align(np.asarray(deploy, np.float64), np.asarray(train, np.float64))
     if d.shape != t.shape:
-        return {"shape_ok": False, "deploy_shape": list(d.shape), "training_shape": list(t.shape),
-                "max_abs": float("inf"), "mean_abs": float("inf"), "psnr": 0.0}
+        return PixelMetrics(shape_ok=False, deploy_shape=list(d.shape), training_shape=list(t.shape),
+                            max_abs=float("inf"), mean_abs=float("inf"), psnr=0.0)
     diff = np.abs(d - t)
     mse = float(np.mean(diff ** 2))
     data_range = float(t.max() - t.min()) or 1.0
     psnr = float("inf") if mse == 0 else 10 * np.log10(data_range ** 2 / mse)
-    return {"shape_ok": True, "shape": list(d.shape), "max_abs": float(diff.max()),
-            "mean_abs": float(diff.mean()), "psnr": psnr}
+    return PixelMetrics(shape_ok=True, shape=list(d.shape), max_abs=float(diff.max()), mean_abs=float(diff.mean()),
+                        psnr=psnr)
 
 
-def passes(m: dict[str, Any], tol: dict[str, Any]) -> bool:
-    """Whether one image's metrics are within the tolerances (as `ParityTolerances.model_dump()`)."""
-    if not m["shape_ok"]:
+def passes(m: PixelMetrics, tol: ParityTolerances) -> bool:
+    """Whether one image's metrics are within the tolerances."""
+    if not m.shape_ok:
         return False
-    ok = m["max_abs"] <= tol["max_abs"] and m["mean_abs"] <= tol["mean_abs"]
-    if tol.get("min_psnr") is not None:
-        ok &= m["psnr"] >= tol["min_psnr"]
+    ok = m.max_abs <= tol.max_abs and m.mean_abs <= tol.mean_abs
+    if tol.min_psnr is not None:
+        ok &= m.psnr >= tol.min_psnr
     return ok
 
 
@@ -112,7 +134,7 @@ class _State:
     conventional: bool = False
 
 
-def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str, Any],
+def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTolerances,
              rounds: int = ROUNDS, beam: int = BEAM) -> dict[str, Any]:
     """Search the usual causes, alone then combined, on the (worst) samples; the shortest chain of changes that
     brings every sample within tolerance, the lowest difference first, is the diagnosis."""
@@ -127,11 +149,11 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str,
             metrics = [pixel_metrics(run(path, changed), train) for path, train in samples]
         except (StageError, cv2.error, ValueError) as exc:  # e.g. a crop larger than the image after the change
             return {"error": str(exc).splitlines()[0]}
-        worst = max(metrics, key=lambda m: m["mean_abs"])
-        finite = [m["mean_abs"] for m in metrics if m["shape_ok"]]
-        return {"ok": all(passes(m, tol) for m in metrics), "mean_abs": worst["mean_abs"],
-                "max_abs": max(m["max_abs"] for m in metrics),
-                "score": (sum(not m["shape_ok"] for m in metrics), sum(_shape_gap(m) for m in metrics),
+        worst = max(metrics, key=lambda m: m.mean_abs)
+        finite = [m.mean_abs for m in metrics if m.shape_ok]
+        return {"ok": all(passes(m, tol) for m in metrics), "mean_abs": worst.mean_abs,
+                "max_abs": max(m.max_abs for m in metrics),
+                "score": (sum(not m.shape_ok for m in metrics), sum(_shape_gap(m) for m in metrics),
                           max(finite) if finite else float("inf"))}
 
     first = evaluate(steps)
@@ -183,12 +205,12 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str,
     return result
 
 
-def _shape_gap(m: dict[str, Any]) -> float:
+def _shape_gap(m: PixelMetrics) -> float:
     """How far apart two shapes are (0 when equal): while shapes differ, the change that brings them closer (1
     channel -> 3, then HWC -> CHW) is the one to keep."""
-    if m["shape_ok"]:
+    if m.shape_ok or m.deploy_shape is None or m.training_shape is None:
         return 0.0
-    d, t = m["deploy_shape"], m["training_shape"]
+    d, t = m.deploy_shape, m.training_shape
     if len(d) != len(t):
         return 100.0
     return float(sum(abs(np.log(a / b)) for a, b in zip(d, t)))

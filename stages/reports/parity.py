@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtflow import markdown as md
+from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.stages.image import diagnosis as dx
 
 
@@ -17,8 +18,8 @@ class ParityReport(BaseModel):
     preprocess_digest: str
     steps: list[dict[str, Any]]  # the canonical deploy steps
     runtimes: dict[str, str]  # deploy, training
-    tolerances: dict[str, Any]
-    images: list[dict[str, Any]]  # diagnosis.pixel_metrics per image, with its name and channel statistics
+    tolerances: ParityTolerances
+    images: list[dx.PixelMetrics]  # per image, with its name and channel statistics
     model: dict[str, Any] | None  # the model's outputs on deploy vs training tensors
     diagnosis: dict[str, Any] | None
     worst_image: str
@@ -26,9 +27,9 @@ class ParityReport(BaseModel):
     def failure_line(self) -> str:
         rows = self.images
         bad = [x for x in rows if not dx.passes(x, self.tolerances)]
-        worst = max(rows, key=lambda x: x["mean_abs"])
-        what = (f"shape {worst['deploy_shape']} vs training {worst['training_shape']}" if not worst["shape_ok"]
-                else f"worst mean |diff| {worst['mean_abs']:.3g}, max {worst['max_abs']:.3g}")
+        worst = max(rows, key=lambda x: x.mean_abs)
+        what = (f"shape {worst.deploy_shape} vs training {worst.training_shape}" if not worst.shape_ok
+                else f"worst mean |diff| {worst.mean_abs:.3g}, max {worst.max_abs:.3g}")
         line = f"parity: deploy preprocessing differs from training on {len(bad)}/{len(rows)} image(s) ({what})"
         if self.model and self.model.get("top1") is not None:
             line += f"; model top-1 agreement {self.model['top1']:.0%}"
@@ -47,14 +48,14 @@ class ParityReport(BaseModel):
                  "| image | max abs | mean abs | PSNR dB | within tolerance |", "|---|---|---|---|---|"]
         tol = self.tolerances
         for x in self.images:
-            if x["shape_ok"]:
-                lines.append(f"| {md.text(x['image'])} | {x['max_abs']:.4g} | {x['mean_abs']:.4g} | {x['psnr']:.1f} | "
+            if x.shape_ok:
+                lines.append(f"| {md.text(x.image)} | {x.max_abs:.4g} | {x.mean_abs:.4g} | {x.psnr:.1f} | "
                              f"{'yes' if dx.passes(x, tol) else '**no**'} |")
             else:
-                lines.append(f"| {md.text(x['image'])} | shape {md.text(x['deploy_shape'])} vs "
-                             f"{md.text(x['training_shape'])} | | | **no** |")
-        lines.append(f"\ntolerances: max abs {tol['max_abs']}, mean abs {tol['mean_abs']}"
-                     + (f", PSNR ≥ {tol['min_psnr']}" if tol.get("min_psnr") else ""))
+                lines.append(f"| {md.text(x.image)} | shape {md.text(x.deploy_shape)} vs "
+                             f"{md.text(x.training_shape)} | | | **no** |")
+        lines.append(f"\ntolerances: max abs {tol.max_abs}, mean abs {tol.mean_abs}"
+                     + (f", PSNR ≥ {tol.min_psnr}" if tol.min_psnr else ""))
         m, d = self.model, self.diagnosis
         if m and m.get("ran"):
             line = f"\n**model outputs** ({md.text(m['runtime'])}): max |diff| {m['max_abs_diff']:.4g}"
