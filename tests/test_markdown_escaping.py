@@ -277,13 +277,13 @@ def test_the_parity_summary(h, tmp_path):
     good = {"image": h, "shape_ok": True, "max_abs": 0.01, "mean_abs": 0.001, "psnr": 50.0}
     bad = {"image": h, "shape_ok": False, "deploy_shape": [1, 3], "training_shape": [1, 4], "max_abs": 1.0,
            "mean_abs": 1.0, "psnr": 0.0}
-    pred = {"image": h, "training": h, "training_score": 0.9, "deploy": h + "2", "deploy_score": 0.5}
+    pred = {"image": h, "training": 0, "training_score": 0.9, "deploy": 1, "deploy_score": 0.5}
     model = {"ran": True, "runtime": h, "max_abs_diff": 0.5, "top1": 0.5, "top5": 1.0, "predictions": [pred]}
     search = {"evaluations": 3, "images": 1, "seconds": 0.1, "rounds": 1, "max_rounds": 2, "beam": 2}
     found = {"cause": h, "fix": h, "search": search, "chain": [{"cause": h, "fix": h, "mean_abs": 0.1,
                                                                  "max_abs": 0.2}],
              "declared": {"mean_abs": 1.0, "max_abs": 2.0}, "yaml": f"deploy:\n```\n{h}\n",
-             "after_fix": {"images": 2, "passing": 2, "model": {"top1": 1.0, "predictions": [pred]}}}
+             "after_fix": {"images": 2, "passing": 2, "model": {"ran": True, "top1": 1.0, "predictions": [pred]}}}
     none = {"search": search, "tried": [{"fix": h, "mean_abs": 0.5, "ok": False}]}
     picture = tmp_path / (h.replace("\n", " ") + ".png")
     picture.write_bytes(b"\x89PNG")

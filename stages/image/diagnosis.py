@@ -64,6 +64,82 @@ class PixelMetrics(BaseModel):
     channels: list[ChannelStats] | None = None
 
 
+class Prediction(BaseModel):
+    """A classifier's top-1 class (and its score) on one image's training tensor and on its deploy tensor."""
+    image: str
+    training: int
+    deploy: int
+    training_score: float
+    deploy_score: float
+
+
+class ModelParity(BaseModel):
+    """The model's outputs on the deploy tensors against those on the training tensors (ONNX Runtime)."""
+    ran: bool
+    reason: str | None = None  # why it did not run
+    runtime: str | None = None
+    output: str | None = None
+    max_abs_diff: float | None = None
+    top1: float | None = None  # a classifier's agreement
+    top5: float | None = None
+    predictions: list[Prediction] = []
+    ok: bool = True  # within the tolerances' top1
+
+
+class Tried(BaseModel):
+    """One single change the search tried (its first round)."""
+    cause: str = ""
+    fix: str
+    ok: bool = False
+    mean_abs: float | None = None
+    max_abs: float | None = None
+    error: str | None = None  # the change does not run on these images
+
+
+class ChainStep(BaseModel):
+    cause: str
+    fix: str  # as YAML
+    mean_abs: float
+    max_abs: float
+
+
+class Declared(BaseModel):
+    mean_abs: float | None = None
+    max_abs: float | None = None
+
+
+class Search(BaseModel):
+    rounds: int
+    max_rounds: int
+    beam: int
+    evaluations: int
+    images: int
+    seconds: float
+
+
+class AfterFix(BaseModel):
+    """The fix run on every image, and the model on its tensors (when all pass)."""
+    images: int
+    passing: int
+    worst_mean_abs: float | None = None
+    worst_max_abs: float | None = None
+    model: ModelParity | None = None
+
+
+class Diagnosis(BaseModel):
+    """What the search found: the shortest chain of changes that brings the images within tolerance (`fix`,
+    `steps`, `yaml`), or none and the closest single changes (`tried`)."""
+    declared: Declared = Declared()
+    tried: list[Tried] = []
+    search: Search
+    chain: list[ChainStep] = []
+    cause: str | None = None
+    fix: str | None = None
+    steps: list[dict[str, Any]] | None = None  # the fixed deploy steps, canonical
+    yaml: str | None = None
+    after_fix: AfterFix | None = None
+
+
 def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> PixelMetrics:
     d, t = align(np.asarray(deploy, np.float64), np.asarray(train, np.float64))
     if d.shape != t.shape:
@@ -128,14 +204,14 @@ class PrefixRunner:
 @dataclass
 class _State:
     steps: Steps
-    chain: list[dict[str, Any]] = field(default_factory=list)
+    chain: list[ChainStep] = field(default_factory=list)
     score: tuple[int, float, float] = (0, 0.0, float("inf"))
     ok: bool = False
     conventional: bool = False
 
 
 def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTolerances,
-             rounds: int = ROUNDS, beam: int = BEAM) -> dict[str, Any]:
+             rounds: int = ROUNDS, beam: int = BEAM) -> Diagnosis:
     """Search the usual causes, alone then combined, on the (worst) samples; the shortest chain of changes that
     brings every sample within tolerance, the lowest difference first, is the diagnosis."""
     t0 = time.perf_counter()
@@ -172,11 +248,11 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTol
                 seen.add(key)
                 ev = evaluate(changed)
                 if depth == 1:
-                    tried.append({"cause": cause, "fix": fix, "ok": ev.get("ok", False),
-                                  **{k: ev[k] for k in ("mean_abs", "max_abs", "error") if k in ev}})
+                    tried.append(Tried(cause=cause, fix=fix, ok=ev.get("ok", False), mean_abs=ev.get("mean_abs"),
+                                       max_abs=ev.get("max_abs"), error=ev.get("error")))
                 if "error" in ev:
                     continue
-                step = {"cause": cause, "fix": fix, "mean_abs": ev["mean_abs"], "max_abs": ev["max_abs"]}
+                step = ChainStep(cause=cause, fix=fix, mean_abs=ev["mean_abs"], max_abs=ev["max_abs"])
                 children.append(_State(changed, state.chain + [step], ev["score"], ev["ok"], _conventional(changed)))
         # Scaling pixels by 1/255 and scaling mean/std by 255 can be equally exact fixes: prefer the one that
         # keeps the usual convention (pixels in 0..1, mean/std on that scale), which is what training code does.
@@ -191,17 +267,13 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTol
         if not kept:
             break
 
-    tried.sort(key=lambda t: (not t["ok"], round(t.get("mean_abs", float("inf")), 6)))
-    result: dict[str, Any] = {
-        "declared": {"mean_abs": first.get("mean_abs"), "max_abs": first.get("max_abs")},
-        "tried": tried,
-        "search": {"rounds": done, "max_rounds": rounds, "beam": beam, "evaluations": evaluations,
-                   "images": len(samples), "seconds": round(time.perf_counter() - t0, 3)}}
+    tried.sort(key=lambda t: (not t.ok, round(t.mean_abs if t.mean_abs is not None else float("inf"), 6)))
+    result = Diagnosis(declared=Declared(mean_abs=first.get("mean_abs"), max_abs=first.get("max_abs")), tried=tried,
+                       search=Search(rounds=done, max_rounds=rounds, beam=beam, evaluations=evaluations,
+                                     images=len(samples), seconds=round(time.perf_counter() - t0, 3)))
     if found:
-        causes = [s["cause"] for s in found.chain]
-        result.update({"chain": found.chain, "cause": ", then ".join(causes), "fix": _and([s["fix"] for s in
-                                                                                         found.chain]),
-                       "steps": found.steps, "yaml": to_yaml(found.steps)})
+        result.chain, result.steps, result.yaml = found.chain, found.steps, to_yaml(found.steps)
+        result.cause, result.fix = ", then ".join(s.cause for s in found.chain), _and([s.fix for s in found.chain])
     return result
 
 
