@@ -18,7 +18,7 @@ from trtflow.stages.reports.benchmark import BenchmarkReport, Measurement
 from trtflow.stages.reports.calibrate import CalibrateReport
 from trtflow.stages.reports.parity import ParityReport
 from trtflow.stages.reports.precision import PrecisionReport
-from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
+from trtflow.stages.reports.release import Option, ParitySummary, ReleaseReport, TargetRelease
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.triton import client_example, contract, schema, versions
 from trtflow.stages.triton import config as triton_config
@@ -297,13 +297,13 @@ def _preprocessing(inputs: Inputs) -> list[dict] | None:
     return list(data.get("steps") or []) if isinstance(data, dict) else None
 
 
-def _parity(inputs: Inputs) -> dict | None:
+def _parity(inputs: Inputs) -> ParitySummary | None:
     art = inputs.optional("parity")
     if art is None:
         return None
     p = ParityReport.model_validate_json(art.path.read_text())
-    return {"verdict": p.verdict, "images": len(p.images), "top1": (p.model or {}).get("top1"),
-            "tolerances": p.tolerances}
+    return ParitySummary(verdict=p.verdict, images=len(p.images), top1=p.model.top1 if p.model else None,
+                         tolerances=p.tolerances)
 
 
 def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[TargetRelease]) -> dict[str, Path]:

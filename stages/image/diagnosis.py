@@ -18,7 +18,7 @@ from typing import Any
 import cv2
 import numpy as np
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.parity import ParityTolerances
@@ -53,6 +53,8 @@ class ChannelStats(BaseModel):
 
 class PixelMetrics(BaseModel):
     """One image's deploy tensor against its training tensor (inf apart where the shapes differ)."""
+    model_config = ConfigDict(ser_json_inf_nan="constants")  # as Python's json writes them: inf stays inf
+
     shape_ok: bool
     shape: list[int] | None = None  # where they agree
     deploy_shape: list[int] | None = None  # where they do not
