@@ -94,7 +94,7 @@ def diagnosis_cases() -> list[tuple[str, list, list, object, dict]]:
 
 
 def diagnosis_table(rounds: int) -> Table:
-    from trtflow.pipelines.params.parity import PreprocessStep
+    from trtflow.pipelines.params.parity import ParityTolerances, PreprocessStep
     from trtflow.stages.image import diagnosis
 
     table = Table(title=f"parity diagnosis of two planted mistakes (at most {diagnosis.ROUNDS} rounds, "
@@ -105,7 +105,7 @@ def diagnosis_table(rounds: int) -> Table:
         steps = canonical([PreprocessStep.model_validate(s) for s in steps])
         pre = Preprocessor(steps)
         pairs = [(p, reference(p)) for p in images]
-        worst = sorted(pairs, key=lambda pt: -diagnosis.pixel_metrics(pre(pt[0]), pt[1])["mean_abs"])
+        worst = sorted(pairs, key=lambda pt: -diagnosis.pixel_metrics(pre(pt[0]), pt[1]).mean_abs)
         samples = worst[:4]  # as the stage: the search runs on the 4 worst images
         check = []  # baseline: one parity check of the same images (the declared steps, compared with training)
         for _ in range(rounds):
@@ -115,11 +115,11 @@ def diagnosis_table(rounds: int) -> Table:
             check.append(time.perf_counter() - t0)
         best = None
         for _ in range(rounds):
-            result = diagnosis.diagnose(steps, samples, tol)
-            best = result if best is None or result["search"]["seconds"] < best["search"]["seconds"] else best
-        seconds = best["search"]["seconds"]
-        table.add_row(name, str(len(samples)), str(best["search"]["evaluations"]), f"{seconds:.2f}",
-                      f"{seconds / min(check):.0f}", best.get("fix", "none"))
+            result = diagnosis.diagnose(steps, samples, ParityTolerances.model_validate(tol))
+            best = result if best is None or result.search.seconds < best.search.seconds else best
+        seconds = best.search.seconds
+        table.add_row(name, str(len(samples)), str(best.search.evaluations), f"{seconds:.2f}",
+                      f"{seconds / min(check):.0f}", best.fix or "none")
     return table
 
 

@@ -11,10 +11,10 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
+from pydantic import TypeAdapter
 
 from trtflow import child, files, progress
 from trtflow.artifact import Inputs, StageResult
@@ -25,7 +25,7 @@ from trtflow.stages.compare import perf_gate
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
+from trtflow.stages.reports.benchmark import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
@@ -33,11 +33,12 @@ from trtflow.stages.trt.telemetry import Telemetry
 from trtflow.stages.trtexec import command, exports
 from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
 from trtflow.stages.trtexec.log import parse_summary
-from trtflow.stages.trtexec.result import PerfResult
+from trtflow.stages.trtexec.result import Layer, PerfResult
 
 VERSION = "3"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
 # measurement in its own process, at least min_iterations, samples/s
 TRTEXEC_TIMEOUT_S = 1800
+_BASELINES = TypeAdapter(dict[str, Baseline])  # a baseline file: cell -> what the gate compares
 
 
 def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -66,7 +67,7 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
         warnings.append(f"the GPU was throttled during the run ({', '.join(tele['throttled'])}): the numbers are "
                         f"not its best")
     for cell in results:
-        warnings += [f"{cell.cell}: {w}" for w in cell.result["warnings"]]
+        warnings += [f"{cell.cell}: {w}" for w in cell.result.warnings]
     gate = _gate(params, inputs, candidates, results)
     report = BenchmarkReport(tool="trtexec" if trtexec else "built-in harness",
                              trtexec=str(trtexec) if trtexec else None, trtexec_looked=looked,
@@ -77,12 +78,12 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
     result = StageResult(outputs={"report": out_dir / "report.json"}, summary=report.summary(),
                          warnings=warnings + gate.skipped_lines,
                          metrics={"cells": len(results), "best_throughput_qps": max(
-                             (c.result["throughput_qps"] or 0 for c in results), default=None)})
+                             (c.result.throughput_qps or 0 for c in results), default=None)})
     failures = [c for c in results if not c.ok]
     if failures:
         first = failures[0]
         raise StageFailed(f"benchmark: {len(failures)} of {len(results)} measurement(s) failed; {first.cell}: "
-                          f"{first.result.get('note')}", result)
+                          f"{first.result.note}", result)
     if gate.violations:
         raise StageFailed(f"benchmark: {len(gate.violations)} regression(s) against {gate.baseline}: "
                           f"{gate.violations[0]}", result)
@@ -131,7 +132,7 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
              trtexec: Path | None, version: str | None, out_dir: Path) -> Measurement:
     name = f"{cand.name}.{point}" + (f"@{profile.name}" if profile and profile.name not in cand.name else "")
     shapes = _shapes(cand, profile, point)
-    slowest: list[dict[str, Any]] = []
+    slowest: list[Layer] = []
     runnable, why = _engine_runs_here(cand)  # asked once: trtexec and the built-in harness both need it
     if trtexec is not None and not runnable and params.tool == "trtexec":
         raise StageError(f"benchmark: engine '{cand.name}' cannot run here, so trtexec cannot time it: {why}; use "
@@ -154,12 +155,12 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
     batch = min((s[0] for s in shapes.values() if s), default=1)
     return Measurement(cell=name, candidate=cand.name, variant=cand.variant, precision=cand.precision,
                        profile=profile.name if profile else None, point=point, shapes=shapes, environment=env,
-                       result=result.to_json(), slowest_layers=slowest[:10], samples_ms=samples, batch=batch,
+                       result=result.record(), slowest_layers=slowest[:10], samples_ms=samples, batch=batch,
                        samples_per_s=result.throughput_qps * batch if result.throughput_qps else None)
 
 
 def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
-             stem: Path) -> tuple[PerfResult, list[dict[str, Any]]]:
+             stem: Path) -> tuple[PerfResult, list[Layer]]:
     files = {"times": stem.with_suffix(".times.json"), "profile": stem.with_suffix(".profile.json"),
              "layers": stem.with_suffix(".layers.json")}
     cmd = command.compose(trtexec, cand.engine, shapes, params, files, version)
@@ -182,7 +183,8 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
     result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
     if proc.returncode != 0 and result.status != "failed":
         result.status, result.error = "failed", result.error or f"trtexec exited with code {proc.returncode}"
-    slowest = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else result.profile or []
+    layers = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else result.profile or []
+    slowest = [Layer.model_validate(layer) for layer in layers]
     if files["times"].exists():
         result.samples_ms = exports.read_times(files["times"]).get("gpu_compute_ms")
     return result, slowest
@@ -244,26 +246,27 @@ def _gate(params: BenchmarkStage, inputs: Inputs, candidates: list[Candidate], c
     if params.gate is None:
         return out
     bounds = {k: getattr(params.gate, k) for k in perf_gate.METRICS}
-    baseline: dict[str, dict[str, Any]] = {}
+    baseline: dict[str, Baseline] = {}
     if params.gate.baseline == "previous":
         out.baseline = "the last accepted run of the same engines"
         for cand in candidates:
             path = _baseline_file(inputs, cand)
             if path is not None and path.is_file():
                 try:
-                    baseline.update(files.read_json(path, files.RECORD_BYTES, follow=False))
+                    baseline.update(_BASELINES.validate_python(files.read_json(path, files.RECORD_BYTES,
+                                                                               follow=False)))
                 except (OSError, ValueError, TypeError):
                     out.skipped.append(f"{path}: unreadable baseline, ignored")
     else:
         path = inputs.many("baseline")[0].path
         out.baseline = str(path)
         try:
-            data = files.read_json(path, files.RECORD_BYTES)
-            baseline = {c["cell"]: c for c in data["cells"]}
-        except (OSError, ValueError, KeyError, TypeError):
+            data = BaselineReport.model_validate(files.read_json(path, files.RECORD_BYTES))
+            baseline = {c.cell: c for c in data.cells}
+        except (OSError, ValueError, TypeError):
             raise StageError(f"benchmark: gate.baseline {path} is not a benchmark report.json (written by this "
                              f"stage): give one, or baseline: previous") from None
-    violations, skipped = perf_gate.check([c.model_dump() for c in cells], baseline, bounds)
+    violations, skipped = perf_gate.check(cells, baseline, bounds)
     out.violations, out.skipped = violations, out.skipped + skipped
     out.skipped_lines = [f"gate skipped {s}" for s in out.skipped[:5]]
     return out
@@ -275,7 +278,7 @@ def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[Measurement
         path = _baseline_file(inputs, cand)
         if path is None:
             continue
-        mine = {c.cell: c.model_dump(include={"cell", "environment", "result"}) for c in cells
+        mine = {c.cell: c.model_dump(include=set(Baseline.model_fields)) for c in cells
                 if c.candidate == cand.name}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

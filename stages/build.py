@@ -22,7 +22,7 @@ from trtflow.stages.reports.build import BuildReport, CellRow
 from trtflow.stages.trt import building, config
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
 from trtflow.stages.trt.engines import LOG, SPEC, Backend, Built, Cell, Profile
-from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt, gpus
+from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt, gpus
 from trtflow.text import did_you_mean
 
 VERSION = "2"  # 2: precision per cell, size warnings
@@ -30,15 +30,15 @@ VERSION = "2"  # 2: precision per cell, size warnings
 
 def backend(requested: str) -> Backend:
     if requested == "auto":
-        found = detect_tensorrt()
+        found = find_tensorrt()
         if found is None:
             raise StageError(f"build: no TensorRT flavour is installed: {INSTALL_HINT}")
-        return Backend(**found)
-    found = detect_tensorrt(only={"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}[requested])
+        return found
+    found = find_tensorrt(only={"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}[requested])
     if found is None:
         hint = "pip install tensorrt-rtx-cu13" if requested == "tensorrt-rtx" else "install TensorRT"
         raise StageError(f"build: backend: {requested} is not installed ({hint}), or use backend: auto")
-    return Backend(**found)
+    return found
 
 
 def model_inputs(model: onnx.ModelProto) -> dict[str, list[Any]]:
@@ -93,7 +93,7 @@ def resolve_profiles(params: BuildStage, inputs: dict[str, list[Any]], variant: 
 def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     be = backend(params.backend)
     options = params.builder_options()
-    config.check(options, importlib.import_module(be.module), be.model_dump(), params.targets)
+    config.check(options, importlib.import_module(be.module), be, params.targets)
     cache = None
     if params.timing_cache and "timing_cache" in inputs:
         cache = inputs.one("timing_cache").path / f"timing-{be.flavour}-{be.version}.cache"

@@ -110,7 +110,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              full_range_tensors=full_range, range_check=check,
                              excluded_nodes=sorted(excluded), left_in_float=left_in_float,
                              quantize_ops=params.quantize_ops, quantize_outputs=params.quantize_outputs,
-                             quantize_linear_nodes=n_q, accuracy=acc.to_json(), warnings=warnings)
+                             quantize_linear_nodes=n_q, accuracy=acc, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
                "nan_inf": int(acc.total("nan") + acc.total("inf"))}
@@ -294,11 +294,11 @@ def write_trt_cache(ranges: Path, out: Path, version: str | None = None) -> Path
     from onnxruntime.quantization.calibrate import load_tensors_data
 
     if version is None:
-        from trtflow.stages.trt.env import detect_tensorrt
-        trt = detect_tensorrt()
+        from trtflow.stages.trt.env import find_tensorrt
+        trt = find_tensorrt()
         version = "100000"
-        if trt and trt["flavour"] == "tensorrt" and trt["version"].split(".")[0] in ("8", "9", "10"):
-            major, minor, patch = (trt["version"].split(".") + ["0", "0"])[:3]
+        if trt and trt.flavour == "tensorrt" and trt.major in (8, 9, 10):
+            major, minor, patch = (trt.version.split(".") + ["0", "0"])[:3]
             version = str(int(major) * (1000 if int(major) < 10 else 10000) + int(minor) * 100 + int(patch))
     lines = [f"TRT-{version}-EntropyCalibration2"]
     data = load_tensors_data(ranges)

@@ -16,14 +16,15 @@ import numpy as np
 
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.params.parity import ParityStage
+from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
 from trtflow.stages.reports.parity import ParityReport
 
-VERSION = "2"  # 2: combined diagnosis, per-image predictions, the fix checked on every image
+VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
+# metrics with all their fields (typed)
 DIAGNOSIS_SAMPLES = 4
 
 
@@ -38,45 +39,45 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
         d = pre(art.path)
         t = train_fn(art.path)
         m = dx.pixel_metrics(d, t)
-        m.update(image=art.path.name, channels=_channel_stats(d, t) if m["shape_ok"] else None)
+        m.image, m.channels = art.path.name, _channel_stats(d, t) if m.shape_ok else None
         rows.append(m)
         tensors.append((art.path, d, t))
-    tol = params.tolerances.model_dump()
+    tol = params.tolerances
     passed = [dx.passes(m, tol) for m in rows]
 
     pixel_ok = all(passed)
     diagnosis = None
     if not pixel_ok:
-        order = sorted(range(len(rows)), key=lambda i: -rows[i]["mean_abs"])[:DIAGNOSIS_SAMPLES]
+        order = sorted(range(len(rows)), key=lambda i: -rows[i].mean_abs)[:DIAGNOSIS_SAMPLES]
         diagnosis = dx.diagnose(steps, [(tensors[i][0], tensors[i][2]) for i in order], tol)
 
     model_check = None
     if "model" in inputs:
         model_check = _model_check(inputs.one("model").path, tensors, rows, tol, diagnosis)
-    model_ok = model_check is None or model_check.get("ok", True)
-    if diagnosis and diagnosis.get("steps"):
-        diagnosis["after_fix"] = _after_fix(diagnosis["steps"], tensors, inputs.optional("model"), tol)
+    model_ok = model_check is None or model_check.ok
+    if diagnosis and diagnosis.steps:
+        diagnosis.after_fix = _after_fix(diagnosis.steps, tensors, inputs.optional("model"), tol)
 
-    worst = max(range(len(rows)), key=lambda i: rows[i]["mean_abs"])
+    worst = max(range(len(rows)), key=lambda i: rows[i].mean_abs)
     picture = None
-    if rows[worst]["shape_ok"]:
+    if rows[worst].shape_ok:
         picture = worst_picture(tensors[worst][1], tensors[worst][2], out_dir / "worst.png",
-                                title=f"{rows[worst]['image']}: deploy | training | |difference|")
+                                title=f"{rows[worst].image}: deploy | training | |difference|")
 
     preprocess.save(steps, out_dir / "preprocess.json")
     report = ParityReport(verdict="pass" if pixel_ok and model_ok else "fail", preprocess_digest=pre.digest,
                           steps=steps, runtimes={"deploy": f"opencv {cv2.__version__}", "training": train_label},
                           tolerances=tol, images=rows, model=model_check, diagnosis=diagnosis,
-                          worst_image=rows[worst]["image"])
+                          worst_image=rows[worst].image)
     (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=_json) + "\n")
     outputs = {"preprocess": out_dir / "preprocess.json", "report": out_dir / "report.json"}
     if picture:
         outputs["picture"] = picture
     summary = report.summary(picture)
-    finite = [r["mean_abs"] for r in rows if r["shape_ok"]]
+    finite = [r.mean_abs for r in rows if r.shape_ok]
     metrics = {"images": len(rows), "failing_images": passed.count(False),
                "worst_mean_abs": max(finite) if finite else None,
-               "top1_agreement": (model_check or {}).get("top1")}
+               "top1_agreement": model_check.top1 if model_check else None}
     result = StageResult(outputs=outputs, summary=summary, metrics=metrics)
 
     if pixel_ok and model_ok:
@@ -88,7 +89,7 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
     raise StageFailed(message, result)
 
 
-def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
+def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dx.ChannelStats]:
     d, t = dx.align(d, t)
     axis = 0 if d.ndim == 3 and d.shape[0] <= 4 else -1
     n = d.shape[axis] if d.ndim == 3 else 1
@@ -96,29 +97,28 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dict[str, float]]:
     for c in range(n):
         dc = np.take(d, c, axis=axis) if d.ndim == 3 else d
         tc = np.take(t, c, axis=axis) if t.ndim == 3 else t
-        stats.append({"deploy_mean": float(dc.mean()), "training_mean": float(tc.mean()),
-                      "deploy_std": float(dc.std()), "training_std": float(tc.std())})
+        stats.append(dx.ChannelStats(deploy_mean=float(dc.mean()), training_mean=float(tc.mean()),
+                                     deploy_std=float(dc.std()), training_std=float(tc.std())))
     return stats
 
 
-def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: dict[str, Any]) -> dict[str, Any]:
+def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dx.AfterFix:
     """The suggested fix run on every image (the search looked at the worst few), and the model on its tensors."""
     pre = preprocess.Preprocessor(steps)
     fixed = [(path, pre(path), t) for path, _, t in tensors]
     rows = [dx.pixel_metrics(d, t) for _, d, t in fixed]
-    out: dict[str, Any] = {"images": len(rows), "passing": sum(dx.passes(m, tol) for m in rows),
-                           "worst_mean_abs": max(m["mean_abs"] for m in rows),
-                           "worst_max_abs": max(m["max_abs"] for m in rows)}
-    if model is not None and out["passing"] == out["images"]:
+    out = dx.AfterFix(images=len(rows), passing=sum(dx.passes(m, tol) for m in rows),
+                      worst_mean_abs=max(m.mean_abs for m in rows), worst_max_abs=max(m.max_abs for m in rows))
+    if model is not None and out.passing == out.images:
         try:
-            out["model"] = _model_check(model.path, fixed, rows, tol)
+            out.model = _model_check(model.path, fixed, rows, tol)
         except StageError as exc:  # the training tensors themselves do not fit the model: said, not raised here
-            out["model"] = {"ran": False, "reason": str(exc)}
+            out.model = dx.ModelParity(ran=False, reason=str(exc))
     return out
 
 
-def _model_check(model: Path, tensors: list, rows: list, tol: Any,
-                 diagnosis: dict[str, Any] | None = None) -> dict[str, Any]:
+def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
+                 diagnosis: dx.Diagnosis | None = None) -> dx.ModelParity:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
     from trtflow.stages.ort.runner import RUNTIME, fit_to_input, session
 
@@ -132,7 +132,7 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any,
         shape = list(first.shape)
         if len(want) == 4 and len(shape) == 4 and isinstance(want[1], int) and shape[1] != want[1] \
                 and shape[1] in (1, 3) and want[1] in (1, 3):
-            fix = (diagnosis or {}).get("fix") or f"read: {'rgb' if want[1] == 3 else 'gray'}"
+            fix = (diagnosis.fix if diagnosis else None) or f"read: {'rgb' if want[1] == 3 else 'gray'}"
             raise StageError(f"the preprocessed images have {shape[1]} channel(s) but the model's input "
                              f"'{inp.name}' wants {want[1]} ({fix} fixes it)")
         raise StageError(f"the preprocessed shape {shape} does not fit the model's input "
@@ -144,18 +144,19 @@ def _model_check(model: Path, tensors: list, rows: list, tol: Any,
     for (path, _, t), d_in in zip(tensors, deploy_in):
         t_in = fit_to_input(t, inp)
         if t_in is None or t_in.shape != d_in.shape:
-            return {"ran": False, "reason": "deploy and training tensors have different shapes", "ok": False}
+            return dx.ModelParity(ran=False, reason="deploy and training tensors have different shapes", ok=False)
         a = sess.run([out_name], {inp.name: d_in})[0]
         b = sess.run([out_name], {inp.name: t_in})[0]
         cmp.add({out_name: b}, {out_name: a})
         if a.ndim == 2 and a.shape[1] > 1 and a.shape[0] == 1:  # per image: what a trained model makes of each side
-            predictions.append({"image": Path(path).name, "training": int(b[0].argmax()), "deploy": int(a[0].argmax()),
-                                "training_score": float(b[0].max()), "deploy_score": float(a[0].max())})
+            predictions.append(dx.Prediction(image=Path(path).name, training=int(b[0].argmax()),
+                                             deploy=int(a[0].argmax()), training_score=float(b[0].max()),
+                                             deploy_score=float(a[0].max())))
     metrics = cmp.result(RUNTIME).outputs[out_name]
-    result: dict[str, Any] = {"ran": True, "runtime": RUNTIME, "output": out_name, "max_abs_diff": metrics["max_abs"]}
+    result = dx.ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=metrics["max_abs"])
     if "top1" in metrics:  # a classifier's scores
-        result.update(top1=metrics["top1"], top5=metrics["top5"], predictions=predictions)
-        result["ok"] = tol["top1"] is None or result["top1"] >= tol["top1"]
+        result.top1, result.top5, result.predictions = metrics["top1"], metrics["top5"], predictions
+        result.ok = tol.top1 is None or result.top1 >= tol.top1
     return result
 
 

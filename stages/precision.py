@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -36,12 +35,13 @@ from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.reports.precision import PrecisionReport
-from trtflow.stages.trt.env import detect_tensorrt
-from trtflow.stages.trt.preflight import run_preflight
+from trtflow.stages.trt.env import find_tensorrt
+from trtflow.stages.trt.preflight import VariantTrial, run_preflight
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "4"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
-# 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built
+VERSION = "5"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
+# 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built.
+# 5: the trial build with all its fields (typed)
 SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 
 
@@ -77,8 +77,8 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                  output_floors(model), "precision")
     shutil.rmtree(work)
     warnings = gate.preflight_warnings(acc, "fp16", params.metrics, "the FP16 variant")
-    if trial.get("warning"):
-        warnings.append(trial["warning"])
+    if trial.warning:
+        warnings.append(trial.warning)
     if not assignment.half:
         inside = nodes_in_subgraphs(model)
         why = (f"{len(inside)} of its nodes sit inside control flow ({', '.join(sorted({o for o, _ in inside})[:3])})"
@@ -90,7 +90,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = PrecisionReport(to="fp16", nodes=total, fp16_nodes=len(assignment.half), kept_fp32=assignment.fp32,
                              island=island, data=data.label, calibration_samples=len(calib),
                              holdout_samples=len(hold), fallback=params.fallback.model_dump(),
-                             accuracy=acc.to_json(), trial_build=trial, warnings=warnings)
+                             accuracy=acc, trial_build=trial, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),
@@ -116,35 +116,34 @@ def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: PrecisionS
 
 
 def _trial_build(mode: str, variant: Path, fp32: Path, feed: dict[str, np.ndarray],
-                 model: onnx.ModelProto) -> dict[str, Any]:
+                 model: onnx.ModelProto) -> VariantTrial:
     """Build the FP16 variant with TensorRT at a profile from half the sample's dynamic dimensions up to the
     sample's shapes (some FP16 graphs fail only with dynamic dimensions: a Myelin type clash in a YOLO head's
     anchor grid). A variant that does not build where the FP32 model does fails the stage."""
     if mode == "off":
-        return {"ran": False, "reason": "disabled (preflight: off)"}
-    if detect_tensorrt() is None:
-        return {"ran": False, "reason": "no TensorRT flavour is installed"}
+        return VariantTrial(reason="disabled (preflight: off)")
+    if find_tensorrt() is None:
+        return VariantTrial(reason="no TensorRT flavour is installed")
     shapes = {name: list(x.shape) for name, x in feed.items()}
     dynamic = {vi.name: [not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim]
                for vi in graph_inputs(model)}
     low = {name: [max(1, s // 2) if dyn else s for s, dyn in zip(shape, dynamic.get(name, []))]
            for name, shape in shapes.items()}
     report = run_preflight(variant, shapes, min_shapes=low)
-    trial = report.get("trial_build")
-    if not report.get("ran") or trial is None:
-        return {"ran": False, "reason": report.get("reason") or "the FP16 variant did not parse"}
-    result = {"ran": True, "runtime": report["runtime"], **trial}
-    result.pop("log", None)
-    if trial["ok"] or trial.get("needs_gpu"):
+    trial = report.trial_build
+    if not report.ran or trial is None:
+        return VariantTrial(reason=report.reason or "the FP16 variant did not parse")
+    result = VariantTrial(ran=True, runtime=report.runtime, **trial.model_dump(exclude={"log"}))
+    if trial.ok or trial.needs_gpu:
         return result
-    fp32_trial = run_preflight(fp32, shapes, min_shapes=low).get("trial_build") or {}
-    where = f"{report['runtime'].removesuffix(' parser')}, profile {low} .. {shapes}"
-    if fp32_trial.get("ok"):
+    fp32_trial = run_preflight(fp32, shapes, min_shapes=low).trial_build
+    where = f"{(report.runtime or '').removesuffix(' parser')}, profile {low} .. {shapes}"
+    if fp32_trial is not None and fp32_trial.ok:
         raise StageError(f"precision: the FP16 variant does not build ({where}) while the FP32 model does: "
-                         f"{trial['error']}; keep the nodes it names in FP32 with block_nodes, or set "
+                         f"{trial.error}; keep the nodes it names in FP32 with block_nodes, or set "
                          f"preflight: off to go on")
-    result["warning"] = (f"neither the FP16 variant nor the FP32 model builds ({where}): {trial['error']}; "
-                         f"the build stage will fail the same way at such shapes")
+    result.warning = (f"neither the FP16 variant nor the FP32 model builds ({where}): {trial.error}; "
+                      f"the build stage will fail the same way at such shapes")
     return result
 
 

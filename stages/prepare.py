@@ -21,12 +21,13 @@ from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.prepare import PrepareReport, Source
-from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
-from trtflow.stages.trt.preflight import run_preflight
+from trtflow.stages.reports.prepare import Conversion, ModelCheck, PrepareReport, Simplification, Source
+from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
+from trtflow.stages.trt.preflight import PreflightReport, run_preflight
 from trtflow.text import first_line
 
-VERSION = "2"  # 2: checks on check.data, ranges and table bounds for random inputs
+VERSION = "3"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
+# with all its fields (typed)
 
 
 def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -51,13 +52,13 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                              warnings)
     lap("convert")
 
-    simplification: dict[str, Any] = {"requested": params.simplify, "applied": False}
+    simplification = Simplification(requested=False)
     if params.simplify:
-        simplification.update(_simplify(model, path, work, check, external))
-        if simplification["applied"]:
+        simplification = _simplify(model, path, work, check, external)
+        if simplification.applied:
             model, path = model_io.load(work / "simplified.onnx"), work / "simplified.onnx"
         else:
-            warnings.append(f"not simplified: {simplification['reason']}")
+            warnings.append(f"not simplified: {simplification.reason}")
     lap("simplify")
 
     onnx_graph.rename_dims(model, sanitized)
@@ -78,10 +79,10 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
         simplification=simplification, dynamic_dims=dynamic, constants_to_initializers=constants_moved,
         preflight=preflight, timings=lap.timings, warnings=warnings)
     (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=str) + "\n")
-    metrics = {"nodes_before": before["nodes"], "nodes_after": after["nodes"],
+    metrics = {"nodes_before": before.nodes, "nodes_after": after.nodes,
                "opset": onnx_graph.default_opset(model), "dynamic_dims": len(dynamic),
-               "simplified": simplification["applied"],
-               "preflight_failures": len(preflight["failures"]) if preflight.get("ran") else None,
+               "simplified": simplification.applied,
+               "preflight_failures": len(preflight.failures) if preflight.ran else None,
                "seconds": lap.timings}
     _verdict(preflight, params.fail_on_unsupported, src.name, warnings)
     outputs = {"model": final, "report": out_dir / "report.json"}
@@ -136,7 +137,7 @@ def _default_opset(src: Path, model: onnx.ModelProto) -> int:
 
 
 def _convert_opset(model: onnx.ModelProto, path: Path, name: str, target: int | None, checker: "_Checker",
-                   work: Path, external: bool, warnings: list[str]) -> tuple[onnx.ModelProto, Path, dict | None]:
+                   work: Path, external: bool, warnings: list[str]) -> tuple[onnx.ModelProto, Path, Conversion | None]:
     """To `target`, checked against the model before; a conversion that changes outputs stops the stage."""
     source_opset = onnx_graph.default_opset(model)
     if not target or target == source_opset:
@@ -145,30 +146,30 @@ def _convert_opset(model: onnx.ModelProto, path: Path, name: str, target: int | 
     conv_path = work / "converted.onnx"
     model_io.save(converted, conv_path, external=external or None)
     check = checker(path, conv_path)
-    if check.get("ok") is False:
+    if check.ok is False:
         raise StageError(f"converting {name} from opset {source_opset} to {target} changed "
-                         f"its outputs ({_worst(check)}); leave target_opset unset or pick another opset")
-    if check.get("ok") is None:
-        warnings.append(f"opset conversion not verified: {check['skipped']}")
-    return converted, conv_path, {"from": source_opset, "to": target, "check": check}
+                         f"its outputs ({check.worst()}); leave target_opset unset or pick another opset")
+    if check.ok is None:
+        warnings.append(f"opset conversion not verified: {check.skipped}")
+    return converted, conv_path, Conversion(source=source_opset, to=target, check=check)
 
 
-def _verdict(preflight: dict[str, Any], fail_on_unsupported: bool, name: str, warnings: list[str]) -> None:
+def _verdict(preflight: PreflightReport, fail_on_unsupported: bool, name: str, warnings: list[str]) -> None:
     """Nodes TensorRT cannot parse fail the stage (or, if the user chose so, become warnings)."""
-    failures = preflight.get("failures") or []
+    failures = preflight.failures
     if failures and fail_on_unsupported:
-        shown = "; ".join(f"{f['node']} ({f['op_type']}): {f['hint']}" if f["node"] or f["op_type"]
-                          else f"{f['code']}: {f['reason']}" for f in failures[:3])
+        shown = "; ".join(f"{f.node} ({f.op_type}): {f.hint}" if f.node or f.op_type else f"{f.code}: {f.reason}"
+                          for f in failures[:3])
         more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
-        raise StageError(f"TensorRT pre-flight ({preflight['runtime']}): {len(failures)} node(s) of {name} "
+        raise StageError(f"TensorRT pre-flight ({preflight.runtime}): {len(failures)} node(s) of {name} "
                          f"cannot be parsed: {shown}{more} (set fail_on_unsupported: false to continue)")
     for f in failures:
-        warnings.append(f"TensorRT cannot parse node {f['node']} ({f['op_type']}): {f['hint']}")
-    trial = preflight.get("trial_build")
-    if trial and not trial["ok"]:
-        msg = (f"TensorRT pre-flight ({preflight['runtime']}): {name} parses, but the trial build at "
-               f"{trial['shapes']} fails: {trial['error']} ({trial['hint']})")
-        if fail_on_unsupported and not trial.get("needs_gpu"):
+        warnings.append(f"TensorRT cannot parse node {f.node} ({f.op_type}): {f.hint}")
+    trial = preflight.failed_build()
+    if trial is not None:
+        msg = (f"TensorRT pre-flight ({preflight.runtime}): {name} parses, but the trial build at "
+               f"{trial.shapes} fails: {trial.error} ({trial.hint})")
+        if fail_on_unsupported and not trial.needs_gpu:
             raise StageError(msg + "; set fail_on_unsupported: false to continue")
         warnings.append(msg)
 
@@ -222,47 +223,41 @@ class _Checker:
             return
         self.source = SampleSource(data, inputs, model_inputs, "prepare", model, key="check.data")
 
-    def __call__(self, ref: Path, new: Path) -> dict[str, Any]:
+    def __call__(self, ref: Path, new: Path) -> ModelCheck:
         if self.source is None:
-            return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {self.unavailable}"}
+            return ModelCheck(skipped=f"ONNX Runtime could not run the models: {self.unavailable}")
         try:
             found = ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
                                               self.atol)
-            return {"ok": bool(found), **found.to_json(), "violations": found.violations, "data": self.source.label}
+            return ModelCheck(ok=bool(found), **found.details, runtime=found.runtime, samples=found.samples,
+                              outputs=found.outputs, directions=found.directions, violations=found.violations,
+                              data=self.source.label)
         except ort_runner.ReferenceFailed as exc:
             raise self.source.failure(exc.error) from None
         except Exception as exc:  # noqa: BLE001 - the new model fails in ONNX Runtime
-            return {"ok": None, "skipped": f"ONNX Runtime could not run the models: {first_line(exc)}"}
+            return ModelCheck(skipped=f"ONNX Runtime could not run the models: {first_line(exc)}")
 
 
-def _simplify(model: onnx.ModelProto, path: Path, work: Path, checker: _Checker, external: bool) -> dict[str, Any]:
+def _simplify(model: onnx.ModelProto, path: Path, work: Path, checker: _Checker, external: bool) -> Simplification:
     onnxsim = simplifier.onnxsim()
     t0 = time.perf_counter()
     try:
         simplified, ok = onnxsim.simplify(model, check_n=0)
     except Exception as exc:  # noqa: BLE001 - onnxsim fails in many ways on unusual graphs
-        return {"applied": False, "reason": f"onnxsim failed: {first_line(exc)}"}
+        return Simplification(requested=True, reason=f"onnxsim failed: {first_line(exc)}")
     if not ok:
-        return {"applied": False, "reason": "onnxsim reported its result as invalid"}
+        return Simplification(requested=True, reason="onnxsim reported its result as invalid")
     out = work / "simplified.onnx"
     model_io.save(simplified, out, external=external or None)
     check = checker(path, out)
-    result: dict[str, Any] = {"tool": f"onnxsim {getattr(onnxsim, '__version__', '')}".strip(),
-                              "seconds": round(time.perf_counter() - t0, 3), "check": check}
-    if check.get("ok") is None:
-        return result | {"applied": False, "reason": f"could not verify the simplified model: {check['skipped']}"}
-    if not check["ok"]:
-        return result | {"applied": False,
-                         "reason": f"the simplified model's outputs differ from the original ({_worst(check)})"}
-    return result | {"applied": True}
-
-
-def _worst(check: dict[str, Any]) -> str:
-    parts = []
-    for name, r in check.get("outputs", {}).items():
-        if not r.get("ok", True):
-            parts.append(f"{name}: {r.get('error') or 'max |diff| %.3g' % r.get('max_abs', 0)}")
-    return ", ".join(parts) or "mismatch"
+    result = Simplification(requested=True, applied=bool(check.ok), check=check,
+                            tool=f"onnxsim {getattr(onnxsim, '__version__', '')}".strip(),
+                            seconds=round(time.perf_counter() - t0, 3))
+    if check.ok is None:
+        result.reason = f"could not verify the simplified model: {check.skipped}"
+    elif not check.ok:
+        result.reason = f"the simplified model's outputs differ from the original ({check.worst()})"
+    return result
 
 
 def _trial_shapes(model: onnx.ModelProto, given: dict[str, list[int]], check: "_Checker") -> dict[str, list[int]]:
@@ -276,14 +271,14 @@ def _trial_shapes(model: onnx.ModelProto, given: dict[str, list[int]], check: "_
                                        for vi in onnx_graph.graph_inputs(model)], given)
 
 
-def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> dict[str, Any]:
+def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> PreflightReport:
     if mode == "off":
-        return {"ran": False, "reason": "disabled (preflight: off)", "failures": []}
-    if detect_tensorrt() is None:
+        return PreflightReport(ran=False, reason="disabled (preflight: off)")
+    if find_tensorrt() is None:
         if mode == "required":
             raise StageError(f"preflight: required, but no TensorRT flavour is installed: {INSTALL_HINT}")
-        return {"ran": False, "reason": f"no TensorRT flavour installed ({INSTALL_HINT})", "failures": []}
+        return PreflightReport(ran=False, reason=f"no TensorRT flavour installed ({INSTALL_HINT})")
     report = run_preflight(model, trial)
-    if not report.get("ran") and mode == "required":
-        raise StageError(f"TensorRT pre-flight could not run: {report.get('reason')}")
+    if not report.ran and mode == "required":
+        raise StageError(f"TensorRT pre-flight could not run: {report.reason}")
     return report

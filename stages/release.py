@@ -8,18 +8,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from trtflow import files
+from trtflow import files, names
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.compare import selection
-from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.reports import card
-from trtflow.stages.reports.benchmark import BenchmarkReport
+from trtflow.stages.reports.benchmark import BenchmarkReport, Measurement
 from trtflow.stages.reports.calibrate import CalibrateReport
 from trtflow.stages.reports.parity import ParityReport
 from trtflow.stages.reports.precision import PrecisionReport
-from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
+from trtflow.stages.reports.release import Option, ParitySummary, ReleaseReport, TargetRelease
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.triton import client_example, contract, schema, versions
 from trtflow.stages.triton import config as triton_config
@@ -132,7 +131,7 @@ def _held(latest: versions.Released | None, options: list[Option], verdict: Vali
     if latest is None or verdict is None or params.select.lost_variant != "keep_previous":
         return None
     prev = next((o for o in options if o.name == latest.candidate), None)
-    variant = prev.variant.removesuffix(".repaired") if prev is not None else None
+    variant = names.unrepaired(prev.variant) if prev is not None else None
     if variant is None or variant not in verdict.excluded:
         return None
     best = next((o.name for o in options if o.rank == 1), None)
@@ -147,7 +146,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     option = Option(name=cell.name, variant=cell.variant, precision=cell.precision, target=cell.target,
                     profiles=[p.name for p in cell.profiles], engine_bytes=eng.plan.stat().st_size,
                     engine_sha256=files.sha256(eng.plan),
-                    repaired_from=cell.name.removesuffix(".repaired") if cell.variant.endswith(".repaired") else None)
+                    repaired_from=names.unrepaired(cell.name) if names.is_repaired(cell.variant) else None)
     why, checked = None, False
     if verdict is not None:
         results = {c.name: c for c in verdict.candidates}
@@ -158,7 +157,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         option.validated = checked and why is None
         if result is not None:
             option.accuracy, option.accuracy_drop, option.drop_metric = selection.worst_drop(
-                Accuracy.from_json(result.accuracy), result.per_shape, params.select.max_accuracy_drop is not None)
+                result.accuracy, result.per_shape, params.select.max_accuracy_drop is not None)
             option.accuracy_runtime = result.runtime
             option.shapes = result.per_shape
     if bench is not None:
@@ -167,11 +166,10 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             rates = [m.samples_per_s for m in mine if m.samples_per_s]
             option.samples_per_s = max(rates) if rates else None
             smallest = min(mine, key=lambda m: m.batch)
-            latency = smallest.result.get("latency_ms") or smallest.result.get("gpu_compute_ms") or {}
-            option.p99_ms, option.p99_batch = latency.get("p99"), smallest.batch
+            option.p99_ms, option.p99_batch = smallest.result.latency().get("p99"), smallest.batch
             option.spread = _spread(mine)
-            option.measured_by = smallest.result.get("runtime")
-    count = kept.get(cell.variant.removesuffix(".repaired"))
+            option.measured_by = smallest.result.runtime
+    count = kept.get(names.unrepaired(cell.variant))
     if count is not None:
         option.higher_precision_nodes, option.nodes = count
         if option.repaired_from and verdict is not None and verdict.repair is not None:
@@ -180,12 +178,12 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     return option
 
 
-def _spread(measured: list) -> float | None:
+def _spread(measured: list[Measurement]) -> float | None:
     """The benchmark's own jitter for an engine: the largest (p90 - median) / median of its cells' iteration
     latencies (a ranking that moves by less than this between two runs is noise)."""
     spreads = []
     for m in measured:
-        lat = m.result.get("latency_ms") or m.result.get("gpu_compute_ms") or {}
+        lat = m.result.latency()
         median, p90 = lat.get("median"), lat.get("p90")
         if isinstance(median, (int, float)) and isinstance(p90, (int, float)) and median > 0:
             spreads.append(max(0.0, (p90 - median) / median))
@@ -299,13 +297,13 @@ def _preprocessing(inputs: Inputs) -> list[dict] | None:
     return list(data.get("steps") or []) if isinstance(data, dict) else None
 
 
-def _parity(inputs: Inputs) -> dict | None:
+def _parity(inputs: Inputs) -> ParitySummary | None:
     art = inputs.optional("parity")
     if art is None:
         return None
     p = ParityReport.model_validate_json(art.path.read_text())
-    return {"verdict": p.verdict, "images": len(p.images), "top1": (p.model or {}).get("top1"),
-            "tolerances": p.tolerances}
+    return ParitySummary(verdict=p.verdict, images=len(p.images), top1=p.model.top1 if p.model else None,
+                         tolerances=p.tolerances)
 
 
 def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[TargetRelease]) -> dict[str, Path]:

@@ -18,10 +18,11 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from trtflow import progress
+from trtflow import names, progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
+from trtflow.precisions import Precision
 from trtflow.stages.bisect import repair
 from trtflow.stages.bisect.repair import Repair
 from trtflow.stages.compare import gate
@@ -145,7 +146,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     left_out: dict[str, list[CandidateResult]] = {}
     for r in checked:
         if r.name in verdict.optional:
-            left_out.setdefault(r.variant.removesuffix(".repaired"), []).append(r)
+            left_out.setdefault(names.unrepaired(r.variant), []).append(r)
     excluded = {}
     for variant, mine in sorted(left_out.items()):
         excluded[variant] = _failure_line(mine, checked, repaired, params).removeprefix("validate: ")
@@ -160,7 +161,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                   "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
                                   "left_out": sorted(verdict.optional),
                                   "worst_cosine": min((o["cosine"] for r in checked
-                                                       for o in r.accuracy["outputs"].values()), default=None)})
+                                                       for o in r.accuracy.outputs.values()), default=None)})
     if failed:
         raise StageFailed(_failure_line(failed, checked, repaired, params), result)
     return result
@@ -185,7 +186,7 @@ def _verdict(checked: list[CandidateResult], fixes: list[Candidate], optional: s
             why = r.violations[0] if r.violations else "fails"
             not_shipped[r.name] = why + (f" (the repaired {replaced[r.name]} passes in its place)"
                                          if r.name in replaced else "")
-    variant = {r.name: r.variant.removesuffix(".repaired") for r in checked}
+    variant = {r.name: names.unrepaired(r.variant) for r in checked}
     left_out = [n for n in not_shipped if n not in replaced and variant[n] in optional]
     for n in left_out:
         not_shipped[n] += " (optional variant: excluded)"
@@ -231,13 +232,13 @@ def _repaired_candidates(target: Candidate, candidates: list[Candidate], checked
     model itself; with engines, an engine built from it per failing engine, at that engine's profiles and
     target, by the build stage's worker (each cell carries the repaired model, so later stages find it)."""
     failing = [c for c, r in zip(candidates, checked) if c.variant == target.variant and not r.passed]
-    variant = f"{target.variant}.repaired"
+    variant = names.repaired(target.variant)
     if not any(c.engine for c in failing):
         return [Candidate(variant, variant, target.precision, model, replaces=c.name) for c in failing[:1]], []
     cells = []
     for c in failing:
         cell = Cell.read(c.engine.parent)
-        cells.append((c, cell.model_copy(update={"name": f"{cell.name}.repaired", "variant": variant,
+        cells.append((c, cell.model_copy(update={"name": names.repaired(cell.name), "variant": variant,
                                                  "model": str(model)})))
     progress.report("building repaired engines", 0, len(cells))
     built = building.build_cells([cell for _, cell in cells], engines, 1)
@@ -274,7 +275,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, An
         bounds={o: {m: b for m, (b, _) in gate.bounds_for(cand.precision, o, params.tolerances, params.metrics,
                                                            acc.outputs[o].get("task")).items()}
                 for o in acc.outputs},
-        accuracy=acc.to_json(), passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
+        accuracy=acc, passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
         warnings=warnings, per_shape=rows)
     # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
     failing = [s.source for s, row in zip(sets, rows) if not row.passed]
@@ -340,7 +341,7 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_
     return measured
 
 
-def _judged(measured: _Measured, sets: list[_ShapeSet], runtime: str, precision: str,
+def _judged(measured: _Measured, sets: list[_ShapeSet], runtime: str, precision: Precision,
             params: ValidateStage) -> tuple[Accuracy, list[ShapeResult]]:
     """Each shape set through the gate (a row each), and the metrics over all samples carrying every shape's
     violations: a candidate passes only where it passes at every shape, and a violation names its shape when

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.assets import PPOCR, in_ci
-from trtflow.stages.trt.env import detect_tensorrt
+from trtflow.stages.trt.env import Backend, find_tensorrt
 
-TENSORRT = detect_tensorrt()
+TENSORRT = find_tensorrt()
 
 
 def pytest_configure(config) -> None:
@@ -128,8 +128,8 @@ def tensorrt_available() -> bool:
 
 
 @pytest.fixture
-def tensorrt_backend() -> dict[str, str]:
-    """The installed flavour as `detect_tensorrt()` describes it (module, flavour, version)."""
+def tensorrt_backend() -> Backend:
+    """The installed flavour (module, flavour, version)."""
     if TENSORRT is None:
         _need_tensorrt()
     return TENSORRT

@@ -64,7 +64,7 @@ def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants, tensorrt_back
         assert info["inputs"][0]["name"] == "input" and info["inputs"][0]["shape"] == [-1, 3, 224, 224]
         assert info["validity"]["checked"] and info["validity"]["validity"] in ("VALID", "INVALID", "SUBOPTIMAL")
         assert info["peak_host_memory_mb"] > 10 and (engine.parent / "build.log").exists()
-        assert info["environment"]["tensorrt"]["version"] == tensorrt_backend["version"]
+        assert info["environment"]["tensorrt"]["version"] == tensorrt_backend.version
     dyn = next(c for c in report["cells"] if c["name"] == "fp16.dynamic.native")
     assert dyn["shapes"]["dynamic"]["input"][2] == [8, 3, 224, 224]
     sizes = {c["variant"]: c["engine_bytes"] for c in report["cells"] if "bs1" in c["name"]}
@@ -126,13 +126,13 @@ def test_ppocr_dynamic_height_and_width(tmp_path):
 
 
 def test_options_the_backend_lacks(tmp_path, variants, monkeypatch, tensorrt_backend):
-    if tensorrt_backend["flavour"] == "tensorrt-rtx":
+    if tensorrt_backend.flavour == "tensorrt-rtx":
         with pytest.raises(StageError, match=r"legacy_precision \(fp16\) needs TensorRT 10's builder flags"):
             run_build(variants[:1], tmp_path / "a", legacy_precision=["fp16"], profiles=PROFILES)
         with pytest.raises(StageError, match=r"unknown target 'sm99'"):
             run_build(variants[:1], tmp_path / "b", targets=["sm99"], profiles=PROFILES)
     # a machine without any TensorRT flavour: this checks trtflow's message, nothing about TensorRT
-    monkeypatch.setattr(build, "detect_tensorrt", lambda: None)
+    monkeypatch.setattr(build, "find_tensorrt", lambda: None)
     with pytest.raises(StageError, match=r"no TensorRT flavour is installed: pip install tensorrt-rtx-cu13"):
         run_build(variants[:1], tmp_path / "c", profiles=PROFILES)
 
@@ -151,7 +151,7 @@ def test_builder_options_and_timing_cache(tmp_path, variants):
 
 def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, variants, tensorrt_backend):
     # seen here: TensorRT-RTX 1.7 needs CUDA to build a weight-stripped plan; the cell reports the builder's error
-    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend.flavour != "tensorrt-rtx":
         pytest.skip("a TensorRT-RTX observation")
     with pytest.raises(StageFailed, match="the builder returned no engine"):
         run_build(variants[:1], tmp_path / "out", profiles={"bs1": PROFILES["bs1"]}, strip_plan=True)
@@ -182,7 +182,7 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
     result = run_build([fp32, int8("default")], tmp_path / "out", profiles=static)
     cells = {c["variant"]: c for c in json.loads(result.outputs["report"].read_text())["cells"]}
     assert cells["prepare"]["precision"] == "fp32" and cells["int8"]["precision"] == "int8"
-    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend.flavour != "tensorrt-rtx":
         return
     assert cells["int8"]["engine_bytes"] > cells["prepare"]["engine_bytes"]
     (warning,) = result.warnings

@@ -97,7 +97,7 @@ def test_an_engine_replaced_with_its_digest_in_the_entry_is_not_served(run, entr
 def test_a_fifo_in_place_of_the_timing_cache_is_ignored_and_replaced(run, tmp_path, tensorrt_backend, monkeypatch):
     """The worker read the timing cache with read_bytes(): blocked until the cell's time limit (an hour)."""
     monkeypatch.setattr(building, "CELL_TIMEOUT_S", 60)  # the old worker was killed at it: the cell failed
-    cache = tmp_path / "shared" / f"timing-{tensorrt_backend['flavour']}-{tensorrt_backend['version']}.cache"
+    cache = tmp_path / "shared" / f"timing-{tensorrt_backend.flavour}-{tensorrt_backend.version}.cache"
     os.mkfifo(cache)
     cell, result = run()
     assert cell["status"] == "ok"

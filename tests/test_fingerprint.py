@@ -38,12 +38,12 @@ def fresh(monkeypatch):
 @pytest.mark.tensorrt
 def test_tensorrt_version_comes_from_the_module(fresh, tensorrt_backend):
     import importlib
-    module = importlib.import_module(tensorrt_backend["module"])
-    found = env.probe(tensorrt_backend["module"])
+    module = importlib.import_module(tensorrt_backend.module)
+    found = env.probe(tensorrt_backend.module)
     assert found["version"] == module.__version__
     assert found["cuda_runtime"] and found["cuda_runtime"].split(".")[0].isdigit()
     got = fp.fingerprint(("tensorrt",))
-    assert got["tensorrt"] == {"flavour": tensorrt_backend["flavour"], "version": module.__version__}
+    assert got["tensorrt"] == {"flavour": tensorrt_backend.flavour, "version": module.__version__}
     assert got["cuda"]["runtime"] == found["cuda_runtime"]
     assert got["platform"]["os"] and got["platform"]["arch"]
 
@@ -62,8 +62,8 @@ def test_a_tensorrt_without_pip_metadata_is_still_versioned(fresh, tmp_path, mon
     """A TensorRT installed from a tarball or present in a container has no distribution metadata: the version the
     module reports is the one in the key, so its upgrade triggers a rebuild."""
     pkg = _stand_in_tensorrt(tmp_path, monkeypatch, "__version__ = '10.13.3.9'\n")
-    info = env.detect_tensorrt("tensorrt")
-    assert info["version"] == "unknown"  # no pip metadata
+    info = env.find_tensorrt("tensorrt")
+    assert info.version == "unknown"  # no pip metadata
     assert env.tensorrt_version(info) == "10.13.3.9"
     assert fp.fingerprint(("tensorrt",))["tensorrt"] == {"flavour": "tensorrt", "version": "10.13.3.9"}
     (pkg / "__init__.py").write_text("__version__ = '11.0.0.4'\n")
@@ -74,9 +74,9 @@ def test_a_tensorrt_without_pip_metadata_is_still_versioned(fresh, tmp_path, mon
 
 def test_a_broken_module_falls_back_to_metadata(fresh, tmp_path, monkeypatch):
     _stand_in_tensorrt(tmp_path, monkeypatch, "raise ImportError('libnvinfer.so.10: cannot open shared object file')\n")
-    info = env.detect_tensorrt("tensorrt")
+    info = env.find_tensorrt("tensorrt")
     assert env.probe("tensorrt")["version"] is None
-    assert env.tensorrt_version(info) == info["version"]
+    assert env.tensorrt_version(info) == info.version
 
 
 def _fake_smi(tmp_path: Path, monkeypatch) -> None:

@@ -163,6 +163,6 @@ def test_yolov8_head_builds_in_fp16_with_dynamic_height_and_width(tmp_path):
     plan.half |= {n.name for n in model.graph.node if n.op_type == "Cast" and n.name in ranges}
     bad = tmp_path / "grid_in_fp16.onnx"
     onnx.save(fp16.convert(model, plan), str(bad))
-    failed = run_preflight(bad, {"images": [1, 3, 128, 128]}, min_shapes={"images": [1, 3, 64, 64]})["trial_build"]
-    assert not failed["ok"] and "\n" not in failed["error"]
-    assert failed["error"].startswith("Myelin: ") and "element type" in failed["error"], failed["error"]
+    failed = run_preflight(bad, {"images": [1, 3, 128, 128]}, min_shapes={"images": [1, 3, 64, 64]}).trial_build
+    assert not failed.ok and "\n" not in failed.error
+    assert failed.error.startswith("Myelin: ") and "element type" in failed.error, failed.error

@@ -205,7 +205,7 @@ def test_int8_with_depthwise_convs_is_not_larger_than_fp32_on_tensorrt_rtx(tmp_p
     and, for static shapes, stores the zeros in the engine: 3 bytes per input value of each depthwise Conv. With
     them quantized (ModelOpt's placement, float_depthwise: false), PP-OCRv4 rec at a batch of 8 built 29.7 MB
     against 14.2 MB in FP32; left in float (the default), 11.1 MB."""
-    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend.flavour != "tensorrt-rtx":
         pytest.skip("a TensorRT-RTX observation")
     from onnx import version_converter
 

@@ -46,7 +46,7 @@ def test_key_of_a_real_stage_is_pinned(tmp_path):
 
 
 PINNED_RECIPE = "e3c11055abdb68857bfdeb94268c6949"  # KEY_FORMAT 2
-PINNED_PREPARE = "0e79ca3f9b4c7e7e4c73d39d35085fbf"  # prepare v2, KEY_FORMAT 2: defaults left out
+PINNED_PREPARE = "1ccf8254caa8b23c9a459538071460af"  # prepare v3, KEY_FORMAT 2: defaults left out
 
 
 # the smallest valid parameters of every kind, and parameters set to something else than their defaults
@@ -102,9 +102,9 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "benchmark": ("830c0fa7c5fb62f6e2ab831fa9c9e7a2", "686518610ae8e10e679afc755c52d7ec"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
     "calibrate": ("10603805266bd5351ccce069f955e7f5", "d3c769d07058be41fd9ba1ff5e7a0f93"),
-    "parity": ("155849e8f3ad5f884b7b48f1da8ffa8a", "1b1c28f39b9c7fb995b64d344dbe8999"),
-    "precision": ("ac05489547f1a9608a3443e7c2020c28", "76909ad4b3c204cb05928d0ef214ca7a"),
-    "prepare": ("7f07142354d50246762fe28f4033b07d", "0d347735054099392ebc0148bbb57ea2"),
+    "parity": ("6996d520918f56c5aa9464e3b7b8f262", "95d0f918acacce2cfd62599861b6fc22"),
+    "precision": ("669555998164e68f0864aa8e04f34a8a", "d192a62069be57bca0423cf7db6914fa"),
+    "prepare": ("4cc41c6d04c595a91d43d4bd5a49e065", "84314c7aa7fb461b4fd375e05ede74a6"),
     "release": ("ae508de2bddecd22f67abd958c7b1d68", "d9fe161f595190819ee60eb8f943e881"),
     "validate": ("a3b644a07cb7f30c256af13e88f8e2f5", "1a59d38b63ed17eee2b368c1c9f70c2d"),
 }

@@ -139,7 +139,7 @@ def accuracy(h: str) -> dict:
 
 def release_report(h: str) -> ReleaseReport:
     def option(rank: int, refused: str | None = None) -> Option:
-        return Option(name=h, variant=h, precision=h, target=h, profiles=[h, h], engine_bytes=2_000_000,
+        return Option(name=h, variant=h, precision="int8", target=h, profiles=[h, h], engine_bytes=2_000_000,
                       engine_sha256=h, accuracy={h: {h: 0.5}}, accuracy_drop=0.01, drop_metric=h, p99_ms=1.5,
                       p99_batch=1, samples_per_s=100.0, measured_by=h, higher_precision_nodes=1, nodes=3,
                       refused=refused, rank=rank)
@@ -181,7 +181,7 @@ def layer(h: str) -> LayerRow:
 @pytest.mark.parametrize("h", HOSTILE)
 def test_the_validate_summary(h):
     row = layer(h)
-    cand = CandidateResult(name=h, variant=h, precision=h, runtime=h, engine=h, data=h, shapes=[{h: [1, 3]}],
+    cand = CandidateResult(name=h, variant=h, precision="int8", runtime=h, engine=h, data=h, shapes=[{h: [1, 3]}],
                            bounds={h: {h: 0.5}}, accuracy=accuracy(h), passed=False, violations=[h],
                            not_on_tensorrt=h, warnings=[h], plots=[f"plots/{h}.errors.png"],
                            layerwise=Layerwise(samples=2, tensors=3, bound=0.99, first_bad=row, worst=[row, row],
@@ -200,7 +200,7 @@ def test_the_validate_summary(h):
 @pytest.mark.parametrize("h", HOSTILE)
 def test_the_build_summary(h):
     def cell(**kw) -> CellRow:
-        return CellRow(name=h, variant=h, precision=h, target=h, profiles=[h, h], shapes={h: {h: [1]}},
+        return CellRow(name=h, variant=h, precision="int8", target=h, profiles=[h, h], shapes={h: {h: [1]}},
                        validity={"checked": True, "validity": h, "diagnostics": [h]}, **kw)
     report = BuildReport(backend=Backend(flavour=h, module=h, version=h), environment={h: h},
                          cells=[cell(status="failed", error=h), cell(status="ok", reused=h, engine_bytes=10)],
@@ -214,9 +214,9 @@ def test_the_benchmark_summary(h):
     def measured(ok: bool) -> Measurement:
         result = {"has_summary": ok, "note": h, "runtime": h, "throughput_qps": 10.0,
                   "latency_ms": {"mean": 1.0, "p99": 2.0}}
-        return Measurement(cell=h, candidate=h, variant=h, precision=h, profile=h, point="opt", shapes={h: [1]},
+        return Measurement(cell=h, candidate=h, variant=h, precision="int8", profile=h, point="opt", shapes={h: [1]},
                            environment={h: h}, result=result, iterations=3, samples_per_s=10.0,
-                           slowest_layers=[{"name": h, "average_ms": h, "percent": h}])
+                           slowest_layers=[{"name": h, "average_ms": 0.5, "percent": 12.0}])
     for telemetry in ({"available": False, "why": h}, {"available": True, "samples": 3, "throttled": [h]}):
         report = BenchmarkReport(tool=h, trtexec=None, trtexec_looked=[h], tensorrt_version=h,
                                  cells=[measured(True), measured(False)], telemetry=telemetry,
@@ -277,13 +277,13 @@ def test_the_parity_summary(h, tmp_path):
     good = {"image": h, "shape_ok": True, "max_abs": 0.01, "mean_abs": 0.001, "psnr": 50.0}
     bad = {"image": h, "shape_ok": False, "deploy_shape": [1, 3], "training_shape": [1, 4], "max_abs": 1.0,
            "mean_abs": 1.0, "psnr": 0.0}
-    pred = {"image": h, "training": h, "training_score": 0.9, "deploy": h + "2", "deploy_score": 0.5}
+    pred = {"image": h, "training": 0, "training_score": 0.9, "deploy": 1, "deploy_score": 0.5}
     model = {"ran": True, "runtime": h, "max_abs_diff": 0.5, "top1": 0.5, "top5": 1.0, "predictions": [pred]}
     search = {"evaluations": 3, "images": 1, "seconds": 0.1, "rounds": 1, "max_rounds": 2, "beam": 2}
     found = {"cause": h, "fix": h, "search": search, "chain": [{"cause": h, "fix": h, "mean_abs": 0.1,
                                                                  "max_abs": 0.2}],
              "declared": {"mean_abs": 1.0, "max_abs": 2.0}, "yaml": f"deploy:\n```\n{h}\n",
-             "after_fix": {"images": 2, "passing": 2, "model": {"top1": 1.0, "predictions": [pred]}}}
+             "after_fix": {"images": 2, "passing": 2, "model": {"ran": True, "top1": 1.0, "predictions": [pred]}}}
     none = {"search": search, "tried": [{"fix": h, "mean_abs": 0.5, "ok": False}]}
     picture = tmp_path / (h.replace("\n", " ") + ".png")
     picture.write_bytes(b"\x89PNG")

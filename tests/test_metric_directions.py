@@ -17,6 +17,7 @@ from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate, selection
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.reports.release import Option
+from trtflow.stages.reports.validate import CandidateResult
 
 
 def softmax_faces(face: np.ndarray) -> np.ndarray:
@@ -43,7 +44,27 @@ def face_network(metrics: dict, tolerances: dict) -> Accuracy:
     cmp.add({"faces": softmax_faces(face), "embedding": embedding},
             {"faces": softmax_faces(shrunk), "embedding": noisy})
     acc = gate.judge(cmp.result("test"), "int8", params.tolerances, True, params.metrics)
-    return Accuracy.from_json(acc.to_json())
+    return CandidateResult.model_validate_json(_candidate(acc).model_dump_json()).accuracy  # as release reads it
+
+
+def _candidate(acc: Accuracy | dict) -> CandidateResult:
+    """Validate's report row of a candidate with this accuracy."""
+    return CandidateResult(name="int8.p.native", variant="int8", precision="int8", runtime="test", engine=None,
+                           data="test", shapes=[], bounds={}, passed=True, violations=[], not_on_tensorrt="",
+                           warnings=[], accuracy=acc)
+
+
+def test_a_report_written_before_accuracy_was_typed_still_reads():
+    """Reports stored `Accuracy.to_json()` as a dict, with a comparator's details beside the metrics (and, before
+    validate v6, no directions): they validate into the same Accuracy."""
+    old = {"rtol": 0.001, "runtime": "onnxruntime-cpu 1.22", "samples": 4,
+           "outputs": {"y": {"max_abs": 0.5, "mean_abs": 0.1, "cosine": 0.99, "nan": 0, "inf": 0}}}
+    cand = CandidateResult.model_validate_json(_candidate(old).model_dump_json().replace(  # the dict, verbatim
+        '"accuracy":{"runtime"', '"accuracy":{"rtol":0.001,"runtime"'))
+    assert cand.accuracy == Accuracy("onnxruntime-cpu 1.22", 4, old["outputs"])
+    assert cand.accuracy.table()[2].startswith("| `y` | 0.5 |")
+    again = _candidate(cand.accuracy).model_dump(mode="json")["accuracy"]
+    assert again == {"runtime": "onnxruntime-cpu 1.22", "samples": 4, "outputs": old["outputs"], "directions": {}}
 
 
 FACE_IOU = {"faces": {"callable": "tests.stage_fns:face_iou"}}

@@ -167,3 +167,13 @@ def test_the_preprocessing_model_refuses_an_image_no_profile_takes(tmp_path, mon
         "IMAGE", np.frombuffer(PHOTOS[0].read_bytes(), np.uint8))}])
     assert outputs == [] and error == ("the image gives a tensor of shape [1, 3, 224, 224], which the engine does "
                                        "not take: dimension 2 is 224, profile 'small' takes 32..128")
+
+
+def test_the_repaired_suffix_has_one_rule():
+    """validate names its repair of a variant (and of each engine) with one suffix; release and the YAML check
+    strip exactly that suffix, whatever dots the variant's own name has."""
+    from trtflow import names
+
+    assert names.repaired("fp16") == "fp16.repaired" and names.repaired("fp16.b4.native") == "fp16.b4.native.repaired"
+    assert names.is_repaired("int8.repaired") and not names.is_repaired("int8") and not names.is_repaired("repaired")
+    assert names.unrepaired(names.repaired("int8.static")) == "int8.static" and names.unrepaired("fp16") == "fp16"

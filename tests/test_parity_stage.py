@@ -213,3 +213,34 @@ def test_no_image_matches_the_glob(write_yaml, workdir):
     (workdir / "photos").mkdir()
     shutil.copy(PHOTOS[0], workdir / "photos" / "a.jpg")
     assert runner.plan()[0].action == "run"
+
+
+def test_a_report_of_parity_v2_still_reads():
+    """parity v2 stored each image's metrics as a dict holding only the fields of its case (`shape` where the
+    shapes agree, `deploy_shape`/`training_shape` where not, Infinity for their difference): it still reads."""
+    from trtflow.stages.reports.parity import ParityReport
+
+    ok = {"shape_ok": True, "shape": [3, 48, 192], "max_abs": 0.004, "mean_abs": 0.001, "psnr": 52.0,
+          "image": "a.png", "channels": [{"deploy_mean": 0.1, "training_mean": 0.1, "deploy_std": 0.2,
+                                          "training_std": 0.2}]}
+    bad = {"shape_ok": False, "deploy_shape": [48, 192, 3], "training_shape": [3, 48, 192], "max_abs": float("inf"),
+           "mean_abs": float("inf"), "psnr": 0.0, "image": "b.png", "channels": None}
+    v2 = {"verdict": "fail", "preprocess_digest": "ab" * 32, "steps": [{"read": {"color": "rgb", "depth": 8}}],
+          "runtimes": {"deploy": "opencv", "training": "torchvision"},
+          "tolerances": {"max_abs": 0.02, "mean_abs": 0.005, "min_psnr": None, "top1": 0.99},
+          "images": [ok, bad], "worst_image": "b.png",
+          "model": {"ran": True, "runtime": "onnxruntime", "output": "y", "max_abs_diff": 0.3, "top1": 0.5,
+                    "top5": 1.0, "ok": False, "predictions": [{"image": "a.png", "training": 1, "deploy": 0,
+                                                               "training_score": 0.9, "deploy_score": 0.6}]},
+          "diagnosis": {"declared": {"mean_abs": 0.2, "max_abs": 0.9},
+                        "tried": [{"cause": "channel order", "fix": "read: bgr", "ok": False, "error": "too small"}],
+                        "search": {"rounds": 3, "max_rounds": 3, "beam": 4, "evaluations": 40, "images": 2,
+                                   "seconds": 1.5}}}
+    report = ParityReport.model_validate_json(json.dumps(v2))  # Python's json writes inf as Infinity, as v2 did
+    assert [x.shape_ok for x in report.images] == [True, False] and report.images[1].mean_abs == float("inf")
+    assert report.tolerances.top1 == 0.99
+    assert "shape [48, 192, 3] vs training [3, 48, 192]" in report.failure_line()
+    assert "| a\\.png | 0.004 | 0.001 | 52.0 | yes |" in report.summary(None)
+    assert report.model.predictions[0].deploy == 0 and report.diagnosis.tried[0].error == "too small"
+    assert "model top-1 agreement 50%; no usual cause, alone or up to 3 combined" in report.failure_line()
+    assert "| a\\.png | 1 (0.9) | 0 (0.6) **differs** |" in report.summary(None)

@@ -86,7 +86,7 @@ def test_preflight_lists_every_unsupported_node(tmp_path):
 
 def test_preflight_modes_without_tensorrt(tmp_path, monkeypatch):
     # a machine without any TensorRT flavour: this checks trtflow's message, nothing about TensorRT
-    monkeypatch.setattr(prepare, "detect_tensorrt", lambda: None)
+    monkeypatch.setattr(prepare, "find_tensorrt", lambda: None)
     result = run_prepare(PPOCR, tmp_path / "a", simplify=False)
     pre = json.loads(result.outputs["report"].read_text())["preflight"]
     assert pre["ran"] is False and "pip install tensorrt-rtx-cu13" in pre["reason"]
@@ -192,7 +192,7 @@ def test_control_flow_that_parses_but_does_not_build(tmp_path, tensorrt_backend)
     build failed with TensorRT-RTX's graphScope assertion."""
     from tests.graphs import lstm_in_if_unused_y
 
-    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend.flavour != "tensorrt-rtx":
         pytest.skip("a TensorRT-RTX 1.7 observation")
     path = tmp_path / "vad.onnx"
     onnx.save(lstm_in_if_unused_y(), str(path))
@@ -259,3 +259,32 @@ def test_renamed_dims_survive_simplification(tmp_path, monkeypatch):
             for vi in list(model.graph.input) + list(model.graph.output)}
     for change in report["sanitized_dims"]:
         assert dims[change["tensor"]][change["axis"]] == change["now"], (change, dims)
+
+
+def test_a_report_of_prepare_v2_still_reads():
+    """prepare v2 stored the inventories, checks and pre-flight as plain dicts (a pre-flight that did not run had
+    only ran/reason/failures; a check no `data`): such a report still validates and renders."""
+    from trtflow.stages.reports.prepare import PrepareReport
+
+    io = [{"name": "x", "dtype": "float32", "shape": ["x_dim0", 3, 48, 192]}]
+    inventory = {"ir_version": 8, "producer": "paddle2onnx 1.0", "opsets": {"ai.onnx": 11}, "nodes": 152,
+                 "ops": {"ai.onnx": {"Conv": 50, "Relu": 40}}, "initializers": 80, "initializer_bytes": 580_000,
+                 "inputs": io, "outputs": [{"name": "y", "dtype": "float32", "shape": ["y_dim0", 2]}]}
+    check = {"ok": True, "rtol": 0.001, "atol": 0.0001, "input_shapes": {"x": [1, 3, 48, 192]},
+             "runtime": "onnxruntime-cpu 1.22", "samples": 4,
+             "outputs": {"y": {"ok": True, "max_abs": 2e-07, "max_rel": 1e-06}}, "directions": {}, "violations": []}
+    v2 = {"source": {"path": "cls.onnx", "digest": "ab" * 32, "external_data": False},
+          "before": inventory, "after": inventory, "full_check": None,
+          "sanitized_dims": [{"tensor": "x", "axis": 0, "was": "?", "now": "x_dim0"}],
+          "conversion": {"from": 11, "to": 17, "check": check},
+          "simplification": {"requested": True, "applied": True, "tool": "onnxsim 0.4.36", "seconds": 0.5,
+                             "check": check},
+          "dynamic_dims": [{"input": "x", "axis": 0, "name": "x_dim0"}], "constants_to_initializers": 0,
+          "preflight": {"ran": False, "reason": "disabled (preflight: off)", "failures": []},
+          "timings": {"check": 0.1}, "warnings": []}
+    report = PrepareReport.model_validate_json(json.dumps(v2))
+    assert report.conversion.source == 11 and report.simplification.check.samples == 4
+    text = report.summary("cls")
+    assert "opset conversion** 11 → 17: matches on 4 random input(s)" in text
+    assert "`x[0]` \\'\\?\\'→`x_dim0`" in text and "pre-flight did not run**: disabled" in text
+    assert json.loads(report.model_dump_json())["conversion"]["from"] == 11

@@ -605,3 +605,22 @@ def test_a_forced_release_keeps_the_provenance_chain(write_yaml, workdir, tensor
     provenance = forced_card.split("## Provenance", 1)[1]
     assert provenance == first_card.split("## Provenance", 1)[1]
     assert all(f"`{k}`" in provenance for k in keys.values()), provenance
+
+
+def test_the_card_states_parity_s_verdict_as_its_report_holds_it(tmp_path):
+    """The release reads parity's report through its model: the verdict, the images checked, the classifier's top-1
+    agreement (None without a classifier) and the tolerances, and the release report stores them typed."""
+    from trtflow.stages.reports.parity import ParityReport
+    from trtflow.stages.reports.release import ReleaseReport
+
+    row = {"shape_ok": True, "shape": [3, 8, 8], "max_abs": 0.0, "mean_abs": 0.0, "psnr": float("inf"), "image": "a"}
+    for model, top1 in (({"ran": True, "runtime": "onnxruntime", "max_abs_diff": 0.0, "top1": 1.0, "top5": 1.0}, 1.0),
+                        (None, None)):
+        path = tmp_path / "parity.json"
+        path.write_text(ParityReport(verdict="pass", preprocess_digest="ab", steps=[], runtimes={}, tolerances={},
+                                     images=[row, row], model=model, diagnosis=None,
+                                     worst_image="a").model_dump_json())
+        summary = release._parity(Inputs({"parity": Artifact(path, "json", "parity")}))
+        assert (summary.verdict, summary.images, summary.top1, summary.tolerances.max_abs) == ("pass", 2, top1, 0.02)
+        stored = ReleaseReport(model_name="m", rule={}, targets=[], lineage=[], parity=summary).model_dump_json()
+        assert ReleaseReport.model_validate_json(stored).parity == summary

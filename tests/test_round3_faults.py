@@ -114,7 +114,7 @@ def test_a_preflight_that_crashes_on_the_model_is_still_its_report(dying_child):
 
     dying_child("trtflow.stages.trt.preflight", "SEGV")
     report = run_preflight(PPOCR)
-    assert report["ran"] is False and "exit code -11" in report["reason"]
+    assert report.ran is False and "exit code -11" in report.reason
 
 
 def _harness(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtflow.errors import StageError
 from trtflow.pipelines.params.build import BuilderOptions
 from trtflow.stages.trt import config, parse
+from trtflow.stages.trt.env import Backend
 
 pytestmark = pytest.mark.tensorrt
 
@@ -77,7 +78,7 @@ def test_aux_streams(session, tensorrt_backend):
 
 @pytest.mark.parametrize("level", ["ampere_plus", "same_compute_capability", "none"])
 def test_hardware_compatibility(session, tensorrt_backend, level):
-    if tensorrt_backend["flavour"] == "tensorrt-rtx":
+    if tensorrt_backend.flavour == "tensorrt-rtx":
         # seen here: TensorRT-RTX has the attribute, logs "setHardwareCompatibilityLevel() is unsupported in
         # TensorRT-RTX" and keeps NONE; trtflow refuses the option instead of letting it do nothing
         parsed, cfg = session
@@ -106,7 +107,7 @@ def test_flags_that_need_more_than_this_machine_has(session, tensorrt_backend, o
 
 
 def test_compute_capability_target(session, tensorrt_backend):
-    if tensorrt_backend["flavour"] != "tensorrt-rtx":
+    if tensorrt_backend.flavour != "tensorrt-rtx":
         pytest.skip("targets are a TensorRT-RTX feature")
     parsed, cfg, applied = _configure(session, tensorrt_backend, target="sm89")
     assert cfg.num_compute_capabilities == 1
@@ -117,12 +118,12 @@ def test_compute_capability_target(session, tensorrt_backend):
 
 def test_refused_with_the_reason(session, tensorrt_backend):
     parsed, _ = session
-    if tensorrt_backend["flavour"] == "tensorrt-rtx":
+    if tensorrt_backend.flavour == "tensorrt-rtx":
         with pytest.raises(StageError, match=r"legacy_precision \(fp16\) needs TensorRT 10's builder flags"):
             config.check(BuilderOptions(legacy_precision=["fp16"]), parsed.trt, tensorrt_backend, ["native"])
         with pytest.raises(StageError, match=r"unknown target 'sm8'.*known: sm120, sm121, sm75, sm80"):
             config.check(BuilderOptions(), parsed.trt, tensorrt_backend, ["sm8"])
-    full = {**tensorrt_backend, "flavour": "tensorrt"}  # our rule, not TensorRT's: targets need the RTX flavour
+    full = tensorrt_backend.model_copy(update={"flavour": "tensorrt"})  # our rule, not TensorRT's: targets need the RTX flavour
     with pytest.raises(StageError, match=r"targets \['sm89'\]: choosing compute capabilities needs TensorRT-RTX"):
         config.check(BuilderOptions(), parsed.trt, full, ["native", "sm89"])
 
@@ -131,7 +132,7 @@ def test_an_option_the_installed_tensorrt_lacks_is_refused(tensorrt_backend):
     # A stand-in for an older TensorRT without aux streams or weight streaming: this checks trtflow's refusal,
     # not TensorRT (which is why a stand-in is enough here).
     old = SimpleNamespace(IBuilderConfig=SimpleNamespace(), BuilderFlag=SimpleNamespace())
-    backend = {"flavour": "tensorrt", "version": "8.6.1", "module": "tensorrt"}
+    backend = Backend(flavour="tensorrt", version="8.6.1", module="tensorrt")
     with pytest.raises(StageError, match=r"aux_streams is not available in tensorrt 8.6.1 \(no IBuilderConfig"):
         config.check(BuilderOptions(aux_streams=1), old, backend, ["native"])
     with pytest.raises(StageError, match=r"weight_streaming is not available in tensorrt 8.6.1 \(no BuilderFlag"):

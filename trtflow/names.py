@@ -57,3 +57,21 @@ def _checked(pattern: re.Pattern[str], max_length: int, what: str) -> tuple[Afte
 Name = Annotated[(str, *_checked(PLAIN, MAX_LENGTH, "a name: " + RULES[PLAIN]))]
 StageName = Annotated[(str, *_checked(IDENTIFIER, MAX_LENGTH, "a stage's name: " + RULES[IDENTIFIER]))]
 ModelName = Annotated[(str, *_checked(DOTTED, MODEL_MAX_LENGTH, "a model's name: " + RULES[DOTTED]))]
+
+
+# validate's repair of a variant is the variant '<variant>.repaired', its engines '<engine>.repaired'
+REPAIRED = ".repaired"
+
+
+def repaired(name: str) -> str:
+    """The name of the repaired variant (or engine) made from `name`."""
+    return name + REPAIRED
+
+
+def is_repaired(name: str) -> bool:
+    return name.endswith(REPAIRED)
+
+
+def unrepaired(name: str) -> str:
+    """The variant (or engine) a repaired one was made from; any other name as it is."""
+    return name.removesuffix(REPAIRED)

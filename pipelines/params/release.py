@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field
 
+from trtflow import names
 from trtflow.artifact import CLAIM_BYTES
 from trtflow.names import ModelName, Name
 from trtflow.pipelines.params.validate import ValidateStage
@@ -102,7 +103,7 @@ def _wiring(spec: ReleaseStage, upstream: Mapping[str, StageBase]) -> tuple[str,
                         f"declare them there: callable: {{function: {ref}, higher: [...], lower: [...]}}, or bound "
                         f"them in stages.{name}.tolerances with {{min: x}} / {{max: x}}")
     makers = [n for n, up in upstream.items() if up.kind in MODEL_MAKERS] + ["source"]
-    unknown = [v for v in spec.select.variants if v.removesuffix(".repaired") not in makers]
+    unknown = [v for v in spec.select.variants if names.unrepaired(v) not in makers]
     if unknown:
         return (f"select.variants names {', '.join(unknown)}, not a model variant this stage's engines are built "
                 f"from", ("select", "variants"), f"name some of: {', '.join(makers)}")

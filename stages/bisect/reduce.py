@@ -382,19 +382,19 @@ def tensorrt_check(build: bool) -> Check:
         model_io.save(sub, path)
         shapes = {k: list(np.asarray(v).shape) for k, v in feeds[0].items()} if build else None
         report = run_preflight(path, shapes)
-        if not report["ran"]:
-            raise TrtflowError(f"reduce: {report['reason']}")
-        if not report["parsed"] or report["failures"]:
-            ops = sorted({f.get("op_type") or "?" for f in report["failures"]})
-            first = report["failures"][0] if report["failures"] else {}
-            reason = first_line(first.get("reason") or (report.get("log") or ["the parser failed"])[-1])
-            return Failure(f"{report['runtime']} rejects {', '.join(ops)}: {reason}", "parse:" + ",".join(ops))
-        trial = report.get("trial_build")
-        if build and trial and not trial["ok"]:
-            if trial.get("needs_gpu"):
+        if not report.ran:
+            raise TrtflowError(f"reduce: {report.reason}")
+        if not report.parsed or report.failures:
+            ops = sorted({f.op_type or "?" for f in report.failures})
+            said = report.failures[0].reason if report.failures else ""
+            reason = first_line(said or (report.log or ["the parser failed"])[-1])
+            return Failure(f"{report.runtime} rejects {', '.join(ops)}: {reason}", "parse:" + ",".join(ops))
+        trial = report.failed_build()
+        if build and trial is not None:
+            if trial.needs_gpu:
                 raise TrtflowError("reduce: this TensorRT needs a GPU to build; --check parse works without one")
-            return Failure(f"{report['runtime']} build fails: {first_line(trial['error'])}",
-                           "build:" + _masked(trial["error"]))
+            error = trial.error or ""
+            return Failure(f"{report.runtime} build fails: {first_line(error)}", "build:" + _masked(error))
         return None
     return check
 

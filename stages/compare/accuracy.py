@@ -7,9 +7,10 @@ the precision and calibrate pre-flights and parity's model check use it; prepare
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from trtflow import markdown
 from trtflow.stages.compare import task_metrics
@@ -103,8 +104,10 @@ class Accuracy:
     runtime: str
     samples: int
     outputs: dict[str, dict[str, Any]]  # output -> metric -> value
-    violations: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)  # what else the comparator reports (its bounds, shapes)
+    # a report's field of this type stores runtime, samples, outputs and directions (as `to_json` without details)
+    violations: Annotated[list[str], Field(exclude=True)] = field(default_factory=list)
+    # what else the comparator reports (its bounds, shapes)
+    details: Annotated[dict[str, Any], Field(exclude=True)] = field(default_factory=dict)
     # output -> task metric -> whether higher is better, where it is known (gate.judge records it: trtflow's own
     # metrics, a callable's declared names, a tolerance's {min: x} / {max: x})
     directions: dict[str, dict[str, bool]] = field(default_factory=dict)
@@ -115,10 +118,6 @@ class Accuracy:
     def to_json(self) -> dict[str, Any]:
         return {**self.details, "runtime": self.runtime, "samples": self.samples, "outputs": self.outputs,
                 "directions": self.directions}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Accuracy":
-        return cls(data["runtime"], data["samples"], data["outputs"], directions=data.get("directions", {}))
 
     def total(self, metric: str) -> float:
         return sum(o.get(metric, 0) for o in self.outputs.values())

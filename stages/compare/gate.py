@@ -10,6 +10,7 @@ from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import higher_is_better, metric_direction
+from trtflow.precisions import Precision
 from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite, task_values
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.text import did_you_mean, distinct
@@ -65,7 +66,7 @@ def check_metrics(stage: str, metrics: dict[str, Any], session: Any) -> None:
                              f"{did_you_mean(mask, inputs) or '; inputs: ' + ', '.join(inputs)}")
 
 
-def bounds_for(precision: str, output: str, tolerances: dict[str, Any], metrics: dict[str, Any] | None = None,
+def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], metrics: dict[str, Any] | None = None,
                task: bool | None = None) -> dict[str, tuple[float, bool]]:
     """The bounds of one output: metric -> (bound, whether the metric must be at least the bound). `task`: the
     output has declared task metrics (default: read off `metrics`)."""
@@ -102,7 +103,7 @@ def directions(output: str, names: list[str], tolerances: dict[str, Any],
     return out
 
 
-def judge(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool,
+def judge(result: Accuracy, precision: Precision, tolerances: dict[str, Any], nan_inf: bool,
           metrics: dict[str, Any] | None = None) -> Accuracy:
     """`result` with the bounds it misses recorded as its violations, and the direction of each task metric it
     knows (what `select.max_accuracy_drop` weighs)."""
@@ -112,12 +113,12 @@ def judge(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf:
     return result
 
 
-def layer_bound(precision: str, tolerances: dict[str, Any]) -> float:
+def layer_bound(precision: Precision, tolerances: dict[str, Any]) -> float:
     """The cosine below which an intermediate tensor counts as gone wrong: the bound every output gets."""
     return bounds_for(precision, "*", tolerances, task=False)["cosine"][0]
 
 
-def check(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf: bool,
+def check(result: Accuracy, precision: Precision, tolerances: dict[str, Any], nan_inf: bool,
           metrics: dict[str, Any] | None = None) -> list[Violation]:
     """Every bound an output misses. NaN/Inf the candidate adds beyond the reference's own fail when `nan_inf`.
     An elementwise bound is not missed where the largest error is negligible on the output's scale (a
@@ -140,7 +141,7 @@ def check(result: Accuracy, precision: str, tolerances: dict[str, Any], nan_inf:
     return found
 
 
-def preflight_warnings(result: Accuracy, precision: str, metrics: dict[str, Any] | None, what: str) -> list[str]:
+def preflight_warnings(result: Accuracy, precision: Precision, metrics: dict[str, Any] | None, what: str) -> list[str]:
     """What a precision/calibrate pre-flight should not pass quietly: the bounds validate would hold the variant to
     by default (NaN/Inf it adds; cosine, or the declared task metrics), missed on the held-out samples."""
     return [f"{what}: {v.line()} against FP32 on {result.samples} held-out samples ({result.runtime})"

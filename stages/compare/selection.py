@@ -7,6 +7,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from trtflow import names
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.schema import metric_direction
@@ -71,7 +72,7 @@ def refusal(option: Option, rule: Select, verdict: str | None, checked: bool) ->
     if rule.require == "validated" and not checked:
         return "not validated (select.require: validated)"
     if rule.variants and option.variant not in rule.variants and \
-            (option.repaired_from is None or option.variant.removesuffix(".repaired") not in rule.variants):
+            (option.repaired_from is None or names.unrepaired(option.variant) not in rule.variants):
         return f"variant '{option.variant}' is not among select.variants"
     if rule.profiles and not set(option.profiles) & set(rule.profiles):
         return f"profile {', '.join(option.profiles)} is not among select.profiles"

@@ -18,8 +18,10 @@ from typing import Any
 import cv2
 import numpy as np
 import yaml
+from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import StageError
+from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.stages.image.causes import candidates
 from trtflow.stages.image.preprocess import digest, read_image
 from trtflow.stages.image.steps import STEPS, apply
@@ -42,26 +44,124 @@ def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return deploy, train
 
 
-def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> dict[str, Any]:
+class ChannelStats(BaseModel):
+    deploy_mean: float
+    training_mean: float
+    deploy_std: float
+    training_std: float
+
+
+class PixelMetrics(BaseModel):
+    """One image's deploy tensor against its training tensor (inf apart where the shapes differ)."""
+    model_config = ConfigDict(ser_json_inf_nan="constants")  # as Python's json writes them: inf stays inf
+
+    shape_ok: bool
+    shape: list[int] | None = None  # where they agree
+    deploy_shape: list[int] | None = None  # where they do not
+    training_shape: list[int] | None = None
+    max_abs: float
+    mean_abs: float
+    psnr: float
+    image: str | None = None  # parity's rows: which image, and its channels' statistics
+    channels: list[ChannelStats] | None = None
+
+
+class Prediction(BaseModel):
+    """A classifier's top-1 class (and its score) on one image's training tensor and on its deploy tensor."""
+    image: str
+    training: int
+    deploy: int
+    training_score: float
+    deploy_score: float
+
+
+class ModelParity(BaseModel):
+    """The model's outputs on the deploy tensors against those on the training tensors (ONNX Runtime)."""
+    ran: bool
+    reason: str | None = None  # why it did not run
+    runtime: str | None = None
+    output: str | None = None
+    max_abs_diff: float | None = None
+    top1: float | None = None  # a classifier's agreement
+    top5: float | None = None
+    predictions: list[Prediction] = []
+    ok: bool = True  # within the tolerances' top1
+
+
+class Tried(BaseModel):
+    """One single change the search tried (its first round)."""
+    cause: str = ""
+    fix: str
+    ok: bool = False
+    mean_abs: float | None = None
+    max_abs: float | None = None
+    error: str | None = None  # the change does not run on these images
+
+
+class ChainStep(BaseModel):
+    cause: str
+    fix: str  # as YAML
+    mean_abs: float
+    max_abs: float
+
+
+class Declared(BaseModel):
+    mean_abs: float | None = None
+    max_abs: float | None = None
+
+
+class Search(BaseModel):
+    rounds: int
+    max_rounds: int
+    beam: int
+    evaluations: int
+    images: int
+    seconds: float
+
+
+class AfterFix(BaseModel):
+    """The fix run on every image, and the model on its tensors (when all pass)."""
+    images: int
+    passing: int
+    worst_mean_abs: float | None = None
+    worst_max_abs: float | None = None
+    model: ModelParity | None = None
+
+
+class Diagnosis(BaseModel):
+    """What the search found: the shortest chain of changes that brings the images within tolerance (`fix`,
+    `steps`, `yaml`), or none and the closest single changes (`tried`)."""
+    declared: Declared = Declared()
+    tried: list[Tried] = []
+    search: Search
+    chain: list[ChainStep] = []
+    cause: str | None = None
+    fix: str | None = None
+    steps: list[dict[str, Any]] | None = None  # the fixed deploy steps, canonical
+    yaml: str | None = None
+    after_fix: AfterFix | None = None
+
+
+def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> PixelMetrics:
     d, t = align(np.asarray(deploy, np.float64), np.asarray(train, np.float64))
     if d.shape != t.shape:
-        return {"shape_ok": False, "deploy_shape": list(d.shape), "training_shape": list(t.shape),
-                "max_abs": float("inf"), "mean_abs": float("inf"), "psnr": 0.0}
+        return PixelMetrics(shape_ok=False, deploy_shape=list(d.shape), training_shape=list(t.shape),
+                            max_abs=float("inf"), mean_abs=float("inf"), psnr=0.0)
     diff = np.abs(d - t)
     mse = float(np.mean(diff ** 2))
     data_range = float(t.max() - t.min()) or 1.0
     psnr = float("inf") if mse == 0 else 10 * np.log10(data_range ** 2 / mse)
-    return {"shape_ok": True, "shape": list(d.shape), "max_abs": float(diff.max()),
-            "mean_abs": float(diff.mean()), "psnr": psnr}
+    return PixelMetrics(shape_ok=True, shape=list(d.shape), max_abs=float(diff.max()), mean_abs=float(diff.mean()),
+                        psnr=psnr)
 
 
-def passes(m: dict[str, Any], tol: dict[str, Any]) -> bool:
-    """Whether one image's metrics are within the tolerances (as `ParityTolerances.model_dump()`)."""
-    if not m["shape_ok"]:
+def passes(m: PixelMetrics, tol: ParityTolerances) -> bool:
+    """Whether one image's metrics are within the tolerances."""
+    if not m.shape_ok:
         return False
-    ok = m["max_abs"] <= tol["max_abs"] and m["mean_abs"] <= tol["mean_abs"]
-    if tol.get("min_psnr") is not None:
-        ok &= m["psnr"] >= tol["min_psnr"]
+    ok = m.max_abs <= tol.max_abs and m.mean_abs <= tol.mean_abs
+    if tol.min_psnr is not None:
+        ok &= m.psnr >= tol.min_psnr
     return ok
 
 
@@ -106,14 +206,14 @@ class PrefixRunner:
 @dataclass
 class _State:
     steps: Steps
-    chain: list[dict[str, Any]] = field(default_factory=list)
+    chain: list[ChainStep] = field(default_factory=list)
     score: tuple[int, float, float] = (0, 0.0, float("inf"))
     ok: bool = False
     conventional: bool = False
 
 
-def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str, Any],
-             rounds: int = ROUNDS, beam: int = BEAM) -> dict[str, Any]:
+def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTolerances,
+             rounds: int = ROUNDS, beam: int = BEAM) -> Diagnosis:
     """Search the usual causes, alone then combined, on the (worst) samples; the shortest chain of changes that
     brings every sample within tolerance, the lowest difference first, is the diagnosis."""
     t0 = time.perf_counter()
@@ -127,11 +227,11 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str,
             metrics = [pixel_metrics(run(path, changed), train) for path, train in samples]
         except (StageError, cv2.error, ValueError) as exc:  # e.g. a crop larger than the image after the change
             return {"error": str(exc).splitlines()[0]}
-        worst = max(metrics, key=lambda m: m["mean_abs"])
-        finite = [m["mean_abs"] for m in metrics if m["shape_ok"]]
-        return {"ok": all(passes(m, tol) for m in metrics), "mean_abs": worst["mean_abs"],
-                "max_abs": max(m["max_abs"] for m in metrics),
-                "score": (sum(not m["shape_ok"] for m in metrics), sum(_shape_gap(m) for m in metrics),
+        worst = max(metrics, key=lambda m: m.mean_abs)
+        finite = [m.mean_abs for m in metrics if m.shape_ok]
+        return {"ok": all(passes(m, tol) for m in metrics), "mean_abs": worst.mean_abs,
+                "max_abs": max(m.max_abs for m in metrics),
+                "score": (sum(not m.shape_ok for m in metrics), sum(_shape_gap(m) for m in metrics),
                           max(finite) if finite else float("inf"))}
 
     first = evaluate(steps)
@@ -150,11 +250,11 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str,
                 seen.add(key)
                 ev = evaluate(changed)
                 if depth == 1:
-                    tried.append({"cause": cause, "fix": fix, "ok": ev.get("ok", False),
-                                  **{k: ev[k] for k in ("mean_abs", "max_abs", "error") if k in ev}})
+                    tried.append(Tried(cause=cause, fix=fix, ok=ev.get("ok", False), mean_abs=ev.get("mean_abs"),
+                                       max_abs=ev.get("max_abs"), error=ev.get("error")))
                 if "error" in ev:
                     continue
-                step = {"cause": cause, "fix": fix, "mean_abs": ev["mean_abs"], "max_abs": ev["max_abs"]}
+                step = ChainStep(cause=cause, fix=fix, mean_abs=ev["mean_abs"], max_abs=ev["max_abs"])
                 children.append(_State(changed, state.chain + [step], ev["score"], ev["ok"], _conventional(changed)))
         # Scaling pixels by 1/255 and scaling mean/std by 255 can be equally exact fixes: prefer the one that
         # keeps the usual convention (pixels in 0..1, mean/std on that scale), which is what training code does.
@@ -169,26 +269,22 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: dict[str,
         if not kept:
             break
 
-    tried.sort(key=lambda t: (not t["ok"], round(t.get("mean_abs", float("inf")), 6)))
-    result: dict[str, Any] = {
-        "declared": {"mean_abs": first.get("mean_abs"), "max_abs": first.get("max_abs")},
-        "tried": tried,
-        "search": {"rounds": done, "max_rounds": rounds, "beam": beam, "evaluations": evaluations,
-                   "images": len(samples), "seconds": round(time.perf_counter() - t0, 3)}}
+    tried.sort(key=lambda t: (not t.ok, round(t.mean_abs if t.mean_abs is not None else float("inf"), 6)))
+    result = Diagnosis(declared=Declared(mean_abs=first.get("mean_abs"), max_abs=first.get("max_abs")), tried=tried,
+                       search=Search(rounds=done, max_rounds=rounds, beam=beam, evaluations=evaluations,
+                                     images=len(samples), seconds=round(time.perf_counter() - t0, 3)))
     if found:
-        causes = [s["cause"] for s in found.chain]
-        result.update({"chain": found.chain, "cause": ", then ".join(causes), "fix": _and([s["fix"] for s in
-                                                                                         found.chain]),
-                       "steps": found.steps, "yaml": to_yaml(found.steps)})
+        result.chain, result.steps, result.yaml = found.chain, found.steps, to_yaml(found.steps)
+        result.cause, result.fix = ", then ".join(s.cause for s in found.chain), _and([s.fix for s in found.chain])
     return result
 
 
-def _shape_gap(m: dict[str, Any]) -> float:
+def _shape_gap(m: PixelMetrics) -> float:
     """How far apart two shapes are (0 when equal): while shapes differ, the change that brings them closer (1
     channel -> 3, then HWC -> CHW) is the one to keep."""
-    if m["shape_ok"]:
+    if m.shape_ok or m.deploy_shape is None or m.training_shape is None:
         return 0.0
-    d, t = m["deploy_shape"], m["training_shape"]
+    d, t = m.deploy_shape, m.training_shape
     if len(d) != len(t):
         return 100.0
     return float(sum(abs(np.log(a / b)) for a, b in zip(d, t)))

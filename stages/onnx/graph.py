@@ -7,8 +7,10 @@ from typing import Any
 
 import onnx
 from onnx import helper
+from pydantic import BaseModel
 
 from trtflow.errors import StageError
+from trtflow.precisions import Precision
 from trtflow.text import did_you_mean
 
 
@@ -27,10 +29,44 @@ def _dims(vi: onnx.ValueInfoProto) -> list[Any] | None:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
 
 
-def tensor_info(vi: onnx.ValueInfoProto) -> dict[str, Any]:
+class GraphTensor(BaseModel):
+    """A graph input or output: its NumPy dtype and its dimensions (a size, a symbol, "?"; None: no shape)."""
+    name: str
+    dtype: str
+    shape: list[int | str] | None
+
+
+class Inventory(BaseModel):
+    """What a model holds: opsets, node and op counts, weights, IO."""
+    ir_version: int | None = None
+    producer: str = ""
+    opsets: dict[str, int]
+    nodes: int
+    ops: dict[str, dict[str, int]]  # domain -> op type -> count
+    initializers: int
+    initializer_bytes: int
+    inputs: list[GraphTensor]
+    outputs: list[GraphTensor]
+
+
+class DynamicDim(BaseModel):
+    input: str
+    axis: int
+    name: str | None  # its symbol
+
+
+class RenamedDim(BaseModel):
+    """A dimension `sanitize_dims` named: it was anonymous ("?", "", -1)."""
+    tensor: str
+    axis: int
+    was: int | str
+    now: str
+
+
+def tensor_info(vi: onnx.ValueInfoProto) -> GraphTensor:
     elem = vi.type.tensor_type.elem_type
-    return {"name": vi.name, "dtype": helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown",
-            "shape": _dims(vi)}
+    return GraphTensor(name=vi.name, dtype=helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown",
+                       shape=_dims(vi))
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -39,22 +75,17 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
-def inventory(model: onnx.ModelProto) -> dict[str, Any]:
+def inventory(model: onnx.ModelProto) -> Inventory:
     ops: dict[str, Counter] = {}
     for node in model.graph.node:
         ops.setdefault(node.domain or "ai.onnx", Counter())[node.op_type] += 1
     init_bytes = sum(_tensor_bytes(t) for t in model.graph.initializer)
-    return {
-        "ir_version": model.ir_version,
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "opsets": opsets(model),
-        "nodes": len(model.graph.node),
-        "ops": {dom: dict(sorted(c.items())) for dom, c in sorted(ops.items())},
-        "initializers": len(model.graph.initializer),
-        "initializer_bytes": init_bytes,
-        "inputs": [tensor_info(i) for i in graph_inputs(model)],
-        "outputs": [tensor_info(o) for o in model.graph.output],
-    }
+    return Inventory(ir_version=model.ir_version, producer=f"{model.producer_name} {model.producer_version}".strip(),
+                     opsets=opsets(model), nodes=len(model.graph.node),
+                     ops={dom: dict(sorted(c.items())) for dom, c in sorted(ops.items())},
+                     initializers=len(model.graph.initializer), initializer_bytes=init_bytes,
+                     inputs=[tensor_info(i) for i in graph_inputs(model)],
+                     outputs=[tensor_info(o) for o in model.graph.output])
 
 
 def _tensor_bytes(t: onnx.TensorProto) -> int:
@@ -67,20 +98,20 @@ def _tensor_bytes(t: onnx.TensorProto) -> int:
         return 0
 
 
-def dynamic_dims(model: onnx.ModelProto) -> list[dict[str, Any]]:
+def dynamic_dims(model: onnx.ModelProto) -> list[DynamicDim]:
     """Every input dimension without a fixed size: each needs a min/opt/max in the build's profiles."""
     found = []
     for vi in graph_inputs(model):
         for axis, d in enumerate(vi.type.tensor_type.shape.dim):
             if not d.HasField("dim_value") or d.dim_value <= 0:
-                found.append({"input": vi.name, "axis": axis, "name": d.dim_param or None})
+                found.append(DynamicDim(input=vi.name, axis=axis, name=d.dim_param or None))
     return found
 
 
 _GOOD_PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def sanitize_dims(model: onnx.ModelProto) -> list[dict[str, Any]]:
+def sanitize_dims(model: onnx.ModelProto) -> list[RenamedDim]:
     """Give every anonymous or negative dimension of the graph's inputs and outputs a proper name.
 
     Exporters write batch as dim_value -1 or dim_param "?" (PaddlePaddle does both); TensorRT and ONNX Runtime
@@ -99,20 +130,20 @@ def sanitize_dims(model: onnx.ModelProto) -> list[dict[str, Any]]:
                 new = f"{base}_dim{axis}"
                 d.Clear()
                 d.dim_param = new
-                changes.append({"tensor": vi.name, "axis": axis, "was": old, "now": new})
+                changes.append(RenamedDim(tensor=vi.name, axis=axis, was=old, now=new))
     return changes
 
 
-def rename_dims(model: onnx.ModelProto, changes: list[dict[str, Any]]) -> None:
+def rename_dims(model: onnx.ModelProto, changes: list[RenamedDim]) -> None:
     """Apply `sanitize_dims`' renames again (after onnxsim, which can write a graph's old dimension names back),
     wherever the dimension is still free."""
     tensors = {vi.name: vi for vi in list(graph_inputs(model)) + list(model.graph.output)}
     for c in changes:
-        vi = tensors.get(c["tensor"])
+        vi = tensors.get(c.tensor)
         dims = vi.type.tensor_type.shape.dim if vi is not None and vi.type.tensor_type.HasField("shape") else []
-        if c["axis"] < len(dims) and not (dims[c["axis"]].HasField("dim_value") and dims[c["axis"]].dim_value > 0):
-            dims[c["axis"]].Clear()
-            dims[c["axis"]].dim_param = c["now"]
+        if c.axis < len(dims) and not (dims[c.axis].HasField("dim_value") and dims[c.axis].dim_value > 0):
+            dims[c.axis].Clear()
+            dims[c.axis].dim_param = c.now
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:
@@ -261,7 +292,7 @@ def nodes_in_subgraphs(model: onnx.ModelProto) -> list[tuple[str, onnx.NodeProto
     return found
 
 
-def precision(model: onnx.ModelProto) -> str:
+def precision(model: onnx.ModelProto) -> Precision:
     """"int8" for a Q/DQ model, "fp16" where FP16 weights or casts to FP16 appear, else "fp32"."""
     ops = {n.op_type for n in model.graph.node}
     if ops & {"QuantizeLinear", "DequantizeLinear"}:

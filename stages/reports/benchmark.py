@@ -7,19 +7,21 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trtflow import markdown as md
+from trtflow.precisions import Precision
+from trtflow.stages.trtexec.result import Layer, PerfRecord
 
 
 class Measurement(BaseModel):
     cell: str
     candidate: str
     variant: str
-    precision: str
+    precision: Precision
     profile: str | None
     point: str  # "min", "opt" or "max"
     shapes: dict[str, list[int]]
     environment: dict[str, str | None]  # what a baseline must share to be compared: runtime, TensorRT, GPU (, host)
-    result: dict[str, Any]  # trtexec.result.PerfResult.to_json()
-    slowest_layers: list[dict[str, Any]] = []
+    result: PerfRecord
+    slowest_layers: list[Layer] = []
     iterations: int | None = None
     batch: int = 1  # axis 0 of the inputs: throughput_qps counts batches, samples_per_s samples
     samples_per_s: float | None = None
@@ -27,7 +29,19 @@ class Measurement(BaseModel):
 
     @property
     def ok(self) -> bool:
-        return bool(self.result["has_summary"])
+        return self.result.has_summary
+
+
+class Baseline(BaseModel):
+    """What the gate compares a cell with: a cell of an earlier run (its baseline file, or a report's cell)."""
+    cell: str
+    environment: dict[str, str | None]
+    result: PerfRecord
+
+
+class BaselineReport(BaseModel):
+    """A benchmark report.json given as `gate.baseline`: only what the gate reads."""
+    cells: list[Baseline]
 
 
 class Gate(BaseModel):
@@ -59,12 +73,10 @@ class BenchmarkReport(BaseModel):
                   "|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
             res = c.result
-            lat = res.get("latency_ms") or res.get("gpu_compute_ms") or {}
-            lines.append(f"| {md.text(c.cell)} | {md.text(res.get('runtime') or '-')} | "
-                         f"{_num(res.get('throughput_qps'))} | "
+            lat = res.latency()
+            lines.append(f"| {md.text(c.cell)} | {md.text(res.runtime or '-')} | {_num(res.throughput_qps)} | "
                          f"{_num(c.samples_per_s)} | {_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
-                         f"{c.iterations or '-'} | "
-                         f"{'ok' if c.ok else 'failed: ' + md.text(res.get('note'))} |")
+                         f"{c.iterations or '-'} | {'ok' if c.ok else 'failed: ' + md.text(res.note)} |")
         if self.not_measured:
             lines += ["", "**not measured** (they failed validation and must not be deployed):"]
             lines += [f"- {md.code(n)}: {md.text(why)}" for n, why in self.not_measured.items()]
@@ -81,7 +93,7 @@ class BenchmarkReport(BaseModel):
         for c in [c for c in self.cells if c.slowest_layers][:1]:
             lines += ["", f"**slowest layers** of {md.text(c.cell)}:", "", "| layer | average (ms) | share |",
                       "|---|---|---|"]
-            lines += [md.row([layer["name"], layer["average_ms"], f"{layer['percent']}%"])
+            lines += [md.row([layer.name, layer.average_ms, f"{layer.percent}%"])
                       for layer in c.slowest_layers]
         lines += [f"\n{md.image('latency', p)}" for p in self.plots]
         if self.warnings:

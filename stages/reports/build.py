@@ -6,6 +6,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtflow import markdown as md
+from trtflow.precisions import Precision
 from trtflow.stages.trt.engines import Backend, Built, Cell
 
 
@@ -13,7 +14,7 @@ class CellRow(Built):
     """A cell as the report lists it: what building it gave, and which cell it is."""
     name: str
     variant: str
-    precision: str
+    precision: Precision
     target: str
     profiles: list[str]  # profile names
     shapes: dict[str, dict[str, Any]]  # profile -> input -> (min, opt, max)

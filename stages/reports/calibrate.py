@@ -2,8 +2,6 @@
 accuracy pre-flight."""
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel
 
 from trtflow import markdown as md
@@ -74,7 +72,7 @@ class CalibrateReport(BaseModel):
     # every node of quantize_ops that reads no DequantizeLinear in the written model -> why it stayed in float
     left_in_float: dict[str, str] = {}
     quantize_linear_nodes: int
-    accuracy: dict[str, Any]  # Accuracy.to_json()
+    accuracy: Accuracy
     warnings: list[str]
 
     def summary(self) -> str:
@@ -93,9 +91,9 @@ class CalibrateReport(BaseModel):
         if self.range_check:
             lines.append(self.range_check.summary() + "\n")
         if self.holdout_samples:
-            lines += [(f"**CPU accuracy pre-flight** ({md.text(self.accuracy['runtime'])}, not a TensorRT number), "
+            lines += [(f"**CPU accuracy pre-flight** ({md.text(self.accuracy.runtime)}, not a TensorRT number), "
                        f"INT8 variant vs FP32 reference on {self.holdout_samples} held-out samples:"), ""]
-            lines += Accuracy.from_json(self.accuracy).table()
+            lines += self.accuracy.table()
         for w in self.warnings:
             lines.append(f"\n- warning: {md.text(w)}")
         return "\n".join(lines) + "\n"

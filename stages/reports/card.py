@@ -177,8 +177,8 @@ def _preprocessing_md(report: ReleaseReport) -> list[str]:
     lines = ["As declared (the deploy steps the parity stage checked, in order):", ""] + md.block(steps, "yaml") + [""]
     p = report.parity
     if p:
-        lines.append(f"Parity against the training transforms: **{md.text(p['verdict'])}** on {p['images']} image(s)"
-                     + (f", model top-1 agreement {p['top1']:.0%}" if p.get("top1") is not None else "") + ".")
+        lines.append(f"Parity against the training transforms: **{md.text(p.verdict)}** on {p.images} image(s)"
+                     + (f", model top-1 agreement {p.top1:.0%}" if p.top1 is not None else "") + ".")
     return lines
 
 
@@ -287,9 +287,9 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                     + "".join(f"<li><code>{_e(json.dumps(s))}</code></li>" for s in report.preprocessing) + "</ol>")
         p = report.parity
         if p:
-            body.append(f'<p>Parity against the training transforms: <strong data-field="parity">{_e(p["verdict"])}'
-                        f'</strong> on {p["images"]} image(s)'
-                        + (f", model top-1 agreement {p['top1']:.0%}" if p.get("top1") is not None else "") + ".</p>")
+            body.append(f'<p>Parity against the training transforms: <strong data-field="parity">{_e(p.verdict)}'
+                        f'</strong> on {p.images} image(s)'
+                        + (f", model top-1 agreement {p.top1:.0%}" if p.top1 is not None else "") + ".</p>")
     else:
         body.append("<p>No preprocessing declared (no parity stage): the engine takes tensors as they are.</p>")
     body.append("<h2>Provenance</h2><p>Every result this release was made from, down to the source model:</p>"

@@ -7,6 +7,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.trt.preflight import VariantTrial
 
 
 class PrecisionReport(BaseModel):
@@ -19,8 +20,8 @@ class PrecisionReport(BaseModel):
     calibration_samples: int
     holdout_samples: int
     fallback: dict[str, Any]
-    accuracy: dict[str, Any]  # Accuracy.to_json()
-    trial_build: dict[str, Any] = {}  # TensorRT's trial build of the variant (preflight.run_preflight's trial_build)
+    accuracy: Accuracy
+    trial_build: VariantTrial = VariantTrial()  # TensorRT's trial build of the variant
     warnings: list[str]
 
     def summary(self) -> str:
@@ -28,13 +29,13 @@ class PrecisionReport(BaseModel):
         lines = [f"### precision · FP16 · {len(kept)} of {self.nodes} nodes kept in FP32", "",
                  f"sample data: {md.text(self.data)} · {self.calibration_samples} for the fallback analysis, "
                  f"{self.holdout_samples} held out for the accuracy check", "",
-                 f"**CPU accuracy pre-flight** ({md.text(self.accuracy['runtime'])}, not a TensorRT number), "
-                 f"FP16 variant vs FP32 reference:", ""] + Accuracy.from_json(self.accuracy).table()
+                 f"**CPU accuracy pre-flight** ({md.text(self.accuracy.runtime)}, not a TensorRT number), "
+                 f"FP16 variant vs FP32 reference:", ""] + self.accuracy.table()
         trial = self.trial_build
-        if trial.get("ran"):
-            shapes = f"{trial.get('min_shapes') or trial['shapes']} .. {trial['shapes']}"
-            lines += ["", f"**trial build** ({md.text(trial['runtime'])}, profile {md.text(shapes)}): "
-                          + ("builds" if trial["ok"] else f"fails: {md.text(trial['error'])}")]
+        if trial.ran:
+            shapes = f"{trial.min_shapes or trial.shapes} .. {trial.shapes}"
+            lines += ["", f"**trial build** ({md.text(trial.runtime)}, profile {md.text(shapes)}): "
+                          + ("builds" if trial.ok else f"fails: {md.text(trial.error)}")]
         lines += [f"\n**warning**: {md.text(w)}" for w in self.warnings]
         if kept:
             lines += ["", "| node kept in FP32 | why |", "|---|---|"]

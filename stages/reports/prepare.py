@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from trtflow import markdown as md
+from trtflow.stages.onnx.graph import DynamicDim, GraphTensor, Inventory, RenamedDim
+from trtflow.stages.trt.preflight import PreflightReport
+
+ONNX_DOMAIN = "ai.onnx"
 
 
 class Source(BaseModel):
@@ -15,17 +19,64 @@ class Source(BaseModel):
     external_data: bool
 
 
+class ModelCheck(BaseModel):
+    """A transformed model against the model before it, in ONNX Runtime (`ort.runner.compare_models`): `ok`
+    None where it could not be compared (`skipped` says why)."""
+    ok: bool | None = None
+    skipped: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    input_shapes: dict[str, list[int]] = {}
+    runtime: str | None = None
+    samples: int = 0
+    outputs: dict[str, dict[str, Any]] = {}  # output -> its metrics, "ok" and any "error"
+    directions: dict[str, dict[str, bool]] = {}
+    violations: list[str] = []
+    data: str | None = None  # what the inputs were
+
+    def worst(self) -> str:
+        parts = [f"{name}: {r.get('error') or 'max |diff| %.3g' % r.get('max_abs', 0)}"
+                 for name, r in self.outputs.items() if not r.get("ok", True)]
+        return ", ".join(parts) or "mismatch"
+
+    def text(self) -> str:
+        if self.ok is None:
+            return f"not verified ({md.text(self.skipped)})"
+        worst = max((o.get("max_abs", 0.0) for o in self.outputs.values()), default=0.0)
+        return (f"{'matches' if self.ok else 'DIFFERS'} on {self.samples} {md.text(self.data or 'random')} "
+                f"input(s) (max abs diff {worst:.3g}, rtol {self.rtol:g}, atol {self.atol:g}, "
+                f"{md.text(self.runtime)})")
+
+
+class Conversion(BaseModel):
+    """The opset conversion, checked."""
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    source: int | None = Field(alias="from")
+    to: int
+    check: ModelCheck
+
+
+class Simplification(BaseModel):
+    requested: bool
+    applied: bool = False
+    tool: str | None = None
+    seconds: float | None = None
+    check: ModelCheck | None = None
+    reason: str | None = None  # why it was not applied
+
+
 class PrepareReport(BaseModel):
     source: Source
-    before: dict[str, Any]  # onnx.graph.inventory() of the model as given
-    after: dict[str, Any]  # ... and as prepared
+    before: Inventory  # the model as given
+    after: Inventory  # ... and as prepared
     full_check: Any
-    sanitized_dims: list[dict[str, Any]]
-    conversion: dict[str, Any] | None  # opset conversion: from, to, its check
-    simplification: dict[str, Any]  # requested, applied, tool, seconds, its check, or why not
-    dynamic_dims: list[dict[str, Any]]
+    sanitized_dims: list[RenamedDim]
+    conversion: Conversion | None
+    simplification: Simplification
+    dynamic_dims: list[DynamicDim]
     constants_to_initializers: int
-    preflight: dict[str, Any]  # trt.preflight.run_preflight()'s report, or why it did not run
+    preflight: PreflightReport  # or why it did not run
     timings: dict[str, float]
     warnings: list[str]
 
@@ -33,64 +84,55 @@ class PrepareReport(BaseModel):
         b, a = self.before, self.after
         lines = [f"### prepare · {md.code(model_name)}", "",
                  "| | before | after |", "|---|---|---|",
-                 f"| default opset | {b['opsets'].get('ai.onnx')} | {a['opsets'].get('ai.onnx')} |",
-                 f"| nodes | {b['nodes']} | {a['nodes']} |",
-                 f"| initializers | {b['initializers']} ({b['initializer_bytes'] / 1e6:.1f} MB) | "
-                 f"{a['initializers']} ({a['initializer_bytes'] / 1e6:.1f} MB) |",
-                 f"| inputs | {_io(b['inputs'])} | {_io(a['inputs'])} |",
-                 f"| outputs | {_io(b['outputs'])} | {_io(a['outputs'])} |", ""]
+                 f"| default opset | {b.opsets.get(ONNX_DOMAIN)} | {a.opsets.get(ONNX_DOMAIN)} |",
+                 f"| nodes | {b.nodes} | {a.nodes} |",
+                 f"| initializers | {b.initializers} ({b.initializer_bytes / 1e6:.1f} MB) | "
+                 f"{a.initializers} ({a.initializer_bytes / 1e6:.1f} MB) |",
+                 f"| inputs | {_io(b.inputs)} | {_io(a.inputs)} |",
+                 f"| outputs | {_io(b.outputs)} | {_io(a.outputs)} |", ""]
         conv = self.conversion
         if conv:
-            lines.append(f"- **opset conversion** {conv['from']} → {conv['to']}: {_check_text(conv['check'])}")
+            lines.append(f"- **opset conversion** {conv.source} → {conv.to}: {conv.check.text()}")
         s = self.simplification
-        if s["requested"]:
+        if s.requested:
             lines.append("- **simplification**: " + (
-                f"applied ({md.text(s.get('tool'))}), {_check_text(s['check'])}" if s["applied"]
-                else f"not applied: {md.text(s['reason'])}"))
+                f"applied ({md.text(s.tool)}), {s.check.text() if s.check else '-'}" if s.applied
+                else f"not applied: {md.text(s.reason)}"))
         if self.constants_to_initializers:
             lines.append(f"- **{self.constants_to_initializers} Constant nodes** turned into initializers")
         if self.sanitized_dims:
-            dims = [md.code(f"{d['tensor']}[{d['axis']}]") + f" {md.text(repr(d['was']))}→" + md.code(d["now"])
+            dims = [md.code(f"{d.tensor}[{d.axis}]") + f" {md.text(repr(d.was))}→" + md.code(d.now)
                     for d in self.sanitized_dims]
             lines.append("- **sanitized dims**: " + ", ".join(dims))
         dyn = self.dynamic_dims
         lines.append("- **dynamic input dims**: " + (
-            ", ".join(md.code(f"{d['input']}[{d['axis']}]") + f" ({md.code(d['name'])})" for d in dyn)
+            ", ".join(md.code(f"{d.input}[{d.axis}]") + f" ({md.code(d.name)})" for d in dyn)
             + " — each needs a min/opt/max in the build's profiles" if dyn else "none (static shapes)"))
         lines += _preflight_lines(self.preflight)
         if self.warnings:
             lines += ["", "**Warnings**", ""] + [f"- {md.text(w)}" for w in self.warnings]
         lines += ["", "Top ops after: " + ", ".join(f"{md.text(op)} ×{n}" for op, n in sorted(
-            ((op, n) for ops in a["ops"].values() for op, n in ops.items()), key=lambda x: -x[1])[:8])]
+            ((op, n) for ops in a.ops.values() for op, n in ops.items()), key=lambda x: -x[1])[:8])]
         return "\n".join(lines) + "\n"
 
 
-def _preflight_lines(p: dict[str, Any]) -> list[str]:
-    if not p.get("ran"):
-        return [f"- **TensorRT pre-flight did not run**: {md.text(p['reason'])}"]
-    verdict = (f"parsed, {p.get('layers', '?')} layers" if p.get("parsed")
-               else f"**{len(p['failures'])} node(s) rejected**")
-    trial = p.get("trial_build")
+def _preflight_lines(p: PreflightReport) -> list[str]:
+    if not p.ran:
+        return [f"- **TensorRT pre-flight did not run**: {md.text(p.reason)}"]
+    verdict = (f"parsed, {p.layers if p.layers is not None else '?'} layers" if p.parsed
+               else f"**{len(p.failures)} node(s) rejected**")
+    trial = p.trial_build
     if trial:
-        verdict += f"; trial build at {md.text(trial['shapes'])}: " + (
-            f"ok, {trial['engine_bytes'] / 1e6:.1f} MB engine in {trial['seconds']:.1f} s" if trial["ok"]
-            else f"**failed**: {md.text(trial['error'])} ({md.text(trial['hint'])})")
-    lines = [f"- **TensorRT pre-flight** ({md.text(p['runtime'])}): {verdict}"]
-    if p["failures"]:
+        verdict += f"; trial build at {md.text(trial.shapes)}: " + (
+            f"ok, {(trial.engine_bytes or 0) / 1e6:.1f} MB engine in {trial.seconds or 0:.1f} s" if trial.ok
+            else f"**failed**: {md.text(trial.error)} ({md.text(trial.hint)})")
+    lines = [f"- **TensorRT pre-flight** ({md.text(p.runtime)}): {verdict}"]
+    if p.failures:
         lines += ["", "| node | op | parser says | what to do |", "|---|---|---|---|"]
-        lines += [f"| {md.code(f['node'], cell=True)} | {md.text(f['op_type'])} | {md.text(f['reason'])} | "
-                  f"{md.text(f['hint'])} |" for f in p["failures"]]
+        lines += [f"| {md.code(f.node, cell=True)} | {md.text(f.op_type)} | {md.text(f.reason)} | "
+                  f"{md.text(f.hint)} |" for f in p.failures]
     return lines
 
 
-def _io(items: list[dict[str, Any]]) -> str:
-    return "<br>".join(f"{md.code(i['name'], cell=True)} {md.text(i['dtype'])} {md.text(i['shape'])}" for i in items)
-
-
-def _check_text(check: dict[str, Any]) -> str:
-    if check.get("ok") is None:
-        return f"not verified ({md.text(check.get('skipped'))})"
-    worst = max((o.get("max_abs", 0.0) for o in check["outputs"].values()), default=0.0)
-    return (f"{'matches' if check['ok'] else 'DIFFERS'} on {check['samples']} {md.text(check.get('data', 'random'))} "
-            f"input(s) (max abs diff {worst:.3g}, rtol {check['rtol']:g}, atol {check['atol']:g}, "
-            f"{md.text(check['runtime'])})")
+def _io(items: list[GraphTensor]) -> str:
+    return "<br>".join(f"{md.code(i.name, cell=True)} {md.text(i.dtype)} {md.text(i.shape)}" for i in items)

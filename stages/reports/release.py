@@ -9,6 +9,8 @@ from pydantic import BaseModel
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
+from trtflow.pipelines.params.parity import ParityTolerances
+from trtflow.precisions import Precision
 from trtflow.stages.reports.validate import ShapeResult
 from trtflow.stages.triton.contract import Contract
 
@@ -17,7 +19,7 @@ class Option(BaseModel):
     """One engine as the release weighs it: what it is and every number the earlier stages measured for it."""
     name: str
     variant: str
-    precision: str
+    precision: Precision
     target: str
     profiles: list[str]
     engine_bytes: int
@@ -91,13 +93,21 @@ class TargetRelease(BaseModel):
     requirements: list[str] = []  # the Python packages the preprocessing model needs in Triton's Python backend
 
 
+class ParitySummary(BaseModel):
+    """Parity's verdict on the declared preprocessing, as the card states it."""
+    verdict: str
+    images: int
+    top1: float | None = None  # the model's top-1 agreement on deploy vs training tensors
+    tolerances: ParityTolerances | None = None
+
+
 class ReleaseReport(BaseModel):
     model_name: str
     rule: dict[str, Any]
     targets: list[TargetRelease]
     lineage: list[Provenance]
     preprocessing: list[dict[str, Any]] | None = None  # the declared deploy steps
-    parity: dict[str, Any] | None = None  # parity's verdict on them: verdict, images, top1, tolerances
+    parity: ParitySummary | None = None  # parity's verdict on them
     numbers_note: str = ""  # which runtime measured the numbers, where it was not TensorRT
     warnings: list[str] = []
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtflow import markdown as md
+from trtflow.precisions import Precision
 from trtflow.stages.bisect.repair import Repair, Round
 from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite, task_values
 from trtflow.stages.ort.layerwise import Layerwise
@@ -55,13 +56,13 @@ SHAPE_HEADER = ["shape", "inputs", "samples", "cosine (worst output)", "max abs"
 class CandidateResult(BaseModel):
     name: str
     variant: str
-    precision: str
+    precision: Precision
     runtime: str
     engine: str | None
     data: str  # what the samples were
     shapes: list[dict[str, list[int]]]
     bounds: dict[str, dict[str, float]]  # output -> metric -> bound
-    accuracy: dict[str, Any]  # Accuracy.to_json()
+    accuracy: Accuracy
     passed: bool
     violations: list[str]
     not_on_tensorrt: str  # why TensorRT did not run it here ("" when it did)
@@ -73,9 +74,9 @@ class CandidateResult(BaseModel):
     def summary(self) -> list[str]:
         verdict = "passes" if self.passed else "**fails**"
         lines = [f"#### {md.code(self.name)} ({md.text(self.precision)}) {verdict}", "",
-                 f"runtime: {md.text(self.runtime)} · {self.accuracy['samples']} samples at shapes "
+                 f"runtime: {md.text(self.runtime)} · {self.accuracy.samples} samples at shapes "
                  + md.text(shapes_text(self.shapes, 4)), ""]
-        lines += Accuracy.from_json(self.accuracy).table()
+        lines += self.accuracy.table()
         if self.per_shape:
             lines += ["", "per shape:", ""] + shape_table(self.per_shape)
         lines += [f"\n**fails**: {md.text(v)}" for v in self.violations]

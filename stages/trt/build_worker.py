@@ -25,7 +25,7 @@ def build(spec: Cell, cell: Path) -> Built:
     from trtflow.stages.trt import config as trt_config
     from trtflow.stages.trt import parse as trt_parse
 
-    be = spec.backend.model_dump()
+    be = spec.backend
     t0 = time.perf_counter()
     parsed = trt_parse.parse(be, Path(spec.model), SEVERITY[spec.log_severity])
     trt, builder, network, log_lines = parsed.trt, parsed.builder, parsed.network, parsed.log
@@ -33,8 +33,8 @@ def build(spec: Cell, cell: Path) -> Built:
     try:
         if not parsed.ok:
             found = trt_parse.failures(parsed.parser, Path(spec.model))
-            raise BuildError("parse failed: " + "; ".join(f"{f['node']} ({f['op_type']}): {f['reason']}"
-                                                          for f in found[:5]), failures=found)
+            raise BuildError("parse failed: " + "; ".join(f"{f.node} ({f.op_type}): {f.reason}" for f in found[:5]),
+                             failures=found)
         options = BuilderOptions.model_validate(spec.options)  # typed again on this side of the process
         trt_config.check(options, trt, be, [spec.target])
         config = builder.create_builder_config()
@@ -69,7 +69,7 @@ def build(spec: Cell, cell: Path) -> Built:
                      validity=validity(trt, parsed.logger, data, log_lines),
                      environment={"tensorrt": {"flavour": spec.backend.flavour, "version": spec.backend.version},
                                   "gpu": gpus() or None},
-                     **trt_parse.io_tensors(network))
+                     **trt_parse.io_tensors(network).model_dump())
     finally:
         (cell / "build.log").write_text("\n".join(log_lines) + "\n")
 

@@ -35,5 +35,5 @@ def build_cell(cell: Cell, cell_dir: Path) -> Built:
         built = Built(status="failed", error=f"the build process crashed (exit code {code})")
         built.write(cell_dir)
     for failure in built.failures:
-        failure["hint"] = hint_for(failure)
+        failure.hint = hint_for(failure)
     return built

@@ -10,6 +10,7 @@ from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.build import BuilderOptions
+from trtflow.stages.trt.env import Backend
 from trtflow.text import did_you_mean
 
 # option -> the IBuilderConfig attribute it sets
@@ -21,22 +22,17 @@ HARDWARE_LEVELS = {"none": "NONE", "ampere_plus": "AMPERE_PLUS", "same_compute_c
 NATIVE = "native"
 
 
-def major_version(backend: dict[str, str]) -> int:
-    version = backend["version"]
-    return int(version.split(".")[0]) if version[:1].isdigit() else 0
-
-
 def known_targets(trt: Any) -> list[str]:
     """Compute capabilities a TensorRT-RTX build can target (sm75, sm80, ...); none for full TensorRT."""
     enum = getattr(trt, "ComputeCapability", None)
     return sorted(m.lower() for m in (enum.__members__ if enum else ()) if m.startswith("SM"))
 
 
-def check(options: BuilderOptions, trt: Any, backend: dict[str, str], targets: list[str]) -> None:
+def check(options: BuilderOptions, trt: Any, backend: Backend, targets: list[str]) -> None:
     """Refuse every option (and target) the installed TensorRT flavour cannot honour, with the reason."""
-    name = f"{backend['flavour']} {backend['version']}"
-    rtx = backend["flavour"] == "tensorrt-rtx"
-    if options.legacy_precision and (rtx or major_version(backend) >= 11):
+    name = f"{backend.flavour} {backend.version}"
+    rtx = backend.flavour == "tensorrt-rtx"
+    if options.legacy_precision and (rtx or backend.major >= 11):
         raise StageError(f"build: legacy_precision ({', '.join(options.legacy_precision)}) needs TensorRT 10's "
                          f"builder flags, which {name} does not have: precision comes from the ONNX (use the "
                          f"precision/calibrate stages' models)")

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict
 from trtflow import files
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
+from trtflow.precisions import Precision
+from trtflow.stages.trt.env import Backend
+from trtflow.stages.trt.parse import ParseFailure
 
 SPEC, BUILT, PLAN, LOG = "spec.json", "build.json", "engine.plan", "build.log"
 VARIANT = "variant.onnx"  # a cell's own ONNX variant, where it carries one
@@ -47,20 +50,13 @@ class Profile(BaseModel):
         return f"{self.name}: " + ", ".join(f"{n} {lo}..{hi}" for n, (lo, _, hi) in self.shapes.items())
 
 
-class Backend(BaseModel):
-    """The TensorRT flavour that builds (as `trt.env.detect_tensorrt` finds it)."""
-    flavour: str
-    module: str
-    version: str
-
-
 class Cell(BaseModel):
     """One engine of the build matrix: model variant x profile(s) x target, and how the worker builds it."""
     model_config = ConfigDict(extra="forbid")
 
     name: str
     variant: str
-    precision: str
+    precision: Precision
     model: str
     profiles: list[Profile]
     target: str
@@ -80,7 +76,7 @@ class Built(BaseModel):
 
     status: str  # "ok" | "failed"
     error: str | None = None
-    failures: list[dict[str, Any]] = []  # nodes the parser rejected
+    failures: list[ParseFailure] = []  # nodes the parser rejected
     runtime: str | None = None
     seconds: float = 0.0
     engine_bytes: int = 0
@@ -144,7 +140,7 @@ def built_engines(engines: Path) -> list[Engine]:
 class Candidate:
     name: str
     variant: str
-    precision: str
+    precision: Precision
     model: Path  # the ONNX variant the engine was built from
     engine: Path | None = None
     module: str = ""  # TensorRT module that built the engine

@@ -30,10 +30,27 @@ FLAVOURS = (
                                       "tensorrt_rtx_cu12_bindings", "tensorrt-rtx")),
 )
 
+class Backend(BaseModel):
+    """An installed TensorRT flavour: what builds and parses here."""
+    flavour: str  # "tensorrt" | "tensorrt-rtx"
+    module: str  # its Python module: "tensorrt" | "tensorrt_rtx"
+    version: str  # from the pip metadata ("unknown" where none says)
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0]) if self.version[:1].isdigit() else 0
+
+
 INSTALL_HINT = "pip install tensorrt-rtx-cu13 (parses and builds without a GPU), or install TensorRT"
 
 
 def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
+    """`find_tensorrt()` as JSON (what an environment fingerprint records)."""
+    found = find_tensorrt(only)
+    return None if found is None else found.model_dump()
+
+
+def find_tensorrt(only: str | None = None) -> Backend | None:
     """The preferred installed flavour, or with `only` ("tensorrt" / "tensorrt_rtx") that module's, if installed."""
     for module, flavour, dists in FLAVOURS:
         if only is not None and module != only:
@@ -51,7 +68,7 @@ def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
                 break
             except md.PackageNotFoundError:
                 continue
-        return {"flavour": flavour, "module": module, "version": version}
+        return Backend(flavour=flavour, module=module, version=version)
     return None
 
 
@@ -156,9 +173,9 @@ def _ask(module: str) -> dict[str, str | None]:
     return {"version": found.version, "cuda_runtime": found.cuda_runtime}
 
 
-def tensorrt_version(info: dict[str, str]) -> str:
-    """The module's own version, else the pip metadata's (`info` as from `detect_tensorrt()`)."""
-    return probe(info["module"])["version"] or info["version"]
+def tensorrt_version(backend: Backend) -> str:
+    """The module's own version, else the pip metadata's."""
+    return probe(backend.module)["version"] or backend.version
 
 
 def platform_facts() -> dict[str, str]:

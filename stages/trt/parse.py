@@ -7,6 +7,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
+from trtflow.stages.trt.env import Backend
+
+
+class ParseFailure(BaseModel):
+    """A node the parser rejected (`hint`: what to do about it, added by the pre-flight or the build)."""
+    node: str = ""
+    op_type: str = ""
+    node_index: int | None = None
+    domain: str = ""
+    code: str = ""
+    reason: str = ""
+    where: str = ""  # in the parser's source
+    hint: str | None = None
+
+
+class TensorInfo(BaseModel):
+    """A network's (or engine's) input or output as TensorRT reports it."""
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class IoTensors(BaseModel):
+    inputs: list[TensorInfo] = []
+    outputs: list[TensorInfo] = []
+
 
 @dataclass
 class Parsed:
@@ -19,9 +47,9 @@ class Parsed:
     log: list[str] = field(default_factory=list)
 
 
-def parse(info: dict[str, str], model: Path, severity: str = "WARNING") -> Parsed:
-    """`info` as from `detect_tensorrt()`; log lines at `severity` or worse are kept in `Parsed.log`."""
-    trt = importlib.import_module(info["module"])
+def parse(backend: Backend, model: Path, severity: str = "WARNING") -> Parsed:
+    """Log lines at `severity` or worse are kept in `Parsed.log`."""
+    trt = importlib.import_module(backend.module)
     lines: list[str] = []
     threshold = getattr(trt.ILogger.Severity, severity)
 
@@ -37,7 +65,7 @@ def parse(info: dict[str, str], model: Path, severity: str = "WARNING") -> Parse
     builder = trt.Builder(logger)
     flags = 0
     major = int(str(getattr(trt, "__version__", "10")).split(".")[0])
-    if info["flavour"] == "tensorrt" and major < 10:  # explicit batch is the default (and only) mode from 10 on
+    if backend.flavour == "tensorrt" and major < 10:  # explicit batch is the default (and only) mode from 10 on
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -45,7 +73,7 @@ def parse(info: dict[str, str], model: Path, severity: str = "WARNING") -> Parse
     return Parsed(trt, builder, network, parser, ok, logger, lines)
 
 
-def failures(parser: Any, model: Path) -> list[dict[str, Any]]:
+def failures(parser: Any, model: Path) -> list[ParseFailure]:
     """Every node the parser rejected: name, op type, index, domain, error code, reason, where in the parser."""
     import onnx
 
@@ -55,22 +83,18 @@ def failures(parser: Any, model: Path) -> list[dict[str, Any]]:
     for i in range(parser.num_errors):
         e = parser.get_error(i)
         name = e.node_name() if hasattr(e, "node_name") else ""
-        found.append({
-            "node": name,
-            "op_type": e.node_operator() if hasattr(e, "node_operator") else "",
-            "node_index": e.node(),
-            "domain": domains.get(name, "") or "ai.onnx",
-            "code": str(e.code()).split(".")[-1],
-            "reason": e.desc() if e.desc() not in ("", "false") else "the parser does not support this node",
-            "where": f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else "",
-        })
+        found.append(ParseFailure(
+            node=name, op_type=e.node_operator() if hasattr(e, "node_operator") else "", node_index=e.node(),
+            domain=domains.get(name, "") or "ai.onnx", code=str(e.code()).split(".")[-1],
+            reason=e.desc() if e.desc() not in ("", "false") else "the parser does not support this node",
+            where=f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else ""))
     return found
 
 
-def tensor_info(t: Any) -> dict[str, Any]:
-    return {"name": t.name, "shape": list(t.shape), "dtype": str(t.dtype).split(".")[-1]}
+def tensor_info(t: Any) -> TensorInfo:
+    return TensorInfo(name=t.name, shape=list(t.shape), dtype=str(t.dtype).split(".")[-1])
 
 
-def io_tensors(network: Any) -> dict[str, list[dict[str, Any]]]:
-    return {"inputs": [tensor_info(network.get_input(i)) for i in range(network.num_inputs)],
-            "outputs": [tensor_info(network.get_output(i)) for i in range(network.num_outputs)]}
+def io_tensors(network: Any) -> IoTensors:
+    return IoTensors(inputs=[tensor_info(network.get_input(i)) for i in range(network.num_inputs)],
+                     outputs=[tensor_info(network.get_output(i)) for i in range(network.num_outputs)])

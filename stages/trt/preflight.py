@@ -11,12 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from trtflow import child
 from trtflow.errors import TransientStageError
-from trtflow.stages.trt.env import INSTALL_HINT, detect_tensorrt
+from trtflow.stages.trt.env import INSTALL_HINT, Backend, find_tensorrt
 from trtflow.stages.trt.log_errors import first_error, shorten
+from trtflow.stages.trt.parse import IoTensors, ParseFailure
 
 TIMEOUT_S = 900
 
@@ -26,8 +27,8 @@ NO_IMPORTER = {"Unique", "StringNormalizer", "TfIdfVectorizer", "Multinomial", "
                "OptionalGetElement", "OptionalHasElement", "Col2Im", "DFT", "STFT", "MelWeightMatrix"}
 
 
-def hint_for(failure: dict[str, Any]) -> str:
-    op, desc, domain = failure.get("op_type") or "", failure.get("reason") or "", failure.get("domain") or ""
+def hint_for(failure: ParseFailure) -> str:
+    op, desc, domain = failure.op_type, failure.reason, failure.domain
     if "Plugin not found" in desc or (domain and domain not in ("ai.onnx", "")):
         return (f"'{op}' is a custom op: register a TensorRT plugin named '{op}' (IPluginV3) "
                 "or replace it in the exporter")
@@ -38,7 +39,7 @@ def hint_for(failure: dict[str, Any]) -> str:
                 f"(post-processing on the host, e.g. after NMS-free outputs) or load that plugin's library")
     if "opset" in desc.lower():
         return "the opset may be newer than this parser supports: set prepare.target_opset lower"
-    if op in NO_IMPORTER or failure.get("code") == "UNSUPPORTED_NODE":
+    if op in NO_IMPORTER or failure.code == "UNSUPPORTED_NODE":
         return (f"TensorRT has no '{op}' layer: move it out of the model (pre/post-processing on the host) "
                 "or provide a plugin")
     return "see the TensorRT ONNX operator support matrix for this op's supported types and attributes"
@@ -70,29 +71,54 @@ class PreflightRequest(BaseModel):
     min_shapes: dict[str, list[int]] | None = None  # ... with a profile from these up to `shapes` (dynamic dims)
 
 
-class PreflightReport(BaseModel):
-    model_config = ConfigDict(extra="allow")  # the network's IO tensors, as the parser reports them
+class TrialBuild(BaseModel):
+    """A trial engine build at fixed shapes (or a profile from `min_shapes` up to them)."""
+    ok: bool = False
+    shapes: dict[str, list[int]] = {}
+    min_shapes: dict[str, list[int]] | None = None
+    seconds: float | None = None
+    engine_bytes: int | None = None
+    needs_gpu: bool | None = None  # it failed only for want of a GPU at build time
+    error: str | None = None
+    detail: str | None = None  # the builder's first error line, whole
+    log: list[str] | None = None
+    hint: str | None = None
 
+
+class VariantTrial(TrialBuild):
+    """A precision variant's trial build as the precision stage reports it (`ran`: whether TensorRT was asked)."""
+    ran: bool = False
+    reason: str | None = None  # why it did not run
+    runtime: str | None = None
+    warning: str | None = None  # neither the variant nor the FP32 model builds
+
+
+class PreflightReport(IoTensors):
+    """What the pre-flight found (`inputs`/`outputs`: the network's, as the parser reports them)."""
     ran: bool
     runtime: str | None = None
     reason: str | None = None  # why no parser ran
     parsed: bool = False
-    failures: list[dict[str, Any]] = []
+    failures: list[ParseFailure] = []
     log: list[str] = []
     layers: int | None = None
-    trial_build: dict[str, Any] | None = None
+    trial_build: TrialBuild | None = None
+
+    def failed_build(self) -> TrialBuild | None:
+        trial = self.trial_build
+        return trial if trial is not None and not trial.ok else None
 
 
 def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
-                  timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None) -> dict[str, Any]:
+                  timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None) -> PreflightReport:
     """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
     shapes (with `min_shapes`, at a profile from them up to `shapes`: some builds fail only with dynamic
     dimensions). Returns a report; `ran` says whether a parser was actually used. A pre-flight that gave no
     answer because it was killed (from outside, or at `timeout`) raises TransientStageError: a report saying it
     did not run would be published, and reused, as if it had."""
-    trt = detect_tensorrt()
+    trt = find_tensorrt()
     if trt is None:
-        return {"ran": False, "reason": f"no TensorRT flavour is installed ({INSTALL_HINT})", "failures": []}
+        return PreflightReport(ran=False, reason=f"no TensorRT flavour is installed ({INSTALL_HINT})")
     request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes)
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
         try:
@@ -102,40 +128,40 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
             raise TransientStageError(f"the TensorRT pre-flight did not finish within {timeout:g} s (killed): no "
                                       f"answer; run again, or set preflight: off") from None
     if answer is None:  # the parser crashed on the model (one killed from outside made `call` raise Killed)
-        return {"ran": False, "reason": f"the TensorRT parser process failed (exit code {proc.returncode}): "
-                                        f"{child.last_line(proc)}", "failures": [], "runtime": _label(trt)}
-    report = answer.model_dump(exclude_none=True)
-    for f in report["failures"]:
-        f["hint"] = hint_for(f)
-    trial = report.get("trial_build")
-    if trial and not trial["ok"]:
-        trial["hint"] = "the build needs a GPU at build time here, not a model problem" if trial.get("needs_gpu") \
-            else build_hint(trial.get("detail") or trial["error"])
-    return report
+        return PreflightReport(ran=False, runtime=_label(trt), reason=f"the TensorRT parser process failed (exit "
+                               f"code {proc.returncode}): {child.last_line(proc)}")
+    for f in answer.failures:
+        f.hint = hint_for(f)
+    trial = answer.failed_build()
+    if trial is not None:
+        trial.hint = "the build needs a GPU at build time here, not a model problem" if trial.needs_gpu \
+            else build_hint(trial.detail or trial.error or "")
+    return answer
 
 
-def _label(trt: dict[str, str]) -> str:
-    return f"{trt['flavour']} {trt['version']} parser"
+def _label(trt: Backend) -> str:
+    return f"{trt.flavour} {trt.version} parser"
 
 
 def _parse(request: PreflightRequest, folder: Path) -> PreflightReport:
     from trtflow.stages.trt import parse as trt_parse
 
     model, shapes = Path(request.model), request.shapes
-    trt_info = detect_tensorrt()
+    trt_info = find_tensorrt()
     assert trt_info is not None
     parsed = trt_parse.parse(trt_info, model)
-    result: dict[str, Any] = {"ran": True, "runtime": _label(trt_info), "parsed": parsed.ok,
-                              "failures": trt_parse.failures(parsed.parser, model), "log": parsed.log[-50:]}
+    report = PreflightReport(ran=True, runtime=_label(trt_info), parsed=parsed.ok,
+                             failures=trt_parse.failures(parsed.parser, model), log=parsed.log[-50:])
     if parsed.ok:
-        result["layers"] = parsed.network.num_layers
-        result.update(trt_parse.io_tensors(parsed.network))
+        report.layers = parsed.network.num_layers
+        io = trt_parse.io_tensors(parsed.network)
+        report.inputs, report.outputs = io.inputs, io.outputs
         if shapes is not None:
-            result["trial_build"] = _trial_build(parsed, shapes, request.min_shapes or {})
-    return PreflightReport(**result)
+            report.trial_build = _trial_build(parsed, shapes, request.min_shapes or {})
+    return report
 
 
-def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str, list[int]]) -> dict[str, Any]:
+def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str, list[int]]) -> TrialBuild:
     """Build an engine at fixed shapes, or from `min_shapes` up to them: parsing is not building (TensorRT-RTX can
     parse control flow it then cannot build)."""
     import time
@@ -149,7 +175,7 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str
     profile = builder.create_optimization_profile()
     for name, shape in fixed.items():
         if any(d < 0 for d in shape):
-            return {"ok": False, "shapes": fixed, "error": f"no concrete shape for input '{name}' {shape}"}
+            return TrialBuild(ok=False, shapes=fixed, error=f"no concrete shape for input '{name}' {shape}")
         low = min_shapes.get(name, shape)
         profile.set_shape(name, low if len(low) == len(shape) else shape, shape, shape)
     config.add_optimization_profile(profile)
@@ -161,12 +187,11 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str
         errors = [ln for ln in parsed.log[before:] if ln.startswith("[ERROR]") or "Error" in ln]
         real = [e for e in errors if not any(k in e for k in NEEDS_GPU)]  # no GPU: CUDA errors are noise
         first = (real or errors or ["the builder returned no engine"])[0]
-        return {"ok": False, "shapes": fixed, **({"min_shapes": min_shapes} if min_shapes else {}),
-                "seconds": seconds, "needs_gpu": bool(errors) and not real,
-                "error": first_error([first], shorten(first)), "detail": first[:2000],
-                "log": parsed.log[before:][-20:]}
-    return {"ok": True, "shapes": fixed, "seconds": seconds, "engine_bytes": len(bytes(engine)),
-            **({"min_shapes": min_shapes} if min_shapes else {})}
+        return TrialBuild(ok=False, shapes=fixed, min_shapes=min_shapes or None, seconds=seconds,
+                          needs_gpu=bool(errors) and not real, error=first_error([first], shorten(first)),
+                          detail=first[:2000], log=parsed.log[before:][-20:])
+    return TrialBuild(ok=True, shapes=fixed, seconds=seconds, engine_bytes=len(bytes(engine)),
+                      min_shapes=min_shapes or None)
 
 
 if __name__ == "__main__":

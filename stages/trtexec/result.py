@@ -4,7 +4,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 STAT_KEYS = ("latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "end_to_end_ms")
+
+
+Stats = dict[str, float]  # min/max/mean/median/pNN as printed (pNN: "p99", "p99.9")
+
+
+class Layer(BaseModel):
+    """One row of trtexec's per-layer profile (its log's table or --exportProfile), slowest first."""
+    name: str
+    total_ms: float | None = None
+    average_ms: float | None = None
+    median_ms: float | None = None  # None before trtexec 8.4
+    percent: float | None = None
+
+
+class PerfRecord(BaseModel):
+    """A PerfResult as a report stores it (the benchmark's cells, its baselines)."""
+    tensorrt_version: str | None = None
+    status: str | None = None
+    throughput_qps: float | None = None
+    latency_ms: Stats | None = None
+    gpu_compute_ms: Stats | None = None
+    enqueue_ms: Stats | None = None
+    h2d_ms: Stats | None = None
+    d2h_ms: Stats | None = None
+    end_to_end_ms: Stats | None = None
+    total_host_walltime_s: float | None = None
+    total_gpu_compute_s: float | None = None
+    warnings: list[str] = []
+    error: str | None = None
+    command: str | None = None
+    layout: str | None = None
+    runtime: str | None = None
+    profile: list[Layer] | None = None
+    has_summary: bool = False
+    note: str | None = Field(None, exclude_if=lambda v: v is None)  # why there are no numbers
+
+    def latency(self) -> Stats:
+        """The latency a reader quotes: the host latency where measured, else the GPU compute time."""
+        return self.latency_ms or self.gpu_compute_ms or {}
 
 
 @dataclass
@@ -35,14 +76,12 @@ class PerfResult:
     def has_summary(self) -> bool:
         return self.throughput_qps is not None or any(getattr(self, k) for k in STAT_KEYS)
 
+    def record(self) -> PerfRecord:
+        return PerfRecord(**{k: getattr(self, k) for k in PerfRecord.model_fields if k not in ("has_summary", "note")},
+                          has_summary=self.has_summary, note=None if self.has_summary else self.no_summary_reason())
+
     def to_json(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("tensorrt_version", "status", "throughput_qps", *STAT_KEYS,
-                                             "total_host_walltime_s", "total_gpu_compute_s", "warnings", "error",
-                                             "command", "layout", "runtime", "profile")}
-        out["has_summary"] = self.has_summary
-        if not self.has_summary:
-            out["note"] = self.no_summary_reason()
-        return out
+        return self.record().model_dump()
 
     def no_summary_reason(self) -> str:
         if self.error and self.runtime and not self.runtime.startswith("trtexec"):
