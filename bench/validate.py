@@ -119,7 +119,7 @@ def measure(kind: str, model: Path, name: str, n: int, work: Path) -> dict:
 
 def reduce_cases(clean: Path, planted: Path, work: Path) -> list[dict]:
     from trtflow.stages.bisect import reduce as rd
-    from trtflow.stages.trt.env import detect_tensorrt
+    from trtflow.stages.trt.env import find_tensorrt
 
     data = [dict(f) for f in feeds(samples(EFFNET), 2)]
     model = onnx.load(clean)
@@ -128,7 +128,7 @@ def reduce_cases(clean: Path, planted: Path, work: Path) -> list[dict]:
     defects.quantize(clean, qdq_path, samples(EFFNET))
     bad, _ = defects.ruin_input_range(onnx.load(qdq_path), PLANT, 2000)
     cases.append(("int8 range ruined (scale x2000)", model, rd.int8_check(0.9, bad)))
-    if detect_tensorrt() is not None:
+    if find_tensorrt() is not None:
         cases.append(("TensorRT parser rejects (Unique)", defects.insert_op(model, PLANT, "Unique"),
                       rd.tensorrt_check(build=False)))
     rows = []

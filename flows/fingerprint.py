@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtflow.stages.trt.env import detect_tensorrt, nvidia_system, platform_facts, probe
+from trtflow.stages.trt.env import find_tensorrt, nvidia_system, platform_facts, probe
 
 ALL = ("tensorrt", "gpu")
 
@@ -19,9 +19,9 @@ def fingerprint(facets: tuple[str, ...]) -> dict[str, Any] | None:
         return None
     env: dict[str, Any] = {}
     if "tensorrt" in facets:
-        trt = detect_tensorrt()
-        found = probe(trt["module"]) if trt else {"version": None, "cuda_runtime": None}
-        env["tensorrt"] = {"flavour": trt["flavour"], "version": found["version"] or trt["version"]} if trt else None
+        trt = find_tensorrt()
+        found = probe(trt.module) if trt else {"version": None, "cuda_runtime": None}
+        env["tensorrt"] = {"flavour": trt.flavour, "version": found["version"] or trt.version} if trt else None
         env["cuda"] = {"runtime": found["cuda_runtime"]}
         env["platform"] = platform_facts()
     if "gpu" in facets:

@@ -456,18 +456,15 @@ class RemoteStore:
         if not records:
             return "its manifest records no files"
         for rel, rec in records.items():
-            h, size = hashlib.sha256(), 0
             try:
                 with self.fs.open(self._remote(stage, key, manifest.blobs, rel), "rb") as fh:
-                    while chunk := fh.read(1 << 22):
-                        h.update(chunk)
-                        size += len(chunk)
+                    digest, size = files.digest_stream(fh)
             except FileNotFoundError:
                 return f"{rel} is missing"
             if size != rec.size:
                 return f"{rel} changed size ({rec.size} -> {size} bytes)"
-            if h.hexdigest() != rec.sha256:
-                return f"{rel} changed content (sha256 {rec.sha256[:12]} -> {h.hexdigest()[:12]})"
+            if digest != rec.sha256:
+                return f"{rel} changed content (sha256 {rec.sha256[:12]} -> {digest[:12]})"
         return None
 
     @staticmethod

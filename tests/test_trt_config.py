@@ -3,6 +3,7 @@ this process (as Polygraphy's test_config.py does): the option is read back from
 builds where this machine can build it. TensorRT-RTX here; nothing is mocked except where a test says so."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -167,3 +168,20 @@ def test_a_build_failure_is_one_line_of_whole_words():
     assert first_error(["[WARNING] only a warning"], "fallback") == "fallback"
     long = shorten("word " * 100, 40)
     assert long.endswith(" ...") and len(long) <= 44 and "wor ..." not in long
+
+
+def test_a_build_record_keeps_its_io_tensors_typed_and_an_older_one_says_build_again():
+    """The engine's IO tensors are declared fields of its build record (they travelled as undeclared extras);
+    a record from before they were kept reads, and the Triton config asks for the build again."""
+    from trtflow.stages.triton.config import ConfigError, engine_io
+    from trtflow.stages.trt.engines import Built
+
+    io = {"inputs": [{"name": "x", "shape": [-1, 3, 48, 192], "dtype": "FLOAT"}],
+          "outputs": [{"name": "y", "shape": [-1, 2], "dtype": "FLOAT"}]}
+    built = Built.model_validate_json(json.dumps({"status": "ok", "written_by": "a later trtflow", **io}))
+    assert built.inputs[0].shape == [-1, 3, 48, 192] and "written_by" not in built.model_dump()
+    inputs, outputs = engine_io(SimpleNamespace(built=built, cell=SimpleNamespace(name="e")))
+    assert (inputs[0].name, inputs[0].shape, outputs[0].dtype) == ("x", [-1, 3, 48, 192], "FLOAT")
+    older = Built.model_validate({"status": "ok"})
+    with pytest.raises(ConfigError, match="its build record has no IO tensors .*--force build"):
+        engine_io(SimpleNamespace(built=older, cell=SimpleNamespace(name="e")))

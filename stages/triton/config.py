@@ -40,17 +40,14 @@ class Tensor:
     shape: list[int]  # -1 where dynamic
     dtype: str  # TensorRT's name (FLOAT, HALF, ...)
 
-    @classmethod
-    def of(cls, record: dict[str, Any]) -> "Tensor":
-        return cls(str(record["name"]), [int(d) for d in record["shape"]], str(record["dtype"]))
-
 
 def engine_io(engine: Engine) -> tuple[list[Tensor], list[Tensor]]:
-    extra = engine.built.model_extra or {}
-    if "inputs" not in extra or "outputs" not in extra:
+    built = engine.built
+    if built.inputs is None or built.outputs is None:
         raise ConfigError(f"engine '{engine.cell.name}': its build record has no IO tensors (built by an older "
                           f"trtflow): run the build stage again (--force build)")
-    return [Tensor.of(t) for t in extra["inputs"]], [Tensor.of(t) for t in extra["outputs"]]
+    return [Tensor(t.name, list(t.shape), t.dtype) for t in built.inputs], \
+        [Tensor(t.name, list(t.shape), t.dtype) for t in built.outputs]
 
 
 def batch_limits(inputs: list[Tensor], outputs: list[Tensor], profiles: list[Profile]) -> tuple[int, list[int], str]:

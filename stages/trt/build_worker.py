@@ -69,7 +69,7 @@ def build(spec: Cell, cell: Path) -> Built:
                      validity=validity(trt, parsed.logger, data, log_lines),
                      environment={"tensorrt": {"flavour": spec.backend.flavour, "version": spec.backend.version},
                                   "gpu": gpus() or None},
-                     **trt_parse.io_tensors(network).model_dump())
+                     **dict(trt_parse.io_tensors(network)))
     finally:
         (cell / "build.log").write_text("\n".join(log_lines) + "\n")
 

@@ -21,7 +21,7 @@ from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 from trtflow.precisions import Precision
 from trtflow.stages.trt.env import Backend
-from trtflow.stages.trt.parse import ParseFailure
+from trtflow.stages.trt.parse import ParseFailure, TensorInfo
 
 SPEC, BUILT, PLAN, LOG = "spec.json", "build.json", "engine.plan", "build.log"
 VARIANT = "variant.onnx"  # a cell's own ONNX variant, where it carries one
@@ -72,7 +72,7 @@ class Cell(BaseModel):
 
 class Built(BaseModel):
     """What building a cell gave: status ok with the engine's facts, or failed with the error."""
-    model_config = ConfigDict(extra="allow")  # the engine's IO tensors, as the parser reports them
+    model_config = ConfigDict(extra="ignore")  # what an older or newer trtflow recorded beside these
 
     status: str  # "ok" | "failed"
     error: str | None = None
@@ -88,6 +88,8 @@ class Built(BaseModel):
     reused: str | None = None  # the engine cache's key, when the engine was taken from it instead of built
     engine_sha256: str | None = None  # the engine's digest as the builder made it (the engine cache checks against it)
     warnings: list[str] = []  # what the cell built without (an unreadable timing cache)
+    inputs: list[TensorInfo] | None = None  # the engine's IO tensors, as the parser reports them (None: an older
+    outputs: list[TensorInfo] | None = None  # record, made before they were kept)
 
     @property
     def ok(self) -> bool:

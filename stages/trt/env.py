@@ -44,12 +44,6 @@ class Backend(BaseModel):
 INSTALL_HINT = "pip install tensorrt-rtx-cu13 (parses and builds without a GPU), or install TensorRT"
 
 
-def detect_tensorrt(only: str | None = None) -> dict[str, str] | None:
-    """`find_tensorrt()` as JSON (what an environment fingerprint records)."""
-    found = find_tensorrt(only)
-    return None if found is None else found.model_dump()
-
-
 def find_tensorrt(only: str | None = None) -> Backend | None:
     """The preferred installed flavour, or with `only` ("tensorrt" / "tensorrt_rtx") that module's, if installed."""
     for module, flavour, dists in FLAVOURS:
