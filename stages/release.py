@@ -6,10 +6,11 @@ valid for, the preprocessing as declared, the provenance chain and the pictures 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtflow import files, names
-from trtflow.artifact import Inputs, StageResult
+from trtflow.artifact import Artifact, Claim, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.compare import selection
@@ -32,93 +33,123 @@ VERSION = "3"  # 2: select.max_accuracy_drop weighs every task metric (a functio
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 
 
+@dataclass
+class _Job:
+    """What every target's release shares: the settings, the inputs read once, where it writes."""
+    params: ReleaseStage
+    inputs: Inputs
+    out_dir: Path
+    model_name: str
+    verdict: ValidateReport | None
+    bench: BenchmarkReport | None
+    kept: dict[str, tuple[int, int | None]]  # variant -> (nodes left in higher precision, nodes)
+    steps: list[dict] | None  # the declared preprocessing
+    shared: Artifact | None  # the store's shared/ (the versions released so far)
+
+
 def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
-    model_name = params.triton.model_name or "model"
     engines = built_engines(inputs.one("engines").path)
     repaired = inputs.optional("repaired")
     if repaired is not None and repaired.path.is_dir():
         engines += built_engines(repaired.path)
     if not engines:
         raise StageError("release: the build output holds no built engine: nothing to release")
-    verdict = ValidateReport.read(inputs.one("validation").path) if "validation" in inputs else None
-    bench = BenchmarkReport.model_validate_json(inputs.one("benchmark").path.read_text()) \
-        if "benchmark" in inputs else None
-    kept = _higher_precision(inputs)
-    warnings: list[str] = []
+    job = _Job(params, inputs, out_dir, params.triton.model_name or "model",
+               ValidateReport.read(inputs.one("validation").path) if "validation" in inputs else None,
+               BenchmarkReport.model_validate_json(inputs.one("benchmark").path.read_text())
+               if "benchmark" in inputs else None,
+               _higher_precision(inputs), _preprocessing(inputs), inputs.optional("releases"))
     targets: dict[str, list[Engine]] = {}
     for eng in engines:
         targets.setdefault(eng.cell.target, []).append(eng)
-    shared = inputs.optional("releases")
-    steps = _preprocessing(inputs)
-    released, claims = [], []
+    released, claims, warnings = [], [], []
     for target, found in targets.items():
-        ledger = versions.read(shared.path, model_name, target) if shared else versions.Ledger()
-        latest = ledger.latest()
-        options = selection.rank([_option(e, params, verdict, bench, kept) for e in found], params.select)
-        held = _held(latest, options, verdict, params)
-        if held is not None:
-            released.append(TargetRelease(target=target, chosen=None, options=options, held=held,
-                                          version=latest.version if latest else None,
-                                          previous=latest.candidate if latest else None))
-            warnings.append(f"{target}: version {latest.version if latest else '?'} stays the one served: {held}")
-            continue
-        options, stability = selection.keep_previous(options, latest.candidate if latest else None,
-                                                     params.select.prefer)
-        by_name = {e.cell.name: e for e in found}
-        chosen = options[0] if options and options[0].rank == 1 else None
-        release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability,
-                                previous=latest.candidate if latest else None)
-        if chosen is None:
-            release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
-        else:
-            eng = by_name[chosen.name]
-            warnings += _repository(release, eng, params, model_name, out_dir, steps,
-                                    _warmup_sample(params, inputs, eng), ledger)
-            release.environment = _environment(eng)
-            if eng.cell.backend.flavour == "tensorrt-rtx":
-                warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
-                                f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
-                                f"on a machine with TensorRT (the Triton container's version) to serve it there")
-            if release.contract_changes and params.select.contract == "allow_change":
-                warnings.append(f"{target}: the serving contract changed since version {latest.version}: "
-                                + "; ".join(release.contract_changes))
-            if shared is not None and release.new_version:
-                claims.append(versions.claim(model_name, target, release.version, chosen.engine_sha256,
-                                             chosen.name, release.contract))
+        release, said, claim = _release_target(job, target, found)
         released.append(release)
-    numbers = sorted({o.measured_by for t in released for o in t.options if o.measured_by})
-    report = ReleaseReport(
-        model_name=model_name, rule=params.select.model_dump(mode="json"), targets=released,
-        lineage=list(inputs.lineage), warnings=warnings,
-        preprocessing=steps, parity=_parity(inputs),
-        numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
-                      "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
-    card.write(report, _plots(inputs, verdict, released), out_dir / "card")
+        warnings += said
+        claims += [claim] if claim is not None else []
+    report = _report(job, released, warnings)
+    card.write(report, _plots(inputs, job.verdict, released), out_dir / "card")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     (out_dir / "triton").mkdir(exist_ok=True)
-    shipped = [t for t in released if t.chosen is not None]
-    held = [t for t in released if t.held is not None]
     result = StageResult(outputs={"triton": out_dir / "triton", "card": out_dir / "card",
                                   "report": out_dir / "report.json"},
-                         summary=report.summary(), warnings=warnings,
-                         metrics={"releases": [{"model": model_name, "target": t.target, "version": t.version,
-                                                "new": t.new_version, "engine": t.chosen.name,
-                                                "engine_sha256": t.chosen.engine_sha256,
-                                                "repository": t.repository} for t in shipped if t.chosen],
-                                  # targets whose previous version stays: an optional variant it shipped was lost
-                                  "held": [{"model": model_name, "target": t.target, "version": t.version,
-                                            "engine": t.previous, "why": t.held} for t in held]},
-                         claims=claims)
-    if len(shipped) + len(held) < len(released):
-        first = next(t for t in released if t.chosen is None and t.held is None)
-        raise StageFailed(f"release: nothing to ship for target '{first.target}': {first.why_none}", result)
-    changed = [t for t in shipped if t.contract_changes and params.select.contract == "fixed"]
-    if changed:
-        t = changed[0]
-        raise StageFailed(f"release: version {t.version} of '{model_name}' for target '{t.target}' would change its "
-                          f"serving contract: {'; '.join(t.contract_changes)}; clients of the previous version "
-                          f"would be refused (set select.contract: allow_change to ship it, and tell them)", result)
+                         summary=report.summary(), warnings=warnings, metrics=_metrics(job, released), claims=claims)
+    why_not = _failure(job, released)
+    if why_not:
+        raise StageFailed(why_not, result)
     return result
+
+
+def _release_target(job: _Job, target: str, found: list[Engine]) -> tuple[TargetRelease, list[str], Claim | None]:
+    """One target's release: its engines ranked by the rule, the previous version kept where a rebuild lost its
+    variant, else the chosen engine's Triton repository; the warnings it gives and the version it claims."""
+    params = job.params
+    ledger = versions.read(job.shared.path, job.model_name, target) if job.shared else versions.Ledger()
+    latest = ledger.latest()
+    previous = latest.candidate if latest else None
+    options = selection.rank([_option(e, params, job.verdict, job.bench, job.kept) for e in found], params.select)
+    held = _held(latest, options, job.verdict, params)
+    if held is not None:
+        return (TargetRelease(target=target, chosen=None, options=options, held=held,
+                              version=latest.version if latest else None, previous=previous),
+                [f"{target}: version {latest.version if latest else '?'} stays the one served: {held}"], None)
+    options, stability = selection.keep_previous(options, previous, params.select.prefer)
+    chosen = options[0] if options and options[0].rank == 1 else None
+    release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability, previous=previous)
+    if chosen is None:
+        release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
+        return release, [], None
+    eng = next(e for e in found if e.cell.name == chosen.name)
+    warnings = _repository(release, eng, params, job.model_name, job.out_dir, job.steps,
+                           _warmup_sample(params, job.inputs, eng), ledger)
+    release.environment = _environment(eng)
+    if eng.cell.backend.flavour == "tensorrt-rtx":
+        warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
+                        f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
+                        f"on a machine with TensorRT (the Triton container's version) to serve it there")
+    if release.contract_changes and params.select.contract == "allow_change":
+        warnings.append(f"{target}: the serving contract changed since version {latest.version}: "
+                        + "; ".join(release.contract_changes))
+    claim = versions.claim(job.model_name, target, release.version, chosen.engine_sha256, chosen.name,
+                           release.contract) if job.shared is not None and release.new_version else None
+    return release, warnings, claim
+
+
+def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> ReleaseReport:
+    numbers = sorted({o.measured_by for t in released for o in t.options if o.measured_by})
+    return ReleaseReport(
+        model_name=job.model_name, rule=job.params.select.model_dump(mode="json"), targets=released,
+        lineage=list(job.inputs.lineage), warnings=warnings, preprocessing=job.steps, parity=_parity(job.inputs),
+        numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
+                      "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
+
+
+def _metrics(job: _Job, released: list[TargetRelease]) -> dict:
+    """The stage result's metrics: the versions made or kept (what the flow announces), and the targets whose
+    previous version stays (an optional variant it shipped was lost)."""
+    return {"releases": [versions.Release(model=job.model_name, target=t.target, version=t.version,
+                                          new=t.new_version, engine=t.chosen.name,
+                                          engine_sha256=t.chosen.engine_sha256, repository=t.repository or "")
+                         .model_dump() for t in released if t.chosen is not None and t.version is not None],
+            "held": [versions.Held(model=job.model_name, target=t.target, version=t.version, engine=t.previous,
+                                   why=t.held).model_dump()
+                     for t in released if t.held is not None and t.version is not None]}
+
+
+def _failure(job: _Job, released: list[TargetRelease]) -> str | None:
+    """Why the release fails, or None: a target with nothing to ship; a new version whose serving contract would
+    change under select.contract: fixed."""
+    empty = next((t for t in released if t.chosen is None and t.held is None), None)
+    if empty is not None:
+        return f"release: nothing to ship for target '{empty.target}': {empty.why_none}"
+    changed = next((t for t in released if t.chosen is not None and t.contract_changes
+                    and job.params.select.contract == "fixed"), None)
+    if changed is not None:
+        return (f"release: version {changed.version} of '{job.model_name}' for target '{changed.target}' would "
+                f"change its serving contract: {'; '.join(changed.contract_changes)}; clients of the previous "
+                f"version would be refused (set select.contract: allow_change to ship it, and tell them)")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- the options
