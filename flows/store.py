@@ -47,8 +47,20 @@ MARKER_CONTENT = {"trtflow": "artifact store", "format": 1}
 GITIGNORE = ".gitignore"
 KEY_NAME = re.compile(r"[0-9a-f]{32}")  # flows/keys.py's stage_key
 HOST = socket.gethostname().replace("-", "_")[:32]
-UMASK = os.umask(0o022)
-os.umask(UMASK)
+
+
+def umask() -> int:
+    """The process's umask: read from /proc where Linux shows it (setting it to read it back, as elsewhere, would
+    change it for a moment under every other thread)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _result_files(directory: Path) -> list[Path]:
@@ -256,7 +268,7 @@ def _fsync_dir(path: Path) -> None:
 def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~UMASK)  # mkstemp's 0600 would hide it from teammates sharing the store
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would hide it from teammates sharing the store
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, sort_keys=True, default=str)
             f.flush()
@@ -368,7 +380,7 @@ class LocalStore:
         parent = self.root / stage
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:12]}-{HOST}-{os.getpid()}-", dir=parent))
-        staging.chmod(0o777 & ~UMASK)  # mkdtemp's 0700 would hide a shared store's results from teammates
+        staging.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide a shared store's results from teammates
         return staging
 
     def clean_staging(self) -> list[Path]:

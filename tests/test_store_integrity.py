@@ -313,9 +313,12 @@ def test_replacing_a_result_made_read_only_leaves_no_trash(pipe, monkeypatch):
 
 def test_published_results_respect_the_umask(pipe):
     path, store = pipe
-    from trtflow.flows.store import UMASK
+    from trtflow.flows.store import umask
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert umask() == mask  # read without setting it
     for stage in ("a", "build", "c"):
-        assert published(store, stage).stat().st_mode & 0o777 == 0o777 & ~UMASK
+        assert published(store, stage).stat().st_mode & 0o777 == 0o777 & ~mask
 
 
 def _as_reader(fn):
