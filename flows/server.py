@@ -9,7 +9,6 @@ log live in trtflow's state directory (see flows/machine.py); its database is Pr
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import signal
 import socket
@@ -18,7 +17,9 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
+
+from pydantic import BaseModel, ValidationError
 
 from trtflow import files
 from trtflow.errors import PrefectUnavailable
@@ -26,6 +27,27 @@ from trtflow.flows.machine import state_file
 
 START_TIMEOUT_S = 120  # Prefect's own 20 s run out on a busy two-core machine
 MODE = "TRTFLOW_PREFECT_SERVER"
+
+
+class ServerRecord(BaseModel):
+    """`prefect-server.json`: the background server trtflow started (written before it answers, so that a trtflow
+    killed meanwhile leaves a server `trtflow server stop` knows)."""
+    pid: int
+    url: str
+    log: str = ""
+    started: float = 0.0  # time.time() when it was started
+    started_at: str | None = None  # its process's start time (/proc/<pid>/stat), telling a reused pid apart
+
+    @property
+    def port(self) -> str:
+        return self.url.rsplit(":", 1)[-1].split("/")[0]
+
+
+def _read() -> ServerRecord | None:
+    try:
+        return ServerRecord.model_validate(files.read_json(record_file(), files.RECORD_BYTES))
+    except (OSError, ValueError, ValidationError):
+        return None
 
 
 def record_file() -> Path:
@@ -47,13 +69,10 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def running() -> dict[str, Any] | None:
+def running() -> ServerRecord | None:
     """The background server's record, if that server is alive, is the process trtflow started, and answers."""
-    try:
-        rec = files.read_json(record_file(), files.RECORD_BYTES)
-    except (OSError, ValueError):
-        return None
-    return rec if _ours(rec) and healthy(rec["url"]) else None
+    rec = _read()
+    return rec if rec is not None and _ours(rec) and healthy(rec.url) else None
 
 
 def _started_at(pid: int) -> str | None:
@@ -65,21 +84,18 @@ def _started_at(pid: int) -> str | None:
         return None
 
 
-def _ours(rec: dict[str, Any]) -> bool:
+def _ours(rec: ServerRecord) -> bool:
     """The recorded pid is still the server trtflow started: the same start time and a Prefect server command
     line on the recorded port (a stale record's pid may belong to any process by now)."""
     try:
-        pid = int(rec["pid"])
         if not Path("/proc/self").is_dir():  # no /proc to ask (not Linux): alive is all that can be known
-            os.kill(pid, 0)
+            os.kill(rec.pid, 0)
             return True
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError, KeyError, TypeError):
+        cmdline = Path(f"/proc/{rec.pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
         return False
-    port = str(rec.get("url", "")).rsplit(":", 1)[-1].split("/")[0].encode()
-    started = rec.get("started_at")
-    return (b"prefect" in b" ".join(cmdline) and b"server" in cmdline and port in cmdline
-            and (started is None or started == _started_at(pid)))
+    return (b"prefect" in b" ".join(cmdline) and b"server" in cmdline and rec.port.encode() in cmdline
+            and (rec.started_at is None or rec.started_at == _started_at(rec.pid)))
 
 
 @contextmanager
@@ -101,7 +117,7 @@ def ensure(on_start=None) -> str:
     with _locked():
         rec = running()
         if rec:
-            return rec["url"]
+            return rec.url
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -115,9 +131,9 @@ def ensure(on_start=None) -> str:
                                      "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=env,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         # recorded before waiting for it: a trtflow killed now leaves a server `trtflow server stop` knows
-        record = {"pid": proc.pid, "url": url, "log": str(log), "started": time.time(),
-                  "started_at": _started_at(proc.pid)}
-        record_file().write_text(json.dumps(record))
+        record = ServerRecord(pid=proc.pid, url=url, log=str(log), started=time.time(),
+                              started_at=_started_at(proc.pid))
+        record_file().write_text(record.model_dump_json())
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while not healthy(url, timeout=1.0):
@@ -136,15 +152,12 @@ def ensure(on_start=None) -> str:
         return url
 
 
-def stop() -> dict[str, Any] | None:
+def stop() -> ServerRecord | None:
     """Stop the background server (its whole process group); its record, or None when none was running."""
     with _locked():
-        try:
-            rec = files.read_json(record_file(), files.RECORD_BYTES)
-        except (OSError, ValueError):
-            return None
-        if _ours(rec):  # a stale record's pid may be another process's by now: never killed
-            _kill(int(rec["pid"]))
+        rec = _read()
+        if rec is not None and _ours(rec):  # a stale record's pid may be another process's by now: never killed
+            _kill(rec.pid)
         else:
             rec = None
         record_file().unlink(missing_ok=True)

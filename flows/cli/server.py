@@ -18,7 +18,7 @@ class Server(Command):
 
         if args.action == "stop":
             rec = server.stop()
-            out.print(f"stopped the Prefect server at {rec['url']} (pid {rec['pid']})" if rec else
+            out.print(f"stopped the Prefect server at {rec.url} (pid {rec.pid})" if rec else
                       "no Prefect server of trtflow's was running")
             return 0
         if args.action == "start":
@@ -30,6 +30,6 @@ class Server(Command):
         if rec is None:
             out.print("no Prefect server of trtflow's is running (the next `trtflow run` that has work starts one)")
             return 1
-        out.print(f"running at {rec['url']} (pid {rec['pid']}, log {rec['log']})")
+        out.print(f"running at {rec.url} (pid {rec.pid}, log {rec.log})")
         return 0
 
