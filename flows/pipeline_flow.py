@@ -4,7 +4,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
-import importlib
 import os
 import re
 import uuid
@@ -28,6 +27,7 @@ from trtflow.flows.results import StageReport
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.kinds import kind_named, kind_of
 from trtflow.pipelines.loader import parse_yaml
+from trtflow.usercode import import_callable
 
 StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) as stages start and finish
 # the CLI's lines listen here, for the flows run in its context only
@@ -148,8 +148,7 @@ def announced(pipeline: Path, outcome: StageOutcome) -> list[Event]:
     row = kind_named(outcome.kind)
     if row is None or row.events is None:
         return []
-    module, function = row.events.split(":")
-    announce = getattr(importlib.import_module(module), function)
+    announce = import_callable(row.events, f"stage kind '{outcome.kind}' events", 1)
     return announce(StageRan(pipeline, outcome.name, outcome.key, Path(outcome.directory),
                                outcome.manifest.metrics))
 

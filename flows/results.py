@@ -31,12 +31,12 @@ class Verdict(BaseModel):
     def of(cls, manifest: Manifest) -> Verdict:
         """From the result's metrics (the names above; others are the stage's own): the parts the kind's row says
         its metrics carry (`Kind.verdict`); metrics of these names from another kind are no verdict."""
+        row = kind_named(manifest.kind)
+        parts = {k: v for k, v in manifest.metrics.items() if row is not None and k in row.verdict}
         try:
-            verdict = cls.model_validate(manifest.metrics)
+            return cls.model_validate(parts)
         except ValidationError:
             return cls()
-        row = kind_named(manifest.kind)
-        return cls.model_validate(verdict.model_dump(include=set(row.verdict))) if row is not None else cls()
 
 
 class Announced(BaseModel):

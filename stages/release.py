@@ -89,11 +89,11 @@ def _release_target(job: _Job, target: str, found: list[Engine]) -> tuple[Target
     latest = ledger.latest()
     previous = latest.candidate if latest else None
     options = selection.rank([_option(e, params, job.verdict, job.bench, job.kept) for e in found], params.select)
-    held = _held(latest, options, job.verdict, params)
+    held = _held(latest, options, job.verdict, params) if latest is not None else None
     if held is not None:
-        return (TargetRelease(target=target, chosen=None, options=options, held=held,
-                              version=latest.version if latest else None, previous=previous),
-                [f"{target}: version {latest.version if latest else '?'} stays the one served: {held}"], None)
+        return (TargetRelease(target=target, chosen=None, options=options, held=held, version=latest.version,
+                              previous=previous),
+                [f"{target}: version {latest.version} stays the one served: {held}"], None)
     options, stability = selection.keep_previous(options, previous, params.select.prefer)
     chosen = options[0] if options and options[0].rank == 1 else None
     release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability, previous=previous)
@@ -154,12 +154,12 @@ def _failure(job: _Job, released: list[TargetRelease]) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- the options
 
-def _held(latest: versions.Released | None, options: list[Option], verdict: ValidateReport | None,
+def _held(latest: versions.Released, options: list[Option], verdict: ValidateReport | None,
           params: ReleaseStage) -> str | None:
     """Why the target's previous version must stay the one served, or None: the engine it shipped is of an optional
     variant validate left out of this run (a rebuild lost it), and `select.lost_variant` keeps it. Switching the
     precision a fleet serves is a decision for a person, not for a scheduled rebuild."""
-    if latest is None or verdict is None or params.select.lost_variant != "keep_previous":
+    if verdict is None or params.select.lost_variant != "keep_previous":
         return None
     prev = next((o for o in options if o.name == latest.candidate), None)
     variant = names.unrepaired(prev.variant) if prev is not None else None

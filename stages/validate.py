@@ -310,11 +310,13 @@ class _Measured:
 
 def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_ShapeSet], reference: _Reference,
              metrics: dict[str, Any], ranked: list | None = None) -> _Measured:
-    """The candidate against the reference over every sample of every shape set. `ranked`, when given, receives
-    (how far the sample's outputs are off, its source, its index) per sample."""
+    """The candidate against the reference over every sample of every shape set (one comparison serves both where
+    there is one set). `ranked`, when given, receives (how far the sample's outputs are off, its source, its index)
+    per sample."""
     measured = _Measured(Comparison(metrics, reference.floors))
     for shape_set in sets:
-        cmp, seen, source = Comparison(metrics, reference.floors), [], shape_set.source
+        cmp = measured.total if len(sets) == 1 else Comparison(metrics, reference.floors)
+        seen, source = [], shape_set.source
         for i in range(len(source)):
             feed = source.sample(i)
             shapes = {k: list(v.shape) for k, v in feed.items()}
@@ -329,7 +331,8 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_
                     raise source.failure(exc) from None
             got = runner(feed, shape_set.profile(feed))
             cmp.add(ref_cache[key], got, feed)
-            measured.total.add(ref_cache[key], got, feed)
+            if cmp is not measured.total:
+                measured.total.add(ref_cache[key], got, feed)
             if ranked is not None:
                 ranked.append((_how_far_off(ref_cache[key], got), source, i))
             for name, r in ref_cache[key].items():

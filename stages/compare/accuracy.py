@@ -104,7 +104,7 @@ class Accuracy:
     runtime: str
     samples: int
     outputs: dict[str, dict[str, Any]]  # output -> metric -> value
-    # a report's field of this type stores runtime, samples, outputs and directions (as `to_json` without details)
+    # a report's field of this type stores runtime, samples, outputs and directions (not violations nor details)
     violations: Annotated[list[str], Field(exclude=True)] = field(default_factory=list)
     # what else the comparator reports (its bounds, shapes)
     details: Annotated[dict[str, Any], Field(exclude=True)] = field(default_factory=dict)
@@ -114,10 +114,6 @@ class Accuracy:
 
     def __bool__(self) -> bool:
         return not self.violations
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.details, "runtime": self.runtime, "samples": self.samples, "outputs": self.outputs,
-                "directions": self.directions}
 
     def total(self, metric: str) -> float:
         return sum(o.get(metric, 0) for o in self.outputs.values())
