@@ -21,7 +21,9 @@ from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
-from trtflow.stages import build, calibrate, precision
+from trtflow.stages.build import stage as build
+from trtflow.stages.calibrate import stage as calibrate
+from trtflow.stages.precision import stage as precision
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "examples" / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"

@@ -30,7 +30,7 @@ def prepared_model(directory: Path) -> Path:
     """The example model through the real `prepare` stage (opset 17, simplified, weights as initializers)."""
     from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.prepare import PrepareStage
-    from trtflow.stages import prepare
+    from trtflow.stages.prepare import stage as prepare
 
     src = ROOT / "examples" / "ppocr-cls" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
     out = directory / "prepared"
@@ -45,7 +45,7 @@ def worker(kind: str, model: Path, samples: int, method: str, out: Path) -> dict
     if kind == "trtflow":
         from trtflow.artifact import Artifact, Inputs
         from trtflow.pipelines.params.calibrate import CalibrateStage
-        from trtflow.stages import calibrate
+        from trtflow.stages.calibrate import stage as calibrate
         params = CalibrateStage.model_validate({"kind": "calibrate", "method": method, "holdout": 0,
                                                 "data": {"random": True, "samples": samples, "shapes": {"x": SHAPE}}})
         calibrate.run(params, Inputs({"model": Artifact(model, "onnx", "m")}), out)

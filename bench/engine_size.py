@@ -28,7 +28,10 @@ from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.prepare import PrepareStage
-from trtflow.stages import build, calibrate, precision, prepare
+from trtflow.stages.build import stage as build
+from trtflow.stages.calibrate import stage as calibrate
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.prepare import stage as prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -50,7 +50,7 @@ def prepared(bench: int8_models.Bench, work: Path) -> Path:
         return out
     from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.prepare import PrepareStage
-    from trtflow.stages import prepare
+    from trtflow.stages.prepare import stage as prepare
 
     params = PrepareStage.model_validate({"kind": "prepare", "target_opset": 17, "input_shapes": bench.shapes,
                                           "preflight": "off"})
@@ -75,7 +75,7 @@ def save_samples(samples: list[dict[str, np.ndarray]], folder: Path) -> list[Pat
 def run_trtflow(model: Path, calib: list[Path], out: Path, **params: Any) -> dict:
     from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.calibrate import CalibrateStage
-    from trtflow.stages import calibrate
+    from trtflow.stages.calibrate import stage as calibrate
 
     out.mkdir(parents=True)
     p = CalibrateStage.model_validate({"kind": "calibrate", "holdout": 0,

@@ -3,7 +3,7 @@
 Both read the example photos from disk (decode included), resize the shorter side to 256, center-crop 224,
 scale, normalize, and lay out CHW with a batch dimension. Measured in the same run, alternating, best of N
 rounds. Also shown: the antialiased (PIL-exact) resize the squeezenet example declares, and torchvision's own
-transforms on PIL, for scale. Then the parity diagnosis of two planted mistakes at once (stages/image/diagnosis.py),
+transforms on PIL, for scale. Then the parity diagnosis of two planted mistakes at once (stages/parity/diagnosis.py),
 timed on the PP-OCR example's text lines against PaddleOCR's own preprocessing and on the squeezenet photos
 against torchvision's: what a user waits for when parity fails.
 
@@ -95,7 +95,7 @@ def diagnosis_cases() -> list[tuple[str, list, list, object, dict]]:
 
 def diagnosis_table(rounds: int) -> Table:
     from trtflow.pipelines.params.parity import ParityTolerances, PreprocessStep
-    from trtflow.stages.image import diagnosis
+    from trtflow.stages.parity import diagnosis
 
     table = Table(title=f"parity diagnosis of two planted mistakes (at most {diagnosis.ROUNDS} rounds, "
                         f"{diagnosis.BEAM} kept per round; best of {rounds})", title_justify="left")

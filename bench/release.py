@@ -49,11 +49,11 @@ def main() -> None:
     from trtflow.flows.runner import Runner
     from trtflow.flows.store import LocalStore
     from trtflow.pipelines.loader import load_pipeline
-    from trtflow.stages import release
-    from trtflow.stages.reports import card
-    from trtflow.stages.reports.release import ReleaseReport
-    from trtflow.stages.triton import config as triton_config
-    from trtflow.stages.triton import schema
+    from trtflow.stages.release import stage as release
+    from trtflow.stages.release import card
+    from trtflow.stages.release.report import ReleaseReport
+    from trtflow.stages.release.triton import config as triton_config
+    from trtflow.stages.release.triton import schema
     from trtflow.stages.trt.engines import built_engines
 
     runner = Runner(load_pipeline(str(PIPELINE)), store=LocalStore(store))

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from trtflow.events import Event
 from trtflow.flows.manifest import Manifest
 from trtflow.pipelines.kinds import kind_named
-from trtflow.stages.triton.versions import Held, Release
+from trtflow.stages.release.triton.versions import Held, Release
 
 if TYPE_CHECKING:
     from trtflow.flows.runner import StageOutcome

@@ -1,8 +1,8 @@
 """Every stage kind trtflow has built in, one line each.
 
-A kind lives in two modules: `pipelines/params/<kind>.py` (its parameter model and its row `KIND`: slots, outputs,
-environment facts, shared caches) and `stages/<kind>.py` (its work: `run(params, inputs, out_dir)` and a
-`VERSION`). Adding a kind is those two files and its line here. A user's own stage (`kind: package.module:function`)
+A kind lives in two places: `pipelines/params/<kind>.py` (its parameter model and its row `KIND`: slots, outputs,
+environment facts, shared caches) and the folder `stages/<kind>/` (its work: `stage.py` with `run(params, inputs,
+out_dir)` and a `VERSION`, its report, the helpers only it uses). Adding a kind is those two and its line here. A user's own stage (`kind: package.module:function`)
 has the row `USER`, whose slots and outputs come from what the user declared.
 """
 from __future__ import annotations

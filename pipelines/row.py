@@ -73,7 +73,7 @@ class Kind:
 
     def __post_init__(self) -> None:
         if self.module == "":
-            object.__setattr__(self, "module", f"trtflow.stages.{self.name}")
+            object.__setattr__(self, "module", f"trtflow.stages.{self.name}.stage")
 
     def slots_for(self, spec: StageBase) -> dict[str, Slot]:
         return dict(self.slots)

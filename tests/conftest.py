@@ -157,7 +157,7 @@ def engine_size():
     """Build a model with the real build stage (TensorRT-RTX on the CPU here); returns the engine's size."""
     from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.build import BuildStage
-    from trtflow.stages import build
+    from trtflow.stages.build import stage as build
 
     def size(model: Path, shapes: dict[str, list[int]] | None, out: Path) -> int:
         profiles = {"p": {k: {"min": v, "opt": v, "max": v} for k, v in shapes.items()}} if shapes else {}
@@ -190,7 +190,7 @@ def triton(tmp_path_factory):
     models each test loads; its Python backend's environment made from exactly what the release's preprocessing
     model requires (its requirements.txt, as the card says) and what the stand-in TensorRT backend needs."""
     from tests import triton_server
-    from trtflow.stages.triton.preprocess import REQUIREMENTS
+    from trtflow.stages.release.triton.preprocess import REQUIREMENTS
     root = tmp_path_factory.mktemp("triton")
     (root / "models").mkdir()
     env = triton_server.environment(list(REQUIREMENTS) + triton_server.STAND_IN_REQUIREMENTS)

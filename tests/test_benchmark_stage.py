@@ -112,7 +112,7 @@ def test_baseline_previous_is_the_last_accepted_run(write_yaml, workdir):
 def test_no_trtexec_when_it_is_required_is_one_line(write_yaml, workdir, tmp_path):
     from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.benchmark import BenchmarkStage
-    from trtflow.stages import benchmark
+    from trtflow.stages.benchmark import stage as benchmark
     shutil.copy(workdir / "models" / "cls.onnx", tmp_path / "m.onnx")
     params = BenchmarkStage.model_validate({"kind": "benchmark", "tool": "trtexec", "trtexec": "/nowhere/trtexec"})
     with pytest.raises(StageError) as info:
@@ -217,7 +217,7 @@ def test_the_harness_feeds_valid_inputs_and_a_failing_cell_fails_alone(tmp_path)
     from tests.graphs import embedding_table
     from trtflow.artifact import Artifact, Inputs
     from trtflow.pipelines.params.benchmark import BenchmarkStage
-    from trtflow.stages import benchmark
+    from trtflow.stages.benchmark import stage as benchmark
 
     small, large = tmp_path / "small.onnx", tmp_path / "large.onnx"
     onnx.save(embedding_table(2), str(small))

@@ -15,7 +15,7 @@ from tests.assets import PPOCR, SQUEEZENET
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
-from trtflow.stages import build
+from trtflow.stages.build import stage as build
 
 pytestmark = pytest.mark.tensorrt
 
@@ -37,7 +37,8 @@ def variants(tmp_path_factory) -> list[Artifact]:
     """FP32, FP16 and INT8 SqueezeNet, made by the real precision and calibrate stages."""
     from trtflow.pipelines.params.calibrate import CalibrateStage
     from trtflow.pipelines.params.precision import PrecisionStage
-    from trtflow.stages import calibrate, precision
+    from trtflow.stages.calibrate import stage as calibrate
+    from trtflow.stages.precision import stage as precision
     tmp = tmp_path_factory.mktemp("variants")
     fp32 = Artifact(SQUEEZENET, "onnx", "a", "prepare")
     random = {"random": True, "samples": 4, "shapes": {"input": [1, 3, 224, 224]}}
@@ -165,7 +166,7 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
     from onnx import version_converter
 
     from trtflow.pipelines.params.calibrate import CalibrateStage
-    from trtflow.stages import calibrate
+    from trtflow.stages.calibrate import stage as calibrate
 
     fp32 = _prepared_ppocr(tmp_path)
     onnx.save(version_converter.convert_version(onnx.load(str(fp32.path)), 17), str(fp32.path))

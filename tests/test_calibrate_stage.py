@@ -16,7 +16,7 @@ from tests.graphs import fpn, if_with_outer_refs, only_inside_if
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
-from trtflow.stages import calibrate
+from trtflow.stages.calibrate import stage as calibrate
 from trtflow.stages.image import preprocess
 
 

@@ -18,7 +18,7 @@ from tests.test_store_integrity import within
 from trtflow import files
 from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.build import BuildStage
-from trtflow.stages import build
+from trtflow.stages.build import stage as build
 from trtflow.stages.trt import building
 
 pytestmark = pytest.mark.tensorrt

@@ -15,7 +15,7 @@ from tests.assets import EXAMPLES, PPOCR
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, TransientStageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
-from trtflow.stages import calibrate
+from trtflow.stages.calibrate import stage as calibrate
 from trtflow.stages.ort import qdq, quant_prep
 
 

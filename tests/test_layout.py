@@ -61,7 +61,7 @@ FORBIDDEN = {
     "trtflow/pipelines": ("trtflow.stages", "trtflow.flows", "prefect"),
     "trtflow/stages": ("trtflow.flows", "prefect"),
 }
-STAGE_MODULES = tuple(f"trtflow.stages.{k}" for k in KINDS)
+KIND_PACKAGES = tuple(f"trtflow.stages.{k}" for k in KINDS)
 
 
 def _imports(path: Path) -> list[str]:
@@ -74,32 +74,42 @@ def _imports(path: Path) -> list[str]:
     return found
 
 
+def _package(module: str) -> str | None:
+    """The kind package a module name is in (trtflow.stages.release.triton.config -> trtflow.stages.release)."""
+    return next((p for p in KIND_PACKAGES if module == p or module.startswith(p + ".")), None)
+
+
 def test_imports_run_downward_only():
+    """Layers import downward; shared technology (`stages/ort/`, `trt/`, ...) imports no kind; a kind imports
+    another kind only for the report that kind writes (the contract a stage reads its inputs by)."""
     bad = []
     for name, path in _sources().items():
         layer = next((lay for lay in sorted(FORBIDDEN, key=len, reverse=True)
                       if name.startswith(lay + "/") and (lay != "trtflow" or name.count("/") == 1)), None)
-        helper = name.startswith("trtflow/stages/") and name.count("/") == 3  # stages/<technology>/x.py
+        own = _package(name.removesuffix(".py").replace("/", "."))
+        technology = name.startswith("trtflow/stages/") and name.count("/") >= 3 and own is None
         for mod in _imports(path):
             if layer and mod.startswith(FORBIDDEN[layer]):
                 bad.append(f"{name} imports {mod}")
-            if helper and mod.startswith(STAGE_MODULES):
-                bad.append(f"{name} (a helper) imports the stage module {mod}")
-            own = name.removesuffix(".py").replace("/", ".")
-            if name.count("/") == 2 and name.startswith("trtflow/stages/") and mod.startswith(STAGE_MODULES) \
-                    and not mod.startswith(own):
-                bad.append(f"{name} (a kind) imports another kind, {mod}")
+            other = _package(mod)
+            if other is None:
+                continue
+            if technology:
+                bad.append(f"{name} (shared technology) imports the kind {mod}")
+            elif own and other != own and not mod.startswith(f"{other}.report"):
+                bad.append(f"{name} (the {own.rsplit('.', 1)[1]} kind) imports another kind's {mod}")
     assert not bad, bad
 
 
-def test_stages_top_level_is_exactly_the_kinds_and_the_readme_map_names_every_folder():
-    modules = {p.stem for p in (ROOT / "stages").glob("*.py") if p.stem != "__init__"}
-    assert modules == set(KINDS)
+def test_stages_top_level_is_the_kinds_folders_and_the_readme_map_names_every_folder():
+    top = {p.name for p in (ROOT / "stages").iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    assert not [n for n in top if n.endswith(".py")], "stages/ holds folders only: a kind's or a technology's"
+    kinds = {n for n in top if (ROOT / "stages" / n / "stage.py").exists()}
+    assert kinds == set(KINDS)
     assert {p.stem for p in (ROOT / "pipelines" / "params").glob("*.py") if p.stem != "__init__"} == {*KINDS, "custom"}
     readme = (ROOT / "README.md").read_text()
     where = readme[readme.index("## Where things are"):readme.index("## Benchmarks")]
-    folders = [f"{p.name}/" for p in (ROOT / "stages").iterdir() if p.is_dir() and p.name != "__pycache__"]
-    missing = [f for f in folders if f"`{f}`" not in where] + [f"{k}.py" for k in KINDS if f"`{k}.py`" not in where]
+    missing = [f"{n}/" for n in top if f"`{n}/`" not in where]
     missing += [f"{p.name}" for p in (ROOT / "flows").iterdir() if p.suffix == ".py" and p.stem != "__init__"
                 and f"`{p.name}`" not in where]
     assert not missing, f"the README's map does not name {missing}"

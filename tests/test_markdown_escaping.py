@@ -13,17 +13,17 @@ from markdown_it import MarkdownIt
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
-from trtflow.stages.bisect.repair import Repair, Round
+from trtflow.stages.validate.repair import Repair, Round
 from trtflow.stages.ort.layerwise import LayerRow, Layerwise
-from trtflow.stages.reports import card
-from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
-from trtflow.stages.reports.build import BuildReport, CellRow
-from trtflow.stages.reports.calibrate import CalibrateReport, RangeCheck
-from trtflow.stages.reports.parity import ParityReport
-from trtflow.stages.reports.precision import PrecisionReport
-from trtflow.stages.reports.prepare import PrepareReport, Source
-from trtflow.stages.reports.release import Option, ReleaseReport, TargetRelease
-from trtflow.stages.reports.validate import CandidateResult, Reference, ValidateReport
+from trtflow.stages.release import card
+from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement
+from trtflow.stages.build.report import BuildReport, CellRow
+from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
+from trtflow.stages.parity.report import ParityReport
+from trtflow.stages.precision.report import PrecisionReport
+from trtflow.stages.prepare.report import PrepareReport, Source
+from trtflow.stages.release.report import Option, ReleaseReport, TargetRelease
+from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
 from trtflow.stages.trt.engines import Backend
 
 IMG = "<img src=x onerror=alert(1)>"

@@ -14,10 +14,11 @@ from trtflow.pipelines.graph import build_graph
 from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.params.validate import ValidateStage
-from trtflow.stages.compare import gate, selection
+from trtflow.stages.compare import gate
+from trtflow.stages.release import selection
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
-from trtflow.stages.reports.release import Option
-from trtflow.stages.reports.validate import CandidateResult
+from trtflow.stages.release.report import Option
+from trtflow.stages.validate.report import CandidateResult
 
 
 def softmax_faces(face: np.ndarray) -> np.ndarray:

@@ -91,8 +91,8 @@ def test_a_tensor_name_never_becomes_code_in_the_generated_model_py(tmp_path, mo
     generated .py parses to the same tree whatever the names), the name is data in preprocess.json, and importing
     and initializing the model, as Triton's Python backend does, runs nothing."""
     from tests.assets import IMAGENET
-    from trtflow.stages.triton import preprocess, schema
-    from trtflow.stages.triton.contract import Contract, ProfileRange
+    from trtflow.stages.release.triton import preprocess, schema
+    from trtflow.stages.release.triton.contract import Contract, ProfileRange
 
     def generate(name: str, where: Path) -> Path:
         pb = schema.model_config_pb2()
@@ -134,7 +134,7 @@ def test_the_repair_yaml_to_paste_reads_back_the_node_names(node):
 
     import yaml
 
-    from trtflow.stages.bisect.repair import yaml_fix
+    from trtflow.stages.validate.repair import yaml_fix
     for precision, key in (("fp16", "block_nodes"), ("int8", "exclude_nodes")):
         stage = yaml.safe_load(yaml_fix(precision, [node], "v"))["stages"]["v"]
         assert list(stage) == [key]
@@ -148,8 +148,8 @@ def test_the_preprocessing_model_refuses_an_image_no_profile_takes(tmp_path, mon
     import numpy as np
 
     from tests.assets import IMAGENET, PHOTOS
-    from trtflow.stages.triton import preprocess, schema
-    from trtflow.stages.triton.contract import Contract, ProfileRange
+    from trtflow.stages.release.triton import preprocess, schema
+    from trtflow.stages.release.triton.contract import Contract, ProfileRange
     pb = schema.model_config_pb2()
     engine = pb.ModelConfig(name="m", platform="tensorrt_plan", max_batch_size=4)
     engine.input.add(name="input", data_type=pb.TYPE_FP32, dims=[3, -1, -1])

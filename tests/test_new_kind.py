@@ -1,4 +1,4 @@
-"""Adding a stage kind is one params file, one stage module and one line: shown on a copy of trtflow's source
+"""Adding a stage kind is one params file, one stage folder and one line: shown on a copy of trtflow's source
 with exactly those three changes, run as users run it (`trtflow run`, twice: the second run reuses the result)."""
 from __future__ import annotations
 
@@ -77,14 +77,17 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
     pristine = _copy_source(tmp_path / "pristine")
     src = _copy_source(tmp_path / "src")
     (src / "trtflow/pipelines/params/count.py").write_text(textwrap.dedent(PARAMS).lstrip())
-    (src / "trtflow/stages/count.py").write_text(textwrap.dedent(STAGE).lstrip())
+    (src / "trtflow/stages/count").mkdir()
+    (src / "trtflow/stages/count/__init__.py").write_text('"""The toy count kind."""\n')
+    (src / "trtflow/stages/count/stage.py").write_text(textwrap.dedent(STAGE).lstrip())
     kinds = src / "trtflow/pipelines/kinds.py"
     text = kinds.read_text()
     assert '    "release",\n)' in text
     kinds.write_text(text.replace('    "release",\n)', '    "release",\n    "count",\n)'))
 
     added, differ = _changed(pristine, src)
-    assert added == ["trtflow/pipelines/params/count.py", "trtflow/stages/count.py"] and differ == [
+    assert added == ["trtflow/pipelines/params/count.py", "trtflow/stages/count/__init__.py",
+                     "trtflow/stages/count/stage.py"] and differ == [
         "trtflow/pipelines/kinds.py"]
     diff = subprocess.run(["diff", str(pristine / "trtflow/pipelines/kinds.py"), str(kinds)], capture_output=True,
                           text=True).stdout
@@ -139,7 +142,7 @@ class NoteStage(StageBase):
 KIND = Kind("note", NoteStage, slots={}, outputs={"note": "file"},
             shared_caches=lambda p: ("notes",),  # the store's shared/ folder, outside the key
             synced={"notes/": 1 << 16},  # kept for every machine of a remote store
-            events="trtflow.stages.note:announce")  # what the flow announces after a stage of it ran
+            events="trtflow.stages.note.stage:announce")  # what the flow announces after a stage of it ran
 '''
 
 NOTE_STAGE = '''
@@ -178,11 +181,14 @@ def test_a_new_kind_declares_its_events_and_shared_folder_on_its_row(tmp_path, w
     pristine = _copy_source(tmp_path / "pristine")
     src = _copy_source(tmp_path / "src")
     (src / "trtflow/pipelines/params/note.py").write_text(textwrap.dedent(NOTE_PARAMS).lstrip())
-    (src / "trtflow/stages/note.py").write_text(textwrap.dedent(NOTE_STAGE).lstrip())
+    (src / "trtflow/stages/note").mkdir()
+    (src / "trtflow/stages/note/__init__.py").write_text('"""The toy note kind."""\n')
+    (src / "trtflow/stages/note/stage.py").write_text(textwrap.dedent(NOTE_STAGE).lstrip())
     kinds = src / "trtflow/pipelines/kinds.py"
     kinds.write_text(kinds.read_text().replace('    "release",\n)', '    "release",\n    "note",\n)'))
     added, differ = _changed(pristine, src)
-    assert added == ["trtflow/pipelines/params/note.py", "trtflow/stages/note.py"]
+    assert added == ["trtflow/pipelines/params/note.py", "trtflow/stages/note/__init__.py",
+                     "trtflow/stages/note/stage.py"]
     assert differ == ["trtflow/pipelines/kinds.py"]
 
     name, fs = bucket

@@ -13,7 +13,7 @@ from tests.assets import PHOTOS, SQUEEZENET
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
-from trtflow.stages import parity
+from trtflow.stages.parity import stage as parity
 from trtflow.stages.image import preprocess
 
 pytest.importorskip("torchvision")
@@ -218,7 +218,7 @@ def test_no_image_matches_the_glob(write_yaml, workdir):
 def test_a_report_of_parity_v2_still_reads():
     """parity v2 stored each image's metrics as a dict holding only the fields of its case (`shape` where the
     shapes agree, `deploy_shape`/`training_shape` where not, Infinity for their difference): it still reads."""
-    from trtflow.stages.reports.parity import ParityReport
+    from trtflow.stages.parity.report import ParityReport
 
     ok = {"shape_ok": True, "shape": [3, 48, 192], "max_abs": 0.004, "mean_abs": 0.001, "psnr": 52.0,
           "image": "a.png", "channels": [{"deploy_mean": 0.1, "training_mean": 0.1, "deploy_std": 0.2,

@@ -13,7 +13,7 @@ from tests.assets import PPOCR
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.prepare import PrepareStage
-from trtflow.stages import prepare
+from trtflow.stages.prepare import stage as prepare
 from trtflow.stages.onnx.graph import constants_to_initializers
 from trtflow.stages.onnx.model_io import has_external_data
 from trtflow.stages.ort.runner import run, session
@@ -264,7 +264,7 @@ def test_renamed_dims_survive_simplification(tmp_path, monkeypatch):
 def test_a_report_of_prepare_v2_still_reads():
     """prepare v2 stored the inventories, checks and pre-flight as plain dicts (a pre-flight that did not run had
     only ran/reason/failures; a check no `data`): such a report still validates and renders."""
-    from trtflow.stages.reports.prepare import PrepareReport
+    from trtflow.stages.prepare.report import PrepareReport
 
     io = [{"name": "x", "dtype": "float32", "shape": ["x_dim0", 3, 48, 192]}]
     inventory = {"ir_version": 8, "producer": "paddle2onnx 1.0", "opsets": {"ai.onnx": 11}, "nodes": 152,

@@ -22,12 +22,14 @@ from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.pipelines.schema import SampleData
-from trtflow.stages import build, precision, validate
+from trtflow.stages.build import stage as build
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.validate import stage as validate
 from trtflow.stages.image import preprocess
 from trtflow.stages.onnx.graph import sanitize_dims
 from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.validate import ValidateReport
+from trtflow.stages.validate.report import ValidateReport
 
 SEQ = {"tensors": "*.npy"}
 K = 1000.0  # the planted scale: pooled sums of 16 frames (at most 24) stay below 65504 / K, of 256 frames do not
@@ -286,8 +288,8 @@ def test_the_accuracy_drop_release_weighs_is_the_worst_shapes():
     """Pooled over every shape, top-1 agreement lost 2%; at the max shape alone it lost 12%: max_accuracy_drop
     weighs 12%, and says where."""
     from trtflow.stages.compare.accuracy import Accuracy
-    from trtflow.stages.compare.selection import worst_drop
-    from trtflow.stages.reports.validate import ShapeResult
+    from trtflow.stages.release.selection import worst_drop
+    from trtflow.stages.validate.report import ShapeResult
 
     def outputs(top1: float) -> dict:
         return {"logits": {"cosine": 0.999, "max_abs": 0.1, "top1": top1}}

@@ -23,9 +23,12 @@ from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.pipelines.params.validate import ValidateStage
-from trtflow.stages import build, precision, release, validate
-from trtflow.stages.triton import config as triton_config
-from trtflow.stages.triton import schema
+from trtflow.stages.build import stage as build
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.release import stage as release
+from trtflow.stages.validate import stage as validate
+from trtflow.stages.release.triton import config as triton_config
+from trtflow.stages.release.triton import schema
 from trtflow.stages.trt.engines import built_engines
 
 pytestmark = pytest.mark.tensorrt
@@ -418,7 +421,7 @@ def test_the_ledger_is_never_written_through_a_symlink(tmp_path, tensorrt_backen
         release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
     assert list(outside.iterdir()) == []
     from trtflow.errors import StoreError
-    from trtflow.stages.triton import versions
+    from trtflow.stages.release.triton import versions
     claim = versions.claim("cls", "native", 1, "a" * 64, "x")
     with pytest.raises(StoreError, match="shared/releases/cls/native/1.json cannot be written.*symlink"):
         LocalStore(tmp_path).claim(claim.path, claim.data)
@@ -428,7 +431,7 @@ def test_the_ledger_is_never_written_through_a_symlink(tmp_path, tensorrt_backen
 def _bench(tmp: Path, rates: dict[str, float], spread: float) -> Path:
     """A benchmark report measuring each candidate at `rates` samples/s, its iterations' p90 `spread` above the
     median (the jitter the release weighs a change against)."""
-    from trtflow.stages.reports.benchmark import BenchmarkReport, Gate, Measurement
+    from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement
     cells = [Measurement(cell=f"{c}.opt", candidate=c, variant=c.split(".")[0], precision="fp32", profile="b4",
                          point="opt", shapes={"input": [1, 3, 224, 224]}, environment={}, batch=1,
                          samples_per_s=rate, result={"has_summary": True, "runtime": "test numbers",
@@ -471,7 +474,7 @@ def test_numbers_that_move_within_their_spread_do_not_change_the_shipped_engine(
 def test_a_claimed_version_is_never_given_to_a_second_engine(tmp_path):
     """The store's exclusive create: the first claim of a version wins; the same engine claiming it again is
     the same release; another engine is told who holds it."""
-    from trtflow.stages.triton import versions
+    from trtflow.stages.release.triton import versions
     store = LocalStore(tmp_path)
     mine, other = versions.claim("m", "native", 3, "a" * 64, "x"), versions.claim("m", "native", 3, "b" * 64, "y")
     assert claim_all(store, [mine]) is None
@@ -610,8 +613,8 @@ def test_a_forced_release_keeps_the_provenance_chain(write_yaml, workdir, tensor
 def test_the_card_states_parity_s_verdict_as_its_report_holds_it(tmp_path):
     """The release reads parity's report through its model: the verdict, the images checked, the classifier's top-1
     agreement (None without a classifier) and the tolerances, and the release report stores them typed."""
-    from trtflow.stages.reports.parity import ParityReport
-    from trtflow.stages.reports.release import ReleaseReport
+    from trtflow.stages.parity.report import ParityReport
+    from trtflow.stages.release.report import ReleaseReport
 
     row = {"shape_ok": True, "shape": [3, 8, 8], "max_abs": 0.0, "mean_abs": 0.0, "psnr": float("inf"), "image": "a"}
     for model, top1 in (({"ran": True, "runtime": "onnxruntime", "max_abs_diff": 0.0, "top1": 1.0, "top5": 1.0}, 1.0),

@@ -510,7 +510,7 @@ def _release_rounds(url: str, cache: str, digest: str, rounds: int, barrier, out
     they propose the same version every round."""
     from trtflow.flows.remote_store import RemoteStore
     from trtflow.flows.store import claim_all
-    from trtflow.stages.triton import versions
+    from trtflow.stages.release.triton import versions
     store = RemoteStore(url, Path(cache))
     store.ensure_writable()
     got = []

@@ -24,22 +24,22 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("flows/isolate.py", "call_stage"): OWN,
     ("flows/server.py", "ensure"): OWN,  # the log of the Prefect server this process started
     ("flows/store.py", "LocalStore.publish"): OWN,  # opened to fsync the staging this run wrote, not read
-    ("stages/benchmark.py", "_trtexec"): OWN,  # trtexec's output, which this process redirected there
-    ("stages/reports/card.py", "write"): OWN,  # the plots the release stage drew
-    ("stages/reports/card.py", "_image"): OWN,
-    ("stages/reports/parity.py", "ParityReport.summary"): OWN,  # the picture the parity stage drew
+    ("stages/benchmark/stage.py", "_trtexec"): OWN,  # trtexec's output, which this process redirected there
+    ("stages/release/card.py", "write"): OWN,  # the plots the release stage drew
+    ("stages/release/card.py", "_image"): OWN,
+    ("stages/parity/report.py", "ParityReport.summary"): OWN,  # the picture the parity stage drew
     ("flows/pipeline_flow.py", "run_identity"): USER,
     ("flows/watch.py", "_is_pipeline"): USER,
     ("flows/cli/parse_trtexec.py", "ParseTrtexec.run"): USER,
     ("flows/cli/init_deploy.py", "InitDeploy.run"): PACKAGE,
-    ("stages/triton/preprocess.py", "vendored_sources"): PACKAGE,  # trtflow's preprocessing modules, copied
+    ("stages/release/triton/preprocess.py", "vendored_sources"): PACKAGE,  # trtflow's preprocessing modules, copied
     ("flows/runner.py", "StageOutcome.summary"): INPUT,  # summary.md of a result the runner verified
     ("stages/image/preprocess.py", "load"): INPUT,
-    ("stages/release.py", "run"): INPUT,
-    ("stages/release.py", "_higher_precision"): INPUT,
-    ("stages/release.py", "_parity"): INPUT,
-    ("stages/reports/release.py", "ReleaseReport.read"): INPUT,
-    ("stages/reports/validate.py", "ValidateReport.read"): INPUT,
+    ("stages/release/stage.py", "run"): INPUT,
+    ("stages/release/stage.py", "_higher_precision"): INPUT,
+    ("stages/release/stage.py", "_parity"): INPUT,
+    ("stages/release/report.py", "ReleaseReport.read"): INPUT,
+    ("stages/validate/report.py", "ValidateReport.read"): INPUT,
     ("stages/trt/runtime.py", "can_run"): INPUT,  # the engine of the build result the stage was given
     ("stages/trt/runtime.py", "EngineRunner.__init__"): INPUT,
 }

@@ -173,7 +173,7 @@ def test_a_build_failure_is_one_line_of_whole_words():
 def test_a_build_record_keeps_its_io_tensors_typed_and_an_older_one_says_build_again():
     """The engine's IO tensors are declared fields of its build record (they travelled as undeclared extras);
     a record from before they were kept reads, and the Triton config asks for the build again."""
-    from trtflow.stages.triton.config import ConfigError, engine_io
+    from trtflow.stages.release.triton.config import ConfigError, engine_io
     from trtflow.stages.trt.engines import Built
 
     io = {"inputs": [{"name": "x", "shape": [-1, 3, 48, 192], "dtype": "FLOAT"}],

@@ -16,7 +16,9 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.validate import ValidateStage
-from trtflow.stages import calibrate, precision, validate
+from trtflow.stages.calibrate import stage as calibrate
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.validate import stage as validate
 from trtflow.stages.image import preprocess
 from trtflow.stages.ort import qdq
 from trtflow.stages.ort.runner import run, session
@@ -172,7 +174,7 @@ def test_int8_range_ruined_is_caught_localized_and_repaired(tmp_path):
 def test_localization_looks_at_the_samples_whose_outputs_are_off_the_most():
     import numpy as np
 
-    from trtflow.stages.validate import _how_far_off, _worst_samples
+    from trtflow.stages.validate.stage import _how_far_off, _worst_samples
     ref = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
     close = _how_far_off(ref, {"y": np.array([1.0, 2.0, 3.001], np.float32)})
     far = _how_far_off(ref, {"y": np.array([3.0, 2.0, 1.0], np.float32)})
@@ -188,7 +190,7 @@ def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
     after a Conv): ONNX Runtime renames that tensor for its Q/DQ pair. Repair's rebuild must find its range under
     the output's own name (it failed with "Quantization parameters are not specified for param ...") and, giving
     nothing back, reproduce the variant's scales."""
-    from trtflow.stages.bisect import repair
+    from trtflow.stages.validate import repair
 
     convs = [n for n in onnx.load(str(SQUEEZENET)).graph.node if n.op_type == "Conv"]
     cut = tmp_path / "cut.onnx"
@@ -216,7 +218,7 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
     """The search's own logic, on a stand-in variant whose gate passes only when every node of `needed` is given
     back (an error spread over layers, as INT8 on MobileNetV3 has it). Growing one node per round could not get
     there in 8 rounds; doubling does, and shrinking takes the extra nodes back."""
-    from trtflow.stages.bisect import repair
+    from trtflow.stages.validate import repair
     from trtflow.stages.ort.layerwise import LayerRow, Layerwise
 
     order = [f"n{i}" for i in range(40)]  # how localization ranks them, worst first

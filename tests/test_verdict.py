@@ -16,7 +16,10 @@ from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.validate import ValidateStage
-from trtflow.stages import benchmark, build, precision, validate
+from trtflow.stages.benchmark import stage as benchmark
+from trtflow.stages.build import stage as build
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.validate import stage as validate
 from trtflow.stages.trt.engines import VARIANT, built_engines
 
 

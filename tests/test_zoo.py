@@ -38,7 +38,7 @@ def test_through_every_stage(zoo, name, tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    from trtflow.stages.bisect import repair
+    from trtflow.stages.validate import repair
 
     def qdq_scales(m: onnx.ModelProto) -> dict[str, float]:
         inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}

@@ -132,5 +132,5 @@ KIND = Kind("release", ReleaseStage,
             shared_caches=lambda p: ("releases",),
             synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once
             verdict=("releases", "held"),  # the versions made, and the targets kept at their previous version
-            events="trtflow.stages.triton.versions:announce",
+            events="trtflow.stages.release.triton.versions:announce",
             wiring=_wiring)

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.pipelines.params.parity import ParityTolerances
-from trtflow.stages.image import diagnosis as dx
+from trtflow.stages.parity import diagnosis as dx
 
 
 class ParityReport(BaseModel):

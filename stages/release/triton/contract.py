@@ -39,7 +39,7 @@ class Contract(BaseModel):
     @classmethod
     def of(cls, config: Any, profiles: list[Any]) -> "Contract":
         """From the parsed config.pbtxt and the engine's profiles (`engines.Profile`)."""
-        from trtflow.stages.triton import schema
+        from trtflow.stages.release.triton import schema
         pb = schema.model_config_pb2()
 
         def specs(tensors: Any) -> list[TensorSpec]:

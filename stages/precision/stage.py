@@ -34,7 +34,7 @@ from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.precision import PrecisionReport
+from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.trt.env import find_tensorrt
 from trtflow.stages.trt.preflight import VariantTrial, run_preflight
 from trtflow.text import did_you_mean, first_line

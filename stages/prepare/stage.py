@@ -21,7 +21,7 @@ from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.prepare import Conversion, ModelCheck, PrepareReport, Simplification, Source
+from trtflow.stages.prepare.report import Conversion, ModelCheck, PrepareReport, Simplification, Source
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
 from trtflow.stages.trt.preflight import PreflightReport, run_preflight
 from trtflow.text import first_line

@@ -21,12 +21,12 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
-from trtflow.stages.compare import perf_gate
+from trtflow.stages.benchmark import perf_gate
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.benchmark import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
-from trtflow.stages.reports.validate import ValidateReport
+from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
+from trtflow.stages.validate.report import ValidateReport
 from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry

@@ -33,7 +33,7 @@ from trtflow.stages.ort import calibration, qdq, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.reports.calibrate import CalibrateReport, RangeCheck
+from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.text import did_you_mean
 
 VERSION = "8"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold

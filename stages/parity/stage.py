@@ -18,10 +18,11 @@ from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
 from trtflow.stages.compare.accuracy import Comparison
-from trtflow.stages.image import diagnosis as dx
-from trtflow.stages.image import preprocess, training_ref
-from trtflow.stages.image.picture import worst_picture
-from trtflow.stages.reports.parity import ParityReport
+from trtflow.stages.parity import diagnosis as dx
+from trtflow.stages.image import preprocess
+from trtflow.stages.parity import training_ref
+from trtflow.stages.parity.picture import worst_picture
+from trtflow.stages.parity.report import ParityReport
 
 VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
 # metrics with all their fields (typed)

@@ -3,7 +3,7 @@ the same shape, measured in the same environment. Results from another GPU, driv
 are never compared; the report says why a cell was skipped."""
 from __future__ import annotations
 
-from trtflow.stages.reports.benchmark import Baseline, Measurement
+from trtflow.stages.benchmark.report import Baseline, Measurement
 from trtflow.stages.trtexec.result import PerfRecord
 
 # gate key -> (measure, statistic, "lower" or "higher" is better)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from trtflow.stages.triton import schema
+from trtflow.stages.release.triton import schema
 from trtflow.stages.trt.engines import Profile
 
 

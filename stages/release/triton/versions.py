@@ -25,7 +25,7 @@ from trtflow import files, paths
 from trtflow.artifact import CLAIM_BYTES, Claim
 from trtflow.errors import StageError
 from trtflow.events import Event, StageRan
-from trtflow.stages.triton.contract import Contract
+from trtflow.stages.release.triton.contract import Contract
 
 MAX_VERSION = 2**63 - 1  # Triton's versions are int64
 RECORD = re.compile(r"([1-9][0-9]{0,18})\.json")  # a positive number without a leading zero, as Triton loads it

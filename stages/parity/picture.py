@@ -6,7 +6,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from trtflow.stages.image.diagnosis import align
+from trtflow.stages.parity.diagnosis import align
 
 
 def _to_hwc(x: np.ndarray) -> np.ndarray:

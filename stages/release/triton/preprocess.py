@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trtflow.stages.triton import schema
-from trtflow.stages.triton.config import ConfigError
-from trtflow.stages.triton.contract import Contract
+from trtflow.stages.release.triton import schema
+from trtflow.stages.release.triton.config import ConfigError
+from trtflow.stages.release.triton.contract import Contract
 
 IMAGE = "IMAGE"
 PREPROCESSED = "preprocessed"

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.parity import ParityTolerances
-from trtflow.stages.image.causes import candidates
+from trtflow.stages.parity.causes import candidates
 from trtflow.stages.image.preprocess import digest, read_image
 from trtflow.stages.image.steps import STEPS, apply
 

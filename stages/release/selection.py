@@ -12,7 +12,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.schema import metric_direction
 from trtflow.stages.compare.accuracy import Accuracy, task_values
-from trtflow.stages.reports.release import Option
+from trtflow.stages.release.report import Option
 
 
 def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float]], float | None, str | None]:

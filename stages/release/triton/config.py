@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtflow.pipelines.params.release import TritonSpec
-from trtflow.stages.triton import schema
+from trtflow.stages.release.triton import schema
 from trtflow.stages.trt.engines import Engine, Profile
 
 PLAN_FILE = "model.plan"

@@ -1,0 +1,1 @@
+"""The release stage's own code: `stage.py` runs it (`run`, `VERSION`), `report.py` is what it writes. Importing the package imports nothing else."""
