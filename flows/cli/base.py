@@ -4,6 +4,8 @@ and the store option. A command module keeps its heavy imports (Prefect, ONNX, n
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 from pathlib import Path
 from typing import ClassVar
 
@@ -86,3 +88,22 @@ def _glob_root(base: Path, pattern: str) -> Path:
             break
         fixed.append(part)
     return (base / Path(*fixed)).resolve() if fixed else base
+
+
+def write_file(target: Path, text: str, *, force: bool = False,
+               exists_hint: str = "give another -o, or --force to overwrite it") -> None:
+    """`text` into `target`, never through a symbolic link there (dangling or not: it points anywhere), and over an
+    existing file only with `force`. One open checks both, so nothing can be swapped in between."""
+    from trtflow.errors import SpecError
+
+    link = SpecError(f"{target} is a symbolic link: not written through", hint="give -o a path that is not a link")
+    if target.is_symlink():  # O_EXCL alone would call a dangling one "exists"
+        raise link
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL), 0o644)
+    except FileExistsError:
+        raise SpecError(f"{target} exists", hint=exists_hint) from None
+    except OSError as exc:
+        raise (link if exc.errno == errno.ELOOP else SpecError(f"cannot write {target}: {exc.strerror}")) from None
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

@@ -4,11 +4,9 @@ benchmark alone on each of its GPUs."""
 from __future__ import annotations
 
 import argparse
-import errno
-import os
 from pathlib import Path
 
-from trtflow.flows.cli.base import Command, out
+from trtflow.flows.cli.base import Command, out, write_file
 
 
 class InitDeploy(Command):
@@ -42,29 +40,11 @@ class InitDeploy(Command):
                                 hint="letters, digits, '.', '_' and '-' only")
         target = Path(args.output or f"prefect-{name}.yaml")
         text = resources.files("trtflow.flows").joinpath("templates/prefect.yaml").read_text()
-        _write(target, text.replace("@MACHINE@", name).replace("@KIND@", kind).replace("@FILE@", target.name),
-               args.force)
+        write_file(target, text.replace("@MACHINE@", name).replace("@KIND@", kind).replace("@FILE@", target.name),
+                   force=args.force)
         out.print(f"wrote {target} for machine {name} (GPU kind {kind}): set TRTFLOW_MODELS, then `prefect "
                   f"--no-prompt deploy --all --prefect-file {target.name}` (the file's header says the rest)")
         if args.limits:
             for tag in machine.create_gpu_limits(name, check):
                 out.print(f"concurrency limit 1 on tag {tag}")
         return 0
-
-
-def _write(target: Path, text: str, force: bool) -> None:
-    """`text` into `target`, never through a symbolic link there (dangling or not: it points anywhere), and over an
-    existing file only with `force`. One open checks both, so nothing can be swapped in between."""
-    from trtflow.errors import SpecError
-
-    link = SpecError(f"{target} is a symbolic link: not written through", hint="give -o a path that is not a link")
-    if target.is_symlink():  # O_EXCL alone would call a dangling one "exists"
-        raise link
-    try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL), 0o644)
-    except FileExistsError:
-        raise SpecError(f"{target} exists", hint="give another -o, or --force to overwrite it") from None
-    except OSError as exc:
-        raise (link if exc.errno == errno.ELOOP else SpecError(f"cannot write {target}: {exc.strerror}")) from None
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
