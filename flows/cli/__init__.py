@@ -14,6 +14,7 @@ from trtflow.disk import disk_error
 from trtflow.errors import TrtflowError
 from trtflow.flows.cli import (
     check_env,
+    init,
     init_deploy,
     output,
     parse_trtexec,
@@ -28,6 +29,7 @@ from trtflow.flows.cli import (
 from trtflow.flows.cli.base import Command, err
 
 COMMANDS: tuple[Command, ...] = (
+    init.Init(),
     run.Run(),
     plan.Plan(),
     validate.Validate(),

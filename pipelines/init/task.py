@@ -1,0 +1,193 @@
+"""How each output's users judge it, guessed from its shape and the op that makes it: the task metrics of
+validate (and of the FP16/INT8 pre-flights). An output that could be judged two ways is refused, naming `--task`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtflow.errors import SpecError
+from trtflow.pipelines.init import LAYOUTS, TASKS
+from trtflow.pipelines.init.model import ModelFacts, Tensor
+from trtflow.pipelines.schema import (
+    CTCMetric,
+    DetectionsMetric,
+    EmbeddingMetric,
+    MapMetric,
+    OutputMetrics,
+    TopKMetric,
+)
+
+PROBABILITIES = ("Softmax", "LogSoftmax", "Sigmoid")
+CLASS_WORDS = ("logit", "prob", "class", "cls", "score", "pred")
+EMBEDDING_WORDS = ("embed", "feat", "vector", "descriptor", "pooler", "hidden")
+MAP_THRESHOLD = {"segment": 0.5, "ocr-det": 0.3}  # ocr-det: PaddleOCR's DB box threshold
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One output: its task and metrics (None: judged element by element, by cosine), and why, for the comment."""
+    output: Tensor
+    task: str | None
+    metrics: OutputMetrics | None
+    why: str
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    judged: tuple[Judgement, ...]
+
+    def metrics(self) -> dict[str, OutputMetrics]:
+        return {j.output.name: j.metrics for j in self.judged if j.metrics is not None}
+
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(j.task for j in self.judged if j.task))
+
+
+class _Ambiguous(Exception):
+    def __init__(self, why: str, choices: tuple[str, ...], flag: str = "--task") -> None:
+        super().__init__(why)
+        self.why, self.choices, self.flag = why, choices, flag
+
+
+def guess(model: ModelFacts, task: str | None, layout: str | None) -> TaskPlan:
+    """Every output's judgement; refused (SpecError naming the flag) where an output is ambiguous, where no output
+    says its task, or where --task fits none."""
+    judged = []
+    for out in model.outputs:
+        try:
+            judged.append(_judge(out, task, layout))
+        except _Ambiguous as amb:
+            if amb.flag == "--layout":
+                raise SpecError(f"output '{out.name}' {out.shown()}: {amb.why}",
+                                hint=f"give --layout {' or --layout '.join(amb.choices)}") from None
+            raise SpecError(f"cannot tell the task from output '{out.name}' {out.shown()}: {amb.why}",
+                            hint=f"give --task {' or --task '.join(amb.choices)}") from None
+    plan = TaskPlan(tuple(judged))
+    if task not in (None, "other") and not plan.metrics():
+        raise SpecError(f"--task {task} fits no output of the model ("
+                        + "; ".join(f"'{o.name}' {o.shown()}" for o in model.outputs) + ")",
+                        hint=f"give another --task ({', '.join(TASKS)}); other: outputs judged element by element")
+    if task is None and not plan.metrics():
+        raise SpecError("cannot tell the task from the model's outputs ("
+                        + "; ".join(f"'{j.output.name}' {j.output.shown()}: {j.why}" for j in judged) + ")",
+                        hint=f"give --task ({', '.join(TASKS)}); other: outputs judged element by element")
+    return plan
+
+
+def _named(out: Tensor, words: tuple[str, ...]) -> bool:
+    return any(w in out.name.lower() for w in words)
+
+
+def _classify(out: Tensor, why: str) -> Judgement:
+    classes = out.dims[-1]
+    k = 5 if isinstance(classes, int) and classes > 5 else 1
+    what = "top-1 and top-5 agreement" if k == 5 else "top-1 agreement"
+    return Judgement(out, "classify", OutputMetrics(topk=TopKMetric(k=k)), f"{why}: {what} with FP32")
+
+
+def _embed(out: Tensor, why: str, pool: str = "none") -> Judgement:
+    metric = EmbeddingMetric(pool="mean") if pool == "mean" else EmbeddingMetric()
+    return Judgement(out, "embed", OutputMetrics(embedding=metric),
+                     f"{why}: each sample's embedding cosine with FP32")
+
+
+def _judge(out: Tensor, task: str | None, layout: str | None) -> Judgement:
+    plain = Judgement(out, None, None, "compared element by element (cosine)")
+    if task == "other" or not out.is_float():
+        return plain if task == "other" else Judgement(out, None, None, f"{out.dtype}: compared element by element")
+    if out.rank == 2:
+        return _rank2(out, task) or plain
+    if out.rank == 3:
+        return _rank3(out, task, layout) or plain
+    if out.rank == 4:
+        return _rank4(out, task) or plain
+    return Judgement(out, None, None, f"rank {out.rank}: compared element by element (cosine)")
+
+
+def _rank2(out: Tensor, task: str | None) -> Judgement | None:
+    made = f" from a {out.producer}" if out.producer else ""
+    if task == "classify":
+        return _classify(out, f"[N, C] scores{made}")
+    if task == "embed":
+        return _embed(out, f"[N, D] vectors{made}")
+    if task is not None:
+        return None
+    if out.producer in PROBABILITIES:
+        return _classify(out, f"[N, C] class probabilities{made}")
+    if out.normalized:
+        return _embed(out, f"[N, D] vectors divided by their L2 norm{made}")
+    if _named(out, CLASS_WORDS):
+        return _classify(out, f"[N, C] class scores (named so){made}")
+    if _named(out, EMBEDDING_WORDS):
+        return _embed(out, f"[N, D] vectors (named so){made}")
+    raise _Ambiguous(f"[N, C] values{made}, class logits or an embedding", ("classify", "embed"))
+
+
+def _rank3(out: Tensor, task: str | None, layout: str | None) -> Judgement | None:
+    softmax_last = out.producer in ("Softmax", "LogSoftmax") and out.producer_axis == 2
+    if task == "ocr-rec" or (task is None and softmax_last):
+        return Judgement(out, "ocr-rec", OutputMetrics(ctc=CTCMetric(blank=0)),
+                         f"[N, T, C] per-step class scores{' from a Softmax' if softmax_last else ''}, a CTC text "
+                         f"recognizer (blank 0, as PaddleOCR): decoded text exact and character error rate vs FP32")
+    if task == "embed":
+        return _embed(out, "[N, T, D] token vectors, mean-pooled", pool="mean")
+    if task == "detect" or (task is None and _looks_like_head(out)):
+        return _detections(out, layout)
+    if task is not None:
+        return None
+    raise _Ambiguous("[N, A, B] values: a text recognizer's steps, a detection head or token vectors",
+                     ("ocr-rec", "detect", "embed"))
+
+
+def _looks_like_head(out: Tensor) -> bool:
+    """[N, 4+C, A] or [N, A, 5+C] with many anchors: a YOLO head."""
+    a, b = out.dims[1], out.dims[2]
+    return isinstance(a, int) and isinstance(b, int) and max(a, b) >= 1000 and 6 <= min(a, b) < 1000
+
+
+def _detections(out: Tensor, layout: str | None) -> Judgement:
+    a, b = out.dims[1], out.dims[2]
+    if layout is None:
+        if not (isinstance(a, int) and isinstance(b, int)):
+            raise _Ambiguous("a detection head whose layout its dynamic dimensions do not tell", LAYOUTS, "--layout")
+        if b == 6:
+            raise _Ambiguous("boxes after the model's own NMS (x1, y1, x2, y2, score, class) or a YOLOv5 head of one "
+                             "class", ("end2end", "yolov5"), "--layout")
+        if b > a:
+            layout = "yolov8"
+        else:
+            raise _Ambiguous(f"a YOLOv5 head ({b} = 5 + {b - 5} classes) or a transposed YOLOv8 head (4 + {b - 4} "
+                             f"classes)", ("yolov5", "yolov8"), "--layout")
+    why = {"yolov5": "[N, A, 5+C]: cx, cy, w, h, objectness, class scores",
+           "yolov8": "[N, 4+C, A]: cx, cy, w, h, class scores per anchor",
+           "end2end": "[N, K, 6]: boxes after the model's own NMS"}[layout]
+    return Judgement(out, "detect", OutputMetrics(detections=DetectionsMetric(layout=layout)),
+                     f"a detection head, {layout} {why}: boxes matched to FP32's (recall, precision, IoU)")
+
+
+def _rank4(out: Tensor, task: str | None) -> Judgement | None:
+    channels = out.dims[1]
+    if task not in (None, "segment", "ocr-det"):
+        return None
+    sigmoid = out.producer == "Sigmoid"
+    if channels == 1:
+        if task is None and not sigmoid:
+            raise _Ambiguous(f"[N, 1, H, W] values from a {out.producer or 'graph input'}, not probabilities: a map "
+                             f"of logits, or no map", ("segment", "ocr-det"))
+        kind = task or "segment"
+        threshold = MAP_THRESHOLD[kind] if sigmoid else 0.0
+        said = f"probabilities from a Sigmoid, regions above {threshold}" if sigmoid else \
+            f"logits, regions above {threshold} (probability 0.5)"
+        if task is None:
+            said += " (PaddleOCR's text detector marks text above 0.3: --task ocr-det)"
+        return Judgement(out, kind, OutputMetrics(map_iou=MapMetric(threshold=threshold)),
+                         f"[N, 1, H, W] map of {said}: IoU of the regions with FP32's")
+    softmax = out.producer in ("Softmax", "LogSoftmax") and out.producer_axis == 1
+    if isinstance(channels, int) and (softmax or task == "segment"):
+        classes = list(range(1, min(channels, 1001)))
+        return Judgement(out, "segment", OutputMetrics(map_iou=MapMetric(classes=classes, axis=1)),
+                         f"[N, C, H, W] class scores{' from a Softmax' if softmax else ''}: each pixel's class is "
+                         f"the argmax; IoU per class with FP32's (classes 1..{channels - 1}: 0 taken as background)")
+    if task is None:
+        raise _Ambiguous(f"[N, {channels}, H, W] values from a {out.producer or 'graph input'}: class scores of a "
+                         f"segmentation, or feature maps", ("segment", "other"))
+    return None

@@ -1,0 +1,247 @@
+"""`trtflow init`: a first pipeline from a model and its data, as a new user starts. On each example's real model
+and data (copied, without its pipeline file) the written file passes `trtflow validate`, its profiles are the ones
+the build stage accepts for the model, and two of them run end to end with no edit, ending with a release. What
+init cannot infer is refused with one line naming the flag, and nothing is written."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import cv2
+import onnx
+import pytest
+import yaml
+
+from tests.assets import EXAMPLES, last_report, trtflow
+
+EXAMPLE_MODELS = {
+    "ppocr-cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    "ppocr-det": "ch_PP-OCRv4_det_infer.onnx",
+    "ppocr-rec": "ch_PP-OCRv4_rec_infer.onnx",
+    "squeezenet-cls": "squeezenet1_1.onnx",
+}
+# what init reads from each model's output: the task metrics written for validate and the pre-flights
+TASK_METRICS = {
+    "ppocr-cls": {"save_infer_model/scale_0.tmp_1": {"topk": {"k": 1}}},  # 2 classes, from a Softmax
+    "ppocr-det": {"sigmoid_0.tmp_0": {"map_iou": {"threshold": 0.5}}},  # [N, 1, H, W] from a Sigmoid
+    "ppocr-rec": {"softmax_11.tmp_0": {"ctc": {"blank": 0}}},  # [N, T, 6625] from a Softmax over the last axis
+    "squeezenet-cls": {"logits": {"topk": {"k": 5}}},  # [N, 1000] named logits
+}
+
+
+def _copy(example: str, root: Path) -> Path:
+    """The example's model and data, not its pipeline file, as a user's project holds them."""
+    dest = root / example
+    for part in ("models", "data"):
+        shutil.copytree(EXAMPLES / example / part, dest / part)
+    return dest
+
+
+def _one_line_refusal(proc, *words: str) -> str:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def _profiles_the_build_accepts(pipeline: Path) -> dict:
+    """The written build profiles, resolved against the model the way the build stage resolves them (rank, fixed
+    dimensions, every dynamic dimension covered): a StageError otherwise."""
+    from trtflow.pipelines.loader import load_pipeline
+    from trtflow.stages.build.stage import model_inputs, resolve_profiles
+
+    loaded = load_pipeline(pipeline, [])
+    (profile,) = resolve_profiles(loaded.spec.stages["build"], model_inputs(onnx.load(str(loaded.model_path))),
+                                  "prepare")
+    return {name: [list(s) for s in shapes] for name, shapes in profile.shapes.items()}
+
+
+@pytest.fixture(scope="module")
+def initialized(tmp_path_factory) -> dict[str, Path]:
+    """`trtflow init models/<model> --data data` in a copy of each example: pipeline.yaml beside the model."""
+    root = tmp_path_factory.mktemp("init")
+    written = {}
+    for example, model in EXAMPLE_MODELS.items():
+        project = _copy(example, root)
+        proc = trtflow("init", f"models/{model}", "--data", "data", cwd=project)
+        assert proc.returncode == 0, proc.stderr
+        written[example] = project / "models" / "pipeline.yaml"
+        assert f"wrote {Path('models') / 'pipeline.yaml'}" in proc.stdout
+    return written
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))
+def test_init_on_each_example_writes_a_pipeline_validate_accepts(example, initialized):
+    pipeline = initialized[example]
+    proc = trtflow("validate", pipeline.name, cwd=pipeline.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{pipeline.name} is valid" in proc.stdout
+
+    spec = yaml.safe_load(pipeline.read_text())
+    stages = spec["stages"]
+    assert spec["model"] == EXAMPLE_MODELS[example]  # beside the model; the data one folder up
+    assert list(stages) == ["prepare", "parity", "fp16", "int8", "build", "validate", "benchmark", "release"]
+    assert stages["parity"]["images"] == stages["validate"]["data"]["images"]
+    assert stages["parity"]["images"].startswith("../data/*.")
+    assert stages["validate"]["metrics"] == stages["fp16"]["metrics"] == stages["int8"]["metrics"] \
+        == TASK_METRICS[example]
+    # opset 11 / 12 (PaddlePaddle's exports) converted for INT8's per-channel Q/DQ; squeezenet's 17 left alone
+    assert stages["prepare"].get("target_opset") == (None if example == "squeezenet-cls" else 17)
+    (profile,) = stages["build"]["profiles"].values()
+    (name, ranges), = profile.items()
+    assert stages["prepare"]["input_shapes"] == {name: ranges["opt"]}
+    assert _profiles_the_build_accepts(pipeline) == {name: [ranges["min"], ranges["opt"], ranges["max"]]}
+    # every example's batch is dynamic: 1 / 8 / 32, the opt batch no larger than the data (squeezenet: 4 photos)
+    assert [ranges[p][0] for p in ("min", "opt", "max")] == ([1, 4, 32] if example == "squeezenet-cls" else [1, 8, 32])
+    # the preprocessing resizes to the opt height and width, and torchvision's reference does the same
+    deploy = stages["parity"]["deploy"]
+    assert {"resize": {"size": ranges["opt"][2:], "antialias": True}} in deploy
+    assert stages["parity"]["training"]["torchvision"] == [f"Resize({ranges['opt'][2:]})", "ToTensor()"]
+
+
+# the data's image sizes (height x width) give the dynamic H and W: smallest, median (the lower one), largest
+SIZES = {"ppocr-cls": [[20, 22, 32], [60, 85, 195]], "ppocr-rec": [[22, 22, 32], [124, 160, 384]],
+         "ppocr-det": [[256] * 3, [256] * 3]}
+
+
+@pytest.mark.parametrize("example", sorted(SIZES))
+def test_dynamic_height_and_width_come_from_the_images(example, initialized):
+    (profile,) = yaml.safe_load(initialized[example].read_text())["stages"]["build"]["profiles"].values()
+    x = profile["x"]
+    assert [[x[p][2] for p in ("min", "opt", "max")], [x[p][3] for p in ("min", "opt", "max")]] == SIZES[example]
+    text = initialized[example].read_text()
+    assert "images' heights: smallest / median / largest" in text  # and the file says so
+
+
+# ppocr-cls as the README shows it (model.onnx and data/ in one folder, pipeline.yaml written beside the model);
+# squeezenet from models/ with -o
+COMMANDS = {"ppocr-cls": ["model.onnx", "--data", "data/*.png"],
+            "squeezenet-cls": [f"models/{EXAMPLE_MODELS['squeezenet-cls']}", "--data", "data", "-o", "pipeline.yaml"]}
+
+
+@pytest.mark.parametrize("example", sorted(COMMANDS))
+def test_init_then_run_with_no_edit_ends_with_a_release(example, tmp_path, tensorrt_backend):
+    project = _copy(example, tmp_path)
+    if example == "ppocr-cls":
+        (project / "models" / EXAMPLE_MODELS[example]).rename(project / "model.onnx")
+    proc = trtflow("init", *COMMANDS[example], cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert (project / "pipeline.yaml").is_file()
+    run = trtflow("run", "pipeline.yaml", cwd=project, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "8 stages (8 ran, 0 reused)" in run.stdout
+    store = project / ".trtflow"
+    # the conventional preprocessing init writes agrees with the torchvision reference it writes beside it
+    assert last_report(store, "parity")["verdict"] == "pass"
+    assert last_report(store, "int8")["data"].startswith("images via preprocess")
+    release = last_report(store, "release")
+    key = json.loads((store / "release" / "last.json").read_text())["key"]
+    card = store / "release" / key / "card" / "model-card.md"
+    assert card.is_file() and "**Shipped**" in card.read_text()
+    name = Path(COMMANDS[example][0]).stem  # the pipeline's, after the model file
+    assert (store / "release" / key / "triton" / "native" / name / "config.pbtxt").is_file(), release
+
+
+def _dynamic_squeezenet(path: Path) -> Path:
+    """SqueezeNet with its height and width made dynamic too (its batch already is): a global average pool takes
+    any size."""
+    model = onnx.load(str(EXAMPLES / "squeezenet-cls" / "models" / EXAMPLE_MODELS["squeezenet-cls"]))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    del model.graph.value_info[:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_dynamic_batch_and_spatial_dims_get_profiles_from_the_photos(tmp_path):
+    model = _dynamic_squeezenet(tmp_path / "models" / "squeezenet-hw.onnx")
+    shutil.copytree(EXAMPLES / "squeezenet-cls" / "data", tmp_path / "photos")
+    proc = trtflow("init", str(model), "--data", "photos", "-o", "pipeline.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
+    # 4 photos: 512x512, 300x451, 400x600, 427x640 -> batch 1 / 4 / 32, H 300 / 400 / 512, W 451 / 512 / 640
+    assert _profiles_the_build_accepts(tmp_path / "pipeline.yaml") == {
+        "input": [[1, 3, 300, 451], [4, 3, 400, 512], [32, 3, 512, 640]]}
+    text = (tmp_path / "pipeline.yaml").read_text()
+    assert "input: dimension 0 (batch), the batch: 1 / 4 / 32 (opt: the data's 4 samples)" in text
+    assert yaml.safe_load(text)["stages"]["parity"]["images"] == "photos/*.[jp][np]g"  # the photos, not the README
+
+
+def test_a_detector_fed_odd_sizes_gets_them_rounded_to_what_it_runs_at(tmp_path):
+    """PP-OCRv4's detector runs only at multiples of 32 (its feature pyramid adds maps of halved sizes): scenes of
+    odd sizes are rounded up to the smallest multiple at which ONNX Runtime runs it at min, opt and max."""
+    project = _copy("ppocr-det", tmp_path)
+    scenes = sorted((project / "data").glob("*.jpg"))[:3]
+    for scene, (h, w) in zip(scenes, [(250, 200), (230, 256), (181, 247)]):
+        cv2.imwrite(str(scene), cv2.imread(str(scene))[:h, :w])
+    proc = trtflow("init", f"models/{EXAMPLE_MODELS['ppocr-det']}", "--data", "data", "-o", "p.yaml", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert _profiles_the_build_accepts(project / "p.yaml") == {
+        "x": [[1, 3, 160, 192], [8, 3, 256, 256], [32, 3, 256, 256]]}
+    assert "sizes rounded to multiples of 32: ONNX Runtime runs the model at min, opt and max (not at smaller" \
+        in " ".join(line.lstrip("# ").strip() for line in (project / "p.yaml").read_text().splitlines())
+
+
+def test_refused_an_existing_file(tmp_path):
+    project = _copy("ppocr-cls", tmp_path)
+    (project / "pipeline.yaml").write_text("# mine\n")
+    proc = trtflow("init", f"models/{EXAMPLE_MODELS['ppocr-cls']}", "--data", "data", "-o", "pipeline.yaml",
+                   cwd=project)
+    _one_line_refusal(proc, "pipeline.yaml exists", "-o")
+    assert (project / "pipeline.yaml").read_text() == "# mine\n"
+
+
+def test_refused_an_ambiguous_task(tmp_path):
+    """SqueezeNet's [N, 1000] output under a name that says nothing: class logits or an embedding."""
+    model = onnx.load(str(EXAMPLES / "squeezenet-cls" / "models" / EXAMPLE_MODELS["squeezenet-cls"]))
+    producer = next(n for n in model.graph.node if "logits" in n.output)
+    producer.output[list(producer.output).index("logits")] = "output"
+    model.graph.output[0].name = "output"
+    onnx.save(model, str(tmp_path / "net.onnx"))
+    proc = trtflow("init", "net.onnx", cwd=tmp_path)
+    line = _one_line_refusal(proc, "'output'", "--task classify", "--task embed")
+    assert "class logits or an embedding" in line
+    assert not (tmp_path / "pipeline.yaml").exists()
+    proc = trtflow("init", "net.onnx", "--task", "embed", cwd=tmp_path)  # the flag it names decides it
+    assert proc.returncode == 0, proc.stderr
+    stages = yaml.safe_load((tmp_path / "pipeline.yaml").read_text())["stages"]
+    assert stages["validate"]["metrics"] == {"output": {"embedding": {}}}
+    assert "int8" not in stages and "parity" not in stages  # no data: nothing to calibrate on, nothing to preprocess
+    assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
+
+
+def test_refused_dynamic_spatial_dims_without_data_or_shape(tmp_path):
+    project = _copy("ppocr-cls", tmp_path)
+    model = f"models/{EXAMPLE_MODELS['ppocr-cls']}"
+    proc = trtflow("init", model, cwd=project)
+    _one_line_refusal(proc, "input 'x' dimension 2", "--shape x=1:8:32x3x<H>x<W>", "--data")
+    assert not (project / "models" / "pipeline.yaml").exists()
+    # the flag it names: the shapes given, no data (random inputs, no INT8)
+    proc = trtflow("init", model, "--shape", "x=1:8:32x3x48x48:192:640", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert _profiles_the_build_accepts(project / "models" / "pipeline.yaml") == {
+        "x": [[1, 3, 48, 48], [8, 3, 48, 192], [32, 3, 48, 640]]}
+    assert trtflow("validate", "pipeline.yaml", cwd=project / "models").returncode == 0
+
+
+def test_saved_tensors_size_the_profile_and_feed_every_stage(tmp_path):
+    """--data of .npy tensors: the model takes them as they are (no parity stage), their shapes give the dynamic
+    dimensions."""
+    import numpy as np
+
+    project = _copy("ppocr-cls", tmp_path)
+    (project / "tensors").mkdir()
+    for i, width in enumerate([100, 320, 160]):
+        np.save(project / "tensors" / f"line{i}.npy", np.zeros((1, 3, 48, width), np.float32))
+    proc = trtflow("init", f"models/{EXAMPLE_MODELS['ppocr-cls']}", "--data", "tensors", "-o", "p.yaml", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert _profiles_the_build_accepts(project / "p.yaml") == {
+        "x": [[1, 3, 48, 100], [3, 3, 48, 160], [32, 3, 48, 320]]}
+    stages = yaml.safe_load((project / "p.yaml").read_text())["stages"]
+    assert "parity" not in stages
+    assert stages["int8"]["data"] == stages["validate"]["data"] == {"tensors": "tensors/*.npy", "samples": 3}
