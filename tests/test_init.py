@@ -245,3 +245,35 @@ def test_saved_tensors_size_the_profile_and_feed_every_stage(tmp_path):
     stages = yaml.safe_load((project / "p.yaml").read_text())["stages"]
     assert "parity" not in stages
     assert stages["int8"]["data"] == stages["validate"]["data"] == {"tensors": "tensors/*.npy", "samples": 3}
+
+
+# the other heads init knows, from their shapes and the op making them (facts as read_model gives them)
+HEADS = [
+    # (dims, producer, softmax axis, normalized, --task, --layout) -> metrics written, or the flag a refusal names
+    (("batch", 84, 8400), "Concat", None, False, None, None, {"detections": {"layout": "yolov8"}}),  # YOLOv8/11
+    (("batch", 25200, 85), "Concat", None, False, None, None, "--layout yolov5 or --layout yolov8"),  # YOLOv5?
+    (("batch", 25200, 85), "Concat", None, False, None, "yolov5", {"detections": {"layout": "yolov5"}}),
+    (("batch", 300, 6), "Concat", None, False, "detect", None, "--layout end2end or --layout yolov5"),
+    (("batch", 21, "h", "w"), "Softmax", 1, False, None, None, {"map_iou": {"classes": list(range(1, 21)), "axis": 1}}),
+    (("batch", 21, "h", "w"), "Conv", None, False, None, None, "--task segment or --task other"),
+    (("batch", 512), "Div", None, True, None, None, {"embedding": {}}),  # divided by its L2 norm
+    (("batch", "seq", 384), "Add", None, False, "embed", None, {"embedding": {"pool": "mean"}}),
+    (("batch", "seq", 384), "Add", None, False, None, None, "--task ocr-rec or --task detect or --task embed"),
+    (("batch", 1, "h", "w"), "Sigmoid", None, False, "ocr-det", None, {"map_iou": {"threshold": 0.3}}),
+]
+
+
+@pytest.mark.parametrize("dims, producer, axis, normalized, task, layout, expected", HEADS)
+def test_the_task_metrics_of_other_heads(dims, producer, axis, normalized, task, layout, expected):
+    from trtflow.errors import SpecError
+    from trtflow.pipelines.init.model import ModelFacts, Tensor
+    from trtflow.pipelines.init.task import guess
+
+    out = Tensor("out", "float32", dims, producer, axis, normalized)
+    model = ModelFacts(Path("m.onnx"), 17, (Tensor("x", "float32", ("batch", 3, 640, 640)),), (out,))
+    if isinstance(expected, str):
+        with pytest.raises(SpecError, match=expected):
+            guess(model, task, layout)
+        return
+    (metric,) = guess(model, task, layout).metrics().values()
+    assert metric.model_dump(mode="json", exclude_unset=True) == expected
