@@ -156,6 +156,11 @@ def test_options_survive_the_trip_to_the_worker():
 # TensorRT-RTX 1.7's log entry for the YOLOv8-style head with its grid math in FP16 (tests/test_fp16.py), as captured
 MYELIN_ENTRY = "[ERROR] IBuilder::buildSerializedNetwork: Error Code 1: Myelin ([shape.cpp:175: ~op_constraints_msg_streamer_t] \nError during shape inference of\nmul_output_U73 = mul(coordValue_U69, /Range_5_shape_U70_cast_F16), name=/Range_5_shape_U72_mul\nError is:\nInput 0's element type (float) differs from input 1's element type (half).; [shape.cpp:175: ~op_constraints_msg_streamer_t] \nError during shape inference of\nadd_output_U74 : f32[] = add(mul_output_U73, coordValue_U71), name=/Range_5_shape_U72_add\nError is:\nIt is not valid for inputs[0] to have eleme)"
 
+RESHAPE_ENTRY = ("[ERROR] IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error (IShuffleLayer p2o.Reshape.79: "
+                 "reshape of empty tensor to non-empty tensor. Reshaping [1,0,120] to [1,1,15,120]. In operator() at "
+                 "/_src/optimizer/common/shape/shapeContext.cpp:4633 In analyzeShapes at "
+                 "/_src/optimizer/shapeof/graphShapeAnalyzer.cpp:2825)")
+
 
 def test_a_build_failure_is_one_line_of_whole_words():
     """The worker took TensorRT's last log entry: a Myelin error of about 8 lines, cut mid-word by TensorRT itself
@@ -166,6 +171,9 @@ def test_a_build_failure_is_one_line_of_whole_words():
     assert line == ("Myelin: Input 0's element type (float) differs from input 1's element type (half) "
                     "(node /Range_5_shape_U72_mul, shape inference)")
     assert first_error(["[WARNING] only a warning"], "fallback") == "fallback"
+    # TensorRT-RTX 1.7 building PP-OCRv4's recognizer at height 22: where in its own source, left out
+    assert first_error([RESHAPE_ENTRY]) == ("API Usage Error (IShuffleLayer p2o.Reshape.79: reshape of empty tensor "
+                                            "to non-empty tensor. Reshaping [1,0,120] to [1,1,15,120].)")
     long = shorten("word " * 100, 40)
     assert long.endswith(" ...") and len(long) <= 44 and "wor ..." not in long
 

@@ -11,6 +11,8 @@ import re
 ERROR = re.compile(r"^\[(?:ERROR|INTERNAL_ERROR)\]\s*")
 CODE = re.compile(r"^(?:[\w:]+: )?Error Code \d+: ")
 SOURCE = re.compile(r"\[[\w./-]+\.(?:cpp|cc|h|hpp|cu):\d+:?[^\]]*\]\s*")
+# "In operator() at /_src/optimizer/common/shape/shapeContext.cpp:4633": where in TensorRT's own source
+SOURCE_AT = re.compile(r"\s*\bIn [\w:~<>]+(?:\(\))? at [\w./-]+\.(?:cpp|cc|h|hpp|cu):\d+")
 MYELIN = re.compile(r"Error during (.+?)\bof\b.*?name=([^\s,;)]+).*?Error is:\s*(.+?)(?:;|\n|$)", re.S)
 LIMIT = 300
 
@@ -25,7 +27,7 @@ def first_error(log: list[str], fallback: str = "no error in the log") -> str:
     if found:
         during, node, what = found.groups()
         text = f"{text.split('(')[0].strip()}: {what.strip().rstrip('.')} (node {node}, {during.strip()})"
-    return shorten(SOURCE.sub("", text))
+    return shorten(SOURCE_AT.sub("", SOURCE.sub("", text)))
 
 
 def shorten(text: str, limit: int = LIMIT) -> str:

@@ -69,6 +69,7 @@ class PreflightRequest(BaseModel):
     model: str
     shapes: dict[str, list[int]] | None = None  # build a trial engine at these shapes
     min_shapes: dict[str, list[int]] | None = None  # ... with a profile from these up to `shapes` (dynamic dims)
+    opt_shapes: dict[str, list[int]] | None = None  # ... and this opt (default: `shapes`)
 
 
 class TrialBuild(BaseModel):
@@ -76,6 +77,7 @@ class TrialBuild(BaseModel):
     ok: bool = False
     shapes: dict[str, list[int]] = {}
     min_shapes: dict[str, list[int]] | None = None
+    opt_shapes: dict[str, list[int]] | None = None
     seconds: float | None = None
     engine_bytes: int | None = None
     needs_gpu: bool | None = None  # it failed only for want of a GPU at build time
@@ -110,16 +112,17 @@ class PreflightReport(IoTensors):
 
 
 def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
-                  timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None) -> PreflightReport:
+                  timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None,
+                  opt_shapes: dict[str, list[int]] | None = None) -> PreflightReport:
     """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
-    shapes (with `min_shapes`, at a profile from them up to `shapes`: some builds fail only with dynamic
-    dimensions). Returns a report; `ran` says whether a parser was actually used. A pre-flight that gave no
+    shapes (with `min_shapes`, at a profile from them up to `shapes`, its opt `opt_shapes` or `shapes`: some
+    builds fail only with dynamic dimensions). Returns a report; `ran` says whether a parser was actually used. A pre-flight that gave no
     answer because it was killed (from outside, or at `timeout`) raises TransientStageError: a report saying it
     did not run would be published, and reused, as if it had."""
     trt = find_tensorrt()
     if trt is None:
         return PreflightReport(ran=False, reason=f"no TensorRT flavour is installed ({INSTALL_HINT})")
-    request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes)
+    request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes)
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
         try:
             answer, proc = child.call("trtflow.stages.trt.preflight", request, PreflightReport, Path(folder), timeout,
@@ -157,12 +160,13 @@ def _parse(request: PreflightRequest, folder: Path) -> PreflightReport:
         io = trt_parse.io_tensors(parsed.network)
         report.inputs, report.outputs = io.inputs, io.outputs
         if shapes is not None:
-            report.trial_build = _trial_build(parsed, shapes, request.min_shapes or {})
+            report.trial_build = _trial_build(parsed, shapes, request.min_shapes or {}, request.opt_shapes or {})
     return report
 
 
-def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str, list[int]]) -> TrialBuild:
-    """Build an engine at fixed shapes, or from `min_shapes` up to them: parsing is not building (TensorRT-RTX can
+def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str, list[int]],
+                 opt_shapes: dict[str, list[int]]) -> TrialBuild:
+    """Build an engine at fixed shapes, or from `min_shapes` (through `opt_shapes`) up to them: parsing is not building (TensorRT-RTX can
     parse control flow it then cannot build)."""
     import time
 
@@ -176,8 +180,9 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str
     for name, shape in fixed.items():
         if any(d < 0 for d in shape):
             return TrialBuild(ok=False, shapes=fixed, error=f"no concrete shape for input '{name}' {shape}")
-        low = min_shapes.get(name, shape)
-        profile.set_shape(name, low if len(low) == len(shape) else shape, shape, shape)
+        low, opt = min_shapes.get(name, shape), opt_shapes.get(name, shape)
+        profile.set_shape(name, low if len(low) == len(shape) else shape, opt if len(opt) == len(shape) else shape,
+                          shape)
     config.add_optimization_profile(profile)
     before = len(parsed.log)
     t0 = time.perf_counter()
@@ -187,11 +192,12 @@ def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str
         errors = [ln for ln in parsed.log[before:] if ln.startswith("[ERROR]") or "Error" in ln]
         real = [e for e in errors if not any(k in e for k in NEEDS_GPU)]  # no GPU: CUDA errors are noise
         first = (real or errors or ["the builder returned no engine"])[0]
-        return TrialBuild(ok=False, shapes=fixed, min_shapes=min_shapes or None, seconds=seconds,
-                          needs_gpu=bool(errors) and not real, error=first_error([first], shorten(first)),
+        return TrialBuild(ok=False, shapes=fixed, min_shapes=min_shapes or None, opt_shapes=opt_shapes or None,
+                          seconds=seconds, needs_gpu=bool(errors) and not real,
+                          error=first_error([first], shorten(first)),
                           detail=first[:2000], log=parsed.log[before:][-20:])
     return TrialBuild(ok=True, shapes=fixed, seconds=seconds, engine_bytes=len(bytes(engine)),
-                      min_shapes=min_shapes or None)
+                      min_shapes=min_shapes or None, opt_shapes=opt_shapes or None)
 
 
 if __name__ == "__main__":
