@@ -185,6 +185,30 @@ def test_localization_looks_at_the_samples_whose_outputs_are_off_the_most():
     assert _worst_samples(ranked, 2) == [(src, 1), (src, 2)]
 
 
+def test_localization_runs_a_batch_one_item_at_a_time_with_the_same_statistics(tmp_path, monkeypatch):
+    """Every intermediate tensor of a batch of 32 at a profile's max can be tens of GB (PP-OCRv4's recognizer at
+    48 x 640: 26 GB, killed by the kernel): the search runs each item alone, and its sums come out the same as
+    over the items given one by one."""
+    from trtflow.stages.ort import layerwise
+
+    reference = onnx.load(str(SQUEEZENET))
+    candidate = onnx.load(str(SQUEEZENET))
+    weight = candidate.graph.initializer[0]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 1.01, weight.name))
+    batch = np.random.default_rng(0).random((3, 3, 224, 224), dtype=np.float32)
+    fed = []
+    run = layerwise._run
+    monkeypatch.setattr(layerwise, "_run", lambda sess, names, feed: fed.append(feed["input"].shape) or
+                        run(sess, names, feed))
+    whole = layerwise.compare(reference, candidate, [{"input": batch}], tmp_path, 0.999)
+    assert fed == [(1, 3, 224, 224)] * 3  # the batch of 3, an item at a time
+    one_by_one = layerwise.compare(reference, candidate, [{"input": batch[i:i + 1]} for i in range(3)], tmp_path,
+                                   0.999)
+    assert whole.samples == 1 and one_by_one.samples == 3
+    assert [(r.tensor, r.cosine, r.rms_rel) for r in whole.rows] == pytest.approx(
+        [(r.tensor, r.cosine, r.rms_rel) for r in one_by_one.rows], rel=1e-5)
+
+
 def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
     """A model whose last quantized node writes the graph output (a classifier's final Gemm, here SqueezeNet cut
     after a Conv): ONNX Runtime renames that tensor for its Q/DQ pair. Repair's rebuild must find its range under

@@ -1,7 +1,10 @@
 """Where a variant first drifts from the reference: every intermediate tensor of both, on the same inputs, compared
 in the reference's topological order (Polygraphy's "compare layerwise", on ONNX Runtime).
 
-One sample at a time and only per-tensor statistics are kept, so memory does not grow with the number of samples.
+One sample at a time, and a batched sample one item at a time (where every input's first dimension is dynamic: the
+statistics are sums, the same either way), and only per-tensor statistics are kept, so memory grows neither with
+the number of samples nor with the batch (every intermediate tensor of PP-OCRv4's recognizer at batch 32, 48 x 640
+is 26 GB).
 """
 from __future__ import annotations
 
@@ -80,6 +83,23 @@ def paired(reference: onnx.ModelProto, candidate: onnx.ModelProto, work: Path
     return common, _paired(reference, candidate, common, work, (ref_tensors, cand_tensors))
 
 
+def _batched(model: onnx.ModelProto) -> bool:
+    """Every input's first dimension is dynamic (a symbol, or -1 as PaddlePaddle writes it): a batch of independent
+    items."""
+    weights = {t.name for t in model.graph.initializer}
+    dims = [vi.type.tensor_type.shape.dim for vi in model.graph.input if vi.name not in weights]
+    return bool(dims) and all(len(d) > 0 and not (d[0].HasField("dim_value") and d[0].dim_value > 0) for d in dims)
+
+
+def _items(feed: dict[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
+    """A batched feed's items, each a batch of one (the feed itself where its inputs' batches differ)."""
+    sizes = {v.shape[0] if v.ndim else None for v in feed.values()}
+    if len(sizes) != 1 or None in sizes:
+        return (feed,)
+    (n,) = sizes
+    return ({k: v[i:i + 1] for k, v in feed.items()} for i in range(n))
+
+
 def _run(sess: Any, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
     """`sess.run` without copying every output: OrtValue.numpy() is a view that keeps the tensor alive."""
     from onnxruntime import OrtValue
@@ -148,14 +168,16 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     # the statistics of one sample are taken while ONNX Runtime runs the next (both release the GIL): at most
     # two samples' tensors are held at once
     samples = 0
+    batched = _batched(reference)
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = None
         for feed in feeds:
-            values = run(feed)
-            if pending is not None:
-                pending.result()
-            pending = pool.submit(accumulate, *values)
-            del values
+            for item in _items(feed) if batched else (feed,):
+                values = run(item)
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(accumulate, *values)
+                del values
             samples += 1
         if pending is not None:
             pending.result()
