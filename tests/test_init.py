@@ -1,11 +1,14 @@
 """`trtflow init`: a first pipeline from a model and its data, as a new user starts. On each example's real model
-and data (copied, without its pipeline file) the written file passes `trtflow validate`, its profiles are the ones
-the build stage accepts for the model, and two of them run end to end with no edit, ending with a release. What
-init cannot infer is refused with one line naming the flag, and nothing is written."""
+and data (copied, without its pipeline file) init writes a file that passes `trtflow validate`, whose profiles are
+the ones the build stage accepts and pass TensorRT's trial build, and `trtflow run` on it with no edit ends with a
+release. What init cannot infer, or TensorRT cannot build, is refused with one line naming the flag, and nothing is
+written."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -28,6 +31,18 @@ TASK_METRICS = {
     "ppocr-rec": {"softmax_11.tmp_0": {"ctc": {"blank": 0}}},  # [N, T, 6625] from a Softmax over the last axis
     "squeezenet-cls": {"logits": {"topk": {"k": 5}}},  # [N, 1000] named logits
 }
+# how each project is laid out and init called there: ppocr-cls as the README shows it (model.onnx and data/ in one
+# folder, pipeline.yaml written beside the model), squeezenet from models/ with -o, the OCR pair from models/ with
+# pipeline.yaml written beside the model (ppocr-rec with --shape: see REC_TRAINED_HEIGHT)
+COMMANDS = {"ppocr-cls": ["model.onnx", "--data", "data/*.png"],
+            "ppocr-det": [f"models/{EXAMPLE_MODELS['ppocr-det']}", "--data", "data"],
+            "ppocr-rec": [f"models/{EXAMPLE_MODELS['ppocr-rec']}", "--data", "data"],
+            "squeezenet-cls": [f"models/{EXAMPLE_MODELS['squeezenet-cls']}", "--data", "data", "-o", "pipeline.yaml"]}
+WRITTEN = {"ppocr-cls": "pipeline.yaml", "ppocr-det": "models/pipeline.yaml", "ppocr-rec": "models/pipeline.yaml",
+           "squeezenet-cls": "pipeline.yaml"}
+# PP-OCRv4's recognizer was trained on lines 48 high; TensorRT does not build it at the data's own heights
+# (22..32: a Reshape of its neck gets an empty tensor), though ONNX Runtime runs it there
+REC_TRAINED_HEIGHT = 48
 
 
 def _copy(example: str, root: Path) -> Path:
@@ -60,33 +75,56 @@ def _profiles_the_build_accepts(pipeline: Path) -> dict:
     return {name: [list(s) for s in shapes] for name, shapes in profile.shapes.items()}
 
 
+@dataclass
+class Initialized:
+    pipelines: dict[str, Path]  # example -> the file init wrote
+    rec_refusal: str  # ppocr-rec without --shape: the one line
+    rec_left: list[str]  # what its models/ folder held after that refusal
+    rec_shape: str  # the --shape given then: the profile the refusal proposed, at the height it was trained at
+
+
 @pytest.fixture(scope="module")
-def initialized(tmp_path_factory) -> dict[str, Path]:
-    """`trtflow init models/<model> --data data` in a copy of each example: pipeline.yaml beside the model."""
+def initialized(tmp_path_factory) -> Initialized:
+    """`trtflow init` on each example's model and data, in a copy laid out as COMMANDS says; ppocr-rec refused
+    first, then given the --shape its refusal proposes with the trained height."""
     root = tmp_path_factory.mktemp("init")
-    written = {}
-    for example, model in EXAMPLE_MODELS.items():
+    pipelines = {}
+    for example, command in COMMANDS.items():
         project = _copy(example, root)
-        proc = trtflow("init", f"models/{model}", "--data", "data", cwd=project)
+        if example == "ppocr-cls":
+            (project / "models" / EXAMPLE_MODELS[example]).rename(project / "model.onnx")
+        proc = trtflow("init", *command, cwd=project)
+        if example == "ppocr-rec":
+            refusal, left = proc.stderr.strip(), sorted(p.name for p in (project / "models").iterdir())
+            flag = re.search(r"--shape x=(\S+)\)$", refusal)
+            assert proc.returncode == 2 and flag, proc.stdout + proc.stderr
+            dims = flag.group(1).split("x")
+            dims[2] = str(REC_TRAINED_HEIGHT)
+            shape = "x=" + "x".join(dims)
+            proc = trtflow("init", *command, "--shape", shape, cwd=project)
         assert proc.returncode == 0, proc.stderr
-        written[example] = project / "models" / "pipeline.yaml"
-        assert f"wrote {Path('models') / 'pipeline.yaml'}" in proc.stdout
-    return written
+        assert f"wrote {Path(WRITTEN[example])}" in proc.stdout
+        pipelines[example] = project / WRITTEN[example]
+    return Initialized(pipelines, refusal, left, shape)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))
-def test_init_on_each_example_writes_a_pipeline_validate_accepts(example, initialized):
-    pipeline = initialized[example]
+def test_init_on_each_example_writes_a_pipeline_validate_accepts(example, initialized, tensorrt_backend):
+    pipeline = initialized.pipelines[example]
     proc = trtflow("validate", pipeline.name, cwd=pipeline.parent)
     assert proc.returncode == 0, proc.stderr
     assert f"{pipeline.name} is valid" in proc.stdout
 
-    spec = yaml.safe_load(pipeline.read_text())
+    text = pipeline.read_text()
+    spec = yaml.safe_load(text)
     stages = spec["stages"]
-    assert spec["model"] == EXAMPLE_MODELS[example]  # beside the model; the data one folder up
+    model = Path(COMMANDS[example][0])
+    assert spec["model"] == (model.name if pipeline.parent.name == model.parent.name else model.as_posix())
+    assert spec["name"] == model.stem
     assert list(stages) == ["prepare", "parity", "fp16", "int8", "build", "validate", "benchmark", "release"]
     assert stages["parity"]["images"] == stages["validate"]["data"]["images"]
-    assert stages["parity"]["images"].startswith("../data/*.")
+    data = "../data/*." if pipeline.parent.name == "models" else "data/*."
+    assert stages["parity"]["images"].startswith(data)
     assert stages["validate"]["metrics"] == stages["fp16"]["metrics"] == stages["int8"]["metrics"] \
         == TASK_METRICS[example]
     # opset 11 / 12 (PaddlePaddle's exports) converted for INT8's per-channel Q/DQ; squeezenet's 17 left alone
@@ -101,40 +139,52 @@ def test_init_on_each_example_writes_a_pipeline_validate_accepts(example, initia
     deploy = stages["parity"]["deploy"]
     assert {"resize": {"size": ranges["opt"][2:], "antialias": True}} in deploy
     assert stages["parity"]["training"]["torchvision"] == [f"Resize({ranges['opt'][2:]})", "ToTensor()"]
+    # the profile was built by TensorRT, and the file says by which
+    said = " ".join(line.lstrip("# ").strip() for line in text.splitlines())
+    assert f"TensorRT's trial build ({tensorrt_backend.flavour} {tensorrt_backend.version}) passed at this " \
+           f"profile's min / opt / max" in said
 
 
-# the data's image sizes (height x width) give the dynamic H and W: smallest, median (the lower one), largest
-SIZES = {"ppocr-cls": [[20, 22, 32], [60, 85, 195]], "ppocr-rec": [[22, 22, 32], [124, 160, 384]],
-         "ppocr-det": [[256] * 3, [256] * 3]}
+# the data's image sizes (height x width) give the dynamic H and W: smallest, median (the lower one), largest;
+# ppocr-rec's are given by --shape (the data's own widths, at the height it was trained at)
+SIZES = {"ppocr-cls": [[20, 22, 32], [60, 85, 195]], "ppocr-det": [[256] * 3, [256] * 3],
+         "ppocr-rec": [[REC_TRAINED_HEIGHT] * 3, [124, 160, 384]]}
 
 
 @pytest.mark.parametrize("example", sorted(SIZES))
 def test_dynamic_height_and_width_come_from_the_images(example, initialized):
-    (profile,) = yaml.safe_load(initialized[example].read_text())["stages"]["build"]["profiles"].values()
+    text = initialized.pipelines[example].read_text()
+    (profile,) = yaml.safe_load(text)["stages"]["build"]["profiles"].values()
     x = profile["x"]
     assert [[x[p][2] for p in ("min", "opt", "max")], [x[p][3] for p in ("min", "opt", "max")]] == SIZES[example]
-    text = initialized[example].read_text()
-    assert "images' heights: smallest / median / largest" in text  # and the file says so
+    if example == "ppocr-rec":
+        assert initialized.rec_shape == f"x=1:8:32x3x{REC_TRAINED_HEIGHT}x124:160:384"
+        assert "x: from --shape" in text
+    else:
+        assert "images' heights: smallest / median / largest" in text  # and the file says so
 
 
-# ppocr-cls as the README shows it (model.onnx and data/ in one folder, pipeline.yaml written beside the model);
-# squeezenet from models/ with -o
-COMMANDS = {"ppocr-cls": ["model.onnx", "--data", "data/*.png"],
-            "squeezenet-cls": [f"models/{EXAMPLE_MODELS['squeezenet-cls']}", "--data", "data", "-o", "pipeline.yaml"]}
+def test_a_profile_tensorrt_does_not_build_is_refused_naming_the_shape_to_give(initialized, tensorrt_backend):
+    """PP-OCRv4's recognizer at its data's own heights (22..32, lines cut from pages): ONNX Runtime runs it there,
+    TensorRT's build does not. One line: the shape that fails, TensorRT's reason, the --shape to edit."""
+    line = initialized.rec_refusal
+    assert len(line.splitlines()) == 1 and line.startswith("error: ") and "Traceback" not in line
+    assert f"TensorRT's trial build ({tensorrt_backend.flavour} {tensorrt_backend.version}) fails at " \
+           f"x [1, 3, 22, 124], the profile's min (H, W of x from the data): " in line
+    assert "IShuffleLayer p2o.Reshape.79: reshape of empty tensor to non-empty tensor" in line  # TensorRT's reason
+    assert ".cpp" not in line  # without where in TensorRT's source
+    assert line.endswith("(give --shape with the sizes the model was trained at: edit the profile proposed, "
+                         "--shape x=1:8:32x3x22:22:32x124:160:384)")
+    assert initialized.rec_left == ["README.md", EXAMPLE_MODELS["ppocr-rec"]]  # nothing written
 
 
-@pytest.mark.parametrize("example", sorted(COMMANDS))
-def test_init_then_run_with_no_edit_ends_with_a_release(example, tmp_path, tensorrt_backend):
-    project = _copy(example, tmp_path)
-    if example == "ppocr-cls":
-        (project / "models" / EXAMPLE_MODELS[example]).rename(project / "model.onnx")
-    proc = trtflow("init", *COMMANDS[example], cwd=project)
-    assert proc.returncode == 0, proc.stderr
-    assert (project / "pipeline.yaml").is_file()
-    run = trtflow("run", "pipeline.yaml", cwd=project, timeout=900)
+@pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))
+def test_init_then_run_with_no_edit_ends_with_a_release(example, initialized, tensorrt_backend):
+    pipeline = initialized.pipelines[example]
+    run = trtflow("run", pipeline.name, cwd=pipeline.parent, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "8 stages (8 ran, 0 reused)" in run.stdout
-    store = project / ".trtflow"
+    store = pipeline.parent / ".trtflow"
     # the conventional preprocessing init writes agrees with the torchvision reference it writes beside it
     assert last_report(store, "parity")["verdict"] == "pass"
     assert last_report(store, "int8")["data"].startswith("images via preprocess")

@@ -3,11 +3,19 @@ and the data say; refuse, naming the flag to pass, what they do not say."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtflow.flows.cli.base import Command, out, write_file
 from trtflow.pipelines.init import LAYOUTS, TASKS
+
+if TYPE_CHECKING:
+    from trtflow.pipelines.init.write import ProfileTrial, Proposal
+
+TRIAL_TIMEOUT_S = 300  # init's trial build takes seconds; a model whose build takes longer is left unchecked
 
 
 class Init(Command):
@@ -43,10 +51,11 @@ class Init(Command):
             raise SpecError(f"{target} exists: init never overwrites a file", hint=exists)
         proposal = propose(model, out=target, command=_command(args), data=args.data, task=args.task,
                            layout=args.layout, shapes=args.shapes, name=args.name)
+        proposal = dataclasses.replace(proposal, trial=trial_build(proposal))
         write_file(target, render(proposal), exists_hint=exists)
         tasks = ", ".join(proposal.task.tasks()) or "none (outputs compared element by element)"
-        out.print(f"wrote {target}: task {tasks}; check it with `trtflow validate {target}`, run it with "
-                  f"`trtflow run {target}`")
+        out.print(f"wrote {target}: task {tasks}; {proposal.trial.said()}; check it with `trtflow validate "
+                  f"{target}`, run it with `trtflow run {target}`")
         return 0
 
 
@@ -59,3 +68,77 @@ def _command(args: argparse.Namespace) -> str:
     for shape in args.shapes:
         words += ["--shape", shape]
     return shlex.join(words)
+
+
+def trial_build(p: Proposal) -> ProfileTrial:
+    """The pre-flight prepare runs (TensorRT's parser and a trial build), once, at the whole profile (min / opt /
+    max). A build that fails where init chose a size (a dynamic H, W or length) is refused naming the shape and
+    the --shape to give; any other outcome is said in the file."""
+    from trtflow.pipelines.init.write import ProfileTrial
+    from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
+
+    if find_tensorrt() is None:
+        return ProfileTrial(None, None, why=f"no TensorRT flavour is installed ({INSTALL_HINT})")
+    with tempfile.TemporaryDirectory(prefix="trtflow-init-") as folder:
+        return _trial(p, _sanitized(p.model.path, Path(folder)))
+
+
+def _sanitized(model: Path, folder: Path) -> Path:
+    """The model as prepare hands it to TensorRT, as far as its inputs' dimensions go: PaddlePaddle's '?' for both
+    H and W reads as one symbol to TensorRT, so H = W would be required (prepare names each dimension apart)."""
+    from trtflow.stages.onnx import graph, model_io
+
+    loaded = model_io.load(model)
+    if not graph.sanitize_dims(loaded):
+        return model
+    model_io.save(loaded, folder / model.name, external=model_io.has_external_data(loaded) or None)
+    return folder / model.name
+
+
+def _trial(p: Proposal, model: Path) -> ProfileTrial:
+    from trtflow.errors import SpecError, TransientStageError
+    from trtflow.pipelines.init.write import ProfileTrial
+    from trtflow.stages.trt.preflight import run_preflight
+
+    low, opt, high = (p.profile.point(i) for i in range(3))
+    try:
+        report = run_preflight(model, high, TRIAL_TIMEOUT_S, min_shapes=low, opt_shapes=opt)
+    except TransientStageError as exc:
+        return ProfileTrial(None, None, why=str(exc))
+    runtime = (report.runtime or "").removesuffix(" parser") or None
+    if not report.ran:
+        return ProfileTrial(runtime, None, why=report.reason or "")
+    if not report.parsed or report.trial_build is None:
+        f = report.failures[0] if report.failures else None
+        what = f"{f.node} ({f.op_type}): {f.hint}" if f is not None else "see prepare's report"
+        return ProfileTrial(runtime, False, why=f"the parser rejects {len(report.failures)} node(s) of the model, "
+                                                f"first {what}; the prepare stage will stop on it")
+    trial = report.trial_build
+    if trial.ok:
+        return ProfileTrial(runtime, True, trial.seconds)
+    if trial.needs_gpu:
+        return ProfileTrial(runtime, None, why="the build needs a GPU here")
+    chosen = p.profile.chosen()
+    if not chosen:  # every dimension fixed by the model but the batch: no size of init's to blame
+        return ProfileTrial(runtime, False, why=f"{trial.error} ({trial.hint}); the prepare stage will stop on it")
+    where, error = _failing_point(model, (low, opt, high)) or (
+        "the profile, " + ", ".join(f"{n} {low[n]} / {opt[n]} / {high[n]}" for n in low), trial.error)
+    raise SpecError(f"TensorRT's trial build ({runtime}) fails at {where} ({chosen}): {error}",
+                    hint=f"give --shape with the sizes the model was trained at: edit the profile proposed, "
+                         f"{p.profile.flags()}")
+
+
+def _failing_point(model: Path, points: tuple[dict, dict, dict]) -> tuple[str, str] | None:
+    """The first of min, opt and max that fails alone, built at that one shape, and TensorRT's reason there (a
+    concrete one: at a whole profile it reasons in symbols). None where each builds alone."""
+    from trtflow.errors import TransientStageError
+    from trtflow.stages.trt.preflight import run_preflight
+
+    for label, shapes in zip(("min", "opt", "max"), points):
+        try:
+            trial = run_preflight(model, shapes, TRIAL_TIMEOUT_S).trial_build
+        except TransientStageError:
+            return None
+        if trial is not None and not trial.ok:
+            return f"{', '.join(f'{n} {s}' for n, s in shapes.items())}, the profile's {label}", trial.error or ""
+    return None

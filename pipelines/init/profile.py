@@ -25,6 +25,7 @@ class InputProfile:
     tensor: Tensor
     dims: tuple[Range, ...]  # per dimension: min, opt, max
     notes: tuple[str, ...]  # how each dynamic dimension was proposed
+    given: bool = False  # by --shape
 
     def shape(self, point: int) -> list[int]:
         return [d[point] for d in self.dims]
@@ -46,6 +47,28 @@ class ProfilePlan:
 
     def dynamic(self) -> bool:
         return any(r[0] != r[2] for p in self.inputs for r in p.dims)
+
+    def point(self, point: int) -> dict[str, list[int]]:
+        """Each input's shape at min (0), opt (1) or max (2)."""
+        return {p.tensor.name: p.shape(point) for p in self.inputs}
+
+    def chosen(self) -> str:
+        """The dynamic dimensions other than the batch (H, W, a sequence's length...), whose sizes came from the
+        data or --shape and the model may not build at, and where they came from: 'H, W of x from the data'; ''
+        where there are none."""
+        batched = all(p.tensor.rank > 0 and not isinstance(p.tensor.dims[0], int) for p in self.inputs)
+        said = []
+        for p in self.inputs:
+            labels = [_label(p.tensor, i) for i in p.tensor.dynamic() if i > 0 or not batched]
+            if labels:
+                said.append(f"{', '.join(labels)} of {p.tensor.name} from {'--shape' if p.given else 'the data'}")
+        return "; ".join(said)
+
+    def flags(self) -> str:
+        """The profile as the --shape flags that give it."""
+        return " ".join(f"--shape {p.tensor.name}="
+                        + "x".join(str(r[0]) if r[0] == r[2] else ":".join(map(str, r)) for r in p.dims)
+                        for p in self.inputs)
 
 
 @dataclass(frozen=True)
@@ -236,14 +259,14 @@ def _with(plan: ProfilePlan, name: str, ranges: dict[int, Range]) -> ProfilePlan
     out = []
     for p in plan.inputs:
         if p.tensor.name == name:
-            p = InputProfile(p.tensor, tuple(ranges.get(i, r) for i, r in enumerate(p.dims)), p.notes)
+            p = InputProfile(p.tensor, tuple(ranges.get(i, r) for i, r in enumerate(p.dims)), p.notes, p.given)
         out.append(p)
     return ProfilePlan(tuple(out), plan.image)
 
 
 def _noted(plan: ProfilePlan, name: str, note: str) -> ProfilePlan:
-    return ProfilePlan(tuple(InputProfile(p.tensor, p.dims, p.notes + ((note,) if p.tensor.name == name else ()))
-                             for p in plan.inputs), plan.image)
+    return ProfilePlan(tuple(InputProfile(p.tensor, p.dims, p.notes + ((note,) if p.tensor.name == name else ()),
+                                          p.given) for p in plan.inputs), plan.image)
 
 
 def _session(model: ModelFacts):  # noqa: ANN202 - an onnxruntime.InferenceSession, or None and why
@@ -284,7 +307,7 @@ def _given(t: Tensor, s: ShapeArg) -> InputProfile:
         if isinstance(d, int) and r != (d, d, d):
             raise SpecError(f"--shape {s.name}: dimension {i} is fixed at {d} in the model, the flag gives "
                             f"{':'.join(map(str, r)) if len(set(r)) > 1 else r[0]}", hint=f"give {d} there")
-    return InputProfile(t, s.dims, ("from --shape",))
+    return InputProfile(t, s.dims, ("from --shape",), given=True)
 
 
 def _from_tensors(t: Tensor, i: int, data: DataFacts, single: bool) -> tuple[Range, str]:

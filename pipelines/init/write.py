@@ -20,6 +20,24 @@ WIDTH = 118
 
 
 @dataclass(frozen=True)
+class ProfileTrial:
+    """What TensorRT's trial build of the profile (FP32, at its min / opt / max) said; the CLI runs it (pipelines/
+    imports no stage)."""
+    runtime: str | None  # e.g. "tensorrt-rtx 1.7.1.116"; None where no TensorRT flavour is installed
+    passed: bool | None  # None: not checked (`why` says why)
+    seconds: float | None = None
+    why: str = ""  # not checked, or failed: why (a failure init does not refuse: no flag of init's changes it)
+
+    def said(self) -> str:
+        where = f"TensorRT's trial build ({self.runtime})" if self.runtime else "TensorRT's trial build"
+        if self.passed:
+            return f"{where} passed at this profile's min / opt / max (FP32, {self.seconds:.1f} s)"
+        if self.passed is None:
+            return f"not checked by {where}: {self.why}"
+        return f"{where} FAILS at this profile: {self.why}"
+
+
+@dataclass(frozen=True)
 class Proposal:
     """Everything init read and proposed: the file is written from this alone."""
     command: str
@@ -29,6 +47,7 @@ class Proposal:
     data: DataFacts | None
     task: TaskPlan
     profile: ProfilePlan
+    trial: ProfileTrial | None = None  # set by the CLI once TensorRT was asked
 
 
 def flow(value: object) -> str:
@@ -216,6 +235,8 @@ def _build(w: _Lines, p: Proposal) -> None:
     for ip in p.profile.inputs:
         for note in ip.notes:
             w.comment(f"{ip.tensor.name}: {note}", 6)
+    if p.trial is not None:
+        w.comment(p.trial.said(), 6)
     ranges = {ip.tensor.name: {"min": ip.shape(0), "opt": ip.shape(1), "max": ip.shape(2)} for ip in p.profile.inputs}
     w.add(f"      default: {flow(ranges)}")
 
