@@ -265,6 +265,36 @@ def test_refused_an_ambiguous_task(tmp_path):
     assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
 
 
+def test_a_build_failure_no_size_of_inits_explains_is_written_down_not_refused(tmp_path, tensorrt_backend,
+                                                                               monkeypatch):
+    """A model whose only dynamic dimension is the batch, with a Reshape that bakes batch 1 in: TensorRT's trial
+    build fails at the profile, but no --shape of init's would mend it. The file is written, saying so (prepare
+    stops on it, with its hints); without TensorRT, the file says the profile was not checked."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])], "baked",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor("shape", TensorProto.INT64, [2], [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "baked.onnx"))
+    proc = trtflow("init", "baked.onnx", "--task", "other", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(line.lstrip("# ").strip() for line in (tmp_path / "pipeline.yaml").read_text().splitlines())
+    assert f"TensorRT's trial build ({tensorrt_backend.flavour} {tensorrt_backend.version}) FAILS at this " \
+           f"profile: " in said and "the prepare stage will stop on it" in said
+    assert "FAILS at this profile" in proc.stdout
+    assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
+
+    from trtflow.flows.cli.init import trial_build
+    from trtflow.pipelines.init.propose import propose
+    from trtflow.stages.trt import env
+
+    monkeypatch.setattr(env, "find_tensorrt", lambda only=None: None)
+    trial = trial_build(propose(tmp_path / "baked.onnx", out=tmp_path / "p.yaml", command="", task="other"))
+    assert trial.said().startswith("not checked by TensorRT's trial build: no TensorRT flavour is installed")
+
+
 def test_refused_dynamic_spatial_dims_without_data_or_shape(tmp_path):
     project = _copy("ppocr-cls", tmp_path)
     model = f"models/{EXAMPLE_MODELS['ppocr-cls']}"
