@@ -56,7 +56,7 @@ class _Supervisor:
         self._lock = threading.Lock()
         self._context: Any = None
         self._spawner: threading.Thread | None = None
-        self._spawns: "queue.SimpleQueue[tuple[threading.Event, list[BaseException]]]" = queue.SimpleQueue()
+        self._spawns: queue.SimpleQueue[tuple[threading.Event, list[BaseException]]] = queue.SimpleQueue()
         self._live: dict[int, tuple[str, int]] = {}  # process group -> the stage's tag and start time
         self._start = threading.Lock()  # one child started at a time (`_main_not_reimported`)
         self.stopping = threading.Event()  # kill_all was called: a stage process that dies now was stopped
