@@ -21,6 +21,7 @@ from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.image import diagnosis as dx
 from trtflow.stages.image import preprocess, training_ref
 from trtflow.stages.image.picture import worst_picture
+from trtflow.stages.image.steps import Steps
 from trtflow.stages.reports.parity import ParityReport
 
 VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
@@ -102,7 +103,7 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dx.ChannelStats]:
     return stats
 
 
-def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dx.AfterFix:
+def _after_fix(steps: Steps, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dx.AfterFix:
     """The suggested fix run on every image (the search looked at the worst few), and the model on its tensors."""
     pre = preprocess.Preprocessor(steps)
     fixed = [(path, pre(path), t) for path, _, t in tensors]

@@ -288,7 +288,7 @@ def test_the_parity_summary(h, tmp_path):
     picture = tmp_path / (h.replace("\n", " ") + ".png")
     picture.write_bytes(b"\x89PNG")
     for diagnosis in (found, none):
-        report = ParityReport(verdict="fail", preprocess_digest=h, steps=[{h: h}],
+        report = ParityReport(verdict="fail", preprocess_digest=h, steps=[{"read": h}],
                               runtimes={"deploy": h, "training": h}, tolerances={"max_abs": 0.1, "mean_abs": 0.1},
                               images=[good, bad], model=model, diagnosis=diagnosis, worst_image=h)
         html = check(report.summary(picture), [("worst", "data:image/png;base64,iVBORw==")])

@@ -25,7 +25,8 @@ IMAGES = {"images": "*.png", "samples": 4}
 
 
 def photos(tmp_path: Path, steps=IMAGENET) -> dict:
-    pre = preprocess.save(steps, tmp_path / f"preprocess{len(list(tmp_path.glob('preprocess*')))}.json")
+    name = f"preprocess{len(list(tmp_path.glob('preprocess*')))}.json"
+    pre = preprocess.save(preprocess.canonical(steps), tmp_path / name)
     return {"preprocess": Artifact(pre, "preprocess", "parity"),
             "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
 
