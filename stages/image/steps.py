@@ -4,8 +4,9 @@ diagnosis may try on it, and the form people write it in. The YAML's parameters 
 `pipelines/params/parity.py` (`PreprocessStep`); adding a step is a field there and a class here.
 
 Steps are typed everywhere they are used; their dict forms are at the boundary only: `parse`/`dump` (the canonical
-JSON digests and preprocess.json hold) and `friendly` (the YAML a fix suggests). Stdlib and numpy/OpenCV only: this
-module is copied into a Triton Python-backend model (`stages/triton/preprocess.py`).
+JSON digests and preprocess.json hold) and `friendly` (the YAML a fix suggests). The standard library, numpy and
+OpenCV only (scipy through `resample`): this module is copied into a Triton Python-backend model
+(`stages/triton/preprocess.py`).
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class Step:
     name: ClassVar[str]
     spatial: ClassVar[bool] = False
     sizes: ClassVar[bool] = False
-    # parameters at these values are left out of the canonical JSON: defaults added after digests were first kept
+    # parameters left out of the canonical JSON at these values, as before the parameter existed: digests stay
     omitted: ClassVar[dict[str, Any]] = {}
 
     def __post_init__(self) -> None:
@@ -62,8 +63,8 @@ class Step:
 
     def to_json(self) -> Any:
         """The canonical value, every default filled in: the same steps always give the same digest."""
-        return {f.name: _plain(v) for f in fields(self) if (v := getattr(self, f.name)) is not None
-                and not (f.name in self.omitted and self.omitted.get(f.name) == v)}
+        return {f.name: _plain(v) for f in fields(self)
+                if (v := getattr(self, f.name)) is not None and self.omitted.get(f.name) != v}
 
     def friendly(self) -> Any:
         """The value in the form people write it."""
