@@ -13,18 +13,18 @@ from markdown_it import MarkdownIt
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
-from trtflow.stages.validate.repair import Repair, Round
-from trtflow.stages.ort.layerwise import LayerRow, Layerwise
-from trtflow.stages.release import card
 from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement
 from trtflow.stages.build.report import BuildReport, CellRow
 from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
+from trtflow.stages.ort.layerwise import LayerRow, Layerwise
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.prepare.report import PrepareReport, Source
+from trtflow.stages.release import card
 from trtflow.stages.release.report import Option, ReleaseReport, TargetRelease
-from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
 from trtflow.stages.trt.engines import Backend
+from trtflow.stages.validate.repair import Repair, Round
+from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
 
 IMG = "<img src=x onerror=alert(1)>"
 VALUES = [IMG, "a|b", "a`b", "``a|b`", "a\nb", f"x\n{IMG}", f"x\n| {IMG} |", "[x](javascript:y)", "**b**",
@@ -288,7 +288,7 @@ def test_the_parity_summary(h, tmp_path):
     picture = tmp_path / (h.replace("\n", " ") + ".png")
     picture.write_bytes(b"\x89PNG")
     for diagnosis in (found, none):
-        report = ParityReport(verdict="fail", preprocess_digest=h, steps=[{h: h}],
+        report = ParityReport(verdict="fail", preprocess_digest=h, steps=[{"read": h}],
                               runtimes={"deploy": h, "training": h}, tolerances={"max_abs": 0.1, "mean_abs": 0.1},
                               images=[good, bad], model=model, diagnosis=diagnosis, worst_image=h)
         html = check(report.summary(picture), [("worst", "data:image/png;base64,iVBORw==")])

@@ -22,11 +22,10 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.benchmark import perf_gate
+from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
-from trtflow.stages.validate.report import ValidateReport
 from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry
@@ -34,6 +33,7 @@ from trtflow.stages.trtexec import command, exports
 from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
 from trtflow.stages.trtexec.log import parse_summary
 from trtflow.stages.trtexec.result import Layer, PerfResult
+from trtflow.stages.validate.report import ValidateReport
 
 VERSION = "3"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
 # measurement in its own process, at least min_iterations, samples/s

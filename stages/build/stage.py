@@ -16,9 +16,9 @@ import onnx
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
+from trtflow.stages.build.report import BuildReport, CellRow
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.ort import qdq
-from trtflow.stages.build.report import BuildReport, CellRow
 from trtflow.stages.trt import building, config
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
 from trtflow.stages.trt.engines import LOG, SPEC, Backend, Built, Cell, Profile

@@ -24,6 +24,7 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison, task_values
 from trtflow.stages.compare.task_metrics import declared
@@ -33,7 +34,6 @@ from trtflow.stages.ort import calibration, qdq, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.text import did_you_mean
 
 VERSION = "8"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold

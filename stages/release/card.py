@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from trtflow import markdown as md
 from trtflow.stages.release.report import HEADER, Option, ReleaseReport, TargetRelease, rule_text
-from trtflow.stages.validate.report import SHAPE_HEADER, shape_table
 from trtflow.stages.release.triton.contract import Contract
+from trtflow.stages.validate.report import SHAPE_HEADER, shape_table
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#1b1f24;padding:0 1em}

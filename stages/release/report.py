@@ -11,8 +11,8 @@ from trtflow import markdown
 from trtflow.artifact import Provenance
 from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.precisions import Precision
-from trtflow.stages.validate.report import ShapeResult
 from trtflow.stages.release.triton.contract import Contract
+from trtflow.stages.validate.report import ShapeResult
 
 
 class Option(BaseModel):

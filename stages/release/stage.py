@@ -13,20 +13,19 @@ from trtflow import files, names
 from trtflow.artifact import Artifact, Claim, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
-from trtflow.stages.release import selection
-from trtflow.stages.release import card
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement
 from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
+from trtflow.stages.release import card, selection
 from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease
-from trtflow.stages.validate.report import ValidateReport
 from trtflow.stages.release.triton import client_example, contract, schema, versions
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import preprocess as triton_preprocess
 from trtflow.stages.release.triton import warmup as triton_warmup
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
+from trtflow.stages.validate.report import ValidateReport
 
 VERSION = "3"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
 # shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held

@@ -9,9 +9,9 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.precisions import Precision
-from trtflow.stages.validate.repair import Repair, Round
 from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite, task_values
 from trtflow.stages.ort.layerwise import Layerwise
+from trtflow.stages.validate.repair import Repair, Round
 
 
 class Reference(BaseModel):

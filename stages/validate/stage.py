@@ -23,8 +23,6 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.precisions import Precision
-from trtflow.stages.validate import repair
-from trtflow.stages.validate.repair import Repair
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
@@ -36,9 +34,11 @@ from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
-from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.stages.trt import building
 from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
+from trtflow.stages.validate import repair
+from trtflow.stages.validate.repair import Repair
+from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.text import did_you_mean
 
 VERSION = "7"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
