@@ -1,6 +1,7 @@
 """The Prefect wiring, kept thin: one flow run per pipeline run, one task per stage, a Markdown artifact each."""
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import hashlib
@@ -11,13 +12,18 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_image_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NONE
 from prefect.states import Cancelled, Completed
 from prefect.utilities.annotations import quote
 
+from trtflow import files, progress
 from trtflow import markdown as md
-from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
 from trtflow.events import Event, StageRan
 from trtflow.flows.fingerprint import describe
@@ -121,6 +127,7 @@ def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None
                  if runner.store.location != str(runner.store.root) else "") + "\n\n")
     create_markdown_artifact(key=key, markdown=header + outcome.summary,
                              description=f"trtflow stage {name}: {outcome.status}")
+    _plot_artifacts(key, name, outcome)
     get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,
                           outcome.reason)
     for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
@@ -191,6 +198,7 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     order = runner.select(stages)
     identity = run_identity(pipeline_file)[1]
     _tag_flow_run(identity)
+    _notify("flow", "", _flow_run_page())
     run = _Schedule(runner, order, force, identity)
     token = _running.set(runner)
     try:
@@ -214,6 +222,14 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         raise exc
     return [StageReport.of_outcome(o, announced(runner.pipeline.file, o) if o.status == "ran" else [])
             .model_dump(mode="json") for o in (run.outcomes[n] for n in order)]
+
+
+def _flow_run_page() -> str | None:
+    """This flow run's page in the Prefect UI (None when the server has no UI address: Prefect's ephemeral one)."""
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_UI_URL
+
+    return flow_run.ui_url if PREFECT_UI_URL.value() else None
 
 
 def _tag_flow_run(wanted: list[str]) -> None:
@@ -323,6 +339,23 @@ class _Schedule:
                 _notify("fail", name, exc)
                 continue
             _notify("done", name, self.outcomes[name])
+
+
+PLOT_BYTES = 2 << 20  # a plot larger than this stays a file in the store only
+PLOTS = 8  # at most this many per stage
+
+
+def _plot_artifacts(key: str, name: str, outcome: StageOutcome) -> None:
+    """The stage's plots (PNG files among its outputs) as Prefect image artifacts beside its summary. The image
+    travels inside the artifact (a data: URL): the UI shows it without reaching the store."""
+    plots = sorted(rel for rel in (outcome.manifest.files or {}) if rel.endswith(".png"))[:PLOTS]
+    for i, rel in enumerate(plots):
+        try:
+            data = files.read_bounded(outcome.directory / rel, PLOT_BYTES, follow=False)
+        except OSError:  # too large, or not a regular file: the store keeps it
+            continue
+        create_image_artifact(image_url="data:image/png;base64," + base64.b64encode(data).decode(),
+                              key=f"{key}-plot-{i}", description=f"trtflow stage {name}: {rel}")
 
 
 def _local(future: Any) -> concurrent.futures.Future:
