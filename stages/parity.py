@@ -153,10 +153,11 @@ def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
                                              deploy=int(a[0].argmax()), training_score=float(b[0].max()),
                                              deploy_score=float(a[0].max())))
     metrics = cmp.result(RUNTIME).outputs[out_name]
-    result = dx.ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=metrics["max_abs"])
-    if "top1" in metrics:  # a classifier's scores
-        result.top1, result.top5, result.predictions = metrics["top1"], metrics["top5"], predictions
-        result.ok = tol.top1 is None or result.top1 >= tol.top1
+    result = dx.ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=metrics.max_abs)
+    top1 = metrics.value("top1")
+    if top1 is not None:  # a classifier's scores
+        result.top1, result.top5, result.predictions = top1, metrics.value("top5"), predictions
+        result.ok = tol.top1 is None or top1 >= tol.top1
     return result
 
 
