@@ -137,7 +137,7 @@ class OutputDiff(BaseModel):
     """One output of a model against the model before it (`compare`): whether every element is within
     atol + rtol * |reference|, the largest absolute and relative difference, how many elements are NaN on one
     side only; `error` where it could not be compared (missing, another shape). Stored with the fields it has."""
-    ok: bool
+    ok: bool = True
     max_abs: float | None = Field(None, exclude_if=lambda v: v is None)
     max_rel: float | None = Field(None, exclude_if=lambda v: v is None)
     nan_mismatch: int | None = Field(None, exclude_if=lambda v: v is None)
