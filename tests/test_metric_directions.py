@@ -15,7 +15,7 @@ from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate, selection
-from trtflow.stages.compare.accuracy import Accuracy, Comparison, OutputMetrics
+from trtflow.stages.compare.accuracy import Accuracy, Comparison, OutputAccuracy
 from trtflow.stages.reports.release import Option
 from trtflow.stages.reports.validate import CandidateResult
 
@@ -61,7 +61,7 @@ def test_a_report_written_before_accuracy_was_typed_still_reads():
            "outputs": {"y": {"max_abs": 0.5, "mean_abs": 0.1, "cosine": 0.99, "nan": 0, "inf": 0}}}
     cand = CandidateResult.model_validate_json(_candidate(old).model_dump_json().replace(  # the dict, verbatim
         '"accuracy":{"runtime"', '"accuracy":{"rtol":0.001,"runtime"'))
-    assert cand.accuracy == Accuracy("onnxruntime-cpu 1.22", 4, {"y": OutputMetrics(max_abs=0.5, mean_abs=0.1,
+    assert cand.accuracy == Accuracy("onnxruntime-cpu 1.22", 4, {"y": OutputAccuracy(max_abs=0.5, mean_abs=0.1,
                                                                                   cosine=0.99, nan=0, inf=0)})
     assert cand.accuracy.table()[2].startswith("| `y` | 0.5 |")
     again = _candidate(cand.accuracy).model_dump(mode="json")["accuracy"]
@@ -148,7 +148,7 @@ def test_trtflow_validate_refuses_a_bound_that_cannot_be_judged(write_yaml, caps
 
 # --------------------------------------------------------------------------- map_iou: a channel, classes
 
-def judged(ref: np.ndarray, got: np.ndarray, map_iou: dict) -> OutputMetrics:
+def judged(ref: np.ndarray, got: np.ndarray, map_iou: dict) -> OutputAccuracy:
     params = ValidateStage(kind="validate", metrics={"y": {"map_iou": map_iou}})
     cmp = Comparison(params.metrics)
     cmp.add({"y": ref}, {"y": got})

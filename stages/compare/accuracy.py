@@ -2,7 +2,7 @@
 runners), and the one result every comparison gives: `Accuracy` (per output metrics, the bounds missed, true when
 none was). `Comparison` accumulates per output max/mean absolute error, max relative error, cosine similarity,
 NaN/Inf counts in the candidate and in the reference, top-1 and top-5 agreement for classifier scores (an
-`OutputMetrics` per output); validate, the precision and calibrate pre-flights and parity's model check use it."""
+`OutputAccuracy` per output); validate, the precision and calibrate pre-flights and parity's model check use it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -65,7 +65,7 @@ class OutputStats:
         for metric in self.task:
             metric.add(ref, got, sample)
 
-    def result(self) -> OutputMetrics:
+    def result(self) -> OutputAccuracy:
         if self.ref_sq and self.got_sq:
             cosine = self.dot / np.sqrt(self.ref_sq * self.got_sq)
         else:  # all zeros on both sides is agreement (as in TensorStats); on one side only, none
@@ -73,13 +73,14 @@ class OutputStats:
         values: dict[str, Any] = {}  # the task metrics' (a detection metric counts the reference's boxes too)
         for metric in self.task or []:
             values.update(metric.result())
-        return OutputMetrics.model_validate({
+        return OutputAccuracy.model_validate({
             "max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "max_rel": self.max_rel,
             "cosine": float(cosine), "nan": self.nan, "inf": self.inf, "reference_nan": self.ref_nan,
-            "reference_inf": self.ref_inf, "scale": self.ref_max, **values, **({"task": True} if self.declared else {})})
+            "reference_inf": self.ref_inf, "scale": self.ref_max, **values,
+            **({"task": True} if self.declared else {})})
 
 
-class OutputMetrics(BaseModel):
+class OutputAccuracy(BaseModel):
     """One output's metrics over a comparison's samples: elementwise (errors, cosine, NaN/Inf in the candidate
     and in its reference, `scale`: the largest |reference| value, at least the output's floor) and its task
     metrics' values (`task_values`; `reference_boxes`: how many boxes a detection reference has). `task`: True
@@ -133,7 +134,7 @@ class OutputMetrics(BaseModel):
 
 
 MEASURED = ("max_abs", "mean_abs", "max_rel", "cosine", "nan", "inf", "reference_nan", "reference_inf", "scale",
-            "reference_boxes")  # the fields of OutputMetrics a bound may name
+            "reference_boxes")  # the fields of OutputAccuracy a bound may name
 
 
 @dataclass
@@ -143,7 +144,7 @@ class Accuracy:
 
     runtime: str
     samples: int
-    outputs: dict[str, OutputMetrics]
+    outputs: dict[str, OutputAccuracy]
     # a report's field of this type stores runtime, samples, outputs and directions (not violations)
     violations: Annotated[list[str], Field(exclude=True)] = field(default_factory=list)
     # output -> task metric -> whether higher is better, where it is known (gate.judge records it: trtflow's own

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from trtflow import markdown as md
 from trtflow.precisions import Precision
 from trtflow.stages.bisect.repair import Repair, Round
-from trtflow.stages.compare.accuracy import Accuracy, OutputMetrics
+from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
 from trtflow.stages.ort.layerwise import Layerwise
 
 
@@ -31,7 +31,7 @@ class ShapeResult(BaseModel):
     shapes: list[dict[str, list[int]]]  # the input shapes its samples had
     data: str  # how its samples were made
     samples: int
-    outputs: dict[str, OutputMetrics]  # as Accuracy.outputs
+    outputs: dict[str, OutputAccuracy]  # as Accuracy.outputs
     passed: bool
     violations: list[str]
 
