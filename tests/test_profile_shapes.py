@@ -288,12 +288,12 @@ def test_the_model_card_shows_the_shipped_engine_at_each_shape(tmp_path, pooler,
 def test_the_accuracy_drop_release_weighs_is_the_worst_shapes():
     """Pooled over every shape, top-1 agreement lost 2%; at the max shape alone it lost 12%: max_accuracy_drop
     weighs 12%, and says where."""
-    from trtflow.stages.compare.accuracy import Accuracy
+    from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
     from trtflow.stages.release.selection import worst_drop
     from trtflow.stages.validate.report import ShapeResult
 
-    def outputs(top1: float) -> dict:
-        return {"logits": {"cosine": 0.999, "max_abs": 0.1, "top1": top1}}
+    def outputs(top1: float) -> dict[str, OutputAccuracy]:
+        return {"logits": OutputAccuracy(cosine=0.999, max_abs=0.1, task_values={"top1": top1})}
 
     rows = [ShapeResult(name=f"seq.{p}", shapes=[{"x": [1, n]}], data="tensors", samples=4, outputs=outputs(t),
                         passed=True, violations=[]) for p, n, t in (("min", 8, 1.0), ("opt", 16, 0.99),

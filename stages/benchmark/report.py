@@ -75,7 +75,7 @@ class BenchmarkReport(BaseModel):
             res = c.result
             lat = res.latency()
             lines.append(f"| {md.text(c.cell)} | {md.text(res.runtime or '-')} | {_num(res.throughput_qps)} | "
-                         f"{_num(c.samples_per_s)} | {_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
+                         f"{_num(c.samples_per_s)} | {_num(lat.mean)} | {_num(lat.p99)} | "
                          f"{c.iterations or '-'} | {'ok' if c.ok else 'failed: ' + md.text(res.note)} |")
         if self.not_measured:
             lines += ["", "**not measured** (they failed validation and must not be deployed):"]

@@ -161,9 +161,8 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
 
 def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
              stem: Path) -> tuple[PerfResult, list[Layer]]:
-    files = {"times": stem.with_suffix(".times.json"), "profile": stem.with_suffix(".profile.json"),
-             "layers": stem.with_suffix(".layers.json")}
-    cmd = command.compose(trtexec, cand.engine, shapes, params, files, version)
+    written = exports.ExportFiles.beside(stem)
+    cmd = command.compose(trtexec, cand.engine, shapes, params, written, version)
     log = stem.with_suffix(".log")
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
@@ -183,10 +182,9 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
     result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
     if proc.returncode != 0 and result.status != "failed":
         result.status, result.error = "failed", result.error or f"trtexec exited with code {proc.returncode}"
-    layers = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else result.profile or []
-    slowest = [Layer.model_validate(layer) for layer in layers]
-    if files["times"].exists():
-        result.samples_ms = exports.read_times(files["times"]).get("gpu_compute_ms")
+    slowest = exports.read_profile(written.profile).layers if written.profile.exists() else result.profile or []
+    if written.times.exists():
+        result.samples_ms = exports.read_times(written.times).gpu_compute_ms or None
     return result, slowest
 
 

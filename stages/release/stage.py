@@ -196,7 +196,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             rates = [m.samples_per_s for m in mine if m.samples_per_s]
             option.samples_per_s = max(rates) if rates else None
             smallest = min(mine, key=lambda m: m.batch)
-            option.p99_ms, option.p99_batch = smallest.result.latency().get("p99"), smallest.batch
+            option.p99_ms, option.p99_batch = smallest.result.latency().p99, smallest.batch
             option.spread = _spread(mine)
             option.measured_by = smallest.result.runtime
     count = kept.get(names.unrepaired(cell.variant))
@@ -214,9 +214,8 @@ def _spread(measured: list[Measurement]) -> float | None:
     spreads = []
     for m in measured:
         lat = m.result.latency()
-        median, p90 = lat.get("median"), lat.get("p90")
-        if isinstance(median, (int, float)) and isinstance(p90, (int, float)) and median > 0:
-            spreads.append(max(0.0, (p90 - median) / median))
+        if lat.median is not None and lat.p90 is not None and lat.median > 0:
+            spreads.append(max(0.0, (lat.p90 - lat.median) / lat.median))
     return max(spreads) if spreads else None
 
 
