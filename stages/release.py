@@ -19,7 +19,7 @@ from trtflow.stages.reports.benchmark import BenchmarkReport, Measurement
 from trtflow.stages.reports.calibrate import CalibrateReport
 from trtflow.stages.reports.parity import ParityReport
 from trtflow.stages.reports.precision import PrecisionReport
-from trtflow.stages.reports.release import Option, ParitySummary, ReleaseReport, TargetRelease
+from trtflow.stages.reports.release import Option, ParitySummary, ReleaseReport, TargetRelease, ValidFor
 from trtflow.stages.reports.validate import ValidateReport
 from trtflow.stages.triton import client_example, contract, schema, versions
 from trtflow.stages.triton import config as triton_config
@@ -307,14 +307,16 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     return notes
 
 
-def _environment(eng: Engine) -> dict:
-    env = dict(eng.built.environment or {})
-    env["target"] = eng.cell.target
-    for k in ("hardware_compatibility", "version_compatible"):
-        if eng.cell.options.get(k):
-            env[k] = eng.cell.options[k]
-    if eng.built.validity:
-        env["validity_here"] = eng.built.validity.get("validity")
+def _environment(eng: Engine) -> ValidFor:
+    built = eng.built
+    env = ValidFor.model_validate(built.environment.model_dump() if built.environment else {})
+    env.target = eng.cell.target
+    if built.options.hardware_compatibility:
+        env.hardware_compatibility = built.options.hardware_compatibility
+    if built.options.version_compatible:
+        env.version_compatible = built.options.version_compatible
+    if built.validity:
+        env.validity_here = built.validity.validity
     return env
 
 
