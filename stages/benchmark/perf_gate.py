@@ -29,9 +29,8 @@ def check(cells: list[Measurement], baseline: dict[str, Baseline], bounds: dict[
         if base is None:
             skipped.append(f"{cell.cell}: no baseline for this cell")
             continue
-        if base.environment != cell.environment:
-            diff = [k for k in sorted(set(cell.environment) | set(base.environment))
-                    if cell.environment.get(k) != base.environment.get(k)]
+        diff = cell.environment.differs(base.environment)
+        if diff:
             skipped.append(f"{cell.cell}: the baseline was measured elsewhere ({', '.join(diff)} differ)")
             continue
         for key, bound in bounds.items():

@@ -22,7 +22,7 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.benchmark import perf_gate
-from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
+from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, MeasuredOn, Measurement
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
@@ -63,8 +63,8 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
             results.append(_measure(params, inputs, cand, profile, point, trtexec, version, out_dir))
     progress.report("benchmarking", len(cells), len(cells))
     tele = telemetry.summary()
-    if tele.get("throttled"):
-        warnings.append(f"the GPU was throttled during the run ({', '.join(tele['throttled'])}): the numbers are "
+    if tele.throttled:
+        warnings.append(f"the GPU was throttled during the run ({', '.join(tele.throttled)}): the numbers are "
                         f"not its best")
     for cell in results:
         warnings += [f"{cell.cell}: {w}" for w in cell.result.warnings]
@@ -145,11 +145,11 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
         result = _builtin(params, cand, profile, feeds, runnable, out_dir / "logs" / name)
         if trtexec is not None:
             result.warnings.append(f"trtexec not used: {why}")
-    env = {"runtime": (result.runtime or "").split(",")[0], "tensorrt": result.tensorrt_version,
-           "gpu": "; ".join(f"{g.get('name')} driver {g.get('driver')}" for g in gpus()) or "none"}
+    env = MeasuredOn(runtime=(result.runtime or "").split(",")[0], tensorrt=result.tensorrt_version,
+                     gpu="; ".join(f"{g.name} driver {g.driver}" for g in gpus()) or "none")
     if result.runtime and result.runtime.startswith(harness.RUNTIME.split(" ")[0]):
-        env["runtime"] = result.runtime  # ONNX Runtime's version is part of it
-        env["host"] = _cpu_name()
+        env.runtime = result.runtime  # ONNX Runtime's version is part of it
+        env.host = _cpu_name()
     samples = result.samples_ms
     result.samples_ms = None
     batch = min((s[0] for s in shapes.values() if s), default=1)

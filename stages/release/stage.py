@@ -18,7 +18,7 @@ from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.release import card, selection
-from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease
+from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease, ValidFor
 from trtflow.stages.release.triton import client_example, contract, schema, versions
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import preprocess as triton_preprocess
@@ -305,14 +305,16 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     return notes
 
 
-def _environment(eng: Engine) -> dict:
-    env = dict(eng.built.environment or {})
-    env["target"] = eng.cell.target
-    for k in ("hardware_compatibility", "version_compatible"):
-        if eng.cell.options.get(k):
-            env[k] = eng.cell.options[k]
-    if eng.built.validity:
-        env["validity_here"] = eng.built.validity.get("validity")
+def _environment(eng: Engine) -> ValidFor:
+    built = eng.built
+    env = ValidFor.model_validate(built.environment.model_dump() if built.environment else {})
+    env.target = eng.cell.target
+    if built.options.hardware_compatibility:
+        env.hardware_compatibility = built.options.hardware_compatibility
+    if built.options.version_compatible:
+        env.version_compatible = built.options.version_compatible
+    if built.validity:
+        env.validity_here = built.validity.validity
     return env
 
 
