@@ -19,6 +19,7 @@ from trtflow.flows.cli import (
     parse_trtexec,
     plan,
     reduce,
+    reference,
     run,
     schema,
     server,
@@ -39,6 +40,7 @@ COMMANDS: tuple[Command, ...] = (
     init_deploy.InitDeploy(),
     server.Server(),
     schema.Schema(),
+    reference.Reference(),
 )
 
 
