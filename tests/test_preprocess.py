@@ -186,7 +186,7 @@ def test_the_examples_canonical_steps_keep_their_digest_and_read_back_typed(exam
 
 
 def test_the_vendored_preprocessing_imports_numpy_opencv_and_scipy_only(tmp_path):
-    """The copy a Triton Python-backend model runs (stages/triton/preprocess.py): its server has numpy, OpenCV and
+    """The copy a Triton Python-backend model runs (stages/release/triton/preprocess.py): its server has numpy, OpenCV and
     scipy, neither trtflow nor pydantic. Imported with every other top-level module refused, it runs ImageNet-style
     steps (the antialiased resize's scipy included) from their JSON and gives the tensor trtflow gives."""
     import json

@@ -6,7 +6,7 @@ diagnosis may try on it, and the form people write it in. The YAML's parameters 
 Steps are typed everywhere they are used; their dict forms are at the boundary only: `parse`/`dump` (the canonical
 JSON digests and preprocess.json hold) and `friendly` (the YAML a fix suggests). The standard library, numpy and
 OpenCV only (scipy through `resample`): this module is copied into a Triton Python-backend model
-(`stages/triton/preprocess.py`).
+(`stages/release/triton/preprocess.py`).
 """
 from __future__ import annotations
 
