@@ -149,13 +149,13 @@ def _declared(bench: int8_models.Bench, sess: Any, ref_outputs: list[list[np.nda
               held: list[dict[str, np.ndarray]]) -> dict[str, float]:
     """The task values of the metrics the bench declares, as validate's comparison computes them."""
     from trtflow.pipelines.params.validate import ValidateStage
-    from trtflow.stages.compare.accuracy import Comparison, task_values
+    from trtflow.stages.compare.accuracy import Comparison
 
     names = [o.name for o in sess.get_outputs()]
     cmp = Comparison(ValidateStage.model_validate({"kind": "validate", "metrics": bench.declare}).metrics)
     for feed, ref in zip(held, ref_outputs):
         cmp.add(dict(zip(names, ref)), dict(zip(names, sess.run(None, feed))), feed)
-    return {k: v for out in cmp.result(RUNTIME).outputs.values() for k, v in task_values(out).items()}
+    return {k: v for out in cmp.result(RUNTIME).outputs.values() for k, v in out.task_values.items()}
 
 
 def measure(name: str, n_calib: int, n_eval: int, work: Path) -> dict:

@@ -49,8 +49,8 @@ def main() -> None:
     from trtflow.flows.runner import Runner
     from trtflow.flows.store import LocalStore
     from trtflow.pipelines.loader import load_pipeline
-    from trtflow.stages.release import stage as release
     from trtflow.stages.release import card
+    from trtflow.stages.release import stage as release
     from trtflow.stages.release.report import ReleaseReport
     from trtflow.stages.release.triton import config as triton_config
     from trtflow.stages.release.triton import schema

@@ -33,86 +33,100 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from trtflow import progress
+from trtflow.child import Progress, Raised, Returned, StageCall, ending
 from trtflow.disk import disk_error
 from trtflow.errors import StageStopped, TransientStageError, TrtflowError
 from trtflow.parent_death import die_with_parent
 
 IN_PROCESS = "TRTFLOW_IN_PROCESS"
-# process group -> tag and start time of the stages running now (several run side by side, in threads)
-_LIVE: dict[int, tuple[str, int]] = {}
-_LIVE_LOCK = threading.Lock()
-
-
-_STOPPING = threading.Event()  # kill_all was called: a stage process that dies now was stopped, not crashed
-
-
-def kill_all() -> None:
-    """Kill every running stage and what it started (Ctrl-C or SIGTERM in the main thread, a cancelled flow run):
-    each stage's own thread then sees its process gone and unwinds, removing its staging (StageStopped)."""
-    _STOPPING.set()
-    with _LIVE_LOCK:
-        groups = list(_LIVE.items())
-    for pgid, (tag, since) in groups:
-        _kill_group(pgid, tag, since)
-
-
-def resume() -> None:
-    """After a kill_all: stages that die from now on crashed (a process that runs pipelines again)."""
-    _STOPPING.clear()
-
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
 PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
            "trtflow.artifact"]
-_CONTEXT: Any = None
-_CONTEXT_LOCK = threading.Lock()
 
 
-def _context() -> Any:
-    global _CONTEXT
-    with _CONTEXT_LOCK:
-        if _CONTEXT is None:
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(PRELOAD)
-            _CONTEXT = ctx
-        return _CONTEXT
+class _Supervisor:
+    """What this trtflow process knows about its stage processes: the fork server they start from and the ones
+    running now (several flows and stages run side by side, in threads; a signal handler stops them all). A fork
+    server belongs to a process, so there is one supervisor per process (`_SUPERVISOR`), and it is the only state
+    this module keeps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._context: Any = None
+        self._spawner: threading.Thread | None = None
+        self._spawns: queue.SimpleQueue[tuple[threading.Event, list[BaseException]]] = queue.SimpleQueue()
+        self._live: dict[int, tuple[str, int]] = {}  # process group -> the stage's tag and start time
+        self._start = threading.Lock()  # one child started at a time (`_main_not_reimported`)
+        self.stopping = threading.Event()  # kill_all was called: a stage process that dies now was stopped
+
+    def context(self) -> Any:
+        """multiprocessing's forkserver context, its fork server running (started again after it died)."""
+        with self._lock:
+            if self._context is None:
+                ctx = multiprocessing.get_context("forkserver")
+                ctx.set_forkserver_preload(PRELOAD)
+                self._context = ctx
+            if self._spawner is None:
+                # The fork server dies when the thread that forked it ends (parent_death), and the thread that
+                # first runs a stage is one of Prefect's task threads, which end with their flow run: it is
+                # started from a thread that lives as long as this process.
+                self._spawner = threading.Thread(target=self._spawn_loop, name="trtflow-fork-server-parent",
+                                                 daemon=True)
+                self._spawner.start()
+        done, errors = threading.Event(), []
+        self._spawns.put((done, errors))
+        done.wait()
+        if errors:
+            raise errors[0]
+        return self._context
+
+    def _spawn_loop(self) -> None:
+        from multiprocessing import forkserver
+
+        while True:
+            done, errors = self._spawns.get()
+            try:
+                forkserver.ensure_running()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                errors.append(exc)
+            finally:
+                done.set()
+
+    def start(self, proc: Any, tag: str, since: int) -> None:
+        with self._start, _main_not_reimported():
+            proc.start()
+        with self._lock:
+            self._live[proc.pid] = (tag, since)
+
+    def ended(self, pid: int) -> None:
+        with self._lock:
+            self._live.pop(pid, None)
+
+    def kill_all(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            groups = list(self._live.items())
+        for pgid, (tag, since) in groups:
+            _kill_group(pgid, tag, since)
 
 
-_SPAWNS: "queue.SimpleQueue[tuple[threading.Event, list[BaseException]]]" = queue.SimpleQueue()
-_SPAWNER: threading.Thread | None = None
+_SUPERVISOR = _Supervisor()
 
 
-def _ensure_fork_server() -> None:
-    """Start the fork server (or start it again, after it died) from one thread that lives as long as this
-    process: it dies when the thread that forked it ends (parent_death), and the thread that first runs a stage
-    is one of Prefect's task threads, which end with their flow run."""
-    global _SPAWNER
-    with _CONTEXT_LOCK:
-        if _SPAWNER is None:
-            _SPAWNER = threading.Thread(target=_spawn_loop, name="trtflow-fork-server-parent", daemon=True)
-            _SPAWNER.start()
-    done, errors = threading.Event(), []
-    _SPAWNS.put((done, errors))
-    done.wait()
-    if errors:
-        raise errors[0]
+def kill_all() -> None:
+    """Kill every running stage and what it started (Ctrl-C or SIGTERM in the main thread, a cancelled flow run):
+    each stage's own thread then sees its process gone and unwinds, removing its staging (StageStopped)."""
+    _SUPERVISOR.kill_all()
 
 
-def _spawn_loop() -> None:
-    from multiprocessing import forkserver
-
-    while True:
-        done, errors = _SPAWNS.get()
-        try:
-            forkserver.ensure_running()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            errors.append(exc)
-        finally:
-            done.set()
+def resume() -> None:
+    """After a kill_all: stages that die from now on crashed (a process that runs pipelines again)."""
+    _SUPERVISOR.stopping.clear()
 
 
-def _child(conn, payload: bytes, sys_path: list[str], log: str, environ: dict[str, str]) -> None:
+def _child(conn, call: bytes, sys_path: list[str], log: str, environ: dict[str, str]) -> None:
     os.setpgrp()
     die_with_parent()  # the fork server's death, which follows trtflow's
     os.environ.clear()  # the environment of now, not of when the fork server started
@@ -124,16 +138,15 @@ def _child(conn, payload: bytes, sys_path: list[str], log: str, environ: dict[st
     faulthandler.enable()  # a native crash's Python stack, into the log
     sys.path[:] = sys_path
     try:
-        func, args = pickle.loads(payload)
-        with progress.listening(lambda what, done, total: conn.send(("progress", (what, done, total))), alone=True):
-            result = func(*args)
-        conn.send(("ok", result))
+        request: StageCall = pickle.loads(call)
+        with progress.listening(lambda what, done, total: conn.send(Progress(what, done, total)), alone=True):
+            conn.send(Returned(request.function(*request.args)))
     except BaseException as exc:  # report everything, including the user's own exceptions
         text = traceback.format_exc()
         try:
-            conn.send(("error", (exc, text)))
+            conn.send(Raised(exc, text))
         except Exception:  # an exception that cannot be pickled
-            conn.send(("error", (RuntimeError(f"{type(exc).__name__}: {exc}"), text)))
+            conn.send(Raised(RuntimeError(f"{type(exc).__name__}: {exc}"), text))
     finally:
         conn.close()
 
@@ -199,15 +212,6 @@ def _started(pid: int) -> int | None:
             return int(f.read().rsplit(b")", 1)[1].split()[19])  # fields from the 3rd on, after the command's name
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _how_it_ended(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _last_line(log: Path) -> str:
@@ -276,27 +280,24 @@ class _Tail(threading.Thread):
             self.output(f"(more output: the stage's {STAGE_LOG})")
 
 
-_START = threading.Lock()
-
-
 @contextlib.contextmanager
 def _main_not_reimported() -> Iterator[None]:
     """multiprocessing prepares each child by importing the caller's main script again (as `__mp_main__`): a script
     that calls `pipeline_flow` at top level without an `if __name__ == "__main__":` guard ran its pipeline again in
     every stage's process. Stage functions are imported by name, never from the main script, so the children are
-    started with the main module's file and spec hidden."""
+    started with the main module's file and spec hidden (multiprocessing reads them from `__main__` and offers no
+other way to say so), one start at a time."""
     main = sys.modules.get("__main__")
-    with _START:
-        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-        try:
-            if "__file__" in saved:
-                del main.__dict__["__file__"]
-            if "__spec__" in saved:
-                main.__dict__["__spec__"] = None
-            yield
-        finally:
-            if main is not None:
-                main.__dict__.update(saved)
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    try:
+        if "__file__" in saved:
+            del main.__dict__["__file__"]
+        if "__spec__" in saved:
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 
 def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, name: str,
@@ -313,15 +314,14 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
             raise
         except Exception as exc:
             raise _disk_error(exc, name, keep) or unexpected(exc, name) from exc
-    payload = pickle.dumps((func, args))
-    ctx = _context()
-    _ensure_fork_server()
+    call = pickle.dumps(StageCall(func, args))
+    ctx = _SUPERVISOR.context()
     parent, child = ctx.Pipe(duplex=False)
     fd, log_name = tempfile.mkstemp(prefix=f"trtflow-{name}-", suffix=".log")
     os.close(fd)
     log = Path(log_name)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    proc = ctx.Process(target=_child, args=(child, payload, list(sys.path), log_name,
+    proc = ctx.Process(target=_child, args=(child, call, list(sys.path), log_name,
                                             {**os.environ, STAGE_TAG: tag}),
                        name=f"trtflow-{name}", daemon=True)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -331,10 +331,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     try:
         if tail is not None:
             tail.start()
-        with _main_not_reimported():
-            proc.start()
-        with _LIVE_LOCK:
-            _LIVE[proc.pid] = (tag, since)
+        _SUPERVISOR.start(proc, tag, since)
         child.close()
         while True:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -344,17 +341,17 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
                 raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
                                           f"pipeline file if the work is expected to take longer)")
             try:
-                status, value = parent.recv()
+                message = parent.recv()
             except EOFError:
                 proc.join()
-                if _STOPPING.is_set():
+                if _SUPERVISOR.stopping.is_set():
                     raise StageStopped(f"stage '{name}' was stopped with the run") from None
-                error = TransientStageError(f"stage '{name}' crashed (its process {_how_it_ended(proc.exitcode)}"
+                error = TransientStageError(f"stage '{name}' crashed (its process {ending(proc.exitcode)}"
                                             f"{_last_line(log)})")
                 error.child_log = log.read_text(errors="replace")
                 raise error from None
-            if status == "progress":
-                progress.report(*value)
+            if isinstance(message, Progress):
+                progress.report(message.what, message.done, message.total)
                 continue
             break
         proc.join()
@@ -363,8 +360,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         if proc.pid is not None:
             _kill_group(proc.pid, tag, since)  # anything the stage started and left running
             proc.join()
-            with _LIVE_LOCK:
-                _LIVE.pop(proc.pid, None)
+            _SUPERVISOR.ended(proc.pid)
         if tail is not None:
             tail.done.set()
             tail.join(10)
@@ -375,12 +371,12 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         except OSError:
             pass
         log.unlink(missing_ok=True)
-    if status == "error":
-        exc, trace = value
+    if isinstance(message, Raised):
+        exc, trace = message.error, message.traceback
         error = exc if isinstance(exc, TrtflowError) else _disk_error(exc, name, keep) or unexpected(exc, name, trace)
         error.child_traceback, error.child_log = trace, text
         raise error
-    return value
+    return message.value
 
 
 __all__ = ["call_stage", "kill_all", "resume", "unexpected", "IN_PROCESS"]

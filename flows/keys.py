@@ -13,7 +13,10 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_serializer
+from pydantic import BaseModel, ConfigDict
+
+from trtflow.flows.fingerprint import Environment
+from trtflow.records import Recorded
 
 KEY_FORMAT = 2  # 2: parameters at their default are left out
 SHOWN_CHANGES = 8  # 'params changed' names at most this many key paths, then says how many more
@@ -21,22 +24,13 @@ VALUE_WIDTH = 60  # characters of an old or new value shown, past which it is cu
 
 
 def key_parts(kind: str, version: str, params: dict[str, Any], inputs: dict[str, str | list[str]],
-              env: dict[str, Any] | None, code: dict[str, str] | None = None) -> dict[str, Any]:
+              env: Environment | None, code: dict[str, str] | None = None) -> dict[str, Any]:
+    """The JSON the key is the digest of."""
     parts: dict[str, Any] = {"format": KEY_FORMAT, "kind": kind, "version": version, "params": params,
-                             "inputs": dict(sorted(inputs.items())), "env": env}
+                             "inputs": dict(sorted(inputs.items())), "env": None if env is None else env.to_json()}
     if code:  # a user's callable named in the parameters: editing it re-runs the stage
         parts["code"] = code
     return parts
-
-
-class Recorded(BaseModel):
-    """A part of a stored record, read back and written as it was given: a field it was not given (one a record
-    of an older trtflow lacks, an optional one left out) stays out of the JSON; fields a later trtflow adds survive."""
-    model_config = ConfigDict(extra="allow")
-
-    @model_serializer(mode="wrap")
-    def _as_given(self, handler: Any) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if k in self.model_fields_set or k in (self.model_extra or {})}
 
 
 class KeyParts(Recorded):
@@ -48,7 +42,7 @@ class KeyParts(Recorded):
     version: str | None = None
     params: dict[str, Any] = {}
     inputs: dict[str, str | list[str]] = {}
-    env: dict[str, Any] | None = None
+    env: Environment | None = None
     code: dict[str, str] | None = None
 
 
@@ -118,7 +112,9 @@ _ABSENT = object()
 def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     """'a.b[2].c old -> new' for every leaf that differs, by key path into dicts and lists (a changed list item
     is named by its index, not shown whole; null on one side and absent on the other is no change; a block shown
-    leaves out its unset (null) options); each value cut at VALUE_WIDTH characters."""
+    leaves out its unset (null) options); each value cut at VALUE_WIDTH characters. A record is compared as its
+    JSON."""
+    old, new = (x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in (old, new))
     if (old is _ABSENT and new is None) or (new is _ABSENT and old is None):
         return []
     if isinstance(old, dict) and isinstance(new, dict):

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from trtflow import files
 from trtflow.errors import TrtflowError
 from trtflow.flows import keys
-from trtflow.flows.fingerprint import ALL, fingerprint
+from trtflow.flows.fingerprint import ALL, Environment, fingerprint
 from trtflow.flows.store import write_json_atomic
 from trtflow.state import state_dir
 
@@ -38,19 +40,26 @@ def machine_name() -> str:
     return os.environ.get("TRTFLOW_MACHINE") or socket.gethostname()
 
 
-def machine_kind(env: dict[str, Any]) -> str:
+def machine_kind(env: Environment) -> str:
     """The GPU kind a fleet groups machines by (work pool per kind): `$TRTFLOW_GPU_KIND`, else the first GPU's
     name as a slug (`nvidia-a100-sxm4-80gb`), else `cpu`."""
-    if os.environ.get("TRTFLOW_GPU_KIND"):
-        return os.environ["TRTFLOW_GPU_KIND"]
-    first = next(iter((env.get("gpu") or {}).values()), None)
-    return re.sub(r"[^a-z0-9]+", "-", first["name"].lower()).strip("-") if first else "cpu"
+    if kind := os.environ.get("TRTFLOW_GPU_KIND"):
+        return kind
+    first = next(iter(env.gpus.values()), None)
+    return re.sub(r"[^a-z0-9]+", "-", first.name.lower()).strip("-") if first else "cpu"
+
+
+class MachineRecord(BaseModel):
+    """check-env's record of this machine (`state_file()`): the environment it last recorded, and as what."""
+    fingerprint: Environment | None = None
+    host: str | None = None
+    kind: str | None = None
 
 
 @dataclass
 class Check:
-    fingerprint: dict[str, Any]
-    previous: dict[str, Any] | None
+    fingerprint: Environment
+    previous: Environment | None
     kind: str
     host: str = field(default_factory=machine_name)
 
@@ -62,7 +71,8 @@ class Check:
         return {"event": EVENT,
                 "resource": {"prefect.resource.id": f"trtflow.machine.{self.host}", "trtflow.gpu-kind": self.kind,
                              "trtflow.host": self.host},
-                "payload": {"changed": self.changed, "fingerprint": self.fingerprint, "previous": self.previous}}
+                "payload": {"changed": self.changed, "fingerprint": self.fingerprint.to_json(),
+                            "previous": self.previous.to_json() if self.previous is not None else None}}
 
 
 def check(state: Path | None = None) -> Check:
@@ -70,17 +80,18 @@ def check(state: Path | None = None) -> Check:
     previous = None
     if state.exists():
         try:
-            previous = files.read_json(state, files.RECORD_BYTES).get("fingerprint")
-        except (OSError, ValueError, AttributeError):
+            previous = MachineRecord.model_validate(files.read_json(state, files.RECORD_BYTES)).fingerprint
+        except (OSError, ValueError):
             previous = None  # unreadable: recorded afresh, reported as a first record
-    env = fingerprint(ALL) or {}
+    env = fingerprint(ALL) or Environment()
     return Check(env, previous, machine_kind(env))
 
 
 def record(result: Check, state: Path | None = None) -> Path:
     state = state or state_file()
     state.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(state, {"fingerprint": result.fingerprint, "host": result.host, "kind": result.kind})
+    write_json_atomic(state, MachineRecord(fingerprint=result.fingerprint, host=result.host, kind=result.kind)
+                      .model_dump(mode="json"))
     return state
 
 
@@ -115,8 +126,8 @@ def gpu_tag(name: str, device: str) -> str:
 
 def gpu_tags(name: str, check_result: Check | None) -> list[str]:
     """The GPU tags stage tasks on machine `name` carry: one per GPU it has (device 0 when none is seen)."""
-    gpus = ((check_result.fingerprint if check_result else {}).get("gpu") or {"0": None})
-    return [gpu_tag(name, i) for i in sorted(gpus)]
+    devices = sorted(check_result.fingerprint.gpus) if check_result else []
+    return [gpu_tag(name, i) for i in devices or ["0"]]
 
 
 def create_gpu_limits(name: str, check_result: Check | None) -> list[str]:

@@ -8,8 +8,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from trtflow.flows.keys import KeyParts, Recorded
+from trtflow.flows.fingerprint import Environment
+from trtflow.flows.keys import KeyParts
 from trtflow.paths import safe_relpath
+from trtflow.records import Recorded
 
 MANIFEST = "manifest.json"
 
@@ -65,7 +67,7 @@ class RunEnvironment(Recorded):
     """Where the result was made: Python, the platform, and the environment fingerprint its key holds."""
     python: str | None = None
     platform: str | None = None
-    fingerprint: dict[str, Any] | None = None
+    fingerprint: Environment | None = None
 
 
 class Manifest(BaseModel):

@@ -1,23 +1,29 @@
 """The Prefect wiring, kept thin: one flow run per pipeline run, one task per stage, a Markdown artifact each."""
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import hashlib
 import os
 import re
-import uuid
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_image_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NONE
 from prefect.states import Cancelled, Completed
 from prefect.utilities.annotations import quote
 
+from trtflow import files, progress
 from trtflow import markdown as md
-from trtflow import progress
 from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
 from trtflow.events import Event, StageRan
 from trtflow.flows.fingerprint import describe
@@ -71,31 +77,35 @@ def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
     return on_progress
 
 
-# a runner its caller made already (`trtflow run` checks the spec and the store before Prefect starts, the watcher
-# plans first), by the flow's arguments: the flow takes it rather than loading the pipeline a second time
-_handed: dict[tuple[str, tuple[str, ...], str], Runner] = {}
+# Both live in context variables, not module-level dicts: Prefect runs a flow and each of its tasks in a copy of the
+# caller's context, so flows side by side in one process each see their own.
+# A runner its caller made already (`trtflow run` checks the spec and the store before Prefect starts, the watcher
+# plans first), with the flow's arguments it is for: the flow takes it rather than loading the pipeline again.
+_handed: ContextVar[tuple[tuple[str, tuple[str, ...], str], Runner] | None] = ContextVar("trtflow_handed_runner",
+                                                                                         default=None)
+# The running flow's runner, for its tasks: a task never gets the object as an argument (Prefect walks a task's
+# arguments for earlier results, and the runner holds them all: the UI drew false edges).
+_running: ContextVar[Runner | None] = ContextVar("trtflow_flow_runner", default=None)
+
+
+def _handle(pipeline_file: str, overrides: list[str] | None, store: str | None) -> tuple[str, tuple[str, ...], str]:
+    return pipeline_file, tuple(overrides or ()), store or ""
 
 
 @contextlib.contextmanager
 def handing_over(runner: Runner, pipeline_file: str, overrides: list[str] | None) -> Iterator[None]:
     """While inside, `pipeline_flow(pipeline_file, overrides, store=runner.store.location)` runs on `runner`."""
-    handle = (pipeline_file, tuple(overrides or ()), runner.store.location)
-    _handed[handle] = runner
+    token = _handed.set((_handle(pipeline_file, overrides, runner.store.location), runner))
     try:
         yield
     finally:
-        _handed.pop(handle, None)
-
-
-# the runner of each running pipeline flow, by handle: a task gets the handle, never the object (Prefect walks a
-# task's arguments for earlier results, and the runner holds them all: the UI drew false edges)
-_runners: dict[str, Runner] = {}
+        _handed.reset(token)
 
 
 @task(cache_policy=NONE, persist_result=False)
-def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
-               force: list[str] | None) -> StageOutcome:
-    runner = _runners[runner_id]
+def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None) -> StageOutcome:
+    runner = _running.get()
+    assert runner is not None, "stage_task runs inside pipeline_flow"
     key = artifact_key(runner, name)
     try:
         logger = get_run_logger()
@@ -117,6 +127,7 @@ def stage_task(runner_id: str, name: str, produced: dict[str, Manifest],
                  if runner.store.location != str(runner.store.root) else "") + "\n\n")
     create_markdown_artifact(key=key, markdown=header + outcome.summary,
                              description=f"trtflow stage {name}: {outcome.status}")
+    _plot_artifacts(key, name, outcome)
     get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,
                           outcome.reason)
     for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
@@ -181,13 +192,15 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     starts as soon as the stages it reads are done, side by side with others (pipeline `concurrency:`); a failed
     stage stops only the stages that depend on it. Returns each stage's `StageReport` (flows/results.py) as
     JSON."""
-    runner = _handed.pop((pipeline_file, tuple(overrides or ()), store or ""), None) \
-        or make_runner(pipeline_file, overrides, store)
+    handed = _handed.get()
+    runner = handed[1] if handed is not None and handed[0] == _handle(pipeline_file, overrides, store) \
+        else make_runner(pipeline_file, overrides, store)
     order = runner.select(stages)
     identity = run_identity(pipeline_file)[1]
     _tag_flow_run(identity)
+    _notify("flow", "", _flow_run_page())
     run = _Schedule(runner, order, force, identity)
-    _runners[run.runner_id] = runner
+    token = _running.set(runner)
     try:
         run.until_done()
     except BaseException:  # Ctrl-C, SIGTERM, a cancelled flow run: stop the stages running in other threads (their
@@ -197,7 +210,7 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         resume()
         raise
     finally:
-        _runners.pop(run.runner_id, None)
+        _running.reset(token)
     if run.failed:
         first, exc = next((n, run.failed[n]) for n in order if n in run.failed)
         lost = [n for n in order if run.skipped.get(n) in run.failed]
@@ -209,6 +222,14 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         raise exc
     return [StageReport.of_outcome(o, announced(runner.pipeline.file, o) if o.status == "ran" else [])
             .model_dump(mode="json") for o in (run.outcomes[n] for n in order)]
+
+
+def _flow_run_page() -> str | None:
+    """This flow run's page in the Prefect UI (None when the server has no UI address: Prefect's ephemeral one)."""
+    from prefect.runtime import flow_run
+    from prefect.settings import PREFECT_UI_URL
+
+    return flow_run.ui_url if PREFECT_UI_URL.value() else None
 
 
 def _tag_flow_run(wanted: list[str]) -> None:
@@ -251,7 +272,6 @@ class _Schedule:
 
     def __init__(self, runner: Runner, order: list[str], force: list[str] | None, identity: list[str]):
         self.runner, self.order, self.force, self.identity = runner, order, force, identity
-        self.runner_id = uuid.uuid4().hex
         self.pending = list(order)
         self.running: dict[str, Any] = {}
         self.outcomes: dict[str, StageOutcome] = {}
@@ -287,7 +307,7 @@ class _Schedule:
                 produced = {u: self.outcomes[u].manifest for u in self.runner.graph.closure([name]) if u != name}
                 # the edges are the stages it reads (wait_for); its arguments are quoted: Prefect otherwise links
                 # any argument whose id() matches an earlier result's (ids of freed objects are reused)
-                self.running[name] = task_.submit(quote(self.runner_id), quote(name), quote(produced),
+                self.running[name] = task_.submit(quote(name), quote(produced),
                                                   quote(self.force), wait_for=[self.futures[u] for u in node.upstream])
                 self.futures[name] = self.running[name]
                 self.pending.remove(name)
@@ -319,6 +339,23 @@ class _Schedule:
                 _notify("fail", name, exc)
                 continue
             _notify("done", name, self.outcomes[name])
+
+
+PLOT_BYTES = 2 << 20  # a plot larger than this stays a file in the store only
+PLOTS = 8  # at most this many per stage
+
+
+def _plot_artifacts(key: str, name: str, outcome: StageOutcome) -> None:
+    """The stage's plots (PNG files among its outputs) as Prefect image artifacts beside its summary. The image
+    travels inside the artifact (a data: URL): the UI shows it without reaching the store."""
+    plots = sorted(rel for rel in (outcome.manifest.files or {}) if rel.endswith(".png"))[:PLOTS]
+    for i, rel in enumerate(plots):
+        try:
+            data = files.read_bounded(outcome.directory / rel, PLOT_BYTES, follow=False)
+        except OSError:  # too large, or not a regular file: the store keeps it
+            continue
+        create_image_artifact(image_url="data:image/png;base64," + base64.b64encode(data).decode(),
+                              key=f"{key}-plot-{i}", description=f"trtflow stage {name}: {rel}")
 
 
 def _local(future: Any) -> concurrent.futures.Future:

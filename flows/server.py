@@ -123,9 +123,9 @@ def ensure(on_start=None) -> str:
             port = s.getsockname()[1]
         url = f"http://127.0.0.1:{port}/api"
         log = record_file().with_suffix(".log")
-        env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED",
-                                                                                  "false")}
+        env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}  # unless the user sets it
         env.pop("PREFECT_API_URL", None)
+        env["PREFECT_UI_API_URL"] = url  # else its UI calls Prefect's default address, not this server
         with open(log, "ab") as fh:
             proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                      "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=env,

@@ -24,12 +24,15 @@ AnyStage = Annotated[
 
 class Pipeline(Strict):
     version: Literal[1] = Field(description="spec version; 1 is the only one so far")
-    name: ModelName
-    model: str = Field(description="the ONNX model, relative to the pipeline file")
+    name: ModelName = Field(description="the model's name: the Triton model's, unless a release says otherwise "
+                                        "(letters, digits, '_', '-' and '.')", examples=["resnet18-cls"])
+    model: str = Field(description="the ONNX model, relative to the pipeline file", examples=["models/model.onnx"])
     artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
     concurrency: int | None = Field(None, ge=1, le=256, description="at most this many stages run side by side "
                                                                    "(default: the CPU count)")
-    stages: dict[StageName, AnyStage] = Field(min_length=1)
+    stages: dict[StageName, AnyStage] = Field(min_length=1, description=(
+        "the stages by name, in order (an omitted input comes from the nearest earlier stage): each a `kind` and "
+        "that kind's keys (the sections below); 'source' and 'shared' are reserved"))
 
     @field_validator("stages")
     @classmethod

@@ -48,14 +48,18 @@ class Strict(BaseModel):
 
 
 class StageBase(Strict):
-    description: str | None = None
+    description: str | None = Field(None, description="free text about the stage, for whoever reads the file (no "
+                                                        "part of its key)")
     inputs: dict[str, Ref | list[Ref]] = Field(
         default_factory=dict,
-        description="Which earlier outputs this stage consumes, per input slot. Omitted slots get a default: "
-                    "the prepared model, the nearest parity preprocessing, the nearest build's engines.")
-    retries: int = Field(0, ge=0, le=20, description="Prefect task retries")
-    retry_delay: Duration = Field(0.0, description="Seconds (or '30s', '2m') between retries")
-    timeout: Duration | None = Field(None, description="Fail the stage after this long ('30m')")
+        description="Which earlier outputs this stage consumes, per input slot: 'stage' or 'stage.output', 'source' "
+                    "for the pipeline's model. Omitted slots get their default (the kind's inputs below)",
+        examples=[{"model": "fp16"}, {"models": ["prepare", "int8"]}])
+    retries: int = Field(0, ge=0, le=20, description="Prefect task retries of a crash or timeout (bad input is "
+                                                     "never retried)")
+    retry_delay: Duration = Field(0.0, description="how long to wait between retries", examples=["30s"])
+    timeout: Duration | None = Field(None, description="Fail the stage after this long, killing what it started",
+                                     examples=["30m"])
 
     EXECUTION_FIELDS: ClassVar[frozenset[str]] = frozenset({"description", "inputs", "retries", "retry_delay",
                                                             "timeout"})
@@ -96,21 +100,27 @@ class StageBase(Strict):
 
 class SampleData(Strict):
     """Where sample inputs come from: images through the parity preprocessing, saved tensors, or random."""
-    images: str | None = Field(None, description="glob of images, fed through the parity stage's preprocessing")
-    tensors: str | None = Field(None, description="glob of .npy (single input) or .npz (one array per input)")
-    random: bool = False
+    images: str | None = Field(None, description="glob of images, relative to the pipeline file, fed through the "
+                                                 "parity stage's preprocessing", examples=["data/*.jpg"])
+    tensors: str | None = Field(None, description="glob of .npy (single input) or .npz (one array per input)",
+                                examples=["ref/*.npz"])
+    random: bool = Field(False, description="seeded random inputs (at `shapes` where the model's are dynamic, "
+                                            "within `ranges`); integer inputs that index a table stay within it")
     samples: int = Field(8, ge=1, le=MAX_SAMPLES,
                          description="how many samples to use (at most; files beyond are ignored)")
     shapes: dict[str, Shape] = Field(default_factory=dict,
-                                         description="shapes for random inputs where the model's are dynamic")
+                                     description="shapes for random inputs where the model's are dynamic",
+                                     examples=[{"input_ids": [1, 128]}])
     ranges: dict[str, list[float]] = Field(
         default_factory=dict, description="per input, [low, high] of its random values (equal bounds pin a "
-                                          "constant), e.g. {token_type_ids: [0, 1], sample_rate: [16000, 16000]}")
+                                          "constant)",
+        examples=[{"token_type_ids": [0, 1], "sample_rate": [16000, 16000]}])
     pad: dict[str, float] = Field(
         default_factory=dict, description="validate, where it makes files into a profile's larger shape: per input, "
-                                          "the value it is padded with, e.g. {input_ids: 1} (the tokenizer's pad id); "
-                                          "inputs not named: integers padded with 0, floats repeat their content")
-    seed: int = 0
+                                          "the value it is padded with (a tokenizer's pad id); inputs not named: "
+                                          "integers padded with 0, floats repeat their content",
+        examples=[{"input_ids": 1}])
+    seed: int = Field(0, description="seed of the random inputs")
 
     @model_validator(mode="after")
     def _one_of(self) -> "SampleData":
@@ -125,11 +135,13 @@ class SampleData(Strict):
 # --- task-level accuracy (validate's gate, the precision/calibrate pre-flights) -------------------------
 
 class TopKMetric(Strict):
+    """Classification: does the candidate's top-k hold the reference's top class (gives top1, top<k>)."""
     k: int = Field(5, ge=1, le=1000, description="the reference's class must be among the candidate's top k")
     axis: int = Field(-1, description="the class axis")
 
 
 class CTCMetric(Strict):
+    """Text recognition: both sides greedily CTC-decoded and compared (gives text_exact, cer)."""
     blank: int = Field(0, ge=0, description="the CTC blank's class index")
     axis: int = Field(-1, description="the class axis; the other non-batch axis is time")
 
@@ -157,6 +169,8 @@ class MapMetric(Strict):
 
 
 class EmbeddingMetric(Strict):
+    """Embeddings: the cosine of each sample's embedding to the reference's (gives embedding_cosine, its worst
+    sample, and embedding_cosine_mean)."""
     axis: int = Field(-1, description="the embedding axis")
     pool: Literal["none", "mean"] = Field(
         "none", description="mean: average the axes between batch and axis first (token embeddings -> one vector "
@@ -291,4 +305,5 @@ def metric_direction(name: str) -> bool | None:
 
 
 Metrics = Annotated[dict[str, OutputMetrics], Field(
-    default_factory=dict, description="task-level metrics per output name, or '*' for every output")]
+    default_factory=dict, description="task-level metrics per output name, or '*' for every output",
+    examples=[{"logits": {"topk": {"k": 5}}}, {"*": {"ctc": {"blank": 0}}}, {"maps": {"map_iou": {"threshold": 0.3}}}])]

@@ -8,9 +8,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 10**12, "tb": 10**12}
-_DURATION_UNITS = {"": "1", "s": "1", "m": "60", "min": "60", "h": "3600", "ms": "0.001", "us": "0.000001"}
+SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 10**12, "tb": 10**12}
+DURATION_UNITS = {"": "1", "s": "1", "m": "60", "min": "60", "h": "3600", "ms": "0.001", "us": "0.000001"}
 
 
 def parse_size(value: object) -> int:
@@ -21,9 +21,9 @@ def parse_size(value: object) -> int:
             raise ValueError("a size cannot be negative")
         return value
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
+    if not m or m.group(2).lower() not in SIZE_UNITS:
         raise ValueError(f"invalid size {value!r} (expected e.g. 2GiB, 512MiB or a number of bytes)")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
 
 
 def parse_duration(value: object) -> float:
@@ -36,10 +36,10 @@ def parse_duration(value: object) -> float:
             raise ValueError("a duration cannot be negative")
         return float(value)
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _DURATION_UNITS:
+    if not m or m.group(2).lower() not in DURATION_UNITS:
         raise ValueError(f"invalid duration {value!r} (expected e.g. 90s, 10m or 2h)")
     # in decimal: 100us is the 0.0001 s written as a number, not 9.999999999999999e-05
-    return float(Decimal(m.group(1)) * Decimal(_DURATION_UNITS[m.group(2).lower()]))
+    return float(Decimal(m.group(1)) * Decimal(DURATION_UNITS[m.group(2).lower()]))
 
 
 def parse_fraction(value: object) -> float:

@@ -38,7 +38,7 @@ def assert_trt_ready(model: Path, shape: dict[str, list[int]], build_dir: Path, 
 
 
 def test_real_photos_through_the_parity_preprocessing(tmp_path, tensorrt_available, engine_size):
-    pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
+    pre = preprocess.save(preprocess.canonical(IMAGENET), tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
     result = run_calibrate(SQUEEZENET, tmp_path / "out", inputs, data={"images": "*.png", "samples": 4},
                            holdout=1, trt_calibration_cache=True, method="percentile", percentile=99.9)
@@ -200,7 +200,7 @@ def test_entropy_is_not_minmax_on_real_photos(tmp_path):
 
     from trtflow.stages.ort.calibration import entropy_threshold
 
-    pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
+    pre = preprocess.save(preprocess.canonical(IMAGENET), tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
     from trtflow.stages.ort.calibration import MIN_VALUES_FOR_KL, percentile_threshold
 
@@ -257,7 +257,7 @@ def test_the_range_rules_are_checked_against_each_other(tmp_path):
     MinMax), and a worst-sample cosine picked the full ranges on PP-OCRv4 rec where percentile and entropy do far
     better on its text (bench/int8.py): the rule, the other histogram rule and the full ranges are each run on the
     calibration samples, the closest to FP32 by mean relative error is kept, saying which."""
-    pre = preprocess.save(IMAGENET, tmp_path / "preprocess.json")
+    pre = preprocess.save(preprocess.canonical(IMAGENET), tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
     for method in ("entropy", "percentile"):  # percentile (the default) is checked the same way
         result = run_calibrate(SQUEEZENET, tmp_path / method, inputs, data={"images": "*.png", "samples": 4},

@@ -126,6 +126,7 @@ def test_plan_check_and_json_for_schedulers(capsys, write_yaml, monkeypatch):
     fields that changed (here a TensorRT upgrade, simulated by the fingerprint: no second TensorRT installs here)."""
     from tests.test_runner import run_all
     from trtflow.flows import runner as runner_module
+    from trtflow.stages.trt.env import TensorRT
     path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n"
                       "  mine: {kind: 'tests.stage_fns:copy_model', outputs: {model: onnx}, env_dependent: true}\n")
     code, _, _ = run_cli(capsys, "plan", str(path), "--check")
@@ -138,13 +139,13 @@ def test_plan_check_and_json_for_schedulers(capsys, write_yaml, monkeypatch):
 
     def upgraded(facets):
         env = real(facets)
-        return {**env, "tensorrt": {"flavour": "tensorrt", "version": "99.0.0"}} if env else env
+        return env.model_copy(update={"tensorrt": TensorRT(flavour="tensorrt", version="99.0.0")}) if env else env
     monkeypatch.setattr(runner_module, "fingerprint", upgraded)
     code, out, _ = run_cli(capsys, "plan", str(path), "--check", "--json")
     (stage,) = json.loads(out)["stages"]
     assert code == 3 and stage["action"] == "run" and stage["reason"].startswith("environment changed: ")
     assert [c for c in stage["environment_changed"] if c.startswith("tensorrt.version ")] == [
-        f"tensorrt.version {json.dumps((real(('tensorrt',))['tensorrt'] or {}).get('version'))} -> \"99.0.0\""]
+        f"tensorrt.version {json.dumps(getattr(real(('tensorrt',)).tensorrt, 'version', None))} -> \"99.0.0\""]
 
 
 def test_check_env_records_reports_and_keeps_an_unsent_change(capsys, tmp_path, monkeypatch):

@@ -74,8 +74,9 @@ def test_matching_needs_the_same_class_and_is_one_to_one():
     got[0, 5:7, 2] = got[0, 6:4:-1, 2]  # the class-1 box (anchor 2) now says class 2: the same box, another class
     res = judge({"y": ref}, {"y": got}, {"y": {"detections": {}}})  # auto: [1, 7, 9] is channels first
     o = res.outputs["y"]
-    assert (o["det_recall"], o["det_precision"], o["det_f1_min"]) == pytest.approx((2 / 3, 2 / 3, 2 / 3))
-    assert o["det_iou"] == 1.0 and o["reference_boxes"] == 3
+    v = o.task_values
+    assert (v["det_recall"], v["det_precision"], v["det_f1_min"]) == pytest.approx((2 / 3, 2 / 3, 2 / 3))
+    assert v["det_iou"] == 1.0 and o.reference_boxes == 3
     assert "output 'y': det_recall 0.66667 < 0.95" in res.violations  # the FP16 default
     # two candidate boxes on one reference box: one matches, the other is a false detection
     two = np.zeros((1, 4, 6), np.float32)
@@ -83,18 +84,19 @@ def test_matching_needs_the_same_class_and_is_one_to_one():
     cand = two.copy()
     cand[0, 1] = [41, 40, 61, 60, 0.8, 0]
     o = judge({"y": two}, {"y": cand}, {"y": {"detections": {"layout": "end2end"}}}).outputs["y"]
-    assert (o["det_recall"], o["det_precision"], o["det_iou"]) == pytest.approx((1.0, 0.5, 1.0))
+    v = o.task_values
+    assert (v["det_recall"], v["det_precision"], v["det_iou"]) == pytest.approx((1.0, 0.5, 1.0))
 
 
 def test_empty_images_agree_and_a_missed_image_is_the_worst():
     empty = np.zeros((2, 7, 9), np.float32)  # two images, nothing scores
     o = judge({"y": empty}, {"y": empty.copy()}, {"y": {"detections": {}}}).outputs["y"]
-    assert [o[k] for k in ("det_recall", "det_precision", "det_iou", "det_f1_min", "reference_boxes")] == \
+    assert [o.value(k) for k in ("det_recall", "det_precision", "det_iou", "det_f1_min", "reference_boxes")] == \
         [1.0, 1.0, 1.0, 1.0, 0]
     ref = np.concatenate([yolov8_head(), np.zeros((1, 7, 9), np.float32)])  # image 2 has nothing, on both sides
     got = np.zeros_like(ref)  # the candidate finds nothing at all
     o = judge({"y": ref}, {"y": got}, {"y": {"detections": {}}}).outputs["y"]
-    assert [o[k] for k in ("det_recall", "det_precision", "det_iou", "det_f1_min")] == [0.0, 1.0, 0.0, 0.0]
+    assert [o.value(k) for k in ("det_recall", "det_precision", "det_iou", "det_f1_min")] == [0.0, 1.0, 0.0, 0.0]
 
 
 def test_a_decoder_of_a_head_spread_over_two_outputs():
@@ -111,8 +113,9 @@ def test_a_decoder_of_a_head_spread_over_two_outputs():
     res = judge({"scores": scores, "boxes": boxes}, {"scores": got_scores, "boxes": got_boxes}, metrics,
                 feed={"image": np.zeros((1, 3, 8, 8), np.float32)})
     o = res.outputs["scores"]
-    assert (o["det_recall"], o["det_precision"], o["det_iou"]) == pytest.approx((2 / 3, 1.0, 0.75))
-    assert "det_recall" not in res.outputs["boxes"]  # the other output keeps its elementwise judgement
+    v = o.task_values
+    assert (v["det_recall"], v["det_precision"], v["det_iou"]) == pytest.approx((2 / 3, 1.0, 0.75))
+    assert "det_recall" not in res.outputs["boxes"].task_values  # the other output keeps its elementwise judgement
     with pytest.raises(StageError, match=r"metrics\.scores\.detections\.decode 'tests.stage_fns:picodet_boxes' "
                                          r"raised AssertionError"):
         judge({"scores": scores, "boxes": boxes}, {"scores": scores, "boxes": boxes}, metrics, feed={})
@@ -218,11 +221,11 @@ def test_a_detector_is_judged_by_its_boxes_not_its_raw_head(ddddocr, tmp_path):
 
     half = judged(None)
     o = half.outputs["output"]
-    assert half and o["reference_boxes"] >= 40 and o["det_recall"] == o["det_precision"] == 1.0, o
+    assert half and o.reference_boxes >= 40 and o.task_values["det_recall"] == o.task_values["det_precision"] == 1.0
     six = judged(6)
     o = six.outputs["output"]
-    assert o["cosine"] > 0.99 and o["reference_boxes"] == half.outputs["output"]["reference_boxes"]
-    assert o["det_recall"] < 0.85, o
+    assert o.cosine > 0.99 and o.reference_boxes == half.outputs["output"].reference_boxes
+    assert o.task_values["det_recall"] < 0.85, o
     assert any(v.startswith("output 'output': det_recall 0.8") and v.endswith("< 0.9") for v in six.violations), \
         six.violations
     assert six.directions["output"]["det_recall"] is True

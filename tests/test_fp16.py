@@ -14,8 +14,8 @@ from onnx import TensorProto as TP
 from tests.graphs import RNG, celu_in_the_middle, if_with_outer_refs, loop_carried, lstm_model, partly_fp16, yolo_like
 from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.precision import PrecisionStage
-from trtflow.stages.precision import stage as precision
 from trtflow.stages.onnx import fp16
+from trtflow.stages.precision import stage as precision
 
 
 def _feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -68,6 +68,16 @@ def test_only_the_inputs_of_quantized_ops_are_quantized(ppocr_cls, tmp_path):
     assert report["quantize_outputs"] is False and "16 node(s)" in result.summary
     assert "(inputs only)" in result.summary
     assert qdq.recipe(q).quantize_outputs is False
+    # a recipe stored before quantize_outputs was recorded quantized the outputs; metadata that is no recipe is one
+    # error naming it
+    entry = next(p for p in q.metadata_props if p.key == qdq.RECIPE)
+    stored = json.loads(entry.value)
+    del stored["quantize_outputs"]
+    entry.value = json.dumps(stored)
+    assert qdq.recipe(q).quantize_outputs is True and qdq.recipe(q).excluded == set(stored["excluded_nodes"])
+    entry.value = '{"ranges": {}}'
+    with pytest.raises(StageError, match="'trtflow.qdq_recipe' metadata is not a Q/DQ recipe trtflow wrote"):
+        qdq.recipe(q)
     # the recipe before VERSION 5 is still there, for the models written with it
     legacy = run_calibrate(ppocr_cls, tmp_path / "legacy", method="minmax", quantize_outputs=True,
                            data={"random": True, "samples": 3, "shapes": {"x": [1, 3, 48, 192]}}, holdout=0)

@@ -11,13 +11,16 @@ from pydantic import create_model
 
 from tests.assets import PPOCR
 from trtflow.flows import keys
+from trtflow.flows.fingerprint import Environment
 from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
 from trtflow.pipelines.kinds import KINDS
 from trtflow.pipelines.loader import load_pipeline
+from trtflow.stages.trt.env import TensorRT
 
 PARTS = keys.key_parts("prepare", "1", {"simplify": True, "target_opset": 17},
-                       {"model": "ab" * 32}, {"tensorrt": {"flavour": "tensorrt-rtx", "version": "1.7.1.116"}},
+                       {"model": "ab" * 32},
+                       Environment(tensorrt=TensorRT(flavour="tensorrt-rtx", version="1.7.1.116")),
                        {"m:f": "0123456789abcdef"})
 
 

@@ -144,3 +144,25 @@ def test_a_model_repo_with_its_own_flows_pipelines_and_stages(tmp_path):
                          "print(flow.fn.__module__, flows.MARK, stages.MARK, sep='|')")
     assert entry.returncode == 0, entry.stderr
     assert entry.stdout.strip().splitlines()[-1] == "trtflow.flows.pipeline_flow|the user's own|the user's own"
+
+
+def _literal_key_reads(path: Path) -> int:
+    """`x["key"]`, `.get("key")`, `.pop("key")`, `.setdefault("key")` with a string constant (Literal[...] aside)."""
+    count = 0
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            count += not (isinstance(node.value, ast.Name) and node.value.id in ("Literal", "Annotated"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("get", "pop", "setdefault") and node.args \
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            count += 1
+    return count
+
+
+LITERAL_KEY_READS = 100  # 840 before records became models (#40); what is left reads JSON, YAML, os.environ
+
+
+def test_records_are_read_through_their_models_not_by_literal_key():
+    counts = {name: n for name, path in _sources().items() if (n := _literal_key_reads(path))}
+    assert sum(counts.values()) <= LITERAL_KEY_READS, sorted(counts.items(), key=lambda kv: -kv[1])[:15]

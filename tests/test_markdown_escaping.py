@@ -13,18 +13,18 @@ from markdown_it import MarkdownIt
 
 from trtflow import markdown
 from trtflow.artifact import Provenance
-from trtflow.stages.validate.repair import Repair, Round
-from trtflow.stages.ort.layerwise import LayerRow, Layerwise
-from trtflow.stages.release import card
 from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement
-from trtflow.stages.build.report import BuildReport, CellRow
+from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
 from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
+from trtflow.stages.ort.layerwise import LayerRow, Layerwise
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.prepare.report import PrepareReport, Source
+from trtflow.stages.release import card
 from trtflow.stages.release.report import Option, ReleaseReport, TargetRelease
-from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
 from trtflow.stages.trt.engines import Backend
+from trtflow.stages.validate.repair import Repair, Round
+from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
 
 IMG = "<img src=x onerror=alert(1)>"
 VALUES = [IMG, "a|b", "a`b", "``a|b`", "a\nb", f"x\n{IMG}", f"x\n| {IMG} |", "[x](javascript:y)", "**b**",
@@ -146,7 +146,8 @@ def release_report(h: str) -> ReleaseReport:
     shipped = TargetRelease(target=h, chosen=option(1), version=3, options=[option(1), option(2), option(0, h)],
                             repository=h, config=f'name: "{h}"\n```\n{h}\n', models=[h, h, h], max_batch_size=8,
                             batch_note=h, environment={"tensorrt": {"flavour": h, "version": h}, "target": h,
-                                                       "gpu": [{"name": h, "driver": h}], "version_compatible": h})
+                                                       "gpu": [{"name": h, "compute_capability": h, "driver": h}],
+                                                       "hardware_compatibility": h, "version_compatible": True})
     none = TargetRelease(target=h, chosen=None, why_none=h, options=[option(0, h)])
     return ReleaseReport(model_name=h, rule={"require": h, "prefer": h, "max_accuracy_drop": 0.01, "variants": [h],
                                              "profiles": [h]},
@@ -202,7 +203,8 @@ def test_the_build_summary(h):
     def cell(**kw) -> CellRow:
         return CellRow(name=h, variant=h, precision="int8", target=h, profiles=[h, h], shapes={h: {h: [1]}},
                        validity={"checked": True, "validity": h, "diagnostics": [h]}, **kw)
-    report = BuildReport(backend=Backend(flavour=h, module=h, version=h), environment={h: h},
+    backend = Backend(flavour=h, module=h, version=h)
+    report = BuildReport(backend=backend, environment=BuildEnvironment(tensorrt=backend),
                          cells=[cell(status="failed", error=h), cell(status="ok", reused=h, engine_bytes=10)],
                          wall_seconds=1.0, parallel=1, timing_cache=h, warnings=[h])
     html = check(report.summary())
@@ -288,7 +290,7 @@ def test_the_parity_summary(h, tmp_path):
     picture = tmp_path / (h.replace("\n", " ") + ".png")
     picture.write_bytes(b"\x89PNG")
     for diagnosis in (found, none):
-        report = ParityReport(verdict="fail", preprocess_digest=h, steps=[{h: h}],
+        report = ParityReport(verdict="fail", preprocess_digest=h, steps=[{"read": h}],
                               runtimes={"deploy": h, "training": h}, tolerances={"max_abs": 0.1, "mean_abs": 0.1},
                               images=[good, bad], model=model, diagnosis=diagnosis, worst_image=h)
         html = check(report.summary(picture), [("worst", "data:image/png;base64,iVBORw==")])

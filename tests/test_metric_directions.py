@@ -15,8 +15,8 @@ from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate
+from trtflow.stages.compare.accuracy import Accuracy, Comparison, OutputAccuracy
 from trtflow.stages.release import selection
-from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.release.report import Option
 from trtflow.stages.validate.report import CandidateResult
 
@@ -62,7 +62,8 @@ def test_a_report_written_before_accuracy_was_typed_still_reads():
            "outputs": {"y": {"max_abs": 0.5, "mean_abs": 0.1, "cosine": 0.99, "nan": 0, "inf": 0}}}
     cand = CandidateResult.model_validate_json(_candidate(old).model_dump_json().replace(  # the dict, verbatim
         '"accuracy":{"runtime"', '"accuracy":{"rtol":0.001,"runtime"'))
-    assert cand.accuracy == Accuracy("onnxruntime-cpu 1.22", 4, old["outputs"])
+    assert cand.accuracy == Accuracy("onnxruntime-cpu 1.22", 4, {"y": OutputAccuracy(max_abs=0.5, mean_abs=0.1,
+                                                                                  cosine=0.99, nan=0, inf=0)})
     assert cand.accuracy.table()[2].startswith("| `y` | 0.5 |")
     again = _candidate(cand.accuracy).model_dump(mode="json")["accuracy"]
     assert again == {"runtime": "onnxruntime-cpu 1.22", "samples": 4, "outputs": old["outputs"], "directions": {}}
@@ -73,8 +74,8 @@ FACE_IOU = {"faces": {"callable": "tests.stage_fns:face_iou"}}
 
 def test_max_accuracy_drop_weighs_a_function_s_metric_by_its_tolerance():
     acc = face_network(FACE_IOU, {"faces": {"face_iou": {"min": 0.9}}})
-    assert acc.outputs["faces"]["face_iou"] == pytest.approx(823 / 900)
-    assert 0.99 < acc.outputs["embedding"]["cosine"] < 0.999  # a drop below 1% where the cosine alone is weighed
+    assert acc.outputs["faces"].task_values["face_iou"] == pytest.approx(823 / 900)
+    assert 0.99 < acc.outputs["embedding"].cosine < 0.999  # a drop below 1% where the cosine alone is weighed
     assert acc.directions["faces"] == {"face_iou": True}
     shown, drop, where = selection.accuracy_drop(acc, weigh=True)
     assert (drop, where) == (pytest.approx(1 - 823 / 900), "faces/face_iou")  # 8.6%, not the cosine's 0.41%
@@ -98,7 +99,7 @@ def test_a_metric_without_a_direction_is_an_error_where_it_would_be_weighed():
     shown, _, where = selection.accuracy_drop(acc, weigh=False)
     assert shown["faces"] == {"face_iou": pytest.approx(823 / 900)} and where == "embedding/cosine"
     # a function's value outside [0, 1] is no share: it cannot be weighed against the others
-    acc.outputs["faces"]["face_iou"] = 3.5
+    acc.outputs["faces"].task_values["face_iou"] = 3.5
     acc.directions["faces"] = {"face_iou": False}
     with pytest.raises(StageError, match=r"'faces/face_iou' is 3.5, outside \[0, 1\]: return a share"):
         selection.accuracy_drop(acc, weigh=True)
@@ -148,7 +149,7 @@ def test_trtflow_validate_refuses_a_bound_that_cannot_be_judged(write_yaml, caps
 
 # --------------------------------------------------------------------------- map_iou: a channel, classes
 
-def judged(ref: np.ndarray, got: np.ndarray, map_iou: dict) -> dict:
+def judged(ref: np.ndarray, got: np.ndarray, map_iou: dict) -> OutputAccuracy:
     params = ValidateStage(kind="validate", metrics={"y": {"map_iou": map_iou}})
     cmp = Comparison(params.metrics)
     cmp.add({"y": ref}, {"y": got})
@@ -161,10 +162,10 @@ def test_map_iou_of_one_channel():
     got = face.copy()
     got[0, 2:6, 5] = False  # 4 lost
     o = judged(softmax_faces(face), softmax_faces(got), {"channel": 1})
-    assert (o["iou"], o["iou_min"]) == (12 / 16, 12 / 16)
+    assert (o.task_values["iou"], o.task_values["iou_min"]) == (12 / 16, 12 / 16)
     # the whole output, as before: the background channel's 0.9 everywhere else makes it look almost the same
     whole = judged(softmax_faces(face), softmax_faces(got), {})
-    assert whole["iou"] == pytest.approx(124 / 132)
+    assert whole.task_values["iou"] == pytest.approx(124 / 132)
     with pytest.raises(StageError, match=r"metrics.y.map_iou.channel: 2 beyond the 2 along axis 1 of an output of "
                                          r"shape \[2, 2, 8, 8\]"):
         judged(softmax_faces(face), softmax_faces(got), {"channel": 2})
@@ -180,8 +181,8 @@ def test_map_iou_of_segmentation_classes():
     got[0, 2, 3, 3] = 0.0  # the car pixel is lost
     got[1, 1, 0, 0] = 0.0  # one road pixel of sample 2 is lost
     o = judged(ref, got, {"classes": [1, 2]})
-    assert o["iou"] == pytest.approx((8 + 3) / (8 + 1 + 4))  # over both classes and samples
-    assert o["iou_min"] == pytest.approx(3 / 4)  # sample 2's road (sample 1: road 8/8 and car 0/1, 8/9)
-    assert o["iou_class_min"] == 0.0  # the car is gone wherever it was
+    assert o.task_values["iou"] == pytest.approx((8 + 3) / (8 + 1 + 4))  # over both classes and samples
+    assert o.task_values["iou_min"] == pytest.approx(3 / 4)  # sample 2's road (sample 1: road 8/8 and car 0/1, 8/9)
+    assert o.task_values["iou_class_min"] == 0.0  # the car is gone wherever it was
     with pytest.raises(ValueError, match="give channel .* or classes .*, not both"):
         ValidateStage(kind="validate", metrics={"y": {"map_iou": {"channel": 1, "classes": [1]}}})

@@ -16,8 +16,8 @@ from tests.assets import EXAMPLES, PHOTOS
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageFailed
 from trtflow.pipelines.params.parity import ParityStage
-from trtflow.stages.parity import stage as parity
 from trtflow.stages.image import preprocess
+from trtflow.stages.parity import stage as parity
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 IMAGENET = {

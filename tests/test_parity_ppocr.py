@@ -18,8 +18,8 @@ from tests.assets import EXAMPLES, PPOCR, need
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
-from trtflow.stages.parity import stage as parity
 from trtflow.stages.image import paddleocr
+from trtflow.stages.parity import stage as parity
 from trtflow.stages.parity.report import ParityReport
 
 SPEC = yaml.safe_load((EXAMPLES / "ppocr-cls" / "pipeline.yaml").read_text())["stages"]["parity"]

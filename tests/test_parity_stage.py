@@ -13,8 +13,8 @@ from tests.assets import PHOTOS, SQUEEZENET
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage
-from trtflow.stages.parity import stage as parity
 from trtflow.stages.image import preprocess
+from trtflow.stages.parity import stage as parity
 
 pytest.importorskip("torchvision")
 

@@ -14,8 +14,8 @@ from tests.assets import PPOCR, SQUEEZENET
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
-from trtflow.stages.precision import stage as precision
 from trtflow.stages.ort.runner import run, session
+from trtflow.stages.precision import stage as precision
 
 
 def overflow_model(path: Path) -> Path:

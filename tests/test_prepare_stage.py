@@ -13,10 +13,10 @@ from tests.assets import PPOCR
 from trtflow.artifact import Artifact, Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.prepare import PrepareStage
-from trtflow.stages.prepare import stage as prepare
 from trtflow.stages.onnx.graph import constants_to_initializers
 from trtflow.stages.onnx.model_io import has_external_data
 from trtflow.stages.ort.runner import run, session
+from trtflow.stages.prepare import stage as prepare
 
 
 def params(**kw) -> PrepareStage:

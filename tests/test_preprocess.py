@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.assets import PHOTOS
+from tests.assets import EXAMPLES, PHOTOS
 from trtflow.errors import StageError
 from trtflow.pipelines.params.parity import ParityStage
 from trtflow.stages.image import preprocess, resample
+from trtflow.stages.image.steps import CenterCrop, Pad, Read, Resize, apply, dump, parse
 
 
 @pytest.mark.parametrize("interp,pil", [("linear", Image.BILINEAR), ("cubic", Image.BICUBIC),
@@ -49,7 +50,9 @@ def test_canonical_form_and_digest():
     b = _steps([{"read": "rgb"}, {"resize": {"shorter": 256, "interp": "linear"}}, {"center_crop": [224, 224]},
                 {"scale": 1 / 255}])
     assert a == b and preprocess.digest(a) == preprocess.digest(b)
-    assert a[0] == {"read": {"color": "rgb", "depth": 8}}
+    assert a[:3] == [Read("rgb", 8), Resize(shorter=256, interp="linear"), CenterCrop((224, 224))]
+    assert dump(a)[:2] == [{"read": {"color": "rgb", "depth": 8}},
+                           {"resize": {"shorter": 256, "interp": "linear", "antialias": False}}]
     c = _steps([{"read": "bgr"}, {"resize": {"shorter": 256}}])
     assert preprocess.digest(c) != preprocess.digest(a)
 
@@ -138,14 +141,15 @@ def test_every_declared_step_has_one_class_and_every_class_a_declaration():
 
     assert set(PreprocessStep.model_fields) == set(STEPS)
     with pytest.raises(StageError, match="unknown preprocessing step 'sharpen'"):
-        preprocess.Preprocessor([{"read": {"color": "rgb", "depth": 8}}, {"sharpen": 1}])(PHOTOS[0])
+        preprocess.Preprocessor.from_json([{"read": {"color": "rgb", "depth": 8}}, {"sharpen": 1}])
 
 
 def test_pad_places_the_image_where_declared():
     """NudeNet pads right and bottom to a square; letterbox-style detectors pad on every side."""
     img = np.arange(2 * 4 * 3, dtype=np.uint8).reshape(2, 4, 3) + 1
     steps = _steps([{"pad": {"size": "square", "value": 0}}])
-    assert steps[1] == {"pad": {"size": "square", "value": 0.0}}, "the default placement is not in the digest"
+    assert steps[1] == Pad("square", 0.0, "top_left")
+    assert dump(steps)[1] == {"pad": {"size": "square", "value": 0.0}}, "the default placement is not in the digest"
     out = _run(steps[1:], img)
     assert out.shape == (4, 4, 3) and (out[:2] == img).all() and (out[2:] == 0).all()
     centred = _run(_steps([{"pad": {"size": [5, 6], "value": 7, "place": "center"}}])[1:], img)
@@ -155,10 +159,64 @@ def test_pad_places_the_image_where_declared():
 
 
 def _run(steps, img):
-    from trtflow.stages.image.steps import apply
-
     layout = "hwc"
     for step in steps:
-        (name, value), = step.items()
-        img, layout = apply(img, name, value, layout)
+        img, layout = apply(img, step, layout)
     return img
+
+
+# the canonical steps' digests of the examples' parity stages: they key the results of every later stage that runs
+# the preprocessing, so a change of the canonical form (a default filled in, a key left out) must not move them
+EXAMPLE_DIGESTS = {"ppocr-cls": "50336c82d79876c9a0819d65f0852f6b808a886f6c99e0d9f76b25b338df70ff",
+                   "ppocr-det": "c978dd0db33e00c909a0948913d31981884d64a354e4e2f53cf17aeeecb68632",
+                   "ppocr-rec": "9da64c5b4863af4bb20fe3079afab7bd430e68a8a72d71f6e9fee9a1e2c6a14e",
+                   "squeezenet-cls": "d9c431219e26c8f5a11c6d996293f866ab5bf52a207c997452c96447e7617dde"}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE_DIGESTS))
+def test_the_examples_canonical_steps_keep_their_digest_and_read_back_typed(example, tmp_path):
+    import yaml
+
+    deploy = yaml.safe_load((EXAMPLES / example / "pipeline.yaml").read_text())["stages"]["parity"]["deploy"]
+    steps = _steps(deploy)
+    assert preprocess.digest(steps) == EXAMPLE_DIGESTS[example]
+    assert parse(dump(steps)) == steps and hash(tuple(steps)) == hash(tuple(parse(dump(steps))))
+    loaded = preprocess.load(preprocess.save(steps, tmp_path / "preprocess.json"))
+    assert loaded.steps == steps and loaded.digest == EXAMPLE_DIGESTS[example]
+
+
+def test_the_vendored_preprocessing_imports_numpy_opencv_and_scipy_only(tmp_path):
+    """The copy a Triton Python-backend model runs (stages/release/triton/preprocess.py): its server has numpy, OpenCV and
+    scipy, neither trtflow nor pydantic. Imported with every other top-level module refused, it runs ImageNet-style
+    steps (the antialiased resize's scipy included) from their JSON and gives the tensor trtflow gives."""
+    import json
+    import subprocess
+    import sys
+
+    from trtflow.stages.release.triton.preprocess import PACKAGE, vendored_sources
+
+    (tmp_path / PACKAGE).mkdir()
+    for name, source in vendored_sources().items():
+        (tmp_path / PACKAGE / name).write_text(source)
+    steps = _steps([{"resize": {"shorter": 64, "antialias": True}}, {"center_crop": 56}, {"scale": "1/255"},
+                    {"normalize": {"mean": [0.5], "std": [0.25]}}, {"layout": "chw"}, {"batch": True}])
+    (tmp_path / "steps.json").write_text(json.dumps(dump(steps)))
+    script = f"""
+import importlib.abc, json, sys
+import numpy as np
+ALLOWED = set(sys.stdlib_module_names) | {{"numpy", "cv2", "scipy", "{PACKAGE}"}}
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] not in ALLOWED and not name.startswith("_"):  # private: the stdlib's own
+            raise ImportError("refused: " + name)
+sys.meta_path.insert(0, Refuse())
+sys.path.insert(0, {str(tmp_path)!r})
+from {PACKAGE}.preprocess import Preprocessor
+assert not [m for m in sys.modules if m.split(".")[0] in ("trtflow", "pydantic")]
+x = Preprocessor.from_json(json.loads(open({str(tmp_path / "steps.json")!r}).read()))({str(PHOTOS[0])!r})
+np.save({str(tmp_path / "x.npy")!r}, x)
+"""
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert np.array_equal(np.load(tmp_path / "x.npy"), preprocess.Preprocessor(steps)(PHOTOS[0]))

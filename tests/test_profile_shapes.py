@@ -23,12 +23,12 @@ from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.pipelines.schema import SampleData
 from trtflow.stages.build import stage as build
-from trtflow.stages.precision import stage as precision
-from trtflow.stages.validate import stage as validate
 from trtflow.stages.image import preprocess
 from trtflow.stages.onnx.graph import sanitize_dims
 from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.validate import stage as validate
 from trtflow.stages.validate.report import ValidateReport
 
 SEQ = {"tensors": "*.npy"}
@@ -165,8 +165,9 @@ def test_text_lines_are_read_at_each_width_through_the_declared_preprocessing(tm
     assert [r["shapes"] for r in rows.values()] == [[{"x": [1, 3, 48, 64]}], [{"x": [1, 3, 48, 320]}],
                                                     [{"x": [2, 3, 48, 512]}]]
     assert rows["line.opt"]["data"].endswith(": as given")
-    assert ('the preprocessing set for 48x512 (resize {"height": 48, "max_width": 512, "round": "ceil"}, '
-            'pad {"size": [48, 512], "value": 0}); batches of 2: 2 files each') in rows["line.max"]["data"]
+    assert ('the preprocessing set for 48x512 (resize {"height": 48, "max_width": 512, "round": "ceil", '
+            '"interp": "linear"}, pad {"size": [48, 512], "value": 0}); batches of 2: 2 files each'
+            ) in rows["line.max"]["data"]
     assert all("text_exact" in r["outputs"]["softmax_11.tmp_0"] for r in rows.values())
 
     # the samples are exactly the declared preprocessing at that width: lines squeezed into 64, or padded to 512
@@ -188,7 +189,7 @@ def test_sizing_steps_scale_together_and_a_size_no_step_fixes_is_padded(tmp_path
     A resize to a height alone fixes no width: the preprocessed tensor is padded (or cut) to it, and the row says so."""
     pre = preprocess.Preprocessor(preprocess.canonical(IMAGENET))
     sized, changed = pre.resized(112, 160)
-    assert changed == ['resize {"shorter": 183, "antialias": true}', "center_crop [112, 160]"]
+    assert changed == ['resize {"shorter": 183, "interp": "linear", "antialias": true}', "center_crop [112, 160]"]
     assert sized(PHOTOS[0]).shape == (1, 3, 112, 160)
     assert preprocess.Preprocessor(preprocess.canonical([{"resize": {"height": 48}}, {"layout": "chw"}])).resized(
         48, 100) is None
@@ -287,12 +288,12 @@ def test_the_model_card_shows_the_shipped_engine_at_each_shape(tmp_path, pooler,
 def test_the_accuracy_drop_release_weighs_is_the_worst_shapes():
     """Pooled over every shape, top-1 agreement lost 2%; at the max shape alone it lost 12%: max_accuracy_drop
     weighs 12%, and says where."""
-    from trtflow.stages.compare.accuracy import Accuracy
+    from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
     from trtflow.stages.release.selection import worst_drop
     from trtflow.stages.validate.report import ShapeResult
 
-    def outputs(top1: float) -> dict:
-        return {"logits": {"cosine": 0.999, "max_abs": 0.1, "top1": top1}}
+    def outputs(top1: float) -> dict[str, OutputAccuracy]:
+        return {"logits": OutputAccuracy(cosine=0.999, max_abs=0.1, task_values={"top1": top1})}
 
     rows = [ShapeResult(name=f"seq.{p}", shapes=[{"x": [1, n]}], data="tensors", samples=4, outputs=outputs(t),
                         passed=True, violations=[]) for p, n, t in (("min", 8, 1.0), ("opt", 16, 0.99),

@@ -26,10 +26,10 @@ from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.build import stage as build
 from trtflow.stages.precision import stage as precision
 from trtflow.stages.release import stage as release
-from trtflow.stages.validate import stage as validate
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import schema
 from trtflow.stages.trt.engines import built_engines
+from trtflow.stages.validate import stage as validate
 
 pytestmark = pytest.mark.tensorrt
 

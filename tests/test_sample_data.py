@@ -15,9 +15,9 @@ from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.stages.calibrate import stage as calibrate
-from trtflow.stages.prepare import stage as prepare
 from trtflow.stages.onnx.graph import index_bounds
 from trtflow.stages.onnx.simplifier import onnxsim
+from trtflow.stages.prepare import stage as prepare
 
 
 def run_prepare(model: Path, out: Path, **kw):

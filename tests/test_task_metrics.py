@@ -58,14 +58,14 @@ def test_ctc_agreement_reads_the_decoded_text(rec_outputs):
     text = ["".join(chars[i] for i in ctc_greedy(o)[0]) for o in outs]
     assert text[0] == "Region-based" and text[3] == "Region-based segmentation"  # the real lines, read
     same = judge(outs, outs, "int8", {"y": {"ctc": {"blank": 0}}})
-    assert same and same.outputs["y"]["text_exact"] == 1.0 and same.outputs["y"]["cer"] == 0.0
+    assert same and same.outputs["y"].task_values == {"text_exact": 1.0, "cer": 0.0}
     # one line read as another: 1 of 8 texts wrong, its edits counted against all the reference's characters
     swapped = outs[:7] + [outs[0]]
     res = judge(outs, swapped, "int8", {"y": {"ctc": {"blank": 0}}})
     edits = __import__("trtflow.stages.compare.task_metrics", fromlist=["x"]).edit_distance(
         ctc_greedy(outs[7])[0], ctc_greedy(outs[0])[0])
-    assert res.outputs["y"]["text_exact"] == pytest.approx(7 / 8)
-    assert res.outputs["y"]["cer"] == pytest.approx(edits / sum(len(t) for t in text))
+    assert res.outputs["y"].task_values["text_exact"] == pytest.approx(7 / 8)
+    assert res.outputs["y"].task_values["cer"] == pytest.approx(edits / sum(len(t) for t in text))
     assert not res and any("text_exact 0.875 < 0.9" in v for v in res.violations)
     # the task metric is the judge: the elementwise cosine (still reported) does not fail it by default
     assert "cosine" not in " ".join(res.violations)
@@ -77,8 +77,8 @@ def test_map_iou_counts_regions():
     got = ref.copy()
     got[0, 0, 2:6, 5] = 0.1  # 4 of them lost
     res = judge([ref], [got], "fp16", {"y": {"map_iou": {"threshold": 0.3}}})
-    assert res.outputs["y"]["iou"] == pytest.approx(12 / 16)
-    assert res.outputs["y"]["iou_min"] == pytest.approx(12 / 16)  # sample 1: both empty, they agree
+    assert res.outputs["y"].task_values["iou"] == pytest.approx(12 / 16)
+    assert res.outputs["y"].task_values["iou_min"] == pytest.approx(12 / 16)  # sample 1: both empty, they agree
     assert any("iou 0.75 < 0.95" in v for v in res.violations)
 
 
@@ -89,8 +89,8 @@ def test_embedding_cosine_is_per_sample_not_the_flattened_batch():
     got = ref.copy()
     got[0] = -got[0]  # ... and its embedding points the other way
     res = judge([ref], [got], "int8", {"y": {"embedding": {"pool": "mean"}}})
-    assert res.outputs["y"]["cosine"] > 0.999  # the flattened batch sees nothing
-    assert res.outputs["y"]["embedding_cosine"] == pytest.approx(-1.0)
+    assert res.outputs["y"].cosine > 0.999  # the flattened batch sees nothing
+    assert res.outputs["y"].task_values["embedding_cosine"] == pytest.approx(-1.0)
     assert not res and "embedding_cosine -1 < 0.98" in res.violations[0]
 
 
@@ -100,8 +100,8 @@ def test_top_k_on_any_class_axis():
     got = ref.copy()
     got[0, :, 0, 0] = -got[0, :, 0, 0]  # one pixel's best class changes
     res = judge([ref], [got], "fp16", {"y": {"topk": {"k": 5, "axis": 1}}})
-    assert res.outputs["y"]["top1"] == pytest.approx(31 / 32)
-    assert res.outputs["y"]["top5"] == 1.0  # every class is in the top 5 of 5
+    assert res.outputs["y"].task_values["top1"] == pytest.approx(31 / 32)
+    assert res.outputs["y"].task_values["top5"] == 1.0  # every class is in the top 5 of 5
 
 
 def test_a_user_metric_with_its_own_bound():
@@ -109,7 +109,7 @@ def test_a_user_metric_with_its_own_bound():
     got = np.array([[1.0, 2.0, 3.0, -4.0]], np.float32)
     metrics = {"y": {"callable": "tests.stage_fns:sign_agreement"}}
     res = judge([ref], [got], "fp16", metrics, {"y": {"sign_agree": {"min": 0.9}}})
-    assert res.outputs["y"]["sign_agree"] == 0.75
+    assert res.outputs["y"].task_values["sign_agree"] == 0.75
     assert res.violations == ["output 'y': sign_agree 0.75 < 0.9"]
     assert judge([ref], [got], "fp16", metrics, {"y": {"sign_agree": {"min": 0.7}}})
 
@@ -123,13 +123,13 @@ def test_tolerances_name_only_metrics_that_exist():
 
 def test_both_zero_outputs_pass_and_near_zero_probability_maps_are_not_a_difference(tmp_path):
     zeros = np.zeros((2, 1000), np.float32)  # a zero-initialised head: reference and candidate both all-zero
-    assert judge([zeros], [zeros.copy()], "fp32").outputs["y"]["cosine"] == 1.0
+    assert judge([zeros], [zeros.copy()], "fp32").outputs["y"].cosine == 1.0
     assert judge([zeros], [zeros.copy()], "fp32")
     # a DBNet-style map on an image with no text: ~1e-6 everywhere; FP16 changes it by 3e-7
     rng = np.random.default_rng(2)
     ref = (rng.random((1, 1, 32, 32)) * 2e-6).astype(np.float32)
     got = ref + (rng.random(ref.shape) * 3e-7).astype(np.float32)
-    assert judge([ref], [got], "fp16").outputs["y"]["cosine"] < 0.999
+    assert judge([ref], [got], "fp16").outputs["y"].cosine < 0.999
     assert not judge([ref], [got], "fp16"), "on an unknown scale the cosine stands"
     # the map comes out of a Sigmoid: its scale is 1, and 3e-7 is nothing on it
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 32, 32])
@@ -183,7 +183,7 @@ def test_sentence_embeddings_pool_over_real_tokens_only():
     params = ValidateStage(kind="validate", metrics={"y": {"embedding": {"pool": "mean", "mask": "attention_mask"}}})
     cmp = Comparison(params.metrics)
     cmp.add({"y": ref}, {"y": got}, {"attention_mask": mask})
-    assert cmp.result("test").outputs["y"]["embedding_cosine"] == pytest.approx(1.0)
+    assert cmp.result("test").outputs["y"].task_values["embedding_cosine"] == pytest.approx(1.0)
     plain = Comparison(ValidateStage(kind="validate", metrics={"y": {"embedding": {"pool": "mean"}}}).metrics)
     plain.add({"y": ref}, {"y": got}, {"attention_mask": mask})
-    assert plain.result("test").outputs["y"]["embedding_cosine"] < 0.99
+    assert plain.result("test").outputs["y"].task_values["embedding_cosine"] < 0.99

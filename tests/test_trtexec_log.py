@@ -14,6 +14,7 @@ from tests.assets import TRTEXEC_DATA as DATA
 from tests.assets import require_shared_trtexec
 from trtflow.flows import cli
 from trtflow.stages.trtexec.log import decode_packed_version, parse_log, parse_summary
+from trtflow.stages.trtexec.result import Layer
 
 
 @pytest.fixture(autouse=True)
@@ -124,31 +125,35 @@ def test_every_collected_export_is_tested():
 def test_exported_json():
     from trtflow.stages.trtexec import exports
     profile = exports.read_profile(DATA / "fuzzylabs-trt10.4.0-alexnet-exportProfile.json")
-    assert profile["count"] == 14590 and len(profile["layers"]) == 14
-    assert profile["layers"][0]["average_ms"] == max(layer["average_ms"] for layer in profile["layers"])
+    assert profile.count == 14590 and len(profile.layers) == 14
+    assert profile.layers[0].average_ms == max(layer.average_ms for layer in profile.layers)
+    assert profile.layers[0].median_ms is not None
     old = exports.read_profile(DATA / "trex-v0.1.0-trt8.2or8.4-mobilenetv2-exportProfile-nomedian.json")
-    assert old["count"] == 7075 and all(layer["median_ms"] is None for layer in old["layers"])
-    assert {"name": "QuantizeLinear_2", "total_ms": 83.9859, "average_ms": 0.0118708, "median_ms": None,
-            "percent": 2.91082} in old["layers"]
+    assert old.count == 7075 and all(layer.median_ms is None for layer in old.layers)
+    assert Layer(name="QuantizeLinear_2", total_ms=83.9859, average_ms=0.0118708, median_ms=None,
+                 percent=2.91082) in old.layers
     times = exports.read_times(DATA / "fuzzylabs-trt10.4.0-alexnet-exportTimes.json")
-    assert len(times["latency_ms"]) == 6039 and times["gpu_compute_ms"][0] == 0.497559 and times["h2d_ms"][0] == 0
+    assert len(times.latency_ms) == 6039 and times.gpu_compute_ms[0] == 0.497559 and times.h2d_ms[0] == 0
+    assert len(times.enqueue_ms) == 6039 and times.end_to_end_ms == []  # trtexec 10.4 writes no endToEndMs
     detailed = exports.read_layer_info(DATA / "hackathon-trt10.16.1-exportLayerInfo-detailed.json")
-    assert detailed["detailed"] and detailed["layers"][0] == {"name": "node_conv2d + node_relu",
-                                                              "type": "CaskConvolution"}
-    assert detailed["bindings"] == ["x", "y", "z"]
+    assert detailed.detailed and detailed.layers[0] == exports.EngineLayer(name="node_conv2d + node_relu",
+                                                                           type="CaskConvolution")
+    assert detailed.bindings == ["x", "y", "z"]
     alexnet = exports.read_layer_info(DATA / "fuzzylabs-trt10.4.0-alexnet-exportLayerInfo-detailed.json")
-    assert alexnet["detailed"] and len(alexnet["layers"]) == 14 and alexnet["bindings"] == ["input", "output"]
-    assert alexnet["layers"][0] == {"name": "Reformatting CopyNode for Input Tensor 0 to /features/features.0/Conv + "
-                                            "/features/features.1/Relu", "type": "Reformat"}
+    assert alexnet.detailed and len(alexnet.layers) == 14 and alexnet.bindings == ["input", "output"]
+    assert alexnet.layers[0] == exports.EngineLayer(
+        name="Reformatting CopyNode for Input Tensor 0 to /features/features.0/Conv + /features/features.1/Relu",
+        type="Reformat")
     names = exports.read_layer_info(DATA / "hackathon-trt8.6.0-exportLayerInfo-namesonly.json")
-    assert not names["detailed"] and len(names["layers"]) == 15 and names["bindings"] == ["tensor-0", "tensor-15"]
+    assert not names.detailed and len(names.layers) == 15 and names.bindings == ["tensor-0", "tensor-15"]
+    assert all(layer.type is None for layer in names.layers)
 
 
 def test_the_per_layer_table_of_dump_profile():
     result = parse_summary((DATA / "hackathon-trt10.16.1-dumpprofile.log").read_text())
-    assert len(result.profile) == 15 and "Total" not in {layer["name"] for layer in result.profile}
-    assert result.profile[0] == {"name": "node_conv2d_1_myl3_1", "total_ms": 209.98, "average_ms": 0.0114,
-                                 "median_ms": 0.0113, "percent": 13.7}
+    assert len(result.profile) == 15 and "Total" not in {layer.name for layer in result.profile}
+    assert result.profile[0] == Layer(name="node_conv2d_1_myl3_1", total_ms=209.98, average_ms=0.0114,
+                                      median_ms=0.0113, percent=13.7)
 
 
 def test_a_corrupt_export_is_one_error(tmp_path):
@@ -158,6 +163,12 @@ def test_a_corrupt_export_is_one_error(tmp_path):
     bad.write_text((DATA / "fuzzylabs-trt10.4.0-alexnet-exportProfile.json").read_text()[:500])
     with pytest.raises(StageError, match=r"profile.json: not a trtexec --exportProfile JSON \(JSONDecodeError"):
         exports.read_profile(bad)
+    # valid JSON of another export's shape: the export it is not, and what it should hold
+    layer_info = DATA / "hackathon-trt10.16.1-exportLayerInfo-detailed.json"
+    with pytest.raises(StageError, match=r"not a trtexec --exportTimes JSON \(expected a list of per-iteration"):
+        exports.read_times(layer_info)
+    with pytest.raises(StageError, match=r"not a trtexec --exportLayerInfo JSON \(expected an object with 'Layers'"):
+        exports.read_layer_info(DATA / "fuzzylabs-trt10.4.0-alexnet-exportTimes.json")
 
 
 def test_warnings_are_read_with_their_continuation_lines():

@@ -17,17 +17,18 @@ from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.calibrate import stage as calibrate
-from trtflow.stages.precision import stage as precision
-from trtflow.stages.validate import stage as validate
 from trtflow.stages.image import preprocess
 from trtflow.stages.ort import qdq
 from trtflow.stages.ort.runner import run, session
+from trtflow.stages.precision import stage as precision
+from trtflow.stages.validate import stage as validate
 
 IMAGES = {"images": "*.png", "samples": 4}
 
 
 def photos(tmp_path: Path, steps=IMAGENET) -> dict:
-    pre = preprocess.save(steps, tmp_path / f"preprocess{len(list(tmp_path.glob('preprocess*')))}.json")
+    name = f"preprocess{len(list(tmp_path.glob('preprocess*')))}.json"
+    pre = preprocess.save(preprocess.canonical(steps), tmp_path / name)
     return {"preprocess": Artifact(pre, "preprocess", "parity"),
             "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
 
@@ -242,8 +243,8 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
     """The search's own logic, on a stand-in variant whose gate passes only when every node of `needed` is given
     back (an error spread over layers, as INT8 on MobileNetV3 has it). Growing one node per round could not get
     there in 8 rounds; doubling does, and shrinking takes the extra nodes back."""
-    from trtflow.stages.validate import repair
     from trtflow.stages.ort.layerwise import LayerRow, Layerwise
+    from trtflow.stages.validate import repair
 
     order = [f"n{i}" for i in range(40)]  # how localization ranks them, worst first
     needed = {"n0", "n3", "n9", "n17"}

@@ -19,8 +19,8 @@ from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.benchmark import stage as benchmark
 from trtflow.stages.build import stage as build
 from trtflow.stages.precision import stage as precision
-from trtflow.stages.validate import stage as validate
 from trtflow.stages.trt.engines import VARIANT, built_engines
+from trtflow.stages.validate import stage as validate
 
 
 def test_failing_engine_is_replaced_by_its_repair_or_fails_the_stage(tmp_path, tensorrt_backend):

@@ -1,15 +1,15 @@
-"""Native work (ONNX Runtime, TensorRT) in a child Python process, so a crash, a hang or a write into the current
-directory ends there. Every such child follows one convention: the pre-flight, the ONNX Runtime probe, the
-quantization pre-processing, the TensorRT version probe and each engine build are
+"""Work in a child process, so a crash, a hang or a write into the current directory ends there. One convention,
+two carriers: the parent hands the child a typed request, the child answers with a typed response, written only
+once it is whole; no answer means the child died, and how its process ended (`ending`) is what the parent says.
 
-    python -m MODULE REQUEST.json RESPONSE.json
-
-The parent writes the request (a pydantic model) with `call`; the child's `serve` reads it, does the work (files
-it makes go beside the request) and writes the response (another model) atomically. No response means the child
-died before it could answer: the parent has its exit code and stderr. A child killed from outside (the OOM killer,
-a user, a scheduler) gave no answer at all: `call` raises `Killed`, a transient error (retried, never a result).
-(Stages themselves run through `flows/isolate.py`: a fork server and a pipe, which carries their progress and
-their exceptions.)
+- Native work (the pre-flight, the ONNX Runtime probe, the quantization pre-processing, the TensorRT version probe,
+  each engine build, the built-in harness) is `python -m MODULE REQUEST.json RESPONSE.json`: `call` writes the
+  request (a pydantic model), the child's `serve` reads it, works (files it makes go beside the request) and
+  writes the response (another model) atomically. A child killed from outside (the OOM killer, a user, a
+  scheduler) gave no answer at all: `call` raises `Killed`, a transient error (retried, never a result).
+- A stage (`flows/isolate.py`) is forked from a fork server that preloaded the common imports, so it starts in
+  milliseconds: its request is a `StageCall` and its child answers over a pipe with `Progress` messages and then
+  one `Returned` or `Raised` (a pickle: a stage's result and its exceptions are Python objects).
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -35,6 +36,42 @@ KILLED = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP
 
 class Killed(TransientStageError):
     """A child was killed from outside before it answered: no answer, so never a result."""
+
+
+def ending(returncode: int | None) -> str:
+    """How a process ended, for a message: 'exited with code 3', 'was killed by SIGSEGV'."""
+    if returncode is not None and returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """A stage's request: the function (imported by name in the child) and its arguments."""
+    function: Callable[..., Any]
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress report on the way (trtflow.progress's listeners get it in the parent)."""
+    what: str
+    done: float
+    total: float | None
+
+
+@dataclass(frozen=True)
+class Returned:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Raised:
+    error: BaseException
+    traceback: str
 
 
 def killed_by(returncode: int | None) -> str | None:

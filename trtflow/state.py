@@ -8,6 +8,6 @@ from pathlib import Path
 
 def state_dir() -> Path:
     """`$TRTFLOW_STATE_DIR`, else `$XDG_STATE_HOME/trtflow` (`~/.local/state/trtflow`)."""
-    if os.environ.get("TRTFLOW_STATE_DIR"):
-        return Path(os.environ["TRTFLOW_STATE_DIR"])
+    if chosen := os.environ.get("TRTFLOW_STATE_DIR"):
+        return Path(chosen)
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "trtflow"

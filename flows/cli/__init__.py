@@ -20,6 +20,7 @@ from trtflow.flows.cli import (
     parse_trtexec,
     plan,
     reduce,
+    reference,
     run,
     schema,
     server,
@@ -41,6 +42,7 @@ COMMANDS: tuple[Command, ...] = (
     init_deploy.InitDeploy(),
     server.Server(),
     schema.Schema(),
+    reference.Reference(),
 )
 
 

@@ -42,7 +42,7 @@ class CheckEnv(Command):
         if args.json:
             sys.stdout.write(json.dumps({"state": str(state), "kind": result.kind, "host": result.host,
                                          "first_record": result.previous is None, "changed": result.changed,
-                                         "fingerprint": result.fingerprint}, indent=2) + "\n")
+                                         "fingerprint": result.fingerprint.to_json()}, indent=2) + "\n")
         elif result.previous is None:
             out.print(f"recorded this machine's environment ({describe(result.fingerprint)}) in {state}")
         elif changed:

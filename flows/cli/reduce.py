@@ -45,7 +45,7 @@ class Reduce(Command):
 
         from trtflow.errors import SpecError
         from trtflow.stages.bisect import reduce as rd
-        from trtflow.stages.compare.gate import DEFAULTS
+        from trtflow.stages.compare.gate import layer_bound
         from trtflow.stages.onnx import model_io
 
         model_path = Path(args.model)
@@ -70,8 +70,8 @@ class Reduce(Command):
         try:
             feeds = rd.sample_feeds(model, model_path, Path(args.data) if args.data else None, shapes, args.samples,
                                     args.seed)
-            check = {"fp16": lambda: rd.fp16_check(args.bound or DEFAULTS["fp16"]["cosine"]),
-                     "int8": lambda: rd.int8_check(args.bound or DEFAULTS["int8"]["cosine"],
+            check = {"fp16": lambda: rd.fp16_check(args.bound or layer_bound("fp16", {})),
+                     "int8": lambda: rd.int8_check(args.bound or layer_bound("int8", {}),
                                                    model_io.load(Path(args.qdq)) if args.qdq else None),
                      "parse": lambda: rd.tensorrt_check(build=False),
                      "build": lambda: rd.tensorrt_check(build=True),

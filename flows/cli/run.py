@@ -76,7 +76,9 @@ class Run(Command):
         status.start()
 
         def listen(event: str, name: str, payload: Any) -> None:
-            if event == "start":
+            if event == "flow" and payload:
+                out.print(f"  flow run: {escape(payload)}", soft_wrap=True)
+            elif event == "start":
                 status.update(f"stage [bold]{name}[/] ...")
             elif event == "done":
                 o = payload

@@ -11,30 +11,38 @@ from trtflow.pipelines.units import Duration, Fraction
 
 
 class GateSpec(Strict):
-    baseline: str = Field("previous", description="'previous' (last accepted run) or a path to a report.json")
-    p99_regression: Fraction | None = None
-    mean_regression: Fraction | None = None
-    throughput_regression: Fraction | None = None
+    """Fail the stage when an engine is slower than its baseline by more than these shares (a baseline measured in
+    another environment is skipped, with the reason)."""
+    baseline: str = Field("previous", description="'previous' (the last accepted run of the same engines) or a path "
+                                                  "to a report.json")
+    p99_regression: Fraction | None = Field(None, description="largest rise of the p99 latency", examples=["50%"])
+    mean_regression: Fraction | None = Field(None, description="largest rise of the mean latency")
+    throughput_regression: Fraction | None = Field(None, description="largest fall of the throughput",
+                                                   examples=["10%"])
 
 
 class BenchmarkStage(StageBase):
-    kind: Literal["benchmark"]
+    kind: Literal["benchmark"] = Field(description="this section's kind")
     tool: Literal["auto", "trtexec", "builtin"] = Field(
         "auto", description="auto: trtexec where found, else the built-in harness (the engine on a GPU that can "
                             "run it, else its ONNX variant on ONNX Runtime, labelled as such)")
     trtexec: str | None = Field(None, description="path of trtexec (default: PATH, TENSORRT_ROOT, usual places)")
     shapes: list[Literal["min", "opt", "max"]] = Field(
         default_factory=lambda: ["opt"], min_length=1, description="which shapes of each profile to measure")
-    warmup: Duration = 0.2
-    duration: Duration = 3.0
-    iterations: int | None = Field(None, ge=1, le=10_000_000)
+    warmup: Duration = Field(0.2, description="untimed runs first, for this long")
+    duration: Duration = Field(3.0, description="timed runs for this long (unless iterations)", examples=["1s", "10s"])
+    iterations: int | None = Field(None, ge=1, le=10_000_000, description="timed runs: this many instead of a "
+                                                                          "duration")
     min_iterations: int = Field(20, ge=1, le=1_000_000, description="timed iterations at least, whatever the "
                                                                      "duration: a p99 needs samples")
     data: SampleData = Field(default_factory=lambda: SampleData(random=True, samples=1), description=(
         "the inputs the built-in harness feeds (its first sample): random by default, within `ranges` "
         "(integer inputs indexing a table stay within it), or saved tensors"))
-    trtexec_args: list[str] = Field(default_factory=list)
-    gate: GateSpec | None = None
+    trtexec_args: list[str] = Field(default_factory=list, description="more trtexec options; one the detected "
+                                                                      "version lacks is refused",
+                                    examples=[["--useCudaGraph"]])
+    gate: GateSpec | None = Field(None, examples=[{"baseline": "previous", "throughput_regression": "10%",
+                                                   "p99_regression": "20%"}])
 
     def executes(self) -> list[str]:
         if self.tool == "builtin":

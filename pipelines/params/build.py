@@ -12,9 +12,10 @@ from trtflow.pipelines.units import Size
 
 
 class ShapeRange(Strict):
-    min: Shape
-    opt: Shape
-    max: Shape
+    """One input's shapes in a profile: min <= opt <= max in every dimension, one rank."""
+    min: Shape = Field(description="the smallest shape the engine takes")
+    opt: Shape = Field(description="the shape TensorRT tunes its kernels for")
+    max: Shape = Field(description="the largest shape the engine takes")
 
     @model_validator(mode="after")
     def _ordered(self) -> "ShapeRange":
@@ -29,32 +30,47 @@ class ShapeRange(Strict):
 class BuilderOptions(Strict):
     """The TensorRT builder's options, typed once: this object travels from the YAML to the build worker, which
     validates it again; `trtflow.stages.trt.config` checks it against the installed TensorRT and applies it."""
-    optimization_level: int | None = Field(None, ge=0, le=5)
-    workspace: Size | None = None
-    aux_streams: int | None = Field(None, ge=0)
-    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = None
-    version_compatible: bool = False
-    strip_plan: bool = False
-    weight_streaming: bool = False
+    optimization_level: int | None = Field(None, ge=0, le=5, description="the builder's optimization level (more: "
+                                                                       "longer builds, maybe faster engines); "
+                                                                       "default: TensorRT's")
+    workspace: Size | None = Field(None, description="the builder's workspace memory limit; default: TensorRT's",
+                                   examples=["2GiB"])
+    aux_streams: int | None = Field(None, ge=0, description="most auxiliary CUDA streams an engine may use; "
+                                                            "default: TensorRT's")
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = Field(
+        None, description="engines that run on other GPUs than the one they were built on (full TensorRT; "
+                          "refused by TensorRT-RTX, which chooses GPUs with targets)")
+    version_compatible: bool = Field(False, description="engines that later TensorRT versions can run (the lean "
+                                                        "runtime)")
+    strip_plan: bool = Field(False, description="engines without their weights (refitted before use)")
+    weight_streaming: bool = Field(False, description="engines whose weights may stream from host memory")
     legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
         default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
 
 
 class BuildStage(StageBase, BuilderOptions):
-    kind: Literal["build"]
-    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = "auto"
+    kind: Literal["build"] = Field(description="this section's kind")
+    backend: Literal["auto", "tensorrt", "tensorrt-rtx"] = Field(
+        "auto", description="the TensorRT flavour that builds: auto prefers full TensorRT")
     profiles: dict[Name, dict[str, ShapeRange]] = Field(
-        default_factory=dict, description="named optimization profiles: {name: {input: {min, opt, max}}}")
+        default_factory=dict, description="named optimization profiles: {name: {input: {min, opt, max}}}; every "
+                                          "dynamic dimension of every model needs one (checked before building)",
+        examples=[{"bs1": {"input": {"min": [1, 3, 224, 224], "opt": [1, 3, 224, 224], "max": [1, 3, 224, 224]}},
+                   "dynamic": {"input": {"min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
+                                         "max": [32, 3, 224, 224]}}}])
     profile_mode: Literal["separate", "combined"] = Field(
         "separate", description="one engine per profile, or all profiles in one engine")
     targets: list[Name] = Field(default_factory=lambda: ["native"],
-                               description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)")
-    timing_cache: bool = True
+                               description="'native', or compute capabilities for TensorRT-RTX (sm86, sm89, ...)",
+                               examples=[["sm86", "sm89"]])
+    timing_cache: bool = Field(True, description="keep the builder's timing cache in the store's shared/ and reuse "
+                                                 "it in later builds (no part of any key)")
     engine_cache: bool = Field(True, description="take a cell's engine from the store's engine cache when nothing it "
                                                  "depends on changed (model, profiles, target, TensorRT, options, "
                                                  "GPU and driver): a changed variant rebuilds only its own engines")
-    parallel: int = Field(2, ge=1, le=64)
-    log_severity: Literal["error", "warning", "info", "verbose"] = "warning"
+    parallel: int = Field(2, ge=1, le=64, description="engines built at a time, each in a process of its own")
+    log_severity: Literal["error", "warning", "info", "verbose"] = Field(
+        "warning", description="the least severe TensorRT message kept in each engine's build.log")
 
     def named_model_inputs(self) -> list[tuple[str, tuple]]:
         return [(name, ("profiles", pname, name)) for pname, shapes in self.profiles.items() for name in shapes]

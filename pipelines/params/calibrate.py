@@ -10,14 +10,17 @@ from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase
 
 
 class CalibrateStage(StageBase):
-    kind: Literal["calibrate"]
-    data: SampleData
+    kind: Literal["calibrate"] = Field(description="this section's kind")
+    data: SampleData = Field(description="the calibration samples (hundreds for a real model); the last `holdout` "
+                                         "are kept for the INT8 pre-flight",
+                             examples=[{"images": "data/*.jpg", "samples": 256}])
     method: Literal["entropy", "percentile", "minmax"] = Field(
         "percentile", description="how each activation's range is chosen: percentile (that percentile of |x|), "
                                   "entropy (TensorRT's KL rule, floored at entropy_floor), minmax (the largest |x|). "
                                   "with the range check (entropy_check), percentile 99.999 was at least as good as "
                                   "ModelOpt's entropy and max on six trained models (bench/int8.py)")
-    percentile: float = Field(99.999, gt=0, le=100)
+    percentile: float = Field(99.999, gt=0, le=100, description="method: percentile clips each activation at this "
+                                                                "percentile of |x|")
     entropy_floor: float | None = Field(
         99.99, gt=0, le=100, description="method: entropy never clips below this percentile of |x| (TensorRT's KL "
                                          "rule alone clips heavy-tailed early activations to a few % of their "
@@ -26,12 +29,16 @@ class CalibrateStage(StageBase):
         True, description="method: entropy or percentile also quantizes with the other histogram rule and at the "
                           "full ranges, and keeps whichever stays closest to the FP32 model (mean relative error) on "
                           "(up to 8 of) the calibration samples, never the held-out ones; the method on a tie")
-    min_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
-    on_too_few: Literal["error", "warn"] = "error"
-    quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])
-    exclude_ops: list[str] = Field(default_factory=list)
-    exclude_nodes: list[str] = Field(default_factory=list)
-    per_channel: bool = True
+    min_samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="fewer calibration samples than this is an error "
+                                                                  "(see on_too_few)")
+    on_too_few: Literal["error", "warn"] = Field("error", description="fewer samples than min_samples: fail the "
+                                                                      "stage, or warn and go on")
+    quantize_ops: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+                                    description="op types quantized")
+    exclude_ops: list[str] = Field(default_factory=list, description="op types left in float")
+    exclude_nodes: list[str] = Field(default_factory=list, description="node names left in float (what validate's "
+                                                                       "repair proposes)")
+    per_channel: bool = Field(True, description="weights quantized per output channel (per tensor when false)")
     quantize_outputs: bool = Field(
         False, description="also put Q/DQ on the outputs of the quantized ops (trtflow before calibrate VERSION 5); "
                            "by default only their inputs are quantized, as ModelOpt does for TensorRT")
@@ -49,7 +56,8 @@ class CalibrateStage(StageBase):
         0, ge=0, description="leave ops with fewer weight parameters in float: on TensorRT-RTX each quantized op "
                              "adds up to one JIT kernel whose CUDA source (~130 KB) the engine carries, and saves 3 "
                              "bytes per weight (break-even ~44K parameters)")
-    holdout: int = Field(8, ge=0, le=MAX_SAMPLES)
+    holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="the last samples of `data`, kept out of the "
+                                                              "calibration for the CPU accuracy pre-flight")
     trt_calibration_cache: bool = Field(False, description="also write a TensorRT <= 10 calibration cache")
     metrics: Metrics  # the INT8 pre-flight judges these too (validate's defaults for INT8)
 

@@ -11,12 +11,17 @@ from trtflow.pipelines.schema import ARTIFACT_TYPES, CUSTOM_KIND, StageBase
 
 
 class CustomStage(StageBase):
-    kind: str = Field(pattern=CUSTOM_KIND, description="package.module:function")
-    params: dict[str, Any] = Field(default_factory=dict)
+    kind: str = Field(pattern=CUSTOM_KIND, description="your function, run(params, inputs, out_dir) -> "
+                                                       "StageResult", examples=["mypkg.checks:count_nodes"])
+    params: dict[str, Any] = Field(default_factory=dict, description="anything your function reads (as "
+                                                                     "params.params); part of the stage's key",
+                                   examples=[{"threshold": 3}])
     outputs: dict[Name, Literal[ARTIFACT_TYPES]] = Field(  # type: ignore[valid-type]
-        default_factory=dict, description="names and types of what the function writes")
+        default_factory=dict, description="names and types of what the function writes",
+        examples=[{"report": "json"}])
     version: str = Field("1", description="bump to invalidate cached results when the function changes")
-    env_dependent: bool = False
+    env_dependent: bool = Field(False, description="its result depends on the machine: TensorRT's flavour and "
+                                                   "version and the GPUs with their driver enter its key")
 
     def executes(self) -> list[str]:
         return [f"{self.kind} (a function of yours: the stage itself)", *super().executes()]

@@ -13,14 +13,15 @@ Interp = Literal["nearest", "linear", "cubic", "area", "lanczos"]
 
 
 class ReadSpec(Strict):
-    color: Literal["rgb", "bgr", "gray"] = "rgb"
-    depth: Literal[8, 16] = 8
+    color: Literal["rgb", "bgr", "gray"] = Field("rgb", description="the channel order the image is decoded to")
+    depth: Literal[8, 16] = Field(8, description="bits per channel it is decoded with")
 
 
 Rounding = Literal["floor", "round", "ceil"]
 
 
 class ResizeSpec(Strict):
+    """A resize to `size`, to a `shorter` side or to a `height` (exactly one of them)."""
     size: list[Dim] | None = Field(None, min_length=2, max_length=2, description="[height, width]")
     shorter: int | None = Field(None, gt=0, description="resize so the shorter side has this length")
     height: int | None = Field(None, gt=0, description="resize to this height, the width keeping the aspect ratio "
@@ -28,8 +29,9 @@ class ResizeSpec(Strict):
     max_width: int | None = Field(None, gt=0, description="with 'height': wider results are squeezed to this width")
     round: Rounding | None = Field(None, description="how the side computed from the aspect ratio is rounded "
                                                      "(default floor, as torchvision; PaddleOCR: ceil)")
-    interp: Interp = "linear"
-    antialias: bool = False
+    interp: Interp = Field("linear", description="OpenCV's interpolation")
+    antialias: bool = Field(False, description="resample as PIL (and torchvision's Resize on PIL images) do when "
+                                               "shrinking, pixel for pixel")
 
     @model_validator(mode="after")
     def _one_of(self) -> "ResizeSpec":
@@ -43,6 +45,7 @@ class ResizeSpec(Strict):
 
 
 class CenterCropSpec(Strict):
+    """The centre of the image, at `size`."""
     size: int | list[Dim] = Field(description="side, or [height, width]")
     round: Rounding = Field("round", description="how the offset (size - crop) / 2 is rounded (torchvision: round)")
 
@@ -54,6 +57,7 @@ class CenterCropSpec(Strict):
 
 
 class PadSpec(Strict):
+    """Padding to `size`, before or after `layout: chw`."""
     size: list[Dim] | Literal["square"] = Field(
         description="[height, width], or square: the longer side (a detector padding to a square before its resize)")
     value: float | list[float] = Field(0.0, description="on the tensor's scale at that step (one, or per channel)")
@@ -71,21 +75,25 @@ class PadSpec(Strict):
 
 
 class LetterboxSpec(Strict):
+    """A resize to fit inside `size` keeping the aspect ratio, centred, the rest filled with `pad`."""
     size: list[Dim] = Field(min_length=2, max_length=2, description="[height, width]")
-    pad: float = 114
-    interp: Interp = "linear"
+    pad: float = Field(114, description="the fill value")
+    interp: Interp = Field("linear", description="OpenCV's interpolation")
 
 
 class CropSpec(Strict):
-    top: int = Field(ge=0)
-    left: int = Field(ge=0)
-    height: int = Field(gt=0)
-    width: int = Field(gt=0)
+    """A fixed window of the image."""
+    top: int = Field(ge=0, description="the window's first row")
+    left: int = Field(ge=0, description="the window's first column")
+    height: int = Field(gt=0, description="its height in pixels")
+    width: int = Field(gt=0, description="its width in pixels")
 
 
 class NormalizeSpec(Strict):
-    mean: list[float] = Field(min_length=1)
-    std: list[float] = Field(min_length=1)
+    """(x - mean) / std per channel."""
+    mean: list[float] = Field(min_length=1, description="one, or one per channel, on the tensor's scale at that "
+                                                        "step")
+    std: list[float] = Field(min_length=1, description="one, or one per channel")
 
 
 def _scale(value: Any) -> float:
@@ -97,18 +105,21 @@ def _scale(value: Any) -> float:
 
 class PreprocessStep(Strict):
     """One step; exactly one key is set, e.g. ``{resize: {shorter: 256}}``."""
-    read: Literal["rgb", "bgr", "gray"] | ReadSpec | None = None
+    read: Literal["rgb", "bgr", "gray"] | ReadSpec | None = Field(
+        None, description="decode the file (the first step): its colour order, or {color, depth} for 16-bit images")
     resize: ResizeSpec | None = None
     letterbox: LetterboxSpec | None = None
-    center_crop: int | list[int] | CenterCropSpec | None = None
+    center_crop: int | list[int] | CenterCropSpec | None = Field(
+        None, description="the centre: a side, [height, width], or {size, round}", examples=[224])
     crop: CropSpec | None = None
     pad: PadSpec | None = None
-    color: Literal["rgb2bgr", "bgr2rgb", "gray2rgb", "rgb2gray"] | None = None
-    dtype: Literal["float32", "float16", "uint8"] | None = None
-    scale: float | str | None = Field(None, description="multiply, e.g. 1/255")
+    color: Literal["rgb2bgr", "bgr2rgb", "gray2rgb", "rgb2gray"] | None = Field(
+        None, description="convert the channels (OpenCV's cvtColor)")
+    dtype: Literal["float32", "float16", "uint8"] | None = Field(None, description="cast the tensor")
+    scale: float | str | None = Field(None, description="multiply: a number or a fraction", examples=["1/255"])
     normalize: NormalizeSpec | None = None
-    layout: Literal["chw", "hwc"] | None = None
-    batch: bool | None = None
+    layout: Literal["chw", "hwc"] | None = Field(None, description="the order of the tensor's axes from here on")
+    batch: bool | None = Field(None, description="true: add a leading batch dimension of 1")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "PreprocessStep":
@@ -124,6 +135,7 @@ class PreprocessStep(Strict):
 
 
 class TrainingRef(Strict):
+    """What training feeds the model, to compare the deploy steps with: exactly one of these."""
     torchvision: list[str] | None = Field(None, description="torchvision transforms, e.g. 'Resize(256)'")
     callable: str | None = Field(None, pattern=CUSTOM_KIND, description="package.module:function(path) -> array")
     tensors: str | None = Field(None, description="glob of .npy/.npz saved by the training code")
@@ -136,19 +148,28 @@ class TrainingRef(Strict):
 
 
 class ParityTolerances(Strict):
-    max_abs: float = Field(0.02, ge=0)
-    mean_abs: float = Field(0.005, ge=0)
-    min_psnr: float | None = Field(None, description="dB")
+    """How far the deploy tensor may be from the training tensor, per image, and the model's outputs on both."""
+    max_abs: float = Field(0.02, ge=0, description="largest absolute difference of an element")
+    mean_abs: float = Field(0.005, ge=0, description="largest mean absolute difference")
+    min_psnr: float | None = Field(None, description="lowest PSNR in dB")
     top1: Fraction | None = Field(None, description="required top-1 agreement of model outputs, e.g. 99%")
 
 
 class ParityStage(StageBase):
-    kind: Literal["parity"]
-    images: str = Field(description="glob of sample images, relative to the pipeline file")
-    deploy: list[PreprocessStep] = Field(min_length=1)
-    training: TrainingRef
-    tolerances: ParityTolerances = Field(default_factory=ParityTolerances)
-    on_mismatch: Literal["error", "warn"] = "error"
+    kind: Literal["parity"] = Field(description="this section's kind")
+    images: str = Field(description="glob of sample images, relative to the pipeline file",
+                        examples=["data/*.jpg"])
+    deploy: list[PreprocessStep] = Field(min_length=1, description=(
+        "the deploy-time preprocessing, step by step, each step one key; written as the `preprocess` output that "
+        "the other stages (and a release's Triton preprocessing) run"), examples=[[
+            {"read": "rgb"}, {"resize": {"shorter": 256, "antialias": True}}, {"center_crop": 224},
+            {"scale": "1/255"}, {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}},
+            {"layout": "chw"}, {"batch": True}]])
+    training: TrainingRef = Field(examples=[{"torchvision": ["Resize(256)", "CenterCrop(224)", "ToTensor()"]},
+                                            {"callable": "mypkg.data:preprocess"}])
+    tolerances: ParityTolerances = Field(default_factory=ParityTolerances, examples=[{"top1": "100%"}])
+    on_mismatch: Literal["error", "warn"] = Field("error", description="outside the tolerances: fail the stage (with "
+                                                                       "the likely cause and its fix), or warn")
     max_images: int = Field(64, ge=1, le=MAX_SAMPLES,
                             description="compare at most this many of the matched images")
 

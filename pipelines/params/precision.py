@@ -17,13 +17,18 @@ class FallbackSpec(Strict):
 
 
 class PrecisionStage(StageBase):
-    kind: Literal["precision"]
-    to: Literal["fp16", "bf16"] = "fp16"
-    keep_io_types: bool = True
-    fallback: FallbackSpec = Field(default_factory=FallbackSpec)
-    block_ops: list[str] = Field(default_factory=list, description="op types kept in FP32")
-    block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32")
-    data: SampleData = Field(default_factory=lambda: SampleData(random=True))
+    kind: Literal["precision"] = Field(description="this section's kind")
+    to: Literal["fp16", "bf16"] = Field("fp16", description="the lower precision the variant computes in")
+    keep_io_types: bool = Field(True, description="keep the model's inputs and outputs in FP32 (Casts at the edges)")
+    fallback: FallbackSpec = Field(default_factory=FallbackSpec, description="which nodes stay in FP32 besides "
+                                                                             "block_ops and block_nodes")
+    block_ops: list[str] = Field(default_factory=list, description="op types kept in FP32",
+                                 examples=[["Softmax", "LayerNormalization"]])
+    block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32; a name "
+                                                                     "matching nothing is an error",
+                                   examples=[["/head/.*"]])
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True), description=(
+        "the samples whose activations decide the fallback; the last `holdout` of them are the pre-flight's"))
     holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="samples for the CPU accuracy pre-flight")
     metrics: Metrics  # the pre-flight judges these too (validate's defaults for FP16); share validate's with an anchor
     preflight: Annotated[Literal["auto", "off"], BeforeValidator(yaml_off)] = Field(

@@ -12,9 +12,10 @@ from trtflow.pipelines.schema import SampleData, Shape, StageBase, Strict, yaml_
 class CheckSpec(Strict):
     """How a transformed model (simplified, converted) is compared to the original with ONNX Runtime."""
     samples: int = Field(2, ge=1, le=100, description="random input batches to compare")
-    rtol: float = Field(1e-3, ge=0)
-    atol: float = Field(1e-4, ge=0)
-    seed: int = 0
+    rtol: float = Field(1e-3, ge=0, description="an output element matches where |new - original| <= atol + rtol "
+                                                "x |original|")
+    atol: float = Field(1e-4, ge=0, description="the absolute part of that bound")
+    seed: int = Field(0, description="seed of the random inputs")
     data: SampleData | None = Field(
         None, description="the inputs to compare on: tensors, or random with shapes and ranges (default: random, "
                           "`samples` of them, shaped by input_shapes)")
@@ -28,16 +29,18 @@ class CheckSpec(Strict):
 
 
 class PrepareStage(StageBase):
-    kind: Literal["prepare"]
+    kind: Literal["prepare"] = Field(description="this section's kind")
     target_opset: int | None = Field(None, ge=1, le=30,
                                      description="convert the default-domain opset to this version")
     simplify: bool = Field(True, description="run onnxsim (constant folding, dead-code removal)")
     check: CheckSpec = Field(default_factory=CheckSpec)
     input_shapes: dict[str, Shape] = Field(
         default_factory=dict,
-        description="concrete shapes for random-input checks where an input has dynamic dimensions")
+        description="concrete shapes for the checks and the trial build where an input has dynamic dimensions "
+                    "(otherwise 1 for axis 0 and 64 elsewhere)", examples=[{"input": [1, 3, 224, 224]}])
     preflight: Annotated[Literal["auto", "required", "off"], BeforeValidator(yaml_off)] = Field(
-        "auto", description="parse with TensorRT: auto = when a TensorRT flavour is installed")
+        "auto", description="parse with the installed TensorRT flavour's ONNX parser: auto: when a flavour is "
+                            "installed (the report says when it did not run); required: fail without one; off: never")
     fail_on_unsupported: bool = Field(True, description="fail the stage when the TensorRT pre-flight "
                                                         "finds nodes it cannot parse, or the trial build fails")
     trial_build: bool = Field(True, description="the pre-flight also builds an engine at input_shapes (parsing "

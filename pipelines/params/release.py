@@ -28,7 +28,7 @@ class Select(Strict):
         None, ge=0, le=1, description="the most a candidate may lose against the FP32 reference on any task metric "
                                       "validate measured (top-1/top-5 agreement, text exact, CER, IoU, embedding "
                                       "cosine, detections, your function's by their declared direction; the "
-                                      "cosine where an output has none), e.g. 1%")
+                                      "cosine where an output has none)", examples=["1%"])
     variants: list[str] = Field(default_factory=list, description="only engines of these model variants (stage "
                                                                   "names); default: all")
     profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "
@@ -65,7 +65,8 @@ class TritonSpec(Strict):
                                            "from the stage's `data` (the validation samples), before the model "
                                            "is ready")
     optimization: dict[str, Any] = Field(default_factory=dict, description=(
-        "Triton's `optimization` block as is, checked with Triton's schema, e.g. {cuda: {graphs: true}}"))
+        "Triton's `optimization` block as is, checked with Triton's schema"),
+        examples=[{"cuda": {"graphs": True}}])
     response_cache: bool = Field(False, description="Triton's response cache for this model (the server needs "
                                                     "--cache-config)")
     parameters: dict[str, str] = Field(default_factory=dict, description="Triton's `parameters` of the model "
@@ -73,9 +74,11 @@ class TritonSpec(Strict):
 
 
 class ReleaseStage(StageBase):
-    kind: Literal["release"]
-    select: Select = Field(default_factory=Select)
-    triton: TritonSpec = Field(default_factory=TritonSpec)
+    kind: Literal["release"] = Field(description="this section's kind")
+    select: Select = Field(default_factory=Select, examples=[{"require": "validated", "prefer": "throughput",
+                                                              "max_accuracy_drop": "1%"}])
+    triton: TritonSpec = Field(default_factory=TritonSpec, examples=[{"instances": 2, "max_queue_delay": "100us",
+                                                                      "preprocess": True}])
     data: SampleData = Field(default_factory=lambda: SampleData(random=True, samples=1),
                              description="the samples Triton warms the model up with (triton.warmup): the "
                                          "validation images or tensors; default random")

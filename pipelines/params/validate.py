@@ -1,7 +1,7 @@
 """Stage `validate`: every engine (or model variant) against the FP32 reference, with repair."""
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -9,6 +9,13 @@ from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import DETECTION_NAMES, Metrics, SampleData, StageBase, Strict, metric_direction
 from trtflow.pipelines.units import Fraction
+
+Number = int | float  # not float alone: a bound written as an integer stays one in the stage's key
+TaskBound = Annotated[Number | dict[Literal["min", "max"], Number], Field(
+    description="a bound on any other metric a declared metric gives (`metrics:`): a number for trtflow's own "
+                "(text_exact, cer, iou, iou_min, iou_class_min, embedding_cosine, embedding_cosine_mean, top<k>, "
+                "det_recall, det_precision, det_iou, det_f1_min), {min: x} (at least) or {max: x} (at most) for "
+                "your function's", examples=[0.95, {"min": 0.9}])]
 
 
 class OutputTolerance(Strict):
@@ -20,10 +27,8 @@ class OutputTolerance(Strict):
                                                       "at least 1/1000 of the output's largest magnitude")
     top1: Fraction | None = Field(None, description="lowest share of samples whose top-1 class agrees")
     top5: Fraction | None = Field(None, description="lowest share whose reference class is in the top 5")
-    # and any name a declared metric gives (`metrics:`): a number for trtflow's own (text_exact, cer, iou,
-    # iou_min, iou_class_min, embedding_cosine, embedding_cosine_mean, top<k>, det_*), {min: x} or {max: x} for a
-    # function's
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, TaskBound] = Field(init=False)  # typed: the JSON Schema and docs/reference.md show it
 
     @model_validator(mode="before")
     @classmethod
@@ -63,8 +68,10 @@ _EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "m
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
 class ValidateStage(StageBase):
-    kind: Literal["validate"]
-    data: SampleData = Field(default_factory=lambda: SampleData(random=True))
+    kind: Literal["validate"] = Field(description="this section's kind")
+    data: SampleData = Field(default_factory=lambda: SampleData(random=True), description=(
+        "the samples every candidate and the FP32 reference run on, made into each profile's shapes"),
+        examples=[{"images": "data/*.jpg", "samples": 32}])
     runtime: Literal["auto", "onnxruntime", "tensorrt"] = Field(
         "auto", description="auto: TensorRT where a GPU can run the engine, else the variant simulated on ONNX "
                             "Runtime")
@@ -75,9 +82,12 @@ class ValidateStage(StageBase):
                     "padded or repeated, batches filled with more files)")
     metrics: Metrics
     tolerances: dict[str, OutputTolerance] = Field(
-        default_factory=dict, description="per output name, or '*' for all outputs")
-    check_nan_inf: bool = True
-    locate_first_bad_layer: bool = True
+        default_factory=dict, description="per output name, or '*' for all outputs (an output's own entry over "
+                                          "'*' over the defaults per precision)",
+        examples=[{"logits": {"top1": "99%", "cosine": 0.999}}, {"*": {"text_exact": 0.95}}])
+    check_nan_inf: bool = Field(True, description="a NaN or Inf the reference does not have fails the candidate")
+    locate_first_bad_layer: bool = Field(True, description="when a candidate fails: compare every intermediate "
+                                                           "tensor with the reference's to find where it goes wrong")
     locate_samples: int = Field(2, ge=1, le=100, description="when a candidate fails: how many samples (those whose "
                                 "outputs are off the most) are compared tensor by tensor")
     repair: bool = Field(False, description="search for the nodes to keep in FP32 / leave unquantized so a "

@@ -4,7 +4,7 @@ are never compared; the report says why a cell was skipped."""
 from __future__ import annotations
 
 from trtflow.stages.benchmark.report import Baseline, Measurement
-from trtflow.stages.trtexec.result import PerfRecord
+from trtflow.stages.trtexec.result import PerfRecord, Stats
 
 # gate key -> (measure, statistic, "lower" or "higher" is better)
 METRICS = {"throughput_regression": ("throughput_qps", None, "higher"),
@@ -15,7 +15,7 @@ METRICS = {"throughput_regression": ("throughput_qps", None, "higher"),
 def value(result: PerfRecord, measure: str, stat: str | None) -> float | None:
     v = getattr(result, measure)
     if stat is not None:
-        v = v.get(stat) if isinstance(v, dict) else None
+        v = getattr(v, stat) if isinstance(v, Stats) else None
     return float(v) if isinstance(v, (int, float)) else None
 
 
@@ -29,9 +29,8 @@ def check(cells: list[Measurement], baseline: dict[str, Baseline], bounds: dict[
         if base is None:
             skipped.append(f"{cell.cell}: no baseline for this cell")
             continue
-        if base.environment != cell.environment:
-            diff = [k for k in sorted(set(cell.environment) | set(base.environment))
-                    if cell.environment.get(k) != base.environment.get(k)]
+        diff = cell.environment.differs(base.environment)
+        if diff:
             skipped.append(f"{cell.cell}: the baseline was measured elsewhere ({', '.join(diff)} differ)")
             continue
         for key, bound in bounds.items():

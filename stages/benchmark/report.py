@@ -8,7 +8,22 @@ from pydantic import BaseModel, Field
 
 from trtflow import markdown as md
 from trtflow.precisions import Precision
+from trtflow.records import Recorded
+from trtflow.stages.trt.telemetry import TelemetrySummary
 from trtflow.stages.trtexec.result import Layer, PerfRecord
+
+
+class MeasuredOn(Recorded):
+    """What a baseline must share with a measurement to be compared with it."""
+    runtime: str | None = None  # the runtime's name (with ONNX Runtime's version and settings, its whole label)
+    tensorrt: str | None = None  # the version trtexec printed
+    gpu: str | None = None  # each GPU with its driver, or "none"
+    host: str | None = None  # the CPU, for ONNX Runtime's numbers
+
+    def differs(self, other: MeasuredOn) -> list[str]:
+        """The fields whose values differ (one side's absent field counts as null)."""
+        mine, theirs = self.model_dump(mode="json"), other.model_dump(mode="json")
+        return [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
 
 
 class Measurement(BaseModel):
@@ -19,7 +34,7 @@ class Measurement(BaseModel):
     profile: str | None
     point: str  # "min", "opt" or "max"
     shapes: dict[str, list[int]]
-    environment: dict[str, str | None]  # what a baseline must share to be compared: runtime, TensorRT, GPU (, host)
+    environment: MeasuredOn
     result: PerfRecord
     slowest_layers: list[Layer] = []
     iterations: int | None = None
@@ -35,7 +50,7 @@ class Measurement(BaseModel):
 class Baseline(BaseModel):
     """What the gate compares a cell with: a cell of an earlier run (its baseline file, or a report's cell)."""
     cell: str
-    environment: dict[str, str | None]
+    environment: MeasuredOn
     result: PerfRecord
 
 
@@ -57,7 +72,7 @@ class BenchmarkReport(BaseModel):
     trtexec_looked: list[str]
     tensorrt_version: str | None
     cells: list[Measurement]
-    telemetry: dict[str, Any]
+    telemetry: TelemetrySummary
     gate: Gate
     warnings: list[str]
     not_measured: dict[str, str] = {}  # candidate -> why it was left out (it failed validation)
@@ -75,7 +90,7 @@ class BenchmarkReport(BaseModel):
             res = c.result
             lat = res.latency()
             lines.append(f"| {md.text(c.cell)} | {md.text(res.runtime or '-')} | {_num(res.throughput_qps)} | "
-                         f"{_num(c.samples_per_s)} | {_num(lat.get('mean'))} | {_num(lat.get('p99'))} | "
+                         f"{_num(c.samples_per_s)} | {_num(lat.mean)} | {_num(lat.p99)} | "
                          f"{c.iterations or '-'} | {'ok' if c.ok else 'failed: ' + md.text(res.note)} |")
         if self.not_measured:
             lines += ["", "**not measured** (they failed validation and must not be deployed):"]
@@ -87,9 +102,9 @@ class BenchmarkReport(BaseModel):
             lines += [f"- regression: {md.text(v)}" for v in g.violations]
             lines += [f"- skipped: {md.text(s)}" for s in g.skipped]
         tele = self.telemetry
-        lines += ["", "**GPU telemetry**: " + (md.text(tele["why"]) if not tele.get("available") else
-                                               f"{tele.get('samples', 0)} samples, throttled: "
-                                               f"{', '.join(md.text(r) for r in tele.get('throttled') or []) or 'no'}")]
+        lines += ["", "**GPU telemetry**: " + (md.text(tele.why or "none") if not tele.available else
+                                               f"{tele.samples or 0} samples, throttled: "
+                                               f"{', '.join(md.text(r) for r in tele.throttled or []) or 'no'}")]
         for c in [c for c in self.cells if c.slowest_layers][:1]:
             lines += ["", f"**slowest layers** of {md.text(c.cell)}:", "", "| layer | average (ms) | share |",
                       "|---|---|---|"]

@@ -22,11 +22,10 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.benchmark import perf_gate
+from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, MeasuredOn, Measurement
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, Measurement
-from trtflow.stages.validate.report import ValidateReport
 from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry
@@ -34,6 +33,7 @@ from trtflow.stages.trtexec import command, exports
 from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
 from trtflow.stages.trtexec.log import parse_summary
 from trtflow.stages.trtexec.result import Layer, PerfResult
+from trtflow.stages.validate.report import ValidateReport
 
 VERSION = "3"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
 # measurement in its own process, at least min_iterations, samples/s
@@ -63,8 +63,8 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
             results.append(_measure(params, inputs, cand, profile, point, trtexec, version, out_dir))
     progress.report("benchmarking", len(cells), len(cells))
     tele = telemetry.summary()
-    if tele.get("throttled"):
-        warnings.append(f"the GPU was throttled during the run ({', '.join(tele['throttled'])}): the numbers are "
+    if tele.throttled:
+        warnings.append(f"the GPU was throttled during the run ({', '.join(tele.throttled)}): the numbers are "
                         f"not its best")
     for cell in results:
         warnings += [f"{cell.cell}: {w}" for w in cell.result.warnings]
@@ -145,11 +145,11 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
         result = _builtin(params, cand, profile, feeds, runnable, out_dir / "logs" / name)
         if trtexec is not None:
             result.warnings.append(f"trtexec not used: {why}")
-    env = {"runtime": (result.runtime or "").split(",")[0], "tensorrt": result.tensorrt_version,
-           "gpu": "; ".join(f"{g.get('name')} driver {g.get('driver')}" for g in gpus()) or "none"}
+    env = MeasuredOn(runtime=(result.runtime or "").split(",")[0], tensorrt=result.tensorrt_version,
+                     gpu="; ".join(f"{g.name} driver {g.driver}" for g in gpus()) or "none")
     if result.runtime and result.runtime.startswith(harness.RUNTIME.split(" ")[0]):
-        env["runtime"] = result.runtime  # ONNX Runtime's version is part of it
-        env["host"] = _cpu_name()
+        env.runtime = result.runtime  # ONNX Runtime's version is part of it
+        env.host = _cpu_name()
     samples = result.samples_ms
     result.samples_ms = None
     batch = min((s[0] for s in shapes.values() if s), default=1)
@@ -161,9 +161,8 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
 
 def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
              stem: Path) -> tuple[PerfResult, list[Layer]]:
-    files = {"times": stem.with_suffix(".times.json"), "profile": stem.with_suffix(".profile.json"),
-             "layers": stem.with_suffix(".layers.json")}
-    cmd = command.compose(trtexec, cand.engine, shapes, params, files, version)
+    written = exports.ExportFiles.beside(stem)
+    cmd = command.compose(trtexec, cand.engine, shapes, params, written, version)
     log = stem.with_suffix(".log")
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
@@ -183,10 +182,9 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
     result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
     if proc.returncode != 0 and result.status != "failed":
         result.status, result.error = "failed", result.error or f"trtexec exited with code {proc.returncode}"
-    layers = exports.read_profile(files["profile"])["layers"] if files["profile"].exists() else result.profile or []
-    slowest = [Layer.model_validate(layer) for layer in layers]
-    if files["times"].exists():
-        result.samples_ms = exports.read_times(files["times"]).get("gpu_compute_ms")
+    slowest = exports.read_profile(written.profile).layers if written.profile.exists() else result.profile or []
+    if written.times.exists():
+        result.samples_ms = exports.read_times(written.times).gpu_compute_ms or None
     return result, slowest
 
 

@@ -30,7 +30,7 @@ from onnx import helper
 
 from trtflow.errors import TrtflowError
 from trtflow.parent_death import die_with_parent
-from trtflow.stages.compare.accuracy import Comparison, added_nonfinite
+from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers
 from trtflow.stages.ort.runner import RUNTIME, session
@@ -304,11 +304,11 @@ def _mismatch(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: lis
         cmp.add({n: r for n, r, _ in outs}, {n: c for n, _, c in outs})
     found = cmp.result(RUNTIME)
     for n, m in found.outputs.items():
-        added = added_nonfinite(m)
+        added = m.added_nonfinite()
         if added > 0:
             found.violations.append(f"output '{n}': {added} non-finite values where the FP32 model's are finite")
-        elif m["cosine"] < bound:
-            found.violations.append(f"output '{n}': cosine {m['cosine']:.6f} < {bound}")
+        elif m.cosine < bound:
+            found.violations.append(f"output '{n}': cosine {m.cosine:.6f} < {bound}")
     return None if found else Failure(found.violations[0], "mismatch")
 
 

@@ -7,7 +7,9 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.precisions import Precision
-from trtflow.stages.trt.engines import Backend, Built, Cell
+from trtflow.records import Recorded
+from trtflow.stages.trt.engines import Backend, Built, Cell, Validity
+from trtflow.stages.trt.env import Gpu
 
 
 class CellRow(Built):
@@ -26,9 +28,15 @@ class CellRow(Built):
                    shapes={p.name: p.shapes for p in cell.profiles})
 
 
+class BuildEnvironment(Recorded):
+    """What the stage built with: the TensorRT backend, and this machine's GPUs (None: none)."""
+    tensorrt: Backend
+    gpu: list[Gpu] | None = None
+
+
 class BuildReport(BaseModel):
     backend: Backend
-    environment: dict[str, Any]
+    environment: BuildEnvironment
     cells: list[CellRow]
     wall_seconds: float
     parallel: int
@@ -47,9 +55,9 @@ class BuildReport(BaseModel):
                  "| engine | variant | precision | profiles | target | status | size MB | build s | layers | peak host "
                  "MB | valid here |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
-            v = c.validity or {}
-            diagnostics = f" ({', '.join(v['diagnostics'])})" if v.get("diagnostics") else ""
-            valid = md.text(v.get("validity", "?") + diagnostics) if v.get("checked") else "unknown"
+            v = c.validity or Validity()
+            diagnostics = f" ({', '.join(v.diagnostics)})" if v.diagnostics else ""
+            valid = md.text((v.validity or "?") + diagnostics) if v.checked else "unknown"
             status = (("ok (engine cache)" if c.reused else "ok") if c.ok
                       else f"**failed**: {md.text((c.error or '')[:120])}")
             lines.append(f"| {md.code(c.name, cell=True)} | {md.text(c.variant)} | {md.text(c.precision)} | "

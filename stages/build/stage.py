@@ -16,9 +16,9 @@ import onnx
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
+from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.ort import qdq
-from trtflow.stages.build.report import BuildReport, CellRow
 from trtflow.stages.trt import building, config
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
 from trtflow.stages.trt.engines import LOG, SPEC, Backend, Built, Cell, Profile
@@ -108,7 +108,7 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
     warnings = size_warnings(rows, be.flavour, {c.variant: Path(c.model) for c in cells}) + \
         [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
-    report = BuildReport(backend=be, environment={"tensorrt": be.model_dump(), "gpu": gpus() or None}, cells=rows,
+    report = BuildReport(backend=be, environment=BuildEnvironment(tensorrt=be, gpu=gpus() or None), cells=rows,
                          wall_seconds=round(wall, 3), parallel=params.parallel,
                          timing_cache=str(cache) if cache else None, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2, exclude_none=True) + "\n")
@@ -129,7 +129,7 @@ def _build_or_reuse(cells: list[Cell], engines: Path, params: BuildStage, inputs
         return building.build_cells(cells, engines, params.parallel)
     cache = EngineCache(inputs.one("engine_cache").path / "engines")
     digests = {str(a.path): a.digest for a in inputs.many("models")}
-    machine = gpus() or None
+    machine = gpus()
     keys = [cell_key(c, digests[c.model], machine) for c in cells]
     results: list[Built | None] = []
     for cell, key in zip(cells, keys):

@@ -24,8 +24,9 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.stages.compare import gate
-from trtflow.stages.compare.accuracy import Comparison, task_values
+from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
@@ -33,7 +34,6 @@ from trtflow.stages.ort import calibration, qdq, quant_prep
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.text import did_you_mean
 
 VERSION = "8"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
@@ -96,9 +96,9 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
         warnings.append("calibrated on random inputs: the ranges say nothing about real activations; give "
                         "data.images or data.tensors from the deployment's distribution")
 
-    outputs = {"model": out, "ranges": ranges, "report": out_dir / "report.json"}
-    if params.trt_calibration_cache:
-        outputs["trt_calibration_cache"] = write_trt_cache(ranges, out_dir / "calibration.cache")
+    cache = {"trt_calibration_cache": write_trt_cache(ranges, out_dir / "calibration.cache")
+             } if params.trt_calibration_cache else {}
+    outputs = {"model": out, "ranges": ranges, "report": out_dir / "report.json", **cache}
     shutil.rmtree(work)
 
     quantized = onnx.load(str(out), load_external_data=False)
@@ -113,7 +113,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              quantize_linear_nodes=n_q, accuracy=acc, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
-               "nan_inf": int(acc.total("nan") + acc.total("inf"))}
+               "nan_inf": acc.nonfinite()}
     return StageResult(outputs=outputs, summary=report.summary(), metrics=metrics, warnings=warnings)
 
 
@@ -252,7 +252,7 @@ def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, A
     acc = cmp.result(SIMULATED)
     task, higher = {}, {}
     for out in (o.name for o in outputs if declared(metrics, o.name)):
-        values = task_values(acc.outputs.get(out, {}))
+        values = acc.outputs[out].task_values if out in acc.outputs else {}
         for name, up in gate.directions(out, list(values), {}, metrics).items():
             task[f"{out}/{name}"], higher[f"{out}/{name}"] = values[name], up
     return task, float(np.mean(errors)) if errors else 0.0, higher

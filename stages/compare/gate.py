@@ -11,18 +11,18 @@ from typing import Any
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import higher_is_better, metric_direction
 from trtflow.precisions import Precision
-from trtflow.stages.compare.accuracy import NEGLIGIBLE, Accuracy, added_nonfinite, task_values
+from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.text import did_you_mean, distinct
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
-DEFAULTS: dict[str, dict[str, float]] = {
+DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp32": {"cosine": 0.9999},
     "fp16": {"cosine": 0.999},
     "int8": {"cosine": 0.99},
 }
 # ... and for an output with declared task metrics, instead (each applies where its metric is declared)
-TASK_DEFAULTS: dict[str, dict[str, float]] = {
+TASK_DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999,
              "det_recall": 0.99, "det_precision": 0.99, "det_iou": 0.98},
     "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995,
@@ -75,10 +75,9 @@ def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], me
         task = bool(mine)
     if task:
         names = set().union(*(m.names() for m in mine))
-        bounds = {m: (v, higher_is_better(m)) for m, v in TASK_DEFAULTS.get(precision, TASK_DEFAULTS["fp32"]).items()
-                  if m in names}
+        bounds = {m: (v, higher_is_better(m)) for m, v in TASK_DEFAULTS[precision].items() if m in names}
     else:
-        bounds = {m: (v, True) for m, v in DEFAULTS.get(precision, DEFAULTS["fp32"]).items()}
+        bounds = {m: (v, True) for m, v in DEFAULTS[precision].items()}
     for key in ("*", output):
         given = tolerances.get(key)
         if given is not None:
@@ -108,7 +107,7 @@ def judge(result: Accuracy, precision: Precision, tolerances: dict[str, Any], na
     """`result` with the bounds it misses recorded as its violations, and the direction of each task metric it
     knows (what `select.max_accuracy_drop` weighs)."""
     result.violations = [v.line() for v in check(result, precision, tolerances, nan_inf, metrics)]
-    result.directions = {o: directions(o, list(task_values(m)), tolerances, metrics)
+    result.directions = {o: directions(o, list(m.task_values), tolerances, metrics)
                          for o, m in result.outputs.items()}
     return result
 
@@ -126,12 +125,12 @@ def check(result: Accuracy, precision: Precision, tolerances: dict[str, Any], na
     found = []
     for name, m in result.outputs.items():
         if nan_inf:
-            added = added_nonfinite(m)
+            added = m.added_nonfinite()
             if added > 0:
                 found.append(Violation(name, "nan_inf", float(added), 0.0, False))
-        negligible = m.get("scale", 0) > 0 and m["max_abs"] <= NEGLIGIBLE * m["scale"]
-        for metric, (bound, at_least) in bounds_for(precision, name, tolerances, metrics, m.get("task")).items():
-            value = m.get(metric)
+        negligible = m.negligible()
+        for metric, (bound, at_least) in bounds_for(precision, name, tolerances, metrics, m.task).items():
+            value = m.value(metric)
             if value is None:  # top-k on an output that is not (batch, classes)
                 continue
             if metric in ("cosine", "max_rel") and negligible:

@@ -14,25 +14,23 @@ import cv2
 import numpy as np
 
 from trtflow.errors import StageError
-from trtflow.stages.image.steps import STEPS, apply
+from trtflow.stages.image.steps import Batch, Layout, Read, Steps, apply, dump, parse
 
 
-def canonical(steps: Iterable[Any]) -> list[dict[str, Any]]:
-    """Steps as plain JSON with every default filled in, `read` first (added when missing)."""
-    out: list[dict[str, Any]] = []
-    for step in steps:
-        data = step.model_dump(mode="json", exclude_none=True) if hasattr(step, "model_dump") else dict(step)
-        (name, value), = data.items()
-        out.append({name: STEPS[name].canonical(value) if name in STEPS else value})
-    if not out or "read" not in out[0]:
-        if any("read" in s for s in out):
+def canonical(steps: Iterable[Any]) -> Steps:
+    """The declared steps (`PreprocessStep`s, or their YAML/JSON form) typed, every default filled in, `read` first
+    (added when missing)."""
+    out = parse([step.model_dump(mode="json", exclude_none=True) if hasattr(step, "model_dump") else step
+                 for step in steps])
+    if not out or not isinstance(out[0], Read):
+        if any(isinstance(step, Read) for step in out):
             raise StageError("'read' must be the first preprocessing step")
-        out.insert(0, {"read": {"color": "rgb", "depth": 8}})
+        out.insert(0, Read())
     return out
 
 
-def digest(steps: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(steps, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+def digest(steps: Steps) -> str:
+    return hashlib.sha256(json.dumps(dump(steps), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def read_image(path: Path, color: str = "rgb", depth: int = 8) -> np.ndarray:
@@ -67,35 +65,43 @@ def _ordered(image: np.ndarray, color: str) -> np.ndarray:
 class Preprocessor:
     """Runs canonical steps on an image (a file, or encoded bytes) and returns the exact tensor the engine is fed."""
 
-    def __init__(self, steps: list[dict[str, Any]]):
-        self.steps = steps
+    def __init__(self, steps: Steps):
+        if not steps or not isinstance(steps[0], Read):
+            raise StageError("the preprocessing steps must start with 'read' (canonical() puts it first)")
+        self.read, self.steps = steps[0], steps
         self.digest = digest(steps)
 
+    @classmethod
+    def from_json(cls, steps: list[Any]) -> Preprocessor:
+        """The steps of preprocess.json."""
+        return cls(parse(steps))
+
     def __call__(self, path: Path) -> np.ndarray:
-        (_, read), = self.steps[0].items()
-        return self.run(read_image(path, read["color"], read["depth"]))
+        return self.run(read_image(path, self.read.color, self.read.depth))
 
     def from_bytes(self, data: bytes) -> np.ndarray:
-        (_, read), = self.steps[0].items()
-        return self.run(decode_image(data, read["color"], read["depth"]))
+        return self.run(decode_image(data, self.read.color, self.read.depth))
 
     @property
     def layout(self) -> str:
         """The layout of the image in the tensor the steps give: 'hwc' or 'chw'."""
-        return next((v for step in reversed(self.steps) for k, v in step.items() if k == "layout"), "hwc")
+        return next((step.layout for step in reversed(self.steps) if isinstance(step, Layout)), "hwc")
+
+    @property
+    def batched(self) -> bool:
+        """Whether the tensor has a batch dimension (`batch: true`)."""
+        return any(isinstance(step, Batch) and step.batch for step in self.steps)
 
     def output_size(self) -> tuple[int, int] | None:
         """(height, width) of every tensor the steps give, where the last step that sizes the image fixes it; None
         where it depends on the image (a resize to a height alone, a pad to a square)."""
         size = None
         for step in self.steps[1:]:
-            (name, value), = step.items()
-            kind = STEPS.get(name)
-            if kind is not None and kind.sizes:
-                size = kind.fixed_size(value)
+            if step.sizes:
+                size = step.fixed_size()
         return size
 
-    def resized(self, height: int, width: int) -> tuple["Preprocessor", list[str]] | None:
+    def resized(self, height: int, width: int) -> tuple[Preprocessor, list[str]] | None:
         """The same steps giving `height` x `width` tensors, and the changed steps in words: every step that sizes
         the image scaled by the same factors (a resize to 256 before a 224 crop becomes one to 512 before a 448
         crop). None where the steps do not fix the size."""
@@ -105,28 +111,25 @@ class Preprocessor:
         fy, fx = height / size[0], width / size[1]
         steps, changed = [self.steps[0]], []
         for step in self.steps[1:]:
-            (name, value), = step.items()
-            kind = STEPS.get(name)
-            new = kind.scaled(value, fy, fx) if kind is not None else value
-            if new != value:
-                changed.append(f"{name} {json.dumps(kind.friendly(new), separators=(', ', ': '))}")
-            steps.append({name: new})
+            new = step.scaled(fy, fx)
+            if new != step:
+                changed.append(f"{new.name} {json.dumps(new.friendly(), separators=(', ', ': '))}")
+            steps.append(new)
         return Preprocessor(steps), changed
 
     def run(self, img: np.ndarray) -> np.ndarray:
         """The steps after `read` on a decoded HxWxC image."""
         layout = "hwc"
         for step in self.steps[1:]:
-            (name, value), = step.items()
-            img, layout = apply(img, name, value, layout)
+            img, layout = apply(img, step, layout)
         return img
 
 
-def save(steps: list[dict[str, Any]], out: Path) -> Path:
-    out.write_text(json.dumps({"steps": steps, "digest": digest(steps)}, indent=2) + "\n")
+def save(steps: Steps, out: Path) -> Path:
+    out.write_text(json.dumps({"steps": dump(steps), "digest": digest(steps)}, indent=2) + "\n")
     return out
 
 
 def load(path: Path) -> Preprocessor:
     data = json.loads(Path(path).read_text())
-    return Preprocessor(data["steps"])
+    return Preprocessor.from_json(data["steps"])

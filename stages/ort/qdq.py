@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from pydantic import BaseModel
 
 from trtflow.errors import StageError
 from trtflow.stages.onnx import model_io
@@ -26,6 +27,17 @@ from trtflow.stages.onnx.graph import input_independent
 from trtflow.text import first_line
 
 RECIPE = "trtflow.qdq_recipe"  # the metadata key
+
+
+class StoredRecipe(BaseModel):
+    """A recipe as a Q/DQ model's metadata stores it (JSON under RECIPE, keys sorted)."""
+    quantize_ops: list[str]
+    excluded_nodes: list[str]
+    per_channel: bool
+    # a recipe without it was written before outputs were left alone: it quantized them
+    quantize_outputs: bool = True
+    method: str  # ONNX Runtime's CalibrationMethod, by name
+    ranges: dict[str, tuple[float, float]]  # tensor -> (lowest, highest)
 
 
 @dataclass
@@ -82,11 +94,11 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
         raise quantizer_crash(exc, per_channel) from exc
     model = model_io.load(out)
     entry = model.metadata_props.add()
-    entry.key, entry.value = RECIPE, json.dumps({
-        "quantize_ops": list(quantize_ops), "excluded_nodes": sorted(excluded), "per_channel": per_channel,
-        "quantize_outputs": quantize_outputs, "method": tensors.calibration_method.name,
-        "ranges": {t: [float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0])]
-                   for t, d in tensors.data.items()}}, sort_keys=True)  # the same model, byte for byte
+    stored = StoredRecipe(quantize_ops=list(quantize_ops), excluded_nodes=sorted(excluded), per_channel=per_channel,
+                          quantize_outputs=quantize_outputs, method=tensors.calibration_method.name,
+                          ranges={t: (float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0]))
+                                  for t, d in tensors.data.items()})
+    entry.key, entry.value = RECIPE, json.dumps(stored.model_dump(), sort_keys=True)  # the same model, byte for byte
     model_io.save(model, out)
 
 
@@ -255,11 +267,15 @@ def recipe(model: onnx.ModelProto) -> Recipe:
 
     meta = next((p.value for p in model.metadata_props if p.key == RECIPE), None)
     if meta is not None:
-        r = json.loads(meta)
-        data = {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for t, (lo, hi) in r["ranges"].items()}
-        # a recipe without the key was written before outputs were left alone: it quantized them
-        return Recipe(r["quantize_ops"], set(r["excluded_nodes"]), r["per_channel"],
-                      TensorsData(CalibrationMethod[r["method"]], data), r.get("quantize_outputs", True))
+        try:
+            r = StoredRecipe.model_validate_json(meta)
+            method = CalibrationMethod[r.method]
+        except (ValueError, KeyError) as exc:
+            raise StageError(f"the model's '{RECIPE}' metadata is not a Q/DQ recipe trtflow wrote "
+                             f"({first_line(exc)})", hint="quantize it again with the calibrate stage") from None
+        data = {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for t, (lo, hi) in r.ranges.items()}
+        return Recipe(r.quantize_ops, set(r.excluded_nodes), r.per_channel, TensorsData(method, data),
+                      r.quantize_outputs)
     quantized = quantized_nodes(model)
     ops = sorted(set(quantized.values()))
     skipped = {n.name for n in model.graph.node if n.op_type in ops and n.name not in quantized}

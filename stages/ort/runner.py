@@ -1,11 +1,12 @@
 """Run ONNX models with ONNX Runtime on CPU and compare their outputs (a runner and a comparator, kept apart)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
+from pydantic import BaseModel, Field
 
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
 
@@ -132,19 +133,32 @@ def relative_errors(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> l
     return errors
 
 
-def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float, atol: float) -> dict[str, Any]:
+class OutputDiff(BaseModel):
+    """One output of a model against the model before it (`compare`): whether every element is within
+    atol + rtol * |reference|, the largest absolute and relative difference, how many elements are NaN on one
+    side only; `error` where it could not be compared (missing, another shape). Stored with the fields it has."""
+    ok: bool = True
+    max_abs: float | None = Field(None, exclude_if=lambda v: v is None)
+    max_rel: float | None = Field(None, exclude_if=lambda v: v is None)
+    nan_mismatch: int | None = Field(None, exclude_if=lambda v: v is None)
+    error: str | None = Field(None, exclude_if=lambda v: v is None)
+
+    def problem(self, rtol: float, atol: float) -> str:
+        return self.error or (f"max abs {self.max_abs:.4g}, max rel {self.max_rel:.4g} beyond atol {atol:g} + "
+                              f"rtol {rtol:g} * |ref|")
+
+
+def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float, atol: float
+            ) -> dict[str, OutputDiff]:
     """Per output: max absolute and relative difference, and whether all elements are within atol + rtol*|ref|."""
     per_output = {}
-    ok = True
     for name, r in ref.items():
         if name not in got:
-            per_output[name] = {"ok": False, "error": "missing output"}
-            ok = False
+            per_output[name] = OutputDiff(ok=False, error="missing output")
             continue
         g = got[name]
         if r.shape != g.shape:
-            per_output[name] = {"ok": False, "error": f"shape {list(g.shape)} != {list(r.shape)}"}
-            ok = False
+            per_output[name] = OutputDiff(ok=False, error=f"shape {list(g.shape)} != {list(r.shape)}")
             continue
         r64, g64 = r.astype(np.float64), g.astype(np.float64)
         diff = np.abs(r64 - g64)
@@ -152,35 +166,47 @@ def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float,
         nan_mismatch = int(np.count_nonzero(np.isnan(r64) != np.isnan(g64)))
         rel = diff / np.maximum(np.abs(r64), 1e-12)
         within = bool(np.all(diff[finite] <= atol + rtol * np.abs(r64[finite]))) and nan_mismatch == 0
-        per_output[name] = {"ok": within, "max_abs": float(diff[finite].max(initial=0.0)),
-                            "max_rel": float(rel[finite].max(initial=0.0)), "nan_mismatch": nan_mismatch}
-        ok &= within
-    return {"ok": ok, "outputs": per_output}
+        per_output[name] = OutputDiff(ok=within, max_abs=float(diff[finite].max(initial=0.0)),
+                                      max_rel=float(rel[finite].max(initial=0.0)), nan_mismatch=nan_mismatch)
+    return per_output
+
+
+@dataclass
+class ModelDiff:
+    """Two models on the same inputs (`compare_models`): the worst difference per output over `samples`, the
+    tolerances, the input shapes of the last sample, a violation per output beyond them. True when none is."""
+    runtime: str
+    rtol: float
+    atol: float
+    samples: int = 0
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    outputs: dict[str, OutputDiff] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return not self.violations
 
 
 def compare_models(ref_path: Path, new_path: Path, feeds: Iterable[dict[str, np.ndarray]], rtol: float,
-                   atol: float) -> Accuracy:
+                   atol: float) -> ModelDiff:
     """Both models on the same inputs; the worst difference per output over all samples, and a violation per
     output with elements beyond atol + rtol * |reference|. A failure of the reference model itself raises
     `ReferenceFailed` (the inputs, not the transformation, are at fault)."""
     ref_sess, new_sess = session(ref_path), session(new_path)
-    found = Accuracy(RUNTIME, 0, {}, details={"rtol": rtol, "atol": atol})
+    found = ModelDiff(RUNTIME, rtol, atol)
     for feed in feeds:
-        found.details["input_shapes"] = {k: list(v.shape) for k, v in feed.items()}
+        found.input_shapes = {k: list(v.shape) for k, v in feed.items()}
         try:
             ref = run(ref_sess, feed)
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
             raise ReferenceFailed(exc, feed) from None
-        result = compare(ref, run(new_sess, feed), rtol, atol)
         found.samples += 1
-        for name, r in result["outputs"].items():
+        for name, r in compare(ref, run(new_sess, feed), rtol, atol).items():
             prev = found.outputs.get(name)
-            if prev is None or not r["ok"] or r.get("max_abs", 0) > prev.get("max_abs", 0):
-                if prev is None or prev.get("ok", True):
+            if prev is None or not r.ok or (r.max_abs or 0) > (prev.max_abs or 0):
+                if prev is None or prev.ok:
                     found.outputs[name] = r
-    found.violations = [f"output '{name}': " + (r.get("error") or f"max abs {r['max_abs']:.4g}, max rel "
-                                                 f"{r['max_rel']:.4g} beyond atol {atol:g} + rtol {rtol:g} * |ref|")
-                        for name, r in found.outputs.items() if not r["ok"]]
+    found.violations = [f"output '{name}': {r.problem(rtol, atol)}" for name, r in found.outputs.items() if not r.ok]
     return found
 
 

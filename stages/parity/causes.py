@@ -8,53 +8,67 @@ normalization, a missing scale or layout. The fix reads as the YAML to change.
 """
 from __future__ import annotations
 
-import copy
 from typing import Iterator
 
-from trtflow.stages.image.steps import STEPS, Cause, Steps
+from trtflow.stages.image.steps import (
+    Batch,
+    Cause,
+    CenterCrop,
+    Crop,
+    Dtype,
+    Layout,
+    Letterbox,
+    Normalize,
+    Read,
+    Resize,
+    Scale,
+    Steps,
+)
 
-
-def _names(steps: Steps) -> list[str]:
-    return [next(iter(s)) for s in steps]
+CROPS_AND_RESIZES = (Resize, CenterCrop, Crop)
 
 
 def candidates(steps: Steps) -> Iterator[Cause]:
     """(cause, fix, changed steps) for every single change worth trying."""
-    names = _names(steps)
     for i, step in enumerate(steps):
-        (name, val), = step.items()
-        yield from STEPS[name].causes(steps, i, val)
-        if i + 1 < len(steps) and name in ("resize", "center_crop", "crop") \
-                and names[i + 1] in ("resize", "center_crop", "crop") and names[i + 1] != name:
-            swapped = copy.deepcopy(steps)
-            swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
-            yield ("crop and resize in the other order", f"{names[i + 1]} before {name}", swapped)
+        yield from step.causes(steps, i)
+        after = steps[i + 1] if i + 1 < len(steps) else None
+        if isinstance(step, CROPS_AND_RESIZES) and isinstance(after, CROPS_AND_RESIZES) \
+                and type(after) is not type(step):
+            swapped = list(steps)
+            swapped[i], swapped[i + 1] = after, step
+            yield ("crop and resize in the other order", f"{after.name} before {step.name}", swapped)
     yield from _uint8_rounding(steps)
-    if "scale" not in names:
-        at = names.index("normalize") if "normalize" in names else len(steps)
-        yield ("pixels not scaled to 0..1", "add scale: 1/255", steps[:at] + [{"scale": 1 / 255}] + steps[at:])
-    if "layout" not in names:
-        at = names.index("batch") if "batch" in names else len(steps)
-        yield ("layout differs", "add layout: chw", steps[:at] + [{"layout": "chw"}] + steps[at:])
+    if not any(isinstance(s, Scale) for s in steps):
+        at = _first(steps, Normalize)
+        yield ("pixels not scaled to 0..1", "add scale: 1/255", steps[:at] + [Scale(1 / 255)] + steps[at:])
+    if not any(isinstance(s, Layout) for s in steps):
+        at = _first(steps, Batch)
+        yield ("layout differs", "add layout: chw", steps[:at] + [Layout("chw")] + steps[at:])
 
 
-def _uint8_rounding(steps: Steps) -> Iterator[tuple[str, str, Steps]]:
+def _first(steps: Steps, kind: type) -> int:
+    """Where the first step of this kind is (the end, with none)."""
+    return next((i for i, s in enumerate(steps) if isinstance(s, kind)), len(steps))
+
+
+def _uint8_rounding(steps: Steps) -> Iterator[Cause]:
     """Training code that resizes 8-bit images gets 8-bit results (rounded) before it normalizes; code that
     converts to float first does not round. Either side may be the one that rounds."""
-    names = _names(steps)
-    spatial = [i for i, n in enumerate(names) if n in ("resize", "letterbox")]
-    if not spatial or steps[0]["read"].get("depth", 8) != 8:
+    spatial = [i for i, s in enumerate(steps) if isinstance(s, (Resize, Letterbox))]
+    if not spatial or not (isinstance(steps[0], Read) and steps[0].depth == 8):
         return
-    floats = [i for i, n in enumerate(names) if n == "dtype" and steps[i]["dtype"] != "uint8" and i < spatial[-1]]
+    floats = [i for i, s in enumerate(steps) if isinstance(s, Dtype) and s.dtype != "uint8" and i < spatial[-1]]
     if floats:
         i = floats[0]
+        dtype = steps[i]
         rest = steps[:i] + steps[i + 1:]
-        if any(n in ("scale", "normalize") for n in names[i + 1:]):  # those make floats anyway
-            yield ("resized in float where training rounds to uint8", f"remove dtype: {steps[i]['dtype']}", rest)
+        if any(isinstance(s, (Scale, Normalize)) for s in steps[i + 1:]):  # those make floats anyway
+            yield ("resized in float where training rounds to uint8", f"remove dtype: {dtype.dtype}", rest)
         else:
-            at = spatial[-1]  # the resize's index in `rest`, the dtype step being gone
-            yield ("resized in float where training rounds to uint8", f"dtype: {steps[i]['dtype']} after {names[at]}",
-                   rest[:at] + [steps[i]] + rest[at:])
-    elif "dtype" not in names[:spatial[0]]:
+            at = spatial[-1]  # after the resize in `rest`, the dtype step being gone
+            yield ("resized in float where training rounds to uint8", f"dtype: {dtype.dtype} after {steps[at].name}",
+                   rest[:at] + [dtype] + rest[at:])
+    elif not any(isinstance(s, Dtype) for s in steps[:spatial[0]]):
         yield ("uint8 rounding after resize where training resizes in float", "add dtype: float32 before resize",
-               steps[:1] + [{"dtype": "float32"}] + steps[1:])
+               steps[:1] + [Dtype("float32")] + steps[1:])

@@ -9,27 +9,39 @@ chain of changes, with the difference after each, and the full corrected `deploy
 """
 from __future__ import annotations
 
-import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import cv2
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.parity import ParityTolerances
+from trtflow.stages.image.preprocess import read_image
+from trtflow.stages.image.steps import Normalize, Read, Scale, Step, Steps, apply, dump, parse
 from trtflow.stages.parity.causes import candidates
-from trtflow.stages.image.preprocess import digest, read_image
-from trtflow.stages.image.steps import STEPS, apply
 
-Steps = list[dict[str, Any]]
 ROUNDS = 3  # at most this many changes combined
 BEAM = 3  # sets of steps kept from one round to the next
 CACHE_BYTES = 256 << 20  # intermediate images kept while searching
+
+
+def _typed_steps(value: Any) -> Steps:
+    if all(isinstance(step, Step) for step in value):
+        return list(value)
+    try:
+        return parse(value)
+    except StageError as exc:  # a validation error of the model that holds them
+        raise ValueError(str(exc)) from None
+
+
+# canonical steps in a report: typed in Python, their canonical JSON in the file
+StepList = Annotated[Steps, PlainValidator(_typed_steps), PlainSerializer(dump),
+                     WithJsonSchema({"type": "array", "items": {"type": "object"}})]
 
 
 def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +149,7 @@ class Diagnosis(BaseModel):
     chain: list[ChainStep] = []
     cause: str | None = None
     fix: str | None = None
-    steps: list[dict[str, Any]] | None = None  # the fixed deploy steps, canonical
+    steps: StepList | None = None  # the fixed deploy steps
     yaml: str | None = None
     after_fix: AfterFix | None = None
 
@@ -170,11 +182,11 @@ class PrefixRunner:
     sets run before: most changes touch one late step, and decoding and resampling are the costly part."""
 
     def __init__(self, budget: int = CACHE_BYTES):
-        self.cache: OrderedDict[tuple[str, str], tuple[np.ndarray, str]] = OrderedDict()
+        self.cache: OrderedDict[tuple[str, tuple[Step, ...]], tuple[np.ndarray, str]] = OrderedDict()
         self.budget, self.used = budget, 0
 
     def __call__(self, path: Any, steps: Steps) -> np.ndarray:
-        keys = [(str(path), json.dumps(steps[:k + 1], sort_keys=True)) for k in range(len(steps))]
+        keys = [(str(path), tuple(steps[:k + 1])) for k in range(len(steps))]
         start = 0
         for k in range(len(steps) - 1, -1, -1):
             if keys[k] in self.cache:
@@ -183,17 +195,18 @@ class PrefixRunner:
                 start = k + 1
                 break
         if start == 0:
-            read = steps[0]["read"]
-            img, layout = read_image(path, read["color"], read["depth"]), "hwc"
+            read = steps[0]
+            if not isinstance(read, Read):
+                raise StageError("'read' must be the first preprocessing step")
+            img, layout = read_image(path, read.color, read.depth), "hwc"
             self._put(keys[0], img, layout)
             start = 1
         for k in range(start, len(steps)):
-            (name, value), = steps[k].items()
-            img, layout = apply(img, name, value, layout)
+            img, layout = apply(img, steps[k], layout)
             self._put(keys[k], img, layout)
         return img
 
-    def _put(self, key: tuple[str, str], img: np.ndarray, layout: str) -> None:
+    def _put(self, key: tuple[str, tuple[Step, ...]], img: np.ndarray, layout: str) -> None:
         if key in self.cache or img.nbytes > self.budget:
             return
         self.cache[key] = (img, layout)
@@ -201,6 +214,17 @@ class PrefixRunner:
         while self.used > self.budget:
             _, (old, _) = self.cache.popitem(last=False)
             self.used -= old.nbytes
+
+
+@dataclass(frozen=True)
+class _Evaluation:
+    """One set of steps run on the samples: within tolerance on all (`ok`), the worst differences and the score
+    the search ranks by; or the error the steps raise on these images."""
+    ok: bool = False
+    mean_abs: float | None = None
+    max_abs: float | None = None
+    score: tuple[int, float, float] | None = None
+    error: str | None = None
 
 
 @dataclass
@@ -220,23 +244,23 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTol
     run = PrefixRunner()
     evaluations = 0
 
-    def evaluate(changed: Steps) -> dict[str, Any]:
+    def evaluate(changed: Steps) -> _Evaluation:
         nonlocal evaluations
         evaluations += 1
         try:
             metrics = [pixel_metrics(run(path, changed), train) for path, train in samples]
         except (StageError, cv2.error, ValueError) as exc:  # e.g. a crop larger than the image after the change
-            return {"error": str(exc).splitlines()[0]}
+            return _Evaluation(error=str(exc).splitlines()[0])
         worst = max(metrics, key=lambda m: m.mean_abs)
         finite = [m.mean_abs for m in metrics if m.shape_ok]
-        return {"ok": all(passes(m, tol) for m in metrics), "mean_abs": worst.mean_abs,
-                "max_abs": max(m.max_abs for m in metrics),
-                "score": (sum(not m.shape_ok for m in metrics), sum(_shape_gap(m) for m in metrics),
-                          max(finite) if finite else float("inf"))}
+        return _Evaluation(ok=all(passes(m, tol) for m in metrics), mean_abs=worst.mean_abs,
+                           max_abs=max(m.max_abs for m in metrics),
+                           score=(sum(not m.shape_ok for m in metrics), sum(_shape_gap(m) for m in metrics),
+                                  max(finite) if finite else float("inf")))
 
     first = evaluate(steps)
-    start = _State(steps, score=first.get("score", (len(samples), float("inf"), float("inf"))))
-    kept, seen, tried = [start], {digest(steps)}, []
+    start = _State(steps, score=first.score or (len(samples), float("inf"), float("inf")))
+    kept, seen, tried = [start], {tuple(steps)}, []
     found: _State | None = None
     done = 0
     for depth in range(1, rounds + 1):
@@ -244,18 +268,18 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTol
         children = []
         for state in kept:
             for cause, fix, changed in candidates(state.steps):
-                key = digest(changed)
+                key = tuple(changed)
                 if key in seen:
                     continue
                 seen.add(key)
                 ev = evaluate(changed)
                 if depth == 1:
-                    tried.append(Tried(cause=cause, fix=fix, ok=ev.get("ok", False), mean_abs=ev.get("mean_abs"),
-                                       max_abs=ev.get("max_abs"), error=ev.get("error")))
-                if "error" in ev:
+                    tried.append(Tried(cause=cause, fix=fix, ok=ev.ok, mean_abs=ev.mean_abs, max_abs=ev.max_abs,
+                                       error=ev.error))
+                if ev.error is not None:
                     continue
-                step = ChainStep(cause=cause, fix=fix, mean_abs=ev["mean_abs"], max_abs=ev["max_abs"])
-                children.append(_State(changed, state.chain + [step], ev["score"], ev["ok"], _conventional(changed)))
+                step = ChainStep(cause=cause, fix=fix, mean_abs=ev.mean_abs, max_abs=ev.max_abs)
+                children.append(_State(changed, state.chain + [step], ev.score, ev.ok, _conventional(changed)))
         # Scaling pixels by 1/255 and scaling mean/std by 255 can be equally exact fixes: prefer the one that
         # keeps the usual convention (pixels in 0..1, mean/std on that scale), which is what training code does.
         children.sort(key=lambda s: (s.score[0], round(s.score[1], 6), round(s.score[2], 6), not s.conventional))
@@ -270,7 +294,7 @@ def diagnose(steps: Steps, samples: list[tuple[Any, np.ndarray]], tol: ParityTol
             break
 
     tried.sort(key=lambda t: (not t.ok, round(t.mean_abs if t.mean_abs is not None else float("inf"), 6)))
-    result = Diagnosis(declared=Declared(mean_abs=first.get("mean_abs"), max_abs=first.get("max_abs")), tried=tried,
+    result = Diagnosis(declared=Declared(mean_abs=first.mean_abs, max_abs=first.max_abs), tried=tried,
                        search=Search(rounds=done, max_rounds=rounds, beam=beam, evaluations=evaluations,
                                      images=len(samples), seconds=round(time.perf_counter() - t0, 3)))
     if found:
@@ -295,15 +319,15 @@ def _and(items: list[str]) -> str:
 
 
 def _conventional(steps: Steps) -> bool:
-    scale = next((s["scale"] for s in steps if "scale" in s), None)
-    norm = next((s["normalize"] for s in steps if "normalize" in s), None)
-    scaled = scale is not None and abs(scale - 1 / 255) < 1e-9
-    return scaled and (norm is None or all(0 <= m <= 1 for m in norm["mean"]))
+    scale = next((s for s in steps if isinstance(s, Scale)), None)
+    norm = next((s for s in steps if isinstance(s, Normalize)), None)
+    scaled = scale is not None and abs(scale.factor - 1 / 255) < 1e-9
+    return scaled and (norm is None or all(0 <= m <= 1 for m in norm.mean))
 
 
 def friendly(steps: Steps) -> list[dict[str, Any]]:
-    """Canonical steps back in the form people write them."""
-    return [{name: STEPS[name].friendly(val)} for step in steps for name, val in step.items()]
+    """Steps in the form people write them."""
+    return [{step.name: step.friendly()} for step in steps]
 
 
 def to_yaml(steps: Steps) -> str:

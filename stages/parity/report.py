@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -16,7 +15,7 @@ from trtflow.stages.parity import diagnosis as dx
 class ParityReport(BaseModel):
     verdict: str  # "pass" or "fail"
     preprocess_digest: str
-    steps: list[dict[str, Any]]  # the canonical deploy steps
+    steps: dx.StepList  # the canonical deploy steps
     runtimes: dict[str, str]  # deploy, training
     tolerances: ParityTolerances
     images: list[dx.PixelMetrics]  # per image, with its name and channel statistics

@@ -17,9 +17,11 @@ import numpy as np
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
-from trtflow.stages.compare.accuracy import Comparison
-from trtflow.stages.parity import diagnosis as dx
+from trtflow.stages.compare.accuracy import OutputStats
+from trtflow.stages.compare.task_metrics import TopK
 from trtflow.stages.image import preprocess
+from trtflow.stages.image.steps import Steps
+from trtflow.stages.parity import diagnosis as dx
 from trtflow.stages.parity import training_ref
 from trtflow.stages.parity.picture import worst_picture
 from trtflow.stages.parity.report import ParityReport
@@ -71,9 +73,8 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
                           tolerances=tol, images=rows, model=model_check, diagnosis=diagnosis,
                           worst_image=rows[worst].image)
     (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=_json) + "\n")
-    outputs = {"preprocess": out_dir / "preprocess.json", "report": out_dir / "report.json"}
-    if picture:
-        outputs["picture"] = picture
+    outputs = {"preprocess": out_dir / "preprocess.json", "report": out_dir / "report.json",
+               **({"picture": picture} if picture else {})}
     summary = report.summary(picture)
     finite = [r.mean_abs for r in rows if r.shape_ok]
     metrics = {"images": len(rows), "failing_images": passed.count(False),
@@ -103,7 +104,7 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dx.ChannelStats]:
     return stats
 
 
-def _after_fix(steps: list, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dx.AfterFix:
+def _after_fix(steps: Steps, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dx.AfterFix:
     """The suggested fix run on every image (the search looked at the worst few), and the model on its tensors."""
     pre = preprocess.Preprocessor(steps)
     fixed = [(path, pre(path), t) for path, _, t in tensors]
@@ -140,7 +141,7 @@ def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
                          f"'{inp.name}' {want}; fix the resize/crop/layout/batch steps")
     deploy_in = [fit_to_input(d, inp) for _, d, _ in tensors]
     out_name = sess.get_outputs()[0].name
-    cmp = Comparison()  # the training side is the reference
+    stats = OutputStats()  # the training side is the reference
     predictions = []
     for (path, _, t), d_in in zip(tensors, deploy_in):
         t_in = fit_to_input(t, inp)
@@ -148,15 +149,15 @@ def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
             return dx.ModelParity(ran=False, reason="deploy and training tensors have different shapes", ok=False)
         a = sess.run([out_name], {inp.name: d_in})[0]
         b = sess.run([out_name], {inp.name: t_in})[0]
-        cmp.add({out_name: b}, {out_name: a})
+        stats.add(b, a)
         if a.ndim == 2 and a.shape[1] > 1 and a.shape[0] == 1:  # per image: what a trained model makes of each side
             predictions.append(dx.Prediction(image=Path(path).name, training=int(b[0].argmax()),
                                              deploy=int(a[0].argmax()), training_score=float(b[0].max()),
                                              deploy_score=float(a[0].max())))
-    metrics = cmp.result(RUNTIME).outputs[out_name]
-    result = dx.ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=metrics["max_abs"])
-    if "top1" in metrics:  # a classifier's scores
-        result.top1, result.top5, result.predictions = metrics["top1"], metrics["top5"], predictions
+    result = dx.ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=stats.max_abs)
+    top = next((m for m in stats.task or [] if isinstance(m, TopK) and m.rows), None)
+    if top is not None:  # a classifier's scores: top-1 and top-5 agreement
+        result.top1, result.top5, result.predictions = top.top1 / top.rows, top.topk / top.rows, predictions
         result.ok = tol.top1 is None or result.top1 >= tol.top1
     return result
 

@@ -93,8 +93,8 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              accuracy=acc, trial_build=trial, warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
-               "worst_max_abs": max((o["max_abs"] for o in acc.outputs.values()), default=None),
-               "nan_inf": int(acc.total("nan") + acc.total("inf"))}
+               "worst_max_abs": max((o.max_abs for o in acc.outputs.values()), default=None),
+               "nan_inf": acc.nonfinite()}
     return StageResult(outputs={"model": out, "report": out_dir / "report.json"}, summary=report.summary(),
                        metrics=metrics, warnings=report.warnings)
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtflow import markdown as md
 from trtflow.stages.onnx.graph import DynamicDim, GraphTensor, Inventory, RenamedDim
+from trtflow.stages.ort.runner import OutputDiff
 from trtflow.stages.trt.preflight import PreflightReport
 
 ONNX_DOMAIN = "ai.onnx"
@@ -29,20 +30,20 @@ class ModelCheck(BaseModel):
     input_shapes: dict[str, list[int]] = {}
     runtime: str | None = None
     samples: int = 0
-    outputs: dict[str, dict[str, Any]] = {}  # output -> its metrics, "ok" and any "error"
-    directions: dict[str, dict[str, bool]] = {}
+    outputs: dict[str, OutputDiff] = {}
+    directions: dict[str, dict[str, bool]] = {}  # always empty (kept: reports stored it)
     violations: list[str] = []
     data: str | None = None  # what the inputs were
 
     def worst(self) -> str:
-        parts = [f"{name}: {r.get('error') or 'max |diff| %.3g' % r.get('max_abs', 0)}"
-                 for name, r in self.outputs.items() if not r.get("ok", True)]
+        parts = [f"{name}: {r.error or 'max |diff| %.3g' % (r.max_abs or 0)}"
+                 for name, r in self.outputs.items() if not r.ok]
         return ", ".join(parts) or "mismatch"
 
     def text(self) -> str:
         if self.ok is None:
             return f"not verified ({md.text(self.skipped)})"
-        worst = max((o.get("max_abs", 0.0) for o in self.outputs.values()), default=0.0)
+        worst = max((o.max_abs or 0.0 for o in self.outputs.values()), default=0.0)
         return (f"{'matches' if self.ok else 'DIFFERS'} on {self.samples} {md.text(self.data or 'random')} "
                 f"input(s) (max abs diff {worst:.3g}, rtol {self.rtol:g}, atol {self.atol:g}, "
                 f"{md.text(self.runtime)})")

@@ -229,9 +229,9 @@ class _Checker:
         try:
             found = ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
                                               self.atol)
-            return ModelCheck(ok=bool(found), **found.details, runtime=found.runtime, samples=found.samples,
-                              outputs=found.outputs, directions=found.directions, violations=found.violations,
-                              data=self.source.label)
+            return ModelCheck(ok=bool(found), rtol=found.rtol, atol=found.atol, input_shapes=found.input_shapes,
+                              runtime=found.runtime, samples=found.samples, outputs=found.outputs,
+                              violations=found.violations, data=self.source.label)
         except ort_runner.ReferenceFailed as exc:
             raise self.source.failure(exc.error) from None
         except Exception as exc:  # noqa: BLE001 - the new model fails in ONNX Runtime

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtflow import markdown as md
-from trtflow.stages.release.report import HEADER, Option, ReleaseReport, TargetRelease, rule_text
-from trtflow.stages.validate.report import SHAPE_HEADER, shape_table
+from trtflow.stages.release.report import HEADER, Option, ReleaseReport, TargetRelease, ValidFor, rule_text
 from trtflow.stages.release.triton.contract import Contract
+from trtflow.stages.validate.report import SHAPE_HEADER, shape_table
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#1b1f24;padding:0 1em}
@@ -149,24 +149,24 @@ def _contract_md(t: TargetRelease) -> list[str]:
     return lines
 
 
-def _environment_text(env: dict[str, Any], name: Callable[[Any], str] = str) -> str:
+def _environment_text(env: ValidFor, name: Callable[[Any], str] = str) -> str:
     """What the engine is valid for, in words; `name`: how a value is written (`markdown.text` in Markdown)."""
-    trt = env.get("tensorrt") or {}
-    parts = [f"{name(trt.get('flavour', '?'))} {name(trt.get('version', '?'))}", f"target {name(env.get('target'))}"]
-    gpus = env.get("gpu") or []
-    target = str(env.get("target") or "")
+    trt = env.tensorrt
+    parts = [f"{name(trt.flavour if trt else '?')} {name(trt.version if trt else '?')}", f"target {name(env.target)}"]
+    target = env.target or ""
     if target.startswith("sm") and target[2:].isdigit():
         parts.append(f"GPUs of compute capability {name(target[2:-1] + '.' + target[-1])}")
-    parts.append("built on " + (", ".join(f"{name(g.get('name'))} (compute capability "
-                                          f"{name(g.get('compute_capability', '?'))}, driver {name(g.get('driver'))})"
-                                          for g in gpus) if gpus else "a machine without a GPU"))
-    if trt.get("version"):
-        parts.append(f"serve it with a Triton whose TensorRT backend links {name(trt.get('flavour', '?'))} "
-                     f"{name(trt['version'])} (a Triton release's notes name its TensorRT; an engine loads only on "
+    parts.append("built on " + (", ".join(f"{name(g.name)} (compute capability {name(g.compute_capability)}, "
+                                          f"driver {name(g.driver)})" for g in env.gpu)
+                                if env.gpu else "a machine without a GPU"))
+    if trt and trt.version:
+        parts.append(f"serve it with a Triton whose TensorRT backend links {name(trt.flavour)} "
+                     f"{name(trt.version)} (a Triton release's notes name its TensorRT; an engine loads only on "
                      f"the TensorRT version that built it)")
-    for k in ("hardware_compatibility", "version_compatible"):
-        if env.get(k):
-            parts.append(f"{k.replace('_', ' ')}: {name(env[k])}")
+    if env.hardware_compatibility:
+        parts.append(f"hardware compatibility: {name(env.hardware_compatibility)}")
+    if env.version_compatible:
+        parts.append(f"version compatible: {name(env.version_compatible)}")
     return "; ".join(parts)
 
 

@@ -11,8 +11,9 @@ from trtflow import markdown
 from trtflow.artifact import Provenance
 from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.precisions import Precision
-from trtflow.stages.validate.report import ShapeResult
 from trtflow.stages.release.triton.contract import Contract
+from trtflow.stages.trt.engines import BuiltOn
+from trtflow.stages.validate.report import ShapeResult
 
 
 class Option(BaseModel):
@@ -70,6 +71,15 @@ HEADER = ["engine", "precision", "accuracy vs FP32", "drop", "p99 ms", "samples/
           "verdict"]
 
 
+class ValidFor(BuiltOn):
+    """What a released engine is valid for: the TensorRT and the machine that built it, its target, the
+    compatibility it was built with, and its validity on the machine that released it."""
+    target: str | None = None
+    hardware_compatibility: str | None = None
+    version_compatible: bool | None = None
+    validity_here: str | None = None  # "VALID" | "INVALID" | "SUBOPTIMAL" | None: not checked
+
+
 class TargetRelease(BaseModel):
     target: str
     chosen: Option | None
@@ -83,7 +93,7 @@ class TargetRelease(BaseModel):
     models: list[str] = []  # the models in the repository: the engine's, and the preprocessing's and ensemble's
     max_batch_size: int = 0
     batch_note: str = ""  # why there is no batch dimension
-    environment: dict[str, Any] = {}  # what the engine is valid for
+    environment: ValidFor = ValidFor()
     contract: Contract | None = None  # what a client may send and gets back (also contract.json in the repository)
     contract_changes: list[str] = []  # against the previous version of this model and target
     previous: str | None = None  # the engine the previous version shipped, where it is still an option

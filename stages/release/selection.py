@@ -11,7 +11,7 @@ from trtflow import names
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.schema import metric_direction
-from trtflow.stages.compare.accuracy import Accuracy, task_values
+from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.release.report import Option
 
 
@@ -25,9 +25,9 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
     shown: dict[str, dict[str, float]] = {}
     worst, where = None, None
     for output, metrics in acc.outputs.items():
-        task = {m: float(v) for m, v in task_values(metrics).items() if isinstance(v, (int, float))}
+        task = {m: float(v) for m, v in metrics.task_values.items() if v is not None}
         if not task:
-            task = {"cosine": float(metrics.get("cosine", 0.0))}
+            task = {"cosine": metrics.cosine}
         shown[output] = task
         known = acc.directions.get(output, {})
         for metric, value in task.items():

@@ -13,20 +13,19 @@ from trtflow import files, names
 from trtflow.artifact import Artifact, Claim, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
-from trtflow.stages.release import selection
-from trtflow.stages.release import card
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement
 from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
-from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease
-from trtflow.stages.validate.report import ValidateReport
+from trtflow.stages.release import card, selection
+from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease, ValidFor
 from trtflow.stages.release.triton import client_example, contract, schema, versions
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import preprocess as triton_preprocess
 from trtflow.stages.release.triton import warmup as triton_warmup
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
+from trtflow.stages.validate.report import ValidateReport
 
 VERSION = "3"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
 # shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held
@@ -197,7 +196,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             rates = [m.samples_per_s for m in mine if m.samples_per_s]
             option.samples_per_s = max(rates) if rates else None
             smallest = min(mine, key=lambda m: m.batch)
-            option.p99_ms, option.p99_batch = smallest.result.latency().get("p99"), smallest.batch
+            option.p99_ms, option.p99_batch = smallest.result.latency().p99, smallest.batch
             option.spread = _spread(mine)
             option.measured_by = smallest.result.runtime
     count = kept.get(names.unrepaired(cell.variant))
@@ -215,9 +214,8 @@ def _spread(measured: list[Measurement]) -> float | None:
     spreads = []
     for m in measured:
         lat = m.result.latency()
-        median, p90 = lat.get("median"), lat.get("p90")
-        if isinstance(median, (int, float)) and isinstance(p90, (int, float)) and median > 0:
-            spreads.append(max(0.0, (p90 - median) / median))
+        if lat.median is not None and lat.p90 is not None and lat.median > 0:
+            spreads.append(max(0.0, (lat.p90 - lat.median) / lat.median))
     return max(spreads) if spreads else None
 
 
@@ -307,14 +305,16 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     return notes
 
 
-def _environment(eng: Engine) -> dict:
-    env = dict(eng.built.environment or {})
-    env["target"] = eng.cell.target
-    for k in ("hardware_compatibility", "version_compatible"):
-        if eng.cell.options.get(k):
-            env[k] = eng.cell.options[k]
-    if eng.built.validity:
-        env["validity_here"] = eng.built.validity.get("validity")
+def _environment(eng: Engine) -> ValidFor:
+    built = eng.built
+    env = ValidFor.model_validate(built.environment.model_dump() if built.environment else {})
+    env.target = eng.cell.target
+    if built.options.hardware_compatibility:
+        env.hardware_compatibility = built.options.hardware_compatibility
+    if built.options.version_compatible:
+        env.version_compatible = built.options.version_compatible
+    if built.validity:
+        env.validity_here = built.validity.validity
     return env
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from trtflow import files
 from trtflow.child import serve
-from trtflow.stages.trt.engines import PLAN, Built, Cell
+from trtflow.stages.trt.engines import PLAN, Built, BuiltOn, Cell, Validity
 from trtflow.stages.trt.log_errors import first_error, shorten
 
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
@@ -62,13 +62,13 @@ def build(spec: Cell, cell: Path) -> Built:
             out.write(data)
         if cache is not None:
             files.write_atomic(spec.timing_cache, bytes(config.get_timing_cache().serialize()))
-        from trtflow.stages.trt.env import gpus
+        from trtflow.stages.trt.env import TensorRT, gpus
         return Built(status="ok", runtime=f"{spec.backend.flavour} {spec.backend.version}", seconds=round(seconds, 3),
                      engine_bytes=len(data), engine_sha256=files.sha256(cell / PLAN),
                      layers=network.num_layers, options=applied, warnings=warnings,
                      validity=validity(trt, parsed.logger, data, log_lines),
-                     environment={"tensorrt": {"flavour": spec.backend.flavour, "version": spec.backend.version},
-                                  "gpu": gpus() or None},
+                     environment=BuiltOn(tensorrt=TensorRT(flavour=spec.backend.flavour, version=spec.backend.version),
+                                         gpu=gpus() or None),
                      **dict(trt_parse.io_tensors(network)))
     finally:
         (cell / "build.log").write_text("\n".join(log_lines) + "\n")
@@ -92,18 +92,18 @@ class BuildError(Exception):
         self.failures = failures or []
 
 
-def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> dict[str, Any]:
+def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> Validity:
     """Whether this machine could run the engine (TensorRT-RTX answers without a GPU); None where unknown."""
     runtime = trt.Runtime(logger)
     if not hasattr(runtime, "get_engine_validity"):
-        return {"checked": False, "reason": "this TensorRT has no Runtime.get_engine_validity"}
+        return Validity(checked=False, reason="this TensorRT has no Runtime.get_engine_validity")
     state, diagnostics = runtime.get_engine_validity(data)
     from trtflow.stages.trt.runtime import diagnostic_names
 
     names = diagnostic_names(trt, diagnostics)
-    result = {"checked": True, "validity": str(state).split(".")[-1], "diagnostics": names}
+    result = Validity(checked=True, validity=str(state).split(".")[-1], diagnostics=names)
     if str(state).endswith("INVALID") and not names:  # e.g. no GPU or driver at all: the log says which
-        result["reason"] = next((ln for ln in reversed(log_lines) if "GPU" in ln or "CUDA" in ln), None)
+        result.reason = next((ln for ln in reversed(log_lines) if "GPU" in ln or "CUDA" in ln), None)
     return result
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.build import BuilderOptions
+from trtflow.stages.trt.engines import AppliedOptions
 from trtflow.stages.trt.env import Backend
 from trtflow.text import did_you_mean
 
@@ -60,31 +61,32 @@ def check(options: BuilderOptions, trt: Any, backend: Backend, targets: list[str
                              f"{did_you_mean(t.lower(), known)}")
 
 
-def apply(options: BuilderOptions, trt: Any, config: Any, target: str) -> dict[str, Any]:
+def apply(options: BuilderOptions, trt: Any, config: Any, target: str) -> AppliedOptions:
     """Set the checked options on `config`; returns what was set (recorded in each cell's build.json)."""
-    applied: dict[str, Any] = {}
+    applied = AppliedOptions()
     if options.optimization_level is not None:
         config.builder_optimization_level = options.optimization_level
-        applied["optimization_level"] = options.optimization_level
+        applied.optimization_level = options.optimization_level
     if options.workspace is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace)
-        applied["workspace"] = options.workspace
+        applied.workspace = options.workspace
     if options.aux_streams is not None:
         config.max_aux_streams = options.aux_streams
-        applied["aux_streams"] = options.aux_streams
+        applied.aux_streams = options.aux_streams
     if options.hardware_compatibility is not None:
         level = HARDWARE_LEVELS[options.hardware_compatibility]
         config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, level)
-        applied["hardware_compatibility"] = options.hardware_compatibility
+        applied.hardware_compatibility = options.hardware_compatibility
     for option, flag in FLAGS.items():
         if getattr(options, option):
             config.set_flag(getattr(trt.BuilderFlag, flag))
-            applied[option] = True
+            setattr(applied, option, True)
     for flag in options.legacy_precision:  # TensorRT 10 only; refused by check() elsewhere
         config.set_flag(getattr(trt.BuilderFlag, flag.upper()))
-        applied.setdefault("legacy_precision", []).append(flag)
+    if options.legacy_precision:
+        applied.legacy_precision = list(options.legacy_precision)
     if target != NATIVE:
         config.num_compute_capabilities = 1
         config.set_compute_capability(getattr(trt.ComputeCapability, target.upper()), 0)
-        applied["compute_capability"] = target
+        applied.compute_capability = target
     return applied

@@ -33,19 +33,21 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from trtflow import files
 from trtflow.stages.trt.engines import LOG, PLAN, Built, Cell
+from trtflow.stages.trt.env import Gpu
 
 FORMAT = 1
 INDEX = "index"  # <root>/index/<key>: the digest the entry <root>/<key> must match (keys are hex: no entry is named so)
 RECORD_BYTES = 256  # an index record: 64 hex digits
 
 
-def cell_key(cell: Cell, model_digest: str, machine: Any) -> str:
+def cell_key(cell: Cell, model_digest: str, machine: list[Gpu]) -> str:
+    """The key of `cell` built from the model of `model_digest` on a machine with the GPUs `machine`."""
     spec = cell.model_dump(mode="json", exclude={"name", "model", "timing_cache", "variant"})
-    blob = json.dumps({"format": FORMAT, "cell": spec, "model": model_digest, "machine": machine}, sort_keys=True)
+    gpus = [g.model_dump(mode="json") for g in machine] or None
+    blob = json.dumps({"format": FORMAT, "cell": spec, "model": model_digest, "machine": gpus}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 

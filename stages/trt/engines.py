@@ -20,7 +20,8 @@ from trtflow import files
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 from trtflow.precisions import Precision
-from trtflow.stages.trt.env import Backend
+from trtflow.records import Recorded
+from trtflow.stages.trt.env import Backend, Gpu, TensorRT
 from trtflow.stages.trt.parse import ParseFailure, TensorInfo
 
 SPEC, BUILT, PLAN, LOG = "spec.json", "build.json", "engine.plan", "build.log"
@@ -70,6 +71,34 @@ class Cell(BaseModel):
         return cls.model_validate_json(files.read_bounded(cell_dir / SPEC, files.RECORD_BYTES, follow=False))
 
 
+class AppliedOptions(Recorded):
+    """The builder options `config.apply` set on the builder config (those left unset are absent)."""
+    optimization_level: int | None = None
+    workspace: int | None = None
+    aux_streams: int | None = None
+    hardware_compatibility: str | None = None
+    version_compatible: bool | None = None
+    strip_plan: bool | None = None
+    weight_streaming: bool | None = None
+    legacy_precision: list[str] | None = None
+    compute_capability: str | None = None  # the target, where it is not "native"
+
+
+class Validity(Recorded):
+    """Whether this machine could run the engine, by the engine's own verdict (TensorRT-RTX's
+    `Runtime.get_engine_validity`): `checked` False where this TensorRT cannot tell, with the reason."""
+    checked: bool = False
+    validity: str | None = None  # "VALID" | "INVALID" | "SUBOPTIMAL"
+    diagnostics: list[str] = []
+    reason: str | None = None  # TensorRT's log line that says why, where no diagnostic does
+
+
+class BuiltOn(Recorded):
+    """The TensorRT that built an engine and the GPUs of the machine it was built on (None: none)."""
+    tensorrt: TensorRT | None = None
+    gpu: list[Gpu] | None = None
+
+
 class Built(BaseModel):
     """What building a cell gave: status ok with the engine's facts, or failed with the error."""
     model_config = ConfigDict(extra="ignore")  # what an older or newer trtflow recorded beside these
@@ -81,9 +110,9 @@ class Built(BaseModel):
     seconds: float = 0.0
     engine_bytes: int = 0
     layers: int | None = None
-    options: dict[str, Any] = {}
-    validity: dict[str, Any] | None = None
-    environment: dict[str, Any] | None = None
+    options: AppliedOptions = AppliedOptions()
+    validity: Validity | None = None
+    environment: BuiltOn | None = None
     peak_host_memory_mb: float | None = None
     reused: str | None = None  # the engine cache's key, when the engine was taken from it instead of built
     engine_sha256: str | None = None  # the engine's digest as the builder made it (the engine cache checks against it)

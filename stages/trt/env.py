@@ -17,9 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from trtflow import child, files
+from trtflow.records import Recorded
 from trtflow.state import state_dir
 
 # (module, flavour, distributions that may carry its version); full TensorRT first: it is what users deploy
@@ -64,6 +65,55 @@ def find_tensorrt(only: str | None = None) -> Backend | None:
                 continue
         return Backend(flavour=flavour, module=module, version=version)
     return None
+
+
+class TensorRT(Recorded):
+    """A TensorRT flavour ("tensorrt" | "tensorrt-rtx") and its version: what an engine is built with."""
+    flavour: str
+    version: str
+
+
+class Platform(Recorded):
+    """What an engine is built for besides the GPU: the OS and the CPU architecture."""
+    os: str
+    arch: str
+
+
+class Gpu(Recorded):
+    """A GPU as NVML or nvidia-smi describes it. The fingerprint leaves `driver` out (the machine's driver is one
+    fact of its own there); records of builds carry it."""
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    compute_capability: str  # "8.9"
+    memory_mb: int | None = None  # None where nvidia-smi does not say
+    driver: str | None = None
+
+
+class NvidiaSystem(BaseModel):
+    """The driver, the CUDA version it supports and the GPUs; all empty on a machine without an NVIDIA driver."""
+    model_config = ConfigDict(frozen=True)
+
+    driver: str | None = None
+    cuda_driver: str | None = None
+    gpus: list[Gpu] = []
+
+
+class ProbeAnswer(BaseModel):
+    """What the TensorRT module reports of itself in a child process; None where it cannot tell."""
+    model_config = ConfigDict(frozen=True)
+
+    version: str | None = None
+    cuda_runtime: str | None = None
+
+
+class _KeptProbe(BaseModel):
+    """An entry of the probe's cache file: the answer, and what it depended on."""
+    stamp: list[Any]
+    answer: ProbeAnswer
+
+
+_PROBE_CACHE = TypeAdapter(dict[str, _KeptProbe])  # module -> its entry
 
 
 class VersionRequest(BaseModel):
@@ -129,33 +179,33 @@ def _probe_stamp(module: str) -> list[Any]:
 
 
 @functools.lru_cache(maxsize=4)
-def probe(module: str) -> dict[str, str | None]:
+def probe(module: str) -> ProbeAnswer:
     """The version `module` itself reports (a TensorRT from a tarball or a container has no pip metadata) and the
     CUDA runtime version the process would load, from a child process; None where it cannot tell. The answer is
     kept in the state directory with `_probe_stamp`, and asked again only when that moves."""
     cache = state_dir() / PROBE_CACHE
     stamp = _probe_stamp(module)
     try:
-        kept = files.read_json(cache, files.RECORD_BYTES)
-        if kept.get(module, {}).get("stamp") == json.loads(json.dumps(stamp)):
-            return dict(kept[module]["answer"])
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        kept = _PROBE_CACHE.validate_python(files.read_json(cache, files.RECORD_BYTES))
+    except (OSError, ValueError):  # none yet, or unreadable: asked afresh, and written anew
         kept = {}
+    mine = kept.get(module)
+    if mine is not None and mine.stamp == json.loads(json.dumps(stamp)):
+        return mine.answer
     answer = _ask(module)
-    if answer["version"] is not None:  # a broken install is asked again next time
+    if answer.version is not None:  # a broken install is asked again next time
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            kept = kept if isinstance(kept, dict) else {}
-            kept[module] = {"stamp": stamp, "answer": answer}
+            kept[module] = _KeptProbe(stamp=stamp, answer=answer)
             tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(kept))
+            tmp.write_text(json.dumps(_PROBE_CACHE.dump_python(kept, mode="json")))
             os.replace(tmp, cache)
         except OSError:  # only a cache
             pass
     return answer
 
 
-def _ask(module: str) -> dict[str, str | None]:
+def _ask(module: str) -> ProbeAnswer:
     found = None
     with tempfile.TemporaryDirectory(prefix="trtflow-version-") as folder:
         try:
@@ -164,24 +214,22 @@ def _ask(module: str) -> dict[str, str | None]:
         except (OSError, subprocess.SubprocessError, ValueError, child.Killed):  # unknown: asked again next time
             pass
     found = found or VersionResponse()
-    return {"version": found.version, "cuda_runtime": found.cuda_runtime}
+    return ProbeAnswer(version=found.version, cuda_runtime=found.cuda_runtime)
 
 
 def tensorrt_version(backend: Backend) -> str:
     """The module's own version, else the pip metadata's."""
-    return probe(backend.module)["version"] or backend.version
+    return probe(backend.module).version or backend.version
 
 
-def platform_facts() -> dict[str, str]:
-    """What an engine is built for besides the GPU: the OS and the CPU architecture (not the kernel release: a
-    kernel update does not change an engine)."""
-    return {"os": platform.system(), "arch": platform.machine()}
+def platform_facts() -> Platform:
+    """The OS and the CPU architecture (not the kernel release: a kernel update does not change an engine)."""
+    return Platform(os=platform.system(), arch=platform.machine())
 
 
 @functools.lru_cache(maxsize=1)
-def nvidia_system() -> dict[str, Any]:
-    """The driver, the CUDA version it supports and the GPUs, through NVML (`nvidia-ml-py`), else `nvidia-smi`:
-    {"driver": str | None, "cuda_driver": str | None, "gpus": [{name, compute_capability, memory_mb, driver}]}.
+def nvidia_system() -> NvidiaSystem:
+    """The driver, the CUDA version it supports and the GPUs, through NVML (`nvidia-ml-py`), else `nvidia-smi`.
     Empty on a machine without an NVIDIA driver (as on CI).
 
     UNVERIFIED on a GPU: no machine this project is tested on has one; the NVML calls are the documented ones and
@@ -190,12 +238,12 @@ def nvidia_system() -> dict[str, Any]:
     return found if found is not None else _from_nvidia_smi()
 
 
-def gpus() -> list[dict[str, Any]]:
+def gpus() -> list[Gpu]:
     """The GPUs (name, compute capability, memory, driver); empty where there is none."""
-    return nvidia_system()["gpus"]
+    return nvidia_system().gpus
 
 
-def _from_nvml() -> dict[str, Any] | None:
+def _from_nvml() -> NvidiaSystem | None:
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -212,9 +260,9 @@ def _from_nvml() -> dict[str, Any] | None:
         for i in range(int(pynvml.nvmlDeviceGetCount())):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            found.append({"name": _text(pynvml.nvmlDeviceGetName(h)), "compute_capability": f"{major}.{minor}",
-                          "memory_mb": int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20, "driver": driver})
-        return {"driver": driver, "cuda_driver": cuda_driver, "gpus": found}
+            found.append(Gpu(name=_text(pynvml.nvmlDeviceGetName(h)), compute_capability=f"{major}.{minor}",
+                             memory_mb=int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20, driver=driver))
+        return NvidiaSystem(driver=driver, cuda_driver=cuda_driver, gpus=found)
     except Exception:  # noqa: BLE001 - a query this driver refuses: let nvidia-smi answer
         return None
     finally:
@@ -228,8 +276,8 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _from_nvidia_smi() -> dict[str, Any]:
-    none: dict[str, Any] = {"driver": None, "cuda_driver": None, "gpus": []}
+def _from_nvidia_smi() -> NvidiaSystem:
+    none = NvidiaSystem()
     if shutil.which("nvidia-smi") is None:
         return none
     try:
@@ -242,8 +290,8 @@ def _from_nvidia_smi() -> dict[str, Any]:
     for line in out.stdout.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 4:
-            found.append({"name": parts[0], "compute_capability": parts[1],
-                          "memory_mb": int(parts[3]) if parts[3].isdigit() else None, "driver": parts[2]})
+            found.append(Gpu(name=parts[0], compute_capability=parts[1],
+                             memory_mb=int(parts[3]) if parts[3].isdigit() else None, driver=parts[2]))
     cuda_driver = None
     try:  # the plain banner is the only place nvidia-smi prints the CUDA version the driver supports
         banner = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
@@ -251,7 +299,7 @@ def _from_nvidia_smi() -> dict[str, Any]:
         cuda_driver = m.group(1) if m else None
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"driver": found[0]["driver"] if found else None, "cuda_driver": cuda_driver, "gpus": found}
+    return NvidiaSystem(driver=found[0].driver if found else None, cuda_driver=cuda_driver, gpus=found)
 
 
 if __name__ == "__main__":

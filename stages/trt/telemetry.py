@@ -7,18 +7,59 @@ ones (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetClockInfo`, `nvmlDeviceGetM
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel
+
+from trtflow.records import Recorded
 
 # throttle reasons that mean the measurement is not the GPU's best (idle and application-clock settings are not)
 THROTTLING = {0x2: "software power cap", 0x4: "hardware slowdown", 0x8: "sync boost", 0x20: "software thermal",
               0x40: "hardware thermal", 0x80: "hardware power brake"}
 
 
+@dataclass(frozen=True)
+class Sample:
+    gpu_util: int  # %
+    mem_util: int  # %
+    sm_clock_mhz: int
+    mem_clock_mhz: int
+    mem_used_mb: float
+    power_w: float
+    throttle: int  # NVML's clocks-throttle-reason bits
+
+
+SPREAD = ("gpu_util", "mem_util", "sm_clock_mhz", "mem_clock_mhz", "mem_used_mb", "power_w")  # summarised
+
+
+class Spread(BaseModel):
+    min: int | float
+    max: int | float
+    mean: float
+
+
+class TelemetrySummary(Recorded):
+    """What the benchmark report says of the GPU during the run: unavailable (and why), or the samples' spread of
+    each quantity and the throttle reasons seen."""
+    available: bool = False
+    why: str | None = None  # why there is no telemetry
+    samples: int | None = None
+    gpu_util: Spread | None = None
+    mem_util: Spread | None = None
+    sm_clock_mhz: Spread | None = None
+    mem_clock_mhz: Spread | None = None
+    mem_used_mb: Spread | None = None
+    power_w: Spread | None = None
+    throttled: list[str] | None = None
+
+
 class Telemetry:
     """`with Telemetry() as t: ...` then `t.summary()`."""
 
     def __init__(self, device: int = 0, interval_s: float = 0.1):
-        self.device, self.interval, self.samples = device, interval_s, []
+        self.device, self.interval = device, interval_s
+        self.samples: list[Sample] = []
         self.unavailable: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -45,13 +86,13 @@ class Telemetry:
         while not self._stop.is_set():
             try:
                 util = n.nvmlDeviceGetUtilizationRates(h)
-                self.samples.append({
-                    "gpu_util": util.gpu, "mem_util": util.memory,
-                    "sm_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
-                    "mem_clock_mhz": n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
-                    "mem_used_mb": n.nvmlDeviceGetMemoryInfo(h).used / 2**20,
-                    "power_w": n.nvmlDeviceGetPowerUsage(h) / 1000,
-                    "throttle": int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))})
+                self.samples.append(Sample(
+                    gpu_util=util.gpu, mem_util=util.memory,
+                    sm_clock_mhz=n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM),
+                    mem_clock_mhz=n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
+                    mem_used_mb=n.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+                    power_w=n.nvmlDeviceGetPowerUsage(h) / 1000,
+                    throttle=int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))))
             except Exception:  # noqa: BLE001 - a query this GPU does not support: stop sampling, keep what we have
                 return
             self._stop.wait(self.interval)
@@ -66,15 +107,14 @@ class Telemetry:
             except Exception:  # noqa: BLE001
                 pass
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TelemetrySummary:
         if self.unavailable:
-            return {"available": False, "why": self.unavailable}
+            return TelemetrySummary(available=False, why=self.unavailable)
         if not self.samples:
-            return {"available": True, "samples": 0}
-        out: dict[str, Any] = {"available": True, "samples": len(self.samples)}
-        for key in ("gpu_util", "mem_util", "sm_clock_mhz", "mem_clock_mhz", "mem_used_mb", "power_w"):
-            values = [s[key] for s in self.samples]
-            out[key] = {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
-        reasons = sorted({name for s in self.samples for bit, name in THROTTLING.items() if s["throttle"] & bit})
-        out["throttled"] = reasons
+            return TelemetrySummary(available=True, samples=0)
+        out = TelemetrySummary(available=True, samples=len(self.samples))
+        for key in SPREAD:
+            values = [getattr(s, key) for s in self.samples]
+            setattr(out, key, Spread(min=min(values), max=max(values), mean=sum(values) / len(values)))
+        out.throttled = sorted({name for s in self.samples for bit, name in THROTTLING.items() if s.throttle & bit})
         return out

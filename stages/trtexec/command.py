@@ -6,6 +6,7 @@ from pathlib import Path
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.benchmark import BenchmarkStage
+from trtflow.stages.trtexec.exports import ExportFiles
 
 # options a version's trtexec no longer has, and why
 REMOVED = {
@@ -49,7 +50,7 @@ def shapes_arg(shapes: dict[str, list[int]]) -> str:
     return ",".join(f"{name}:{'x'.join(str(d) for d in dims)}" for name, dims in shapes.items())
 
 
-def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: BenchmarkStage, exports: dict[str, Path],
+def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: BenchmarkStage, exports: ExportFiles,
             version: str | None) -> list[str]:
     cmd = [str(trtexec), f"--loadEngine={engine}", f"--warmUp={int(params.warmup * 1000)}"]
     rel = release(version)
@@ -61,6 +62,6 @@ def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: B
         cmd += [f"--iterations={params.iterations}", "--duration=0"]
     else:
         cmd.append(f"--duration={max(1, round(params.duration))}")
-    cmd += ["--avgRuns=10", "--separateProfileRun", "--dumpProfile", f"--exportTimes={exports['times']}",
-            f"--exportProfile={exports['profile']}", f"--exportLayerInfo={exports['layers']}"]
+    cmd += ["--avgRuns=10", "--separateProfileRun", "--dumpProfile", f"--exportTimes={exports.times}",
+            f"--exportProfile={exports.profile}", f"--exportLayerInfo={exports.layers}"]
     return cmd + list(params.trtexec_args)

@@ -1,70 +1,142 @@
-"""The JSON files trtexec writes with `--exportTimes`, `--exportProfile` and `--exportLayerInfo`."""
+"""The JSON files trtexec writes with `--exportTimes`, `--exportProfile` and `--exportLayerInfo`, each parsed once
+into typed records (trtexec's own key names stay here, as the models' aliases)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import AliasChoices, BaseModel, Field, TypeAdapter, ValidationError, field_validator
+
 from trtflow import files
 from trtflow.errors import StageError
+from trtflow.stages.trtexec.result import Layer
 
 EXPORT_BYTES = 2**30  # --exportProfile of a large network with many iterations runs to hundreds of MB
 
 
-def _load(path: Path, what: str) -> Any:
+@dataclass(frozen=True)
+class ExportFiles:
+    """Where one trtexec run writes its exports (`beside` its log's stem)."""
+    times: Path  # --exportTimes
+    profile: Path  # --exportProfile
+    layers: Path  # --exportLayerInfo
+
+    @classmethod
+    def beside(cls, stem: Path) -> ExportFiles:
+        return cls(stem.with_suffix(".times.json"), stem.with_suffix(".profile.json"),
+                   stem.with_suffix(".layers.json"))
+
+
+def _load(path: Path, what: str, shape: TypeAdapter[Any], expected: str) -> Any:
     try:
-        return files.read_json(path, EXPORT_BYTES)
+        data = files.read_json(path, EXPORT_BYTES)
     except (OSError, ValueError) as exc:
         raise StageError(f"{path}: not a trtexec {what} JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+    try:
+        return shape.validate_python(data)
+    except ValidationError:
+        raise StageError(f"{path}: not a trtexec {what} JSON (expected {expected})") from None
 
 
-def read_times(path: Path) -> dict[str, list[float]]:
-    """--exportTimes: per iteration, milliseconds of latency, GPU compute, enqueue, H2D, D2H and end-to-end."""
-    data = _load(path, "--exportTimes")
-    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise StageError(f"{path}: not a trtexec --exportTimes JSON (expected a list of per-iteration records)")
-    out: dict[str, list[float]] = {"latency_ms": [], "gpu_compute_ms": [], "enqueue_ms": [], "h2d_ms": [],
-                                   "d2h_ms": [], "end_to_end_ms": []}
-    keys = {"latency_ms": ("latencyMs",), "gpu_compute_ms": ("computeMs",), "h2d_ms": ("h2dMs", "inMs"),
-            "d2h_ms": ("d2hMs", "outMs"), "end_to_end_ms": ("endToEndMs",)}  # 10.x names first, then 8.x
-    for rec in data:
-        for ours, names in keys.items():
-            found = next((rec[n] for n in names if isinstance(rec.get(n), (int, float))), None)
-            if found is not None:
-                out[ours].append(float(found))
-        if isinstance(rec.get("startEnqMs"), (int, float)) and isinstance(rec.get("endEnqMs"), (int, float)):
-            out["enqueue_ms"].append(float(rec["endEnqMs"]) - float(rec["startEnqMs"]))
-    return {k: v for k, v in out.items() if v}
+class _Iteration(BaseModel):
+    """One record of --exportTimes, in milliseconds (10.x names first, then 8.x); a value that is not a number
+    is left out."""
+    start_enqueue: float | None = Field(None, alias="startEnqMs")
+    end_enqueue: float | None = Field(None, alias="endEnqMs")
+    latency: float | None = Field(None, alias="latencyMs")
+    gpu_compute: float | None = Field(None, alias="computeMs")
+    h2d: float | None = Field(None, validation_alias=AliasChoices("h2dMs", "inMs"))
+    d2h: float | None = Field(None, validation_alias=AliasChoices("d2hMs", "outMs"))
+    end_to_end: float | None = Field(None, alias="endToEndMs")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def read_profile(path: Path) -> dict[str, Any]:
-    """--exportProfile: {"count": iterations, "layers": [{name, total_ms, average_ms, median_ms, percent}]},
-    slowest first. `median_ms` is None where trtexec did not write it (before 8.4)."""
-    data = _load(path, "--exportProfile")
-    if not isinstance(data, list):
-        raise StageError(f"{path}: not a trtexec --exportProfile JSON (expected a list)")
-    count, layers = None, []
-    for rec in data:
-        if not isinstance(rec, dict):
-            continue
-        if "count" in rec and "name" not in rec:
-            count = rec["count"]
-        elif "name" in rec:
-            layers.append({"name": rec["name"], "total_ms": rec.get("timeMs"), "average_ms": rec.get("averageMs"),
-                           "median_ms": rec.get("medianMs"), "percent": rec.get("percentage")})
-    layers.sort(key=lambda r: -(r["average_ms"] or 0))
-    return {"count": count, "layers": layers}
+class Times(BaseModel):
+    """--exportTimes: per iteration, milliseconds of latency, GPU compute, enqueue, H2D, D2H and end-to-end
+    (empty where trtexec wrote none)."""
+    latency_ms: list[float] = []
+    gpu_compute_ms: list[float] = []
+    enqueue_ms: list[float] = []
+    h2d_ms: list[float] = []
+    d2h_ms: list[float] = []
+    end_to_end_ms: list[float] = []
 
 
-def read_layer_info(path: Path) -> dict[str, Any]:
-    """--exportLayerInfo: {"layers": [{name, type}], "bindings": [...], "detailed": bool}."""
-    data = _load(path, "--exportLayerInfo")
-    if not isinstance(data, dict) or not isinstance(data.get("Layers"), list):
-        raise StageError(f"{path}: not a trtexec --exportLayerInfo JSON (expected an object with 'Layers')")
-    layers = []
-    detailed = any(isinstance(layer, dict) for layer in data["Layers"])
-    for layer in data["Layers"]:
-        if isinstance(layer, dict):
-            layers.append({"name": layer.get("Name"), "type": layer.get("LayerType")})
-        else:
-            layers.append({"name": str(layer), "type": None})
-    return {"layers": layers, "bindings": data.get("Bindings", []), "detailed": detailed}
+_TIMES = TypeAdapter(list[_Iteration])
+
+
+def read_times(path: Path) -> Times:
+    records = _load(path, "--exportTimes", _TIMES, "a list of per-iteration records")
+
+    def column(values: list[float | None]) -> list[float]:
+        return [v for v in values if v is not None]
+
+    return Times(latency_ms=column([r.latency for r in records]),
+                 gpu_compute_ms=column([r.gpu_compute for r in records]),
+                 enqueue_ms=[r.end_enqueue - r.start_enqueue for r in records
+                             if r.start_enqueue is not None and r.end_enqueue is not None],
+                 h2d_ms=column([r.h2d for r in records]), d2h_ms=column([r.d2h for r in records]),
+                 end_to_end_ms=column([r.end_to_end for r in records]))
+
+
+class _ProfileRecord(BaseModel):
+    """One record of --exportProfile: the iteration count (the first), or a layer's times."""
+    count: int | None = None
+    name: str | None = None
+    total_ms: float | None = Field(None, alias="timeMs")
+    average_ms: float | None = Field(None, alias="averageMs")
+    median_ms: float | None = Field(None, alias="medianMs")  # before trtexec 8.4: none
+    percent: float | None = Field(None, alias="percentage")
+
+
+class Profile(BaseModel):
+    """--exportProfile: how many iterations were profiled, and the layers slowest first."""
+    count: int | None = None
+    layers: list[Layer] = []
+
+
+_PROFILE = TypeAdapter(list[_ProfileRecord | Any])  # records that are no object are skipped
+
+
+def read_profile(path: Path) -> Profile:
+    records = [r for r in _load(path, "--exportProfile", _PROFILE, "a list") if isinstance(r, _ProfileRecord)]
+    count = next((r.count for r in records if r.name is None and r.count is not None), None)
+    layers = [Layer(name=r.name, total_ms=r.total_ms, average_ms=r.average_ms, median_ms=r.median_ms,
+                    percent=r.percent) for r in records if r.name is not None]
+    layers.sort(key=lambda layer: -(layer.average_ms or 0))
+    return Profile(count=count, layers=layers)
+
+
+class _DetailedLayer(BaseModel):
+    name: str | None = Field(None, alias="Name")
+    type: str | None = Field(None, alias="LayerType")
+
+
+class _LayerInfoFile(BaseModel):
+    layers: list[_DetailedLayer | str | Any] = Field(alias="Layers")
+    bindings: list[Any] = Field([], alias="Bindings")
+
+
+class EngineLayer(BaseModel):
+    name: str | None
+    type: str | None = None  # None where trtexec wrote names only (no --profilingVerbosity=detailed)
+
+
+class LayerInfo(BaseModel):
+    """--exportLayerInfo: the engine's layers (with their types where the export is detailed), its bindings."""
+    layers: list[EngineLayer]
+    bindings: list[Any]
+    detailed: bool
+
+
+def read_layer_info(path: Path) -> LayerInfo:
+    data = _load(path, "--exportLayerInfo", TypeAdapter(_LayerInfoFile), "an object with 'Layers'")
+    layers = [EngineLayer(name=layer.name, type=layer.type) if isinstance(layer, _DetailedLayer)
+              else EngineLayer(name=str(layer)) for layer in data.layers]
+    return LayerInfo(layers=layers, bindings=data.bindings,
+                     detailed=any(isinstance(layer, _DetailedLayer) for layer in data.layers))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from trtflow.stages.trtexec.result import PerfResult
+from trtflow.stages.trtexec.result import Layer, PerfResult
 
 MEASURES = {  # the names trtexec has printed -> our key
     "latency": "latency_ms", "host latency": "latency_ms", "end-to-end host latency": "end_to_end_ms",
@@ -183,8 +183,8 @@ class _RunReader:
         row = _PROFILE_ROW.match(line)
         if row and row.group(5).strip() != "Total":
             total, avg, median, pct, name = row.groups()
-            self.r.profile.append({"name": name.strip(), "total_ms": float(total), "average_ms": float(avg),
-                                   "median_ms": float(median) if median else None, "percent": float(pct)})
+            self.r.profile.append(Layer(name=name.strip(), total_ms=float(total), average_ms=float(avg),
+                                        median_ms=float(median) if median else None, percent=float(pct)))
             return True
         if row or line.startswith("Time(ms)"):
             return True
@@ -195,7 +195,7 @@ class _RunReader:
         """The result, its layers slowest first; trace averages where the summary blocks are missing."""
         r, traces = self.r, self.traces
         if r.profile is not None:
-            r.profile.sort(key=lambda layer: -layer["average_ms"])
+            r.profile.sort(key=lambda layer: -(layer.average_ms or 0))
         if r.throughput_qps == 0 and (r.latency_ms or r.gpu_compute_ms):
             r.warnings.append("trtexec printed a throughput of 0 qps next to non-zero latencies (TensorRT 7's "
                               "trtexec miscounts queries in some modes): use the latencies")

@@ -4,12 +4,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 STAT_KEYS = ("latency_ms", "gpu_compute_ms", "enqueue_ms", "h2d_ms", "d2h_ms", "end_to_end_ms")
 
 
-Stats = dict[str, float]  # min/max/mean/median/pNN as printed (pNN: "p99", "p99.9")
+def _unset(v: Any) -> bool:
+    return v is None
+
+
+class Stats(BaseModel):
+    """One measure's statistics in milliseconds, those printed (or computed) only: min/max/mean/median and
+    percentiles, the usual ones as fields, any other as printed ("p99.9", an extra field)."""
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, float] = Field(init=False)
+
+    min: float | None = Field(None, exclude_if=_unset)
+    max: float | None = Field(None, exclude_if=_unset)
+    mean: float | None = Field(None, exclude_if=_unset)
+    median: float | None = Field(None, exclude_if=_unset)
+    p90: float | None = Field(None, exclude_if=_unset)
+    p95: float | None = Field(None, exclude_if=_unset)
+    p99: float | None = Field(None, exclude_if=_unset)
 
 
 class Layer(BaseModel):
@@ -45,7 +61,7 @@ class PerfRecord(BaseModel):
 
     def latency(self) -> Stats:
         """The latency a reader quotes: the host latency where measured, else the GPU compute time."""
-        return self.latency_ms or self.gpu_compute_ms or {}
+        return next((s for s in (self.latency_ms, self.gpu_compute_ms) if s is not None), Stats())
 
 
 @dataclass
@@ -69,7 +85,7 @@ class PerfResult:
     layout: str | None = None  # which trtexec layout the numbers came from
     last_line: str | None = None  # the last message before the &&&& status, for a failure without an error
     runtime: str | None = None  # what produced the numbers: trtexec, a TensorRT engine, or ONNX Runtime
-    profile: list[dict[str, Any]] | None = None  # trtexec's per-layer table (--dumpProfile), slowest first
+    profile: list[Layer] | None = None  # trtexec's per-layer table (--dumpProfile), slowest first
     samples_ms: list[float] | None = field(default=None, repr=False)  # per-iteration latencies, when known
 
     @property

@@ -3,15 +3,14 @@ goes wrong and the pictures; the repair of the variant; the verdict."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.precisions import Precision
-from trtflow.stages.validate.repair import Repair, Round
-from trtflow.stages.compare.accuracy import Accuracy, added_nonfinite, task_values
+from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
 from trtflow.stages.ort.layerwise import Layerwise
+from trtflow.stages.validate.repair import Repair, Round
 
 
 class Reference(BaseModel):
@@ -32,7 +31,7 @@ class ShapeResult(BaseModel):
     shapes: list[dict[str, list[int]]]  # the input shapes its samples had
     data: str  # how its samples were made
     samples: int
-    outputs: dict[str, dict[str, Any]]  # output -> metric -> value (Accuracy.outputs)
+    outputs: dict[str, OutputAccuracy]  # as Accuracy.outputs
     passed: bool
     violations: list[str]
 
@@ -41,11 +40,11 @@ class ShapeResult(BaseModel):
         outs = self.outputs.values()
         named = len(self.outputs) > 1
         task = "; ".join(f"{o + ' ' if named else ''}{k} {v:.4g}" for o, m in self.outputs.items()
-                         for k, v in task_values(m).items()) or "-"
+                         for k, v in m.task_values.items()) or "-"
         return [self.name, shapes_text(self.shapes), str(self.samples),
-                f"{min(o['cosine'] for o in outs):.6f}" if outs else "-",
-                f"{max(o['max_abs'] for o in outs):.4g}" if outs else "-",
-                str(sum(max(0, added_nonfinite(o)) for o in outs)), task,
+                f"{min(o.cosine for o in outs):.6f}" if outs else "-",
+                f"{max(o.max_abs for o in outs):.4g}" if outs else "-",
+                str(sum(max(0, o.added_nonfinite()) for o in outs)), task,
                 "passes" if self.passed else "fails: " + "; ".join(self.violations), self.data]
 
 

@@ -23,8 +23,6 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.precisions import Precision
-from trtflow.stages.validate import repair
-from trtflow.stages.validate.repair import Repair
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
@@ -36,9 +34,11 @@ from trtflow.stages.ort import layerwise, qdq
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
-from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.stages.trt import building
 from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
+from trtflow.stages.validate import repair
+from trtflow.stages.validate.repair import Repair
+from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.text import did_you_mean
 
 VERSION = "7"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
@@ -99,26 +99,26 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
         progress.report("validating candidates", n - 1, len(candidates))
         results.append(_validate(job, cand))
     progress.report("validating candidates", len(candidates), len(candidates))
-    outputs = {"report": out_dir / "report.json"}
+    outputs = _Outputs(out_dir / "report.json")
     checked = [r for r, _ in results]
     repaired, fixes, warnings = None, [], []
     if params.repair:
-        outputs["repaired"], outputs["engines"] = out_dir / "repaired.onnx", out_dir / "engines"
-        outputs["engines"].mkdir()
+        outputs.repaired, outputs.engines = out_dir / "repaired.onnx", out_dir / "engines"
+        outputs.engines.mkdir()
         if target is None:
             repaired = Repair(variant="", precision="", passed=True,
                               note="no candidate runs in FP16 or INT8 (the variants kept everything in FP32): "
                                    "nothing to repair")
-            shutil.copy(job.reference.path, outputs["repaired"])
+            shutil.copy(job.reference.path, outputs.repaired)
         else:
             repaired = _repair(job, target, candidates, results)
             if repaired.model is not None:
-                model_io.save(repaired.model, outputs["repaired"])
+                model_io.save(repaired.model, outputs.repaired)
             else:
-                shutil.copy(target.model, outputs["repaired"])
+                shutil.copy(target.model, outputs.repaired)
             if _viable(repaired, params) and repaired.passed and repaired.nodes:
-                fixes, built_warnings = _repaired_candidates(target, candidates, checked, outputs["repaired"],
-                                                             outputs["engines"])
+                fixes, built_warnings = _repaired_candidates(target, candidates, checked, outputs.repaired,
+                                                             outputs.engines)
                 warnings += built_warnings
                 for n, cand in enumerate(fixes, 1):
                     progress.report("validating repaired candidates", n - 1, len(fixes))
@@ -155,16 +155,27 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                             data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
                             shipped=verdict.shipped, not_shipped=verdict.not_shipped, excluded=excluded,
                             warnings=warnings)
-    (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
-    result = StageResult(outputs=outputs, summary=report.summary(), warnings=warnings,
+    outputs.report.write_text(report.model_dump_json(indent=2) + "\n")
+    result = StageResult(outputs=outputs.paths(), summary=report.summary(), warnings=warnings,
                          metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
                                   "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
                                   "left_out": sorted(verdict.optional),
-                                  "worst_cosine": min((o["cosine"] for r in checked
+                                  "worst_cosine": min((o.cosine for r in checked
                                                        for o in r.accuracy.outputs.values()), default=None)})
     if failed:
         raise StageFailed(_failure_line(failed, checked, repaired, params), result)
     return result
+
+
+@dataclass
+class _Outputs:
+    """The stage's outputs: its report; with `repair: true`, the repaired model and its engines."""
+    report: Path
+    repaired: Path | None = None
+    engines: Path | None = None
+
+    def paths(self) -> dict[str, Path]:
+        return {name: path for name, path in vars(self).items() if path is not None}
 
 
 @dataclass
@@ -258,36 +269,44 @@ def _repaired_candidates(target: Candidate, candidates: list[Candidate], checked
 
 # --------------------------------------------------------------------------------------------- one candidate
 
-def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, Any]]:
+@dataclass
+class _Checked:
+    """What the repair needs of a candidate's check: its shape sets (in the order of its per-shape rows), its
+    simulated ONNX model, and the samples off the most (source, index) at the shapes it fails."""
+    sets: list[_ShapeSet]
+    sim: onnx.ModelProto
+    worst: list[tuple[SampleSource, int]]
+
+
+def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     params, out_dir = job.params, job.out_dir
     runtime, runner, why, sim_model = _runtime(job, cand)
     sets = _sample_sets(job, cand)
     ranked: list = []
     measured = _measure(runner, sets, job.reference, params.metrics, ranked)
     acc, rows = _judged(measured, sets, runtime, cand.precision, params)
-    warnings = [f"{cand.name}: the FP32 reference itself produces {o['reference_nan']} NaN and "
-                f"{o['reference_inf']} Inf values on output '{name}': it is the model (or the data), not TensorRT"
-                for name, o in acc.outputs.items() if o["reference_nan"] or o["reference_inf"]]
+    warnings = [f"{cand.name}: the FP32 reference itself produces {o.reference_nan} NaN and "
+                f"{o.reference_inf} Inf values on output '{name}': it is the model (or the data), not TensorRT"
+                for name, o in acc.outputs.items() if o.reference_nan or o.reference_inf]
     result = CandidateResult(
         name=cand.name, variant=cand.variant, precision=cand.precision, runtime=runtime,
         engine=cand.engine.name if cand.engine else None, data=sets[0].source.label,
         shapes=[s for seen in measured.shapes for s in seen],
         bounds={o: {m: b for m, (b, _) in gate.bounds_for(cand.precision, o, params.tolerances, params.metrics,
-                                                           acc.outputs[o].get("task")).items()}
-                for o in acc.outputs},
+                                                           metrics.task).items()}
+                for o, metrics in acc.outputs.items()},
         accuracy=acc, passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
         warnings=warnings, per_shape=rows)
     # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
     failing = [s.source for s, row in zip(sets, rows) if not row.passed]
-    ctx = {"sets": sets, "sim": sim_model,
-           "worst": _worst_samples([r for r in ranked if any(r[1] is f for f in failing)] or ranked,
-                                   params.locate_samples)}
+    checked = _Checked(sets, sim_model, _worst_samples([r for r in ranked if any(r[1] is f for f in failing)]
+                                                       or ranked, params.locate_samples))
     slug = cand.name.replace("/", "_")
     hist = error_histograms(measured.errors, out_dir / "plots" / f"{slug}.errors.png", f"{cand.name} · {runtime}")
     result.plots = [str(hist.relative_to(out_dir))]
     if not acc and params.locate_first_bad_layer:
         bound = gate.layer_bound(cand.precision, params.tolerances)
-        feeds = (source.sample(i) for source, i in ctx["worst"])
+        feeds = (source.sample(i) for source, i in checked.worst)
         qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
         found = layerwise.compare(job.reference.model, sim_model, feeds, job.work, bound, qranges)
         found.on = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
@@ -295,7 +314,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, dict[str, An
         result.layerwise = found
         pic = layer_drift(found.rows, found.first_bad, out_dir / "plots" / f"{slug}.layers.png", cand.name)
         result.plots.append(str(pic.relative_to(out_dir)))
-    return result, ctx
+    return result, checked
 
 
 @dataclass
@@ -387,7 +406,7 @@ def _simulation(cand: Candidate, reference: onnx.ModelProto) -> tuple[str, onnx.
     if half is None:
         return (f"{RUNTIME} (the FP16 variant run directly: it was not converted from the reference, so FP16 "
                 f"rounding between nodes is not emulated)"), variant
-    return SIMULATION["fp16"], emulate(reference, half, keeps_io_types(variant))
+    return SIMULATION[cand.precision], emulate(reference, half, keeps_io_types(variant))
 
 
 def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str,
@@ -435,23 +454,24 @@ def _repair_target(params: ValidateStage, candidates: list[Candidate]) -> Candid
     return next(iter(low.values()), None)
 
 
-def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: list) -> Repair:
+def _repair(job: _Job, target: Candidate, candidates: list[Candidate],
+            results: list[tuple[CandidateResult, _Checked]]) -> Repair:
     """Repair the target variant if any of its candidates fails; its simulation must then pass every shape those
     candidates fail at (the samples off the most, from those shapes, locate where it goes wrong); the repaired
     candidates are then validated at every shape."""
-    mine = [(r, ctx) for (r, ctx), c in zip(results, candidates) if c.variant == target.variant]
-    failing = [(r, ctx) for r, ctx in mine if not r.passed]
+    mine = [(r, checked) for (r, checked), c in zip(results, candidates) if c.variant == target.variant]
+    failing = [(r, checked) for r, checked in mine if not r.passed]
     params, work, reference = job.params, job.work, job.reference.model
     if not failing:
         return Repair(variant=target.variant, precision=target.precision, passed=True, note="nothing to repair")
     sets: list[_ShapeSet] = []
-    for r, ctx in failing:
-        for shape_set, row in zip(ctx["sets"], r.per_shape):
+    for r, checked in failing:
+        for shape_set, row in zip(checked.sets, r.per_shape):
             if not row.passed and shape_set.name not in {s.name for s in sets}:
                 sets.append(shape_set)
-    first_r, first_ctx = failing[0]
+    first_r, first_checked = failing[0]
     variant = model_io.load(target.model)
-    locate_feeds = [source.sample(i) for source, i in first_ctx["worst"]]
+    locate_feeds = [source.sample(i) for source, i in first_checked.worst]
     bound = gate.layer_bound(target.precision, params.tolerances)
 
     def check(sim: onnx.ModelProto) -> list[str]:
@@ -465,7 +485,7 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate], results: 
         qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None
         return layerwise.compare(reference, sim, iter(locate_feeds), work, bound, qranges)
 
-    first = first_r.layerwise or locate(first_ctx["sim"])
+    first = first_r.layerwise or locate(first_checked.sim)
     if target.precision == "fp16":
         how = repair.fp16_variant(reference, variant, work, locate_feeds[0])
     else:

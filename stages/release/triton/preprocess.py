@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from trtflow.stages.image.steps import Batch, parse
 from trtflow.stages.release.triton import schema
 from trtflow.stages.release.triton.config import ConfigError
 from trtflow.stages.release.triton.contract import Contract
@@ -73,7 +74,7 @@ class TritonPythonModel:
         data = json.loads((HERE / "preprocess.json").read_text())
         self.output, self.dtype = str(data["output"]), np.dtype(data["dtype"])
         self.ranges = {str(k): (list(v[0]), list(v[1])) for k, v in data["ranges"].items()}
-        self.pre = Preprocessor(data["steps"])
+        self.pre = Preprocessor.from_json(data["steps"])
 
     def execute(self, requests):
         responses = []
@@ -124,14 +125,15 @@ def vendored_sources() -> dict[str, str]:
 
 def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: list[dict[str, Any]],
           contract: Contract) -> dict[str, str]:
-    """The two models beside the engine's in `repo`; returns model name -> its config.pbtxt text."""
+    """The two models beside the engine's in `repo` (`steps`: the canonical JSON of preprocess.json, written as
+    given); returns model name -> its config.pbtxt text."""
     pb = schema.model_config_pb2()
     if len(engine_config.input) != 1:
         raise ConfigError(f"triton.preprocess: the engine takes {len(engine_config.input)} inputs; a preprocessing "
                           f"model makes one image tensor (remove preprocess, or release an engine of one input)")
     engine_in = engine_config.input[0]
     batched = engine_config.max_batch_size > 0
-    has_batch = any("batch" in s and s["batch"] for s in steps)
+    has_batch = any(isinstance(step, Batch) and step.batch for step in parse(steps))
     rank = len(engine_in.dims) + (1 if batched else 0)
     if rank != 3 + has_batch:
         raise ConfigError(f"triton.preprocess: the declared steps make a tensor of rank {3 + has_batch}, the engine's "

@@ -1,0 +1,28 @@
+"""`trtflow reference`: write the reference of every pipeline option (docs/reference.md), generated from the
+parameter models by `trtflow.pipelines.reference`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trtflow.flows.cli.base import Command, out
+
+
+class Reference(Command):
+    name = "reference"
+    help = "print the reference of every pipeline option in Markdown (docs/reference.md)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from trtflow.pipelines.reference import render
+
+        text = render()
+        if args.output:
+            Path(args.output).write_text(text)
+            out.print(f"wrote {args.output}")
+        else:
+            sys.stdout.write(text)
+        return 0
