@@ -7,7 +7,9 @@ import contextlib
 import hashlib
 import os
 import re
+import time
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -39,6 +41,14 @@ StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) 
 # the CLI's lines listen here, for the flows run in its context only
 _watchers: progress.Listeners[StageListener] = progress.Listeners("trtflow_stage_listeners")
 watching = _watchers.listening
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    """What the "fail" event carries: the stage's kind, its error, and the seconds from its start to its failure."""
+    kind: str
+    error: BaseException
+    seconds: float
 
 
 def _notify(event: str, name: str, payload: Any = None) -> None:
@@ -278,6 +288,7 @@ class _Schedule:
         self.failed: dict[str, BaseException] = {}
         self.skipped: dict[str, str] = {}  # stage -> the failed stage it needed
         self.futures: dict[str, Any] = {}  # every stage submitted: the upstream of a later one
+        self.started: dict[str, float] = {}  # stage -> when it was submitted (what a failed stage's seconds count)
         self.gpu = {n: stage_gpu(runner, n) for n in order}  # stage -> its GPU's tag (None: no GPU)
 
     def until_done(self) -> None:
@@ -303,6 +314,7 @@ class _Schedule:
                                                 retry_condition_fn=_retry_unless_user_error,
                                                 tags=stage_tags(self.runner, name, self.gpu[name], self.identity))
                 _notify("start", name)
+                self.started[name] = time.perf_counter()
                 # every stage it depends on, directly or not: its inputs' lineage names them all
                 produced = {u: self.outcomes[u].manifest for u in self.runner.graph.closure([name]) if u != name}
                 # the edges are the stages it reads (wait_for); its arguments are quoted: Prefect otherwise links
@@ -336,7 +348,8 @@ class _Schedule:
                 self.outcomes[name] = future.result()
             except BaseException as exc:  # noqa: BLE001 - reported after every independent stage ran
                 self.failed[name] = exc
-                _notify("fail", name, exc)
+                _notify("fail", name, StageFailure(self.runner.graph.nodes[name].spec.kind, exc,
+                                                   time.perf_counter() - self.started[name]))
                 continue
             _notify("done", name, self.outcomes[name])
 

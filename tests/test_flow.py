@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
@@ -121,6 +122,10 @@ def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, wri
     errors = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
     assert errors == ["error: b: planted failure"], captured.err
     assert "Traceback" not in captured.err
+    # the failed stage's line carries its seconds, as every other stage line does (issue #43)
+    lines = [" ".join(ln.split()) for ln in captured.out.splitlines()]
+    assert any(re.fullmatch(r"ran a \(tests\.stage_fns:copy_model\) \d+\.\d\ds .*", ln) for ln in lines), lines
+    assert any(re.fullmatch(r"failed b \(tests\.stage_fns:fail\) \d+\.\d\ds", ln) for ln in lines), lines
     b_runs = [t for t in _task_runs(path) if t.name == "b" and t.state and t.state.is_failed()]
     assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"
 

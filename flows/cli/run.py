@@ -88,7 +88,7 @@ class Run(Command):
                 for w in o.manifest.warnings if o.status == "ran" else []:
                     out.print(f"           [yellow]warning:[/] {escape(w)}")
             elif event == "fail":
-                out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/]")
+                out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/] ({escape(payload.kind)}) {payload.seconds:6.2f}s")
             elif event == "skip":
                 out.print(f"  [yellow]{'skipped':>9}[/] [bold]{name}[/] "
                           f"[dim](needs {escape(payload)}, which failed)[/]")
