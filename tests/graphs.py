@@ -247,3 +247,75 @@ def embedding_table(rows: int = 2, name: str = "token_type_ids") -> onnx.ModelPr
         [helper.make_tensor_value_info(name, TP.INT64, ["batch", 16])],
         [helper.make_tensor_value_info("y", TP.FLOAT, ["batch", 8])],
         [_w("table", rows, 8), numpy_helper.from_array(np.array([1], np.int64), "axes")], opset=18)
+
+
+def text_map(path: Path) -> Path:
+    """A text detector's shape (PP-OCRv4's DBNet head): Convs to a Sigmoid probability map [N, 1, H, W] that stays
+    near 0 (sigmoid(-12)) where the input holds no bright strokes and rises to 1 on them."""
+    rng = np.random.default_rng(43)
+
+    def w(name: str, *shape: int, mean: float = 0.0) -> onnx.TensorProto:
+        return numpy_helper.from_array((mean + rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+
+    model = _model(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["h1"], name="stem", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+         helper.make_node("Conv", ["r1", "w2", "b2"], ["h2"], name="body", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
+         helper.make_node("Conv", ["r2", "w3", "b3"], ["logits"], name="head"),
+         helper.make_node("Sigmoid", ["logits"], ["prob"], name="sigmoid")],
+        [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("prob", TP.FLOAT, ["N", 1, 32, 32])],
+        [w("w1", 32, 3, 3, 3, mean=0.1), numpy_helper.from_array(np.zeros(32, np.float32), "b1"),
+         w("w2", 32, 32, 3, 3, mean=0.02), numpy_helper.from_array(np.zeros(32, np.float32), "b2"),
+         w("w3", 1, 32, 1, 1, mean=0.3), numpy_helper.from_array(np.array([-12.0], np.float32), "b3")])
+    onnx.save(model, str(path))
+    return path
+
+
+def dead_segmenter(path: Path) -> Path:
+    """A segmentation net at its random initialization whose output ignores its input (DeepLabV3 with random weights
+    gave identical min/max/std for two different images): its stem's ReLUs are dead on every input (the bias far
+    below what the weights make of the pixels), so the class logits are the head's bias everywhere."""
+    rng = np.random.default_rng(2)
+    model = _model(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["h1"], name="stem", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["h1"], ["r1"], name="relu"),
+         helper.make_node("Conv", ["r1", "w2", "b2"], ["logits"], name="classifier")],
+        [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TP.FLOAT, ["N", 4, 16, 16])],
+        [numpy_helper.from_array((rng.standard_normal((16, 3, 3, 3)) * 0.1).astype(np.float32), "w1"),
+         numpy_helper.from_array(np.full(16, -50.0, np.float32), "b1"),
+         numpy_helper.from_array((rng.standard_normal((4, 16, 1, 1)) * 0.1).astype(np.float32), "w2"),
+         numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b2")])
+    onnx.save(model, str(path))
+    return path
+
+
+def masked_attention(path: Path, query_noise: float = 0.0, out_noise: float = 0.0) -> Path:
+    """MiniLM's attention pattern: the mask made an additive bias of float32's lowest value (HuggingFace's
+    `(1 - mask) * finfo(float32).min`, -3.4e38: finite, huge, constant) added to the scores before the Softmax.
+    `query_noise` / `out_noise` perturb the query and output projections' weights (a variant that drifts a little
+    early and a lot late)."""
+    rng = np.random.default_rng(5)
+    wq, wv, wo = (rng.standard_normal(s).astype(np.float32) * 0.3 for s in ((8, 8), (8, 16), (16, 16)))
+    noise = np.random.default_rng(6)
+    wq = wq + (noise.standard_normal(wq.shape) * query_noise * 0.3).astype(np.float32)
+    wo = wo + (noise.standard_normal(wo.shape) * out_noise * 0.3).astype(np.float32)
+    model = _model(
+        [helper.make_node("Cast", ["mask"], ["mask_f"], name="mask_cast", to=TP.FLOAT),
+         helper.make_node("Sub", ["one", "mask_f"], ["mask_inv"], name="mask_invert"),
+         helper.make_node("Mul", ["mask_inv", "lowest"], ["mask_bias"], name="mask_bias"),
+         helper.make_node("MatMul", ["x", "wq"], ["scores"], name="query"),
+         helper.make_node("Add", ["scores", "mask_bias"], ["masked"], name="masked_scores"),
+         helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
+         helper.make_node("MatMul", ["probs", "wv"], ["context"], name="value"),
+         helper.make_node("MatMul", ["context", "wo"], ["y"], name="out_proj")],
+        [helper.make_tensor_value_info("x", TP.FLOAT, ["N", 8]),
+         helper.make_tensor_value_info("mask", TP.INT64, ["N", 8])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, ["N", 16])],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+         numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32), "lowest"),
+         numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(wv, "wv"), numpy_helper.from_array(wo, "wo")])
+    onnx.save(model, str(path))
+    return path

@@ -72,14 +72,17 @@ class CalibrateReport(BaseModel):
     # every node of quantize_ops that reads no DequantizeLinear in the written model -> why it stayed in float
     left_in_float: dict[str, str] = {}
     quantize_linear_nodes: int
+    quantized_nodes: int = 0  # nodes that read quantized weights: what TensorRT runs in INT8 (validate counts these)
     accuracy: Accuracy
+    holdout: str = ""  # which samples the pre-flight measured ("samples 13-16 of images via preprocess ...")
     warnings: list[str]
 
     def summary(self) -> str:
         where = "inputs and outputs" if self.quantize_outputs else "inputs only"
         ops = ", ".join(md.text(op) for op in self.quantize_ops)
         lines = [f"### calibrate · INT8 Q/DQ · {md.text(self.method)} · {self.calibration_samples} samples", "",
-                 (f"data: {md.text(self.data)} · {self.quantize_linear_nodes} QuantizeLinear nodes · quantized ops: "
+                 (f"data: {md.text(self.data)} · {self.quantized_nodes} quantized nodes ({self.quantize_linear_nodes} "
+                  f"QuantizeLinear: one per quantized tensor, however many nodes read it) · quantized ops: "
                   f"{ops} ({where}) · symmetric, per-channel weights, bias in float"), ""]
         if self.left_in_float:
             reasons: dict[str, list[str]] = {}
@@ -91,8 +94,11 @@ class CalibrateReport(BaseModel):
         if self.range_check:
             lines.append(self.range_check.summary() + "\n")
         if self.holdout_samples:
+            graph = f" {md.code(self.accuracy.graph)}" if self.accuracy.graph else ""
+            which = f" ({md.text(self.holdout)})" if self.holdout else ""
             lines += [(f"**CPU accuracy pre-flight** ({md.text(self.accuracy.runtime)}, not a TensorRT number), "
-                       f"INT8 variant vs FP32 reference on {self.holdout_samples} held-out samples:"), ""]
+                       f"INT8 variant{graph} vs FP32 reference on {self.accuracy.samples} held-out samples{which}, "
+                       f"measured as validate measures it:"), ""]
             lines += self.accuracy.table()
         for w in self.warnings:
             lines.append(f"\n- warning: {md.text(w)}")

@@ -30,9 +30,9 @@ from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
-from trtflow.stages.ort import calibration, qdq, quant_prep
+from trtflow.stages.ort import calibration, qdq, quant_prep, simulation
 from trtflow.stages.ort import runner as ort_runner
-from trtflow.stages.ort.runner import RUNTIME, session
+from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean
 
@@ -43,7 +43,6 @@ VERSION = "8"  # 2: TensorRT's entropy and percentile rules; ranges and table bo
 # tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck). 7: the
 # range check's task metrics as measured (were signed) and the one that decided (its warning quoted the errors).
 # 8: depthwise Convs in float (float_depthwise: TensorRT-RTX pads their INT8 groups to 4 channels)
-SIMULATED = f"{RUNTIME} (simulated precision: Q/DQ executed as fake quantization)"
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 # below this many calibration samples the report warns (min_samples is the hard limit). Measured with bench/int8.py
@@ -86,8 +85,10 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
                         f"give them a threshold")
 
-    acc = ort_runner.accuracy_of(ref, session(out), data.feeds(hold), SIMULATED, params.metrics,
-                                 output_floors(model), "calibrate")
+    # the INT8 variant simulated and measured as validate simulates and measures it (simulation.py)
+    sim = simulation.simulate(out, model, "int8")
+    acc = simulation.measure(ref, sim.session(work), data.feeds(hold), sim, params.metrics, output_floors(model),
+                             "calibrate")
     if not hold:
         warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
     else:  # the bounds validate holds INT8 to by default: cosine, or the declared task metrics; NaN/Inf
@@ -103,6 +104,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
     quantized = onnx.load(str(out), load_external_data=False)
     n_q = sum(n.op_type == "QuantizeLinear" for n in quantized.graph.node)
+    n_nodes = len(qdq.quantized_nodes(quantized))  # what validate's repair counts as the INT8 nodes
     left_in_float = _left_in_float(quantized, params.quantize_ops, left)
     report = CalibrateReport(method=params.method,
                              percentile=params.percentile if params.method == "percentile" else None,
@@ -110,11 +112,21 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              full_range_tensors=full_range, range_check=check,
                              excluded_nodes=sorted(excluded), left_in_float=left_in_float,
                              quantize_ops=params.quantize_ops, quantize_outputs=params.quantize_outputs,
-                             quantize_linear_nodes=n_q, accuracy=acc, warnings=warnings)
+                             quantize_linear_nodes=n_q, quantized_nodes=n_nodes, accuracy=acc,
+                             holdout=f"{_which(hold)} of {data.label}", warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
-    metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q,
+    metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q, "quantized_nodes": n_nodes,
                "nan_inf": acc.nonfinite()}
     return StageResult(outputs=outputs, summary=report.summary(), metrics=metrics, warnings=warnings)
+
+
+def _which(samples: range) -> str:
+    """Which samples a range is, in words: 'samples 13-16' (counting from 1)."""
+    if not samples:
+        return "no samples"
+    if len(samples) == 1:
+        return f"sample {samples[0] + 1}"
+    return f"samples {samples[0] + 1}-{samples[-1] + 1}"
 
 
 def _split(data: SampleSource, params: CalibrateStage, warnings: list[str]) -> tuple[range, range]:
@@ -249,7 +261,7 @@ def _closeness(reference: list[tuple[Any, Any]], cand: Any, metrics: dict[str, A
         g = ort_runner.run(cand, feed)
         cmp.add(r, g, feed)
         errors += ort_runner.relative_errors(r, g)
-    acc = cmp.result(SIMULATED)
+    acc = cmp.result(simulation.SIMULATION["int8"])
     task, higher = {}, {}
     for out in (o.name for o in outputs if declared(metrics, o.name)):
         values = acc.outputs[out].task_values if out in acc.outputs else {}

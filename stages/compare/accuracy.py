@@ -5,6 +5,7 @@ NaN/Inf counts in the candidate and in the reference, top-1 and top-5 agreement 
 `OutputAccuracy` per output); validate, the precision and calibrate pre-flights and parity's model check use it."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -35,11 +36,14 @@ class OutputStats:
         self.nan = self.inf = self.ref_nan = self.ref_inf = 0
         self.task = task
         self.declared = bool(task)
+        self.first: np.ndarray | None = None  # the first sample's reference, and how far any other one is from it
+        self.spread = 0.0
 
     def add(self, ref: np.ndarray, got: np.ndarray, sample: task_metrics.Sample | None = None) -> None:
         """One batch of this output; `sample`: what it came from (a task metric may read the inputs or the other
         outputs)."""
         r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        self._vary(ref, r)
         self.nan += int(np.isnan(g).sum())
         self.inf += int(np.isinf(g).sum())
         self.ref_nan += int(np.isnan(r).sum())
@@ -64,6 +68,21 @@ class OutputStats:
             self.task = [task_metrics.TopK(5, 1)] if ref.ndim == 2 and ref.shape[1] > 1 else []
         for metric in self.task:
             metric.add(ref, got, sample)
+
+    def _vary(self, ref: np.ndarray, r: np.ndarray) -> None:
+        """How far this sample's reference is from the first sample's (inf at another shape or where either is not
+        finite)."""
+        if self.first is None:
+            self.first = ref.copy()
+        elif ref.shape != self.first.shape:
+            self.spread = np.inf
+        elif self.spread < np.inf:
+            d = np.abs(r - self.first.astype(np.float64).ravel())
+            self.spread = max(self.spread, float(d.max(initial=0.0)) if np.isfinite(d).all() else np.inf)
+
+    def constant(self) -> bool:
+        """The reference's output was the same on every sample: no two differ by more than NEGLIGIBLE of its scale."""
+        return self.spread <= NEGLIGIBLE * max(self.ref_max, np.finfo(np.float32).tiny)
 
     def result(self) -> OutputAccuracy:
         if self.ref_sq and self.got_sq:
@@ -150,6 +169,11 @@ class Accuracy:
     # output -> task metric -> whether higher is better, where it is known (gate.judge records it: trtflow's own
     # metrics, a callable's declared names, a tolerance's {min: x} / {max: x})
     directions: dict[str, dict[str, bool]] = field(default_factory=dict)
+    # the graph the candidate ran (simulation.graph_name: file name and sha256), where known (stored only then)
+    graph: Annotated[str, Field(exclude_if=lambda v: not v)] = ""
+    # why this comparison cannot catch errors (the reference's outputs do not vary with its inputs, or the samples
+    # are one and the same), else None (not stored)
+    blind: Annotated[str | None, Field(exclude_if=lambda v: v is None)] = None
 
     def __bool__(self) -> bool:
         return not self.violations
@@ -178,11 +202,17 @@ class Comparison:
         self.outputs: dict[str, OutputStats] = {}
         self.samples = 0
         self.metrics, self.floors, self.what = metrics or {}, floors or {}, what
+        self._first_feed: str | None = None  # the first sample's inputs, hashed
+        self._distinct = False  # some sample's inputs differ from the first's
 
     def add(self, ref: dict[str, np.ndarray], got: dict[str, np.ndarray],
             feed: dict[str, np.ndarray] | None = None) -> None:
         """One sample's outputs; `feed`, its inputs (a metric may read one, e.g. an attention mask)."""
         self.samples += 1
+        if feed:
+            digest = _feed_digest(feed)
+            self._first_feed = self._first_feed or digest
+            self._distinct = self._distinct or digest != self._first_feed
         sample = task_metrics.Sample(feed or {}, ref, got)
         for name, r in ref.items():
             if name not in self.outputs:
@@ -191,4 +221,33 @@ class Comparison:
             self.outputs[name].add(r, got[name], sample)
 
     def result(self, runtime: str) -> Accuracy:
-        return Accuracy(runtime, self.samples, {n: s.result() for n, s in self.outputs.items()})
+        return Accuracy(runtime, self.samples, {n: s.result() for n, s in self.outputs.items()},
+                        blind=self.blind())
+
+    def blind(self) -> str | None:
+        """Why this comparison cannot catch errors, if it cannot: its samples are one and the same input, or on
+        distinct inputs the reference's outputs are all the same (a model whose output ignores its input, such as
+        one with random weights, or inputs it does not respond to, like a text detector's on images without
+        text). A candidate then agrees with it whatever its errors on real inputs. None with fewer than two
+        samples (nothing to tell)."""
+        if self.samples < 2 or not self.outputs:
+            return None
+        if self._first_feed is not None and not self._distinct:
+            return (f"its {self.samples} samples are one and the same input: this comparison cannot catch errors "
+                    f"on any other; give distinct samples")
+        if not all(s.constant() for s in self.outputs.values()):
+            return None
+        spread = "; ".join(f"'{n}' differs by at most {s.spread:.3g} on a scale of {s.ref_max:.3g}"
+                           for n, s in list(self.outputs.items())[:3])
+        return (f"the reference's output does not vary with its input: this comparison cannot catch errors (over "
+                f"{self.samples} distinct samples, output {spread}); a model with random or untrained weights, or "
+                f"inputs it does not respond to (give samples from the deployment's distribution)")
+
+
+def _feed_digest(feed: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha1()
+    for name in sorted(feed):
+        x = np.ascontiguousarray(feed[name])
+        h.update(f"{name}{x.dtype}{x.shape}".encode())
+        h.update(x.data)
+    return h.hexdigest()

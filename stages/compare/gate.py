@@ -142,6 +142,11 @@ def check(result: Accuracy, precision: Precision, tolerances: dict[str, Any], na
 
 def preflight_warnings(result: Accuracy, precision: Precision, metrics: dict[str, Any] | None, what: str) -> list[str]:
     """What a precision/calibrate pre-flight should not pass quietly: the bounds validate would hold the variant to
-    by default (NaN/Inf it adds; cosine, or the declared task metrics), missed on the held-out samples."""
-    return [f"{what}: {v.line()} against FP32 on {result.samples} held-out samples ({result.runtime})"
-            for v in check(result, precision, {}, True, metrics)]
+    by default (NaN/Inf it adds; cosine, or the declared task metrics), missed on the held-out samples; and held-out
+    samples on which the comparison cannot catch errors (`Accuracy.blind`)."""
+    graph = f"; graph {result.graph}" if result.graph else ""
+    found = [f"{what}: {v.line()} against FP32 on {result.samples} held-out samples ({result.runtime}{graph})"
+             for v in check(result, precision, {}, True, metrics)]
+    if result.blind:
+        found.append(f"{what}: the pre-flight on {result.samples} held-out samples says nothing: {result.blind}")
+    return found

@@ -11,17 +11,20 @@ from __future__ import annotations
 import numpy as np
 
 FP16_MAX = 65504.0
+SENTINEL_VALUES = 2  # a tensor whose values beyond FP16 take at most this many distinct values holds a mask or sentinel
 
 
 class TensorStats:
     """Per-tensor error statistics over samples: cosine (exact near 1: 1 - cosine comes from the squared
     difference), RMS error relative to the reference, the largest |reference|, non-finite values in candidate and
     reference, FP16 overflow in the reference, and the share of the reference outside a quantized range."""
-    __slots__ = ("ref_max", "diff_sq", "ref_sq", "got_sq", "bad", "ref_bad", "over_fp16", "clipped", "elements")
+    __slots__ = ("ref_max", "diff_sq", "ref_sq", "got_sq", "bad", "ref_bad", "over_fp16", "over_values", "clipped",
+                 "elements")
 
     def __init__(self) -> None:
         self.ref_max = self.diff_sq = self.ref_sq = self.got_sq = 0.0
         self.bad = self.ref_bad = self.over_fp16 = self.clipped = self.elements = 0
+        self.over_values: set[float] = set()  # the distinct values beyond FP16's range (a few at most are kept)
 
     def add(self, r: np.ndarray, g: np.ndarray, qrange: tuple[float, float] | None = None) -> None:
         with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN and overflowing sums are handled below
@@ -54,9 +57,18 @@ class TensorStats:
         self.ref_max = max(self.ref_max, hi, -lo)
         self.elements += r.size
         if max(hi, -lo) > FP16_MAX:
-            self.over_fp16 += int(np.count_nonzero(np.abs(r) > FP16_MAX))
+            over = r[np.abs(r) > FP16_MAX]
+            self.over_fp16 += int(over.size)
+            if len(self.over_values) <= SENTINEL_VALUES:
+                self.over_values.update(float(v) for v in np.unique(over)[:SENTINEL_VALUES + 1])
         if qrange is not None and (lo < qrange[0] or hi > qrange[1]):
             self.clipped += int(np.count_nonzero((r < qrange[0]) | (r > qrange[1])))
+
+    @property
+    def sentinel(self) -> bool:
+        """Every value beyond FP16's range is one of a couple of finite constants: a mask or a sentinel (an attention
+        mask's -3.4e38, a -1e9 fill), not activations that grew past FP16."""
+        return bool(self.over_values) and len(self.over_values) <= SENTINEL_VALUES
 
     @property
     def cosine(self) -> float:

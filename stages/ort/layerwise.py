@@ -132,6 +132,7 @@ class LayerRow(BaseModel):
     drift: float  # 1 - cosine (1 where the candidate turned finite values non-finite)
     added: float  # drift beyond the worst of the node's inputs
     over_fp16: int  # reference values beyond FP16's range
+    sentinel: bool = False  # those values are one or two finite constants: a mask or sentinel, not an overflow
     range: list[float] | None = None  # the candidate's quantized range, for a Q/DQ candidate
     clipped: float | None = None  # share of the reference outside that range
     range_use: float | None = None  # the reference's largest |value| over the range's
@@ -142,10 +143,11 @@ class Layerwise(BaseModel):
     samples: int
     tensors: int
     bound: float
-    first_bad: LayerRow | None
-    worst: list[LayerRow]
-    overflow: list[LayerRow]
+    first_bad: LayerRow | None  # the first node (in the reference's order) whose output is past the bound
+    worst: list[LayerRow]  # the nodes adding the most drift over their inputs, the largest first
+    overflow: list[LayerRow]  # reference activations beyond FP16's range
     clipping: list[LayerRow]
+    sentinels: list[LayerRow] = Field(default_factory=list)  # beyond FP16's range too, but masks or sentinels
     on: str = ""  # the runtime the search ran on
     rows: list[LayerRow] = Field(default_factory=list, exclude=True)
 
@@ -156,7 +158,9 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     """Per tensor shared by both models (in the reference's order): cosine, RMS error relative to the
     reference's, non-finite values, FP16 overflow in the reference, and clipping by the candidate's
     quantized range. `first_bad` is the first node whose output's cosine falls below `bound` (or turns
-    non-finite); `worst` ranks nodes by the drift they add over their inputs."""
+    non-finite); `worst` ranks nodes by the drift they add over their inputs (the largest drift need not be the
+    first past the bound). Values beyond FP16 that are a mask's or sentinel's constants are `sentinels`, apart
+    from `overflow`."""
     common, run = paired(reference, candidate, work)
     qranges = qranges or {}
     stats = {n: TensorStats() for n in common}
@@ -188,7 +192,7 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
         before = max((stats[t].drift for t in node.input if t in stats), default=0.0)
         rows.append(LayerRow(node=node.name, op=node.op_type, tensor=name, cosine=s.cosine, rms_rel=s.rms_rel,
                              nonfinite=s.bad, reference_nonfinite=s.ref_bad, reference_max=s.ref_max, drift=s.drift,
-                             added=max(0.0, s.drift - before), over_fp16=s.over_fp16,
+                             added=max(0.0, s.drift - before), over_fp16=s.over_fp16, sentinel=s.sentinel,
                              **({"range": list(qranges[name]), "clipped": s.clipped / max(s.elements, 1),
                                  "range_use": s.ref_max / max(abs(qranges[name][0]), abs(qranges[name][1]), 1e-30)}
                                 if name in qranges else {})))
@@ -196,5 +200,6 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     clipping = [r for r in rows if r.range is not None and (r.clipped > 1e-3 or r.range_use < 0.02)]
     return Layerwise(samples=samples, tensors=len(rows), bound=bound, first_bad=first,
                      worst=sorted(rows, key=lambda r: -r.added)[:worst],
-                     overflow=[r for r in rows if r.over_fp16][:worst],
+                     overflow=[r for r in rows if r.over_fp16 and not r.sentinel][:worst],
+                     sentinels=[r for r in rows if r.over_fp16 and r.sentinel][:worst],
                      clipping=sorted(clipping, key=lambda r: (-r.clipped, r.range_use))[:worst], rows=rows)

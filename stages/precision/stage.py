@@ -29,10 +29,10 @@ from trtflow.stages.onnx.graph import (
     output_floors,
     require_op_types,
 )
-from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort import simulation
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import magnitudes
-from trtflow.stages.ort.runner import RUNTIME, session
+from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.trt.env import find_tensorrt
@@ -42,7 +42,6 @@ from trtflow.text import did_you_mean, first_line
 VERSION = "5"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
 # 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built.
 # 5: the trial build with all its fields (typed)
-SIMULATED = f"{RUNTIME} (simulated precision: FP16 storage emulated per node)"
 
 
 def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -71,10 +70,10 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     out = out_dir / "model.onnx"
     model_io.save(fp16_model, out)
     trial = _trial_build(params.preflight, out, ref_path, next(data.feeds(hold)), model)
-    sim_path = work / "emulated.onnx"
-    model_io.save(emulate(model, assignment.half, params.keep_io_types), sim_path)
-    acc = ort_runner.accuracy_of(ref, session(sim_path), data.feeds(hold), SIMULATED, params.metrics,
-                                 output_floors(model), "precision")
+    # the FP16 variant simulated and measured as validate simulates and measures it (simulation.py)
+    sim = simulation.simulate(out, model, "fp16")
+    acc = simulation.measure(ref, sim.session(work, "fp16"), data.feeds(hold), sim, params.metrics,
+                             output_floors(model), "precision")
     shutil.rmtree(work)
     warnings = gate.preflight_warnings(acc, "fp16", params.metrics, "the FP16 variant")
     if trial.warning:

@@ -74,25 +74,36 @@ class CandidateResult(BaseModel):
         verdict = "passes" if self.passed else "**fails**"
         lines = [f"#### {md.code(self.name)} ({md.text(self.precision)}) {verdict}", "",
                  f"runtime: {md.text(self.runtime)} · {self.accuracy.samples} samples at shapes "
-                 + md.text(shapes_text(self.shapes, 4)), ""]
+                 + md.text(shapes_text(self.shapes, 4))
+                 + (f" · graph measured: {md.code(self.accuracy.graph)}" if self.accuracy.graph else ""), ""]
         lines += self.accuracy.table()
         if self.per_shape:
             lines += ["", "per shape:", ""] + shape_table(self.per_shape)
         lines += [f"\n**fails**: {md.text(v)}" for v in self.violations]
         loc = self.layerwise
         if loc:
-            first = loc.first_bad
+            first, largest = loc.first_bad, (loc.worst[0] if loc.worst and loc.worst[0].added > 0 else None)
             found = (f"{md.code(first.node)} ({md.text(first.op)}), cosine {first.cosine:.5f}, "
                      f"non-finite {first.nonfinite}" if first else "none found")
-            lines += ["", f"**first node that goes wrong** (cosine < {loc.bound} on {loc.samples} samples, "
-                          f"{md.text(loc.on)}): " + found, "",
-                      "| node | op | cosine | drift added | RMS error / RMS reference | reference max |",
+            lines += ["", f"**first node past its bound** (the first, in the reference's order, whose output's "
+                          f"cosine < {loc.bound} on {loc.samples} samples, {md.text(loc.on)}): " + found]
+            if largest is not None:
+                lines += ["", f"**largest drift**: {md.code(largest.node)} ({md.text(largest.op)}) adds "
+                              f"{largest.added:.2e} of 1 - cosine over its inputs" +
+                          (" (the same node)" if first is not None and first.node == largest.node else
+                           "; the first node past its bound is where the error first shows, this one is where most "
+                           "of it comes from")]
+            lines += ["", "| node | op | cosine | drift added | RMS error / RMS reference | reference max |",
                       "|---|---|---|---|---|---|"]
             lines += [f"| {md.code(w.node, cell=True)} | {md.text(w.op)} | {w.cosine:.5f} | {w.added:.2e} | "
                       f"{w.rms_rel:.3g} | {w.reference_max:.4g} |" for w in loc.worst]
             if loc.overflow:
                 lines += ["", "reference activations beyond FP16's 65504: " + ", ".join(
                     f"{md.code(o.tensor)} ({o.reference_max:.4g})" for o in loc.overflow)]
+            if loc.sentinels and self.precision == "fp16":  # a failing FP16 variant: they may be what turned inf
+                lines += ["", "masks or sentinels beyond FP16's 65504 (one constant value each, which FP16 makes "
+                              "infinite: harmless where it only masks): " + ", ".join(
+                                  f"{md.code(o.tensor)} ({o.reference_max:.4g})" for o in loc.sentinels)]
             if loc.clipping:
                 lines += ["", "INT8 ranges that do not fit the data: " + ", ".join(
                     f"{md.code(o.tensor)} (clipped {o.clipped:.2%}, range use {o.range_use:.3f})"

@@ -28,9 +28,8 @@ from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
-from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
 from trtflow.stages.onnx.graph import name_nodes, output_floors
-from trtflow.stages.ort import layerwise, qdq
+from trtflow.stages.ort import layerwise, qdq, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
@@ -47,9 +46,6 @@ VERSION = "7"  # 2: layerwise statistics from the squared difference (exact 1 - 
 # engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale.
 # 6: each candidate's accuracy records its task metrics' directions (what release's max_accuracy_drop weighs).
 # 7: file data made into every dynamic profile's min/opt/max, a verdict per shape; repair checked at the failing ones
-SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
-              "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
-              "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
 ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
 
 
@@ -80,7 +76,7 @@ class _Job:
     reference: _Reference
     work: Path
     out_dir: Path
-    sims: dict[str, tuple[str, onnx.ModelProto]] = field(default_factory=dict)  # variant -> its simulation
+    sims: dict[str, simulation.Simulation] = field(default_factory=dict)  # variant -> its simulation
 
 
 def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -127,6 +123,9 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
     verdict = _verdict(checked, fixes, set(params.optional))
     warnings += [w for r in checked for w in r.warnings]
+    blind = next((r.accuracy.blind for r in checked if r.accuracy.blind), None)
+    if blind:  # the reference and the samples are every candidate's: said once
+        warnings.append(f"on validate's samples {blind}; a candidate passing here says nothing about its accuracy")
     simulated: dict[str, list[str]] = {}
     for r in checked:
         if r.not_on_tensorrt:
@@ -285,6 +284,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     ranked: list = []
     measured = _measure(runner, sets, job.reference, params.metrics, ranked)
     acc, rows = _judged(measured, sets, runtime, cand.precision, params)
+    acc.graph = cand.engine.name if runtime.endswith("(unverified path)") else job.sims[cand.variant].graph
     warnings = [f"{cand.name}: the FP32 reference itself produces {o.reference_nan} NaN and "
                 f"{o.reference_inf} Inf values on output '{name}': it is the model (or the data), not TensorRT"
                 for name, o in acc.outputs.items() if o.reference_nan or o.reference_inf]
@@ -309,8 +309,8 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
         feeds = (source.sample(i) for source, i in checked.worst)
         qranges = qdq.representable_ranges(sim_model) if cand.precision == "int8" else None
         found = layerwise.compare(job.reference.model, sim_model, feeds, job.work, bound, qranges)
-        found.on = (f"{SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise search "
-                    f"runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
+        found.on = (f"{simulation.SIMULATION.get(cand.precision, RUNTIME)}: TensorRT fuses layers, so the layerwise "
+                    f"search runs on the simulated variant" if runtime.startswith("tensorrt") else runtime)
         result.layerwise = found
         pic = layer_drift(found.rows, found.first_bad, out_dir / "plots" / f"{slug}.layers.png", cand.name)
         result.plots.append(str(pic.relative_to(out_dir)))
@@ -397,26 +397,15 @@ def _worst_samples(ranked: list, n: int) -> list[tuple[Any, int]]:
     return [(source, i) for _, source, i in sorted(ranked, key=lambda x: -x[0])[:n]]
 
 
-def _simulation(cand: Candidate, reference: onnx.ModelProto) -> tuple[str, onnx.ModelProto]:
-    """(runtime label, the ONNX model that simulates the candidate's variant)."""
-    variant = model_io.load(cand.model)
-    if cand.precision != "fp16":
-        return SIMULATION.get(cand.precision, RUNTIME), variant
-    half = half_nodes(variant, reference)
-    if half is None:
-        return (f"{RUNTIME} (the FP16 variant run directly: it was not converted from the reference, so FP16 "
-                f"rounding between nodes is not emulated)"), variant
-    return SIMULATION[cand.precision], emulate(reference, half, keeps_io_types(variant))
-
-
 def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], dict[str, np.ndarray]], str,
                                                  onnx.ModelProto]:
     """(runtime label, feed runner, why TensorRT was not used, the simulated ONNX model); `sims` holds each
     variant's simulation, made once however many engines the variant has."""
     requested, sims = job.params.runtime, job.sims
-    if cand.variant not in sims:
-        sims[cand.variant] = _simulation(cand, job.reference.model)
-    label, sim_model = sims[cand.variant]
+    if cand.variant not in sims:  # the simulation the pre-flights measure too
+        sims[cand.variant] = simulation.simulate(cand.model, job.reference.model, cand.precision)
+    sim = sims[cand.variant]
+    label, sim_model = sim.label, sim.model
     why = ""
     if requested != "onnxruntime" and cand.engine is not None:
         from trtflow.stages.trt.runtime import EngineRunner, can_run
@@ -429,10 +418,7 @@ def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], di
             raise StageError(f"validate: runtime: tensorrt, but engine '{cand.name}' cannot run here: {reason}; "
                              f"use runtime: auto to simulate it on ONNX Runtime")
         why = reason
-    path = job.work / f"{cand.variant}.sim.onnx"
-    if not path.exists():
-        model_io.save(sim_model, path)
-    sess = session(path)
+    sess = sim.session(job.work, cand.variant)
     return label, lambda f, p: ort_runner.run(sess, f), why, sim_model
 
 
