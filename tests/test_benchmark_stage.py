@@ -265,3 +265,35 @@ def test_a_harness_process_that_dies_is_one_failed_cell(tmp_path, monkeypatch):
     assert result.status == "failed" and not result.has_summary
     assert result.error == f"the built-in harness (ONNX Runtime on CPU) crashed (SIGSEGV) (log: {tmp_path / 'h.log'})"
     assert result.to_json()["note"] == result.error
+
+
+def test_min_iterations_overruling_duration_is_said_before_and_after(tmp_path, monkeypatch):
+    """`duration: 1s` took 117.8 s on ViT-B/16 (20 min_iterations of ~1.7 s on the CPU harness), and nothing said
+    why. Now the estimate is on the status line before the timed runs, when it is long (LONG_S, lowered here), and
+    the warning says min_iterations overruled duration; a duration that decides says nothing."""
+    from tests.graphs import matmul_stack
+    from trtflow import progress
+    from trtflow.artifact import Artifact, Inputs
+    from trtflow.pipelines.params.benchmark import BenchmarkStage
+    from trtflow.stages.benchmark import stage as benchmark
+
+    model = Artifact(matmul_stack(tmp_path / "blocks.onnx"), "onnx", "m", "vit")
+    monkeypatch.setattr(benchmark, "LONG_S", 0.0)
+    heard: list[str] = []
+
+    def run(out: Path, **kw) -> tuple[dict, list[str]]:
+        out.mkdir()
+        params = BenchmarkStage.model_validate({"kind": "benchmark", "tool": "builtin", "warmup": 0, **kw})
+        with progress.listening(lambda what, done, total: heard.append(what)):
+            result = benchmark.run(params, Inputs({"models": [model]}), out)
+        return json.loads(result.outputs["report"].read_text())["cells"][0], result.warnings
+
+    cell, warnings = run(tmp_path / "a", duration="0.01s", min_iterations=12)
+    assert cell["iterations"] == 12
+    (said,) = [w for w in warnings if "overruled" in w]
+    assert said.startswith("vit.opt: min_iterations 12 overruled duration 0.01s: 12 timed runs of ~"), said
+    assert any(w.startswith("benchmarking vit.opt: about ") and "min_iterations 12 runs of ~" in w for w in heard), \
+        heard
+    heard.clear()
+    cell, warnings = run(tmp_path / "b", duration="0.3s", min_iterations=2)
+    assert cell["iterations"] > 2 and not any("overrule" in w for w in warnings + heard), (warnings, heard)

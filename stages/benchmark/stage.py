@@ -151,6 +151,9 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
         env.runtime = result.runtime  # ONNX Runtime's version is part of it
         env.host = _cpu_name()
     samples = result.samples_ms
+    overruled = _overruled(params, samples, result.total_host_walltime_s)
+    if overruled:
+        result.warnings.append(overruled)
     result.samples_ms = None
     batch = min((s[0] for s in shapes.values() if s), default=1)
     return Measurement(cell=name, candidate=cand.name, variant=cand.variant, precision=cand.precision,
@@ -210,12 +213,42 @@ def _builtin(params: BenchmarkStage, cand: Candidate, profile: Profile | None, f
                           gpu_compute_ms=harness.latency_stats(samples), total_host_walltime_s=wall,
                           layout="built-in harness", runtime=f"{cand.module} engine, CUDA events (unverified "
                           f"path)", samples_ms=samples)
+    def announce(seconds: float) -> None:  # on the status line while it runs, when it will be long
+        note = _long_estimate(params, seconds)
+        if note:
+            progress.report(f"benchmarking {stem.name}: {note}", 0, 1)
+
     with tempfile.TemporaryDirectory(prefix="trtflow-harness-") as folder:
         result = harness.benchmark(cand.model, feeds, params.warmup, params.duration, params.iterations,
-                                   params.min_iterations, Path(folder), stem.with_suffix(".harness.log"))
+                                   params.min_iterations, Path(folder), stem.with_suffix(".harness.log"), announce)
     if result.error:
         result.error = f"variant '{cand.variant}': {result.error}"
     return result
+
+
+LONG_S = 30.0  # a measurement estimated to take longer than this (and than its duration) is announced first
+
+
+def _long_estimate(params: BenchmarkStage, call_s: float) -> str | None:
+    """What a cell will take where min_iterations makes it long: said before the timed runs."""
+    if params.iterations is not None:
+        return None
+    total = params.warmup + max(params.duration, call_s * params.min_iterations)
+    if total <= max(LONG_S, 2 * (params.warmup + params.duration)):
+        return None
+    return (f"about {total:.0f} s: min_iterations {params.min_iterations} runs of ~{call_s:.3g} s each overrule "
+            f"duration {params.duration:g}s")
+
+
+def _overruled(params: BenchmarkStage, samples_ms: list[float] | None, wall_s: float | None) -> str | None:
+    """Where min_iterations, not duration, ended the timed runs: the duration had passed before the last run."""
+    if params.iterations is not None or not samples_ms or wall_s is None or len(samples_ms) > params.min_iterations:
+        return None
+    if wall_s - samples_ms[-1] / 1000 < params.duration:
+        return None
+    return (f"min_iterations {params.min_iterations} overruled duration {params.duration:g}s: {len(samples_ms)} "
+            f"timed runs of ~{float(np.median(samples_ms)) / 1000:.3g} s each took {wall_s:.1f} s (a p99 needs "
+            f"samples; lower min_iterations, or give iterations, to bound the time)")
 
 
 def _cpu_name() -> str:

@@ -10,8 +10,11 @@ not the stage. The session is made as every other stage makes it (`runner.sessio
 level the variant was checked with)."""
 from __future__ import annotations
 
+import contextvars
+import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -19,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel
 
-from trtflow import child
+from trtflow import child, files
 from trtflow.stages.trtexec.result import PerfResult
 
 RUNTIME = "onnxruntime-cpu (CPUExecutionProvider; not a TensorRT number)"
@@ -35,18 +38,25 @@ def latency_stats(samples_ms: list[float]) -> dict[str, float]:
 
 
 def time_calls(call: Callable[[], Any], warmup_s: float, duration_s: float, iterations: int | None,
-               min_iterations: int = 1) -> tuple[list[float], float]:
+               min_iterations: int = 1, on_first: Callable[[float], None] | None = None) -> tuple[list[float], float]:
     """(per-call milliseconds, wall seconds of the timed part) after `warmup_s` of untimed calls: `iterations`
-    calls, else calls for `duration_s` and at least `min_iterations`."""
-    end = time.perf_counter() + warmup_s
+    calls, else calls for `duration_s` and at least `min_iterations`. `on_first` hears the seconds of one call as
+    soon as they are known (after the warm-up, else after the first timed call): what the whole will take."""
+    warm, begun = 0, time.perf_counter()
+    end = begun + warmup_s
     while time.perf_counter() < end:
         call()
+        warm += 1
+    if warm and on_first is not None:
+        on_first((time.perf_counter() - begun) / warm)
     samples: list[float] = []
     start = time.perf_counter()
     while True:
         t0 = time.perf_counter_ns()
         call()
         samples.append((time.perf_counter_ns() - t0) / 1e6)
+        if not warm and len(samples) == 1 and on_first is not None:
+            on_first(samples[0] / 1000)
         if iterations is not None:
             if len(samples) >= iterations:
                 break
@@ -76,21 +86,50 @@ class HarnessResponse(BaseModel):
     onnxruntime: str
 
 
+ESTIMATE = "first_call.json"  # the child's one call's seconds, for the parent to say what the whole will take
+
+
+class FirstCall(BaseModel):
+    seconds: float
+
+
+def _watch_first(path: Path, on_first: Callable[[float], None], done: threading.Event) -> None:
+    while not done.wait(0.05):
+        if path.exists():
+            on_first(FirstCall.model_validate(files.read_json(path, files.RECORD_BYTES)).seconds)
+            return
+
+
+def _write_first(path: Path, seconds: float) -> None:
+    staged = path.with_name(f".{path.name}.partial")
+    staged.write_text(FirstCall(seconds=seconds).model_dump_json())
+    os.replace(staged, path)
+
+
 def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, duration_s: float,
-              iterations: int | None, min_iterations: int, folder: Path, log: Path) -> PerfResult:
+              iterations: int | None, min_iterations: int, folder: Path, log: Path,
+              on_first: Callable[[float], None] | None = None) -> PerfResult:
     """`model` timed on ONNX Runtime in a child process (files in `folder`, the child's stderr in `log`); a
     child that fails or crashes gives a failed result saying so, in the harness's words (one killed from outside
-    raises child.Killed: no measurement at all)."""
+    raises child.Killed: no measurement at all). `on_first` hears the seconds of one call while the child runs
+    (`time_calls`)."""
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "feeds.npz", **feeds)
     request = HarnessRequest(model=str(model), feeds=str(folder / "feeds.npz"), warmup_s=warmup_s,
                              duration_s=duration_s, iterations=iterations, min_iterations=min_iterations)
+    (folder / ESTIMATE).unlink(missing_ok=True)
+    done = threading.Event()
+    if on_first is not None:  # the listeners of progress live in this context: the watcher runs in a copy of it
+        threading.Thread(target=contextvars.copy_context().run, args=(_watch_first, folder / ESTIMATE, on_first,
+                                                                      done), daemon=True).start()
     try:
         answer, proc = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S,
                                   what="the built-in harness (ONNX Runtime)")
     except subprocess.TimeoutExpired:
         return PerfResult(status="failed", runtime=RUNTIME,
                           error=f"the built-in harness (ONNX Runtime) did not finish within {TIMEOUT_S} s")
+    finally:
+        done.set()
     log.write_text(proc.stderr or "")
     if answer is None:
         code = proc.returncode
@@ -112,7 +151,8 @@ def _serve(request: HarnessRequest, folder: Path) -> HarnessResponse:
     sess = session(Path(request.model))
     feeds = dict(np.load(request.feeds))
     samples, wall = time_calls(lambda: sess.run(None, feeds), request.warmup_s, request.duration_s,
-                               request.iterations, request.min_iterations)
+                               request.iterations, request.min_iterations,
+                               lambda seconds: _write_first(folder / ESTIMATE, seconds))
     return HarnessResponse(samples_ms=samples, wall_s=wall, onnxruntime=ort.__version__)
 
 

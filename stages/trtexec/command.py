@@ -60,8 +60,8 @@ def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: B
         cmd.append(f"--shapes={shapes_arg(shapes)}")
     if params.iterations:
         cmd += [f"--iterations={params.iterations}", "--duration=0"]
-    else:
-        cmd.append(f"--duration={max(1, round(params.duration))}")
+    else:  # trtexec runs at least both: min_iterations holds as on the built-in harness
+        cmd += [f"--duration={max(1, round(params.duration))}", f"--iterations={params.min_iterations}"]
     cmd += ["--avgRuns=10", "--separateProfileRun", "--dumpProfile", f"--exportTimes={exports.times}",
             f"--exportProfile={exports.profile}", f"--exportLayerInfo={exports.layers}"]
     return cmd + list(params.trtexec_args)
