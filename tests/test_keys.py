@@ -102,12 +102,12 @@ def test_a_value_equal_to_the_default_is_the_default():
 
 
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
-    "benchmark": ("830c0fa7c5fb62f6e2ab831fa9c9e7a2", "686518610ae8e10e679afc755c52d7ec"),
+    "benchmark": ("6ed0d6225f6c1ceeaf9e5ac561ac6897", "da43cd7ddd15cc1826da4b6af6f3658b"),
     "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
-    "calibrate": ("10603805266bd5351ccce069f955e7f5", "d3c769d07058be41fd9ba1ff5e7a0f93"),
+    "calibrate": ("1dcd90341a576f39d32bbaad547b0194", "dac6938073c76aadc661e08da9985ac7"),
     "parity": ("6996d520918f56c5aa9464e3b7b8f262", "95d0f918acacce2cfd62599861b6fc22"),
-    "precision": ("669555998164e68f0864aa8e04f34a8a", "d192a62069be57bca0423cf7db6914fa"),
+    "precision": ("4cbc63fb995252b276a93456fb56e819", "d245ff587a13eab5ceb21cbc906d5df1"),
     "prepare": ("4cc41c6d04c595a91d43d4bd5a49e065", "84314c7aa7fb461b4fd375e05ede74a6"),
     "release": ("ae508de2bddecd22f67abd958c7b1d68", "d9fe161f595190819ee60eb8f943e881"),
-    "validate": ("a3b644a07cb7f30c256af13e88f8e2f5", "1a59d38b63ed17eee2b368c1c9f70c2d"),
+    "validate": ("aed0c7a26f890e310dc028e0a8245641", "ecd970059d9e0deea1ec0ea9043befed"),
 }

@@ -35,8 +35,9 @@ from trtflow.stages.trtexec.log import parse_summary
 from trtflow.stages.trtexec.result import Layer, PerfResult
 from trtflow.stages.validate.report import ValidateReport
 
-VERSION = "3"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
-# measurement in its own process, at least min_iterations, samples/s
+VERSION = "4"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
+# measurement in its own process, at least min_iterations, samples/s. 4: min_iterations overruling duration said
+# (and passed to trtexec as --iterations)
 TRTEXEC_TIMEOUT_S = 1800
 _BASELINES = TypeAdapter(dict[str, Baseline])  # a baseline file: cell -> what the gate compares
 

@@ -36,13 +36,14 @@ from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean
 
-VERSION = "8"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+VERSION = "9"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
 # percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
 # tries the rule, the other histogram rule and the full ranges, judged by mean relative error (RangeCheck). 7: the
 # range check's task metrics as measured (were signed) and the one that decided (its warning quoted the errors).
-# 8: depthwise Convs in float (float_depthwise: TensorRT-RTX pads their INT8 groups to 4 channels)
+# 8: depthwise Convs in float (float_depthwise: TensorRT-RTX pads their INT8 groups to 4 channels). 9: the pre-flight
+# simulated and measured by validate's code (simulation.py), naming its samples and graph; quantized nodes counted
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 # below this many calibration samples the report warns (min_samples is the hard limit). Measured with bench/int8.py

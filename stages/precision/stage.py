@@ -39,9 +39,9 @@ from trtflow.stages.trt.env import find_tensorrt
 from trtflow.stages.trt.preflight import VariantTrial, run_preflight
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "5"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
+VERSION = "6"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
 # 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built.
-# 5: the trial build with all its fields (typed)
+# 5: the trial build with all its fields (typed). 6: the pre-flight simulated and measured by validate's code
 
 
 def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:

@@ -40,12 +40,14 @@ from trtflow.stages.validate.repair import Repair
 from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.text import did_you_mean
 
-VERSION = "7"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+VERSION = "8"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
 # on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
 # variant's recipe; RMS error per node. 5: task metrics; a failing candidate fails the stage unless its repaired
 # engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale.
 # 6: each candidate's accuracy records its task metrics' directions (what release's max_accuracy_drop weighs).
 # 7: file data made into every dynamic profile's min/opt/max, a verdict per shape; repair checked at the failing ones
+# 8: the graph measured named; a reference that does not vary with its input warned of; first node past its bound
+# and largest drift apart; masks and sentinels apart from FP16 overflow
 ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
 
 
