@@ -249,5 +249,5 @@ def _feed_digest(feed: dict[str, np.ndarray]) -> str:
     for name in sorted(feed):
         x = np.ascontiguousarray(feed[name])
         h.update(f"{name}{x.dtype}{x.shape}".encode())
-        h.update(x.data)
+        h.update(repr(x.tolist()).encode() if x.dtype.kind == "O" else x.data)
     return h.hexdigest()
