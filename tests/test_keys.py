@@ -108,6 +108,6 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "parity": ("6996d520918f56c5aa9464e3b7b8f262", "95d0f918acacce2cfd62599861b6fc22"),
     "precision": ("669555998164e68f0864aa8e04f34a8a", "d192a62069be57bca0423cf7db6914fa"),
     "prepare": ("4cc41c6d04c595a91d43d4bd5a49e065", "84314c7aa7fb461b4fd375e05ede74a6"),
-    "release": ("ae508de2bddecd22f67abd958c7b1d68", "d9fe161f595190819ee60eb8f943e881"),
+    "release": ("3b34221579161e512b20b54d766e5d3d", "880fc5d519afd1117cc6f7ae52534a96"),  # VERSION 4
     "validate": ("a3b644a07cb7f30c256af13e88f8e2f5", "1a59d38b63ed17eee2b368c1c9f70c2d"),
 }
