@@ -246,7 +246,10 @@ def _quiet_prefect_console() -> None:
                                        if isinstance(lg, logging.Logger)]
     for lg in loggers:
         for h in lg.handlers:
-            if isinstance(h, PrefectConsoleHandler):
+            # prefect._internal has a plain stream handler of its own (logging.yml's `debug`), not propagated: its
+            # services print each event they could not send when the server went away
+            if isinstance(h, PrefectConsoleHandler) or (lg.name.startswith("prefect.")
+                                                        and type(h).__name__ == "_SafeStreamHandler"):
                 h.setLevel(logging.CRITICAL)
 
 
