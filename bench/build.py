@@ -75,12 +75,19 @@ def main() -> None:
     for col in ("configuration", "wall s", "x baseline"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     table.add_row("serial (parallel: 1) — baseline", f"{med['serial']:.2f}", "1.00")
-    table.add_row("parallel: 2", f"{med['parallel']:.2f}", f"{med['serial'] / med['parallel']:.2f}x faster")
+    table.add_row("parallel: 2", f"{med['parallel']:.2f}", _speedup(med['serial'], med['parallel']))
     table.add_row("serial, timing cache cold — baseline", f"{med['cold cache']:.2f}", "1.00")
     table.add_row("serial, timing cache reused", f"{med['warm cache']:.2f}",
-                  f"{med['cold cache'] / med['warm cache']:.2f}x faster")
+                  _speedup(med['cold cache'], med['warm cache']))
     Console(width=120).print(table)
+
+
+def _speedup(before: float, after: float) -> str:
+    """'1.30x faster' or, when it is not, '0.79x (slower)': the ratio is before / after either way."""
+    ratio = before / after
+    return f"{ratio:.2f}x faster" if ratio >= 1 else f"{ratio:.2f}x (slower)"
 
 
 if __name__ == "__main__":
     main()
+

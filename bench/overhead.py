@@ -50,12 +50,22 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
 
 def stage_work(store: Path) -> float:
     """Seconds spent inside the stage functions of the runs that were not reused (from the manifests)."""
+    from trtflow.flows.store import LocalStore
+
+    local = LocalStore(store)
     total = 0.0
     for last in store.glob("*/last.json"):
-        key = json.loads(last.read_text())["key"]
-        manifest = json.loads((last.parent / key / "manifest.json").read_text())
-        total += manifest["timings"]["work_seconds"]
+        record = local.last(last.parent.name)
+        total += published(local.path(last.parent.name, record.key)).timings.work_seconds
     return total
+
+
+def published(directory: Path):
+    """The manifest of the result published in `directory`."""
+    from trtflow.flows.manifest import Manifest
+    from trtflow.flows.store import MANIFEST
+
+    return Manifest.parse(json.loads((directory / MANIFEST).read_text()), directory.name)
 
 
 def direct_stage_calls(pipeline: Path) -> float:
@@ -93,12 +103,12 @@ def reuse_check_seconds(store: Path, rehash: bool, repeat: int = 20) -> float:
     ctime), or by hashing every file (the alternative); median of `repeat`."""
     from trtflow.flows.store import MANIFEST, check_files
 
-    manifests = [(d, json.loads((d / MANIFEST).read_text())) for d in store.glob("*/*") if (d / MANIFEST).is_file()]
+    manifests = [(d, published(d)) for d in store.glob("*/*") if (d / MANIFEST).is_file()]
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         for directory, manifest in manifests:
-            assert check_files(directory, manifest["files"], rehash=rehash) is None
+            assert check_files(directory, manifest.files, rehash=rehash) is None
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -109,7 +119,7 @@ def verify_vs_sha256sum(store: Path) -> tuple[float, float, float, float]:
     from trtflow.flows.store import MANIFEST, LocalStore
 
     files = [str(d / rel) for d in store.glob("*/*") if (d / MANIFEST).is_file()
-             for rel in json.loads((d / MANIFEST).read_text())["files"]]  # what verify hashes
+             for rel in published(d).files]  # what verify hashes
     size = sum(Path(f).stat().st_size for f in files) / 2**20
     subprocess.run(["sha256sum", *files], check=True, stdout=subprocess.DEVNULL)  # warm the page cache
     verify = min(timed([sys.executable, "-m", "trtflow.flows.cli", "verify", "--store", str(store)])

@@ -6,6 +6,7 @@ Nested, so `keys.diff` names each field that changed (`tensorrt.version "1.7.1" 
 """
 from __future__ import annotations
 
+from trtflow.pipelines.row import FACETS, Facet
 from trtflow.records import Recorded
 from trtflow.stages.trt.env import (
     Gpu,
@@ -18,7 +19,7 @@ from trtflow.stages.trt.env import (
     probe,
 )
 
-ALL = ("tensorrt", "gpu")
+ALL = FACETS
 
 
 class Cuda(Recorded):
@@ -50,7 +51,7 @@ class Environment(Recorded):
         return self.model_dump(mode="json")
 
 
-def fingerprint(facets: tuple[str, ...]) -> Environment | None:
+def fingerprint(facets: tuple[Facet, ...]) -> Environment | None:
     if not facets:
         return None
     env = Environment()

@@ -169,7 +169,7 @@ def _kill_tagged(tag: bytes, since: int) -> None:
     """SIGKILL every process of this user, started at `since` or later, whose environment carries `tag` (a scan of
     /proc: a few ms). Another user's process carrying the tag (root reads every environment) is none of the stage's
     doing, nor is one started before the stage (its pid reused). A process that cleared its environment is not
-    found: the README says so."""
+    found: docs/store.md (Faults) says so."""
     me, uid = os.getpid(), os.getuid()
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else []:
         if not entry.name.isdigit() or int(entry.name) == me:

@@ -338,6 +338,15 @@ class Runner:
                 self._mark_last(name, key, parts, status="failed", error=_first_line(full))
                 raise full from None
             raise
+        if failed is not None and manifest.ok:
+            # another run of this key published an OK result first (the store kept it: the next run reuses it), and
+            # this run's verdict failed (a benchmark measured under other load, a flaky check): its result is the
+            # key's, as an OK result losing the race adopts the winner's
+            self._mark_last(name, key, parts)
+            self.digests.save()
+            return StageOutcome(name, spec.kind, key, "reused", directory, manifest,
+                                f"another run published it first (this run's own verdict: {_first_line(failed)})",
+                                time.perf_counter() - started, work)
         if failed is not None:
             _name_stage(failed, name)
             _retarget(failed, staging, str(directory))

@@ -72,7 +72,13 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 def running() -> ServerRecord | None:
     """The background server's record, if that server is alive, is the process trtflow started, and answers."""
     rec = _read()
-    return rec if rec is not None and _ours(rec) and healthy(rec.url) else None
+    return rec if rec is not None and alive(rec) and healthy(rec.url) else None
+
+
+def recorded(url: str) -> ServerRecord | None:
+    """trtflow's record of its background server at `url` (None: `url` is not, or no longer, trtflow's server)."""
+    rec = _read()
+    return rec if rec is not None and rec.url == url else None
 
 
 def _started_at(pid: int) -> str | None:
@@ -84,7 +90,7 @@ def _started_at(pid: int) -> str | None:
         return None
 
 
-def _ours(rec: ServerRecord) -> bool:
+def alive(rec: ServerRecord) -> bool:
     """The recorded pid is still the server trtflow started: the same start time and a Prefect server command
     line on the recorded port (a stale record's pid may belong to any process by now)."""
     try:
@@ -115,9 +121,11 @@ def ensure(on_start=None) -> str:
     """The API URL of the background server, started first if it is not running. `on_start(url)` is called
     when this call starts it."""
     with _locked():
-        rec = running()
-        if rec:
-            return rec.url
+        rec = _read()
+        if rec is not None and alive(rec):
+            # the process trtflow started lives: a loaded machine (other runs, SQLite writes) may keep its answer
+            # longer than a health check waits; it is waited for, never replaced by a second server beside it
+            return _answering(rec)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -133,7 +141,7 @@ def ensure(on_start=None) -> str:
         # recorded before waiting for it: a trtflow killed now leaves a server `trtflow server stop` knows
         record = ServerRecord(pid=proc.pid, url=url, log=str(log), started=time.time(),
                               started_at=_started_at(proc.pid))
-        record_file().write_text(record.model_dump_json())
+        files.write_atomic(record_file(), record.model_dump_json().encode())  # runs read it while it is written
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while not healthy(url, timeout=1.0):
@@ -152,11 +160,27 @@ def ensure(on_start=None) -> str:
         return url
 
 
+def _answering(rec: ServerRecord) -> str:
+    """`rec`'s URL once its server answers (it may be starting, or busy), within START_TIMEOUT_S."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not healthy(rec.url, timeout=5.0):
+        if time.monotonic() > deadline:
+            raise PrefectUnavailable(f"trtflow's background Prefect server at {rec.url} (pid {rec.pid}) is running "
+                                     f"but did not answer for {START_TIMEOUT_S} s (log: {rec.log}): run again when it "
+                                     f"answers, or `trtflow server stop` and run again (the next run then starts a new "
+                                     f"one)")
+        if not alive(rec):  # it ended meanwhile
+            raise PrefectUnavailable(f"trtflow's background Prefect server at {rec.url} (pid {rec.pid}) ended while "
+                                     f"it was waited for (log: {rec.log}): run again (the next run starts a new one)")
+        time.sleep(0.5)
+    return rec.url
+
+
 def stop() -> ServerRecord | None:
     """Stop the background server (its whole process group); its record, or None when none was running."""
     with _locked():
         rec = _read()
-        if rec is not None and _ours(rec):  # a stale record's pid may be another process's by now: never killed
+        if rec is not None and alive(rec):  # a stale record's pid may be another process's by now: never killed
             _kill(rec.pid)
         else:
             rec = None

@@ -6,7 +6,7 @@ caches outside the key it reads and updates. Each built-in kind's row sits besid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping, get_args
 
 from trtflow.pipelines.schema import StageBase
 
@@ -26,12 +26,15 @@ ANY_KIND = "*"
 MODEL_MAKERS = ("prepare", "precision", "calibrate")
 PREPROCESS_SLOT = Slot("preprocess", required=False, prefer=("parity",))
 
-# Environment facts (see flows/fingerprint.py): the TensorRT flavour and version, and the GPUs with their driver.
-TENSORRT = ("tensorrt",)
-TENSORRT_AND_GPU = ("tensorrt", "gpu")
+# Environment facts a stage's key may hold (see flows/fingerprint.py): "tensorrt", the TensorRT flavour and version
+# with the CUDA runtime it loads and the platform; "gpu", the GPUs with their driver.
+Facet = Literal["tensorrt", "gpu"]
+FACETS: tuple[Facet, ...] = get_args(Facet)
+TENSORRT: tuple[Facet, ...] = ("tensorrt",)
+TENSORRT_AND_GPU: tuple[Facet, ...] = ("tensorrt", "gpu")
 
 
-def _nothing(spec: Any) -> tuple[str, ...]:
+def _nothing(spec: Any) -> tuple:
     return ()
 
 
@@ -50,7 +53,7 @@ class Kind:
     slots: Mapping[str, Slot]
     outputs: Mapping[str, str]  # output name -> artifact type
     module: str | None = ""  # where `run` and `VERSION` live (default trtflow.stages.<name>; None: the user's function)
-    env: Callable[[Any], tuple[str, ...]] = _nothing  # params -> the environment facts in the key
+    env: Callable[[Any], tuple[Facet, ...]] = _nothing  # params -> the environment facts in the key
     shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
     result_caches: tuple[str, ...] = ()  # those of them holding results (not only speed): a forced run goes without
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add

@@ -299,7 +299,7 @@ def test_refused_dynamic_spatial_dims_without_data_or_shape(tmp_path):
     project = _copy("ppocr-cls", tmp_path)
     model = f"models/{EXAMPLE_MODELS['ppocr-cls']}"
     proc = trtflow("init", model, cwd=project)
-    _one_line_refusal(proc, "input 'x' dimension 2", "--shape x=1:8:32x3x<H>x<W>", "--data")
+    _one_line_refusal(proc, "input 'x' dimension 2", "--shape 'x=1:8:32x3x<H>x<W>'", "--data")
     assert not (project / "models" / "pipeline.yaml").exists()
     # the flag it names: the shapes given, no data (random inputs, no INT8)
     proc = trtflow("init", model, "--shape", "x=1:8:32x3x48x48:192:640", cwd=project)
@@ -357,3 +357,24 @@ def test_the_task_metrics_of_other_heads(dims, producer, axis, normalized, task,
         return
     (metric,) = guess(model, task, layout).metrics().values()
     assert metric.model_dump(mode="json", exclude_unset=True) == expected
+
+
+def test_tensor_names_are_yaml_values_never_yaml(tmp_path):
+    """A model's tensor names are anyone's text: a line break, ': ', '#', quotes and an anchor stay inside their value
+    (the written file reads back with the name exactly, and no key the name spells), and validate accepts it."""
+    from onnx import TensorProto as TP
+    from onnx import helper
+
+    name = "x\nstages: {evil: 1} # &a 'q\" *a"
+    node = helper.make_node("Softmax", [name], ["prob"], axis=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(name, TP.FLOAT, ["batch", 10])],
+                              [helper.make_tensor_value_info("prob", TP.FLOAT, ["batch", 10])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    proc = trtflow("init", "m.onnx", "--shape", f"{name}=1:4:8x10", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spec = yaml.safe_load((tmp_path / "pipeline.yaml").read_text())
+    assert "evil" not in spec["stages"]
+    assert list(spec["stages"]["prepare"]["input_shapes"]) == [name]
+    assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0

@@ -108,6 +108,6 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
     "parity": ("6996d520918f56c5aa9464e3b7b8f262", "95d0f918acacce2cfd62599861b6fc22"),
     "precision": ("4cbc63fb995252b276a93456fb56e819", "d245ff587a13eab5ceb21cbc906d5df1"),
     "prepare": ("4cc41c6d04c595a91d43d4bd5a49e065", "84314c7aa7fb461b4fd375e05ede74a6"),
-    "release": ("ae508de2bddecd22f67abd958c7b1d68", "d9fe161f595190819ee60eb8f943e881"),
+    "release": ("3b34221579161e512b20b54d766e5d3d", "880fc5d519afd1117cc6f7ae52534a96"),  # VERSION 4
     "validate": ("aed0c7a26f890e310dc028e0a8245641", "ecd970059d9e0deea1ec0ea9043befed"),
 }

@@ -101,18 +101,17 @@ def test_imports_run_downward_only():
     assert not bad, bad
 
 
-def test_stages_top_level_is_the_kinds_folders_and_the_readme_map_names_every_folder():
+def test_stages_top_level_is_the_kinds_folders_and_the_map_names_every_folder():
     top = {p.name for p in (ROOT / "stages").iterdir() if p.name not in ("__init__.py", "__pycache__")}
     assert not [n for n in top if n.endswith(".py")], "stages/ holds folders only: a kind's or a technology's"
     kinds = {n for n in top if (ROOT / "stages" / n / "stage.py").exists()}
     assert kinds == set(KINDS)
     assert {p.stem for p in (ROOT / "pipelines" / "params").glob("*.py") if p.stem != "__init__"} == {*KINDS, "custom"}
-    readme = (ROOT / "README.md").read_text()
-    where = readme[readme.index("## Where things are"):readme.index("## Benchmarks")]
+    where = (ROOT / "docs" / "layout.md").read_text()
     missing = [f"{n}/" for n in top if f"`{n}/`" not in where]
     missing += [f"{p.name}" for p in (ROOT / "flows").iterdir() if p.suffix == ".py" and p.stem != "__init__"
                 and f"`{p.name}`" not in where]
-    assert not missing, f"the README's map does not name {missing}"
+    assert not missing, f"the map (docs/layout.md) does not name {missing}"
 
 
 def test_a_model_repo_with_its_own_flows_pipelines_and_stages(tmp_path):

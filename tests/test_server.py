@@ -21,15 +21,25 @@ SLOW = """version: 1
 name: slow
 model: models/cls.onnx
 stages:
-  slow: {{kind: "tests.stage_fns:interval", outputs: {{report: json}}, params: {{tag: slow, seconds: 60, log: '{log}'}}}}
+  slow:
+    kind: "tests.stage_fns:interval"
+    outputs: {{report: json}}
+    params: {{tag: {tag}, seconds: {seconds}, log: '{log}'}}
 """
+
+
+def _isolated(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `trtflow` whose background server, Prefect database and state are the test's own (the
+    suite's shared server is never paused or killed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "TRTFLOW_PREFECT_SERVER"}
+    env.update({"PREFECT_HOME": str(tmp_path / "prefect-home"), "TRTFLOW_STATE_DIR": str(tmp_path / "state"),
+                "PYTHONPATH": os.pathsep.join(sys.path)})
+    return env
 
 
 def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
     (workdir / "pipeline.yaml").write_text(PIPE.format(name="bg"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "TRTFLOW_PREFECT_SERVER"}
-    env.update({"PREFECT_HOME": str(tmp_path / "prefect-home"), "TRTFLOW_STATE_DIR": str(tmp_path / "state"),
-                "PYTHONPATH": os.pathsep.join(sys.path)})
+    env = _isolated(tmp_path)
     record = tmp_path / "state" / "prefect-server.json"
 
     def run(*args: str) -> subprocess.CompletedProcess:
@@ -60,31 +70,84 @@ def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
         assert not group, "nothing of the server's process group is left"
         assert run("server", "status").returncode == 1
 
-        # the server lost in the middle of a run: exit 3 within seconds, one line, the stage stopped with it
-        (workdir / "slow.yaml").write_text(SLOW.format(log=tmp_path / "slow.txt"))
-        started = time.monotonic()
-        proc = subprocess.Popen(CLI + ["run", "slow.yaml"], env=env, cwd=workdir, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        try:
-            while not list((workdir / ".trtflow" / "slow").glob(".tmp-*")):  # the stage is running
-                assert proc.poll() is None and time.monotonic() - started < 240, proc.communicate()
-                time.sleep(0.2)
-            os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
-            lost = time.monotonic()
-            stdout, stderr = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        lines = [ln for ln in stderr.splitlines() if ln.strip() and "started a Prefect server" not in ln]
-        assert proc.returncode == 3 and len(lines) == 1 and "stopped answering during the run" in lines[0], stderr
-        assert time.monotonic() - lost < 30, "within seconds, not after Prefect's client retries for minutes"
-        assert not (tmp_path / "slow.txt").exists(), "the stage was stopped, not left running to its end"
     finally:
         if record.exists():
             try:
                 os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
             except (ProcessLookupError, ValueError, KeyError):
                 pass
+
+
+def test_a_paused_server_is_waited_for_and_a_killed_one_is_gone(workdir, tmp_path):
+    """trtflow's background server stopped (SIGSTOP) in the middle of a run, longer than the three unanswered
+    checks (about 18 s) that used to end the run with exit 3, then resumed: the run says once that it waits, goes
+    on and exits 0, and the next run uses the same server (none was started beside it). The server killed in the
+    middle of a run: exit 3 within seconds, one line that says its process is gone, the stage stopped with it."""
+    env = _isolated(tmp_path)
+    record = tmp_path / "state" / "prefect-server.json"
+    logs = {"paused": tmp_path / "paused.txt", "killed": tmp_path / "killed.txt"}
+    other = None
+
+    def start(tag: str, seconds: int) -> tuple[subprocess.Popen, Path, Path]:
+        (workdir / f"{tag}.yaml").write_text(SLOW.format(tag=tag, seconds=seconds, log=logs[tag]))
+        stdout, stderr = tmp_path / f"{tag}.out", tmp_path / f"{tag}.err"  # files, read while the run goes on
+        with open(stdout, "w") as out, open(stderr, "w") as err:
+            proc = subprocess.Popen(CLI + ["run", f"{tag}.yaml"], env=env, cwd=workdir, stdout=out, stderr=err)
+        started = time.monotonic()
+        while not list((workdir / ".trtflow" / "slow").glob(".tmp-*")):  # the stage is running
+            assert proc.poll() is None and time.monotonic() - started < 240, stderr.read_text()
+            time.sleep(0.2)
+        return proc, stdout, stderr
+
+    try:
+        proc, stdout, stderr = start("paused", 2)
+        pid, url = (json.loads(record.read_text())[k] for k in ("pid", "url"))
+        os.killpg(pid, signal.SIGSTOP)
+        paused = time.monotonic()
+        # a run starting meanwhile (here `trtflow server start`, which a run calls) waits for the same server
+        other = subprocess.Popen(CLI + ["server", "start"], env=env, cwd=workdir, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        try:  # until the run says it waits, and past the old limit
+            while "waiting for the Prefect server" not in stderr.read_text() or time.monotonic() - paused < 21:
+                assert proc.poll() is None, stderr.read_text()
+                assert time.monotonic() - paused < 120, ("never said it waits", stderr.read_text())
+                time.sleep(0.5)
+        finally:
+            os.killpg(pid, signal.SIGCONT)
+        proc.wait(timeout=300)
+        assert proc.returncode == 0 and "done 1 stages (1 ran" in stdout.read_text(), stderr.read_text()
+        said = [ln for ln in stderr.read_text().splitlines() if ln.strip()]
+        assert len(said) == 2 and "started a Prefect server" in said[0], said  # nothing else, no error
+        assert said[1].startswith("waiting for the Prefect server at http://127.0.0.1:"), said
+        assert logs["paused"].exists(), "the stage ran to its end"
+        said_other = other.communicate(timeout=120)[0]
+        assert other.returncode == 0 and f"running at {url}" in said_other, said_other
+        assert json.loads(record.read_text())["pid"] == pid, "no second server was started beside the paused one"
+
+        proc, stdout, stderr = start("killed", 60)
+        assert json.loads(record.read_text())["pid"] == pid, "the paused server was reused, none started beside it"
+        os.killpg(pid, signal.SIGKILL)
+        lost = time.monotonic()
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        lines = [ln for ln in stderr.read_text().splitlines() if ln.strip()]
+        assert proc.returncode == 3 and len(lines) == 1, (proc.returncode, lines)
+        assert "stopped answering during the run" in lines[0] and "its process is gone" in lines[0], lines
+        assert "the next run starts a new one" in lines[0], lines
+        assert time.monotonic() - lost < 30, "within seconds, not after Prefect's client retries for minutes"
+        assert not logs["killed"].exists(), "the stage was stopped, not left running to its end"
+    finally:
+        if record.exists():
+            try:
+                os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
+            except (ProcessLookupError, ValueError, KeyError):
+                pass
+        if other is not None and other.poll() is None:
+            other.kill()
+            other.wait()
 
 
 def _pgid(proc: Path) -> int | None:

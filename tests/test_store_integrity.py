@@ -278,6 +278,42 @@ def test_a_run_that_loses_the_race_to_the_rename_adopts_the_winner(pipe, monkeyp
     assert set(run_all(path).values()) == {"reused"}
 
 
+def test_a_failed_verdict_that_loses_the_race_to_an_ok_result_adopts_it(write_yaml, tmp_path, monkeypatch):
+    """Issue #42 (bench/load.py, 8 runs on one local store): another run of the same key passed its benchmark gate
+    and published first; this run's gate failed (its throughput measured under heavier load). The store kept the
+    OK result, which the next run reuses, yet this run exited 1 pointing at that result's summary, which says
+    'passed'. It adopts the winner's result, as an OK result that loses the race does, and says why."""
+    from trtflow.flows import runner as runner_module
+    from trtflow.flows.runner import Runner
+    from trtflow.pipelines.loader import load_pipeline
+
+    flag = tmp_path / "fail-now"
+    path = write_yaml(f"""
+        version: 1
+        name: raced
+        model: models/cls.onnx
+        stages:
+          j: {{kind: "tests.stage_fns:judge", outputs: {{report: json}}, params: {{fail_if: '{flag}'}}}}
+        """)
+    real = runner_module.call_stage
+
+    def the_other_run_first(*args, **kwargs):
+        monkeypatch.setattr(runner_module, "call_stage", real)
+        assert run_all(path) == {"j": "ran"}, "the other run: its verdict OK, published first"
+        flag.write_text("")  # this run's verdict: failed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "call_stage", the_other_run_first)
+    runner = Runner(load_pipeline(path))
+    runner.store.ensure_writable()
+    outcome = runner.run_stage("j", {})
+    assert outcome.status == "reused" and outcome.manifest.ok and outcome.summary == "# ok", outcome
+    assert outcome.reason == "another run published it first (this run's own verdict: judged wrong this time)"
+    assert [d.name for d in (tmp_path / ".trtflow" / "j").iterdir() if d.is_dir()] == [outcome.key], \
+        "one result, the winner's; this run's staging is gone"
+    assert plan_of(path)["j"][0] == "reuse"
+
+
 def enforce_write_permission(monkeypatch) -> None:
     """Root may remove entries of a directory without write permission; a user may not. Under root (CI), removal
     is refused as it would be for the user (EACCES), so the test sees what users see."""

@@ -122,16 +122,23 @@ class Server:
         return http.InferenceServerClient(self.url, network_timeout=120, connection_timeout=60)
 
 
+def server_environment(env: Path) -> dict[str, str]:
+    """The server's variables: its Python backend's stub finds `env` through PATH (it ignores PYTHONPATH) and the base
+    libpython through LD_LIBRARY_PATH."""
+    variables = {**os.environ, "PATH": f"{env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                 "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [sysconfig.get_config_var("LIBDIR"),
+                                                                  os.environ.get("LD_LIBRARY_PATH")]))}
+    variables.pop("PYTHONPATH", None)
+    return variables
+
+
 @contextlib.contextmanager
 def triton(repository: Path, env: Path, log: Path) -> Iterator[Server]:
     """tritonserver on `repository` (models loaded explicitly: `Server.load`), its Python models in `env`."""
     home = server_home()
     root = backends(home)
     http_port, grpc_port, metrics_port = _free_ports(3)
-    variables = {**os.environ, "PATH": f"{env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-                 "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [sysconfig.get_config_var("LIBDIR"),
-                                                                  os.environ.get("LD_LIBRARY_PATH")]))}
-    variables.pop("PYTHONPATH", None)
+    variables = server_environment(env)
     with open(log, "wb") as out:  # a file, not a pipe: a full pipe would stop the server
         proc = subprocess.Popen(
             [str(home / "pytriton" / "tritonserver" / "bin" / "tritonserver"), "--model-repository", str(repository),

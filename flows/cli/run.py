@@ -107,9 +107,8 @@ class Run(Command):
                     pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages, force=args.force,
                     store=runner.store.location)]
         except RuntimeError as exc:
-            if api_url and str(exc).startswith("Failed to reach API at"):
-                raise PrefectUnavailable(f"trtflow's background Prefect server at {api_url} stopped answering during "
-                                         f"the run; run again (a new one is started)") from None
+            if api_url and str(exc).startswith("Failed to reach API at"):  # Prefect's client gave up on it
+                raise PrefectUnavailable(_lost(api_url, True, None)) from None
             raise _prefect_unavailable(exc) or exc from None
         finally:
             status.stop()
@@ -155,19 +154,43 @@ def _patience() -> float:
     return max(seconds, SERVER_CHECK_S) if math.isfinite(seconds) else SERVER_PATIENCE_S
 
 
+def _lost(url: str, ours: bool, silent: float | None, kept: str = "") -> str:
+    """The one line for a run ended by its Prefect server: gone (`silent` None: refused connections, its process
+    ended, Prefect's client gave up) or silent past the patience. A new background server is promised only when
+    trtflow's own server process is gone (the next run starts one only then)."""
+    from trtflow.flows import server
+
+    what = ("stopped answering during the run" if silent is None else
+            f"took connections but did not answer for {silent:.0f} s (TRTFLOW_SERVER_PATIENCE)")
+    kept = f"; {kept}" if kept else ""
+    if not ours:
+        return (f"the Prefect server at {url} {what}{kept}; "
+                + ("start it again and run again" if silent is None else "run again when it answers"))
+    rec = server.recorded(url)
+    if rec is None or not server.alive(rec):
+        return (f"trtflow's background Prefect server at {url} {what}{kept}; its process is gone: run again (the "
+                f"next run starts a new one)")
+    return (f"trtflow's background Prefect server at {url} {what}{kept}; its process (pid {rec.pid}) lives: run "
+            f"again when it answers (or `trtflow server stop` first: the next run then starts a new one)")
+
+
 @contextlib.contextmanager
 def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
-    """While the run goes on, check that the Prefect server answers. When it stops answering (killed, its machine
-    gone), the run cannot record anything more and Prefect's client would retry for minutes before failing with
-    its own traceback: stop the stages (nothing they were writing is published) and exit 3 with one line."""
+    """While the run goes on, check that the Prefect server answers. When it is gone (connections refused, or
+    trtflow's own server process ended), the run cannot record anything more and Prefect's client would retry for
+    minutes before failing with its own traceback: stop the stages (nothing they were writing is published) and
+    exit 3 with one line. A server that takes connections and does not answer is slow, not gone: it is waited for
+    (said once), up to TRTFLOW_SERVER_PATIENCE seconds."""
     if not url:  # Prefect's temporary server lives and dies with this process
         yield
         return
     import httpx
 
-    done = threading.Event()
+    from trtflow.flows import server
 
+    done = threading.Event()
     patience = _patience()
+    rec = server.recorded(url) if ours else None  # its pid and start time: a process gone is known at once
 
     def watch() -> None:
         refused, answered, said = 0, time.monotonic(), False
@@ -183,26 +206,19 @@ def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
                 refused, answered = 0, time.monotonic()
                 continue
             refused = refused + 1 if gone else 0
+            ended = rec is not None and not server.alive(rec)
             silent = time.monotonic() - answered  # since its last answer (or the run's start)
-            if not gone and not said and silent >= SERVER_SLOW_SAY_S:
+            if not gone and not ended and not said and silent >= SERVER_SLOW_SAY_S:
                 said = True
                 sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
                 sys.stderr.flush()
-            if (refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
+            if (ended or refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
                 from trtflow.flows.isolate import kill_all
 
                 kill_all()
-                what = "trtflow's background Prefect server" if ours else "the Prefect server"
                 kept = "the running stages were stopped and nothing they were writing was kept"
-                if refused >= SERVER_LOST_AFTER:  # gone: a new background server is started by the next run
-                    sys.stderr.write(f"error: {what} at {url} stopped answering during the run; {kept}; "
-                                     + ("run again (a new one is started)\n" if ours else
-                                        "start it again and run again\n"))
-                else:  # still there, and silent: no new server would be started
-                    sys.stderr.write(f"error: {what} at {url} took connections but did not answer for {silent:.0f} s "
-                                     f"(TRTFLOW_SERVER_PATIENCE); {kept}; run again when it answers"
-                                     + (" (or `trtflow server stop`: the next run then starts a new one)\n" if ours
-                                        else "\n"))
+                line = _lost(url, ours, None if ended or refused >= SERVER_LOST_AFTER else silent, kept)
+                sys.stderr.write(f"error: {line}\n")
                 sys.stderr.flush()
                 os._exit(PrefectUnavailable.exit_code)
 
@@ -230,7 +246,10 @@ def _quiet_prefect_console() -> None:
                                        if isinstance(lg, logging.Logger)]
     for lg in loggers:
         for h in lg.handlers:
-            if isinstance(h, PrefectConsoleHandler):
+            # prefect._internal has a plain stream handler of its own (logging.yml's `debug`), not propagated: its
+            # services print each event they could not send when the server went away
+            if isinstance(h, PrefectConsoleHandler) or (lg.name.startswith("prefect.")
+                                                        and type(h).__name__ == "_SafeStreamHandler"):
                 h.setLevel(logging.CRITICAL)
 
 

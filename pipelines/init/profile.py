@@ -4,6 +4,7 @@ images are rounded to the smallest multiple (1, 8, 16, 32, 64) at which ONNX Run
 from __future__ import annotations
 
 import re
+import shlex
 import statistics
 from dataclasses import dataclass
 
@@ -66,9 +67,9 @@ class ProfilePlan:
 
     def flags(self) -> str:
         """The profile as the --shape flags that give it."""
-        return " ".join(f"--shape {p.tensor.name}="
-                        + "x".join(str(r[0]) if r[0] == r[2] else ":".join(map(str, r)) for r in p.dims)
-                        for p in self.inputs)
+        return " ".join("--shape " + _shell_word(
+            f"{p.tensor.name}=" + "x".join(str(r[0]) if r[0] == r[2] else ":".join(map(str, r)) for r in p.dims))
+            for p in self.inputs)
 
 
 @dataclass(frozen=True)
@@ -79,21 +80,30 @@ class ShapeArg:
 
 
 def parse_shape(text: str) -> ShapeArg:
-    m = re.fullmatch(r"\s*([^=\s]+)\s*=\s*(\S+)\s*", text)
-    bad = SpecError(f"--shape {text}: expected NAME=DIMS with dimensions joined by 'x', each N or MIN:OPT:MAX",
+    # the name is everything before the last '=' (a tensor name may hold spaces, '=' or line breaks; dims never do)
+    name, eq, spec = text.rpartition("=")
+    shown = _shell_word(text)
+    bad = SpecError(f"--shape {shown}: expected NAME=DIMS with dimensions joined by 'x', each N or MIN:OPT:MAX",
                     hint="e.g. --shape x=1:8:32x3x48x320")
-    if not m:
+    if not eq or not name or not spec.strip():
         raise bad
     dims = []
-    for part in m.group(2).lower().split("x"):
+    for part in spec.strip().lower().split("x"):
         values = part.split(":")
         if len(values) not in (1, 3) or not all(v.isdigit() and int(v) > 0 for v in values):
             raise bad
         lo, opt, hi = (int(values[0]),) * 3 if len(values) == 1 else tuple(int(v) for v in values)
         if not lo <= opt <= hi:
-            raise SpecError(f"--shape {text}: {part}: need MIN <= OPT <= MAX", hint="e.g. --shape x=1:8:32x3x48x320")
+            raise SpecError(f"--shape {shown}: {part}: need MIN <= OPT <= MAX", hint="e.g. --shape x=1:8:32x3x48x320")
         dims.append((lo, opt, hi))
-    return ShapeArg(m.group(1), tuple(dims))
+    return ShapeArg(name, tuple(dims))
+
+
+def _shell_word(text: str) -> str:
+    """`text` as one shell word on one line: quoted where needed, control characters as bash's $'...' escapes."""
+    if text.isprintable():
+        return shlex.quote(text)
+    return "$'" + text.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
 
 
 def shape_hint(model: ModelFacts) -> str:
@@ -103,7 +113,7 @@ def shape_hint(model: ModelFacts) -> str:
     for t in model.inputs:
         dims = [str(d) if isinstance(d, int) else ":".join(map(str, BATCH)) if i == 0 and batch else
                 f"<{_label(t, i)}>" for i, d in enumerate(t.dims)]
-        args.append(f"--shape {t.name}={'x'.join(dims)}")
+        args.append(f"--shape {_shell_word(f'{t.name}=' + 'x'.join(dims))}")
     return " ".join(args) + " (each dimension N, or MIN:OPT:MAX)"
 
 
@@ -133,7 +143,7 @@ def propose(model: ModelFacts, data: DataFacts | None, shapes: list[ShapeArg]) -
     given = {}
     for s in shapes:
         if s.name not in names:
-            raise SpecError(f"--shape {s.name}=...: the model has no input '{s.name}'"
+            raise SpecError(f"--shape {_shell_word(s.name + '=...')}: the model has no input {s.name!r}"
                             f"{did_you_mean(s.name, names) or ''}", hint=f"its inputs: {', '.join(names)}")
         given[s.name] = s
     image = _image_input(model, data)
@@ -301,11 +311,11 @@ def _runs(session, plan: ProfilePlan) -> str | None:  # noqa: ANN001
 
 def _given(t: Tensor, s: ShapeArg) -> InputProfile:
     if len(s.dims) != t.rank:
-        raise SpecError(f"--shape {s.name}: {len(s.dims)} dimensions, but input '{t.name}' has rank {t.rank} "
+        raise SpecError(f"--shape {_shell_word(s.name)}: {len(s.dims)} dimensions, but input {t.name!r} has rank {t.rank} "
                         f"{t.shown()}", hint=f"give {t.rank} dimensions joined by 'x'")
     for i, (d, r) in enumerate(zip(t.dims, s.dims)):
         if isinstance(d, int) and r != (d, d, d):
-            raise SpecError(f"--shape {s.name}: dimension {i} is fixed at {d} in the model, the flag gives "
+            raise SpecError(f"--shape {_shell_word(s.name)}: dimension {i} is fixed at {d} in the model, the flag gives "
                             f"{':'.join(map(str, r)) if len(set(r)) > 1 else r[0]}", hint=f"give {d} there")
     return InputProfile(t, s.dims, ("from --shape",), given=True)
 

@@ -1,6 +1,7 @@
 """The pipeline file `trtflow init` writes: YAML with a comment beside each value saying where it came from."""
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 from dataclasses import dataclass
@@ -52,8 +53,10 @@ class Proposal:
 
 def flow(value: object) -> str:
     """One YAML value on one line (flow style, quoted where YAML needs it)."""
-    text = yaml.safe_dump([value], default_flow_style=True, width=10**9, sort_keys=False).strip()
-    return text[1:-1]
+    text = yaml.safe_dump([value], default_flow_style=True, width=10**9, sort_keys=False).strip()[1:-1]
+    # a line break in a name (a model's tensor names are anyone's text) is folded onto indented lines by PyYAML,
+    # which the surrounding block may not allow: JSON, which YAML reads, keeps it on one line as an escape
+    return json.dumps(value) if "\n" in text else text
 
 
 def _rel(path: Path, base: Path) -> str:

@@ -19,7 +19,7 @@ TaskBound = Annotated[Number | dict[Literal["min", "max"], Number], Field(
 
 
 class OutputTolerance(Strict):
-    """Bounds on one output's metrics against the FP32 reference (validate: defaults per precision in the README)."""
+    """Bounds on one output's metrics against the FP32 reference (validate: defaults per precision in docs/pipeline.md)."""
     cosine: float | None = Field(None, ge=-1, le=1, description="lowest cosine similarity")
     max_abs: float | None = Field(None, ge=0, description="largest absolute error")
     mean_abs: float | None = Field(None, ge=0, description="largest mean absolute error")

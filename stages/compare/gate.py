@@ -15,7 +15,7 @@ from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.text import did_you_mean, distinct
 
-# What a variant must reach against the FP32 reference unless the YAML says otherwise (README: validate).
+# What a variant must reach against the FP32 reference unless the YAML says otherwise (docs/pipeline.md: validate).
 DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp32": {"cosine": 0.9999},
     "fp16": {"cosine": 0.999},

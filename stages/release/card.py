@@ -39,7 +39,15 @@ def write(report: ReleaseReport, plots: dict[str, Path], out_dir: Path) -> tuple
     md.write_text(markdown(report, shown))
     page = out_dir / "model-card.html"
     page.write_text(to_html(report, {c: out_dir / p for c, p in shown.items()}))
+    for t in report.targets:
+        if t.request_example:
+            (out_dir / request_file(t.target)).write_text(t.request_example)
     return md, page
+
+
+def request_file(target: str) -> str:
+    """The card's request example for `target`, beside the card (a target is a checked name: names.py)."""
+    return f"request-{target}.py"
 
 
 # ---------------------------------------------------------------------------------------------- Markdown
@@ -98,9 +106,9 @@ def _target_md(t: TargetRelease) -> list[str]:
                   "`requirements.txt`), exactly:", ""] + md.block("\n".join(t.requirements), "text") + [
             "", SERVE_ENV]
     if t.request_example:
-        lines += ["", "### Request example", "", "Python with `tritonclient[http]`; `TRITON_URL` is the server "
-                  "(default `localhost:8000`)" + ("; give an image file to send it through the ensemble" if
-                                                  len(t.models) > 1 else "") + ":", ""]
+        lines += ["", "### Request example", "", f"{md.code(request_file(t.target))} beside this card: Python with "
+                  "`tritonclient[http]`; `TRITON_URL` is the server (default `localhost:8000`)"
+                  + ("; give an image file to send it through the ensemble" if len(t.models) > 1 else "") + ":", ""]
         lines += md.block(t.request_example, "python")
     return lines + [""]
 

@@ -27,8 +27,9 @@ from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 from trtflow.stages.validate.report import ValidateReport
 
-VERSION = "3"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
-# shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held
+VERSION = "4"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
+# shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held;
+# 4: the card's request example is also a file beside it (request-<target>.py), and waits for the model to be ready
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 
 
