@@ -173,7 +173,7 @@ def engine_size():
 # The test files that take longest (a minute or more on two busy cores), started first: with two workers taking a
 # file at a time, a long file left for last keeps one core busy alone at the end of the run.
 SLOWEST_FIRST = ("test_example.py", "test_example_ocr.py", "test_init.py", "test_quickstart.py", "test_kill.py",
-                 "test_zoo.py", "test_task_pipelines.py", "test_kill_stages.py",
+                 "test_zoo.py", "test_kill_stages.py",
                  "test_reduce.py", "test_deploy.py", "test_benchmark_stage.py", "test_calibrate_stage.py",
                  "test_task_embedding.py", "test_flow.py", "test_shared_store.py", "test_validate_stage.py",
                  "test_server.py", "test_prefect_ui.py", "test_cli.py")

@@ -323,7 +323,7 @@ def test_the_range_check_says_the_task_metric_that_decided(tmp_path):
     though their mean relative error is the larger: the warning and the summary say the text decided."""
     from onnx import version_converter
 
-    from tests.test_task_pipelines import TASKS, rec_input
+    from tests.task_checks import TASKS, rec_input
     from trtflow import markdown as md
     from trtflow.stages.onnx.graph import constants_to_initializers, sanitize_dims
 

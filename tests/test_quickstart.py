@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests import triton_server
-from tests.assets import EXAMPLES
+from tests.assets import EXAMPLES, last_report
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = EXAMPLES / "ppocr-cls" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -131,13 +131,16 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "done 8 stages (8 ran, 0 reused)" in done.stdout, done.stdout
     assert "ran release (release)" in done.stdout
+    # the conventional preprocessing init writes agrees with the torchvision reference it writes beside it
+    assert last_report(project / ".trtflow", "parity")["verdict"] == "pass"
+    assert last_report(project / ".trtflow", "int8")["data"].startswith("images via preprocess")
 
     # 4. the card
     card, = blocks[3]
     done = run(card)
     assert done.returncode == 0, done.stderr
     folder = Path(done.stdout.strip())
-    assert (folder / "model-card.html").is_file() and (folder / "model-card.md").is_file()
+    assert (folder / "model-card.html").is_file() and "**Shipped**" in (folder / "model-card.md").read_text()
 
     # 5. served by the real Triton (stand-in wrapper), answered by the card's own request example
     serve_line, request = blocks[4]

@@ -71,11 +71,7 @@ def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
         assert run("server", "status").returncode == 1
 
     finally:
-        if record.exists():
-            try:
-                os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
-            except (ProcessLookupError, ValueError, KeyError):
-                pass
+        _kill_recorded(record)
 
 
 def test_a_paused_server_is_waited_for_and_a_killed_one_is_gone(workdir, tmp_path):
@@ -140,14 +136,19 @@ def test_a_paused_server_is_waited_for_and_a_killed_one_is_gone(workdir, tmp_pat
         assert time.monotonic() - lost < 30, "within seconds, not after Prefect's client retries for minutes"
         assert not logs["killed"].exists(), "the stage was stopped, not left running to its end"
     finally:
-        if record.exists():
-            try:
-                os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
-            except (ProcessLookupError, ValueError, KeyError):
-                pass
+        _kill_recorded(record)
         if other is not None and other.poll() is None:
             other.kill()
             other.wait()
+
+
+def _kill_recorded(record: Path) -> None:
+    """Whatever a test left behind: the process group of the server its record names, if any."""
+    if record.exists():
+        try:
+            os.killpg(json.loads(record.read_text())["pid"], signal.SIGKILL)
+        except (ProcessLookupError, ValueError, KeyError):
+            pass
 
 
 def _pgid(proc: Path) -> int | None:

@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2 (a trained sentence-embedding model) taken to INT8 and judged per sentence (issue #24): the run
 passes on each sentence's embedding with only passing variants measured, or exits 1 naming the output and the
-metric (repair on trained models: tests/test_task_pipelines.py)."""
+metric (repair on trained models: the OCR examples, tests/test_example_ocr.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.assets import trtflow
-from tests.test_task_pipelines import never_ships_a_failure
+from tests.task_checks import never_ships_a_failure
 
 SENTENCES = [
     "The product exists so that no engine reaches users unchecked.",
@@ -80,7 +80,7 @@ stages:
     kind: validate
     data: {{tensors: "{data}/*.npz", samples: 12}}
     metrics: {{last_hidden_state: {{embedding: {{pool: mean, mask: attention_mask}}}}}}
-    locate_first_bad_layer: false   # repair on trained models runs in tests/test_task_pipelines.py
+    locate_first_bad_layer: false   # repair on trained models runs in tests/test_example_ocr.py
   benchmark: {{kind: benchmark, tool: builtin, duration: 0.3s, warmup: 0.05s}}
 """
 
