@@ -26,24 +26,21 @@ def _start(url: str, seconds: float, patience: str) -> subprocess.Popen:
                             env={**os.environ, "TRTFLOW_SERVER_PATIENCE": patience})
 
 
-def test_a_silent_server_is_waited_for_and_a_refusing_one_is_gone():
-    """Three runs side by side: one whose server takes connections and says nothing for 24 s (past the old
-    limit) goes on to its end; one whose silent server outlasts TRTFLOW_SERVER_PATIENCE=4 ends with exit 3; one
-    whose server refuses connections ends with exit 3 within seconds."""
+def test_a_silent_server_past_its_patience_and_a_refusing_one_are_gone():
+    """Two runs side by side: one whose server takes connections and says nothing beyond
+    TRTFLOW_SERVER_PATIENCE=4 ends with exit 3; one whose server refuses connections ends with exit 3 within seconds.
+    (A silent server within its patience is waited for: tests/test_server.py pauses a real one past the old limit.)"""
     with socket.socket() as silent, socket.socket() as closed:
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)  # connections are taken (the kernel's backlog) and never answered
         closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
         t0 = time.monotonic()
-        patient = _start(f"http://127.0.0.1:{silent.getsockname()[1]}/api", 24, "120")
         impatient = _start(f"http://127.0.0.1:{silent.getsockname()[1]}/api", 120, "4")
         refused = _start(f"http://127.0.0.1:{closed.getsockname()[1]}/api", 120, "120")
         ended = {}
-        for name, proc in (("refused", refused), ("impatient", impatient), ("patient", patient)):
+        for name, proc in (("refused", refused), ("impatient", impatient)):
             out, err = proc.communicate(timeout=120)
             ended[name] = (proc.returncode, time.monotonic() - t0, out + err)
-    assert ended["patient"][0] == 0 and "the run ended" in ended["patient"][2], ended
-    assert "waiting for the Prefect server at" in ended["patient"][2], ended  # said once, after 15 s
     for name, says in (("impatient", "took connections but did not answer for"),
                        ("refused", "stopped answering during the run")):
         code, seconds, text = ended[name]
