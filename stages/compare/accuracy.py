@@ -37,6 +37,7 @@ class OutputStats:
         self.task = task
         self.declared = bool(task)
         self.first: np.ndarray | None = None  # the first sample's reference, and how far any other one is from it
+        self.first_shape: tuple[int, ...] = ()
         self.spread = 0.0
 
     def add(self, ref: np.ndarray, got: np.ndarray, sample: task_metrics.Sample | None = None) -> None:
@@ -73,11 +74,11 @@ class OutputStats:
         """How far this sample's reference is from the first sample's (inf at another shape or where either is not
         finite)."""
         if self.first is None:
-            self.first = ref.copy()
-        elif ref.shape != self.first.shape:
+            self.first, self.first_shape = r.copy(), ref.shape  # (as float64, flat: what later samples are)
+        elif ref.shape != self.first_shape:
             self.spread = np.inf
         elif self.spread < np.inf:
-            d = np.abs(r - self.first.astype(np.float64).ravel())
+            d = np.abs(r - self.first)
             self.spread = max(self.spread, float(d.max(initial=0.0)) if np.isfinite(d).all() else np.inf)
 
     def constant(self) -> bool:
@@ -209,7 +210,7 @@ class Comparison:
             feed: dict[str, np.ndarray] | None = None) -> None:
         """One sample's outputs; `feed`, its inputs (a metric may read one, e.g. an attention mask)."""
         self.samples += 1
-        if feed:
+        if feed and not self._distinct:  # (once two samples differ, nothing more to learn)
             digest = _feed_digest(feed)
             self._first_feed = self._first_feed or digest
             self._distinct = self._distinct or digest != self._first_feed
