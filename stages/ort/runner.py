@@ -8,8 +8,6 @@ from typing import Any, Iterable
 import numpy as np
 from pydantic import BaseModel, Field
 
-from trtflow.stages.compare.accuracy import Accuracy, Comparison
-
 RUNTIME = "onnxruntime-cpu"
 DEFAULT_DYNAMIC = 64  # size used for a dynamic non-batch dimension when no shape is given
 
@@ -106,16 +104,6 @@ def fit_to_input(x: np.ndarray, inp: Any) -> np.ndarray | None:
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(names, feeds)))
-
-
-def accuracy_of(ref_sess, cand_sess, feeds: Iterable[dict[str, np.ndarray]], runtime: str,
-                metrics: dict[str, Any] | None = None, floors: dict[str, float] | None = None,
-                what: str = "pre-flight") -> Accuracy:
-    """The candidate against the reference over `feeds`, per output (with the task `metrics` declared)."""
-    cmp = Comparison(metrics, floors, what)
-    for feed in feeds:
-        cmp.add(run(ref_sess, feed), run(cand_sess, feed), feed)
-    return cmp.result(runtime)
 
 
 def relative_errors(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> list[float]:
