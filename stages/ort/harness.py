@@ -11,7 +11,6 @@ level the variant was checked with)."""
 from __future__ import annotations
 
 import contextvars
-import os
 import signal
 import subprocess
 import threading
@@ -101,9 +100,7 @@ def _watch_first(path: Path, on_first: Callable[[float], None], done: threading.
 
 
 def _write_first(path: Path, seconds: float) -> None:
-    staged = path.with_name(f".{path.name}.partial")
-    staged.write_text(FirstCall(seconds=seconds).model_dump_json())
-    os.replace(staged, path)
+    files.write_atomic(path, FirstCall(seconds=seconds).model_dump_json().encode())  # read while it is written
 
 
 def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, duration_s: float,
