@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -88,6 +89,15 @@ def _glob_root(base: Path, pattern: str) -> Path:
             break
         fixed.append(part)
     return (base / Path(*fixed)).resolve() if fixed else base
+
+
+def print_or_write(text: str, output: str | None) -> None:
+    """A generated file (`trtflow schema`, `trtflow reference`): to stdout, or to `-o` (said on the console)."""
+    if output:
+        Path(output).write_text(text)
+        out.print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
 
 
 def write_file(target: Path, text: str, *, force: bool = False,

@@ -3,10 +3,8 @@ parameter models by `trtflow.pipelines.reference`."""
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-from trtflow.flows.cli.base import Command, out
+from trtflow.flows.cli.base import Command, print_or_write
 
 
 class Reference(Command):
@@ -19,10 +17,5 @@ class Reference(Command):
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.pipelines.reference import render
 
-        text = render()
-        if args.output:
-            Path(args.output).write_text(text)
-            out.print(f"wrote {args.output}")
-        else:
-            sys.stdout.write(text)
+        print_or_write(render(), args.output)
         return 0

@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-from trtflow.flows.cli.base import Command, out
+from trtflow.flows.cli.base import Command, print_or_write
 
 
 class Schema(Command):
@@ -19,11 +17,6 @@ class Schema(Command):
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.pipelines.pipeline import json_schema
 
-        text = json.dumps(json_schema(), indent=2)
-        if args.output:
-            Path(args.output).write_text(text + "\n")
-            out.print(f"wrote {args.output}")
-        else:
-            sys.stdout.write(text + "\n")
+        print_or_write(json.dumps(json_schema(), indent=2) + "\n", args.output)
         return 0
 
