@@ -10,6 +10,7 @@ import stat
 import sys
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,16 @@ def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
                   environ: dict[str, str] | None = None, check_files: bool = True) -> LoadedPipeline:
     path = Path(file)
     shown = str(file)
-    text = read_pipeline_text(path, shown)
+    return load_text(read_pipeline_text(path, shown), path, overrides, environ, check_files)
 
+
+def load_text(text: str, path: Path, overrides: list[str] | None = None, environ: dict[str, str] | None = None,
+              check_files: bool = True) -> LoadedPipeline:
+    """`load_pipeline` of `text` as if read from `path` (init checks the file it is about to write)."""
+    shown = str(path)
+    if len(text.encode()) > MAX_PIPELINE_BYTES:
+        raise SpecError(f"the pipeline file is {len(text.encode()) / 2**20:.1f} MiB; a pipeline file is at most "
+                        f"{MAX_PIPELINE_BYTES // 2**20} MiB", file=shown, hint="is this the right file?")
     data, lines = parse_yaml(text, shown)
     if not isinstance(data, dict):
         raise SpecError("the pipeline must be a YAML mapping with version, name, model and stages", file=shown,
@@ -144,7 +153,11 @@ def read_pipeline_text(path: Path, shown: str) -> str:
 MAX_PIPELINE_BYTES = 2**20  # a pipeline file is a few KB
 MAX_YAML_NODES = 100_000  # a pipeline file has hundreds; an alias bomb expands to billions
 MAX_YAML_DEPTH = 64  # nesting of mappings and sequences; PyYAML's composer recurses (RecursionError at ~1000)
-CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
+# YAML's line breaks beyond CR and LF (NEL U+0085, U+2028, U+2029) and the bidirectional embeddings, overrides and
+# isolates: outside a quoted string each makes a line parse, or show in a terminal, other than it reads (a comment
+# that ends early and defines a stage); inside one they are data
+BREAKS_AND_BIDI = re.compile("[\x85\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _check_text(text: str, shown: str) -> None:
@@ -154,6 +167,7 @@ def _check_text(text: str, shown: str) -> None:
         line = text.count("\n", 0, bad.start()) + 1
         raise SpecError(f"control character U+{ord(bad.group()):04X} (YAML allows none)", file=shown,
                         line=line, hint="remove it" if shown.startswith("--set") else "remove it; a binary file given as the pipeline?")
+    _check_breaks(text, shown)
     depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
@@ -166,6 +180,33 @@ def _check_text(text: str, shown: str) -> None:
                 depth -= 1
     except yaml.YAMLError:
         return  # parse_yaml reports it with its line
+
+
+def _check_breaks(text: str, shown: str) -> None:
+    found = [m.start() for m in BREAKS_AND_BIDI.finditer(text)]
+    if not found:
+        return
+    spans = _quoted_spans(text)
+    for at in found:
+        if not any(start < at < end for start, end in spans):
+            ch = text[at]
+            what = unicodedata.name(ch, "NEXT LINE")
+            raise SpecError(f"U+{ord(ch):04X} ({what}) outside a quoted string: "
+                            + ("YAML reads it as a line break" if ch in "\x85\u2028\u2029" else
+                               "a terminal shows the line reordered"), file=shown, line=text.count("\n", 0, at) + 1,
+                            hint=f"remove it; in a double-quoted string write it as the escape \"\\u{ord(ch):04x}\"")
+
+
+def _quoted_spans(text: str) -> list[tuple[int, int]]:
+    """Where the quoted scalars are (character offsets), as far as the text scans."""
+    spans = []
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, yaml.ScalarToken) and token.style in ("'", '"'):
+                spans.append((token.start_mark.index, token.end_mark.index))
+    except yaml.YAMLError:
+        pass  # what follows a syntax error is in no string
+    return spans
 
 
 def parse_yaml(text: str, shown: str) -> tuple[Any, dict[Path_, int]]:

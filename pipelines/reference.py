@@ -25,7 +25,7 @@ from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.row import ANY_KIND, Kind, Slot
 from trtflow.pipelines.schema import StageBase
 
-COMMAND = "trtflow reference -o docs/reference.md"
+COMMAND = "trtflow reference --force -o docs/reference.md"
 LIST = "[]"  # the path segment of a list's items
 
 # What a mapping's keys (and a model's own extra keys) are, by the option's name, outermost first: its rows show

@@ -290,3 +290,25 @@ def test_a_user_stage_beside_the_pipeline_file_is_importable(write_yaml, workdir
     for command in (["validate", str(path)], ["plan", str(path)], ["run", str(path)]):
         done = trtflow(*command, cwd=elsewhere)
         assert done.returncode == 0, (command, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("command", ["schema", "reference"])
+def test_every_dash_o_goes_through_the_safe_writer(capsys, tmp_path, command):
+    """Issue 49, item 10: `schema -o` / `reference -o` overwrote a file, wrote through a dangling link and raised
+    IsADirectoryError: they refuse each with one line (exit 2) and write nothing, as init does; --force overwrites
+    a file, never through a link."""
+    existing = tmp_path / "existing"
+    existing.write_text("mine")
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "link").symlink_to(elsewhere)
+    for target, words in ((existing, "exists"), (tmp_path / "link", "symbolic link"), (tmp_path, "directory")):
+        for force in ([], ["--force"]):
+            if force and target == existing:
+                continue
+            assert cli.main([command, *force, "-o", str(target)]) == 2
+            error = capsys.readouterr().err.strip()
+            assert error.startswith("error: ") and words in error and len(error.splitlines()) == 1, error
+    assert existing.read_text() == "mine" and not elsewhere.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".partial")] == []
+    assert cli.main([command, "--force", "-o", str(existing)]) == 0
+    assert existing.read_text() != "mine" and existing.stat().st_mode & 0o777 == 0o644

@@ -218,4 +218,4 @@ def test_json_schema_validates_examples_and_rejects_typos():
 
 def test_committed_schema_is_current():
     committed = json.loads((ROOT / "examples" / "trtflow.schema.json").read_text())
-    assert committed == json_schema(), "run: trtflow schema -o examples/trtflow.schema.json"
+    assert committed == json_schema(), "run: trtflow schema --force -o examples/trtflow.schema.json"

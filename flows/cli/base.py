@@ -4,9 +4,9 @@ and the store option. A command module keeps its heavy imports (Prefect, ONNX, n
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import ClassVar
 
@@ -91,29 +91,55 @@ def _glob_root(base: Path, pattern: str) -> Path:
     return (base / Path(*fixed)).resolve() if fixed else base
 
 
-def print_or_write(text: str, output: str | None) -> None:
-    """A generated file (`trtflow schema`, `trtflow reference`): to stdout, or to `-o` (said on the console)."""
-    if output:
-        Path(output).write_text(text)
-        out.print(f"wrote {output}")
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", help="write to this file instead of stdout (never over an existing file "
+                                               "but with --force, never through a symbolic link)")
+    parser.add_argument("--force", action="store_true", help="with -o: overwrite an existing file")
+
+
+def print_or_write(text: str, args: argparse.Namespace) -> None:
+    """A generated file (`trtflow schema`, `trtflow reference`): to stdout, or to `-o` through `write_file`."""
+    if args.output:
+        write_file(Path(args.output), text, force=args.force)
+        out.print(f"wrote {escape(args.output)}")
     else:
         sys.stdout.write(text)
 
 
 def write_file(target: Path, text: str, *, force: bool = False,
                exists_hint: str = "give another -o, or --force to overwrite it") -> None:
-    """`text` into `target`, never through a symbolic link there (dangling or not: it points anywhere), and over an
-    existing file only with `force`. One open checks both, so nothing can be swapped in between."""
+    """`text` into `target`, whole or not at all: never through a symbolic link there (dangling or not: it points
+    anywhere), never over a directory, over an existing file only with `force`. Written beside it first, then
+    linked into place (refused if something appeared there meanwhile) or, with `force`, renamed over it."""
     from trtflow.errors import SpecError
 
-    link = SpecError(f"{target} is a symbolic link: not written through", hint="give -o a path that is not a link")
     if target.is_symlink():  # O_EXCL alone would call a dangling one "exists"
-        raise link
+        raise SpecError(f"{target} is a symbolic link: not written through", hint="give -o a path that is not a link")
+    if target.is_dir():
+        raise SpecError(f"{target} is a directory", hint="give -o the path of a file")
+    if target.exists() and not force:
+        raise SpecError(f"{target} exists", hint=exists_hint)
+    folder = target.parent if str(target.parent) else Path(".")
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if force else os.O_EXCL), 0o644)
-    except FileExistsError:
-        raise SpecError(f"{target} exists", hint=exists_hint) from None
+        fd, staged = tempfile.mkstemp(prefix=f".{target.name[:64]}.", suffix=".partial", dir=folder)
     except OSError as exc:
-        raise (link if exc.errno == errno.ELOOP else SpecError(f"cannot write {target}: {exc.strerror}")) from None
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+        raise SpecError(f"cannot write {target}: {exc.strerror}", hint="check the folder exists and is "
+                                                                       "writable") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(staged, 0o644)
+        if force:
+            os.replace(staged, target)  # replaces a link or file there itself, never what a link points to
+        else:
+            try:
+                os.link(staged, target)
+            except FileExistsError:
+                raise SpecError(f"{target} exists", hint=exists_hint) from None
+            except OSError:  # a file system without hard links: checked above, a moment ago
+                os.replace(staged, target)
+    except OSError as exc:
+        raise SpecError(f"cannot write {target}: {exc.strerror}") from None
+    finally:
+        if os.path.lexists(staged):
+            os.unlink(staged)

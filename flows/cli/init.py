@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
 from trtflow.flows.cli.base import Command, out, write_file
 from trtflow.pipelines.init import LAYOUTS, TASKS
 
@@ -43,6 +45,7 @@ class Init(Command):
         from trtflow.errors import SpecError
         from trtflow.pipelines.init.propose import default_output, propose
         from trtflow.pipelines.init.write import render
+        from trtflow.yaml_text import comment_text
 
         model = Path(args.model)
         target = Path(args.output) if args.output else default_output(model)
@@ -52,11 +55,31 @@ class Init(Command):
         proposal = propose(model, out=target, command=_command(args), data=args.data, task=args.task,
                            layout=args.layout, shapes=args.shapes, name=args.name)
         proposal = dataclasses.replace(proposal, trial=trial_build(proposal))
-        write_file(target, render(proposal), exists_hint=exists)
+        text = render(proposal)
+        validated(text, target)
+        write_file(target, text, exists_hint=exists)
         tasks = ", ".join(proposal.task.tasks()) or "none (outputs compared element by element)"
-        out.print(f"wrote {target}: task {tasks}; {proposal.trial.said()}; check it with `trtflow validate "
-                  f"{target}`, run it with `trtflow run {target}`")
+        said = escape(comment_text(f"wrote {target}: task {tasks}; {proposal.trial.said()}"))  # a model's names
+        out.print(f"{said}; check it with `trtflow validate {escape(str(target))}`, run it with `trtflow run "
+                  f"{escape(str(target))}`")
         return 0
+
+
+def validated(text: str, target: Path) -> None:
+    """init never writes a file `trtflow validate` refuses: the same checks, on the text it is about to write."""
+    from trtflow.errors import SpecError, format_path
+    from trtflow.flows import precheck
+    from trtflow.pipelines.graph import build_graph
+    from trtflow.pipelines.loader import load_text
+
+    try:
+        loaded = load_text(text, target.resolve(), environ={})
+        precheck.check(loaded, build_graph(loaded))
+    except SpecError as exc:
+        at = f" at {format_path(exc.path)}" if exc.path else ""
+        raise SpecError(f"nothing written: the file init would write fails `trtflow validate`{at}: {exc.message}",
+                        file=str(target), hint="the model's names or sizes are beyond what a pipeline file takes: "
+                                               "give --shape with the sizes to build for") from None
 
 
 def _command(args: argparse.Namespace) -> str:

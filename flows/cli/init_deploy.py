@@ -4,9 +4,13 @@ benchmark alone on each of its GPUs."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
+from rich.markup import escape
+
 from trtflow.flows.cli.base import Command, out, write_file
+from trtflow.yaml_text import checked, comment_text, visible
 
 
 class InitDeploy(Command):
@@ -40,10 +44,12 @@ class InitDeploy(Command):
                                 hint="letters, digits, '.', '_' and '-' only")
         target = Path(args.output or f"prefect-{name}.yaml")
         text = resources.files("trtflow.flows").joinpath("templates/prefect.yaml").read_text()
-        write_file(target, text.replace("@MACHINE@", name).replace("@KIND@", kind).replace("@FILE@", target.name),
-                   force=args.force)
-        out.print(f"wrote {target} for machine {name} (GPU kind {kind}): set TRTFLOW_MODELS, then `prefect "
-                  f"--no-prompt deploy --all --prefect-file {target.name}` (the file's header says the rest)")
+        # the names are labels (checked above); the file's own name is the user's text, shown only in a comment
+        text = text.replace("@MACHINE@", name).replace("@KIND@", kind)
+        write_file(target, checked(text.replace("@FILE@", comment_text(shlex.quote(target.name)))), force=args.force)
+        shown = escape(visible(str(target))), escape(visible(shlex.quote(target.name)))
+        out.print(f"wrote {shown[0]} for machine {name} (GPU kind {kind}): set TRTFLOW_MODELS, then `prefect "
+                  f"--no-prompt deploy --all --prefect-file {shown[1]}` (the file's header says the rest)")
         if args.limits:
             for tag in machine.create_gpu_limits(name, check):
                 out.print(f"concurrency limit 1 on tag {tag}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trtflow.flows.cli.base import Command, print_or_write
+from trtflow.flows.cli.base import Command, add_output_arguments, print_or_write
 
 
 class Reference(Command):
@@ -12,10 +12,10 @@ class Reference(Command):
     help = "print the reference of every pipeline option in Markdown (docs/reference.md)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+        add_output_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.pipelines.reference import render
 
-        print_or_write(render(), args.output)
+        print_or_write(render(), args)
         return 0

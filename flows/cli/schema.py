@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trtflow.flows.cli.base import Command, print_or_write
+from trtflow.flows.cli.base import Command, add_output_arguments, print_or_write
 
 
 class Schema(Command):
@@ -12,11 +12,11 @@ class Schema(Command):
     help = "print the pipeline JSON Schema (for editors)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+        add_output_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.pipelines.pipeline import json_schema
 
-        print_or_write(json.dumps(json_schema(), indent=2) + "\n", args.output)
+        print_or_write(json.dumps(json_schema(), indent=2) + "\n", args)
         return 0
 

@@ -1,18 +1,15 @@
 """The pipeline file `trtflow init` writes: YAML with a comment beside each value saying where it came from."""
 from __future__ import annotations
 
-import json
 import os
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from trtflow.pipelines.init.data import DataFacts
 from trtflow.pipelines.init.model import ModelFacts
 from trtflow.pipelines.init.profile import ProfilePlan
 from trtflow.pipelines.init.task import TaskPlan
+from trtflow.yaml_text import YamlLines, scalar
 
 QDQ_OPSET = 13  # per-channel Q/DQ (the calibrate stage refuses a model below it)
 TARGET_OPSET = 17  # what the examples convert to
@@ -51,12 +48,9 @@ class Proposal:
     trial: ProfileTrial | None = None  # set by the CLI once TensorRT was asked
 
 
-def flow(value: object) -> str:
-    """One YAML value on one line (flow style, quoted where YAML needs it)."""
-    text = yaml.safe_dump([value], default_flow_style=True, width=10**9, sort_keys=False).strip()[1:-1]
-    # a line break in a name (a model's tensor names are anyone's text) is folded onto indented lines by PyYAML,
-    # which the surrounding block may not allow: JSON, which YAML reads, keeps it on one line as an escape
-    return json.dumps(value) if "\n" in text else text
+def value(v: object) -> str:
+    """A value as the pipeline file holds it: on one line, '$' doubled (the loader interpolates ${VAR})."""
+    return scalar(v, interpolated=True)
 
 
 def _rel(path: Path, base: Path) -> str:
@@ -68,28 +62,6 @@ def data_glob(data: DataFacts, base: Path) -> str:
     parts = data.pattern.parts
     cut = next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))
     return Path(_rel(Path(*parts[:cut]), base), *parts[cut:]).as_posix()
-
-
-class _Lines:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def add(self, text: str, comment: str = "") -> None:
-        """A line, its comment at the comment column, or on a line of its own above where that would be too long."""
-        if comment:
-            at = max(COMMENT_AT - 1, len(text) + 1)
-            if at + 2 + len(comment) > WIDTH:
-                self.comment(comment, len(text) - len(text.lstrip()))
-            else:
-                text = f"{text.ljust(at)} # {comment}"
-        self.lines.append(text)
-
-    def comment(self, text: str, indent: int = 0) -> None:
-        """A comment line, wrapped at WIDTH (continuations indented two more spaces than the text)."""
-        lead = " " * indent + "# "
-        more = lead + " " * (len(text) - len(text.lstrip()) + 2)
-        self.lines += textwrap.wrap(text, WIDTH, initial_indent=lead, subsequent_indent=more,
-                                    break_long_words=False, break_on_hyphens=False) or [lead.rstrip()]
 
 
 def _holdout(samples: int) -> int:
@@ -104,13 +76,13 @@ class _Samples:
     count: int
 
     def block(self, at_most: int) -> str:
-        return flow({self.key: self.glob, "samples": min(at_most, self.count)})
+        return value({self.key: self.glob, "samples": min(at_most, self.count)})
 
 
 def render(p: Proposal) -> str:
     base = p.out.parent.resolve()
     samples = _Samples(p.data.kind, data_glob(p.data, base), p.data.count) if p.data is not None else None
-    w = _Lines()
+    w = YamlLines(WIDTH, COMMENT_AT)
     w.comment("Written by trtflow init: a first pipeline, each value proposed from what the model and the data say")
     w.comment("(the comments say how); edit it, then `trtflow validate` / `trtflow run` it. The command was:")
     w.comment(f"  {p.command}")
@@ -136,8 +108,8 @@ def render(p: Proposal) -> str:
     else:
         w.comment("Data: none given (--data): random inputs, and no INT8 variant (calibration needs real samples)")
     w.add("version: 1")
-    w.add(f"name: {flow(p.name)}")
-    w.add(f"model: {flow(_rel(p.model.path.resolve(), base))}")
+    w.add(f"name: {value(p.name)}")
+    w.add(f"model: {value(_rel(p.model.path.resolve(), base))}")
     w.add("")
     w.add("stages:")
     _prepare(w, p)
@@ -157,20 +129,20 @@ def render(p: Proposal) -> str:
     w.add("    select: {require: validated, prefer: throughput, max_accuracy_drop: 1%}")
     if samples is not None:
         w.add(f"    data: {samples.block(1)}", "Triton warms the engine up with a real sample")
-    return "\n".join(w.lines) + "\n"
+    return w.text()
 
 
-def _prepare(w: _Lines, p: Proposal) -> None:
+def _prepare(w: YamlLines, p: Proposal) -> None:
     w.add("  prepare:")
     w.add("    kind: prepare")
     if p.model.opset < QDQ_OPSET:
         w.add(f"    target_opset: {TARGET_OPSET}",
               f"the model ships at opset {p.model.opset}; INT8's per-channel Q/DQ needs {QDQ_OPSET}")
     shapes = {ip.tensor.name: ip.shape(1) for ip in p.profile.inputs}
-    w.add(f"    input_shapes: {flow(shapes)}", "the profile's opt shapes, for the random-input checks")
+    w.add(f"    input_shapes: {value(shapes)}", "the profile's opt shapes, for the random-input checks")
 
 
-def _parity(w: _Lines, p: Proposal, samples: _Samples) -> None:
+def _parity(w: YamlLines, p: Proposal, samples: _Samples) -> None:
     """The parity stage images need: every other stage feeds them through its preprocessing."""
     feed = p.profile.image
     size = [feed.height, feed.width]
@@ -178,13 +150,13 @@ def _parity(w: _Lines, p: Proposal, samples: _Samples) -> None:
     w.add("")
     w.add("  parity:")
     w.add("    kind: parity", "the preprocessing every stage feeds the images through")
-    w.add(f"    images: {flow(samples.glob)}")
+    w.add(f"    images: {value(samples.glob)}")
     w.comment("A conventional preprocessing, not read from the model (an ONNX file does not say how it was", 4)
     w.comment("trained): resized to the profile's opt size, scaled to [0, 1], CHW. Put your model's own here", 4)
     w.comment("(mean/std, letterbox, crop...), and its training transforms below: parity then proves they agree.", 4)
     w.add("    deploy:")
     w.add(f"      - read: {'gray' if channels == 1 else 'rgb'}")
-    w.add(f"      - resize: {flow({'size': size, 'antialias': True})}",
+    w.add(f"      - resize: {value({'size': size, 'antialias': True})}",
           "the opt H x W; antialiased as PIL resizes")
     if feed.dtype == "uint8":
         w.add("      - dtype: uint8", "the model takes 0..255 bytes")
@@ -199,14 +171,14 @@ def _parity(w: _Lines, p: Proposal, samples: _Samples) -> None:
     w.comment("The same in torchvision on PIL images (pip install trtflow[torch]): an assumption init writes,", 4)
     w.comment("not your training code: replace it with your training transforms.", 4)
     w.add("    training:")
-    w.add(f"      torchvision: {flow(transforms)}")
+    w.add(f"      torchvision: {value(transforms)}")
 
 
 def _metrics(p: Proposal) -> dict:
     return {name: m.model_dump(mode="json", exclude_unset=True) for name, m in p.task.metrics().items()}
 
 
-def _precision(w: _Lines, p: Proposal, samples: _Samples | None) -> None:
+def _precision(w: YamlLines, p: Proposal, samples: _Samples | None) -> None:
     metrics = _metrics(p)
     w.add("")
     w.add("  fp16:")
@@ -217,7 +189,7 @@ def _precision(w: _Lines, p: Proposal, samples: _Samples | None) -> None:
               "through the parity stage's preprocessing" if samples.key == "images" else "")
         w.add(f"    holdout: {_holdout(min(16, samples.count))}", "samples kept for the CPU accuracy pre-flight")
     if metrics:
-        w.add(f"    metrics: &task {flow(metrics)}", "the pre-flight judges what validate judges")
+        w.add(f"    metrics: &task {value(metrics)}", "the pre-flight judges what validate judges")
     if samples is None:
         return
     w.add("")
@@ -229,7 +201,7 @@ def _precision(w: _Lines, p: Proposal, samples: _Samples | None) -> None:
         w.add("    metrics: *task")
 
 
-def _build(w: _Lines, p: Proposal) -> None:
+def _build(w: YamlLines, p: Proposal) -> None:
     w.add("")
     w.add("  build:")
     w.add("    kind: build", "an engine per variant (FP32, FP16" + (", INT8" if p.data is not None else "")
@@ -241,10 +213,10 @@ def _build(w: _Lines, p: Proposal) -> None:
     if p.trial is not None:
         w.comment(p.trial.said(), 6)
     ranges = {ip.tensor.name: {"min": ip.shape(0), "opt": ip.shape(1), "max": ip.shape(2)} for ip in p.profile.inputs}
-    w.add(f"      default: {flow(ranges)}")
+    w.add(f"      default: {value(ranges)}")
 
 
-def _validate(w: _Lines, p: Proposal, samples: _Samples | None) -> None:
+def _validate(w: YamlLines, p: Proposal, samples: _Samples | None) -> None:
     w.add("")
     w.add("  validate:")
     w.add("    kind: validate", "every engine against the FP32 model, at min, opt and max")
@@ -254,5 +226,5 @@ def _validate(w: _Lines, p: Proposal, samples: _Samples | None) -> None:
         w.add("    data: {random: true}", "no --data: random inputs say little about a task's accuracy")
     if p.task.metrics():
         w.add("    metrics: *task")
-    w.add(f"    optional: {flow(['fp16'] + (['int8'] if samples is not None else []))}",
+    w.add(f"    optional: {value(['fp16'] + (['int8'] if samples is not None else []))}",
           "a variant that fails is left out (the card says why) and FP32 ships")

@@ -8,7 +8,6 @@ set are tried without (while rounds last), so the set stays small.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_typ
 from trtflow.stages.ort import qdq, quant_prep
 from trtflow.stages.ort.layerwise import Layerwise
 from trtflow.stages.ort.probe import probe
+from trtflow.yaml_text import YamlLines, scalar
 
 Check = Callable[[onnx.ModelProto], list[str]]  # simulated model -> gate violations ([] = passes)
 Locate = Callable[[onnx.ModelProto], Layerwise]  # simulated model -> where it goes wrong
@@ -186,17 +186,14 @@ def _next(v: Variant, loc: Layerwise, given: list[str], count: int) -> list[str]
 
 
 def yaml_fix(precision: str, nodes: list[str], stage: str) -> str:
-    """The lines to paste into the precision / calibrate stage so the fix lives in the pipeline file."""
+    """The lines to paste into the precision / calibrate stage so the fix lives in the pipeline file (node names
+    are anyone's text: written by the one YAML writer, so none can end its line)."""
+    w = YamlLines()
+    w.add("stages:")
+    w.add(f"  {scalar(stage)}:")
     if precision == "fp16":
-        items = ", ".join(_yaml_string(re.escape(n)) for n in nodes)
-        return f"stages:\n  {stage}:\n    block_nodes: [{items}]   # kept in FP32 (validate's repair)\n"
-    items = ", ".join(_yaml_string(n) for n in nodes)
-    return f"stages:\n  {stage}:\n    exclude_nodes: [{items}]   # left unquantized (validate's repair)\n"
-
-
-def _yaml_string(value: str) -> str:
-    """A YAML scalar that reads back as `value`, whatever a model named its node: single-quoted ('' for a quote),
-    or, where a line break or control character would be folded there, JSON's double-quoted form (valid YAML)."""
-    if value.isprintable():
-        return "'" + value.replace("'", "''") + "'"
-    return json.dumps(value)
+        w.add(f"    block_nodes: {scalar([re.escape(n) for n in nodes], interpolated=True)}",
+              "kept in FP32 (validate's repair)")
+    else:
+        w.add(f"    exclude_nodes: {scalar(nodes, interpolated=True)}", "left unquantized (validate's repair)")
+    return w.text()
