@@ -10,6 +10,7 @@ characters; and the finished text is checked to hold none of them outside an esc
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import textwrap
 
@@ -46,9 +47,10 @@ def scalar(value: object, interpolated: bool = False) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):  # numpy's too
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        value = float(value)
         if math.isnan(value):
             return ".nan"
         return repr(value) if math.isfinite(value) else (".inf" if value > 0 else "-.inf")

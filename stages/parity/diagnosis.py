@@ -16,7 +16,6 @@ from typing import Annotated, Any
 
 import cv2
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 
 from trtflow.errors import StageError
@@ -24,6 +23,7 @@ from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.stages.image.preprocess import read_image
 from trtflow.stages.image.steps import Normalize, Read, Scale, Step, Steps, apply, dump, parse
 from trtflow.stages.parity.causes import candidates
+from trtflow.yaml_text import YamlLines, scalar
 
 ROUNDS = 3  # at most this many changes combined
 BEAM = 3  # sets of steps kept from one round to the next
@@ -331,4 +331,9 @@ def friendly(steps: Steps) -> list[dict[str, Any]]:
 
 
 def to_yaml(steps: Steps) -> str:
-    return yaml.safe_dump({"deploy": friendly(steps)}, default_flow_style=None, sort_keys=False, width=120)
+    """The deploy steps to paste into the parity stage, by the one writer of YAML a person runs."""
+    w = YamlLines()
+    w.add("deploy:")
+    for step in friendly(steps):
+        w.add(f"  - {scalar(step, interpolated=True)}")
+    return w.text()
