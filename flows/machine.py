@@ -6,7 +6,6 @@ The record lives outside any store, per machine: `$TRTFLOW_STATE_DIR/environment
 """
 from __future__ import annotations
 
-import os
 import re
 import socket
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trtflow import files
+from trtflow import files, settings
 from trtflow.errors import TrtflowError
 from trtflow.flows import keys
 from trtflow.flows.fingerprint import ALL, Environment, fingerprint
@@ -23,7 +22,7 @@ from trtflow.flows.store import write_json_atomic
 from trtflow.state import state_dir
 
 EVENT = "trtflow.environment.changed"
-LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a machine name or GPU kind in a work pool or queue name
+LABEL = settings.LABEL
 
 
 class EventNotSent(TrtflowError):
@@ -37,13 +36,13 @@ def state_file() -> Path:
 def machine_name() -> str:
     """This machine's name in a fleet: `$TRTFLOW_MACHINE`, else the host name. check-env's events, the deployment
     `trtflow init-deploy --machine` writes and the GPU tags of stage tasks all use it."""
-    return os.environ.get("TRTFLOW_MACHINE") or socket.gethostname()
+    return settings.MACHINE.get() or socket.gethostname()
 
 
 def machine_kind(env: Environment) -> str:
     """The GPU kind a fleet groups machines by (work pool per kind): `$TRTFLOW_GPU_KIND`, else the first GPU's
     name as a slug (`nvidia-a100-sxm4-80gb`), else `cpu`."""
-    if kind := os.environ.get("TRTFLOW_GPU_KIND"):
+    if kind := settings.GPU_KIND.get():
         return kind
     first = next(iter(env.gpus.values()), None)
     return re.sub(r"[^a-z0-9]+", "-", first.name.lower()).strip("-") if first else "cpu"

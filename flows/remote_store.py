@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from trtflow import files
+from trtflow import files, settings
 from trtflow.artifact import CLAIM_BYTES
 from trtflow.errors import StoreError
 from trtflow.files import MANIFEST_BYTES, RECORD_BYTES
@@ -60,8 +60,8 @@ WRITER_NAME = re.compile(r"[A-Za-z0-9_.]+-\d+-[0-9a-f]{8}")  # f"{HOST}-{pid}-{8
 
 def cache_root(url: str) -> Path:
     """This machine's cache of the remote store: `$TRTFLOW_CACHE_DIR/<slug>`, else `~/.cache/trtflow/stores/`."""
-    base = Path(os.environ.get("TRTFLOW_CACHE_DIR") or
-                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtflow" / "stores")
+    base = settings.CACHE_DIR.get() or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtflow" / "stores"
     slug = re.sub(r"[^A-Za-z0-9]+", "-", url.split("://", 1)[1]).strip("-")[:60]
     return base / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
 

@@ -5,6 +5,11 @@
 Used only when PREFECT_API_URL is not set (a server of your own always wins) and TRTFLOW_PREFECT_SERVER is not
 `ephemeral` (Prefect's temporary server per run, as plain Prefect does). Its record, `prefect-server.json`, and its
 log live in trtflow's state directory (see flows/machine.py); its database is Prefect's own (PREFECT_HOME).
+
+trtflow signals only the process it can prove it started: the record holds its pid and its start time from /proc,
+taken when it was started, and both must still match (a pid is reused by unrelated processes). A record without
+that proof (older trtflow, edited by hand) is refused with one line, never acted on; without /proc nothing can be
+proven, so runs use Prefect's temporary server there.
 """
 from __future__ import annotations
 
@@ -21,12 +26,16 @@ from typing import Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from trtflow import files
-from trtflow.errors import PrefectUnavailable
+from trtflow import files, settings
+from trtflow.errors import PrefectUnavailable, TrtflowError
 from trtflow.flows.machine import state_file
 
 START_TIMEOUT_S = 120  # Prefect's own 20 s run out on a busy two-core machine
-MODE = "TRTFLOW_PREFECT_SERVER"
+MODE = settings.PREFECT_SERVER.name
+
+
+class NotProven(TrtflowError):
+    """The record names a live Prefect server on its port that trtflow cannot prove it started."""
 
 
 class ServerRecord(BaseModel):
@@ -36,7 +45,7 @@ class ServerRecord(BaseModel):
     url: str
     log: str = ""
     started: float = 0.0  # time.time() when it was started
-    started_at: str | None = None  # its process's start time (/proc/<pid>/stat), telling a reused pid apart
+    started_at: str | None = None  # its process's start time (/proc/<pid>/stat); None: nothing can be proven
 
     @property
     def port(self) -> str:
@@ -57,7 +66,11 @@ def record_file() -> Path:
 def wanted() -> bool:
     from prefect.settings import PREFECT_API_URL
 
-    return not PREFECT_API_URL.value() and os.environ.get(MODE, "background") != "ephemeral"
+    return not PREFECT_API_URL.value() and settings.PREFECT_SERVER.get() != "ephemeral" and _provable()
+
+
+def _provable() -> bool:
+    return Path("/proc/self/stat").is_file()
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
@@ -70,9 +83,12 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 
 
 def running() -> ServerRecord | None:
-    """The background server's record, if that server is alive, is the process trtflow started, and answers."""
+    """The background server's record, if that server is alive, is the process trtflow started, and answers.
+    Raises NotProven for a record that names a Prefect server trtflow cannot prove it started."""
     rec = _read()
-    return rec if rec is not None and alive(rec) and healthy(rec.url) else None
+    if rec is None or not _proven(rec):
+        return None
+    return rec if healthy(rec.url) else None
 
 
 def recorded(url: str) -> ServerRecord | None:
@@ -90,18 +106,36 @@ def _started_at(pid: int) -> str | None:
         return None
 
 
-def alive(rec: ServerRecord) -> bool:
-    """The recorded pid is still the server trtflow started: the same start time and a Prefect server command
-    line on the recorded port (a stale record's pid may belong to any process by now)."""
+def _looks_like(rec: ServerRecord) -> bool:
+    """The recorded pid runs a Prefect server command line on the recorded port (which proves nothing alone: any
+    process may have it)."""
     try:
-        if not Path("/proc/self").is_dir():  # no /proc to ask (not Linux): alive is all that can be known
-            os.kill(rec.pid, 0)
-            return True
         cmdline = Path(f"/proc/{rec.pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return (b"prefect" in b" ".join(cmdline) and b"server" in cmdline and rec.port.encode() in cmdline
-            and (rec.started_at is None or rec.started_at == _started_at(rec.pid)))
+    return b"prefect" in b" ".join(cmdline) and b"server" in cmdline and rec.port.encode() in cmdline
+
+
+def alive(rec: ServerRecord) -> bool:
+    """The recorded pid is still the server trtflow started: the start time recorded when trtflow started it, and
+    a Prefect server command line on the recorded port (a stale record's pid may belong to any process by now).
+    A record without a start time proves nothing: not alive."""
+    return rec.started_at is not None and rec.started_at == _started_at(rec.pid) and _looks_like(rec)
+
+
+def _proven(rec: ServerRecord) -> bool:
+    """alive(rec); a record whose pid runs a Prefect server on its port without proof (no start time recorded,
+    or another one) raises NotProven: it may be trtflow's, it may not, and it is neither reused nor signalled."""
+    if alive(rec):
+        return True
+    if _looks_like(rec):
+        why = "has no start time for it" if rec.started_at is None else "has another start time than that process"
+        raise NotProven(f"trtflow's server record {record_file()} names pid {rec.pid}, a Prefect server on port "
+                        f"{rec.port}, but {why}: trtflow cannot prove it started that process, so it neither uses nor "
+                        f"signals it",
+                        hint=f"if that server is yours, stop it yourself (kill {rec.pid}); if not, remove "
+                             f"{record_file()}")
+    return False
 
 
 @contextmanager
@@ -120,9 +154,13 @@ def _locked() -> Iterator[None]:
 def ensure(on_start=None) -> str:
     """The API URL of the background server, started first if it is not running. `on_start(url)` is called
     when this call starts it."""
+    if not _provable():
+        raise PrefectUnavailable(f"trtflow keeps a background Prefect server only where /proc tells which process it "
+                                 f"started: set PREFECT_API_URL to a server of yours, or {MODE}=ephemeral for "
+                                 f"Prefect's temporary one")
     with _locked():
         rec = _read()
-        if rec is not None and alive(rec):
+        if rec is not None and _proven(rec):
             # the process trtflow started lives: a loaded machine (other runs, SQLite writes) may keep its answer
             # longer than a health check waits; it is waited for, never replaced by a second server beside it
             return _answering(rec)
@@ -152,7 +190,7 @@ def ensure(on_start=None) -> str:
                                              f"{MODE}=ephemeral for Prefect's temporary one")
                 time.sleep(0.25)
         except BaseException:  # failed, or interrupted (SIGTERM, Ctrl-C) while it started: no orphan is left
-            _kill(proc.pid)
+            _kill(record)
             record_file().unlink(missing_ok=True)
             raise
         if on_start:
@@ -177,19 +215,26 @@ def _answering(rec: ServerRecord) -> str:
 
 
 def stop() -> ServerRecord | None:
-    """Stop the background server (its whole process group); its record, or None when none was running."""
+    """Stop the background server (its whole process group); its record, or None when none was running (a stale
+    record, whose pid is gone or another process's, is removed). A record naming a Prefect server trtflow cannot
+    prove it started raises NotProven: nothing is signalled and the record stays."""
     with _locked():
         rec = _read()
-        if rec is not None and alive(rec):  # a stale record's pid may be another process's by now: never killed
-            _kill(rec.pid)
+        if rec is not None and _proven(rec):
+            _kill(rec)
         else:
             rec = None
         record_file().unlink(missing_ok=True)
         return rec
 
 
-def _kill(pid: int) -> None:
+def _kill(rec: ServerRecord) -> None:
+    """SIGTERM, then SIGKILL, to the process group trtflow started, each sent only while its leader is still that
+    process (the recorded start time)."""
+    pid = rec.pid
     for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if rec.started_at is None or _started_at(pid) != rec.started_at:
+            return
         try:
             os.killpg(pid, sig)
         except (ProcessLookupError, PermissionError):

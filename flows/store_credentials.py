@@ -9,15 +9,14 @@ a message, a manifest or a log line."""
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError
 
+from trtflow import settings
 from trtflow.errors import StoreError
 
-VARIABLE = "TRTFLOW_STORE_CREDENTIALS"
-KINDS = ("secret", "aws-credentials")
+VARIABLE = settings.STORE_CREDENTIALS.name
 
 
 class Credentials(BaseModel):
@@ -45,13 +44,11 @@ def _revealed(secret: SecretStr | None) -> str | None:
 
 def storage_options(url: str) -> dict[str, Any]:
     """fsspec options for `url` from the block `TRTFLOW_STORE_CREDENTIALS` names ({} when it names none)."""
-    ref = os.environ.get(VARIABLE, "").strip()
-    if not ref or not url.startswith("s3://"):
+    block = settings.STORE_CREDENTIALS.get()
+    if block is None or not url.startswith("s3://"):
         return {}
-    kind, _, name = ref.partition("/")
-    if kind not in KINDS or not name:
-        raise StoreError(f"{VARIABLE}={ref!r} names no block", hint="give secret/<block name> or "
-                                                                    "aws-credentials/<block name>")
+    kind, name = block
+    ref = f"{kind}/{name}"
     try:
         credentials = _secret(name) if kind == "secret" else _aws_credentials(name)
     except StoreError:

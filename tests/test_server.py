@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.test_deploy import PIPE
 
@@ -49,6 +50,8 @@ def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
         assert first.returncode == 0, first.stdout + first.stderr
         assert "started a Prefect server in the background" in first.stderr
         rec = json.loads(record.read_text())
+        stat = Path(f"/proc/{rec['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+        assert rec["started_at"] == stat[19], "its start time (field 22, clock ticks since boot) proves it is ours"
         runs = httpx.post(f"{rec['url']}/flow_runs/filter", json={}, timeout=30).json()
         assert [r["state_type"] for r in runs] == ["COMPLETED"], "the run was recorded on that server"
 
@@ -182,3 +185,65 @@ def test_a_stale_record_never_kills_another_process(tmp_path, monkeypatch):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def _impostor(port: int) -> subprocess.Popen:
+    """A real process that is not trtflow's server but whose command line holds `prefect`, `server` and the port
+    (and leads its own process group, as trtflow's server does): what a record without proof may name."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "prefect", "server", "start",
+                             "--port", str(port)], start_new_session=True)
+
+
+@pytest.mark.parametrize("proof", ["none", "another"])
+def test_a_record_without_proof_is_refused_and_nothing_is_signalled(tmp_path, proof):
+    """`trtflow server stop` SIGTERMed the process group of any process whose command line held `prefect`,
+    `server` and the recorded port when the record had no start time (an older trtflow's, or edited by hand); with
+    another start time it said no server was running and forgot the record. Now either is one line, exit 1, the
+    process is left alone and the record stays; `server start` and `server status` refuse it the same way."""
+    from trtflow.flows import server
+
+    env = _isolated(tmp_path)
+    record = tmp_path / "state" / "prefect-server.json"
+    impostor = _impostor(4321)
+    try:
+        started_at = server._started_at(impostor.pid)
+        assert started_at is not None
+        rec = {"pid": impostor.pid, "url": "http://127.0.0.1:4321/api", "log": "", "started": time.time()}
+        if proof == "another":
+            rec["started_at"] = str(int(started_at) + 1)
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps(rec))
+        for action in ("stop", "start", "status"):
+            done = subprocess.run(CLI + ["server", action], env=env, capture_output=True, text=True, timeout=120)
+            lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+            assert done.returncode == 1 and len(lines) == 1 and not done.stdout.strip(), (action, done)
+            assert lines[0].startswith("error: trtflow's server record") and f"pid {impostor.pid}" in lines[0], lines
+            assert f"kill {impostor.pid}" in lines[0] and str(record) in lines[0], lines
+            assert "no start time" in lines[0] if proof == "none" else "another start time" in lines[0], lines
+            time.sleep(0.5)  # a signal, had one been sent, has landed
+            assert impostor.poll() is None, f"`server {action}` signalled a process trtflow did not start"
+            assert json.loads(record.read_text()) == rec, f"`server {action}` changed or removed the record"
+    finally:
+        impostor.kill()
+        impostor.wait()
+
+
+def test_stop_signals_only_the_recorded_start_time(tmp_path, monkeypatch):
+    """Between SIGTERM and SIGKILL the server's pid may be reused: each signal is sent only while the pid's start
+    time is the recorded one."""
+    from trtflow.flows import server
+
+    monkeypatch.setenv("TRTFLOW_STATE_DIR", str(tmp_path))
+    impostor = _impostor(4322)
+    try:
+        rec = server.ServerRecord(pid=impostor.pid, url="http://127.0.0.1:4322/api",
+                                  started_at=str(int(server._started_at(impostor.pid)) + 1))
+        server._kill(rec)
+        time.sleep(0.5)
+        assert impostor.poll() is None
+        server._kill(rec.model_copy(update={"started_at": server._started_at(impostor.pid)}))
+        assert impostor.wait(timeout=30) == -signal.SIGTERM, "the process it proves it started is stopped"
+    finally:
+        if impostor.poll() is None:
+            impostor.kill()
+            impostor.wait()

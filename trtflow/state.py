@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trtflow import settings
+
 
 def state_dir() -> Path:
     """`$TRTFLOW_STATE_DIR`, else `$XDG_STATE_HOME/trtflow` (`~/.local/state/trtflow`)."""
-    if chosen := os.environ.get("TRTFLOW_STATE_DIR"):
-        return Path(chosen)
+    if chosen := settings.STATE_DIR.get():
+        return chosen
     return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "trtflow"

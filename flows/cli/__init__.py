@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
+from trtflow import settings
 from trtflow.disk import disk_error
 from trtflow.errors import TrtflowError
 from trtflow.flows.cli import (
@@ -28,6 +29,7 @@ from trtflow.flows.cli import (
     verify,
 )
 from trtflow.flows.cli.base import Command, err
+from trtflow.yaml_text import visible
 
 COMMANDS: tuple[Command, ...] = (
     init.Init(),
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
         else None
     try:
+        settings.check_all()  # a bad TRTFLOW_* value is found before anything starts, not when first read
         return command.run(args)
     except Terminated:
         err.print("[red]error:[/] terminated (SIGTERM); nothing half-written was kept")
@@ -97,7 +100,7 @@ def _fail(exc: BaseException, verbose: bool) -> int:
         exc = disk_error(exc, Path.cwd()) or exc
     known = isinstance(exc, TrtflowError)
     message = str(exc) if known else f"{type(exc).__name__}: {exc}"
-    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(visible(message))}", markup=True, soft_wrap=True)
     if not known and not verbose:
         err.print("(unexpected: run again with --verbose for the traceback)")
     return exc.exit_code if known else 1

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 import threading
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from rich.markup import escape
 
+from trtflow import settings
 from trtflow.errors import PrefectUnavailable
 from trtflow.flows.cli.base import Command, add_pipeline_arguments, add_selection_arguments, err, out, store_option
 
@@ -140,18 +140,8 @@ def _say_verdict(stage: str, verdict: Verdict) -> None:
 SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often
 SERVER_LOST_AFTER = 3  # refused connections in a row: the server is gone
 # a server that takes connections and does not answer is slow (SQLite writes, a busy machine, a paused VM): it is
-# given this long (TRTFLOW_SERVER_PATIENCE, seconds), as Prefect's own client retries for minutes
-SERVER_PATIENCE_S = 300.0
+# given settings.SERVER_PATIENCE (default 300 s), as Prefect's own client retries for minutes
 SERVER_SLOW_SAY_S = 15.0  # said once on the console after this long without an answer
-
-
-def _patience() -> float:
-    value = os.environ.get("TRTFLOW_SERVER_PATIENCE", "")
-    try:
-        seconds = float(value) if value else SERVER_PATIENCE_S
-    except ValueError:
-        return SERVER_PATIENCE_S
-    return max(seconds, SERVER_CHECK_S) if math.isfinite(seconds) else SERVER_PATIENCE_S
 
 
 def _lost(url: str, ours: bool, silent: float | None, kept: str = "") -> str:
@@ -189,7 +179,7 @@ def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
     from trtflow.flows import server
 
     done = threading.Event()
-    patience = _patience()
+    patience = settings.SERVER_PATIENCE.get()
     rec = server.recorded(url) if ours else None  # its pid and start time: a process gone is known at once
 
     def watch() -> None:
