@@ -8,6 +8,7 @@ import stat
 import threading
 from pathlib import Path
 
+from trtflow import external_data
 from trtflow.disk import disk_cause
 from trtflow.files import RECORD_BYTES, read_json, sha256
 
@@ -20,42 +21,16 @@ def stamp(st: os.stat_result) -> list[int]:
 
 
 def onnx_external_files(path: Path) -> list[Path]:
-    """The external-data files an ONNX model refers to (none for a self-contained model). Each must be a regular
-    file inside the model's directory: anything else (`../../dev/zero`, `/etc/passwd`, a FIFO) is a SpecError
-    before a byte of it is read."""
+    """The external-data files an ONNX model refers to (none for a self-contained model), each checked before a
+    byte of it is read (`trtflow/external_data.py`: anything but a regular file inside the model's directory is a
+    SpecError)."""
     import onnx
-    from onnx.external_data_helper import _get_all_tensors
 
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # not our job to judge the model here; the stage will
         return []
-    found: set[Path] = set()
-    base = path.parent.resolve()
-    for tensor in _get_all_tensors(model):
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    found.add(_external_file(path, base, tensor.name, entry.value))
-    return sorted(found)
-
-
-def _external_file(model: Path, base: Path, tensor: str, location: str) -> Path:
-    from trtflow.errors import SpecError
-
-    target = (base / location).resolve()
-    where = f"tensor '{tensor}' keeps its data in '{location}'"
-    if not target.is_relative_to(base):
-        raise SpecError(f"{where}, outside the model's directory {base}",
-                        file=str(model), hint="external data must sit beside the model, saved with a relative location")
-    try:
-        st = target.stat()
-    except OSError:
-        raise SpecError(f"{where}, which does not exist", file=str(model),
-                        hint="copy the model together with its external data files") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise SpecError(f"{where}, which is not a regular file", file=str(model))
-    return model.parent / location
+    return external_data.files(path, model)
 
 
 class DigestCache:
@@ -116,8 +91,7 @@ class DigestCache:
         with self._lock:
             hit = self._entries.get(key)
         if hit and hit[:4] == now:  # the locations are the model's; what they point at is checked again
-            base = path.parent.resolve()
-            return [_external_file(path, base, "?", n) for n in hit[4]]
+            return [external_data.checked(path, "?", n) for n in hit[4]]
         files = onnx_external_files(path)
         with self._lock:
             self._entries[key] = now + [[str(f.relative_to(path.parent)) for f in files]]

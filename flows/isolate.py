@@ -29,16 +29,17 @@ import threading
 import time
 import traceback
 import uuid
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from trtflow import progress
+from trtflow import progress, settings
 from trtflow.child import Progress, Raised, Returned, StageCall, ending
 from trtflow.disk import disk_error
-from trtflow.errors import StageStopped, TransientStageError, TrtflowError
+from trtflow.errors import StageStopped, TransientStageError, TrtflowError, rebuilt
 from trtflow.parent_death import die_with_parent
 
-IN_PROCESS = "TRTFLOW_IN_PROCESS"
+IN_PROCESS = settings.IN_PROCESS.name
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
@@ -143,12 +144,46 @@ def _child(conn, call: bytes, sys_path: list[str], log: str, environ: dict[str, 
             conn.send(Returned(request.function(*request.args)))
     except BaseException as exc:  # report everything, including the user's own exceptions
         text = traceback.format_exc()
-        try:
-            conn.send(Raised(exc, text))
-        except Exception:  # an exception that cannot be pickled
-            conn.send(Raised(RuntimeError(f"{type(exc).__name__}: {exc}"), text))
+        conn.send_bytes(raised(exc, text))
     finally:
         conn.close()
+
+
+def raised(exc: BaseException, text: str) -> bytes:
+    """What the stage's process sends for `exc` (its traceback `text`): `Raised`, pickled as the pipe pickles it, in
+    the first of `_sendable`'s forms that the parent can unpickle too (unpickling calls an exception's class with
+    its args again: `Foo(message)` was a TypeError in the parent for `Foo(where, why)`); else a RuntimeError naming
+    it."""
+    for error in _sendable(exc):
+        try:
+            data = bytes(ForkingPickler.dumps(Raised(error, text)))
+            ForkingPickler.loads(data)
+            return data
+        except Exception:  # noqa: BLE001, S112 - it does not cross whole: the next, plainer form
+            continue
+    return bytes(ForkingPickler.dumps(Raised(RuntimeError(f"{type(exc).__name__}: {exc}"), text)))
+
+
+def _sendable(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` in the forms it may cross the pipe in, best first: whole; then, for a trtflow error whose attributes or
+    class do not pickle, the nearest class of it that does, with its message, exit code and the attributes that
+    pickle (still the refusal it was: never retried as an unexpected error)."""
+    yield exc
+    if isinstance(exc, TrtflowError):
+        kept = {k: v for k, v in vars(exc).items() if _pickles(v)}
+        kept["exit_code"] = exc.exit_code
+        for cls in type(exc).__mro__:
+            if issubclass(cls, TrtflowError):
+                yield rebuilt(cls, (str(exc),), kept)
+
+
+def _pickles(value: Any) -> bool:
+    """Whether `value` pickles and unpickles (a class whose constructor wants more than its args fails the second)."""
+    try:
+        pickle.loads(pickle.dumps(value))
+    except Exception:  # noqa: BLE001 - whatever pickle raises on it
+        return False
+    return True
 
 
 STAGE_TAG = "TRTFLOW_STAGE_TAG"  # in the environment of a stage's process and of everything it starts
@@ -307,7 +342,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     carries the child's traceback and its own output (`child_traceback`, `child_log`) for --verbose. `output`
     gets the child's output line by line as it comes (bounded); `keep`: where its whole output is copied when
     there was any (the stage's output directory)."""
-    if os.environ.get(IN_PROCESS) == "1":
+    if settings.IN_PROCESS.get():
         try:
             return func(*args)
         except TrtflowError:

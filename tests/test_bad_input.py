@@ -10,6 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.assets import trtflow
 from trtflow.flows import cli
 
 HEAD = "version: 1\nname: bad\nmodel: models/cls.onnx\n"
@@ -86,22 +87,75 @@ def _external_model(directory, location: str) -> None:
     onnx.save_model(model, str(directory / "ext.onnx"))
 
 
-@pytest.mark.parametrize("location, expected", [
-    ("../../../../../../../dev/zero", "outside the model's directory"),
-    ("/dev/zero", "outside the model's directory"),
-    ("nothere.bin", "which does not exist"),
-    ("fifo", "which is not a regular file"),
-])
-def test_external_data_is_read_only_inside_the_models_directory(write_yaml, workdir, capsys, location, expected):
-    import os
-    models = workdir / "models"
-    if location == "fifo":
-        os.mkfifo(models / "fifo")  # reading it would block for ever
+# location -> what the error says of it (issue #49: `trtflow init` and the prepare stage said exit 1, "not a valid
+# ONNX model (truncated or corrupt)"); `_plant` makes the files some of them name
+EXTERNAL = {
+    "../outside.bin": "outside the model's directory",
+    "../../../../../../../dev/zero": "outside the model's directory",
+    "/dev/zero": "outside the model's directory",
+    "nothere.bin": "which does not exist",
+    "fifo": "which is not a regular file but a FIFO",
+    "out-link.bin": "which leads outside the model's directory",
+    "in-link.bin": "which is a symlink",
+}
+
+
+def _plant(models, location: str):
+    """models/ext.onnx keeping its weight in `location`, and what `location` names: a real file beside the folder,
+    a FIFO (reading it would block for ever), a symlink to that outside file, a symlink to the real data inside."""
+    (models.parent / "outside.bin").write_bytes(np.ones(16, np.float32).tobytes())
     _external_model(models, location)
+    if location == "fifo":
+        os.mkfifo(models / "fifo")
+    elif location == "out-link.bin":
+        (models / location).symlink_to("../outside.bin")
+    elif location == "in-link.bin":
+        (models / location).symlink_to("ext.data")
+    return models / "ext.onnx"
+
+
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("location", EXTERNAL)
+def test_external_data_is_read_only_inside_the_models_directory(write_yaml, workdir, capsys, location, command):
+    model = _plant(workdir / "models", location)
     path = write_yaml("version: 1\nname: ext\nmodel: models/ext.onnx\nstages:\n  p: {kind: prepare}\n")
-    assert cli.main(["plan", str(path)]) == 2
+    assert cli.main([command, str(path)]) == 2
     (line,) = errors_of(capsys)
-    assert line.startswith(f"error: {models / 'ext.onnx'}: tensor 'w' keeps its data in '{location}', {expected}")
+    assert line.startswith(f"error: {model}: tensor 'w' keeps its data in '{location}', {EXTERNAL[location]}"), line
+
+
+@pytest.mark.parametrize("location", EXTERNAL)
+def test_init_refuses_external_data_outside_the_models_directory_reading_none(workdir, location):
+    """`trtflow init` on the model: exit 2, one line naming the model, the tensor and the location, and what to do;
+    nothing read (a FIFO read would block: the timeout)."""
+    models = workdir / "models"
+    _plant(models, location)
+    proc = trtflow("init", "ext.onnx", "--task", "classify", "-o", str(workdir / "p.yaml"), cwd=models, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert line.startswith(f"error: ext.onnx: tensor 'w' keeps its data in '{location}', {EXTERNAL[location]}"), line
+    assert line.endswith(")") and "(" in line.split(EXTERNAL[location], 1)[1], "it says what to do"
+    assert not (workdir / "p.yaml").exists()
+
+
+@pytest.mark.parametrize("location", EXTERNAL)
+def test_the_prepare_stage_refuses_external_data_outside_the_models_directory(workdir, tmp_path, location):
+    """The prepare stage itself, in its own process as `trtflow run` starts it (where the model's digest did not
+    look first): the same SpecError (exit 2) crosses to the parent, not "not a valid ONNX model" (exit 1)."""
+    from trtflow.artifact import Artifact, Inputs
+    from trtflow.errors import SpecError
+    from trtflow.flows.isolate import call_stage
+    from trtflow.pipelines.params.prepare import PrepareStage
+    from trtflow.stages.prepare import stage as prepare
+
+    model = _plant(workdir / "models", location)
+    (tmp_path / "out").mkdir()
+    args = (PrepareStage.model_validate({"kind": "prepare"}), Inputs({"model": Artifact(model, "onnx", "x")}),
+            tmp_path / "out")
+    with pytest.raises(SpecError) as info:
+        call_stage(prepare.run, args, 120, "p")
+    assert info.value.exit_code == 2 and info.value.file == str(model)
+    assert str(info.value).startswith(f"{model}: tensor 'w' keeps its data in '{location}', {EXTERNAL[location]}")
 
 
 @pytest.mark.parametrize("command", ["validate", "plan"])

@@ -23,6 +23,12 @@ class TrtflowError(Exception):
         self.hint = hint
         super().__init__(f"{message} ({hint})" if hint else message)
 
+    def __reduce__(self):
+        # A stage's errors reach the parent pickled (flows/isolate.py). Pickle's default calls the class with
+        # `args` (the message), which a constructor of its own (`LedgerError(where, why)`) refuses: every error is
+        # rebuilt without its constructor instead, with its args and attributes as they were.
+        return (rebuilt, (type(self), self.args), self.__dict__)
+
 
 class SpecError(TrtflowError):
     """The pipeline file, an override or a command-line argument is wrong: names the file, line and key path."""
@@ -85,8 +91,13 @@ class StageFailed(StageError):
         super().__init__(message)
         self.result = result
 
-    def __reduce__(self):  # keep the result when crossing a process boundary
-        return (type(self), (str(self), self.result))
+
+def rebuilt(cls: type[TrtflowError], args: tuple, state: dict | None = None) -> TrtflowError:
+    """An error of class `cls` with these `args` and attributes, its constructor not called."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state or {})
+    return error
 
 
 def format_path(path: tuple | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtflow import external_data
 from trtflow.errors import SpecError
 
 # ops that pass a tensor's meaning through unchanged: an output's producer is looked up behind them
@@ -76,6 +77,7 @@ def read_model(path: Path) -> ModelFacts:
     except Exception as exc:  # noqa: BLE001 - protobuf and OS errors alike: the file is not a model
         raise SpecError(f"{path}: not an ONNX model ONNX can read ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    external_data.files(path, model)  # what prepare would read, refused now
     graph = model.graph
     weights = {t.name for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
+from onnx.external_data_helper import load_external_data_for_model
 
+from trtflow import external_data
 from trtflow.errors import StageError
 from trtflow.text import first_line
 
@@ -18,11 +20,16 @@ def has_external_data(model: onnx.ModelProto) -> bool:
 
 
 def load(path: Path, with_data: bool = True) -> onnx.ModelProto:
+    """The model at `path`, its external data with it (`with_data`) once every location is checked (SpecError)."""
     path = Path(path)
     if not path.is_file():
         raise StageError(f"model file not found: {path}")
     try:
-        return onnx.load(str(path), load_external_data=with_data)
+        model = onnx.load(str(path), load_external_data=False)
+        if with_data:
+            external_data.files(path, model)  # every location checked before a byte of it is read
+            load_external_data_for_model(model, str(path.parent))
+        return model
     except (DecodeError, ValueError, RuntimeError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:
         raise StageError(f"{path} is not a valid ONNX model (truncated or corrupt): "
                          f"{first_line(exc)}") from None

@@ -109,15 +109,6 @@ class QuantizerCrash(StageError):
         super().__init__(message, hint=hint)
         self.node, self.op_type = node, op_type
 
-    def __reduce__(self):  # keep the fields when crossing a process boundary
-        return (_rebuild_crash, (str(self), self.node, self.op_type, self.hint))
-
-
-def _rebuild_crash(text: str, node: str | None, op_type: str | None, hint: str | None) -> QuantizerCrash:
-    err = QuantizerCrash("", node, op_type, None)
-    err.args, err.hint = (text,), hint
-    return err
-
 
 def quantizer_crash(exc: BaseException, per_channel: bool) -> QuantizerCrash:
     """One line for ONNX Runtime's quantizer failing: the node it was quantizing (read off the traceback's frames),
