@@ -323,6 +323,8 @@ class Runner:
             manifest = self._manifest(name, key, parts, inputs, result, staging, began, work,
                                       status="failed" if failed else "ok")
             directory, manifest = self.store.publish(name, key, staging, manifest, replace=self.forced(name, force))
+            if failed is None and manifest.ok:  # (a mark another run of this key made first is the same mark)
+                claim_all(self.store, result.after_publish)
         except TrtflowError as exc:
             self.store.discard(staging)
             if isinstance(exc, DiskError):

@@ -8,6 +8,7 @@ browser)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from google.protobuf import text_format
 from tests.assets import PPOCR, SQUEEZENET
 from tests.test_validate_stage import IMAGES, overflowing_squeezenet, photos, run_stage
 from tests.triton_server import stub_backend_utils
-from trtflow.artifact import Artifact, Inputs, Provenance
+from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.flows.store import LocalStore, claim_all
 from trtflow.pipelines.params.build import BuildStage
@@ -58,7 +59,10 @@ def engines(tmp: Path, models: list[Artifact], **kw) -> Path:
                                                 **kw}), Inputs({"models": models}), out).outputs["engines"]
 
 
-def release_of(tmp: Path, engines_dir: Path, shared: Path | None = None, **kw) -> tuple[dict, Path]:
+def released(tmp: Path, engines_dir: Path, shared: Path | None = None, died: bool = False, **kw) -> StageResult:
+    """A release stage's run and what the runner does around it: the versions it claims, created in the store's
+    shared/ before its result is published, and their publication marks after (none where the run `died` between
+    the two)."""
     out = tmp / f"release{len(list(tmp.glob('release*')))}"
     out.mkdir(parents=True)
     inputs = Inputs({"engines": Artifact(engines_dir, "engines", "e", "build"),
@@ -69,9 +73,16 @@ def release_of(tmp: Path, engines_dir: Path, shared: Path | None = None, **kw) -
     params = ReleaseStage.model_validate({"kind": "release", **kw,
                                           "triton": {"model_name": "cls", **kw.get("triton", {})}})
     result = release.run(params, inputs, out)
-    # as the runner does before publishing: the versions the release claims, created in the store's shared/
-    assert claim_all(LocalStore(inputs["releases"].path.parent), result.claims) is None
-    return json.loads(result.outputs["report"].read_text()), out
+    store = LocalStore(inputs["releases"].path.parent)
+    assert claim_all(store, result.claims) is None
+    if not died:
+        assert claim_all(store, result.after_publish) is None
+    return result
+
+
+def release_of(tmp: Path, engines_dir: Path, shared: Path | None = None, **kw) -> tuple[dict, Path]:
+    result = released(tmp, engines_dir, shared, **kw)
+    return json.loads(result.outputs["report"].read_text()), result.outputs["report"].parent
 
 
 def config_of(out: Path, target: str = "native", model: str = "cls"):
@@ -170,6 +181,46 @@ def test_the_same_engine_under_another_contract_is_a_new_version(tmp_path, cls, 
     assert again["targets"][0]["version"] == 2 and again["targets"][0]["new_version"]
     assert again["targets"][0]["contract_changes"] == ["max_batch_size 32 -> 16"]
     assert (out / "triton" / "native" / "cls" / "2" / "model.plan").is_file()
+
+
+def test_a_version_claimed_by_a_run_that_died_is_announced_by_the_run_that_publishes_it(tmp_path, cls,
+                                                                                        tensorrt_backend):
+    """Issue #49 item 7, on a local store: version 2 (a smaller batch cap) claimed by a run that died before its
+    release was published. The next run ships version 2 as new, its contract compared with version 1 (it was said
+    not new, compared with itself, and never announced); once published it is not new again. A ledger written
+    before publications were marked counts every version as published."""
+    from trtflow.events import StageRan
+    from trtflow.stages.release.triton import versions
+
+    built = engines(tmp_path, [cls], profiles={"lines": LINES})
+    shared = tmp_path / "shared"
+    assert release_of(tmp_path, built, shared, select=ANY_CONTRACT)[0]["targets"][0]["version"] == 1
+    smaller = {"select": ANY_CONTRACT, "triton": {"max_batch_size": 16}}
+    released(tmp_path, built, shared, died=True, **smaller)
+    assert (shared / "releases" / "cls" / "native" / "2.json").is_file()
+
+    result = released(tmp_path, built, shared, **smaller)
+    (shipped,) = result.metrics["releases"]
+    assert (shipped["version"], shipped["new"]) == (2, True)
+    assert shipped["previous_version"] == 1
+    assert shipped["contract_changes"] == ["max_batch_size 32 -> 16"]
+    assert "native: the serving contract changed since version 1: max_batch_size 32 -> 16" in result.warnings
+    (event,) = versions.announce(StageRan(tmp_path / "pipeline.yaml", "release", "k", tmp_path, result.metrics))
+    assert event.version == 2 and event.payload["contract_changes"] == ["max_batch_size 32 -> 16"]
+    assert event.payload["previous_version"] == 1
+
+    again = released(tmp_path, built, shared, **smaller)
+    assert [(r["version"], r["new"], r["contract_changes"]) for r in again.metrics["releases"]] == [(2, False, [])]
+    assert versions.announce(StageRan(tmp_path / "pipeline.yaml", "release", "k", tmp_path, again.metrics)) == []
+
+    marks = shared / "releases" / "cls" / "native.published"
+    assert sorted(p.name for p in marks.iterdir()) == ["1.json", "2.json", "since.json"]
+    (marks / "3.json").write_text("{}")  # a mark is read as strictly as a version's record
+    with pytest.raises(StageError, match=r"native.published/3.json: unreadable release ledger \(version: Field"):
+        released(tmp_path, built, shared, **smaller)
+    shutil.rmtree(marks)  # the ledger as a trtflow that marks nothing wrote it
+    legacy = released(tmp_path, built, shared, **smaller)
+    assert [(r["version"], r["new"]) for r in legacy.metrics["releases"]] == [(2, False)]
 
 
 def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend):

@@ -103,9 +103,9 @@ def _staged(store, stage: str, key: str, content: bytes) -> Path:
     return staging
 
 
-def _repo(tmp_path: Path, pipeline: str) -> Path:
+def _repo(tmp_path: Path, pipeline: str, name: str = "repo") -> Path:
     """A model repo: the PP-OCR classifier as models/cls.onnx and `pipeline` as pipeline.yaml."""
-    repo = tmp_path / "repo"
+    repo = tmp_path / name
     (repo / "models").mkdir(parents=True)
     shutil.copy(PPOCR, repo / "models" / "cls.onnx")
     (repo / "pipeline.yaml").write_text(pipeline)
@@ -430,6 +430,83 @@ def test_release_versions_are_counted_across_machines(bucket, tmp_path):
     second = run("machine2", "--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]",
                  "--set", "stages.release.select.contract=allow_change")  # a larger batch: a new contract
     assert second["version"] == 2 and second["max_batch_size"] == 8 and second["new_version"]
+
+
+# `trtflow run` SIGKILLed by itself right after the runner created a stage's claimed records (a release's version) in
+# the store, before the result is published: the test's only way in is the runner's own `claim_all`
+KILLED_AFTER_CLAIM = """
+import os, signal, sys
+from trtflow.flows import cli, runner
+
+claim_all = runner.claim_all
+
+def claim_then_die(store, claims):
+    lost = claim_all(store, claims)
+    if claims and lost is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return lost
+
+runner.claim_all = claim_then_die
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_version_claimed_by_a_killed_run_is_announced_once_when_published(bucket, tmp_path, prefect_api):
+    """Issue #49 item 7: `trtflow run` SIGKILLed between claiming version 2 (a larger batch: a new contract) and
+    publishing its release. The next run, on another machine, ships version 2 as new: trtflow.release.created is
+    sent once for it, carrying the contract's changes since version 1 (it was shipped as not new, compared with
+    itself: never announced, no warning). A forced release of it afterwards announces nothing."""
+    import datetime
+
+    import httpx
+
+    name, fs = bucket
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    repo = _repo(tmp_path, RELEASED.format(url=f"s3://{name}/team"), name=f"killed-{name[-6:]}")
+    ledger = f"{name}/team/shared/releases/released/native"
+    assert _run_on("machine1", repo, tmp_path, "*/release/*/report.json")["targets"][0]["version"] == 1
+    larger = ["--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]",
+              "--set", "stages.release.select.contract=allow_change"]
+    killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_CLAIM, "run", str(repo / "pipeline.yaml"), *larger],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / "machine1")})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert json.loads(fs.cat_file(f"{ledger}/2.json"))["version"] == 2, "version 2 was claimed"
+    assert len(fs.glob(f"{name}/team/release/*/manifest.json")) == 1, "and its release never published"
+
+    done = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "run", str(repo / "pipeline.yaml"), *larger],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRTFLOW_CACHE_DIR": str(tmp_path / "machine2")})
+    assert done.returncode == 0 and "ran release" in done.stdout, done.stdout + done.stderr
+    (report,) = (tmp_path / "machine2").glob("*/release/*/report.json")
+    shipped = json.loads(report.read_text())["targets"][0]
+    assert (shipped["version"], shipped["new_version"]) == (2, True)
+    assert "max_batch_size 4 -> 8" in shipped["contract_changes"], shipped["contract_changes"]
+    assert "the serving contract changed since version 1: " in done.stdout, done.stdout
+    assert shipped["previous_version"] == 1
+    assert fs.exists(f"{ledger}.published/2.json"), "its publication is marked in the store"
+
+    forced = _run_on("machine3", repo, tmp_path, "*/release/*/report.json", *larger, "--force", "release")
+    assert (forced["targets"][0]["version"], forced["targets"][0]["new_version"]) == (2, False)
+
+    resource = f"trtflow.release.{repo.name}.release.native"
+
+    def sent() -> list[dict]:
+        answer = httpx.post(f"{prefect_api}/events/filter", timeout=10, json={
+            "filter": {"occurred": {"since": started}, "event": {"name": ["trtflow.release.created"]},
+                       "resource": {"id": [resource]}}, "limit": 50})
+        answer.raise_for_status()
+        return sorted(answer.json()["events"], key=lambda e: e["payload"]["version"])
+
+    deadline, events = time.monotonic() + 30, []
+    while time.monotonic() < deadline and len(events) < 2:
+        time.sleep(0.5)
+        events = sent()
+    time.sleep(2)  # anything sent more than once has arrived by now
+    events = sent()
+    assert [e["payload"]["version"] for e in events] == [1, 2], events
+    assert events[1]["payload"]["contract_changes"] == shipped["contract_changes"]
+    assert events[1]["payload"]["previous_version"] == 1
 
 
 def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path, monkeypatch, prefect_api):

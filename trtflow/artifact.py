@@ -73,7 +73,8 @@ class Claim:
     """A record the result is only valid with, created once in the store's `shared/` and never replaced (a
     release's version): `data` is a JSON object whose `"owner"` is `owner`. The runner creates it with the store's
     atomic primitive before the result is published; where another run holds the same path for another owner, the
-    stage runs again and sees that record."""
+    stage runs again and sees that record. (`StageResult.after_publish`: the same kind of record, created once the
+    result is published.)"""
 
     path: str  # relative to the store's shared/
     data: bytes
@@ -96,3 +97,6 @@ class StageResult:
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     claims: list[Claim] = field(default_factory=list)
+    # records that say the result was published (a released version's mark), created once it is: what the next
+    # runs go by, where a run claimed and died before publishing
+    after_publish: list[Claim] = field(default_factory=list)

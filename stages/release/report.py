@@ -84,7 +84,7 @@ class TargetRelease(BaseModel):
     target: str
     chosen: Option | None
     version: int | None = None
-    new_version: bool = False  # False: this engine was released before under `version`
+    new_version: bool = False  # False: a release of this engine as `version` was published before
     why_none: str | None = None
     held: str | None = None  # why no engine of this run replaces the previous version (it stays the one served)
     options: list[Option]  # every engine of the target, the chosen first, then by rank, refused last
@@ -96,6 +96,7 @@ class TargetRelease(BaseModel):
     environment: ValidFor = ValidFor()
     contract: Contract | None = None  # what a client may send and gets back (also contract.json in the repository)
     contract_changes: list[str] = []  # against the previous version of this model and target
+    previous_version: int | None = None  # that version: the latest one published before this release
     previous: str | None = None  # the engine the previous version shipped, where it is still an option
     stability: str = ""  # why the previous choice was kept, or replaced
     request_example: str = ""  # a Python script (tritonclient) that sends the model a request

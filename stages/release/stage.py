@@ -62,44 +62,50 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     targets: dict[str, list[Engine]] = {}
     for eng in engines:
         targets.setdefault(eng.cell.target, []).append(eng)
-    released, claims, warnings = [], [], []
+    released, claims, marks, warnings = [], [], [], []
     for target, found in targets.items():
-        release, said, claim = _release_target(job, target, found)
+        release, said, (before, after) = _release_target(job, target, found)
         released.append(release)
         warnings += said
-        claims += [claim] if claim is not None else []
+        claims += before
+        marks += after
     report = _report(job, released, warnings)
     card.write(report, _plots(inputs, job.verdict, released), out_dir / "card")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     (out_dir / "triton").mkdir(exist_ok=True)
     result = StageResult(outputs={"triton": out_dir / "triton", "card": out_dir / "card",
                                   "report": out_dir / "report.json"},
-                         summary=report.summary(), warnings=warnings, metrics=_metrics(job, released), claims=claims)
+                         summary=report.summary(), warnings=warnings, metrics=_metrics(job, released), claims=claims,
+                         after_publish=marks)
     why_not = _failure(job, released)
     if why_not:
         raise StageFailed(why_not, result)
     return result
 
 
-def _release_target(job: _Job, target: str, found: list[Engine]) -> tuple[TargetRelease, list[str], Claim | None]:
+def _release_target(job: _Job, target: str, found: list[Engine]) \
+        -> tuple[TargetRelease, list[str], tuple[list[Claim], list[Claim]]]:
     """One target's release: its engines ranked by the rule, the previous version kept where a rebuild lost its
-    variant, else the chosen engine's Triton repository; the warnings it gives and the version it claims."""
+    variant, else the chosen engine's Triton repository; the warnings it gives and the records of the version it
+    claims (before its result is published, after). The previous version is the latest one published: a version
+    claimed by a run that died before publishing it was never served."""
     params = job.params
     ledger = versions.read(job.shared.path, job.model_name, target) if job.shared else versions.Ledger()
-    latest = ledger.latest()
-    previous = latest.candidate if latest else None
+    published = ledger.last_published()
+    previous = published.candidate if published else None
     options = selection.rank([_option(e, params, job.verdict, job.bench, job.kept) for e in found], params.select)
-    held = _held(latest, options, job.verdict, params) if latest is not None else None
+    held = _held(published, options, job.verdict, params) if published is not None else None
     if held is not None:
-        return (TargetRelease(target=target, chosen=None, options=options, held=held, version=latest.version,
+        return (TargetRelease(target=target, chosen=None, options=options, held=held, version=published.version,
                               previous=previous),
-                [f"{target}: version {latest.version} stays the one served: {held}"], None)
+                [f"{target}: version {published.version} stays the one served: {held}"], ([], []))
     options, stability = selection.keep_previous(options, previous, params.select.prefer)
     chosen = options[0] if options and options[0].rank == 1 else None
-    release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability, previous=previous)
+    release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability, previous=previous,
+                            previous_version=published.version if published else None)
     if chosen is None:
         release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
-        return release, [], None
+        return release, [], ([], [])
     eng = next(e for e in found if e.cell.name == chosen.name)
     warnings = _repository(release, eng, params, job.model_name, job.out_dir, job.steps,
                            _warmup_sample(params, job.inputs, eng), ledger)
@@ -109,11 +115,11 @@ def _release_target(job: _Job, target: str, found: list[Engine]) -> tuple[Target
                         f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
                         f"on a machine with TensorRT (the Triton container's version) to serve it there")
     if release.contract_changes and params.select.contract == "allow_change":
-        warnings.append(f"{target}: the serving contract changed since version {latest.version}: "
+        warnings.append(f"{target}: the serving contract changed since version {release.previous_version}: "
                         + "; ".join(release.contract_changes))
-    claim = versions.claim(job.model_name, target, release.version, chosen.engine_sha256, chosen.name,
-                           release.contract) if job.shared is not None and release.new_version else None
-    return release, warnings, claim
+    records = versions.records(ledger, job.model_name, target, release.version, chosen.engine_sha256, chosen.name,
+                               release.contract) if job.shared is not None and release.new_version else ([], [])
+    return release, warnings, records
 
 
 def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> ReleaseReport:
@@ -130,7 +136,8 @@ def _metrics(job: _Job, released: list[TargetRelease]) -> dict:
     previous version stays (an optional variant it shipped was lost)."""
     return {"releases": [versions.Release(model=job.model_name, target=t.target, version=t.version,
                                           new=t.new_version, engine=t.chosen.name,
-                                          engine_sha256=t.chosen.engine_sha256, repository=t.repository or "")
+                                          engine_sha256=t.chosen.engine_sha256, repository=t.repository or "",
+                                          previous_version=t.previous_version, contract_changes=t.contract_changes)
                          .model_dump() for t in released if t.chosen is not None and t.version is not None],
             "held": [versions.Held(model=job.model_name, target=t.target, version=t.version, engine=t.previous,
                                    why=t.held).model_dump()
@@ -257,8 +264,9 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
                 steps: list[dict] | None, sample: dict | None, ledger: versions.Ledger) -> list[str]:
     """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
     ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
-    config Triton would refuse fails the stage here. The serving contract is compared with the latest version's;
-    the version is the latest's where it holds this engine under an unchanged contract, else the next."""
+    config Triton would refuse fails the stage here. The serving contract is compared with the latest published
+    version's; the version is the latest's where it holds this engine under the contract it was claimed with, else
+    the next."""
     repo = out_dir / "triton" / release.target  # a checked name (trtflow.names)
     model_dir = repo / model_name
     model_dir.mkdir(parents=True)
@@ -277,11 +285,12 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     if wrong:
         raise StageError(f"release: Triton would refuse the config.pbtxt for {eng.cell.name}: {'; '.join(wrong)}")
     release.contract = Contract.of(parsed, eng.cell.profiles)
-    latest = ledger.latest()
-    if latest is not None and latest.contract is not None:
-        release.contract_changes = release.contract.changes(latest.contract)
-    release.version, release.new_version = ledger.version_for(release.chosen.engine_sha256,
-                                                              bool(release.contract_changes))
+    published, latest = ledger.last_published(), ledger.latest()
+    if published is not None and published.contract is not None:
+        release.contract_changes = release.contract.changes(published.contract)
+    claimed_with = latest.contract if latest is not None else None
+    release.version, release.new_version = ledger.version_for(
+        release.chosen.engine_sha256, claimed_with is not None and bool(release.contract.changes(claimed_with)))
     (model_dir / str(release.version)).mkdir()
     (model_dir / "config.pbtxt").write_text(text)
     shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)

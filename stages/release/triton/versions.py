@@ -9,6 +9,13 @@ for another engine, the stage runs again and counts from that record. Outside th
 baselines. A ledger that cannot be read stops the release: counting again from 1 would give one version to two
 engines.
 
+A version is new (announced: `trtflow.release.created`) until a release of it is published, whichever run claimed
+it: a run killed between the claim and the publication leaves the version to the run that finally publishes it.
+Once the release is published, the runner creates the version's mark (`StageResult.after_publish`), once as well:
+`releases/<model>/<target>.published/<version>.json`. `since.json` there, created before the first claim that will
+be marked, tells the versions before it apart: a trtflow that marked none released them, and they were published.
+A trtflow without marks never lists that folder (it is beside the target's, not in it).
+
 Stores written before this layout hold one file per model and target, `releases/<model>/<target>.json`: it is read
 (never written) so that versions go on from it.
 """
@@ -18,6 +25,7 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,6 +35,7 @@ from trtflow.errors import StageError
 from trtflow.events import Event, StageRan
 from trtflow.stages.release.triton.contract import Contract
 
+_M = TypeVar("_M", bound=BaseModel)
 MAX_VERSION = 2**63 - 1  # Triton's versions are int64
 RECORD = re.compile(r"([1-9][0-9]{0,18})\.json")  # a positive number without a leading zero, as Triton loads it
 Version = Field(ge=1, le=MAX_VERSION)
@@ -41,6 +50,24 @@ class Released(BaseModel):
     contract: Contract | None = None  # what clients of this version may send and get back (None: before contracts)
 
 
+class Published(BaseModel):
+    """The mark that a release of `version` was published (owner: its engine), created once after the result was."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    version: int = Version
+    owner: str = Field(pattern=r"^[0-9a-f]{64}$")
+    published: str
+
+
+class Since(BaseModel):
+    """The first version whose publication is marked. Any run may create it (the first one's stays): one owner."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    owner: Literal["ledger"] = "ledger"
+    since: int = Version
+
+
+SINCE = "since.json"
+
+
 class LedgerError(StageError):
     """The versions released so far cannot be read: nothing is released."""
 
@@ -53,21 +80,36 @@ class LedgerError(StageError):
 
 class Ledger(BaseModel):
     releases: list[Released] = []
+    since: int | None = None  # the first version whose publication is marked (None: no version's is)
+    published: dict[int, str] = {}  # the marked versions: version -> the engine its mark names
 
     def latest(self) -> Released | None:
+        """The latest version claimed, published or not: the next version counts from it."""
         return max(self.releases, key=lambda r: r.version) if self.releases else None
 
+    def was_published(self, release: Released) -> bool:
+        """Whether a release of this version was published: its mark names its engine, or it is older than the
+        marks."""
+        if self.since is None or release.version < self.since:
+            return True
+        return self.published.get(release.version) == release.owner
+
+    def last_published(self) -> Released | None:
+        """The latest version whose release was published: the one clients know, and the contract's baseline."""
+        return max((r for r in self.releases if self.was_published(r)), key=lambda r: r.version, default=None)
+
     def version_for(self, engine_digest: str, contract_changed: bool = False) -> tuple[int, bool]:
-        """(the version to ship this engine as, whether it is new): the latest version if it holds this engine
-        and the serving contract did not change, else one more than the latest (an engine released long ago comes
-        back as a new version: a lower one would not be served; a config that changes what clients may send is a
-        new version too)."""
+        """(the version to ship this engine as, whether it is new: no release of it was published before): the
+        latest version if it holds this engine and the serving contract it was claimed with did not change (new
+        where the run that claimed it died before publishing it), else one more than the latest (an engine
+        released long ago comes back as a new version: a lower one would not be served; a config that changes
+        what clients may send is a new version too)."""
         if not self.releases:
             return 1, True
         latest = self.latest()
         assert latest is not None
         if latest.owner == engine_digest and not contract_changed:
-            return latest.version, False
+            return latest.version, not self.was_published(latest)
         if latest.version >= MAX_VERSION:
             raise StageError(f"release: version {latest.version} is the largest Triton takes: no next version",
                              hint="release under a new triton.model_name")
@@ -79,10 +121,29 @@ def folder(model: str, target: str) -> str:
     return f"releases/{model}/{target}"
 
 
+def marks(model: str, target: str) -> str:
+    """The directory of its publication marks (a target's name has no dot: no target's folder is named so)."""
+    return f"{folder(model, target)}.published"
+
+
 def read(shared: Path, model: str, target: str) -> Ledger:
-    """Every version released of `model` for `target`; LedgerError when any record cannot be read."""
+    """Every version released of `model` for `target`, and which were published; LedgerError when any record
+    cannot be read."""
     rel = folder(model, target)
     found = _legacy(shared, f"{rel}.json")
+    for path, version in _records(shared, rel):
+        found.append(_entry(Released, path, version))
+    ledger = Ledger(releases=found)
+    for path, version in _records(shared, marks(model, target), also=SINCE):
+        if version is None:
+            ledger.since = _entry(Since, path, None).since
+        else:
+            ledger.published[version] = _entry(Published, path, version).owner
+    return ledger
+
+
+def _records(shared: Path, rel: str, also: str = "") -> list[tuple[Path, int | None]]:
+    """The records of directory `rel` with the version each one's name says (None: `also`)."""
     try:
         directory = paths.under(shared, f"{rel}/record").parent  # no symlink on the way to it
     except paths.OutsidePath as exc:
@@ -93,20 +154,26 @@ def read(shared: Path, model: str, target: str) -> Ledger:
         names = sorted(os.listdir(directory)) if directory.is_dir() else []
     except OSError as exc:
         raise LedgerError(directory, exc.strerror or str(exc)) from None
+    found: list[tuple[Path, int | None]] = []
     for name in names:
         if name.startswith("."):  # a record being written
             continue
         m = RECORD.fullmatch(name)
-        if m is None:
+        if m is None and name != also:
             raise LedgerError(directory / name, "not a version's record: <positive number>.json")
-        try:
-            entry = Released.model_validate(files.read_json(directory / name, CLAIM_BYTES, follow=False))
-        except (OSError, ValueError) as exc:  # (pydantic's ValidationError is a ValueError)
-            raise LedgerError(directory / name, _why(exc)) from None
-        if entry.version != int(m.group(1)):
-            raise LedgerError(directory / name, f"it says version {entry.version}")
-        found.append(entry)
-    return Ledger(releases=found)
+        found.append((directory / name, int(m.group(1)) if m else None))
+    return found
+
+
+def _entry(model: type[_M], path: Path, version: int | None) -> _M:
+    try:
+        entry = model.model_validate(files.read_json(path, CLAIM_BYTES, follow=False))
+    except (OSError, ValueError) as exc:  # (pydantic's ValidationError is a ValueError)
+        raise LedgerError(path, _why(exc)) from None
+    said = getattr(entry, "version", None)
+    if version is not None and said != version:
+        raise LedgerError(path, f"it says version {said}")
+    return entry
 
 
 def _why(exc: BaseException) -> str:
@@ -136,9 +203,27 @@ def _legacy(shared: Path, rel: str) -> list[Released]:
 def claim(model: str, target: str, version: int, engine_digest: str, candidate: str,
           contract: Contract | None = None) -> Claim:
     record = Released(version=version, owner=engine_digest, candidate=candidate, contract=contract,
-                      created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                      created=_now())
     return Claim(path=f"{folder(model, target)}/{version}.json",
                  data=(record.model_dump_json(indent=2) + "\n").encode(), owner=engine_digest)
+
+
+def records(ledger: Ledger, model: str, target: str, version: int, engine_digest: str, candidate: str,
+            contract: Contract | None) -> tuple[list[Claim], list[Claim]]:
+    """What releasing a new `version` creates in the store's shared/: before the result is published, its record
+    (after the ledger's `since.json`, where it has none yet); after, the mark that it was published."""
+    before = [] if ledger.since is not None else [_record(f"{marks(model, target)}/{SINCE}", Since(since=version))]
+    mark = Published(version=version, owner=engine_digest, published=_now())
+    return (before + [claim(model, target, version, engine_digest, candidate, contract)],
+            [_record(f"{marks(model, target)}/{version}.json", mark)])
+
+
+def _record(path: str, record: Published | Since) -> Claim:
+    return Claim(path=path, data=(record.model_dump_json(indent=2) + "\n").encode(), owner=record.owner)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 class _Record(BaseModel):
@@ -146,8 +231,9 @@ class _Record(BaseModel):
 
 
 class Release(_Record):
-    """A version a release stage made or kept for one target (`new`: it made it): an entry of its metrics'
-    `releases`."""
+    """A version a release stage shipped for one target (`new`: no release of it was published before): an entry of
+    its metrics' `releases`. `contract_changes`: what clients of `previous_version` (the latest one published
+    before it) find different."""
     model: str
     target: str
     version: int
@@ -155,6 +241,8 @@ class Release(_Record):
     engine: str | None = None
     engine_sha256: str | None = None
     repository: str = ""
+    previous_version: int | None = None
+    contract_changes: list[str] = []
 
 
 class Held(_Record):
@@ -171,8 +259,8 @@ RELEASE_EVENT = "trtflow.release.created"
 
 
 def announce(ran: StageRan) -> list[Event]:
-    """The release kind's events (its row's `events`): one per new version a release stage made (a release of an
-    engine released before makes none): what a deployment that rolls engines out to Triton acts on."""
+    """The release kind's events (its row's `events`): one per new version a release stage published (a version
+    published before makes none): what a deployment that rolls engines out to Triton acts on."""
     try:
         made = [Release.model_validate(r) for r in ran.metrics.get("releases") or []]
     except ValidationError:
@@ -182,6 +270,6 @@ def announce(ran: StageRan) -> list[Event]:
                    "trtflow.target": r.target},
                   {"version": r.version, "engine": r.engine, "engine_sha256": r.engine_sha256,
                    "repository": str(ran.directory / r.repository), "card": str(ran.directory / "card"),
-                   "key": ran.key},
+                   "key": ran.key, "previous_version": r.previous_version, "contract_changes": r.contract_changes},
                   version=r.version, say=f"released {r.model} version {r.version} for {r.target}")
             for r in made if r.new]
