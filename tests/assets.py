@@ -16,7 +16,7 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 PPOCR = EXAMPLES / "ppocr-cls" / "models" / "ch_ppocr_mobile_v2.0_cls_infer.onnx"  # PP-OCR's direction classifier
-SQUEEZENET = EXAMPLES / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"  # torchvision, ImageNet weights
+SQUEEZENET = EXAMPLES / "squeezenet-cls" / "models" / "squeezenet1_1.onnx"  # torchvision, random weights
 # real trtexec logs and exports published by others: third-party, kept in the workspace's shared folder, not here
 TRTEXEC_DATA = ROOT.parent / "shared" / "trtexec"
 PHOTOS = sorted(p for p in (EXAMPLES / "squeezenet-cls" / "data").iterdir() if p.suffix in (".png", ".jpg"))

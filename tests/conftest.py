@@ -54,6 +54,12 @@ def _start_prefect_server(config) -> None:
 
 
 def pytest_unconfigure(config) -> None:
+    import sys
+
+    # the Triton servers a test left running (the `triton` fixture's exit stops its own; tests/triton_server.py),
+    # each with every process it started: pytest ends with none of them, however its tests ended
+    if "tests.triton_server" in sys.modules:
+        sys.modules["tests.triton_server"].stop_all()
     started = getattr(config, "_trtflow_prefect", None)
     if started is None:
         return
@@ -188,7 +194,9 @@ def pytest_collection_modifyitems(config, items) -> None:
 def triton(tmp_path_factory):
     """The real Triton server (tests/triton_server.py), started once per test process on an empty repository whose
     models each test loads; its Python backend's environment made from exactly what the release's preprocessing
-    model requires (its requirements.txt, as the card says) and what the stand-in TensorRT backend needs."""
+    model requires (its requirements.txt, as the card says) and what the stand-in TensorRT backend needs. Stopped
+    at the end of the test process with every process it started (the Python backend's stubs), whatever the tests'
+    outcomes (tests/test_triton_server.py)."""
     from tests import triton_server
     from trtflow.stages.release.triton.preprocess import REQUIREMENTS
     root = tmp_path_factory.mktemp("triton")

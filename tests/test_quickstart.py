@@ -8,7 +8,12 @@ What this machine lacks is stood in for, each stand-in named where it is made:
   a wrapper that gives it what a machine without a GPU needs: the stand-in TensorRT backend (the shipped variant's
   ONNX on ONNX Runtime), KIND_CPU for KIND_GPU, and the port the test chose (the request example reads TRITON_URL);
 - the GPU and its driver are a stand-in `nvidia-smi` (the documented CSV query and banner) whose driver version the
-  test changes: it moves the environment fingerprint exactly as an upgrade would; no engine runs either way.
+  test changes: it moves the environment fingerprint exactly as an upgrade would; no engine runs either way;
+- `python` and `trtflow` are the interpreter running the tests, with its packages, as they are after the install:
+  in a virtual environment that interpreter is the environment's (a script that execs it by its path; a symlink to
+  it outside the environment would start the base interpreter, which has none of the environment's packages).
+
+The Triton server it starts is stopped with everything it started (tests/triton_server.py `stop`), pass or fail.
 """
 from __future__ import annotations
 
@@ -16,7 +21,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -53,7 +57,7 @@ def _stand_ins(bin_dir: Path, store: Path, log: Path) -> None:
     smi.write_text(f'#!/bin/sh\nif [ -n "$1" ]; then cat {shlex.quote(str(bin_dir / "smi.csv"))}; '
                    f'else cat {shlex.quote(str(bin_dir / "smi.txt"))}; fi\n')
     _smi(bin_dir, OLD_DRIVER)
-    (bin_dir / "python").symlink_to(sys.executable)
+    python_shim(bin_dir / "python")
     (bin_dir / "trtflow").write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m trtflow.flows.cli \"$@\"\n")
     server = bin_dir / "tritonserver"
     server.write_text(f"#!{sys.executable}\n" + textwrap.dedent(f"""\
@@ -65,6 +69,34 @@ def _stand_ins(bin_dir: Path, store: Path, log: Path) -> None:
         """))
     for exe in (smi, bin_dir / "trtflow", server):
         exe.chmod(0o755)
+
+
+def python_shim(path: Path, interpreter: str = sys.executable) -> None:
+    """`python` as the installed user's shell finds it: `interpreter` with its own packages. A script that execs it
+    by its own path, not a symlink: Python finds a virtual environment by the `pyvenv.cfg` beside (or above) the path
+    it was started by, and a symlink to a venv's `python` placed elsewhere starts the base interpreter."""
+    path.write_text(f'#!/bin/sh\nexec {shlex.quote(interpreter)} "$@"\n')
+    path.chmod(0o755)
+
+
+def test_the_python_shim_runs_each_interpreter_with_its_own_packages(tmp_path):
+    """In a virtual environment and in a base interpreter alike, the quickstart's `python` is that interpreter with its
+    own prefix (where its packages are): the test's own, a fresh venv made from it, and the base one."""
+    made = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(made)], check=True, timeout=120)
+    base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    cases = {sys.executable: sys.prefix, str(made / "bin" / "python"): str(made)}
+    if base.is_file():
+        cases[str(base)] = sys.base_prefix
+    for i, (interpreter, prefix) in enumerate(cases.items()):
+        shim = tmp_path / f"bin{i}" / "python"
+        shim.parent.mkdir()
+        python_shim(shim, interpreter)
+        done = subprocess.run(["bash", "-c", "python -c 'import sys; print(sys.prefix)'"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PATH": f"{shim.parent}{os.pathsep}"
+                                                          f"{os.environ['PATH']}"}, check=False)
+        assert done.returncode == 0, done.stderr
+        assert Path(done.stdout.strip()).resolve() == Path(prefix).resolve(), (interpreter, done.stdout, prefix)
 
 
 def serve(argv: list[str], store: str, log: str) -> None:
@@ -119,6 +151,10 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
         return subprocess.run(["bash", "-c", command], cwd=project, env=env, capture_output=True, text=True,
                               timeout=900)
 
+    # the README's `python` is the interpreter the install put trtflow in: this one, with its packages (a venv's)
+    done = run("python -c 'import sys; print(sys.prefix)'")
+    assert Path(done.stdout.strip()).resolve() == Path(sys.prefix).resolve(), done.stdout + done.stderr
+
     # 2. init writes the pipeline beside the model
     init, = blocks[1]
     done = run(init)
@@ -145,21 +181,18 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
     # 5. served by the real Triton (stand-in wrapper), answered by the card's own request example
     serve_line, request = blocks[4]
     assert serve_line.endswith("&")
-    server = subprocess.Popen(["bash", "-c", serve_line.removesuffix("&").strip()], cwd=project, env=env,
-                              start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = triton_server.watch(subprocess.Popen(
+        ["bash", "-c", serve_line.removesuffix("&").strip()], cwd=project, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
         done = subprocess.run(["bash", "-c", request], cwd=project, env={**env, "WAIT": "180"},
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr + (log.read_text()[-3000:] if log.exists() else "")
         # the classifier's one output, at the first profile's opt batch
         assert re.fullmatch(r"\S+ \(\d+, 2\)", done.stdout.strip()), done.stdout
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=10)
+    finally:  # the shell, the server and its Python backend's stubs: none is left, whatever the outcome
+        triton_server.stop(server)
+    assert not triton_server.stubs(log.parent / "served"), triton_server.stubs(log.parent / "served")  # serve()'s
 
     # 6. the rebuild step: first on an unchanged machine (its first record; nothing to do), then after the driver
     # changed (the stand-in nvidia-smi now reports the new version)

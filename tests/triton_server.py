@@ -10,9 +10,16 @@ Runtime. What the tests prove with it is what Triton does with a released reposi
 The Python backend's stub (one per Python minor version, shipped in the wheel) runs in an environment of its own,
 found through `PATH` (the environment's `bin` first) with the base interpreter's libpython on `LD_LIBRARY_PATH`:
 `environment()` makes one from exact requirement lines, as a release's card tells its users to.
+
+A server leaves nothing running, whatever the test's outcome: it is started in a session of its own, and `stop()`
+(the context's exit; at the latest the interpreter's exit, `atexit`) ends that whole session and waits until none of
+it is left. Asking Triton to stop is not enough: a stub ignores SIGTERM, and one whose server died or hung while
+loading it (a test failing right after starting the server, or during a load) outlives the server, reparented to
+init, until it notices.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -36,6 +43,7 @@ WHEEL = "nvidia-pytriton==0.7.0"
 TRITON_VERSION = "2.51.0"
 STAND_IN = Path(__file__).with_name("triton_backend") / "model.py"
 STAND_IN_REQUIREMENTS = ["numpy>=1.26,<2", "onnxruntime>=1.20,<1.33"]  # what the stand-in backend itself imports
+STUB = "triton_python_backend_stub"  # the Python backend's process, one per model instance
 
 
 def server_home() -> Path:
@@ -133,19 +141,31 @@ def server_environment(env: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def triton(repository: Path, env: Path, log: Path) -> Iterator[Server]:
-    """tritonserver on `repository` (models loaded explicitly: `Server.load`), its Python models in `env`."""
+def triton(repository: Path, env: Path, log: Path, grace: float = 30) -> Iterator[Server]:
+    """tritonserver on `repository` (models loaded explicitly: `Server.load`), its Python models in `env`. On leaving,
+    however the block ends, the server and every process it started are gone (`stop`; `grace`: how long Triton may
+    take to unload its models before the rest is killed)."""
+    server = start(repository, env, log)
+    try:
+        yield server
+    finally:
+        stop(server.proc, grace)
+
+
+def start(repository: Path, env: Path, log: Path) -> Server:
+    """tritonserver on `repository`, answering; in a session of its own, stopped with it by `stop` (at the latest when
+    this interpreter exits). `triton` stops it when its block ends."""
     home = server_home()
     root = backends(home)
     http_port, grpc_port, metrics_port = _free_ports(3)
     variables = server_environment(env)
     with open(log, "wb") as out:  # a file, not a pipe: a full pipe would stop the server
-        proc = subprocess.Popen(
+        proc = watch(subprocess.Popen(
             [str(home / "pytriton" / "tritonserver" / "bin" / "tritonserver"), "--model-repository", str(repository),
              "--backend-directory", str(root), "--model-control-mode", "explicit", "--exit-on-error", "false",
              "--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
              "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--allow-metrics", "false"],
-            stdout=out, stderr=subprocess.STDOUT, env=variables, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, env=variables, start_new_session=True))
     made_from = (env / "requirements.txt").read_text().split() if (env / "requirements.txt").exists() else []
     server = Server(f"127.0.0.1:{http_port}", repository, log, proc, made_from)
     try:
@@ -154,16 +174,107 @@ def triton(repository: Path, env: Path, log: Path) -> Iterator[Server]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"tritonserver did not start: {log.read_text()[-3000:]}")
             time.sleep(0.3)
-        yield server
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    except BaseException:
+        stop(proc)
+        raise
+    return server
+
+
+# ------------------------------------------------------------------------- nothing left running, whatever happens
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    ppid: int
+    session: int
+    state: str  # /proc's: Z is a zombie (dead, not yet reaped)
+    argv: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return Path(self.argv[0]).name if self.argv else ""
+
+
+def processes() -> list[Process]:
+    """Every process on this machine that is not a zombie, from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+            stat = Path(entry.path, "stat").read_text()
+            cmdline = Path(entry.path, "cmdline").read_bytes()
+        except OSError:  # it ended meanwhile
+            continue
+        state, ppid, _group, session = stat[stat.rindex(")") + 2:].split()[:4]  # the name, in (), may hold anything
+        if state not in ("Z", "X"):
+            argv = tuple(a.decode(errors="replace") for a in cmdline.split(b"\0") if a)
+            found.append(Process(int(entry.name), int(ppid), int(session), state, argv))
+    return found
+
+
+def session(sid: int) -> list[Process]:
+    """What is left of the session `sid` (a server's: its shell, the server, the Python backend's stubs)."""
+    return [p for p in processes() if p.session == sid]
+
+
+def stubs(repository: Path) -> list[Process]:
+    """The Python backend's stubs serving a model of `repository`, wherever they are (a stub's arguments start with
+    its model.py), whoever their parent now is."""
+    roots = {str(Path(repository)), str(Path(repository).resolve())}
+    return [p for p in processes() if p.name == STUB and len(p.argv) > 1 and
+            any(p.argv[1].startswith(root + os.sep) for root in roots)]
+
+
+_RUNNING: dict[int, subprocess.Popen] = {}  # started and not yet stopped: what `stop_all` ends at exit
+
+
+def watch(proc: subprocess.Popen) -> subprocess.Popen:
+    """`proc`, started with `start_new_session=True`, to be stopped with its whole session by `stop` (at the latest
+    when this interpreter exits)."""
+    assert os.getsid(proc.pid) == proc.pid, "a server to stop with its session must be started in a new session"
+    _RUNNING[proc.pid] = proc
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace: float = 30) -> None:
+    """Stop `proc` and everything in its session: SIGTERM to its process group, up to `grace` s for it to exit, then
+    SIGKILL to whatever of the session is left (stubs ignore SIGTERM and outlive a server that died or hung loading
+    them), until none of it remains. RuntimeError if something of it survives SIGKILL for 30 s."""
+    sid = proc.pid
+    if proc.returncode is not None and not session(sid):  # stopped already: its id may be another's by now
+        _RUNNING.pop(sid, None)
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    deadline = time.monotonic() + 30
+    while True:
+        # a session id stays allocated while anything is in the session: this never names another's processes
+        left = session(sid)
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"still running after SIGKILL: {left}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sid, signal.SIGKILL)
+        for p in left:  # one that left the process group (not the session)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+                os.kill(p.pid, signal.SIGKILL)
+        time.sleep(0.1)
+        proc.poll()  # reap it once killed (its session's other processes are init's to reap)
+    proc.wait(timeout=10)
+    _RUNNING.pop(proc.pid, None)
+
+
+@atexit.register
+def stop_all() -> None:
+    """Every server not stopped yet, at once (the interpreter is exiting: pytest ended, or a test process died of an
+    exception outside any test)."""
+    for proc in list(_RUNNING.values()):
+        with contextlib.suppress(Exception):
+            stop(proc, grace=5)
 
 
 def _up(port: int) -> bool:
