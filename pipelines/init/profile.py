@@ -3,18 +3,26 @@ and the sample data (the images' sizes, the tensors' shapes); a dynamic batch 1 
 images are rounded to the smallest multiple (1, 8, 16, 32, 64) at which ONNX Runtime runs the model."""
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import statistics
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trtflow.errors import SpecError
 from trtflow.pipelines.init.data import DataFacts
 from trtflow.pipelines.init.model import ModelFacts, Tensor
 from trtflow.text import did_you_mean
 
+if TYPE_CHECKING:
+    import numpy as np
+
 BATCH = (1, 8, 32)  # a dynamic batch's min / opt / max (opt: fewer when the data has fewer samples)
 MULTIPLES = (1, 8, 16, 32, 64)
+# one input at the profile's max, its batch included: the engine's buffer for it and what validate and benchmark feed
+# it; init itself runs ONNX Runtime on one sample of it (batch 1) to check the sizes it proposes
+MAX_INPUT_BYTES = 2**31
 OWN_SIZES = ("these are the images' own sizes: where your preprocessing resizes them to a fixed size (a text "
              "recognizer's height, a detector's side), give --shape instead")
 
@@ -30,6 +38,11 @@ class InputProfile:
 
     def shape(self, point: int) -> list[int]:
         return [d[point] for d in self.dims]
+
+    def flag(self) -> str:
+        """Its profile as the --shape flag that gives it."""
+        return "--shape " + _shell_word(
+            f"{self.tensor.name}=" + "x".join(str(r[0]) if r[0] == r[2] else ":".join(map(str, r)) for r in self.dims))
 
 
 @dataclass(frozen=True)
@@ -67,9 +80,7 @@ class ProfilePlan:
 
     def flags(self) -> str:
         """The profile as the --shape flags that give it."""
-        return " ".join("--shape " + _shell_word(
-            f"{p.tensor.name}=" + "x".join(str(r[0]) if r[0] == r[2] else ":".join(map(str, r)) for r in p.dims))
-            for p in self.inputs)
+        return " ".join(p.flag() for p in self.inputs)
 
 
 @dataclass(frozen=True)
@@ -177,8 +188,10 @@ def propose(model: ModelFacts, data: DataFacts | None, shapes: list[ShapeArg]) -
                                      + ("" if data is not None or not image_layout(t) else ", or --data with images"))
         profiles.append(InputProfile(t, tuple(dims), tuple(notes)))
     plan = ProfilePlan(tuple(profiles), None)
+    _bounded(plan, batch)
     if spatial is not None and spatial.ranges:
         plan = _rounded(model, plan, image, spatial)
+        _bounded(plan, batch)
     if image is not None:
         opt = next(p for p in plan.inputs if p.tensor.name == image.name).shape(1)
         plan = ProfilePlan(plan.inputs, ImageFeed(image.name, opt[2], opt[3], image.dtype))
@@ -252,6 +265,7 @@ def _rounded(model: ModelFacts, plan: ProfilePlan, image: Tensor, spatial: _Spat
     errors = []
     for m in MULTIPLES:
         candidate = _with(plan, image.name, {i: _round(r, m) for i, r in spatial.ranges.items()})
+        _bounded(candidate, _batched(model))  # rounded up: a little larger than the plan checked
         error = _runs(session, candidate)
         if error is None:
             said = "sizes as they are" if m == 1 else f"sizes rounded to multiples of {m}"
@@ -291,22 +305,63 @@ def _session(model: ModelFacts):  # noqa: ANN202 - an onnxruntime.InferenceSessi
 
 
 def _runs(session, plan: ProfilePlan) -> str | None:  # noqa: ANN001
-    """None where the model runs at each profile point (batch 1), else ONNX Runtime's first line."""
+    """None where the model runs at each profile point (batch 1), else ONNX Runtime's first line (or the
+    allocation's: each input is under MAX_INPUT_BYTES, checked before)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     for point in range(3):
-        feed = {}
-        for p in plan.inputs:
-            shape = [1 if i == 0 and d[0] != d[2] else d[point] for i, d in enumerate(p.dims)]
-            feed[p.tensor.name] = rng.random(shape).astype(p.tensor.dtype) if p.tensor.is_float() else \
-                np.zeros(shape, p.tensor.dtype)
-        try:
-            session.run(None, feed)
-        except Exception as exc:  # noqa: BLE001
-            return f"at {', '.join(f'{n} {list(v.shape)}' for n, v in feed.items())}: " \
-                   f"{str(exc).splitlines()[0][:200]}"
+        shapes = {p.tensor.name: [1 if i == 0 and d[0] != d[2] else d[point] for i, d in enumerate(p.dims)]
+                  for p in plan.inputs}
+        try:  # the feed a temporary: one point's inputs alive at a time
+            session.run(None, {p.tensor.name: _random(rng, shapes[p.tensor.name], p.tensor) for p in plan.inputs})
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own types, or numpy's MemoryError
+            return f"at {', '.join(f'{n} {s}' for n, s in shapes.items())}: {str(exc).splitlines()[0][:200]}"
     return None
+
+
+def _random(rng: np.random.Generator, shape: list[int], t: Tensor) -> np.ndarray:
+    """Uniform [0, 1) floats drawn in float32 (a float64 draw and its copy took three times the input's bytes),
+    else zeros."""
+    import numpy as np
+
+    if not t.is_float():
+        return np.zeros(shape, t.dtype)
+    return rng.random(shape, dtype=np.float64 if t.dtype == "float64" else np.float32).astype(t.dtype, copy=False)
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:  # a type numpy does not name (bfloat16 without ml_dtypes, float8...): counted as the widest
+        return 8
+
+
+def _bounded(plan: ProfilePlan, batched: bool) -> None:
+    """Each input's bytes at the profile's max under MAX_INPUT_BYTES, or refused naming it, its max shape and the
+    --shape to give: a smaller max batch where one sample fits, else the profile to edit."""
+    for p in plan.inputs:
+        shape = p.shape(2)
+        size = math.prod(shape) * _itemsize(p.tensor.dtype)
+        if size <= MAX_INPUT_BYTES:
+            continue
+        one = size // shape[0]  # one sample's bytes, where dimension 0 is the batch
+        if batched and p.dims[0][0] != p.dims[0][2] and one <= MAX_INPUT_BYTES:
+            n = MAX_INPUT_BYTES // one
+            fits = InputProfile(p.tensor, ((min(p.dims[0][0], n), min(p.dims[0][1], n), n),) + p.dims[1:],
+                                p.notes, p.given)
+            hint = f"give a smaller max batch, {fits.flag()}, or smaller sizes"
+        else:
+            hint = f"give --shape with the sizes the model was trained at: edit the profile proposed, {p.flag()}"
+        raise SpecError(f"input {p.tensor.name!r} at the profile's max {shape} takes {_gib(size)} "
+                        f"({p.tensor.dtype}), over init's limit of {_gib(MAX_INPUT_BYTES)} for one input "
+                        f"(MAX_INPUT_BYTES)", hint=hint)
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.3g} GiB"
 
 
 def _given(t: Tensor, s: ShapeArg) -> InputProfile:

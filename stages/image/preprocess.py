@@ -37,7 +37,10 @@ def read_image(path: Path, color: str = "rgb", depth: int = 8) -> np.ndarray:
     """HxWxC (C = 3, or 1 for gray) in the requested color order; uint8 or uint16."""
     if not Path(path).is_file():
         raise StageError(f"image not found: {path}")
-    image = cv2.imread(str(path), _flags(color, depth))
+    try:
+        image = cv2.imread(str(path), _flags(color, depth))
+    except cv2.error as exc:
+        raise StageError(f"cannot read image {path}: OpenCV refuses it: {_refusal(exc)}") from None
     if image is None:
         raise StageError(f"cannot read image {path}: not an image OpenCV can decode (corrupt or unsupported)")
     return _ordered(image, color)
@@ -45,10 +48,22 @@ def read_image(path: Path, color: str = "rgb", depth: int = 8) -> np.ndarray:
 
 def decode_image(data: bytes, color: str = "rgb", depth: int = 8) -> np.ndarray:
     """`read_image` of an encoded image held in memory (what a serving request carries)."""
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), _flags(color, depth)) if data else None
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), _flags(color, depth)) if data else None
+    except cv2.error as exc:
+        raise StageError(f"cannot decode the image ({len(data)} bytes): OpenCV refuses it: {_refusal(exc)}") from None
     if image is None:
         raise StageError(f"cannot decode the image ({len(data)} bytes): not an image OpenCV can decode")
     return _ordered(image, color)
+
+
+def _refusal(exc: cv2.error) -> str:
+    """OpenCV's reason, without its source file and line: an image over its pixel limit raises where a broken one
+    gives None."""
+    why = getattr(exc, "err", "") or str(exc).strip().splitlines()[-1][:200]
+    if "CV_IO_MAX_IMAGE_PIXELS" in why:
+        return "more pixels than its limit, 2**30 unless OPENCV_IO_MAX_IMAGE_PIXELS says otherwise: resize it"
+    return why
 
 
 def _flags(color: str, depth: int) -> int:
