@@ -140,8 +140,10 @@ def server_environment(env: Path) -> dict[str, str]:
     return variables
 
 
+EXIT_TIMEOUT_S = 5  # tritonserver --exit-timeout-secs
+
 @contextlib.contextmanager
-def triton(repository: Path, env: Path, log: Path, grace: float = 30) -> Iterator[Server]:
+def triton(repository: Path, env: Path, log: Path, grace: float = EXIT_TIMEOUT_S + 5) -> Iterator[Server]:
     """tritonserver on `repository` (models loaded explicitly: `Server.load`), its Python models in `env`. On leaving,
     however the block ends, the server and every process it started are gone (`stop`; `grace`: how long Triton may
     take to unload its models before the rest is killed)."""
@@ -164,7 +166,9 @@ def start(repository: Path, env: Path, log: Path) -> Server:
             [str(home / "pytriton" / "tritonserver" / "bin" / "tritonserver"), "--model-repository", str(repository),
              "--backend-directory", str(root), "--model-control-mode", "explicit", "--exit-on-error", "false",
              "--http-address", "127.0.0.1", "--http-port", str(http_port), "--grpc-address", "127.0.0.1",
-             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--allow-metrics", "false"],
+             "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--allow-metrics", "false",
+             # what a stop waits for the models to unload (30 s by default: the Python stubs took all of it)
+             "--exit-timeout-secs", str(EXIT_TIMEOUT_S)],
             stdout=out, stderr=subprocess.STDOUT, env=variables, start_new_session=True))
     made_from = (env / "requirements.txt").read_text().split() if (env / "requirements.txt").exists() else []
     server = Server(f"127.0.0.1:{http_port}", repository, log, proc, made_from)
@@ -237,7 +241,7 @@ def watch(proc: subprocess.Popen) -> subprocess.Popen:
     return proc
 
 
-def stop(proc: subprocess.Popen, grace: float = 30) -> None:
+def stop(proc: subprocess.Popen, grace: float = EXIT_TIMEOUT_S + 5) -> None:
     """Stop `proc` and everything in its session: SIGTERM to its process group, up to `grace` s for it to exit, then
     SIGKILL to whatever of the session is left (stubs ignore SIGTERM and outlive a server that died or hung loading
     them), until none of it remains. RuntimeError if something of it survives SIGKILL for 30 s."""
