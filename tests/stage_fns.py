@@ -151,8 +151,17 @@ def fail_naming_its_output(params, inputs, out_dir: Path) -> StageResult:
 
 
 def interval(params, inputs, out_dir: Path) -> StageResult:
-    """Records when it ran (start and end, in params['log']), sleeping params['seconds'] in between."""
+    """Records when it ran (start and end, in params['log']), sleeping params['seconds'] in between; with
+    params['meet'] (another interval's tag), first waits up to 120 s for that one to have started, so two stages
+    run side by side overlap however late a busy machine starts the second (run one after the other, they do not)."""
     start = time.time()
+    log = Path(params.params["log"])
+    (log.parent / f"{log.name}.{params.params['tag']}.started").touch()
+    if "meet" in params.params:
+        other = log.parent / f"{log.name}.{params.params['meet']}.started"
+        deadline = time.monotonic() + 120
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     time.sleep(float(params.params.get("seconds", 1)))
     with open(params.params["log"], "a") as f:
         f.write(f"{params.params['tag']} {start} {time.time()}\n")

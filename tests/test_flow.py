@@ -161,9 +161,9 @@ def test_independent_stages_run_side_by_side_and_a_failure_stops_only_its_depend
         concurrency: 2
         stages:
           left: {{kind: "tests.stage_fns:interval", outputs: {{report: json}},
-                  params: {{tag: left, seconds: 3, log: '{log}'}}}}
+                  params: {{tag: left, meet: right, seconds: 0.5, log: '{log}'}}}}
           right: {{kind: "tests.stage_fns:interval", outputs: {{report: json}},
-                   params: {{tag: right, seconds: 3, log: '{log}'}}}}
+                   params: {{tag: right, meet: left, seconds: 0.5, log: '{log}'}}}}
           broken: {{kind: "tests.stage_fns:fail", outputs: {{model: onnx}}}}
           after: {{kind: "tests.stage_fns:count_bytes", outputs: {{report: json}}, inputs: {{model: broken}}}}
         """)
