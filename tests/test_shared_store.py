@@ -415,23 +415,6 @@ stages:
 """
 
 
-def test_release_versions_are_counted_across_machines(bucket, tmp_path):
-    """The versions released so far live in the shared store: a machine that releases another engine of the same
-    model after another machine did gets the next version, not 1 again."""
-    name, fs = bucket
-    repo = _repo(tmp_path, RELEASED.format(url=f"s3://{name}/team"))
-
-    def run(machine: str, *extra: str) -> dict:
-        return _run_on(machine, repo, tmp_path, "*/release/*/report.json", *extra)["targets"][0]
-
-    assert run("machine1")["version"] == 1
-    record = json.loads(fs.cat_file(f"{name}/team/shared/releases/released/native/1.json"))
-    assert record["version"] == 1, "the version's record was created in the store"
-    second = run("machine2", "--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]",
-                 "--set", "stages.release.select.contract=allow_change")  # a larger batch: a new contract
-    assert second["version"] == 2 and second["max_batch_size"] == 8 and second["new_version"]
-
-
 # `trtflow run` SIGKILLed by itself right after the runner created a stage's claimed records (a release's version) in
 # the store, before the result is published: the test's only way in is the runner's own `claim_all`
 KILLED_AFTER_CLAIM = """
@@ -452,10 +435,12 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 def test_a_version_claimed_by_a_killed_run_is_announced_once_when_published(bucket, tmp_path, prefect_api):
-    """Issue #49 item 7: `trtflow run` SIGKILLed between claiming version 2 (a larger batch: a new contract) and
-    publishing its release. The next run, on another machine, ships version 2 as new: trtflow.release.created is
-    sent once for it, carrying the contract's changes since version 1 (it was shipped as not new, compared with
-    itself: never announced, no warning). A forced release of it afterwards announces nothing."""
+    """The versions released so far live in the shared store: a machine that releases another engine of the same
+    model after another machine did gets the next version, not 1 again. Issue #49 item 7: `trtflow run`
+    SIGKILLed between claiming version 2 (a larger batch: a new contract) and publishing its release. The next run,
+    on another machine, ships version 2 as new: trtflow.release.created is sent once for it, carrying the contract's
+    changes since version 1 (it was shipped as not new, compared with itself: never announced, no warning). A forced
+    release of it afterwards announces nothing."""
     import datetime
 
     import httpx
@@ -465,6 +450,7 @@ def test_a_version_claimed_by_a_killed_run_is_announced_once_when_published(buck
     repo = _repo(tmp_path, RELEASED.format(url=f"s3://{name}/team"), name=f"killed-{name[-6:]}")
     ledger = f"{name}/team/shared/releases/released/native"
     assert _run_on("machine1", repo, tmp_path, "*/release/*/report.json")["targets"][0]["version"] == 1
+    assert json.loads(fs.cat_file(f"{ledger}/1.json"))["version"] == 1, "the version's record was created in the store"
     larger = ["--set", "stages.build.profiles.lines.x.max=[8, 3, 48, 320]",
               "--set", "stages.release.select.contract=allow_change"]
     killed = subprocess.run([sys.executable, "-c", KILLED_AFTER_CLAIM, "run", str(repo / "pipeline.yaml"), *larger],
@@ -480,7 +466,7 @@ def test_a_version_claimed_by_a_killed_run_is_announced_once_when_published(buck
     assert done.returncode == 0 and "ran release" in done.stdout, done.stdout + done.stderr
     (report,) = (tmp_path / "machine2").glob("*/release/*/report.json")
     shipped = json.loads(report.read_text())["targets"][0]
-    assert (shipped["version"], shipped["new_version"]) == (2, True)
+    assert (shipped["version"], shipped["new_version"], shipped["max_batch_size"]) == (2, True, 8)
     assert "max_batch_size 4 -> 8" in shipped["contract_changes"], shipped["contract_changes"]
     assert "the serving contract changed since version 1: " in done.stdout, done.stdout
     assert shipped["previous_version"] == 1
