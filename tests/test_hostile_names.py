@@ -217,3 +217,22 @@ def test_the_loader_refuses_breaks_and_overrides_outside_quoted_strings(char, wh
     for quote in ("'", '"'):  # data inside a quoted string (a raw NEL folded to a space, as YAML folds breaks)
         data, _ = parse_yaml(f"version: 1\nname: {quote}a{char}b{quote}\n", "p.yaml")
         assert data == {"version": 1, "name": "a b" if char == "\x85" else f"a{char}b"}
+
+
+def test_every_value_the_writer_takes_reads_back_as_itself():
+    """Numbers included: PyYAML (YAML 1.1) reads `1e-05`, what repr writes, as text; numpy's numbers are numbers."""
+    import math
+
+    import numpy as np
+
+    from trtflow.yaml_text import scalar
+
+    values = [None, True, False, 0, -7, 2**40, 0.1, -3.0, 1e-05, 5.96e-08, 1e16, 2e300, -0.0, math.inf, -math.inf,
+              np.float32(0.25), np.int64(3), "true", "1e3", "~", "null", "", " ", "a: b", "#", "${X}", *CORPUS[:8]]
+    for value in values:
+        back = yaml.safe_load(scalar(value))
+        assert back == value and type(back) is type(value.item() if isinstance(value, np.generic) else value), \
+            (value, scalar(value), back)
+    assert math.isnan(yaml.safe_load(scalar(math.nan)))
+    nested = {"k" * 1100: [1e-05, {"x\u2028y": None}], "a": (1, "b")}
+    assert yaml.safe_load(scalar(nested)) == {"k" * 1100: [1e-05, {"x\u2028y": None}], "a": [1, "b"]}

@@ -53,7 +53,10 @@ def scalar(value: object, interpolated: bool = False) -> str:
         value = float(value)
         if math.isnan(value):
             return ".nan"
-        return repr(value) if math.isfinite(value) else (".inf" if value > 0 else "-.inf")
+        if not math.isfinite(value):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)  # YAML 1.1 (PyYAML) reads '1e-05' as text: its mantissa needs a '.'
+        return text.replace("e", ".0e", 1) if "e" in text and "." not in text else text
     if isinstance(value, str):
         return _string(value.replace("$", "$$") if interpolated else value)
     if isinstance(value, (list, tuple)):
