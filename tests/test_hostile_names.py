@@ -236,3 +236,16 @@ def test_every_value_the_writer_takes_reads_back_as_itself():
     assert math.isnan(yaml.safe_load(scalar(math.nan)))
     nested = {"k" * 1100: [1e-05, {"x\u2028y": None}], "a": (1, "b")}
     assert yaml.safe_load(scalar(nested)) == {"k" * 1100: [1e-05, {"x\u2028y": None}], "a": [1, "b"]}
+
+
+def test_a_comment_is_one_line_whatever_it_quotes():
+    """An end-of-line comment holding a line feed used to end there, the rest read as YAML (`checked` allows line
+    feeds, so only the comment's own escaping can keep it on its line)."""
+    from trtflow.yaml_text import YamlLines
+
+    w = YamlLines()
+    for text in ("from x\nb: 2", "a\rb", "\x85c: 3", "d\u2028e: 4"):
+        w.add("a: 1", text)
+        w.comment(text, 2)
+    assert yaml.safe_load(w.text()) == {"a": 1}
+    assert len(w.text().splitlines()) == 8

@@ -20,7 +20,7 @@ import yaml
 # YAML's NEL), YAML's two Unicode line breaks, the bidirectional embeddings, overrides, isolates and marks, the BOM.
 BREAKS_AND_CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\ufeff"
 UNSAFE = re.compile(f"[{BREAKS_AND_CONTROLS}]")
-_UNSAFE_IN_COMMENT = re.compile(f"[\t{BREAKS_AND_CONTROLS}]")
+_UNSAFE_IN_COMMENT = re.compile(f"[\t\n{BREAKS_AND_CONTROLS}]")  # a comment is one line: a line feed too
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")
 MAX_IMPLICIT_KEY = 1024  # YAML: a key longer than this needs the explicit '? ' form
 _NAMED = {"\\": "\\\\", '"': '\\"', "\t": "\\t", "\n": "\\n", "\r": "\\r", "\x00": "\\0", "\x85": "\\N",
