@@ -22,7 +22,6 @@ from trtflow.flows.store import write_json_atomic
 from trtflow.state import state_dir
 
 EVENT = "trtflow.environment.changed"
-LABEL = settings.LABEL
 
 
 class EventNotSent(TrtflowError):

@@ -23,6 +23,7 @@ from trtflow.pipelines.kinds import KINDS, kind_named
 from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.schema import StageBase
 from trtflow.text import first_line, suggestion
+from trtflow.yaml_text import BIDI_OVERRIDES, LINE_BREAKS
 
 Path_ = tuple  # a key path such as ("stages", "build", "workspace")
 
@@ -68,8 +69,9 @@ def load_text(text: str, path: Path, overrides: list[str] | None = None, environ
               check_files: bool = True) -> LoadedPipeline:
     """`load_pipeline` of `text` as if read from `path` (init checks the file it is about to write)."""
     shown = str(path)
-    if len(text.encode()) > MAX_PIPELINE_BYTES:
-        raise SpecError(f"the pipeline file is {len(text.encode()) / 2**20:.1f} MiB; a pipeline file is at most "
+    size = len(text.encode())
+    if size > MAX_PIPELINE_BYTES:
+        raise SpecError(f"the pipeline file is {size / 2**20:.1f} MiB; a pipeline file is at most "
                         f"{MAX_PIPELINE_BYTES // 2**20} MiB", file=shown, hint="is this the right file?")
     data, lines = parse_yaml(text, shown)
     if not isinstance(data, dict):
@@ -157,7 +159,7 @@ CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
 # YAML's line breaks beyond CR and LF (NEL U+0085, U+2028, U+2029) and the bidirectional embeddings, overrides and
 # isolates: outside a quoted string each makes a line parse, or show in a terminal, other than it reads (a comment
 # that ends early and defines a stage); inside one they are data
-BREAKS_AND_BIDI = re.compile("[\x85\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+BREAKS_AND_BIDI = re.compile(f"[{LINE_BREAKS}{BIDI_OVERRIDES}]")
 
 
 def _check_text(text: str, shown: str) -> None:
@@ -192,7 +194,7 @@ def _check_breaks(text: str, shown: str) -> None:
             ch = text[at]
             what = unicodedata.name(ch, "NEXT LINE")
             raise SpecError(f"U+{ord(ch):04X} ({what}) outside a quoted string: "
-                            + ("YAML reads it as a line break" if ch in "\x85\u2028\u2029" else
+                            + ("YAML reads it as a line break" if ch in LINE_BREAKS else
                                "a terminal shows the line reordered"), file=shown, line=text.count("\n", 0, at) + 1,
                             hint=f"remove it; in a double-quoted string write it as the escape \"\\u{ord(ch):04x}\"")
 

@@ -18,7 +18,9 @@ import yaml
 
 # Everything that is a line break or a control to YAML or a terminal: C0 but tab and line feed, DEL, C1 (U+0085 is
 # YAML's NEL), YAML's two Unicode line breaks, the bidirectional embeddings, overrides, isolates and marks, the BOM.
-BREAKS_AND_CONTROLS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c\ufeff"
+LINE_BREAKS = "\x85\u2028\u2029"  # YAML's beyond CR and LF (NEL, LINE and PARAGRAPH SEPARATOR)
+BIDI_OVERRIDES = "\u202a-\u202e\u2066-\u2069"  # embeddings, overrides, isolates: a terminal reorders the line
+BREAKS_AND_CONTROLS = f"\x00-\x08\x0b-\x1f\x7f-\x9f{LINE_BREAKS}{BIDI_OVERRIDES}\u200e\u200f\u061c\ufeff"
 UNSAFE = re.compile(f"[{BREAKS_AND_CONTROLS}]")
 _UNSAFE_IN_COMMENT = re.compile(f"[\t\n{BREAKS_AND_CONTROLS}]")  # a comment is one line: a line feed too
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")

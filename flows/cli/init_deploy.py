@@ -32,6 +32,7 @@ class InitDeploy(Command):
     def run(self, args: argparse.Namespace) -> int:
         from importlib import resources
 
+        from trtflow import settings
         from trtflow.errors import SpecError
         from trtflow.flows import machine
 
@@ -39,7 +40,7 @@ class InitDeploy(Command):
         name = args.machine or machine.machine_name()
         kind = args.gpu_kind or (check.kind if check else "cpu")
         for what, value in (("--machine", name), ("--gpu-kind", kind)):
-            if not machine.LABEL.fullmatch(value):
+            if not settings.LABEL.fullmatch(value):
                 raise SpecError(f"{what} '{value}' is not a name Prefect work pools and queues take",
                                 hint="letters, digits, '.', '_' and '-' only")
         target = Path(args.output or f"prefect-{name}.yaml")

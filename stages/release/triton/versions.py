@@ -202,10 +202,9 @@ def _legacy(shared: Path, rel: str) -> list[Released]:
 
 def claim(model: str, target: str, version: int, engine_digest: str, candidate: str,
           contract: Contract | None = None) -> Claim:
-    record = Released(version=version, owner=engine_digest, candidate=candidate, contract=contract,
-                      created=_now())
-    return Claim(path=f"{folder(model, target)}/{version}.json",
-                 data=(record.model_dump_json(indent=2) + "\n").encode(), owner=engine_digest)
+    return _record(f"{folder(model, target)}/{version}.json", Released(version=version, owner=engine_digest,
+                                                                       candidate=candidate, contract=contract,
+                                                                       created=_now()))
 
 
 def records(ledger: Ledger, model: str, target: str, version: int, engine_digest: str, candidate: str,
@@ -218,7 +217,7 @@ def records(ledger: Ledger, model: str, target: str, version: int, engine_digest
             [_record(f"{marks(model, target)}/{version}.json", mark)])
 
 
-def _record(path: str, record: Published | Since) -> Claim:
+def _record(path: str, record: Released | Published | Since) -> Claim:
     return Claim(path=path, data=(record.model_dump_json(indent=2) + "\n").encode(), owner=record.owner)
 
 
