@@ -1,11 +1,13 @@
 """The code that does a stage's work, found through its kind's row (`pipelines/kinds.py`): a `run` function, the
-version that enters the cache key and the environment facts the row declares."""
+version that enters the cache key, the environment facts the row declares and, for a built-in kind, the digests of
+the code that decides its output and the versions of its declared libraries (`flows/code_lock.py`)."""
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trtflow.flows import code_lock
 from trtflow.pipelines.kinds import USER, kind_of
 from trtflow.usercode import import_callable, source_digest
 
@@ -15,6 +17,7 @@ class StageImpl:
     run: Callable[..., Any]
     version: str
     env_facets: tuple[str, ...]
+    code: dict[str, Any] | None = None  # the key's part `trtflow` (built-in kinds; a user's has its `code`)
 
 
 def resolve(spec: Any) -> StageImpl:
@@ -23,4 +26,4 @@ def resolve(spec: Any) -> StageImpl:
         func = import_callable(spec.kind, f"stage kind '{spec.kind}'", 3)  # run(params, inputs, out_dir)
         return StageImpl(func, f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec))
     module = importlib.import_module(kind.module)
-    return StageImpl(module.run, str(module.VERSION), kind.env(spec))
+    return StageImpl(module.run, str(module.VERSION), kind.env(spec), code_lock.key_facts(kind))

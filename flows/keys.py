@@ -1,9 +1,11 @@
 """The cache key of a stage run, the DVC way: the sha256 of everything the stage's output depends on.
 
 `parts` holds the stage kind, its implementation's version, the parameters that define the work, the digests
-of its input artifacts, the environment fingerprint where the kind's row says it matters and the source digests
-of user code named in the parameters. Parameters left at their default stay out of the key (see
-`StageBase.key_params`): adding an option re-keys nothing. `tests/test_keys.py` pins the hash of a fixed stage and
+of its input artifacts, the environment fingerprint where the kind's row says it matters, the source digests
+of user code named in the parameters and, for a built-in kind, the digests of trtflow's code that decides its
+output and the versions of the libraries its row declares (`flows/code_lock.py`, pinned by `code.lock.json`).
+Parameters left at their default stay out of the key (see `StageBase.key_params`): adding an option re-keys
+nothing. `tests/test_keys.py` pins the hash of a fixed stage and
 the key of every kind, so a change of this recipe is deliberate: then bump `KEY_FORMAT`, so no old result is
 mistaken for a new one.
 """
@@ -18,24 +20,39 @@ from pydantic import BaseModel, ConfigDict
 from trtflow.flows.fingerprint import Environment
 from trtflow.records import Recorded
 
-KEY_FORMAT = 2  # 2: parameters at their default are left out
+# 2: parameters at their default are left out; 3: a built-in kind's code and library versions (the part `trtflow`)
+KEY_FORMAT = 3
 SHOWN_CHANGES = 8  # 'params changed' names at most this many key paths, then says how many more
+SHOWN_FILES = 3  # 'code changed' names at most this many files, then says how many more
 VALUE_WIDTH = 60  # characters of an old or new value shown, past which it is cut
 
 
 def key_parts(kind: str, version: str, params: dict[str, Any], inputs: dict[str, str | list[str]],
-              env: Environment | None, code: dict[str, str] | None = None) -> dict[str, Any]:
-    """The JSON the key is the digest of."""
+              env: Environment | None, code: dict[str, str] | None = None,
+              trtflow: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON the key is the digest of. `trtflow` (built-in kinds): {"files": {source file: its digest as the
+    code lock keys it}, "libraries": {distribution: installed version}}."""
     parts: dict[str, Any] = {"format": KEY_FORMAT, "kind": kind, "version": version, "params": params,
                              "inputs": dict(sorted(inputs.items())), "env": None if env is None else env.to_json()}
     if code:  # a user's callable named in the parameters: editing it re-runs the stage
         parts["code"] = code
+    if trtflow is not None:  # trtflow's own code and the libraries that decide the kind's output
+        parts["trtflow"] = {"files": dict(sorted(trtflow.get("files", {}).items())),
+                            "libraries": dict(sorted(trtflow.get("libraries", {}).items()))}
     return parts
+
+
+class CodeFacts(Recorded):
+    """The key's part `trtflow`: the code lock's digest of each source file that decides a built-in kind's output,
+    and the installed version of each library its row declares ("absent" where none is)."""
+
+    files: dict[str, str] = {}
+    libraries: dict[str, str] = {}
 
 
 class KeyParts(Recorded):
     """`key_parts` as recorded (a manifest's `key_parts`, `last.json`'s `parts`): `code` only for a stage with
-    user code."""
+    user code, `trtflow` only for a built-in kind (and from KEY_FORMAT 3)."""
 
     format: int | None = None
     kind: str | None = None
@@ -44,6 +61,7 @@ class KeyParts(Recorded):
     inputs: dict[str, str | list[str]] = {}
     env: Environment | None = None
     code: dict[str, str] | None = None
+    trtflow: CodeFacts | None = None
 
 
 class LastRun(BaseModel):
@@ -89,7 +107,7 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env, par
         return "its published result is missing or incomplete"
     reasons = []
     if old.format != parts.format:
-        reasons.append("trtflow's key format changed")
+        reasons.append("trtflow's key format changed")  # (an older record lacks the parts a newer key has)
     if old.version != parts.version or old.kind != parts.kind:
         reasons.append(f"stage implementation changed ({old.kind} v{old.version} -> {parts.kind} v{parts.version})")
     changed = diff(last.params if last.params is not None else old.params, params)
@@ -103,7 +121,26 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env, par
         reasons.append(f"environment changed: {describe_env(old.env)} -> {describe_env(parts.env)}")
     if old.code != parts.code:
         reasons.append("user code named in the parameters changed")
+    if old.format == parts.format and old.kind == parts.kind:
+        reasons += code_changes(old.trtflow, parts.trtflow)
     return "; ".join(reasons) or "not in the store"
+
+
+def code_changes(old: CodeFacts | None, new: CodeFacts | None) -> list[str]:
+    """'code changed (stages/ort/calibration.py, ...)' for the files whose keyed digest differs (or that entered or
+    left the key) and 'onnxruntime 1.32.0 -> 1.33.0' for each declared library whose version differs."""
+    old, new = old or CodeFacts(), new or CodeFacts()
+    out = []
+    files = sorted(f for f in set(old.files) | set(new.files) if old.files.get(f) != new.files.get(f))
+    if files:
+        more = f", and {len(files) - SHOWN_FILES} more" if len(files) > SHOWN_FILES else ""
+        out.append(f"code changed ({', '.join(files[:SHOWN_FILES])}{more})")
+    for lib in sorted(set(old.libraries) | set(new.libraries)):
+        was, now = old.libraries.get(lib), new.libraries.get(lib)
+        if was != now:
+            out.append(f"{lib} now in the key ({now})" if was is None else f"{lib} left the key" if now is None
+                       else f"{lib} {was} -> {now}")
+    return out
 
 
 _ABSENT = object()

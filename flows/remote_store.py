@@ -1,6 +1,8 @@
 """An artifact store at an fsspec URL (`s3://bucket/prefix`, any fsspec file system), shared by workers on several
 machines, with a local store as each machine's cache: stages read and write local files; results are published to
-the URL for everyone and fetched from it (and verified) on first use.
+the URL for everyone and fetched from it (and verified) on first use. The cache is only a cache: a result in it is
+served while the URL holds it too (one read of its manifest per lookup); one the URL lost (a bucket emptied or
+recreated) is hashed in full and published again, or else not used (see `RemoteStore._confirm`).
 
 Layout under the URL: `<stage>/<key>/manifest.json` (the commit point, written last) and the files under
 `<stage>/<key>/<writer>/`, where `<writer>` is unique per publishing run. Concurrent writers of one key each upload
@@ -14,6 +16,7 @@ fsspec's `FSSPEC_S3_*` variables), or from a Prefect block (`store_credentials.p
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -133,17 +136,77 @@ class RemoteStore:
         return self.cache.path(stage, key)
 
     def lookup(self, stage: str, key: str) -> Lookup:
+        """The published result of (stage, key), from this machine's cache when the URL holds it too (see
+        `_confirm`: one read of its manifest there), else fetched from the URL and verified; else why not."""
         local = self.cache.lookup(stage, key)
         if local.manifest is not None:
-            return local
+            return self._confirm(stage, key, local.manifest, act=True)
         found = self._published(stage, key, local)
         return found if found.manifest is None else self._fetch(stage, key, found.manifest)
 
     def peek(self, stage: str, key: str) -> Lookup:
         """The manifest of a usable published result, without fetching its files (what `plan` needs); else why a
-        result there is not used (one that was quarantined included)."""
+        result there is not used (one that was quarantined included). What `lookup` would do about this machine's
+        cached copy is said (`Lookup.note`), not done."""
         local = self.cache.lookup(stage, key)
-        return local if local.manifest is not None else self._published(stage, key, local)
+        if local.manifest is not None:
+            return self._confirm(stage, key, local.manifest, act=False)
+        return self._published(stage, key, local)
+
+    def _confirm(self, stage: str, key: str, mine: Manifest, act: bool) -> Lookup:
+        """This machine's cached result of (stage, key) is a cache of the URL's, never a result of its own: it is
+        served when the manifest published at the URL records the same files (one small read, what any lookup in
+        a shared store costs; nothing listed or downloaded). Otherwise (`act`: `lookup`; else `peek`, which only
+        says what `lookup` would do):
+        - another OK result of the key is published (a forced run elsewhere, or another machine's after the bucket
+          was emptied): that one is fetched in place of the cached copy, as a writer that loses a race adopts the
+          winner's;
+        - a failed run's result, or an unusable manifest, is there: a miss (the stage runs, as on any machine);
+        - nothing is there (a bucket recreated or emptied): the cached copy is hashed in full and published again
+          through the usual conditional create (another machine's publication meanwhile is adopted); a copy that
+          fails is discarded and the stage runs; a read-only store cannot publish it: a miss, saying why.
+        A URL that cannot be read is a StoreError, as for any lookup there."""
+        theirs, rejected = self._remote_manifest(stage, key)
+        if theirs is not None and theirs.ok:
+            if _same_files(mine, theirs):
+                return Lookup(mine)
+            if not act:
+                return Lookup(theirs, note=f"{self.location} holds another result of this key than this machine's "
+                                           f"cache: it will be fetched in place of the cached copy")
+            found = self._fetch(stage, key, theirs)
+            if found.manifest is None:
+                return found
+            note = (f"{self.location} holds another result of this key than this machine's cache (published "
+                    f"elsewhere): fetched in place of the cached copy")
+            self._note(f"{stage} {key[:8]}: {note}")
+            return dataclasses.replace(found, note=note)
+        if theirs is not None:
+            return Lookup(None, f"the result stored at {self.location} is a failed run's; this machine's cache "
+                                f"holds another one, which is not the store's: not used")
+        if rejected:
+            return Lookup(None, rejected)
+        if self.read_only:
+            return Lookup(None, f"not in the store at {self.location}: only this machine's cache holds it (the "
+                                f"store is read-only: it cannot be published again)")
+        if not act:
+            return Lookup(mine, note=f"missing from {self.location}: this machine's cached copy will be verified "
+                                     f"and published again")
+        problem = check_files(self.path(stage, key), mine.files, rehash=True)
+        if problem:
+            with contextlib.suppress(OSError):  # (a cache that cannot be written: it is not served all the same)
+                self.cache.drop(stage, key)
+            why = (f"missing from {self.location}, and this machine's cached copy failed verification "
+                   f"({problem}): discarded, not published")
+            self._note(f"{stage} {key[:8]} was {why}")
+            return Lookup(None, why)
+        _, adopted = self._upload(stage, key, self.path(stage, key), mine, replace=False)
+        if adopted is not None:
+            note = f"missing from {self.location}: another run published it again meanwhile; that result is used"
+            self._note(f"{stage} {key[:8]} was {note}")
+            return Lookup(adopted, note=note)
+        note = f"missing from {self.location}: published again from this machine's verified copy"
+        self._note(f"{stage} {key[:8]} was {note}")
+        return Lookup(mine, note=note)
 
     def _published(self, stage: str, key: str, local: Lookup) -> Lookup:
         """The OK manifest published at the URL; else why not (a quarantine record, then an unusable manifest,
@@ -168,14 +231,27 @@ class RemoteStore:
                 if adopted is not None:                             # ours takes its place)
                     self.cache.discard(staging)
                     return self.path(stage, key), adopted
-        files = file_records(staging)
+        ours, adopted = self._upload(stage, key, staging, manifest.model_copy(update={"files": file_records(staging)}),
+                                     replace)
+        if adopted is not None:
+            self.cache.discard(staging)
+            return self.path(stage, key), adopted
+        return self.cache.publish(stage, key, staging, ours, replace=True)
+
+    def _upload(self, stage: str, key: str, source: Path, manifest: Manifest,
+                replace: bool) -> tuple[Manifest, Manifest | None]:
+        """Upload the files `manifest` records, from `source`, to a writer directory of this run's own, then the
+        manifest naming it: created only if absent unless `replace`. Returns (our manifest, None) when ours is the
+        one in place; else (ours, the one adopted): another writer's OK result, fetched into the cache (in place of
+        a differing cached copy), our upload removed. A failed run's result, or one whose files fail verification,
+        is replaced by ours, whole (as a local store replaces a result that is not OK)."""
         writer = f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        manifest = manifest.model_copy(update={"files": files, "blobs": writer})
+        manifest = manifest.model_copy(update={"blobs": writer})
+        data = json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode()
+        target = self._remote(stage, key, MANIFEST)
         try:
-            for rel in files:
-                self.fs.put_file(str(staging / rel), self._remote(stage, key, writer, rel))
-            data = json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode()
-            target = self._remote(stage, key, MANIFEST)
+            for rel in manifest.files or {}:
+                self.fs.put_file(str(source / rel), self._remote(stage, key, writer, rel))
             try:
                 self.fs.pipe_file(target, data, **({} if replace else {"mode": "create"}))
             except OSError as exc:
@@ -187,25 +263,25 @@ class RemoteStore:
             self._remove_blobs(stage, key, writer)
             raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
         placed, _ = self._remote_manifest(stage, key)
-        if placed is not None and placed.blobs != writer:  # another writer's manifest is the one in place
-            adopted = self._fetch(stage, key, placed).manifest if placed.ok else None
-            if adopted is None and placed.ok:  # its files fail verification (and could not be quarantined): ours
-                try:                           # replace it, whole
-                    self.fs.pipe_file(target, data)
-                except Exception as exc:  # noqa: BLE001
-                    self._remove_blobs(stage, key, writer)
-                    raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
-                placed, _ = self._remote_manifest(stage, key)
-                if placed is not None and placed.blobs == writer:
-                    return self.cache.publish(stage, key, staging, manifest, replace=True)
-                adopted = self._fetch(stage, key, placed).manifest if placed is not None and placed.ok else None
-            self._remove_blobs(stage, key, writer)
-            self.cache.discard(staging)
-            if adopted is not None:
-                return self.path(stage, key), adopted
-            raise StoreError(f"artifact store {self.location}: {stage}/{key[:12]} was published by another "
-                             f"run meanwhile and cannot be fetched; run again")
-        return self.cache.publish(stage, key, staging, manifest, replace=True)
+        if placed is None or placed.blobs == writer:
+            return manifest, None
+        # another writer's manifest is the one in place
+        adopted = self._fetch(stage, key, placed).manifest if placed.ok else None
+        if adopted is None:  # a failed run's, or its files fail verification (and could not be quarantined): ours
+            try:             # replace it, whole
+                self.fs.pipe_file(target, data)
+            except Exception as exc:  # noqa: BLE001
+                self._remove_blobs(stage, key, writer)
+                raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
+            placed, _ = self._remote_manifest(stage, key)
+            if placed is not None and placed.blobs == writer:
+                return manifest, None
+            adopted = self._fetch(stage, key, placed).manifest if placed is not None and placed.ok else None
+        self._remove_blobs(stage, key, writer)
+        if adopted is not None:
+            return manifest, adopted
+        raise StoreError(f"artifact store {self.location}: {stage}/{key[:12]} was published by another "
+                         f"run meanwhile and cannot be fetched; run again")
 
     def discard(self, staging: Path) -> None:
         self.cache.discard(staging)
@@ -397,7 +473,11 @@ class RemoteStore:
                                                           f"trtflow manifest"
 
     def _fetch(self, stage: str, key: str, manifest: Manifest) -> Lookup:
-        """Download a published result into the local cache, verified against its manifest."""
+        """Download a published result into the local cache, verified against its manifest (in place of another
+        result of the key cached here: that one is not the store's); nothing when the cache holds its files."""
+        cached = self.cache.lookup(stage, key).manifest
+        if cached is not None and _same_files(cached, manifest):
+            return Lookup(cached)
         staging = self.cache.staging(stage, key)
         try:
             for rel in manifest.files or {}:
@@ -417,7 +497,7 @@ class RemoteStore:
             return Lookup(None, f"its stored result at {self.location} failed verification: {problem}; quarantined")
         # the files were just hashed against the manifest: only their times are this machine's own
         local = manifest.model_copy(update={"files": local_stamps(staging, manifest.files or {})})
-        _, placed = self.cache.publish(stage, key, staging, local)
+        _, placed = self.cache.publish(stage, key, staging, local, replace=cached is not None)
         return Lookup(placed)
 
     def _quarantine(self, stage: str, key: str, manifest: Manifest, problem: str) -> None:
@@ -571,6 +651,14 @@ def _parse(data: Any, key: str) -> Manifest | None:
     if manifest is None or not isinstance(manifest.blobs, str) or WRITER_NAME.fullmatch(manifest.blobs) is None:
         return None
     return manifest
+
+
+def _same_files(a: Manifest, b: Manifest) -> bool:
+    """Whether two manifests of one key record the same files, byte for byte (a result published again from a
+    machine's cache names another writer, and that machine's file times)."""
+    fa, fb = a.files or {}, b.files or {}
+    return bool(fa) and fa.keys() == fb.keys() and all((fa[r].size, fa[r].sha256) == (fb[r].size, fb[r].sha256)
+                                                       for r in fa)
 
 
 def _precondition_failed(exc: BaseException) -> bool:

@@ -29,7 +29,7 @@ from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
 from trtflow.text import suggestion
-from trtflow.usercode import source_digest
+from trtflow.usercode import import_callable, source_digest
 
 SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)
 CLAIM_ATTEMPTS = 5  # runs of a stage whose claimed record (a release's version) another run took meanwhile
@@ -95,6 +95,7 @@ class Runner:
     graph: StageGraph = None  # type: ignore[assignment]
     store: ArtifactStore = None  # type: ignore[assignment]
     _noted: set[str] = field(default_factory=set, init=False, repr=False)  # store notes already logged
+    _shared_pulled: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # stages that do not depend on each other run side by side, at most this many at once
@@ -191,7 +192,7 @@ class Runner:
             {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest) for slot, v in inputs.items()
              if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
             fingerprint(impl.env_facets),
-            {ref: source_digest(ref) for ref in spec.code_refs()})
+            {ref: source_digest(ref) for ref in spec.code_refs()}, impl.code)
         return keys.stage_key(parts), keys.KeyParts.model_validate(parts)
 
     # --- resolve: one stage's inputs, key, and whether it is reused or runs, and why ------------------------------
@@ -209,9 +210,25 @@ class Runner:
             return Resolution(name, spec.kind, impl, inputs, key, parts, None, "forced")
         found = self.store.lookup(name, key) if fetch else self.store.peek(name, key)
         if found.manifest is not None:
-            return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest, "nothing changed")
+            stale = self._outdated(spec, found.manifest)
+            if stale is None:
+                return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest,
+                                  f"nothing changed; {found.note}" if found.note else "nothing changed")
+            return Resolution(name, spec.kind, impl, inputs, key, parts, None, stale)
         reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe, spec.all_params())
         return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
+
+    def _outdated(self, spec: Any, manifest: Manifest) -> str | None:
+        """Why a published result of a kind that checks it (its row's `outdated`) no longer holds, read against the
+        store's shared records (fetched once per run from a remote store); None: reuse it."""
+        row = kind_of(spec)
+        if row.outdated is None:
+            return None
+        if not self._shared_pulled:
+            self.store.pull_shared()
+            self._shared_pulled = True
+        check = import_callable(row.outdated, f"stage kind '{spec.kind}' outdated", 2)
+        return check(manifest.metrics, self.store.root / SHARED)
 
     # --- plan -------------------------------------------------------------------------------------------------
 

@@ -182,9 +182,12 @@ def _owner_alive(name: str) -> bool:
 @dataclass(frozen=True)
 class Lookup:
     """What a store holds for (stage, key): the manifest of a usable published result, or None and why a result
-    that was there is not used (empty when there was none: then the record of the stage's last run explains)."""
+    that was there is not used (empty when there was none: then the record of the stage's last run explains).
+    `note`: what the store did (or, from `peek`, will do) to serve the result, for the console (a remote store's
+    cached copy published again to a bucket that had lost it); empty when it was simply there."""
     manifest: Manifest | None
     rejected: str = ""
+    note: str = ""
 
 
 class VerifyStatus(str, Enum):
@@ -426,6 +429,10 @@ class LocalStore:
                     raise
         _fsync_dir(target.parent)
         return target, manifest
+
+    def drop(self, stage: str, key: str) -> None:
+        """Remove the published result of (stage, key) (a remote store's cached copy that failed verification)."""
+        self._drop(self.path(stage, key))
 
     def _drop(self, directory: Path) -> None:
         """Remove a published directory: renamed first, so no reader sees it half-deleted."""

@@ -4,13 +4,14 @@ published result in every user's store stops being found. If the change is delib
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 
 import pytest
 from pydantic import create_model
 
 from tests.assets import PPOCR
-from trtflow.flows import keys
+from trtflow.flows import code_lock, keys
 from trtflow.flows.fingerprint import Environment
 from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
@@ -21,24 +22,42 @@ from trtflow.stages.trt.env import TensorRT
 PARTS = keys.key_parts("prepare", "1", {"simplify": True, "target_opset": 17},
                        {"model": "ab" * 32},
                        Environment(tensorrt=TensorRT(flavour="tensorrt-rtx", version="1.7.1.116")),
-                       {"m:f": "0123456789abcdef"})
+                       {"m:f": "0123456789abcdef"},
+                       {"files": {"stages/prepare/stage.py": "0123456789abcdef"}, "libraries": {"onnx": "1.23.2"}})
 
 
 def test_recipe_is_pinned():
-    assert PARTS["format"] == keys.KEY_FORMAT == 2
+    assert PARTS["format"] == keys.KEY_FORMAT == 3
     assert keys.stage_key(PARTS) == PINNED_RECIPE
 
 
 def test_every_part_changes_the_key():
     base = keys.stage_key(PARTS)
     for part, other in (("kind", "build"), ("version", "2"), ("params", {"simplify": False, "target_opset": 17}),
-                        ("inputs", {"model": "cd" * 32}), ("env", None), ("code", {"m:f": "fedcba9876543210"})):
+                        ("inputs", {"model": "cd" * 32}), ("env", None), ("code", {"m:f": "fedcba9876543210"}),
+                        ("trtflow", {"files": {"stages/prepare/stage.py": "fedcba9876543210"},
+                                     "libraries": {"onnx": "1.23.2"}}),
+                        ("trtflow", {"files": {"stages/prepare/stage.py": "0123456789abcdef"},
+                                     "libraries": {"onnx": "1.24.0"}})):
         assert keys.stage_key({**PARTS, part: other}) != base, part
 
 
-def test_key_of_a_real_stage_is_pinned(tmp_path):
+# a code lock that moves with no edit of trtflow's code, and library versions that move with no `pip install`: the
+# pin below is of the recipe; tests/test_code_key.py checks the real lock's digests enter the key
+FIXED_LOCK = {"format": 1, "files": {"stages/prepare/stage.py": "0123456789abcdef"},
+              "kinds": {"prepare": {"files": ["stages/prepare/stage.py"],
+                                    "keyed": {"stages/prepare/stage.py": "0123456789abcdef"},
+                                    "libraries": ["onnx", "onnxruntime", "onnxsim", "opencv-python-headless"]}}}
+FIXED_LIBRARIES = {"onnx": "1.23.2", "onnxruntime": "1.32.0", "onnxsim": "0.8.1", "opencv-python-headless": "5.0.0.93"}
+
+
+def test_key_of_a_real_stage_is_pinned(tmp_path, monkeypatch):
     """Everything that feeds a real stage's key: the parameters not at their default, its VERSION, the digest of
-    the model file. The pre-flight is off, so no environment fact enters (the key is the same on every machine)."""
+    the model file, its code's digests from the code lock and its libraries' versions (both fixed here). The
+    pre-flight is off, so no environment fact enters (the key is the same on every machine)."""
+    (tmp_path / "code.lock.json").write_text(json.dumps(FIXED_LOCK))
+    monkeypatch.setattr(code_lock, "LOCK", tmp_path / "code.lock.json")
+    monkeypatch.setattr(code_lock, "library_version", FIXED_LIBRARIES.__getitem__)
     shutil.copy(PPOCR, tmp_path / "cls.onnx")
     (tmp_path / "pipeline.yaml").write_text("version: 1\nname: pin\nmodel: cls.onnx\n"
                                             "stages:\n  prepare: {kind: prepare, preflight: off}\n")
@@ -48,8 +67,8 @@ def test_key_of_a_real_stage_is_pinned(tmp_path):
     assert item.key == PINNED_PREPARE
 
 
-PINNED_RECIPE = "e3c11055abdb68857bfdeb94268c6949"  # KEY_FORMAT 2
-PINNED_PREPARE = "1ccf8254caa8b23c9a459538071460af"  # prepare v3, KEY_FORMAT 2: defaults left out
+PINNED_RECIPE = "fcf8e3fd1226bfa097843fbc303f91c4"  # KEY_FORMAT 3
+PINNED_PREPARE = "455ca14c009fdef836a057135963ecc6"  # prepare v3, KEY_FORMAT 3: defaults left out, the code lock's part
 
 
 # the smallest valid parameters of every kind, and parameters set to something else than their defaults
@@ -101,13 +120,13 @@ def test_a_value_equal_to_the_default_is_the_default():
     assert _key("prepare", {"simplify": True}) == _key("prepare", {}) != _key("prepare", {"simplify": False})
 
 
-PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 2
-    "benchmark": ("6ed0d6225f6c1ceeaf9e5ac561ac6897", "da43cd7ddd15cc1826da4b6af6f3658b"),
-    "build": ("c2afb7c78f90809f7aa52d33c58ea5ba", "b1097a9c4299885f07d7c5cf4e5578b9"),
-    "calibrate": ("1dcd90341a576f39d32bbaad547b0194", "dac6938073c76aadc661e08da9985ac7"),
-    "parity": ("6996d520918f56c5aa9464e3b7b8f262", "95d0f918acacce2cfd62599861b6fc22"),
-    "precision": ("4cbc63fb995252b276a93456fb56e819", "d245ff587a13eab5ceb21cbc906d5df1"),
-    "prepare": ("4cc41c6d04c595a91d43d4bd5a49e065", "84314c7aa7fb461b4fd375e05ede74a6"),
-    "release": ("3b34221579161e512b20b54d766e5d3d", "880fc5d519afd1117cc6f7ae52534a96"),  # VERSION 4
-    "validate": ("aed0c7a26f890e310dc028e0a8245641", "ecd970059d9e0deea1ec0ea9043befed"),
+PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 3 (without the part `trtflow`)
+    "benchmark": ("49d8c36de6b1f4c3451f9693481e7f45", "bfcf42e3bc64ddd8a0620267544634d2"),  # VERSION 5
+    "build": ("cecbb673e7ec3c4fca353aab24e652cc", "00cccd241b64e52c4581596b00ef26d8"),
+    "calibrate": ("5f3309e8edff3ded476fe4a548254c5b", "105ab096b767b0670193292f8550aa85"),
+    "parity": ("9dbbf3de7cb568ddde9a6bf6e154b109", "0a3fd4c8b2654ab1e664e6cb909d9616"),
+    "precision": ("0d4d5049ba426b38f394fe131d661c0f", "4cc1330e5cb4f7f2f37466b165692249"),
+    "prepare": ("04b912c8cd9a21d414f31c8cd22ee1a9", "8d3d45d0a97540b1e498db366243e8e4"),
+    "release": ("5af7d72946b4e4feafa82f054dc54216", "2eb4550bc153290fba4e74ca641afac2"),  # VERSION 5
+    "validate": ("9e65b27b874634b5d40552d62119a947", "a83e5e0414932b6bcd71d7ad3149d621"),
 }

@@ -479,16 +479,18 @@ def test_the_ledger_is_never_written_through_a_symlink(tmp_path, tensorrt_backen
     assert list(outside.iterdir()) == []
 
 
-def _bench(tmp: Path, rates: dict[str, float], spread: float) -> Path:
+def _bench(tmp: Path, rates: dict[str, float], spread: float, across: dict[str, float] | None = None,
+           batches: dict[str, int] | None = None) -> Path:
     """A benchmark report measuring each candidate at `rates` samples/s, its iterations' p90 `spread` above the
-    median (the jitter the release weighs a change against)."""
-    from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement
+    median (the jitter the release weighs a change against), and `across` this machine's runs of it (3 runs)."""
+    from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement, RunSpread
     cells = [Measurement(cell=f"{c}.opt", candidate=c, variant=c.split(".")[0], precision="fp32", profile="b4",
-                         point="opt", shapes={"input": [1, 3, 224, 224]}, environment={}, batch=1,
-                         samples_per_s=rate, result={"has_summary": True, "runtime": "test numbers",
-                                                     "latency_ms": {"median": 1000 / rate,
-                                                                    "p90": 1000 / rate * (1 + spread),
-                                                                    "p99": 1000 / rate * (1 + 2 * spread)}})
+                         point="opt", shapes={"input": [1, 3, 224, 224]}, environment={},
+                         batch=(batches or {}).get(c, 1), samples_per_s=rate,
+                         run_spread=RunSpread(runs=3, throughput=across[c]) if across and c in across else None,
+                         result={"has_summary": True, "runtime": "test numbers",
+                                 "latency_ms": {"median": 1000 / rate, "p90": 1000 / rate * (1 + spread),
+                                                "p99": 1000 / rate * (1 + 2 * spread)}})
              for c, rate in rates.items()]
     path = tmp / f"bench{len(list(tmp.glob('bench*')))}.json"
     path.write_text(BenchmarkReport(tool="builtin", trtexec=None, trtexec_looked=[], tensorrt_version=None,
@@ -496,30 +498,115 @@ def _bench(tmp: Path, rates: dict[str, float], spread: float) -> Path:
     return path
 
 
-def test_numbers_that_move_within_their_spread_do_not_change_the_shipped_engine(tmp_path, tensorrt_backend,
-                                                                               overflow):
+def test_numbers_that_move_within_their_noise_do_not_change_the_shipped_engine(tmp_path, tensorrt_backend, overflow):
     """Two runs of one pipeline shipped fp16.dynamic, then int8.bs1, as the CPU numbers moved within their noise.
-    Now the engine the previous version shipped stays while another beats it by no more than the benchmark's
-    spread (its iterations' (p90 - median) / median), and is replaced when one beats it by more."""
+    Now the engine the previous version shipped stays while another beats it by no more than the margin: the
+    largest of select.min_gain, the benchmark's spread within its run (its iterations' (p90 - median) / median)
+    and across this machine's runs of the two engines; it is replaced when one beats it by more. The card says
+    the margin and how many runs it comes from."""
     shared = tmp_path / "shared"
     rule = {"require": "built", "prefer": "throughput"}
     a, b = "prepare.b4.native", "fp16.b4.native"
 
-    def shipped(rates: dict[str, float]) -> dict:
-        report, _ = release_of(tmp_path, overflow["engines"], shared, select=rule,
-                               reports={"benchmark": _bench(tmp_path, rates, spread=0.10)})
-        return report["targets"][0]
+    def shipped(rates: dict[str, float], spread: float = 0.10, across: dict | None = None, **select) -> dict:
+        report, out = release_of(tmp_path, overflow["engines"], shared, select={**rule, **select},
+                                 reports={"benchmark": _bench(tmp_path, rates, spread, across)})
+        target = report["targets"][0]
+        if target["stability"]:
+            from trtflow import markdown
+            assert f"Selection: {markdown.text(target['stability'])}." in (out / "card" / "model-card.md").read_text()
+        return target
 
     assert shipped({a: 100.0, b: 95.0})["chosen"]["name"] == a
     for rates in ({a: 100.0, b: 104.0}, {a: 92.0, b: 100.0}, {a: 100.0, b: 109.9}):  # each within 10%
         again = shipped(rates)
         assert again["chosen"]["name"] == a and again["version"] == 1 and not again["new_version"], rates
-        assert again["stability"].startswith(f"{a} kept: {b} is ") and "within the benchmark's spread (10" \
-            in again["stability"]
-    moved = shipped({a: 100.0, b: 125.0})
+        assert again["stability"].startswith(f"{a} kept: {b} is ") and "within the margin 10.0% (the largest of: " \
+            "select.min_gain 5.0%; the spread within this run 10.0%; no spread across runs yet" in again["stability"]
+    quiet = shipped({a: 100.0, b: 104.0}, spread=0.01)  # a quiet run: select.min_gain still holds
+    assert quiet["chosen"]["name"] == a and "within the margin 5.0%" in quiet["stability"]
+    # 25% better, but the same engines moved 30% apart across this machine's runs: noise
+    noisy = shipped({a: 100.0, b: 125.0}, across={a: 0.30, b: 0.12})
+    assert noisy["chosen"]["name"] == a, noisy["stability"]
+    assert "within the margin 30.0% (" in noisy["stability"] and \
+        "the spread across this machine's runs of them (3 and 3 runs) 30.0%" in noisy["stability"]
+    moved = shipped({a: 100.0, b: 125.0}, across={a: 0.04, b: 0.06})
     assert moved["chosen"]["name"] == b and moved["version"] == 2
-    assert moved["stability"] == f"{b} replaces {a}: 25.0% better on throughput, more than the benchmark's " \
-                                 "spread (10.0%)"
+    assert moved["stability"].startswith(f"{b} replaces {a}: 25.0% better on throughput, more than the margin "
+                                         f"10.0% (the largest of: ")
+
+
+def test_an_engine_that_would_change_the_contract_does_not_compete(tmp_path, cls, tensorrt_backend):
+    """Issue #50: the dynamic-batch engine shipped as version 1; a re-measured benchmark ranked a batch-1 engine
+    first and the release then refused its own choice ("would change its serving contract"): exit 1 on a run where
+    nothing changed. Now only the engines that keep version 1's contract compete: the batch-1 engine is listed with
+    what it would change, the dynamic one ships again as version 1; the card says numbers of different batches were
+    compared. With no engine keeping the contract, the release fails naming the best one and what it changes."""
+    one = {"x": {"min": [1, 3, 48, 192], "opt": [1, 3, 48, 192], "max": [1, 3, 48, 192]}}
+    built = engines(tmp_path, [cls], profiles={"lines": LINES, "one": one})
+    dynamic, single = "prepare.lines.native", "prepare.one.native"
+    shared = tmp_path / "shared"
+    rule = {"require": "built", "prefer": "throughput"}
+    batches = {dynamic: 8, single: 1}
+    first, _ = release_of(tmp_path, built, shared, select=rule,
+                          reports={"benchmark": _bench(tmp_path, {dynamic: 200.0, single: 150.0}, 0.01,
+                                                       batches=batches)})
+    assert first["targets"][0]["chosen"]["name"] == dynamic and first["targets"][0]["max_batch_size"] == 32
+    assert f"{dynamic} at batch 8, {single} at batch 1" in first["targets"][0]["stability"]
+    again, out = release_of(tmp_path, built, shared, select=rule,
+                            reports={"benchmark": _bench(tmp_path, {dynamic: 150.0, single: 300.0}, 0.01,
+                                                         batches=batches)})
+    target = again["targets"][0]
+    assert (target["chosen"]["name"], target["version"], target["new_version"]) == (dynamic, 1, False)
+    refused = next(o for o in target["options"] if o["name"] == single)
+    assert refused["refused"].startswith("its serving contract is not version 1's: ") and \
+        "max_batch_size 32 -> 1" in refused["refused"] and refused["refused"].endswith("(select.contract: fixed)")
+    assert "its serving contract is not version 1" in (out / "card" / "model-card.md").read_text()
+    with pytest.raises(StageFailed, match=r"no engine for target 'native' keeps the serving contract of 'cls' "
+                                          r"version 1: prepare.lines.native would change its serving contract: .*"
+                                          r"max_batch_size 32 -> 16.*select.contract: allow_change"):
+        release_of(tmp_path, built, shared, select=rule, triton={"max_batch_size": 16},
+                   reports={"benchmark": _bench(tmp_path, {dynamic: 150.0, single: 300.0}, 0.01, batches=batches)})
+
+
+def test_an_older_engine_never_comes_back_as_current_silently(tmp_path, tensorrt_backend, overflow):
+    """Issue #50: engine A shipped as version 1, B as version 2; a configuration whose best engine is A again (an
+    older pipeline run again) is refused by default, naming both versions; where B is still an option it stays
+    (version 2). With select.rollback: allow, A ships as version 3 saying it rolls back to version 1's engine (the
+    report, the card, the event, the console's warning)."""
+    from trtflow.events import StageRan
+    from trtflow.stages.release.triton import versions
+    shared = tmp_path / "shared"
+    a, b = "prepare.b4.native", "fp16.b4.native"
+    size = {"require": "built", "prefer": "size"}
+    assert release_of(tmp_path, overflow["engines"], shared, select={**size, "variants": ["prepare"]}
+                      )[0]["targets"][0]["version"] == 1
+    assert release_of(tmp_path, overflow["engines"], shared, select=size)[0]["targets"][0]["chosen"]["name"] == b
+    rule = {"require": "built", "prefer": "throughput", "min_gain": 0.0}
+    kept, _ = release_of(tmp_path, overflow["engines"], shared, select=rule,
+                         reports={"benchmark": _bench(tmp_path, {a: 200.0, b: 100.0}, 0.0)})
+    target = kept["targets"][0]
+    assert (target["chosen"]["name"], target["version"], target["new_version"]) == (b, 2, False)
+    assert f"{b} (version 2) kept: {a} ranked first, but it is the engine of version 1, and shipping it would " \
+           f"roll back (select.rollback: allow lets it)" in target["stability"]
+    old_config = {**size, "variants": ["prepare"]}  # B is not among its engines
+    with pytest.raises(StageFailed, match=rf"nothing to ship for target 'native': its best engine {a} is the engine "
+                                          rf"of version 1, and version 2 \({b}\) was released since: shipping it "
+                                          rf"would roll back \(set select.rollback: allow"):
+        release_of(tmp_path, overflow["engines"], shared, select=old_config)
+    result = released(tmp_path, overflow["engines"], shared, select={**old_config, "rollback": "allow"})
+    report = json.loads(result.outputs["report"].read_text())
+    target = report["targets"][0]
+    assert (target["chosen"]["name"], target["version"], target["rolls_back_to"]) == (a, 3, 1)
+    assert f"native: version 3 rolls back to version 1's engine {a} (version 2 was the latest)" in result.warnings
+    assert "**Rollback**: version 3 ships again the engine of version 1; version 2 was the latest before it." in \
+        (result.outputs["card"] / "model-card.md").read_text()
+    (event,) = versions.announce(StageRan(tmp_path / "pipeline.yaml", "release", "k", tmp_path, result.metrics))
+    assert event.version == 3 and event.payload["rolls_back_to"] == 1 and "rolling back to version 1" in event.say
+    assert versions.outdated(result.metrics, shared) is None
+    older = {**result.metrics, "releases": [{**result.metrics["releases"][0], "version": 2}]}
+    assert versions.outdated(older, shared) == "version 3 of 'cls' for target 'native' was released since this " \
+                                               "result (version 2)"
 
 
 def test_a_claimed_version_is_never_given_to_a_second_engine(tmp_path):
@@ -603,8 +690,12 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
 
     where = trtflow("output", "pipeline.yaml", "release", "triton", "--set", *smaller, cwd=workdir)
     assert where.returncode == 0 and Path(where.stdout.strip()) == directory / "triton", where.stdout + where.stderr
-    stale = trtflow("output", "pipeline.yaml", "release", cwd=workdir)  # the first profile: released before, but
-    assert stale.returncode == 0 and stale.stdout.strip() != str(directory)  # under its own key, still in store
+    assert where.stderr.strip() == "ocr-cls version 2 for target native: the latest released", where.stderr
+    # the first configuration's release is still in the store under its own key, but presents version 1: issue #50
+    # (deploying it was a silent rollback)
+    stale = trtflow("output", "pipeline.yaml", "release", cwd=workdir)
+    assert stale.returncode == 2 and stale.stdout == "", stale.stdout
+    assert "version 2 of 'ocr-cls' for target 'native' was released since this result (version 1)" in stale.stderr
     resource = f"trtflow.release.{workdir.name}.release.native"
     deadline, seen = time.monotonic() + 30, []
     while time.monotonic() < deadline:

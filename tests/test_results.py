@@ -13,7 +13,7 @@ HELD = {"model": "cls", "target": "native", "version": 1, "engine": "fp16.b4.nat
         "why": "optional variant 'fp16', which this run left out"}
 RELEASED = {"model": "cls", "target": "tiny", "version": 3, "new": True, "engine": "fp32.b1.tiny",
             "engine_sha256": "ab" * 32, "repository": "triton/tiny", "previous_version": 2,
-            "contract_changes": ["max_batch_size 4 -> 8"]}
+            "contract_changes": ["max_batch_size 4 -> 8"], "rolls_back_to": None}
 
 
 def _manifest(kind: str, metrics: dict) -> Manifest:

@@ -33,6 +33,10 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("flows/cli/parse_trtexec.py", "ParseTrtexec.run"): USER,
     ("flows/cli/init_deploy.py", "InitDeploy.run"): PACKAGE,
     ("stages/release/triton/preprocess.py", "vendored_sources"): PACKAGE,  # trtflow's preprocessing modules, copied
+    ("flows/code_lock.py", "file_digest"): PACKAGE,  # trtflow's own sources and the lock beside them
+    ("flows/code_lock.py", "_parsed"): PACKAGE,
+    ("flows/code_lock.py", "_read"): PACKAGE,
+    ("flows/code_lock.py", "main"): PACKAGE,
     ("flows/runner.py", "StageOutcome.summary"): INPUT,  # summary.md of a result the runner verified
     ("stages/image/preprocess.py", "load"): INPUT,
     ("stages/release/stage.py", "run"): INPUT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from trtflow.errors import SpecError
-from trtflow.flows.cli.base import Command, add_pipeline_arguments, out, store_option
+from trtflow.flows.cli.base import Command, add_pipeline_arguments, err, out, store_option
 
 
 class Output(Command):
@@ -18,6 +18,7 @@ class Output(Command):
         parser.add_argument("output", nargs="?", help="one of its outputs (default: the result's directory)")
 
     def run(self, args: argparse.Namespace) -> int:
+        from trtflow.flows.results import Verdict
         from trtflow.flows.runner import Runner
         from trtflow.flows.stores import open_store
         from trtflow.pipelines.loader import load_pipeline
@@ -31,6 +32,11 @@ class Output(Command):
             raise SpecError(f"stage '{args.stage}' has no up-to-date result in {runner.store.location} "
                             f"({item.reason})", hint=f"run it first: trtflow run {args.pipeline} --stage {args.stage}")
         directory = runner.store.path(args.stage, item.key)
+        for r in Verdict.of(manifest).releases:  # reused only while no later version was released (plan says)
+            err.print(f"{r.model} version {r.version} for target {r.target}: the latest released", markup=False)
+        for h in Verdict.of(manifest).held:
+            err.print(f"{h.model} version {h.version} for target {h.target}: the latest released (kept: {h.why})",
+                      markup=False)
         if args.output is None:
             out.print(str(directory))
             return 0

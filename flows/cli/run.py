@@ -55,6 +55,8 @@ class Run(Command):
             out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
                       f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
             return 0
+        for note in runner.store.notes:  # what the store did while looking (a result published again), said once
+            err.print(f"store: {note}", markup=False, soft_wrap=True)
 
         from trtflow.flows import server
 

@@ -65,8 +65,10 @@ KIND = Kind("benchmark", BenchmarkStage,
                    "repaired": Slot("engines", required=False, prefer=("validate",)),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
+            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
             env=lambda p: TENSORRT_AND_GPU,
             gpu_alone=True,  # a build or validate beside it on the same GPU would be in its numbers
-            # the accepted results a `baseline: previous` gate compares with: outside the key, like timing caches
-            shared_caches=lambda p: ("baselines",) if p.gate is not None and p.gate.baseline == "previous" else (),
-            synced={"benchmark/": 16 * 2**20})  # the accepted baselines, on every machine of the store
+            # the accepted results a `baseline: previous` gate compares with, and each engine's measurements on
+            # each machine (the noise across runs the release weighs): outside the key, like timing caches
+            shared_caches=lambda p: ("baselines",),
+            synced={"benchmark/": 16 * 2**20})  # on every machine of the store

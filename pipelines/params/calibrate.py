@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from trtflow.pipelines.row import PREPROCESS_SLOT, Kind, Slot
+from trtflow.pipelines.row import PREPROCESS_SLOT, TENSORRT, Kind, Slot
 from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase
 
 
@@ -65,4 +65,6 @@ class CalibrateStage(StageBase):
 KIND = Kind("calibrate", CalibrateStage,
             slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},
             outputs={"model": "onnx", "ranges": "ranges", "report": "json"},  # (+ trt_calibration_cache)
+            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
+            env=lambda p: TENSORRT if p.trt_calibration_cache else (),  # the cache's header names TensorRT's version
             keeps_input_names=True)

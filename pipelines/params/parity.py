@@ -185,4 +185,7 @@ class ParityStage(StageBase):
 
 KIND = Kind("parity", ParityStage,
             slots={"model": Slot("onnx", required=False, prefer=("prepare",), source_ok=True)},
-            outputs={"preprocess": "preprocess", "report": "json"})
+            outputs={"preprocess": "preprocess", "report": "json"},
+            # onnx, onnxruntime: the model run on the preprocessed images; OpenCV: the deploy preprocessing;
+            # torchvision and Pillow: a training reference declared as torchvision transforms
+            libraries=("onnx", "onnxruntime", "opencv-python-headless", "pillow", "torchvision"))

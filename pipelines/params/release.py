@@ -39,10 +39,20 @@ class Select(Strict):
                                      "keep_previous: no new version for that target, the previous one stays the one "
                                      "served and the card says why; replace: ship the best engine that passed")
     contract: Literal["fixed", "allow_change"] = Field(
-        "fixed", description="fixed: a new version whose serving contract (input/output names, types, dims, "
-                             "profile ranges, max_batch_size, batching) differs from the previous version's of the "
-                             "same model and target fails the release, naming what changed; allow_change: ship it "
-                             "(the card shows the change)")
+        "fixed", description="fixed: only engines whose serving contract (input/output names, types, dims, profile "
+                             "ranges, max_batch_size, batching) is the previous version's of the same model and "
+                             "target may ship (the others are listed with what would change; with none left the "
+                             "release fails, naming it); allow_change: any engine may (the card shows the change)")
+    min_gain: Fraction = Field(
+        0.05, ge=0, le=10, description="the least another engine must beat the one the previous version shipped "
+                                       "by (on the preferred measure) to replace it; the margin applied is the "
+                                       "largest of this and the benchmark's spread, within its run and across this "
+                                       "machine's runs of the two engines", examples=["10%"])
+    rollback: Literal["refuse", "allow"] = Field(
+        "refuse", description="when the chosen engine is an earlier version's and a later version was released "
+                              "(an older configuration run again): refuse: the release fails, naming both "
+                              "versions; allow: ship it as a new version that says it rolls back (card, event, "
+                              "console)")
 
 
 class TritonSpec(Strict):
@@ -131,9 +141,11 @@ KIND = Kind("release", ReleaseStage,
                    "parity": Slot("json", required=False, prefer=("parity",)),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"triton": "dir", "card": "file", "report": "json"},
+            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),
             synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once
             verdict=("releases", "held"),  # the versions made, and the targets kept at their previous version
             events="trtflow.stages.release.triton.versions:announce",
+            outdated="trtflow.stages.release.triton.versions:outdated",  # a later version was released since
             wiring=_wiring)

@@ -26,6 +26,13 @@ class MeasuredOn(Recorded):
         return [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
 
 
+class RunSpread(BaseModel):
+    """How far this cell's runs on this machine lie apart (`history.spread`): (largest - smallest) / median."""
+    runs: int = 1  # how many runs in the same environment, this one included
+    throughput: float | None = None  # None: fewer than two runs
+    p99: float | None = None
+
+
 class Measurement(BaseModel):
     cell: str
     candidate: str
@@ -40,6 +47,7 @@ class Measurement(BaseModel):
     iterations: int | None = None
     batch: int = 1  # axis 0 of the inputs: throughput_qps counts batches, samples_per_s samples
     samples_per_s: float | None = None
+    run_spread: RunSpread | None = None  # across this machine's runs of the same engine (benchmark/history.py)
     samples_ms: list[float] | None = Field(None, exclude=True)  # per iteration: the plot's, not the report's
 
     @property
@@ -84,14 +92,15 @@ class BenchmarkReport(BaseModel):
             looked = ', '.join(md.text(p) for p in self.trtexec_looked) or 'nowhere: tool: builtin'
             lines += [f"trtexec was not found (looked in: {looked}); numbers below name the runtime that produced "
                       "them.", ""]
-        lines += ["| cell | runtime | batches/s | samples/s | mean (ms) | p99 (ms) | iterations | status |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["| cell | runtime | batches/s | samples/s | mean (ms) | p99 (ms) | iterations | samples/s across "
+                  "this machine's runs | status |", "|---|---|---|---|---|---|---|---|---|"]
         for c in self.cells:
             res = c.result
             lat = res.latency()
             lines.append(f"| {md.text(c.cell)} | {md.text(res.runtime or '-')} | {_num(res.throughput_qps)} | "
                          f"{_num(c.samples_per_s)} | {_num(lat.mean)} | {_num(lat.p99)} | "
-                         f"{c.iterations or '-'} | {'ok' if c.ok else 'failed: ' + md.text(res.note)} |")
+                         f"{c.iterations or '-'} | {_across(c.run_spread)} | "
+                         f"{'ok' if c.ok else 'failed: ' + md.text(res.note)} |")
         if self.not_measured:
             lines += ["", "**not measured** (they failed validation and must not be deployed):"]
             lines += [f"- {md.code(n)}: {md.text(why)}" for n, why in self.not_measured.items()]
@@ -114,6 +123,12 @@ class BenchmarkReport(BaseModel):
         if self.warnings:
             lines += ["", "Warnings:"] + [f"- {md.text(w)}" for w in self.warnings]
         return "\n".join(lines) + "\n"
+
+
+def _across(s: RunSpread | None) -> str:
+    if s is None or s.throughput is None:
+        return "first run"
+    return f"{s.throughput:.1%} apart over {s.runs} runs"
 
 
 def _num(v: Any) -> str:

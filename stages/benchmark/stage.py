@@ -21,7 +21,7 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
-from trtflow.stages.benchmark import perf_gate
+from trtflow.stages.benchmark import history, perf_gate
 from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, MeasuredOn, Measurement
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
@@ -35,9 +35,9 @@ from trtflow.stages.trtexec.log import parse_summary
 from trtflow.stages.trtexec.result import Layer, PerfResult
 from trtflow.stages.validate.report import ValidateReport
 
-VERSION = "4"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
+VERSION = "5"  # 2: only what validate passed, and its repaired engines. 3: data block (ranges, tensors), each
 # measurement in its own process, at least min_iterations, samples/s. 4: min_iterations overruling duration said
-# (and passed to trtexec as --iterations)
+# (and passed to trtexec as --iterations). 5: each cell's spread across this machine's runs (history.py)
 TRTEXEC_TIMEOUT_S = 1800
 _BASELINES = TypeAdapter(dict[str, Baseline])  # a baseline file: cell -> what the gate compares
 
@@ -69,6 +69,7 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
                         f"not its best")
     for cell in results:
         warnings += [f"{cell.cell}: {w}" for w in cell.result.warnings]
+    _remember(inputs, candidates, results)
     gate = _gate(params, inputs, candidates, results)
     report = BenchmarkReport(tool="trtexec" if trtexec else "built-in harness",
                              trtexec=str(trtexec) if trtexec else None, trtexec_looked=looked,
@@ -88,7 +89,8 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
     if gate.violations:
         raise StageFailed(f"benchmark: {len(gate.violations)} regression(s) against {gate.baseline}: "
                           f"{gate.violations[0]}", result)
-    _accept(inputs, candidates, results, gate)
+    if params.gate is not None and params.gate.baseline == "previous":
+        _accept(inputs, candidates, results)
     return result
 
 
@@ -268,6 +270,15 @@ def _artifact_id(cand: Candidate) -> str:
     return files.sha256(cand.engine or cand.model)[:24]
 
 
+def _remember(inputs: Inputs, candidates: list[Candidate], cells: list[Measurement]) -> None:
+    """Every measured cell into its engine's history on this machine, and its spread across runs into the cell."""
+    shared = inputs.optional("baselines")
+    if shared is None:
+        return
+    for cand in candidates:
+        history.add(history.path(shared.path, _artifact_id(cand)), [c for c in cells if c.candidate == cand.name])
+
+
 def _baseline_file(inputs: Inputs, cand: Candidate) -> Path | None:
     shared = inputs.optional("baselines")
     return None if shared is None else shared.path / "benchmark" / f"{_artifact_id(cand)}.json"
@@ -304,7 +315,7 @@ def _gate(params: BenchmarkStage, inputs: Inputs, candidates: list[Candidate], c
     return out
 
 
-def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[Measurement], gate: Gate) -> None:
+def _accept(inputs: Inputs, candidates: list[Candidate], cells: list[Measurement]) -> None:
     """A run that passed becomes the baseline of its engines' next runs (gate baseline: previous)."""
     for cand in candidates:
         path = _baseline_file(inputs, cand)

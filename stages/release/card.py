@@ -83,8 +83,11 @@ def _target_md(t: TargetRelease) -> list[str]:
         profiles = ", ".join(md.text(n) for n in c.profiles)
         lines += [f"**Shipped**: {md.code(c.name)} ({md.text(c.precision)}, variant {md.code(c.variant)}, profile(s) "
                   f"{profiles}) as Triton version **{t.version}** in {md.code(t.repository)}; max_batch_size "
-                  f"{t.max_batch_size}" + (f" ({md.text(t.batch_note)})" if t.batch_note else "") + ".", "",
-                  "Valid for: " + _environment_text(t.environment, md.text), ""]
+                  f"{t.max_batch_size}" + (f" ({md.text(t.batch_note)})" if t.batch_note else "") + ".", ""]
+        if t.rolls_back_to is not None:
+            lines += [f"**Rollback**: version {t.version} ships again the engine of version {t.rolls_back_to}; version "
+                      f"{t.previous_version} was the latest before it.", ""]
+        lines += ["Valid for: " + _environment_text(t.environment, md.text), ""]
         if len(t.models) > 1:
             lines += [f"Models in the repository: {', '.join(md.code(m) for m in t.models)}: send encoded images to "
                       f"{md.code(t.models[-1])} (the declared preprocessing runs in {md.code(t.models[1])}, trtflow's "
@@ -256,6 +259,10 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                         f'{t.version}</strong> in <code>{_e(t.repository)}</code>; max_batch_size '
                         f'<span data-field="max_batch_size">{t.max_batch_size}</span>'
                         + (f" ({_e(t.batch_note)})" if t.batch_note else "") + ".</p>")
+            if t.rolls_back_to is not None:
+                body.append(f'<p data-field="rollback"><strong>Rollback</strong>: version {t.version} ships again '
+                            f'the engine of version {t.rolls_back_to}; version {t.previous_version} was the latest '
+                            f'before it.</p>')
             body.append(f"<p>Valid for: {_e(_environment_text(t.environment))}</p>")
             if len(t.models) > 1:
                 body.append(f"<p>Models in the repository: {_e(', '.join(t.models))}: send encoded images to "

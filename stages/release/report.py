@@ -11,6 +11,7 @@ from trtflow import markdown
 from trtflow.artifact import Provenance
 from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.precisions import Precision
+from trtflow.stages.benchmark.report import RunSpread
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
@@ -34,12 +35,15 @@ class Option(BaseModel):
     drop_metric: str | None = None  # where ("output/metric"): the metric that lost the most
     p99_ms: float | None = None
     p99_batch: int | None = None  # the batch the p99 was measured at (the smallest measured)
-    samples_per_s: float | None = None  # the most measured, at any batch
+    samples_per_s: float | None = None  # the most measured, at any batch its profiles take
+    samples_per_s_batch: int | None = None  # the batch that number was measured at
     measured_by: str | None = None  # the runtime of those numbers
     spread: float | None = None  # the benchmark's own jitter: (p90 - median) / median latency of its iterations
+    run_spread: RunSpread | None = None  # across this machine's runs of the engine: the largest of its cells'
     higher_precision_nodes: int | None = None  # nodes left in FP32 (FP16 variant) / unquantized (INT8 variant)
     nodes: int | None = None  # of how many
     refused: str | None = None  # why it may not ship (None: eligible)
+    contract_changes: list[str] = []  # what its serving contract changes against the latest published version's
     rank: int | None = None  # 1 = shipped; eligible engines ranked by the rule
 
     def cells(self) -> list[str]:
@@ -53,8 +57,9 @@ class Option(BaseModel):
         p99 = "-" if self.p99_ms is None else f"{self.p99_ms:.4g} (batch {self.p99_batch})"
         drop = "-" if self.accuracy_drop is None else f"{self.accuracy_drop:.2%}" + (
             f" on {self.drop_metric}" if self.drop_metric else "")
-        return [self.name, self.precision, acc, drop,
-                p99, "-" if self.samples_per_s is None else f"{self.samples_per_s:.4g}",
+        rate = "-" if self.samples_per_s is None else f"{self.samples_per_s:.4g}" + (
+            f" (batch {self.samples_per_s_batch})" if self.samples_per_s_batch else "")
+        return [self.name, self.precision, acc, drop, p99, rate,
                 f"{self.engine_bytes / 1e6:.2f}", kept,
                 "**shipped**" if self.rank == 1 else (self.refused or f"ranked {self.rank}")]
 
@@ -98,7 +103,8 @@ class TargetRelease(BaseModel):
     contract_changes: list[str] = []  # against the previous version of this model and target
     previous_version: int | None = None  # that version: the latest one published before this release
     previous: str | None = None  # the engine the previous version shipped, where it is still an option
-    stability: str = ""  # why the previous choice was kept, or replaced
+    stability: str = ""  # why the previous choice was kept, or replaced, and the margin weighed
+    rolls_back_to: int | None = None  # the earlier version whose engine this new version ships again
     request_example: str = ""  # a Python script (tritonclient) that sends the model a request
     configs: dict[str, str] = {}  # the preprocessing and ensemble models' config.pbtxt, by model name
     requirements: list[str] = []  # the Python packages the preprocessing model needs in Triton's Python backend
@@ -147,6 +153,7 @@ class ReleaseReport(BaseModel):
             else:
                 lines += [f"**{markdown.text(t.target)}**: {markdown.code(t.chosen.name)} as version {t.version}"
                           + ("" if t.new_version else " (released before: same engine, same version)")
+                          + (f" (rolls back to version {t.rolls_back_to}'s engine)" if t.rolls_back_to else "")
                           + f" · Triton repository {markdown.code(t.repository)} · max_batch_size {t.max_batch_size}",
                           ""]
             lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]

@@ -83,7 +83,7 @@ def refusal(option: Option, rule: Select, verdict: str | None, checked: bool) ->
     return None
 
 
-def _preference(option: Option, prefer: str) -> tuple[float, ...]:
+def preference(option: Option, prefer: str) -> tuple[float, ...]:
     inf = math.inf
     if prefer == "throughput":
         first = -option.samples_per_s if option.samples_per_s is not None else inf
@@ -97,17 +97,26 @@ def _preference(option: Option, prefer: str) -> tuple[float, ...]:
 def rank(options: list[Option], rule: Select) -> list[Option]:
     """The options, eligible ones first in the rule's order (unmeasured after measured; then the smaller engine,
     then the name), each given its rank; refused ones after, unranked."""
-    eligible = sorted((o for o in options if o.refused is None), key=lambda o: (_preference(o, rule.prefer), o.name))
+    eligible = sorted((o for o in options if o.refused is None), key=lambda o: (preference(o, rule.prefer), o.name))
     for n, option in enumerate(eligible, 1):
         option.rank = n
     return eligible + [o for o in options if o.refused is not None]
 
 
-def keep_previous(ranked: list[Option], previous: str | None, prefer: str) -> tuple[list[Option], str]:
+def _rerank(order: list[Option]) -> list[Option]:
+    for n, option in enumerate((o for o in order if o.refused is None), 1):
+        option.rank = n
+    return order
+
+
+def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> tuple[list[Option], str]:
     """`ranked` with the engine the previous version shipped first again, where the new best beats it by no more
-    than the benchmark's own spread (the larger of the two engines' (p90 - median) / median latency): numbers that
-    move within their noise must not flip the engine a deployment serves. Returns the options and a line saying
-    which engine was kept or why it was replaced ("" when there is nothing to weigh)."""
+    than the margin: the largest of `select.min_gain` and the benchmark's spread of the two engines, within its run
+    ((p90 - median) / median latency of its iterations) and across this machine's runs of them (largest -
+    smallest / median): numbers that move within their noise must not flip the engine a deployment serves.
+    Returns the options and a line saying which engine was kept or why it was replaced, with the margin and how
+    it was measured ("" when there is nothing to weigh)."""
+    prefer = rule.prefer
     if previous is None or not ranked or ranked[0].rank != 1 or ranked[0].name == previous or prefer == "size":
         return ranked, ""
     prev = next((o for o in ranked if o.name == previous), None)
@@ -116,7 +125,6 @@ def keep_previous(ranked: list[Option], previous: str | None, prefer: str) -> tu
     if prev.refused is not None:
         return ranked, f"the previous version's engine {previous} may not ship now: {prev.refused}"
     best = ranked[0]
-    margin = max(best.spread or 0.0, prev.spread or 0.0)
     if prefer == "throughput":
         new, old = best.samples_per_s, prev.samples_per_s
         gain = None if not new or not old else new / old - 1
@@ -125,11 +133,48 @@ def keep_previous(ranked: list[Option], previous: str | None, prefer: str) -> tu
         gain = None if not new or not old else old / new - 1
     if gain is None:
         return ranked, ""
+    margin, how = _margin(best, prev, rule)
     if gain > margin:
-        return ranked, (f"{best.name} replaces {previous}: {gain:.1%} better on {prefer}, more than the "
-                        f"benchmark's spread ({margin:.1%})")
-    order = [prev] + [o for o in ranked if o is not prev]
-    for n, option in enumerate((o for o in order if o.refused is None), 1):
-        option.rank = n
-    return order, (f"{previous} kept: {best.name} is {gain:.1%} better on {prefer}, within the benchmark's "
-                   f"spread ({margin:.1%})")
+        return ranked, f"{best.name} replaces {previous}: {gain:.1%} better on {prefer}, more than the margin {how}"
+    return _rerank([prev] + [o for o in ranked if o is not prev]), (
+        f"{previous} kept: {best.name} is {gain:.1%} better on {prefer}, within the margin {how}")
+
+
+def _margin(best: Option, prev: Option, rule: Select) -> tuple[float, str]:
+    """The margin a challenger must beat the incumbent by, and how it was made ("12.0% (the largest of ...)")."""
+    within = max(best.spread or 0.0, prev.spread or 0.0)
+    pick = (lambda s: s.throughput) if rule.prefer == "throughput" else (lambda s: s.p99)
+    across = [pick(o.run_spread) for o in (best, prev) if o.run_spread is not None]
+    margin = max(rule.min_gain, within, *[a for a in across if a is not None])
+    said = [f"select.min_gain {rule.min_gain:.1%}", f"the spread within this run {within:.1%}"]
+    measured = [a for a in across if a is not None]
+    if measured:
+        runs = " and ".join(str(o.run_spread.runs) for o in (best, prev) if o.run_spread is not None)
+        said.append(f"the spread across this machine's runs of them ({runs} runs) {max(measured):.1%}")
+    else:
+        said.append("no spread across runs yet: the engines were measured here once")
+    return margin, f"{margin:.1%} (the largest of: {'; '.join(said)})"
+
+
+def rollback(ranked: list[Option], ledger_owners: dict[str, int], latest: tuple[int, str] | None,
+             rule: Select) -> tuple[list[Option], int | None, str]:
+    """Whether the engine ranked first is an earlier version's while a later one is the latest published
+    (`ledger_owners`: engine sha256 -> the version that shipped it last; `latest`: (version, engine sha256)).
+    Returns the options (the latest version's engine first again where the rule refuses rollbacks and it may
+    ship), the version rolled back to (None: no rollback), and a line saying what was done ("" when nothing)."""
+    if latest is None or not ranked or ranked[0].rank != 1:
+        return ranked, None, ""
+    best, (version, owner) = ranked[0], latest
+    earlier = ledger_owners.get(best.engine_sha256)
+    if best.engine_sha256 == owner or earlier is None or earlier >= version:
+        return ranked, None, ""
+    if rule.rollback == "allow":
+        return ranked, earlier, (f"{best.name} is the engine of version {earlier}, and version {version} was "
+                                 f"released since: shipped again as a new version, rolling back to version "
+                                 f"{earlier}'s engine (select.rollback: allow)")
+    incumbent = next((o for o in ranked if o.engine_sha256 == owner and o.refused is None), None)
+    if incumbent is None:
+        return ranked, earlier, ""
+    return _rerank([incumbent] + [o for o in ranked if o is not incumbent]), None, (
+        f"{incumbent.name} (version {version}) kept: {best.name} ranked first, but it is the engine of version "
+        f"{earlier}, and shipping it would roll back (select.rollback: allow lets it)")

@@ -13,7 +13,7 @@ from trtflow import files, names
 from trtflow.artifact import Artifact, Claim, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
-from trtflow.stages.benchmark.report import BenchmarkReport, Measurement
+from trtflow.stages.benchmark.report import BenchmarkReport, Measurement, RunSpread
 from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
@@ -27,9 +27,10 @@ from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 from trtflow.stages.validate.report import ValidateReport
 
-VERSION = "4"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
+VERSION = "5"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
 # shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held;
-# 4: the card's request example is also a file beside it (request-<target>.py), and waits for the model to be ready
+# 4: the card's request example is also a file beside it (request-<target>.py), and waits for the model to be ready;
+# 5: only contract-compatible engines compete, a margin across runs, rollbacks refused or said
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 
 
@@ -93,16 +94,32 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     ledger = versions.read(job.shared.path, job.model_name, target) if job.shared else versions.Ledger()
     published = ledger.last_published()
     previous = published.candidate if published else None
-    options = selection.rank([_option(e, params, job.verdict, job.bench, job.kept) for e in found], params.select)
+    options = [_option(e, params, job.verdict, job.bench, job.kept) for e in found]
+    if published is not None and published.contract is not None and params.select.contract == "fixed":
+        _keep_contract(job, found, options, published)
+    options = selection.rank(options, params.select)
     held = _held(published, options, job.verdict, params) if published is not None else None
     if held is not None:
         return (TargetRelease(target=target, chosen=None, options=options, held=held, version=published.version,
                               previous=previous),
                 [f"{target}: version {published.version} stays the one served: {held}"], ([], []))
-    options, stability = selection.keep_previous(options, previous, params.select.prefer)
+    options, stability = selection.keep_previous(options, previous, params.select)
+    owners = {r.owner: r.version for r in sorted(ledger.releases, key=lambda r: r.version)
+              if ledger.was_published(r)}  # engine -> the last version that shipped it
+    options, rolled_back, kept = selection.rollback(
+        options, owners, (published.version, published.owner) if published else None, params.select)
     chosen = options[0] if options and options[0].rank == 1 else None
-    release = TargetRelease(target=target, chosen=chosen, options=options, stability=stability, previous=previous,
-                            previous_version=published.version if published else None)
+    release = TargetRelease(target=target, chosen=chosen, options=options, previous=previous,
+                            stability="; ".join(x for x in (stability, kept, _compared(options)) if x),
+                            previous_version=published.version if published else None, rolls_back_to=rolled_back)
+    if chosen is not None and rolled_back is not None and params.select.rollback == "refuse":
+        assert published is not None
+        release.chosen, release.rolls_back_to = None, None
+        release.why_none = (f"its best engine {chosen.name} is the engine of version {rolled_back}, and version "
+                            f"{published.version} ({published.candidate}) was released since: shipping it would "
+                            f"roll back (set select.rollback: allow to ship it as a new version that says so, or "
+                            f"run the configuration that released version {published.version})")
+        return release, [], ([], [])
     if chosen is None:
         release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
         return release, [], ([], [])
@@ -114,6 +131,9 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
         warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
                         f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
                         f"on a machine with TensorRT (the Triton container's version) to serve it there")
+    if rolled_back is not None:
+        warnings.append(f"{target}: version {release.version} rolls back to version {rolled_back}'s engine "
+                        f"{chosen.name} (version {release.previous_version} was the latest)")
     if release.contract_changes and params.select.contract == "allow_change":
         warnings.append(f"{target}: the serving contract changed since version {release.previous_version}: "
                         + "; ".join(release.contract_changes))
@@ -137,7 +157,8 @@ def _metrics(job: _Job, released: list[TargetRelease]) -> dict:
     return {"releases": [versions.Release(model=job.model_name, target=t.target, version=t.version,
                                           new=t.new_version, engine=t.chosen.name,
                                           engine_sha256=t.chosen.engine_sha256, repository=t.repository or "",
-                                          previous_version=t.previous_version, contract_changes=t.contract_changes)
+                                          previous_version=t.previous_version, contract_changes=t.contract_changes,
+                                          rolls_back_to=t.rolls_back_to)
                          .model_dump() for t in released if t.chosen is not None and t.version is not None],
             "held": [versions.Held(model=job.model_name, target=t.target, version=t.version, engine=t.previous,
                                    why=t.held).model_dump()
@@ -149,6 +170,13 @@ def _failure(job: _Job, released: list[TargetRelease]) -> str | None:
     change under select.contract: fixed."""
     empty = next((t for t in released if t.chosen is None and t.held is None), None)
     if empty is not None:
+        other = [o for o in empty.options if o.contract_changes and o.refused and o.refused.startswith("its serv")]
+        if other and all(o.refused is not None for o in empty.options):
+            best = min(other, key=lambda o: selection.preference(o, job.params.select.prefer))
+            return (f"release: no engine for target '{empty.target}' keeps the serving contract of "
+                    f"'{job.model_name}' version {empty.previous_version}: {best.name} would change its serving "
+                    f"contract: {'; '.join(best.contract_changes)}; clients of version {empty.previous_version} "
+                    f"would be refused (set select.contract: allow_change to ship it, and tell them)")
         return f"release: nothing to ship for target '{empty.target}': {empty.why_none}"
     changed = next((t for t in released if t.chosen is not None and t.contract_changes
                     and job.params.select.contract == "fixed"), None)
@@ -178,6 +206,35 @@ def _held(latest: versions.Released, options: list[Option], verdict: ValidateRep
             f"({verdict.excluded[variant]}){instead}: set select.lost_variant: replace to ship it")
 
 
+def _keep_contract(job: _Job, found: list[Engine], options: list[Option], published: versions.Released) -> None:
+    """Under select.contract: fixed, an engine whose serving contract differs from the latest published version's
+    may not ship: selection happens among the engines its clients can keep calling, so a run where nothing changed
+    never fails on a contract (the ranking of engines of other batch profiles moves with the noise)."""
+    assert published.contract is not None
+    for option, eng in zip(options, found):
+        if option.refused is not None:
+            continue
+        try:
+            mine = Contract.of(triton_config.make(job.model_name, eng, job.params.triton), eng.cell.profiles)
+        except triton_config.ConfigError as exc:
+            option.refused = f"no Triton config: {exc}"
+            continue
+        option.contract_changes = mine.changes(published.contract)
+        if option.contract_changes:
+            option.refused = (f"its serving contract is not version {published.version}'s: "
+                              f"{'; '.join(option.contract_changes)} (select.contract: fixed)")
+
+
+def _compared(options: list[Option]) -> str:
+    """Where the engines ranked by throughput were measured at different batches, which: a batch-1 engine's
+    number against a batch-32 one's is said, never implied."""
+    ranked = [o for o in options if o.rank is not None and o.samples_per_s_batch is not None]
+    if len({o.samples_per_s_batch for o in ranked}) < 2:
+        return ""
+    return ("samples/s compared at the largest batch each engine's profiles take: "
+            + ", ".join(f"{o.name} at batch {o.samples_per_s_batch}" for o in ranked[:4]))
+
+
 def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, bench: BenchmarkReport | None,
             kept: dict[str, tuple[int, int | None]]) -> Option:
     cell = eng.cell
@@ -201,11 +258,14 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     if bench is not None:
         mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]
         if mine:
-            rates = [m.samples_per_s for m in mine if m.samples_per_s]
-            option.samples_per_s = max(rates) if rates else None
+            rated = [m for m in mine if m.samples_per_s]
+            if rated:
+                fastest = max(rated, key=lambda m: m.samples_per_s or 0.0)
+                option.samples_per_s, option.samples_per_s_batch = fastest.samples_per_s, fastest.batch
             smallest = min(mine, key=lambda m: m.batch)
             option.p99_ms, option.p99_batch = smallest.result.latency().p99, smallest.batch
             option.spread = _spread(mine)
+            option.run_spread = _run_spread(mine)
             option.measured_by = smallest.result.runtime
     count = kept.get(names.unrepaired(cell.variant))
     if count is not None:
@@ -225,6 +285,18 @@ def _spread(measured: list[Measurement]) -> float | None:
         if lat.median is not None and lat.p90 is not None and lat.median > 0:
             spreads.append(max(0.0, (lat.p90 - lat.median) / lat.median))
     return max(spreads) if spreads else None
+
+
+def _run_spread(measured: list[Measurement]) -> RunSpread | None:
+    """The engine's spread across this machine's runs: the largest of its cells' (the fewest runs among them)."""
+    spreads = [m.run_spread for m in measured if m.run_spread is not None]
+    if not spreads:
+        return None
+    def most(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+    return RunSpread(runs=min(s.runs for s in spreads), throughput=most([s.throughput for s in spreads]),
+                     p99=most([s.p99 for s in spreads]))
 
 
 def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:

@@ -242,6 +242,7 @@ class Release(_Record):
     repository: str = ""
     previous_version: int | None = None
     contract_changes: list[str] = []
+    rolls_back_to: int | None = None  # the earlier version whose engine this one ships again (select.rollback)
 
 
 class Held(_Record):
@@ -269,6 +270,30 @@ def announce(ran: StageRan) -> list[Event]:
                    "trtflow.target": r.target},
                   {"version": r.version, "engine": r.engine, "engine_sha256": r.engine_sha256,
                    "repository": str(ran.directory / r.repository), "card": str(ran.directory / "card"),
-                   "key": ran.key, "previous_version": r.previous_version, "contract_changes": r.contract_changes},
-                  version=r.version, say=f"released {r.model} version {r.version} for {r.target}")
+                   "key": ran.key, "previous_version": r.previous_version, "contract_changes": r.contract_changes,
+                   "rolls_back_to": r.rolls_back_to},
+                  version=r.version, say=f"released {r.model} version {r.version} for {r.target}" + (
+                      f", rolling back to version {r.rolls_back_to}'s engine" if r.rolls_back_to else ""))
             for r in made if r.new]
+
+
+def outdated(metrics: dict, shared: Path) -> str | None:
+    """The release kind's check of a result about to be reused (its row's `outdated`): why it is no longer
+    current, or None. A result presents the versions it released or kept; where a later version of the same model
+    and target was published since (by another configuration of the pipeline), reusing it would present an older
+    version as current: the stage runs again, and the release decides (select.rollback)."""
+    try:
+        shown = [(r.model, r.target, r.version) for r in (Release.model_validate(x) for x in
+                                                           metrics.get("releases") or [])]
+        shown += [(h.model, h.target, h.version) for h in (Held.model_validate(x) for x in metrics.get("held") or [])]
+    except ValidationError:
+        return "its record of the versions it released is not readable"
+    for model, target, version in shown:
+        try:
+            latest = read(shared, model, target).last_published()
+        except StageError as exc:
+            return str(exc)
+        if latest is not None and latest.version > version:
+            return (f"version {latest.version} of '{model}' for target '{target}' was released since this result "
+                    f"(version {version})")
+    return None

@@ -1,0 +1,354 @@
+"""The code and the library versions that decide what a built-in kind produces, in its cache key (issue #50), pinned
+by a checked-in lock (`code.lock.json`, beside this module), as `dvc.lock` pins a DVC stage's dependencies.
+
+What a kind's key holds (`keys.key_parts`, the part `trtflow`): a digest per source file of the kind's *closure* and
+the version of each library its row declares (`Kind.libraries`, in `pipelines/params/<kind>.py`).
+
+The closure of a kind, found statically (AST, no import): every `.py` file of its own folder (`stages/<kind>/`), then,
+transitively, every module under `trtflow.stages` those files name: `import` and `from ... import` statements
+anywhere in a file (inside functions too; relative ones resolved; `from package import module` names the module), a
+string constant that is a module's dotted name (`child.call("trtflow.stages.trt.build_worker", ...)` runs a module
+in a child process without importing it), the `__init__.py` of every package on the way, and the modules a module
+copies into its output as text (`SHIPPED`: the release ships the image preprocessing's source to Triton). Another
+kind's folder is in the closure as far as it is imported (the release reads `stages/benchmark/report.py`).
+
+What is left out, and why: trtflow's core helpers (`trtflow/*.py`: files, child processes, progress, paths, errors,
+markdown) move bytes and report, they decide no result; the parameter models (`pipelines/params/<kind>.py`) enter
+the key through the parameters themselves, and a changed default comes with a bump of the kind's `VERSION`
+(`pipelines/schema.py` `StageBase.key_params`), which stays the semantic override it always was. Libraries whose
+arithmetic every kind shares and which decide no method (numpy, scipy) are left out too, see `DECIDING`; the
+TensorRT flavour and version are the environment facet `tensorrt` of the kinds whose row asks for it.
+
+The lock (`code.lock.json`): `files`, each closure file's digest as the tree has it now (sha256 of its bytes, line
+ends as LF, 16 hex digits); per kind, `files` (its closure), `libraries` (its row's) and `keyed`: the digest of each
+file as its key holds it. The key reads `keyed` from the lock; nothing is hashed at run time. A test
+(tests/test_code_key.py) fails when the tree moved from the lock, so each change of the code is followed by a
+deliberate refresh whose commit says which it is:
+
+    python -m trtflow.flows.code_lock                     # check: what moved; exit 1 if the lock is stale
+    python -m trtflow.flows.code_lock --same-outputs      # the change makes the same outputs: no key moves
+    python -m trtflow.flows.code_lock --rerun [FILE ...]  # it changes outputs: the kinds whose closure holds
+                                                          # FILE (default: every file that moved) are re-keyed
+
+`--same-outputs` (a comment, a rename, a refactor, a better error message) records the new digests and closures and
+keeps every `keyed` entry, so every stored result stays found. `--rerun` sets `keyed` to the new digest of the named
+files (or of every file that moved since the lock, and then also adds to `keyed` the files a closure gained and
+drops those it lost), so the kinds that import them run again; it prints which kinds it re-keys. A kind new to the
+lock is keyed on its whole closure either way.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import hashlib
+import importlib.metadata as md
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+import trtflow.stages
+from trtflow.pipelines.kinds import KINDS
+from trtflow.pipelines.row import Kind
+
+PACKAGE = "trtflow.stages"
+STAGES = Path(trtflow.stages.__file__).resolve().parent  # the folder `stages/` of the lock's paths
+LOCK = Path(__file__).resolve().with_name("code.lock.json")  # where the lock is read and written (tests move it)
+LOCK_FORMAT = 1
+REFRESH = "python -m trtflow.flows.code_lock --same-outputs (the same outputs) or --rerun [FILE ...] (re-run)"
+ABSENT = "absent"  # the version of a declared library that is not installed
+
+# The third-party libraries that decide what a stage produces, by the name a module imports -> the distribution a
+# kind's row declares (its version enters the key). A kind whose closure imports one declares it (a test checks).
+# Left out on purpose: numpy and scipy, the arithmetic every kind shares (element-wise IEEE operations and sparse
+# products give the same numbers from one release to the next; the methods are the libraries' below); TensorRT,
+# which is the environment facet `tensorrt`; what only reports or serves (pydantic, matplotlib's pictures, pynvml's
+# telemetry, protobuf's file format, torch's CUDA allocator in stages/trt/runtime.py).
+DECIDING = {
+    "onnx": "onnx",
+    "onnxruntime": "onnxruntime",
+    "onnxsim": "onnxsim",
+    "onnxconverter_common": "onnxconverter-common",
+    "modelopt": "nvidia-modelopt",
+    "cv2": "opencv-python-headless",
+    "torchvision": "torchvision",  # parity's training references
+    "PIL": "pillow",
+}
+# A declared distribution -> the distributions that install the same module (the first installed gives the version)
+SAME_MODULE = {
+    "opencv-python-headless": ("opencv-python-headless", "opencv-python", "opencv-contrib-python-headless",
+                               "opencv-contrib-python"),
+}
+# Module file -> the modules whose source it copies into its output (no import names them)
+SHIPPED = {
+    "stages/release/triton/preprocess.py": ("stages/image/preprocess.py", "stages/image/resample.py",
+                                            "stages/image/steps.py"),
+}
+
+
+# --- the closure, from the source tree -----------------------------------------------------------------------------
+
+def rel(path: Path) -> str:
+    """A source file's name in the lock: `stages/ort/calibration.py`."""
+    return "stages/" + path.relative_to(STAGES).as_posix()
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes().replace(b"\r\n", b"\n")).hexdigest()[:16]
+
+
+def _module_file(module: str) -> Path | None:
+    """The file of a module under trtflow.stages (a package's `__init__.py`); None for anything else."""
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+        return None
+    base = STAGES.joinpath(*module.split(".")[2:])
+    for path in (base.with_suffix(".py") if base != STAGES else None, base / "__init__.py"):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+def _with_packages(module: str) -> list[Path]:
+    """The module's file and the `__init__.py` of every package it is in (importing it runs them)."""
+    parts = module.split(".")
+    found = [_module_file(".".join(parts[:i])) for i in range(2, len(parts) + 1)]
+    return [p for p in found if p is not None]
+
+
+def _references(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(modules under trtflow.stages a file names, top-level names of the other modules it imports)."""
+    st = path.stat()
+    return _parsed(path, (st.st_mtime_ns, st.st_size))
+
+
+@functools.cache
+def _parsed(path: Path, stamp: tuple[int, int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    package = ".".join([PACKAGE, *path.relative_to(STAGES).parent.parts])
+    ours: set[str] = set()
+    theirs: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
+            dotted = node.value.partition(":")[0]  # a module run in a child, or a "module:function"
+            names = [dotted] if all(p.isidentifier() for p in dotted.split(".")) else []
+        for name in names:
+            if name == PACKAGE or name.startswith(PACKAGE + "."):
+                ours.add(name)
+            elif name and not name.startswith("trtflow") and not (isinstance(node, ast.ImportFrom) and node.level):
+                theirs.add(name.split(".")[0])
+    return tuple(sorted(ours)), tuple(sorted(theirs))
+
+
+def kind_folder(row: Kind) -> Path:
+    """A built-in kind's own folder: the package of its row's module (`trtflow.stages.<kind>.stage`)."""
+    package = (row.module or "").rpartition(".")[0]
+    folder = _module_file(package)
+    if folder is None or folder.name != "__init__.py":
+        raise ValueError(f"kind '{row.name}': its module {row.module} is not in a package under {PACKAGE}")
+    return folder.parent
+
+
+@dataclass
+class Closure:
+    files: list[str]  # the lock's names, sorted
+    imports: set[str] = field(default_factory=set)  # top-level names of the third-party modules they import
+
+
+def closure(row: Kind) -> Closure:
+    """The source files that decide what a built-in kind produces (see the module's docstring)."""
+    todo = [p for p in sorted(kind_folder(row).rglob("*.py")) if "__pycache__" not in p.parts]
+    todo += _with_packages((row.module or "").rpartition(".")[0])
+    seen: set[Path] = set()
+    imports: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        ours, theirs = _references(path)
+        imports |= set(theirs)
+        for module in ours:
+            todo += _with_packages(module)
+        todo += [STAGES.parent / f for f in SHIPPED.get(rel(path), ())]
+    return Closure(sorted(rel(p) for p in seen), imports)
+
+
+@dataclass
+class Tree:
+    """What the lock would say of the tree as it is: every closure file's digest, each kind's closure."""
+    files: dict[str, str]
+    kinds: dict[str, Closure]
+    libraries: dict[str, list[str]]
+
+
+def scan(kinds: dict[str, Kind] | None = None) -> Tree:
+    kinds = KINDS if kinds is None else kinds
+    closures = {name: closure(row) for name, row in sorted(kinds.items())}
+    files = {f: file_digest(STAGES.parent / f) for c in closures.values() for f in c.files}
+    return Tree(dict(sorted(files.items())), closures,
+                {name: sorted(row.libraries) for name, row in sorted(kinds.items())})
+
+
+# --- the lock, read at run time --------------------------------------------------------------------------------
+
+class Locked(BaseModel):
+    """A kind in the lock: its closure, the digests its key holds, its row's libraries."""
+    model_config = ConfigDict(extra="forbid")
+
+    files: list[str] = []
+    keyed: dict[str, str] = {}
+    libraries: list[str] = []
+
+
+class Lock(BaseModel):
+    """`code.lock.json`."""
+    model_config = ConfigDict(extra="forbid")
+
+    format: int | None = None
+    refresh: str = REFRESH
+    files: dict[str, str] = {}  # closure file -> its digest in the tree
+    kinds: dict[str, Locked] = {}
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+
+
+@functools.cache
+def _read(path: str, stamp: tuple[int, int]) -> Lock:
+    return Lock.model_validate_json(Path(path).read_text())
+
+
+def load(path: Path | None = None) -> Lock:
+    """The lock (read once per version of the file)."""
+    path = LOCK if path is None else path
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"trtflow's code lock {path} is missing: {REFRESH}") from None
+    return _read(str(path), (st.st_mtime_ns, st.st_size))
+
+
+@functools.cache
+def library_version(name: str) -> str:
+    """The installed version of a declared distribution (or of one installing the same module); "absent"."""
+    for dist in SAME_MODULE.get(name, (name,)):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return ABSENT
+
+
+def key_facts(row: Kind) -> dict[str, Any]:
+    """The key's part `trtflow` for a built-in kind: its files as the lock keys them, its libraries' versions. A kind
+    the lock does not know yet (a refresh will add it, a test says so) has no files."""
+    entry = load().kinds.get(row.name, Locked())
+    return {"files": dict(entry.keyed), "libraries": {name: library_version(name) for name in sorted(row.libraries)}}
+
+
+# --- check and refresh -----------------------------------------------------------------------------------------
+
+def moved_files(lock: Lock, tree: Tree) -> dict[str, str]:
+    """file -> "edited" | "new" | "gone": closure files whose digest differs from the lock's."""
+    old = lock.files
+    out = {f: "edited" for f in tree.files if f in old and old[f] != tree.files[f]}
+    out |= {f: "new" for f in tree.files if f not in old}
+    out |= {f: "gone" for f in old if f not in tree.files}
+    return dict(sorted(out.items()))
+
+
+def stale(lock: Lock, tree: Tree) -> list[str]:
+    """What moved from the lock, one line each; [] when it is fresh."""
+    lines = [f"{f}: {what}" for f, what in moved_files(lock, tree).items()]
+    for name in sorted(set(lock.kinds) | set(tree.kinds)):
+        if name not in tree.kinds:
+            lines.append(f"kind {name}: no longer built in")
+            continue
+        if name not in lock.kinds:
+            lines.append(f"kind {name}: not in the lock")
+            continue
+        locked = lock.kinds[name]
+        was, now = set(locked.files), set(tree.kinds[name].files)
+        lines += [f"kind {name}: now imports {f}" for f in sorted(now - was)]
+        lines += [f"kind {name}: no longer imports {f}" for f in sorted(was - now)]
+        if locked.libraries != tree.libraries[name]:
+            lines.append(f"kind {name}: libraries {locked.libraries} -> {tree.libraries[name]}")
+    if lock.format != LOCK_FORMAT:
+        lines.append(f"lock format {lock.format} -> {LOCK_FORMAT}")
+    return lines
+
+
+def refresh(lock: Lock, tree: Tree, rerun: list[str] | None = None) -> Lock:
+    """The lock for `tree`. `rerun` None: the same outputs (every `keyed` entry kept); [] every file that moved
+    re-keys (and closures' gains and losses enter and leave `keyed`); [files] those files re-key."""
+    again = list(moved_files(lock, tree)) if rerun == [] else (rerun or [])
+    kinds: dict[str, Locked] = {}
+    for name, c in tree.kinds.items():
+        current = {f: tree.files[f] for f in c.files}
+        if name not in lock.kinds:
+            keyed = current  # a kind new to the lock: nothing of it is stored anywhere yet
+        else:
+            keyed = dict(lock.kinds[name].keyed)
+            for f in again:
+                if f in current:
+                    keyed[f] = current[f]
+                else:
+                    keyed.pop(f, None)
+            if rerun == []:
+                keyed = {f: keyed.get(f, d) for f, d in current.items()}
+        kinds[name] = Locked(files=c.files, keyed=dict(sorted(keyed.items())), libraries=tree.libraries[name])
+    return Lock(format=LOCK_FORMAT, files=tree.files, kinds=kinds)
+
+
+def rekeyed(old: Lock, new: Lock) -> list[str]:
+    """The kinds whose key files differ between two locks."""
+    return sorted(k for k, entry in new.kinds.items() if k not in old.kinds or old.kinds[k].keyed != entry.keyed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trtflow.flows.code_lock",
+                                     description="check or refresh trtflow's code lock (flows/code.lock.json)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--same-outputs", action="store_true",
+                      help="record the tree as it is and keep every key: the change makes the same outputs")
+    mode.add_argument("--rerun", nargs="*", metavar="FILE",
+                      help="re-key the kinds whose closure holds FILE (stages/...; default: every file that moved)")
+    parser.add_argument("--lock", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    path = args.lock or LOCK
+    lock = Lock.model_validate_json(path.read_text()) if path.exists() else Lock()
+    tree = scan()
+    lines = stale(lock, tree)
+    if not args.same_outputs and args.rerun is None:
+        for line in lines:
+            print(line)
+        print(f"{path}: {'stale: ' + REFRESH if lines else 'fresh'}")
+        return 1 if lines else 0
+    if args.rerun:
+        unknown = [f for f in args.rerun if f not in tree.files and f not in lock.files]
+        if unknown:
+            print(f"not in any kind's closure: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+    new = refresh(lock, tree, None if args.same_outputs else args.rerun)
+    new.write(path)
+    for line in lines:
+        print(line)
+    again = rekeyed(lock, new)
+    print(f"{path}: refreshed; " + (f"re-keys {', '.join(again)}" if again else "no key moves"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
