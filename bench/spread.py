@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--burners", type=int, default=1, help="CPU-bound processes running beside the benchmark")
     ap.add_argument("--duration", default="0.5s", help="the benchmark's duration per cell (the example's: 0.5s)")
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=160)
     settings = ["--set", f"stages.benchmark.duration={args.duration}", "--set", "stages.benchmark.gate=null"]
     with tempfile.TemporaryDirectory(prefix="trtflow-spread-") as tmp:
         work = Path(tmp) / "squeezenet-cls"

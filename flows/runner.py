@@ -82,6 +82,7 @@ class Resolution:
     parts: keys.KeyParts
     manifest: Manifest | None
     reason: str
+    outdated: bool = False  # a published result of the key is no longer current (its row's check): replace it
 
     def outcome(self, directory: Path, seconds: float) -> StageOutcome:
         """The outcome of reusing the published result."""
@@ -214,7 +215,7 @@ class Runner:
             if stale is None:
                 return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest,
                                   f"nothing changed; {found.note}" if found.note else "nothing changed")
-            return Resolution(name, spec.kind, impl, inputs, key, parts, None, stale)
+            return Resolution(name, spec.kind, impl, inputs, key, parts, None, stale, outdated=True)
         reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe, spec.all_params())
         return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
 
@@ -339,7 +340,8 @@ class Runner:
                 staging = self.store.staging(name, key)
             manifest = self._manifest(name, key, parts, inputs, result, staging, began, work,
                                       status="failed" if failed else "ok")
-            directory, manifest = self.store.publish(name, key, staging, manifest, replace=self.forced(name, force))
+            directory, manifest = self.store.publish(name, key, staging, manifest,
+                                                     replace=self.forced(name, force) or r.outdated)
             if failed is None and manifest.ok:  # (a mark another run of this key made first is the same mark)
                 claim_all(self.store, result.after_publish)
         except TrtflowError as exc:

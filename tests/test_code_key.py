@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 
 import pytest
+import tomllib
 
 from tests.assets import PPOCR, ROOT
 from trtflow.flows import code_lock, implementation, keys

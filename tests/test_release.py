@@ -712,6 +712,18 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
     assert latest["resource"]["trtflow.model"] == "ocr-cls"
     assert Path(latest["payload"]["repository"]) == directory / "triton" / "native"
 
+    # the first configuration run again (issue #50): its release, published under the same key, is not reused as
+    # if current; run again, it is refused (version 1's engine keeps none of version 2's contract), and the failed
+    # verdict replaces the old result (it used to be adopted as "published first", exit 0)
+    old = trtflow("run", "pipeline.yaml", cwd=workdir)
+    assert old.returncode == 1, old.stdout + old.stderr
+    assert "reused build" in old.stdout, old.stdout
+    errors = [line for line in old.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "no engine for target 'native' keeps the serving contract of 'ocr-cls' version 2: " \
+        "prepare.lines.native would change its serving contract" in errors[0], old.stderr
+    again = trtflow("plan", "pipeline.yaml", cwd=workdir)
+    assert "its last run failed" in again.stdout, again.stdout
+
 
 FORCED = """
 version: 1

@@ -1,6 +1,6 @@
 """Issue #50's scenario, end to end: a pipeline rebuilt on a schedule for months, right over time.
 
-One machine ('alpha') of a fleet, as `docs/guides/fleet.md` sets it up: its watcher deployment made by `trtflow
+One machine ('nightly-box') of a fleet, as `docs/guides/fleet.md` sets it up: its watcher deployment made by `trtflow
 init-deploy` and `prefect deploy` on the test run's real Prefect server, a process worker on its work queue, the
 pipeline's store on S3 (moto's server). The deployment is run as its nightly schedule runs it (a flow run created
 from the deployment), five times:
@@ -33,6 +33,7 @@ from tests.test_new_kind import _copy_source
 from tests.test_quickstart import NEW_DRIVER, OLD_DRIVER, _smi
 
 KIND = "nightly"
+MACHINE = "nightly-box"  # not test_deploy.py's machines: the test run's Prefect server holds both tests' deployments
 PIPELINE = """version: 1
 name: cls
 model: models/cls.onnx
@@ -65,9 +66,9 @@ def _api(api: str, method: str, path: str, body: dict | None = None):
 
 def test_a_scheduled_pipeline_reuses_rebuilds_and_reruns_exactly_what_changed(tmp_path, prefect_api,
                                                                              tensorrt_backend):
-    from tests.test_shared_store import _moto_server
-
     import s3fs
+
+    from tests.test_shared_store import _moto_server
     with _moto_server(tmp_path) as s3:
         s3fs.S3FileSystem(key=s3["AWS_ACCESS_KEY_ID"], secret=s3["AWS_SECRET_ACCESS_KEY"],
                           endpoint_url=s3["AWS_ENDPOINT_URL"], skip_instance_cache=True).mkdir("fleet")
@@ -90,7 +91,7 @@ def _scenario(tmp: Path, api: str, s3: dict[str, str]) -> None:
     env = {**base, **s3, "PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_API_URL": api,
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
            "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}", "PYTHONPATH": str(package),
-           "TRTFLOW_MACHINE": "alpha", "TRTFLOW_STATE_DIR": str(tmp / "state"),
+           "TRTFLOW_MACHINE": MACHINE, "TRTFLOW_STATE_DIR": str(tmp / "state"),
            "TRTFLOW_CACHE_DIR": str(tmp / "cache"), "TRTFLOW_PREFECT_SERVER": "ephemeral",
            "TRTFLOW_MODELS": str(repos)}
     trtflow = [sys.executable, "-m", "trtflow.flows.cli"]
@@ -98,15 +99,14 @@ def _scenario(tmp: Path, api: str, s3: dict[str, str]) -> None:
     worker_log = tmp / "worker.log"
     logs = [worker_log]
 
-    done = _cli([sys.executable, "-c", "import trtflow.flows.watch as w; print(w.__file__)"], env, repos)
-    assert done.stdout.strip() == str(package / "trtflow" / "flows" / "watch.py"), "the copy is the trtflow that runs"
     done = _cli(prefect + ["work-pool", "create", f"trtflow-{KIND}", "--type", "process"], env, repos)
     assert done.returncode == 0, done.stdout + done.stderr
     done = _cli(trtflow + ["init-deploy", "--gpu-kind", KIND], env, repos)
     assert done.returncode == 0, done.stdout + done.stderr
-    done = _cli(prefect + ["--no-prompt", "deploy", "--all", "--prefect-file", "prefect-alpha.yaml"], env, repos)
+    done = _cli(prefect + ["--no-prompt", "deploy", "--all", "--prefect-file", f"prefect-{MACHINE}.yaml"], env, repos)
     assert done.returncode == 0, done.stdout + done.stderr
-    (deployment,) = _api(api, "post", "/deployments/filter", {"deployments": {"name": {"any_": ["watch-alpha"]}}})
+    (deployment,) = _api(api, "post", "/deployments/filter",
+                         {"deployments": {"name": {"any_": [f"watch-{MACHINE}"]}}})
 
     made = []
 
@@ -140,7 +140,7 @@ def _scenario(tmp: Path, api: str, s3: dict[str, str]) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stderr.strip()
 
-    with _started(prefect + ["worker", "start", "--pool", f"trtflow-{KIND}", "--work-queue", "alpha", "--type",
+    with _started(prefect + ["worker", "start", "--pool", f"trtflow-{KIND}", "--work-queue", MACHINE, "--type",
                              "process", "--limit", "1"], {**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}, worker_log,
                   tmp):
         # 1. the first run builds and releases version 1
@@ -156,8 +156,6 @@ def _scenario(tmp: Path, api: str, s3: dict[str, str]) -> None:
 
         # 4. the driver changed: the engine is rebuilt and ships as version 2 under the same contract
         _smi(bin_dir, NEW_DRIVER)
-        done = _cli(trtflow + ["plan", "cls/pipeline.yaml"], env, repos)
-        assert done.returncode == 0 and NEW_DRIVER in done.stdout, done.stdout + done.stderr
         assert scheduled_run() == "ran build, release; reused prepare"
         second = _until("the release event of version 2", lambda: len(releases()) == 2 and releases(), 30, logs,
                         every=0.5)
