@@ -7,9 +7,9 @@ neighbour's load comes and goes between runs). The benchmark appends every cell 
 machine of a remote store like the baselines beside it) and gives each cell the spread of its last `RUNS` runs
 here; the release replaces a shipped engine only by a margin beyond it.
 
-`<machine>` is a digest of this host's name (a machine's name never becomes a path), `<engine>` the engine file's
-digest: a rebuilt engine starts a history of its own. Entries measured on another runtime or GPU than this run's
-(`MeasuredOn`) are not weighed.
+`<machine>` is a digest of this machine's name in the fleet (`TRTFLOW_MACHINE`, else the host name; a name never
+becomes a path), `<engine>` the engine file's digest: a rebuilt engine starts a history of its own. Entries measured
+on another runtime or GPU than this run's (`MeasuredOn`) are not weighed.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from trtflow import files
+from trtflow import files, settings
 from trtflow.stages.benchmark.report import MeasuredOn, Measurement, RunSpread
 
 RUNS = 10  # runs kept per cell and machine: the spread is of these
@@ -41,7 +41,9 @@ _HISTORY = TypeAdapter(dict[str, list[Past]])  # a history file: cell -> its run
 
 
 def machine() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:16]
+    """This machine in a fleet (`$TRTFLOW_MACHINE`, else the host name: a container's changes each run), as a
+    digest."""
+    return hashlib.sha256((settings.MACHINE.get() or socket.gethostname()).encode()).hexdigest()[:16]
 
 
 def path(shared: Path, engine_id: str) -> Path:
