@@ -33,7 +33,10 @@ def optional_int8_of_a_detector(example: Path) -> None:
     loses it keeps that version for the target (exit 0, no new version) and `plan --json` says so."""
     text = (example / "pipeline.yaml").read_text()
     (example / "pipeline.yaml").write_text(text.replace("  build:\n", "  fp16:\n    kind: precision\n\n  build:\n", 1))
-    quick = ["--set", "stages.benchmark.duration=0"]  # each engine its minimum iterations: selection, not speed
+    # selection, not speed: each engine timed 3 times, no warm-up (the release picks among the variants it is
+    # given by validation alone: int8 left out, or the only one allowed)
+    quick = ["--set", "stages.benchmark.duration=0", "--set", "stages.benchmark.min_iterations=3",
+             "--set", "stages.benchmark.warmup=0"]
     strict = [*quick, "--set", "stages.validate.repair=false",
               "--set", "stages.validate.tolerances={sigmoid_0.tmp_0: {iou: 0.99, iou_min: 0.95}}",
               "--set", "stages.release.select.variants=[int8, fp16]"]

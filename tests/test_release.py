@@ -721,8 +721,9 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
     errors = [line for line in old.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "no engine for target 'native' keeps the serving contract of 'ocr-cls' version 2: " \
         "prepare.lines.native would change its serving contract" in errors[0], old.stderr
-    again = trtflow("plan", "pipeline.yaml", cwd=workdir)
-    assert "its last run failed" in again.stdout, again.stdout
+    record = json.loads((workdir / ".trtflow" / "release" / "last.json").read_text())
+    stored = json.loads((workdir / ".trtflow" / "release" / record["key"] / "manifest.json").read_text())
+    assert record["status"] == "failed" and stored["status"] == "failed", "the old result was replaced, not kept"
 
 
 FORCED = """
