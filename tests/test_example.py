@@ -221,22 +221,23 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
         assert seen["keys"][stage] == json.loads((store / stage / "last.json").read_text())["key"], stage
     assert "Triton's TensorRT backend loads engines of full TensorRT" in seen["text"]
 
-    # issue #50: the benchmark measured again, twice, on a busy machine (a CPU burner beside it), nothing else
-    # changed: the same engine ships as the same version each time, never a batch-1 engine under version 1's
-    # dynamic-batch contract (that run exited 1)
+    # issue #50: the benchmark measured again, twice, nothing else changed, on a machine whose load comes and goes
+    # (the suite's other worker beside it, and for the third run a CPU burner too): the same engine ships as the
+    # same version each time, never a batch-1 engine under version 1's dynamic-batch contract (that run exited 1)
     import subprocess
     import sys
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        for n in range(2):
+    for n in range(2):
+        burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if n else None
+        try:
             again = trtflow("run", "pipeline.yaml", "--force", "benchmark", *quick, cwd=squeezenet)
-            assert again.returncode == 0, again.stdout + again.stderr
-            shipped = last_report(store, "release")["targets"][0]
-            assert (shipped["chosen"]["name"], shipped["version"], shipped["new_version"]) == \
-                (target["chosen"]["name"], 1, False), (n, shipped["stability"], shipped["options"])
-            runs = {c["candidate"]: c["run_spread"]["runs"] for c in last_report(store, "benchmark")["cells"]}
-            assert set(runs.values()) == {n + 2}, runs  # each engine's history on this machine
-    finally:
-        burner.kill()
-        burner.wait()
+        finally:
+            if burner is not None:
+                burner.kill()
+                burner.wait()
+        assert again.returncode == 0, again.stdout + again.stderr
+        shipped = last_report(store, "release")["targets"][0]
+        assert (shipped["chosen"]["name"], shipped["version"], shipped["new_version"]) == \
+            (target["chosen"]["name"], 1, False), (n, shipped["stability"], shipped["options"])
+        runs = {c["candidate"]: c["run_spread"]["runs"] for c in last_report(store, "benchmark")["cells"]}
+        assert set(runs.values()) == {n + 2}, runs  # each engine's history on this machine
 
