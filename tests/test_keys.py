@@ -128,5 +128,5 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 3 (wi
     "precision": ("0d4d5049ba426b38f394fe131d661c0f", "4cc1330e5cb4f7f2f37466b165692249"),
     "prepare": ("04b912c8cd9a21d414f31c8cd22ee1a9", "8d3d45d0a97540b1e498db366243e8e4"),
     "release": ("5af7d72946b4e4feafa82f054dc54216", "2eb4550bc153290fba4e74ca641afac2"),  # VERSION 5
-    "validate": ("9e65b27b874634b5d40552d62119a947", "a83e5e0414932b6bcd71d7ad3149d621"),
+    "validate": ("59fff6e91c418efc614c85b6eb7c3f91", "c6cb48c1aa83efe3c833756d6ee34431"),
 }

@@ -90,6 +90,33 @@ def test_max_accuracy_drop_weighs_a_function_s_metric_by_its_tolerance():
     assert selection.accuracy_drop(declared, weigh=True)[1:] == (drop, where)
 
 
+def test_the_total_validate_reports_carries_the_directions_its_shapes_were_judged_with():
+    """Issue #51, item 1: a function's metric declared `higher:` reached the release without a direction (the
+    report's accuracy is the total over every shape set, which was never judged), so every release weighing it
+    with max_accuracy_drop failed, "nothing says whether 'y/close' is better higher or lower"."""
+    from types import SimpleNamespace
+
+    from trtflow.stages.validate import stage as validate
+    face = np.zeros((1, 50, 50), bool)
+    face[0, 10:40, 10:40] = True
+    shrunk = face.copy()
+    shrunk[0, 10:40, 10] = False
+    metrics = {"faces": {"callable": {"function": "tests.stage_fns:face_iou", "higher": ["face_iou"]}}}
+    params = ValidateStage(kind="validate", metrics=metrics, tolerances={"faces": {"face_iou": {"min": 0.5}}})
+    per_set = []
+    for _ in range(2):  # two shape sets, and the total over both
+        cmp = Comparison(params.metrics)
+        cmp.add({"faces": softmax_faces(face)}, {"faces": softmax_faces(shrunk)})
+        per_set.append(cmp)
+    measured = SimpleNamespace(per_set=per_set, shapes=[[{"x": [1, 3, 50, 50]}]] * 2, total=per_set[0])
+    sets = [SimpleNamespace(name=n, source=SimpleNamespace(made=lambda: "test")) for n in ("p.min", "p.max")]
+    total, rows = validate._judged(measured, sets, "test", "int8", params)
+    assert [r.passed for r in rows] == [True, True]
+    back = CandidateResult.model_validate_json(_candidate(total).model_dump_json()).accuracy  # as release reads it
+    assert back.directions == {"faces": {"face_iou": True}}
+    assert selection.accuracy_drop(back, weigh=True)[1:] == (pytest.approx(1 - 870 / 900), "faces/face_iou")
+
+
 def test_a_metric_without_a_direction_is_an_error_where_it_would_be_weighed():
     acc = face_network(FACE_IOU, {})
     with pytest.raises(StageError, match=r"nothing says whether 'faces/face_iou' is better higher or lower: "

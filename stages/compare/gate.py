@@ -107,6 +107,11 @@ def judge(result: Accuracy, precision: Precision, tolerances: dict[str, Any], na
     """`result` with the bounds it misses recorded as its violations, and the direction of each task metric it
     knows (what `select.max_accuracy_drop` weighs)."""
     result.violations = [v.line() for v in check(result, precision, tolerances, nan_inf, metrics)]
+    return with_directions(result, tolerances, metrics)
+
+
+def with_directions(result: Accuracy, tolerances: dict[str, Any], metrics: dict[str, Any] | None = None) -> Accuracy:
+    """`result` with the direction of each task metric it knows (what `select.max_accuracy_drop` weighs)."""
     result.directions = {o: directions(o, list(m.task_values), tolerances, metrics)
                          for o, m in result.outputs.items()}
     return result

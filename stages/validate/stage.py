@@ -40,14 +40,15 @@ from trtflow.stages.validate.repair import Repair
 from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.text import did_you_mean
 
-VERSION = "8"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+VERSION = "9"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
 # on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
 # variant's recipe; RMS error per node. 5: task metrics; a failing candidate fails the stage unless its repaired
 # engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale.
 # 6: each candidate's accuracy records its task metrics' directions (what release's max_accuracy_drop weighs).
 # 7: file data made into every dynamic profile's min/opt/max, a verdict per shape; repair checked at the failing ones
 # 8: the graph measured named; a reference that does not vary with its input warned of; first node past its bound
-# and largest drift apart; masks and sentinels apart from FP16 overflow
+# and largest drift apart; masks and sentinels apart from FP16 overflow. 9: the candidate's total accuracy (what the
+# report keeps) carries its metrics' directions too (issue #51, item 1: a release weighing a function's metric failed)
 ERROR_SAMPLE = 200_000  # absolute errors kept per output for the histogram
 
 
@@ -375,7 +376,8 @@ def _judged(measured: _Measured, sets: list[_ShapeSet], runtime: str, precision:
         acc = gate.judge(cmp.result(runtime), precision, params.tolerances, params.check_nan_inf, params.metrics)
         rows.append(ShapeResult(name=shape_set.name, shapes=seen, data=shape_set.source.made(), samples=acc.samples,
                                 outputs=acc.outputs, passed=bool(acc), violations=acc.violations))
-    total = measured.total.result(runtime)
+    # the total is what the report keeps and the release weighs: it needs the directions the rows were judged with
+    total = gate.with_directions(measured.total.result(runtime), params.tolerances, params.metrics)
     total.violations = [v if len(rows) == 1 else f"at {row.name} ({shapes_text(row.shapes)}): {v}"
                         for row in rows for v in row.violations]
     return total, rows
