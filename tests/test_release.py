@@ -480,14 +480,15 @@ def test_the_ledger_is_never_written_through_a_symlink(tmp_path, tensorrt_backen
 
 
 def _bench(tmp: Path, rates: dict[str, float], spread: float, across: dict[str, float] | None = None,
-           batches: dict[str, int] | None = None) -> Path:
+           batches: dict[str, int] | None = None, medians: dict[str, float] | None = None) -> Path:
     """A benchmark report measuring each candidate at `rates` samples/s, its iterations' p90 `spread` above the
     median (the jitter the release weighs a change against), and `across` this machine's runs of it (3 runs)."""
     from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement, RunSpread
     cells = [Measurement(cell=f"{c}.opt", candidate=c, variant=c.split(".")[0], precision="fp32", profile="b4",
                          point="opt", shapes={"input": [1, 3, 224, 224]}, environment={},
                          batch=(batches or {}).get(c, 1), samples_per_s=rate,
-                         run_spread=RunSpread(runs=3, throughput=across[c]) if across and c in across else None,
+                         run_spread=(RunSpread(runs=3, throughput=across[c], median_samples_per_s=(medians or {}).get(c))
+                                     if across and c in across else None),
                          result={"has_summary": True, "runtime": "test numbers",
                                  "latency_ms": {"median": 1000 / rate, "p90": 1000 / rate * (1 + spread),
                                                 "p99": 1000 / rate * (1 + 2 * spread)}})
@@ -508,9 +509,10 @@ def test_numbers_that_move_within_their_noise_do_not_change_the_shipped_engine(t
     rule = {"require": "built", "prefer": "throughput"}
     a, b = "prepare.b4.native", "fp16.b4.native"
 
-    def shipped(rates: dict[str, float], spread: float = 0.10, across: dict | None = None, **select) -> dict:
+    def shipped(rates: dict[str, float], spread: float = 0.10, across: dict | None = None,
+                medians: dict | None = None, **select) -> dict:
         report, out = release_of(tmp_path, overflow["engines"], shared, select={**rule, **select},
-                                 reports={"benchmark": _bench(tmp_path, rates, spread, across)})
+                                 reports={"benchmark": _bench(tmp_path, rates, spread, across, medians=medians)})
         target = report["targets"][0]
         if target["stability"]:
             from trtflow import markdown
@@ -530,6 +532,10 @@ def test_numbers_that_move_within_their_noise_do_not_change_the_shipped_engine(t
     assert noisy["chosen"]["name"] == a, noisy["stability"]
     assert "within the margin 30.0% (" in noisy["stability"] and \
         "the spread across this machine's runs of them (3 and 3 runs) 30.0%" in noisy["stability"]
+    # one run's outlier (b three times a's in this run, under a burner) against three runs' medians (8% apart)
+    outlier = shipped({a: 100.0, b: 300.0}, across={a: 0.04, b: 0.06}, medians={a: 100.0, b: 108.0})
+    assert outlier["chosen"]["name"] == a and "is 8.0% better on throughput (the median of this machine's runs)" \
+        in outlier["stability"], outlier["stability"]
     moved = shipped({a: 100.0, b: 125.0}, across={a: 0.04, b: 0.06})
     assert moved["chosen"]["name"] == b and moved["version"] == 2
     assert moved["stability"].startswith(f"{b} replaces {a}: 25.0% better on throughput, more than the margin "

@@ -84,5 +84,7 @@ def spread(runs: list[Past]) -> RunSpread:
             return None
         mid = statistics.median(values)
         return (max(values) - min(values)) / mid if mid > 0 else None
-    return RunSpread(runs=len(runs), throughput=of([r.samples_per_s for r in runs if r.samples_per_s]),
-                     p99=of([r.p99_ms for r in runs if r.p99_ms]))
+    rates, p99s = [r.samples_per_s for r in runs if r.samples_per_s], [r.p99_ms for r in runs if r.p99_ms]
+    return RunSpread(runs=len(runs), throughput=of(rates), p99=of(p99s),
+                     median_samples_per_s=statistics.median(rates) if rates else None,
+                     median_p99_ms=statistics.median(p99s) if p99s else None)

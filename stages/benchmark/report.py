@@ -31,6 +31,8 @@ class RunSpread(BaseModel):
     runs: int = 1  # how many runs in the same environment, this one included
     throughput: float | None = None  # None: fewer than two runs
     p99: float | None = None
+    median_samples_per_s: float | None = None  # over those runs: what a ranking over time compares
+    median_p99_ms: float | None = None
 
 
 class Measurement(BaseModel):

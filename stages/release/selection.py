@@ -125,19 +125,25 @@ def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> t
     if prev.refused is not None:
         return ranked, f"the previous version's engine {previous} may not ship now: {prev.refused}"
     best = ranked[0]
-    if prefer == "throughput":
-        new, old = best.samples_per_s, prev.samples_per_s
+    over_time = all(o.run_spread is not None and o.run_spread.runs >= 3 and (
+        o.run_spread.median_samples_per_s if prefer == "throughput" else o.run_spread.median_p99_ms)
+        for o in (best, prev))
+    if prefer == "throughput":  # over three or more runs here, their medians: one run's outlier moves nothing
+        new, old = ((best.run_spread.median_samples_per_s, prev.run_spread.median_samples_per_s)  # type: ignore
+                    if over_time else (best.samples_per_s, prev.samples_per_s))
         gain = None if not new or not old else new / old - 1
     else:
-        new, old = best.p99_ms, prev.p99_ms
+        new, old = ((best.run_spread.median_p99_ms, prev.run_spread.median_p99_ms)  # type: ignore
+                    if over_time else (best.p99_ms, prev.p99_ms))
         gain = None if not new or not old else old / new - 1
     if gain is None:
         return ranked, ""
     margin, how = _margin(best, prev, rule)
+    on = f"{prefer} (the median of this machine's runs)" if over_time else prefer
     if gain > margin:
-        return ranked, f"{best.name} replaces {previous}: {gain:.1%} better on {prefer}, more than the margin {how}"
+        return ranked, f"{best.name} replaces {previous}: {gain:.1%} better on {on}, more than the margin {how}"
     return _rerank([prev] + [o for o in ranked if o is not prev]), (
-        f"{previous} kept: {best.name} is {gain:.1%} better on {prefer}, within the margin {how}")
+        f"{previous} kept: {best.name} is {gain:.1%} better on {on}, within the margin {how}")
 
 
 def _margin(best: Option, prev: Option, rule: Select) -> tuple[float, str]:

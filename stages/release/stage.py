@@ -295,8 +295,12 @@ def _run_spread(measured: list[Measurement]) -> RunSpread | None:
     def most(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
         return max(known) if known else None
-    return RunSpread(runs=min(s.runs for s in spreads), throughput=most([s.throughput for s in spreads]),
-                     p99=most([s.p99 for s in spreads]))
+    first = min(spreads, key=lambda s: s.runs)  # (the medians of the cell measured fewest times: its profile's own)
+    return RunSpread(runs=first.runs, throughput=most([s.throughput for s in spreads]),
+                     p99=most([s.p99 for s in spreads]),
+                     median_samples_per_s=max((s.median_samples_per_s for s in spreads
+                                               if s.median_samples_per_s), default=None),
+                     median_p99_ms=next((s.median_p99_ms for s in spreads if s.median_p99_ms), None))
 
 
 def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
