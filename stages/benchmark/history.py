@@ -14,7 +14,6 @@ on another runtime or GPU than this run's (`MeasuredOn`) are not weighed.
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
 import statistics
 from datetime import datetime, timezone
@@ -72,9 +71,7 @@ def add(file: Path, cells: list[Measurement]) -> None:
         del runs[:-RUNS]
         cell.run_spread = spread([r for r in runs if not r.environment.differs(cell.environment)])
     file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-    tmp.write_text(_HISTORY.dump_json(history, indent=1).decode())
-    os.replace(tmp, file)
+    files.write_atomic(file, _HISTORY.dump_json(history, indent=1))
 
 
 def spread(runs: list[Past]) -> RunSpread:

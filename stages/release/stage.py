@@ -170,7 +170,7 @@ def _failure(job: _Job, released: list[TargetRelease]) -> str | None:
     change under select.contract: fixed."""
     empty = next((t for t in released if t.chosen is None and t.held is None), None)
     if empty is not None:
-        other = [o for o in empty.options if o.contract_changes and o.refused and o.refused.startswith("its serv")]
+        other = [o for o in empty.options if o.contract_changes]  # (set only where the contract refused it)
         if other and all(o.refused is not None for o in empty.options):
             best = min(other, key=lambda o: selection.preference(o, job.params.select.prefer))
             return (f"release: no engine for target '{empty.target}' keeps the serving contract of "
