@@ -104,9 +104,9 @@ def test_run_loads_the_pipeline_once(prefect_server, write_yaml, capsys, monkeyp
     assert cli.main(["run", str(path)]) == 0
     assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
     assert loads == [str(path)]
-    # the run's name and tags (run_identity) are read by the CLI, for the flow run's name and for its tags: not
-    # once more per stage task
-    assert len(identities) == 3
+    # the run's name and tags (run_identity) are read for the flow run's name and for its tags: not once more per
+    # stage task
+    assert len(identities) == 2
     loads.clear()
     assert cli.main(["run", str(path), "--force", "b"]) == 0
     assert "2 stages (1 ran, 1 reused)" in capsys.readouterr().out
@@ -287,8 +287,9 @@ def test_watcher_names_the_working_directory_of_a_missing_pipeline(prefect_serve
 
 def test_a_python_call_is_tagged_draws_true_edges_and_does_not_poll(prefect_server, write_yaml, tmp_path,
                                                                   monkeypatch):
-    """Called from Python (no CLI, no tags context), the flow run still carries the pipeline's tags and every task
-    its stage and kind. Each task's inputs in Prefect's graph are exactly the stages it reads (the runner object
+    """Called from Python (no CLI, no tags context), the flow run still carries the pipeline's tags. A task that
+    uses no GPU carries no tag, so Prefect asks the server for no concurrency lease for it (a distinct tag set per
+    stage cost about 1.3 s a stage: a client service started for each set). Each task's inputs in Prefect's graph are exactly the stages it reads (the runner object
     passed as an argument drew edges to any earlier result inside it). Waiting for a running stage asks the server
     nothing: the scheduler asked every running task's state every 50 ms (about 13 reads a second per stage)."""
     from prefect.client.orchestration import SyncPrefectClient
@@ -309,11 +310,17 @@ def test_a_python_call_is_tagged_draws_true_edges_and_does_not_poll(prefect_serv
     reads = []
     real = SyncPrefectClient.read_task_run
     monkeypatch.setattr(SyncPrefectClient, "read_task_run", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    import prefect.concurrency._sync as concurrency_sync
+    leases = []
+    lease = concurrency_sync.acquire_concurrency_slots_with_lease
+    monkeypatch.setattr(concurrency_sync, "acquire_concurrency_slots_with_lease",
+                        lambda names, *a, **k: leases.append(names) or lease(names, *a, **k))
     outcomes = pipeline_flow(str(path))
     assert [o["status"] for o in outcomes] == ["ran", "ran", "ran"]
     assert reads == [], f"{len(reads)} task-run reads while 'side' ran for 2 s"
     runs = {t.name: t for t in _task_runs(path)}
-    assert {"stage:b", "kind:tests.stage_fns:count_bytes", "trtflow", "pipeline:edges"} <= set(runs["b"].tags)
+    assert {name: t.tags for name, t in runs.items()} == {"a": [], "side": [], "b": []}
+    assert leases == []
     ids = {t.id: name for name, t in runs.items()}
     upstream = {name: {ids.get(i.id) for inputs in t.task_inputs.values() for i in inputs if hasattr(i, "id")}
                 for name, t in runs.items()}

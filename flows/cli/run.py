@@ -67,7 +67,6 @@ class Run(Command):
                     f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; "
                     f"`trtflow server stop` stops it)", soft_wrap=True))
 
-        from prefect import tags
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         from trtflow.flows import pipeline_flow as pf
@@ -102,7 +101,7 @@ class Run(Command):
 
         watched = api_url or PREFECT_API_URL.value()
         try:
-            with tags(*pf.run_identity(args.pipeline)[1]), pf.watching(listen), progress.listening(on_progress), \
+            with pf.watching(listen), progress.listening(on_progress), \
                     temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), \
                     _server_watch(watched, bool(api_url)), pf.handing_over(runner, args.pipeline, args.overrides):
                 results = [StageReport.model_validate(r) for r in pf.pipeline_flow(
