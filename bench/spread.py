@@ -1,18 +1,21 @@
 """How much the same engines' numbers move between runs on a busy machine, against how much they move within one
 run: the two spreads the release's selection rule weighs (issue #50).
 
-The squeezenet example (three variants x two profiles: six engines) is run once up to its benchmark, then its
-benchmark is forced N - 1 more times, nothing else changed, with a CPU burner beside it (`--burners`, default 1:
-a shared two-core machine). Per engine, from the benchmark's own reports:
+The squeezenet example (three variants x two profiles: six engines) is run once in full (release included), then
+again N - 1 times with its benchmark forced, nothing else changed, with a CPU burner beside it (`--burners`,
+default 1: a shared two-core machine). Per engine, from the benchmark's own reports:
 
 - within-run spread: (p90 - median) / median of its iterations' latency, the median over the N runs (what the
   release weighed before);
 - run-to-run spread: (largest - smallest) / median of its samples/s over the N runs (what the history adds);
 - the margin the release now applies: the largest of select.min_gain (5%) and both.
 
+Then, per run, what the release shipped (engine, version, exit code, the margin it weighed): the rule holds when
+every forced re-run ships the first run's engine as the same version and exits 0.
+
 Numbers are the built-in harness on ONNX Runtime (CPU): no GPU here, not TensorRT numbers.
 
-    python bench/spread.py [--runs N] [--burners B] [--duration 0.5s]
+    python bench/spread.py [--runs N] [--burners B] [--duration 0.5s | --quick]
 """
 from __future__ import annotations
 
@@ -34,11 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MIN_GAIN = 0.05  # select.min_gain's default
 
 
-def trtflow(*args: str, cwd: Path) -> None:
+def trtflow(*args: str, cwd: Path, may_fail: bool = False) -> int:
     done = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=cwd, capture_output=True,
                           text=True)
-    if done.returncode != 0:
+    if done.returncode != 0 and not may_fail:
         sys.exit(f"trtflow {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.returncode
 
 
 def report(store: Path, stage: str) -> dict:
@@ -51,21 +55,28 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--burners", type=int, default=1, help="CPU-bound processes running beside the benchmark")
     ap.add_argument("--duration", default="0.5s", help="the benchmark's duration per cell (the example's: 0.5s)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the suite's settings (tests/test_example.py): 0.1s per cell, no warm-up, 5 iterations")
     args = ap.parse_args()
     console = Console(width=160)
-    settings = ["--set", f"stages.benchmark.duration={args.duration}", "--set", "stages.benchmark.gate=null"]
+    settings = ["--set", f"stages.benchmark.duration={'0.1s' if args.quick else args.duration}",
+                "--set", "stages.benchmark.gate=null"]
+    if args.quick:
+        settings += ["--set", "stages.benchmark.warmup=0", "--set", "stages.benchmark.min_iterations=5"]
     with tempfile.TemporaryDirectory(prefix="trtflow-spread-") as tmp:
         work = Path(tmp) / "squeezenet-cls"
         shutil.copytree(ROOT / "examples" / "squeezenet-cls", work, ignore=shutil.ignore_patterns(".trtflow"))
         shutil.copy(ROOT / "examples" / "trtflow.schema.json", Path(tmp) / "trtflow.schema.json")
         started = time.perf_counter()
-        trtflow("run", "pipeline.yaml", "--stage", "benchmark", *settings, cwd=work)  # builds the engines once
+        trtflow("run", "pipeline.yaml", *settings, cwd=work)  # builds the engines and releases version 1
         runs = [report(work / ".trtflow", "benchmark")]
+        shipped = [(0, report(work / ".trtflow", "release")["targets"][0])]
         burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
         try:
             for _ in range(args.runs - 1):
-                trtflow("run", "pipeline.yaml", "--stage", "benchmark", "--force", "benchmark", *settings, cwd=work)
+                code = trtflow("run", "pipeline.yaml", "--force", "benchmark", *settings, cwd=work, may_fail=True)
                 runs.append(report(work / ".trtflow", "benchmark"))
+                shipped.append((code, report(work / ".trtflow", "release")["targets"][0] if code == 0 else None))
         finally:
             for b in burners:
                 b.kill()
@@ -81,7 +92,8 @@ def main() -> None:
                 within.setdefault(c["cell"], []).append(max(0.0, (lat["p90"] - lat["median"]) / lat["median"]))
     runtime = runs[-1]["cells"][0]["result"]["runtime"] if runs[-1]["cells"] else "?"
     table = Table(title=f"the same engines in {len(runs)} runs (first one quiet, then {args.burners} CPU burner(s) "
-                        f"beside), duration {args.duration} per cell, {os.cpu_count()} cores; {runtime}",
+                        f"beside), duration {'0.1s (--quick)' if args.quick else args.duration} per cell, "
+                        f"{os.cpu_count()} cores; {runtime}",
                   title_justify="left")
     for col in ("cell", "samples/s (median)", "within-run spread", "run-to-run spread", "x within", "margin applied"):
         table.add_column(col, justify="left" if col == "cell" else "right")
@@ -97,6 +109,22 @@ def main() -> None:
     console.print(table)
     console.print(f"run-to-run spread / within-run spread: median {statistics.median(ratios):.1f}x over "
                   f"{len(ratios)} engines; {elapsed:.0f} s in all")
+    first = shipped[0][1]
+    releases = Table(title="what the release shipped after each run (run 1 in full, then the benchmark forced)",
+                     title_justify="left")
+    for col in ("run", "exit", "engine shipped", "version", "same as run 1", "selection"):
+        releases.add_column(col, justify="left" if col in ("engine shipped", "selection") else "right")
+    held = 0
+    for n, (code, target) in enumerate(shipped, 1):
+        same = target is not None and (target["chosen"]["name"], target["version"]) == \
+            (first["chosen"]["name"], first["version"])
+        held += same and code == 0 and n > 1
+        releases.add_row(str(n), str(code), target["chosen"]["name"] if target else "-",
+                         str(target["version"]) if target else "-", "yes" if same else "NO",
+                         (target or {}).get("stability") or "(the incumbent ranked first)" if target else "")
+    console.print(releases)
+    console.print(f"the forced re-runs shipped run 1's engine as version {first['version']} and exited 0 in {held} of "
+                  f"{len(shipped) - 1}")
 
 
 if __name__ == "__main__":
