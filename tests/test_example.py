@@ -223,7 +223,9 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
 
     # issue #50: the benchmark measured again, twice, nothing else changed, on a machine whose load comes and goes
     # (the suite's other worker beside it, and for the third run a CPU burner too): the same engine ships as the
-    # same version each time, never a batch-1 engine under version 1's dynamic-batch contract (that run exited 1)
+    # same version each time, never a batch-1 engine under version 1's dynamic-batch contract (that run exited 1).
+    # (The second run once measured int8.bs1 at 2.5x the shipped prepare.bs1 beside the other worker: a challenger
+    # now needs the median of select.min_runs, 3, runs of both.)
     import subprocess
     import sys
     for n in range(2):

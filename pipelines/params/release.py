@@ -48,6 +48,13 @@ class Select(Strict):
                                        "by (on the preferred measure) to replace it; the margin applied is the "
                                        "largest of this and the benchmark's spread, within its run and across this "
                                        "machine's runs of the two engines", examples=["10%"])
+    min_runs: int = Field(
+        3, ge=1, le=10, description="how many benchmark runs of both engines on this machine (the benchmark's "
+                                    "history keeps 10) another engine needs before it can replace the one the "
+                                    "previous version shipped; they are compared by the median of their runs. "
+                                    "Before that, the challenger's lead is reported and the shipped engine stays "
+                                    "(a re-run of the benchmark, or the nightly schedule, adds runs); 1: replace on "
+                                    "one run's numbers, beyond the margin", examples=[1])
     rollback: Literal["refuse", "allow"] = Field(
         "refuse", description="when the chosen engine is an earlier version's and a later version was released "
                               "(an older configuration run again): refuse: the release fails, naming both "

@@ -110,12 +110,14 @@ def _rerank(order: list[Option]) -> list[Option]:
 
 
 def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> tuple[list[Option], str]:
-    """`ranked` with the engine the previous version shipped first again, where the new best beats it by no more
-    than the margin: the largest of `select.min_gain` and the benchmark's spread of the two engines, within its run
-    ((p90 - median) / median latency of its iterations) and across this machine's runs of them (largest -
-    smallest / median): numbers that move within their noise must not flip the engine a deployment serves.
-    Returns the options and a line saying which engine was kept or why it was replaced, with the margin and how
-    it was measured ("" when there is nothing to weigh)."""
+    """`ranked` with the engine the previous version shipped first again, unless the new best beats it on the
+    median of `select.min_runs` or more runs of both on this machine, by more than the margin: the largest of
+    `select.min_gain` and the benchmark's spread of the two engines, within its run ((p90 - median) / median
+    latency of its iterations) and across this machine's runs of them (largest - smallest / median). On a shared
+    machine one run's numbers can move 2.5x (an engine measured while another process took the core): numbers that
+    move within their noise must not flip the engine a deployment serves. Returns the options and a line saying
+    which engine was kept or why it was replaced, with the margin and how it was measured ("" when there is
+    nothing to weigh)."""
     prefer = rule.prefer
     if previous is None or not ranked or ranked[0].rank != 1 or ranked[0].name == previous or prefer == "size":
         return ranked, ""
@@ -125,25 +127,26 @@ def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> t
     if prev.refused is not None:
         return ranked, f"the previous version's engine {previous} may not ship now: {prev.refused}"
     best = ranked[0]
-    over_time = all(o.run_spread is not None and o.run_spread.runs >= 3 and (
-        o.run_spread.median_samples_per_s if prefer == "throughput" else o.run_spread.median_p99_ms)
-        for o in (best, prev))
-    if prefer == "throughput":  # over three or more runs here, their medians: one run's outlier moves nothing
-        new, old = ((best.run_spread.median_samples_per_s, prev.run_spread.median_samples_per_s)  # type: ignore
-                    if over_time else (best.samples_per_s, prev.samples_per_s))
-        gain = None if not new or not old else new / old - 1
-    else:
-        new, old = ((best.run_spread.median_p99_ms, prev.run_spread.median_p99_ms)  # type: ignore
-                    if over_time else (best.p99_ms, prev.p99_ms))
-        gain = None if not new or not old else old / new - 1
-    if gain is None:
+    runs = [o.run_spread.runs if o.run_spread is not None else 1 for o in (best, prev)]
+    medians = [None if o.run_spread is None else
+               o.run_spread.median_samples_per_s if prefer == "throughput" else o.run_spread.median_p99_ms
+               for o in (best, prev)]
+    over_time = min(runs) >= max(rule.min_runs, 2) and all(medians)
+    new, old = medians if over_time else (
+        (best.samples_per_s, prev.samples_per_s) if prefer == "throughput" else (best.p99_ms, prev.p99_ms))
+    if not new or not old:
         return ranked, ""
+    gain = new / old - 1 if prefer == "throughput" else old / new - 1
     margin, how = _margin(best, prev, rule)
     on = f"{prefer} (the median of this machine's runs)" if over_time else prefer
-    if gain > margin:
+    if gain > margin and (over_time or rule.min_runs == 1):
         return ranked, f"{best.name} replaces {previous}: {gain:.1%} better on {on}, more than the margin {how}"
-    return _rerank([prev] + [o for o in ranked if o is not prev]), (
-        f"{previous} kept: {best.name} is {gain:.1%} better on {on}, within the margin {how}")
+    kept = _rerank([prev] + [o for o in ranked if o is not prev])
+    if gain > margin:
+        return kept, (f"{previous} kept: {best.name} is {gain:.1%} better on {prefer} in this run, more than the "
+                      f"margin {how}; it replaces the shipped engine once the median of {rule.min_runs} runs of "
+                      f"both on this machine says so (now {runs[0]} and {runs[1]}; select.min_runs)")
+    return kept, f"{previous} kept: {best.name} is {gain:.1%} better on {on}, within the margin {how}"
 
 
 def _margin(best: Option, prev: Option, rule: Select) -> tuple[float, str]:
