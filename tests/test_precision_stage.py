@@ -74,6 +74,77 @@ def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path, tensorrt_available, eng
         assert engine_size(result.outputs["model"], None, tmp_path / "engine") > 1000
 
 
+def underflow_model(path: Path) -> Path:
+    """basic-pitch's pattern twice: `log(relu(x) + 1e-10)`, whose constant FP16 rounds to 0 (relu's zeros then
+    reach Log as 0: -inf), and `log(|x| * 1e-7)`, whose constant survives but whose product on the data (below
+    3e-8 for |x| < 0.3) FP16 rounds to 0; then a head that FP16 carries."""
+    consts = [numpy_helper.from_array(np.array(1e-10, np.float32), "eps"),
+              numpy_helper.from_array(np.array(1e-7, np.float32), "tiny_scale"),
+              numpy_helper.from_array(np.eye(16, dtype=np.float32) * 0.01, "W")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "eps"], ["r_eps"], name="add_eps"),
+             helper.make_node("Log", ["r_eps"], ["log_r"], name="log_r"),
+             helper.make_node("Abs", ["x"], ["ax"], name="abs"),
+             helper.make_node("Mul", ["ax", "tiny_scale"], ["small"], name="scale_down"),
+             helper.make_node("Log", ["small"], ["log_small"], name="log_small"),
+             helper.make_node("Add", ["log_r", "log_small"], ["both"], name="sum"),
+             helper.make_node("MatMul", ["both", "W"], ["y"], name="head")]
+    graph = helper.make_graph(nodes, "underflow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], consts)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def signed_tensors(tmp_path: Path, n: int = 8) -> list[Artifact]:
+    """Samples of x in (-0.5, 0.5): relu makes zeros, |x| goes below 0.3."""
+    rng = np.random.default_rng(1)
+    arts = []
+    for i in range(n):
+        f = tmp_path / f"s{i}.npy"
+        np.save(f, rng.uniform(-0.5, 0.5, (1, 16)).astype(np.float32))
+        arts.append(Artifact(f, "file", f.name))
+    return arts
+
+
+def test_values_fp16_rounds_to_zero_are_kept_in_fp32(tmp_path):
+    """Issue #51: basic-pitch adds 1e-10 before a Log; FP16 makes it 0 and every output NaN, while the precision
+    stage kept nothing in FP32 (it guarded only the high end). Now a small constant FP16 would lose to 0 keeps its
+    reader in FP32, and an activation measured on the data that FP16 would round to 0 where a Log (Div's
+    divisor, Reciprocal, Pow, Sqrt) reads it keeps that node and its producer in FP32, each with its reason."""
+    model = underflow_model(tmp_path / "underflow.onnx")
+    data = {"tensors": signed_tensors(tmp_path)}
+    spec = {"data": {"tensors": "*.npy"}, "holdout": 4}
+    naive = run_precision(model, tmp_path / "naive", data, fallback={"auto": False}, **spec)
+    assert naive.metrics["nan_inf"] > 0, "without the guard FP16 turns the logs of 0 into -inf"
+
+    result = run_precision(model, tmp_path / "auto", data, **spec)
+    report = json.loads(result.outputs["report"].read_text())
+    kept = report["kept_fp32"]
+    assert kept["add_eps"] == "constant eps holds 1e-10, which FP16 rounds to 0 (below 2.98e-08; 1 of its 1 values)"
+    assert kept["log_r"].startswith("its input r_eps goes down to 1e-10 on the sample data, which FP16 rounds to 0 "
+                                    "(Log of 0)")
+    assert kept["scale_down"].startswith("its output small goes down to ") and "(Log of 0)" in kept["scale_down"]
+    assert kept["log_small"].startswith("its input small goes down to ")
+    assert not {"relu", "abs", "sum", "head"} & set(kept), kept
+    out = report["accuracy"]["outputs"]["y"]
+    assert out["nan"] == 0 and out["inf"] == 0 and out["cosine"] > 0.9999, out
+    assert result.metrics["nan_inf"] == 0
+
+
+def test_a_weight_tensor_with_a_few_tiny_values_stays_fp16():
+    """The low-end rule keeps a constant in FP32 only where what FP16 loses matters: every value of a small
+    constant (an epsilon), or more than 0.1% of a large one's magnitude; not a weight tensor with a few values
+    below 3e-8 among thousands."""
+    from trtflow.stages.onnx.fp16 import lost_to_zero
+    weights = np.random.default_rng(0).normal(0, 0.1, 4096).astype(np.float32)
+    weights[:3] = 1e-9
+    assert lost_to_zero(weights) is None
+    assert lost_to_zero(np.array([1.0, 1e-12], np.float32)).startswith("holds 1e-12, which FP16 rounds to 0")
+    assert lost_to_zero(np.array([1e-5, 6e-8], np.float32)) is None  # subnormals FP16 keeps
+    mostly_tiny = np.full(4096, 1e-9, np.float32)
+    assert "4096 of its 4096 values" in lost_to_zero(mostly_tiny)
+
+
 def test_block_lists_and_bad_names(tmp_path):
     model = overflow_model(tmp_path / "m.onnx")
     data = {"tensors": tensors_dir(tmp_path)}

@@ -288,3 +288,48 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
 
     short = search(check, 3)
     assert not short.passed and len(short.nodes) == 7 and len(short.rounds) == 3
+
+
+def test_a_nan_is_repaired_at_its_source(tmp_path):
+    """Issue #51: on basic-pitch, repair gave back 63 of 179 nodes, never the Add of 1e-10 and the Log that make
+    the NaN (the Add's output drifts by nothing a cosine sees), and concluded FP16 was not viable. Now the search
+    names the first node whose output turns non-finite and gives it back with what feeds it, first: the planted
+    pattern repairs with at most three nodes, the Add and the Log among them."""
+    from tests.test_precision_stage import signed_tensors
+
+    consts = [numpy_helper.from_array(np.array(1e-10, np.float32), "eps"),
+              numpy_helper.from_array(np.eye(16, dtype=np.float32) * 0.1, "W1"),
+              numpy_helper.from_array(np.eye(16, dtype=np.float32) * 0.5, "W2"),
+              numpy_helper.from_array(np.array(0.1, np.float32), "k")]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"], name="stem"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "eps"], ["r_eps"], name="add_eps"),
+             helper.make_node("Log", ["r_eps"], ["log_r"], name="log_r"),
+             helper.make_node("Mul", ["log_r", "k"], ["t"], name="scale"),
+             *[helper.make_node("MatMul", [f"t{i}" if i else "t", "W2"], [f"t{i + 1}" if i < 5 else "y"],
+                                name=f"head{i}") for i in range(6)]]  # the FP16 compute repair must not give back
+    graph = helper.make_graph(nodes, "nan", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 16])], consts)
+    model = tmp_path / "nan.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    data = {"tensors": signed_tensors(tmp_path)}
+    spec = {"data": {"tensors": "*.npy"}}
+    fp16 = run_stage(precision, PrecisionStage, tmp_path / "fp16", {"model": Artifact(model, "onnx", "prepare"),
+                                                                     **data},
+                     holdout=2, fallback={"auto": False}, preflight="off", **spec)
+    assert fp16.metrics["nan_inf"] > 0
+    reference, variant = Artifact(model, "onnx", "ref", "prepare"), Artifact(fp16.outputs["model"], "onnx", "fp16",
+                                                                            "fp16")
+    with pytest.raises(StageFailed) as failed:
+        run_stage(validate, ValidateStage, tmp_path / "v", {"reference": reference, "models": [variant], **data},
+                  **spec)
+    cand = json.loads(failed.value.result.outputs["report"].read_text())["candidates"][0]
+    assert cand["layerwise"]["first_nonfinite"]["node"] == "log_r", cand["layerwise"]
+    assert "**first non-finite output**: `log_r` (Log)" in failed.value.result.summary
+
+    fixed = run_stage(validate, ValidateStage, tmp_path / "r", {"reference": reference, "models": [variant], **data},
+                      repair=True, **spec)
+    found = json.loads(fixed.outputs["report"].read_text())["repair"]
+    assert found["passed"] and {"add_eps", "log_r"} <= set(found["nodes"]) and len(found["nodes"]) <= 3, found
+    assert found["rounds"][0]["give_back"] == ["log_r"] and found["rounds"][1]["give_back"][0] == "add_eps", \
+        found["rounds"]

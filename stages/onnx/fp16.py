@@ -32,6 +32,11 @@ from trtflow.text import first_line
 
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = 65504.0
+# FP16 rounds |x| < 2**-25 (half its smallest subnormal, 5.96e-8) to 0. Subnormals above it survive (GPUs keep FP16
+# subnormals), imprecisely: losing a value to 0 is what turns `log(x + 1e-10)` into -inf.
+FP16_ZERO_BELOW = 2.0 ** -25
+SMALL_CONSTANT = 64  # elements: an epsilon, an offset, a scale; a weight tensor is larger
+SINGULAR_AT_ZERO = {"Log": (0,), "Div": (1,), "Reciprocal": (0,), "Pow": (0,), "Sqrt": (0,), "Rsqrt": (0,)}
 # op types never run in FP16: onnxconverter-common's default block list (ops whose FP16 kernels are missing or
 # whose inputs must stay float: Resize's scales, NonMaxSuppression's boxes, ...), control flow, quantization,
 # and generators whose output type is an attribute
@@ -95,6 +100,21 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str])
             result.half.add(node.name)
     _constants_follow_readers(model, result)
     return result
+
+
+def lost_to_zero(value: np.ndarray) -> str | None:
+    """Why a float constant cannot be FP16 at the low end, or None: FP16 rounds one of its nonzero values to 0, and
+    the constant is small (every value of an epsilon matters) or the values lost carry more than 0.1% of its
+    magnitude. (A weight tensor with a few values below 3e-8 among thousands loses nothing that shows.)"""
+    v = np.abs(value.astype(np.float64)).ravel()
+    lost = (v > 0) & (v < FP16_ZERO_BELOW)
+    if not lost.any():
+        return None
+    share = float(np.linalg.norm(v[lost]) / np.linalg.norm(v))
+    if v.size > SMALL_CONSTANT and share <= 1e-3:
+        return None
+    return (f"holds {float(v[lost].min()):.3g}, which FP16 rounds to 0 (below {FP16_ZERO_BELOW:.3g}; "
+            f"{int(lost.sum())} of its {v.size} values)")
 
 
 def _constants_follow_readers(model: onnx.ModelProto, p: Plan) -> None:

@@ -144,6 +144,8 @@ class Layerwise(BaseModel):
     tensors: int
     bound: float
     first_bad: LayerRow | None  # the first node (in the reference's order) whose output is past the bound
+    # the first node whose output is non-finite where the reference's is finite: where a NaN or Inf is made
+    first_nonfinite: LayerRow | None = None
     worst: list[LayerRow]  # the nodes adding the most drift over their inputs, the largest first
     overflow: list[LayerRow]  # reference activations beyond FP16's range
     clipping: list[LayerRow]
@@ -199,6 +201,7 @@ def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Itera
     first = next((r for r in rows if r.nonfinite or r.cosine < bound), None)
     clipping = [r for r in rows if r.range is not None and (r.clipped > 1e-3 or r.range_use < 0.02)]
     return Layerwise(samples=samples, tensors=len(rows), bound=bound, first_bad=first,
+                     first_nonfinite=next((r for r in rows if r.nonfinite), None),
                      worst=sorted(rows, key=lambda r: -r.added)[:worst],
                      overflow=[r for r in rows if r.over_fp16 and not r.sentinel][:worst],
                      sentinels=[r for r in rows if r.over_fp16 and r.sentinel][:worst],

@@ -37,21 +37,36 @@ def expose_all(model: onnx.ModelProto, out: Path, tensors: list[onnx.ValueInfoPr
     return [vi.name for vi in tensors]
 
 
-def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, float]:
-    """max |x| of every float tensor (graph inputs included) over the samples; inf/NaN show as inf."""
+class Magnitudes:
+    """Per float tensor (graph inputs included), over the samples: the largest |x| (`peak`; inf where a value is
+    inf or NaN) and the smallest nonzero |x| (`floor`; absent where every value is 0 or non-finite)."""
+
+    def __init__(self) -> None:
+        self.peak: dict[str, float] = {}
+        self.floor: dict[str, float] = {}
+
+    def add(self, name: str, value: np.ndarray) -> None:
+        v = np.abs(value.astype(np.float64))
+        finite = np.isfinite(v).all()
+        self.peak[name] = max(self.peak.get(name, 0.0), float(v.max(initial=0.0)) if finite else float("inf"))
+        nonzero = v[(v > 0) & np.isfinite(v)]
+        if nonzero.size:
+            self.floor[name] = min(self.floor.get(name, float("inf")), float(nonzero.min()))
+
+
+def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.ndarray]]) -> Magnitudes:
+    """The magnitudes of every float tensor of `model` over the samples."""
     path = work / "exposed.onnx"
     names = expose_all(model, path)
     sess = session(path)
     outs = [o.name for o in sess.get_outputs() if o.name in set(names) | {o.name for o in model.graph.output}]
-    peak: dict[str, float] = {}
+    seen = Magnitudes()
     for feed in feeds:
         for name, value in feed.items():
-            if np.issubdtype(value.dtype, np.floating):
-                peak[name] = max(peak.get(name, 0.0), float(np.abs(value).max(initial=0.0)))
+            if np.issubdtype(value.dtype, np.floating) and value.size:
+                seen.add(name, value)
         for name, value in zip(outs, sess.run(outs, feed)):
             if np.issubdtype(value.dtype, np.floating) and value.size:
-                v = np.abs(value.astype(np.float64))
-                m = float("inf") if not np.isfinite(v).all() else float(v.max())
-                peak[name] = max(peak.get(name, 0.0), m)
+                seen.add(name, value)
     path.unlink()
-    return peak
+    return seen

@@ -31,7 +31,7 @@ from trtflow.stages.onnx.graph import (
 )
 from trtflow.stages.ort import simulation
 from trtflow.stages.ort.probe import probe
-from trtflow.stages.ort.ranges import magnitudes
+from trtflow.stages.ort.ranges import Magnitudes, magnitudes
 from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.precision.report import PrecisionReport
@@ -60,7 +60,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     data.check_reference(ref)
     gate.check_metrics("precision", params.metrics, ref)
 
-    blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else {})
+    blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else None)
     block_ops = set(params.block_ops)
     if params.fallback.max_rel_error is not None:
         sim = emulate(model, fp16.plan(model, blocked, block_ops).half, params.keep_io_types)
@@ -146,15 +146,13 @@ def _trial_build(mode: str, variant: Path, fp32: Path, feed: dict[str, np.ndarra
     return result
 
 
-def block_list(model: onnx.ModelProto, params: PrecisionStage, peak: dict[str, float]) -> dict[str, str]:
-    """node name -> why it stays FP32."""
+def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes | None) -> dict[str, str]:
+    """node name -> why it stays FP32 (`seen`: the activations on the sample data, with `fallback.auto`)."""
     names = [n.name for n in model.graph.node]
     for pattern in params.block_nodes:
         if not any(re.fullmatch(pattern, n) for n in names):
             raise StageError(f"precision: block_nodes: no node matches '{pattern}'{did_you_mean(pattern, names)}")
     require_op_types(model, params.block_ops, "precision: block_ops")
-    inits = {i.name: i for i in model.graph.initializer}
-    inits.update(constant_tensors(model.graph))  # weights exported as Constant nodes
     fb = params.fallback
     blocked: dict[str, str] = {}
     for node in model.graph.node:
@@ -162,18 +160,43 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, peak: dict[str, f
             blocked[node.name] = f"op type {node.op_type} in block_ops"
         elif any(re.fullmatch(p, node.name) for p in params.block_nodes):
             blocked[node.name] = "named in block_nodes"
-        elif fb.auto:
-            big = max(((peak.get(t, 0.0), t) for t in list(node.input) + list(node.output) if t in peak),
-                      default=(0.0, ""))
-            if big[0] > fb.data_max:
-                blocked[node.name] = f"|{big[1]}| reaches {big[0]:.4g} > data_max {fb.data_max:g}"
+    if seen is None:
+        return blocked
+    inits = {i.name: i for i in model.graph.initializer}
+    inits.update(constant_tensors(model.graph))  # weights exported as Constant nodes
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.name in blocked:
+            continue
+        peak = seen.peak
+        big = max(((peak.get(t, 0.0), t) for t in list(node.input) + list(node.output) if t in peak),
+                  default=(0.0, ""))
+        if big[0] > fb.data_max:
+            blocked[node.name] = f"|{big[1]}| reaches {big[0]:.4g} > data_max {fb.data_max:g}"
+            continue
+        for t in node.input:
+            if t in inits and inits[t].data_type == onnx.TensorProto.FLOAT:
+                w = numpy_helper.to_array(inits[t])
+                top = float(np.abs(w).max(initial=0.0))
+                if top > fb.init_max:
+                    blocked[node.name] = f"weight {t} reaches {top:.4g} > init_max {fb.init_max:g}"
+                    break
+                lost = fp16.lost_to_zero(w)
+                if lost is not None:
+                    blocked[node.name] = f"constant {t} {lost}"
+                    break
+    # an activation a singularity reads (Log's input, Div's divisor, ...) that FP16 would round to 0: the node and
+    # the one making it stay FP32
+    for node in model.graph.node:
+        for i in fp16.SINGULAR_AT_ZERO.get(node.op_type, ()):
+            t = node.input[i] if i < len(node.input) else ""
+            low = seen.floor.get(t)
+            if t in inits or low is None or low >= fp16.FP16_ZERO_BELOW:
                 continue
-            for t in node.input:
-                if t in inits and inits[t].data_type == onnx.TensorProto.FLOAT:
-                    w = float(np.abs(numpy_helper.to_array(inits[t])).max(initial=0.0))
-                    if w > fb.init_max:
-                        blocked[node.name] = f"weight {t} reaches {w:.4g} > init_max {fb.init_max:g}"
-                        break
+            why = f"{t} goes down to {low:.3g} on the sample data, which FP16 rounds to 0 ({node.op_type} of 0)"
+            blocked.setdefault(node.name, f"its input {why}")
+            if t in producer:
+                blocked.setdefault(producer[t], f"its output {why}")
     return blocked
 
 

@@ -3,8 +3,11 @@
 higher precision, check again), each round rebuilt through the same code the precision/calibrate stages use.
 
 Round by round: give back the first node that goes wrong and the nodes adding the most drift (1, then 2, 4, ...
-of them), rebuild, check the gate, localize again. Once it passes, the last batch is bisected and chunks of the
-set are tried without (while rounds last), so the set stays small.
+of them), rebuild, check the gate, localize again. Where the variant makes a NaN or Inf, the first node whose
+output turns non-finite and the nodes feeding it (nearest first) are given back before anything else: the value
+that breaks is often made one node earlier (FP16 rounding `x + 1e-10` to `x`, then `log(0)`), with no drift to
+rank. Once it passes, the last batch is bisected and chunks of the set are tried without (while rounds last), so
+the set stays small.
 """
 from __future__ import annotations
 
@@ -57,7 +60,27 @@ class Variant:
     rebuild: Callable[[list[str]], tuple[onnx.ModelProto, onnx.ModelProto]]  # nodes -> (variant, simulation)
     fixable: Callable[[str], str | None]  # a node that goes wrong -> the node to give back for it
     size: int  # how many nodes run in the lower precision as built
+    upstream: Callable[[str], list[str]] = lambda name: []  # a node -> the nodes feeding it, nearest first
     warnings: list[str] = field(default_factory=list)
+
+
+def feeders(reference: onnx.ModelProto) -> Callable[[str], list[str]]:
+    """node -> every node upstream of it in `reference`, breadth first (the nearest first)."""
+    producer = {o: n for n in reference.graph.node for o in n.output}
+    by_name = {n.name: n for n in reference.graph.node}
+
+    def upstream(name: str) -> list[str]:
+        order: list[str] = []
+        todo = [name]
+        while todo:
+            node = by_name.get(todo.pop(0))
+            for t in node.input if node is not None else ():
+                up = producer.get(t)
+                if up is not None and up.name not in order and up.name != name:
+                    order.append(up.name)
+                    todo.append(up.name)
+        return order
+    return upstream
 
 
 def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path, probe_feed: dict) -> Variant:
@@ -76,7 +99,7 @@ def fp16_variant(reference: onnx.ModelProto, variant: onnx.ModelProto, work: Pat
         return model, emulate(reference, plan.half, keep_io)
 
     names = {n.name for n in reference.graph.node}
-    return Variant(rebuild, lambda n: n if n in names and n in half else None, len(half))
+    return Variant(rebuild, lambda n: n if n in names and n in half else None, len(half), feeders(reference))
 
 
 def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx.ModelProto, work: Path) -> Variant:
@@ -109,7 +132,7 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
             todo += [producer[t].name for t in by_name[n].input if t in producer]
         return None
 
-    return Variant(rebuild, fixable, len(quantized), warnings)
+    return Variant(rebuild, fixable, len(quantized), feeders(reference), warnings)
 
 
 def search(v: Variant, first: Layerwise, check: Check, locate: Locate, rounds: int, variant: str,
@@ -172,7 +195,14 @@ def search(v: Variant, first: Layerwise, check: Check, locate: Locate, rounds: i
 
 def _next(v: Variant, loc: Layerwise, given: list[str], count: int) -> list[str]:
     """The next `count` nodes to give back: for the first node that goes wrong, then for the nodes adding the
-    most drift."""
+    most drift. Where a node's output turns non-finite, that node and then the nodes feeding it, the nearest
+    first."""
+    bad = loc.first_nonfinite
+    if bad is not None:
+        chain = [n for n in dict.fromkeys(v.fixable(x) for x in [bad.node] + v.upstream(bad.node))
+                 if n is not None and n not in given]
+        if chain:
+            return chain[:count]
     rows = loc.rows or loc.worst
     ranked = ([loc.first_bad] if loc.first_bad else []) + sorted(rows, key=lambda r: -r.added)
     picks: list[str] = []

@@ -87,6 +87,11 @@ class CandidateResult(BaseModel):
                      f"non-finite {first.nonfinite}" if first else "none found")
             lines += ["", f"**first node past its bound** (the first, in the reference's order, whose output's "
                           f"cosine < {loc.bound} on {loc.samples} samples, {md.text(loc.on)}): " + found]
+            nan = loc.first_nonfinite
+            if nan is not None:
+                lines += ["", f"**first non-finite output**: {md.code(nan.node)} ({md.text(nan.op)}) made "
+                              f"{nan.nonfinite} NaN/Inf values where the reference's are finite; what feeds it is "
+                              f"where to look (a value FP16 rounds to 0 or past 65504)"]
             if largest is not None:
                 lines += ["", f"**largest drift**: {md.code(largest.node)} ({md.text(largest.op)}) adds "
                               f"{largest.added:.2e} of 1 - cosine over its inputs" +
