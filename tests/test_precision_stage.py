@@ -158,6 +158,24 @@ def test_block_lists_and_bad_names(tmp_path):
         run_precision(model, tmp_path / "c", data, data={"tensors": "*.npy"}, block_ops=["Softmax"])
 
 
+def test_a_block_nodes_pattern_that_matches_part_of_a_name_says_how_to_match_it():
+    """Issue #51: block_nodes patterns match whole names (re.fullmatch), which the docs did not say, and a piece of
+    one of tf2onnx's long names ("did you mean") found nothing. Now the refusal names the names it matches a part
+    of and the pattern that would block them; a misspelt piece finds the name sharing the most of it."""
+    from trtflow.text import pattern_hint
+    names = ["model_1/normalized_log_1/add;model_1/normalized_log_1/add",
+             "model_1/normalized_log_1/Log;model_1/normalized_log_1/Log", "model_1/conv2d_1/Conv2D"]
+    assert pattern_hint("normalized_log_1/Log", names) == (
+        " (a pattern matches whole node names; it matches part of 'model_1/normalized_log_1/Log;model_1/"
+        "normalized_log_1/Log': '.*normalized_log_1/Log.*' would match them)")
+    assert "and 1 more" in pattern_hint("normalized_log_1", names)
+    assert pattern_hint("normalised_log_1/Log", names) == \
+        " (did you mean 'model_1/normalized_log_1/Log;model_1/normalized_log_1/Log'?)"
+    assert pattern_hint("softmax_head", names) == ""
+    assert pattern_hint("model_1/conv2d_1/Conv2d", names) == " (did you mean 'model_1/conv2d_1/Conv2D'?)"
+    assert pattern_hint("big_matmull", ["big_matmul", "head"]) == " (did you mean 'big_matmul'?)"
+
+
 def test_max_rel_error_refinement(tmp_path):
     model = overflow_model(tmp_path / "m.onnx")
     data = {"tensors": tensors_dir(tmp_path)}

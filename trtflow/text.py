@@ -23,6 +23,28 @@ def did_you_mean(name: str, options: list[str]) -> str:
     return f" ({hint})" if hint else ""
 
 
+def pattern_hint(pattern: str, names: list[str]) -> str:
+    """For a regex that must match a whole name and matches none: " (...)" naming the names it matches a part of
+    (tf2onnx's and TensorFlow's names are long paths a user quotes a piece of), else a near spelling, or ""."""
+    import re
+    try:
+        inside = [n for n in names if re.search(pattern, n)]
+    except re.error:
+        inside = []
+    if inside:
+        more = f" and {len(inside) - 1} more" if len(inside) > 1 else ""
+        return (f" (a pattern matches whole node names; it matches part of '{inside[0]}'{more}: "
+                f"'.*{pattern}.*' would match them)")
+    hint = suggestion(pattern, names)
+    if hint is None and names:  # a misspelt piece of a long name: the name sharing the longest run of characters
+
+        def shared(n: str) -> int:
+            return difflib.SequenceMatcher(None, pattern, n).find_longest_match(0, len(pattern), 0, len(n)).size
+        best = max(names, key=shared)
+        hint = f"did you mean '{best}'?" if shared(best) >= max(4, len(pattern) // 2) else None
+    return f" ({hint})" if hint else ""
+
+
 def first_line(message: object) -> str:
     """The first non-empty line of a tool's message or an exception's (its type's name if it says nothing)."""
     line = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")

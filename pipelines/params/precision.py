@@ -24,8 +24,11 @@ class PrecisionStage(StageBase):
                                                                              "block_ops and block_nodes")
     block_ops: list[str] = Field(default_factory=list, description="op types kept in FP32",
                                  examples=[["Softmax", "LayerNormalization"]])
-    block_nodes: list[str] = Field(default_factory=list, description="node names (regex) kept in FP32; a name "
-                                                                     "matching nothing is an error",
+    block_nodes: list[str] = Field(default_factory=list, description="nodes kept in FP32, each a regular "
+                                                                     "expression matching whole node names "
+                                                                     "(Python's re.fullmatch: '.*Log.*' for every "
+                                                                     "name containing Log); a pattern matching "
+                                                                     "nothing is an error",
                                    examples=[["/head/.*"]])
     data: SampleData = Field(default_factory=lambda: SampleData(random=True), description=(
         "the samples whose activations decide the fallback; the last `holdout` of them are the pre-flight's"))

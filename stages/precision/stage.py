@@ -37,7 +37,7 @@ from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.trt.env import find_tensorrt
 from trtflow.stages.trt.preflight import VariantTrial, run_preflight
-from trtflow.text import did_you_mean, first_line
+from trtflow.text import first_line, pattern_hint
 
 VERSION = "6"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
 # 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built.
@@ -151,7 +151,7 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
     names = [n.name for n in model.graph.node]
     for pattern in params.block_nodes:
         if not any(re.fullmatch(pattern, n) for n in names):
-            raise StageError(f"precision: block_nodes: no node matches '{pattern}'{did_you_mean(pattern, names)}")
+            raise StageError(f"precision: block_nodes: no node matches '{pattern}'{pattern_hint(pattern, names)}")
     require_op_types(model, params.block_ops, "precision: block_ops")
     fb = params.fallback
     blocked: dict[str, str] = {}
