@@ -147,8 +147,9 @@ _ABSENT = object()
 
 
 def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """'a.b[2].c old -> new' for every leaf that differs, by key path into dicts and lists (a changed list item
-    is named by its index, not shown whole; null on one side and absent on the other is no change; a block shown
+    """'a.b[2].c old -> new' for every leaf that differs, by key path into dicts and lists (lists by content: an
+    item inserted or removed is one change, an item changed in place is named by its index, not shown whole; null
+    on one side and absent on the other is no change; a block shown
     leaves out its unset (null) options); each value cut at VALUE_WIDTH characters. A record is compared as its
     JSON."""
     old, new = (x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in (old, new))
@@ -160,13 +161,27 @@ def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += diff(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{prefix}.{k}" if prefix else str(k))
         return out
     if isinstance(old, list) and isinstance(new, list):
-        out = []
-        for i in range(max(len(old), len(new))):
-            out += diff(old[i] if i < len(old) else _ABSENT, new[i] if i < len(new) else _ABSENT, f"{prefix}[{i}]")
-        return out
+        return _list_diff(old, new, prefix)
     if old != new:
         return [f"{prefix} {_shown(old)} -> {_shown(new)}"]
     return []
+
+
+def _list_diff(old: list, new: list, prefix: str) -> list[str]:
+    """Lists by content (difflib's matching of their items): an item inserted or removed is one change, named by
+    its index in the new list (removed: in the old one); items changed in place are diffed key by key."""
+    import difflib
+    out: list[str] = []
+    a, b = ([json.dumps(x, sort_keys=True, default=str) for x in side] for side in (old, new))
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        paired = min(i2 - i1, j2 - j1) if op == "replace" else 0
+        for k in range(paired):
+            out += diff(old[i1 + k], new[j1 + k], f"{prefix}[{j1 + k}]")
+        out += [f"{prefix}[{i}] removed ({_shown(old[i])})" for i in range(i1 + paired, i2)]
+        out += [f"{prefix}[{j}] inserted ({_shown(new[j])})" for j in range(j1 + paired, j2)]
+    return out
 
 
 def _shown(value: Any) -> str:

@@ -96,9 +96,15 @@ def test_a_changed_list_item_is_named_by_its_key_path(write_yaml):
     _, reason = plan_of(path)["a"]
     cut = '"' + "y" * 58 + "…"
     assert reason.startswith(f"params changed: params.deploy[0].note (absent) -> {cut}, "
-                             'params.deploy[0].read "rgb" -> "bgr", params.deploy[24] (absent) -> '
-                             '{"pad": {"size": [48, 192]}}, params.deploy[25] (absent) -> {"note": "0"}, '), reason
+                             'params.deploy[0].read "rgb" -> "bgr", params.deploy[24] inserted '
+                             '({"pad": {"size": [48, 192]}}), params.deploy[25] inserted ({"note": "0"}), '), reason
     assert reason.endswith(", and 5 more") and len(reason) < 600, reason
+    # issue #51: deleting one step showed as five changes (every later step compared with its neighbour)
+    write_yaml(pipe(steps[:1] + steps[2:]))
+    assert plan_of(path)["a"] == ("run", 'params changed: params.deploy[1] removed '
+                                         '({"resize": {"interpolation": "bilinear", "size": 224}})')
+    write_yaml(pipe(steps[:2] + [{"center_crop": 224}] + steps[2:]))
+    assert plan_of(path)["a"] == ("run", 'params changed: params.deploy[2] inserted ({"center_crop": 224})')
 
 
 def test_a_block_added_is_shown_as_written():
