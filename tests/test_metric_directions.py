@@ -213,3 +213,31 @@ def test_map_iou_of_segmentation_classes():
     assert o.task_values["iou_class_min"] == 0.0  # the car is gone wherever it was
     with pytest.raises(ValueError, match="give channel .* or classes .*, not both"):
         ValidateStage(kind="validate", metrics={"y": {"map_iou": {"channel": 1, "classes": [1]}}})
+
+
+def test_max_accuracy_drop_weighs_pooled_metrics_and_leaves_the_worst_image_to_validate_s_bounds():
+    """Issue #51: init's `max_accuracy_drop: 1%` weighed det_f1_min, the worst image's F1, which moves in steps of
+    ~1/30 on a 30-box image: the YOLOv8 detector's FP16 (recall 0.9974, IoU 0.990) was refused for a 3% drop. Now
+    the drop is weighed on the metrics pooled over every sample; a variant that breaks one image of thirty still
+    loses ~3% of the pooled recall and is refused."""
+    from trtflow.stages.release.report import rule_text
+
+    def detector(recall: float, f1_min: float) -> Accuracy:
+        out = OutputAccuracy(max_abs=0.1, mean_abs=0.01, cosine=0.999, nan=0, inf=0,
+                             task_values={"det_recall": recall, "det_precision": 0.998, "det_iou": 0.9905,
+                                          "det_f1_min": f1_min})
+        return Accuracy("onnxruntime-cpu (simulated FP16)", 30, {"output0": out})
+
+    shown, drop, where = selection.accuracy_drop(detector(0.9974, 0.967), weigh=True)
+    assert shown["output0"]["det_f1_min"] == 0.967  # shown on the card, not weighed
+    assert (drop, where) == (pytest.approx(0.0095), "output0/det_iou")
+    option = Option(name="fp16.b1.native", variant="fp16", precision="fp16", target="native", profiles=["b1"],
+                    engine_bytes=1, engine_sha256="0", accuracy=shown, accuracy_drop=drop, drop_metric=where)
+    assert selection.refusal(option, Select(max_accuracy_drop="1%"), None, True) is None
+    _, drop, where = selection.accuracy_drop(detector(29 / 30, 0.0), weigh=True)  # one image of 30 lost whole
+    broken = Option(name="int8.b1.native", variant="int8", precision="int8", target="native", profiles=["b1"],
+                    engine_bytes=1, engine_sha256="0", accuracy=shown, accuracy_drop=drop, drop_metric=where)
+    assert selection.refusal(broken, Select(max_accuracy_drop="1%"), None, True) == \
+        "accuracy drop 3.33% on output0/det_recall > select.max_accuracy_drop 1.00%"
+    assert "on the metrics pooled over every sample; the worst image's, region's or sample's are held by " \
+           "validate's bounds" in rule_text({"require": "validated", "prefer": "throughput", "max_accuracy_drop": 0.01})

@@ -26,9 +26,12 @@ class Select(Strict):
                                   "engines at batch 1); size: the smallest engine")
     max_accuracy_drop: Fraction | None = Field(
         None, ge=0, le=1, description="the most a candidate may lose against the FP32 reference on any task metric "
-                                      "validate measured (top-1/top-5 agreement, text exact, CER, IoU, embedding "
-                                      "cosine, detections, your function's by their declared direction; the "
-                                      "cosine where an output has none)", examples=["1%"])
+                                      "validate measured over all samples (top-1/top-5 agreement, text exact, CER, "
+                                      "IoU, mean embedding cosine, detections' recall, precision and IoU, your "
+                                      "function's by their declared direction; the cosine where an output has "
+                                      "none). The worst item's metrics (iou_min, iou_class_min, embedding_cosine, "
+                                      "det_f1_min) move in steps of one image and are not weighed: validate's "
+                                      "tolerances bound them", examples=["1%"])
     variants: list[str] = Field(default_factory=list, description="only engines of these model variants (stage "
                                                                   "names); default: all")
     profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "

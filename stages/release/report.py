@@ -168,7 +168,8 @@ def rule_text(rule: dict[str, Any], name: Callable[[Any], str] = str) -> str:
     """The rule in words; `name`: how a name is written (`markdown.text` in Markdown)."""
     parts = [f"require {name(rule['require'])}", f"prefer {name(rule['prefer'])}"]
     if rule.get("max_accuracy_drop") is not None:
-        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%}")
+        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} (on the metrics pooled over every sample; "
+                     f"the worst image's, region's or sample's are held by validate's bounds)")
     for key in ("variants", "profiles"):
         if rule.get(key):
             parts.append(f"{key} {', '.join(name(n) for n in rule[key])}")
