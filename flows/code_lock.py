@@ -77,6 +77,7 @@ DECIDING = {
     "cv2": "opencv-python-headless",
     "torchvision": "torchvision",  # parity's training references
     "PIL": "pillow",
+    "skimage": "scikit-image",  # an image output's SSIM
 }
 # A declared distribution -> the distributions that install the same module (the first installed gives the version)
 SAME_MODULE = {

@@ -180,6 +180,25 @@ class EmbeddingMetric(Strict):
                                                "sentence-transformers pools")
 
 
+class ImageMetric(Strict):
+    """An output that is an image (super-resolution, restoration, style transfer, depth maps shown as images):
+    judged as pixels, after clipping to `range`. Gives psnr (dB over every sample's pixels), pixels_within (the
+    share of pixel values within `within` levels of the reference's, a level being 1/`levels` of the range), and
+    ssim (scikit-image's structural similarity, the mean over samples), all better higher."""
+    range: tuple[float, float] = Field((0.0, 1.0), description="the values a pixel takes, [black, white] (0..1, "
+                                                               "0..255, -1..1)", examples=[[0, 255]])
+    layout: Literal["nchw", "nhwc"] = Field("nchw", description="where the channel axis is (a batch first)")
+    levels: int = Field(255, ge=1, le=65535, description="how many steps the range is shown in (255: 8-bit)")
+    within: float = Field(1.0, gt=0, description="pixels_within counts values at most this many levels from the "
+                                                 "reference's")
+
+    @model_validator(mode="after")
+    def _a_range(self) -> "ImageMetric":
+        if not self.range[1] > self.range[0]:
+            raise ValueError(f"range: [{self.range[0]:g}, {self.range[1]:g}] is empty: give [black, white]")
+        return self
+
+
 class CallableMetric(Strict):
     """The user's metric function, and which of the names it returns are better higher or lower (what
     `select.max_accuracy_drop` needs to weigh them; a tolerance's {min: x} / {max: x} says it too). Written as
@@ -254,12 +273,14 @@ class OutputMetrics(Strict):
     """How one output's users judge it, beside the elementwise metrics. Names each gives (which tolerances may
     bound): topk -> top1, top<k>; ctc -> text_exact, cer; map_iou -> iou, iou_min (iou_class_min with classes);
     embedding -> embedding_cosine (worst sample), embedding_cosine_mean; detections -> det_recall,
-    det_precision, det_iou, det_f1_min; callable -> the names its function returns."""
+    det_precision, det_iou, det_f1_min; image -> psnr, pixels_within, ssim; callable -> the names its function
+    returns."""
     topk: TopKMetric | None = None
     ctc: CTCMetric | None = None
     map_iou: MapMetric | None = None
     embedding: EmbeddingMetric | None = None
     detections: DetectionsMetric | None = None
+    image: ImageMetric | None = None
     callable: CallableMetric | None = Field(None, description=(
         "package.module:function, or {function: package.module:function, higher: [names], lower: [names]}"))
 
@@ -276,6 +297,8 @@ class OutputMetrics(Strict):
             out |= {"embedding_cosine", "embedding_cosine_mean"}
         if self.detections:
             out |= set(DETECTION_NAMES)
+        if self.image:
+            out |= set(IMAGE_NAMES)
         if self.callable:
             out |= set(self.callable.directions())
         return out
@@ -288,12 +311,14 @@ class OutputMetrics(Strict):
 
 # the direction of each metric name trtflow gives: a candidate must reach at least these, and at most the others
 DETECTION_NAMES = ("det_recall", "det_precision", "det_iou", "det_f1_min")
+IMAGE_NAMES = ("psnr", "pixels_within", "ssim")
 HIGHER_IS_BETTER = frozenset({"cosine", "text_exact", "iou", "iou_min", "iou_class_min", "embedding_cosine",
-                              "embedding_cosine_mean", "top1", "top5", *DETECTION_NAMES})
+                              "embedding_cosine_mean", "top1", "top5", *DETECTION_NAMES, *IMAGE_NAMES})
 LOWER_IS_BETTER = frozenset({"cer", "max_abs", "mean_abs", "max_rel", "rtol"})
 # the worst sample's, image's or class's value: bounded by validate's tolerances, not weighed by the release's
 # max_accuracy_drop (it moves in steps of one item: a detector's worst image's F1 by ~1/30 on a 30-box image)
 WORST_CASE = frozenset({"iou_min", "iou_class_min", "embedding_cosine", "det_f1_min"})
+NOT_A_SHARE = frozenset({"psnr"})  # decibels: bounded by validate's tolerances, not weighed as a share lost
 
 
 def higher_is_better(metric: str) -> bool:

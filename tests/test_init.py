@@ -346,8 +346,14 @@ HEADS = [
     (("batch", 21, "h", "w"), "Conv", None, False, None, None, "--task segment or --task other"),
     (("batch", 512), "Div", None, True, None, None, {"embedding": {}}),  # divided by its L2 norm
     (("batch", "seq", 384), "Add", None, False, "embed", None, {"embedding": {"pool": "mean"}}),
-    (("batch", "seq", 384), "Add", None, False, None, None, "--task ocr-rec or --task detect or --task embed"),
+    (("batch", "seq", 384), "Add", None, False, None, None, "--task ocr-rec or --task detect or --task embed or "
+                                                             "--task other"),
     (("batch", 1, "h", "w"), "Sigmoid", None, False, "ocr-det", None, {"map_iou": {"threshold": 0.3}}),
+    # issue #51: an image from an image (waifu2x's super-resolution): judged as pixels
+    (("batch", 3, "h2", "w2"), "Conv", None, False, None, None, {"image": {"layout": "nchw"}}),
+    (("batch", 1, "h", "w"), "Conv", None, False, "image", None, {"image": {"layout": "nchw"}}),
+    (("batch", 1, "h", "w"), "Conv", None, False, None, None, "--task segment or --task ocr-det or --task image or "
+                                                                "--task other"),
 ]
 
 
@@ -386,3 +392,26 @@ def test_tensor_names_are_yaml_values_never_yaml(tmp_path):
     assert "evil" not in spec["stages"]
     assert list(spec["stages"]["prepare"]["input_shapes"]) == [name]
     assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
+
+
+def test_one_refusal_names_every_flag_it_needs_and_the_ways_out():
+    """Issue #51: init asked for one flag per try (--task, then --layout); a refusal listed the tasks but not
+    `other`; `--task detect` on a head of no YOLO layout did not point to detections.decode."""
+    from trtflow.errors import SpecError
+    from trtflow.pipelines.init.model import ModelFacts, Tensor
+    from trtflow.pipelines.init.task import guess
+
+    x = Tensor("x", "float32", ("batch", 3, 640, 640))
+    both = ModelFacts(Path("m.onnx"), 17, (x,), (Tensor("out", "float32", ("batch", 1000), "Gemm"),
+                                                 Tensor("head", "float32", ("batch", 25200, 85), "Concat")))
+    with pytest.raises(SpecError) as err:
+        guess(both, None, None)
+    said = f"{err.value} {err.value.hint}"
+    assert "output 'out'" in said and "output 'head'" in said
+    assert "--task classify or --task embed or --task other, and --layout yolov5 or --layout yolov8" in said, said
+    assert "detections.decode" in said
+    centerface = ModelFacts(Path("m.onnx"), 17, (x,), (Tensor("heatmap", "float32", ("batch", 1, "h", "w"), "Sigmoid"),
+                                                       Tensor("scale", "float32", ("batch", 2, "h", "w"), "Conv")))
+    with pytest.raises(SpecError) as err:
+        guess(centerface, "detect", None)
+    assert "metrics.<output>.detections.decode: package.module:function" in str(err.value.hint), err.value.hint

@@ -30,8 +30,9 @@ class Init(Command):
                             help="sample images (or .npy/.npz tensors): they size the profile's dynamic dimensions, "
                                  "feed every stage and calibrate an INT8 variant")
         parser.add_argument("--task", choices=TASKS,
-                            help="how the outputs are judged, where their shapes do not say (other: element by "
-                                 "element, by cosine)")
+                            help="how the outputs are judged, where their shapes do not say (image: outputs that "
+                                 "are images, by PSNR, pixels within a level and SSIM; other: element by element, "
+                                 "by cosine)")
         parser.add_argument("--layout", choices=LAYOUTS, help="a detection head's layout, where its shape does not "
                                                               "say")
         parser.add_argument("--shape", dest="shapes", action="append", default=[], metavar="NAME=DIMS",

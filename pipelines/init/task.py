@@ -11,6 +11,7 @@ from trtflow.pipelines.schema import (
     CTCMetric,
     DetectionsMetric,
     EmbeddingMetric,
+    ImageMetric,
     MapMetric,
     OutputMetrics,
     TopKMetric,
@@ -49,23 +50,38 @@ class _Ambiguous(Exception):
 
 
 def guess(model: ModelFacts, task: str | None, layout: str | None) -> TaskPlan:
-    """Every output's judgement; refused (SpecError naming the flag) where an output is ambiguous, where no output
-    says its task, or where --task fits none."""
-    judged = []
+    """Every output's judgement; refused (SpecError naming every flag it needs, at once) where outputs are
+    ambiguous, where no output says its task, or where --task fits none."""
+    judged, unclear = [], []
+    images_in = any(_image_shaped(t) for t in model.inputs)
     for out in model.outputs:
         try:
-            judged.append(_judge(out, task, layout))
+            judged.append(_judge(out, task, layout, images_in))
         except _Ambiguous as amb:
-            if amb.flag == "--layout":
-                raise SpecError(f"output '{out.name}' {out.shown()}: {amb.why}",
-                                hint=f"give --layout {' or --layout '.join(amb.choices)}") from None
-            raise SpecError(f"cannot tell the task from output '{out.name}' {out.shown()}: {amb.why}",
-                            hint=f"give --task {' or --task '.join(amb.choices)}") from None
+            unclear.append((out, amb))
+    if unclear:
+        said = "; ".join(f"output '{out.name}' {out.shown()}: {amb.why}" for out, amb in unclear)
+        flags: dict[str, list[str]] = {}
+        for _, amb in unclear:
+            choices = amb.choices + (("other",) if amb.flag == "--task" and "other" not in amb.choices else ())
+            flags.setdefault(amb.flag, [])
+            flags[amb.flag] += [c for c in choices if c not in flags[amb.flag]]
+        hint = ", and ".join(" or ".join(f"{flag} {c}" for c in choices) for flag, choices in flags.items())
+        if "--task" in flags:
+            hint += "; other: outputs judged element by element"
+        if "--layout" in flags:
+            hint += "; a head of another layout: metrics.<output>.detections.decode: package.module:function"
+        lead = "cannot tell the task" if "--task" in flags else "cannot tell the layout"
+        raise SpecError(f"{lead}: {said}", hint=f"give {hint}")
     plan = TaskPlan(tuple(judged))
     if task not in (None, "other") and not plan.metrics():
+        extra = ("; a detector whose head is no YOLO layout: --task other, then declare "
+                 "metrics.<output>.detections.decode: package.module:function (docs/pipeline.md)"
+                 if task == "detect" else "")
         raise SpecError(f"--task {task} fits no output of the model ("
                         + "; ".join(f"'{o.name}' {o.shown()}" for o in model.outputs) + ")",
-                        hint=f"give another --task ({', '.join(TASKS)}); other: outputs judged element by element")
+                        hint=f"give another --task ({', '.join(TASKS)}); other: outputs judged element by element"
+                             + extra)
     if task is None and not plan.metrics():
         raise SpecError("cannot tell the task from the model's outputs ("
                         + "; ".join(f"'{j.output.name}' {j.output.shown()}: {j.why}" for j in judged) + ")",
@@ -90,8 +106,22 @@ def _embed(out: Tensor, why: str, pool: str = "none") -> Judgement:
                      f"{why}: each sample's embedding cosine with FP32")
 
 
-def _judge(out: Tensor, task: str | None, layout: str | None) -> Judgement:
+def _image_shaped(t: Tensor) -> bool:
+    """[N, 1 or 3, H, W] or [N, H, W, 1 or 3] float: an image (as a model takes or makes one)."""
+    return t.rank == 4 and t.is_float() and (t.dims[1] in (1, 3) or t.dims[3] in (1, 3))
+
+
+def _image(out: Tensor, why: str) -> Judgement:
+    layout = "nchw" if out.dims[1] in (1, 3) else "nhwc"
+    return Judgement(out, "image", OutputMetrics(image=ImageMetric(layout=layout)),
+                     f"{why}: PSNR, pixels within one level (of 255) and SSIM against FP32's image; its values are "
+                     f"taken as 0..1 (set image.range to the output's, e.g. [0, 255])")
+
+
+def _judge(out: Tensor, task: str | None, layout: str | None, images_in: bool = False) -> Judgement:
     plain = Judgement(out, None, None, "compared element by element (cosine)")
+    if task == "image":
+        return _image(out, f"{out.shown()} an image (--task image)") if _image_shaped(out) else plain
     if task == "other" or not out.is_float():
         return plain if task == "other" else Judgement(out, None, None, f"{out.dtype}: compared element by element")
     if out.rank == 2:
@@ -99,7 +129,7 @@ def _judge(out: Tensor, task: str | None, layout: str | None) -> Judgement:
     if out.rank == 3:
         return _rank3(out, task, layout) or plain
     if out.rank == 4:
-        return _rank4(out, task) or plain
+        return _rank4(out, task, images_in) or plain
     return Judgement(out, None, None, f"rank {out.rank}: compared element by element (cosine)")
 
 
@@ -164,15 +194,19 @@ def _detections(out: Tensor, layout: str | None) -> Judgement:
                      f"a detection head, {layout} {why}: boxes matched to FP32's (recall, precision, IoU)")
 
 
-def _rank4(out: Tensor, task: str | None) -> Judgement | None:
+def _rank4(out: Tensor, task: str | None, images_in: bool) -> Judgement | None:
     channels = out.dims[1]
     if task not in (None, "segment", "ocr-det"):
         return None
     sigmoid = out.producer == "Sigmoid"
+    softmax = out.producer in ("Softmax", "LogSoftmax") and out.producer_axis == 1
+    if task is None and images_in and channels == 3 and not softmax and not sigmoid:
+        return _image(out, "[N, 3, H, W] from an image input: an image (super-resolution, restoration)")
     if channels == 1:
         if task is None and not sigmoid:
             raise _Ambiguous(f"[N, 1, H, W] values from a {out.producer or 'graph input'}, not probabilities: a map "
-                             f"of logits, or no map", ("segment", "ocr-det"))
+                             f"of logits, a one-channel image, or neither",
+                             ("segment", "ocr-det", "image", "other") if images_in else ("segment", "ocr-det", "other"))
         kind = task or "segment"
         threshold = MAP_THRESHOLD[kind] if sigmoid else 0.0
         said = f"probabilities from a Sigmoid, regions above {threshold}" if sigmoid else \
@@ -181,7 +215,6 @@ def _rank4(out: Tensor, task: str | None) -> Judgement | None:
             said += " (PaddleOCR's text detector marks text above 0.3: --task ocr-det)"
         return Judgement(out, kind, OutputMetrics(map_iou=MapMetric(threshold=threshold)),
                          f"[N, 1, H, W] map of {said}: IoU of the regions with FP32's")
-    softmax = out.producer in ("Softmax", "LogSoftmax") and out.producer_axis == 1
     if isinstance(channels, int) and (softmax or task == "segment"):
         classes = list(range(1, min(channels, 1001)))
         return Judgement(out, "segment", OutputMetrics(map_iou=MapMetric(classes=classes, axis=1)),

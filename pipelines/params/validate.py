@@ -163,7 +163,7 @@ KIND = Kind("validate", ValidateStage,
                    "reference": Slot("onnx", prefer=("prepare",), source_ok=True),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
-            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
+            libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,

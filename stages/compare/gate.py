@@ -24,11 +24,15 @@ DEFAULTS: dict[Precision, dict[str, float]] = {
 # ... and for an output with declared task metrics, instead (each applies where its metric is declared)
 TASK_DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999,
-             "det_recall": 0.99, "det_precision": 0.99, "det_iou": 0.98},
+             "det_recall": 0.99, "det_precision": 0.99, "det_iou": 0.98, "pixels_within": 0.999, "ssim": 0.999,
+             "psnr": 50.0},
     "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995,
-             "det_recall": 0.95, "det_precision": 0.95, "det_iou": 0.95},
+             "det_recall": 0.95, "det_precision": 0.95, "det_iou": 0.95, "pixels_within": 0.99, "ssim": 0.995,
+             "psnr": 40.0},
+    # an image: 95% of pixel values within one level (8-bit) of FP32's; waifu2x's INT8 moved a third by two or more
     "int8": {"top1": 0.95, "text_exact": 0.9, "cer": 0.02, "iou": 0.9, "embedding_cosine": 0.98,
-             "det_recall": 0.9, "det_precision": 0.9, "det_iou": 0.9},
+             "det_recall": 0.9, "det_precision": 0.9, "det_iou": 0.9, "pixels_within": 0.95, "ssim": 0.98,
+             "psnr": 35.0},
 }
 
 

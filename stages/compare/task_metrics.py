@@ -1,11 +1,11 @@
 """Accuracy the way a model's users judge it, per output: classification top-k agreement, the text a CTC
 recognizer decodes, the regions a probability map or a segmentation marks, each sample's embedding, a detector's
-boxes after decoding and NMS, or the user's own function.
+boxes after decoding and NMS, an image's pixels (PSNR, within N levels, SSIM), or the user's own function.
 
 Each metric folds in one batch at a time (`add(reference, candidate, sample)`: arrays of one output, batch first,
 and the `Sample` they came from: the inputs, and every output of both sides by name) and gives named values
 (`result()`), the names tolerances bound. Every value is a share in [0, 1] or a rate, so a bound reads the same on
-any model.
+any model (PSNR, in decibels, is the exception image users expect).
 """
 from __future__ import annotations
 
@@ -199,6 +199,58 @@ class Embedding:
         return {"embedding_cosine": min(self.values), "embedding_cosine_mean": float(np.mean(self.values))}
 
 
+class ImagePixels:
+    """An image output against the reference's, pixel by pixel after clipping both to `low..high`: PSNR over every
+    pixel of every sample (capped at 100 dB: identical images), the share of values within `within` levels
+    (a level: (high - low) / levels), and scikit-image's SSIM per sample (a 7x7 window, the channels averaged),
+    their mean. A non-finite candidate value counts as the farthest from the reference."""
+
+    def __init__(self, low: float, high: float, layout: str = "nchw", levels: int = 255, within: float = 1.0) -> None:
+        self.low, self.high, self.layout = low, high, layout
+        self.step = (high - low) / levels
+        self.within = within
+        self.squared = self.values = self.close = 0.0
+        self.ssims: list[float] = []
+
+    def _hwc(self, x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64)
+        if x.ndim == 4 and self.layout == "nchw":
+            x = np.moveaxis(x, 1, -1)
+        elif x.ndim == 3:
+            x = x[..., None]  # one channel, no channel axis
+        return x
+
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
+        from skimage.metrics import structural_similarity
+
+        r = np.clip(self._hwc(ref), self.low, self.high)
+        g = self._hwc(got)
+        g = np.clip(np.where(np.isfinite(g), g, np.where(r - self.low > self.high - r, self.low, self.high)),
+                    self.low, self.high)
+        diff = np.abs(r - g)
+        self.squared += float((diff ** 2).sum())
+        self.values += diff.size
+        self.close += float((diff <= self.within * self.step * (1 + 1e-9)).sum())
+        span = self.high - self.low
+        for a, b in zip(r, g):
+            side = min(a.shape[0], a.shape[1])
+            window = min(7, side if side % 2 else side - 1)
+            if window >= 3:
+                self.ssims.append(float(structural_similarity(a, b, data_range=span, channel_axis=-1,
+                                                              win_size=window)))
+
+    def result(self) -> dict[str, float]:
+        if not self.values:
+            return {}
+        mse = self.squared / self.values
+        span = self.high - self.low
+        out = {"psnr": 100.0 if mse == 0 else min(100.0, 10 * float(np.log10(span * span / mse))),
+               "pixels_within": self.close / self.values}
+        if self.ssims:
+            out["ssim"] = float(np.mean(self.ssims))
+        return out
+
+
 class UserMetric:
     """The user's `package.module:function(reference, candidate) -> {name: value}`, called per batch; each name's
     mean over batches."""
@@ -250,6 +302,9 @@ def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
             decoder = import_callable(d.decode, f"{where}.detections.decode", 2) if d.decode else None
             made.append(Detections(d.layout, decoder, d.decode or "", d.score_threshold, d.nms_iou, d.match_iou,
                                    d.max_detections, f"{where}.detections"))
+        if m.image:
+            made.append(ImagePixels(m.image.range[0], m.image.range[1], m.image.layout, m.image.levels,
+                                    m.image.within))
         if m.callable:
             ref = m.callable.function
             made.append(UserMetric(import_callable(ref, f"{what}: metrics callable", 2), ref))

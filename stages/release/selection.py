@@ -10,7 +10,7 @@ from typing import Any
 from trtflow import names
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
-from trtflow.pipelines.schema import WORST_CASE, metric_direction
+from trtflow.pipelines.schema import NOT_A_SHARE, WORST_CASE, metric_direction
 from trtflow.stages.compare.accuracy import Accuracy
 from trtflow.stages.release.report import Option
 
@@ -20,10 +20,10 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
     loss against the FP32 reference among them with where it is ("output/metric"): 1 - the value of a metric
     better higher (an agreement, an IoU: a share), the value of one better lower (an error rate). A metric that
     did not come out finite lost everything (1). The worst item's metrics (`WORST_CASE`: the worst image's F1,
-    the worst region's IoU, the worst sample's embedding cosine) are shown, not weighed: validate's tolerances bound
-    them. `weigh` (select.max_accuracy_drop is set): every metric must be weighed, so one whose direction nothing
-    declares, or a function's value that is no share in [0, 1], is an error; otherwise such a metric is shown and
-    not weighed."""
+    the worst region's IoU, the worst sample's embedding cosine) and PSNR (decibels, not a share) are shown, not
+    weighed: validate's tolerances bound them. `weigh` (select.max_accuracy_drop is set): every other metric must
+    be weighed, so one whose direction nothing declares, or a function's value that is no share in [0, 1], is an
+    error; otherwise such a metric is shown and not weighed."""
     shown: dict[str, dict[str, float]] = {}
     worst, where = None, None
     for output, metrics in acc.outputs.items():
@@ -33,7 +33,7 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
         shown[output] = task
         known = acc.directions.get(output, {})
         for metric, value in task.items():
-            if metric in WORST_CASE:
+            if metric in WORST_CASE or metric in NOT_A_SHARE:
                 continue
             direction = known.get(metric, metric_direction(metric))
             if direction is None:
