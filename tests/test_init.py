@@ -415,3 +415,30 @@ def test_one_refusal_names_every_flag_it_needs_and_the_ways_out():
     with pytest.raises(SpecError) as err:
         guess(centerface, "detect", None)
     assert "metrics.<output>.detections.decode: package.module:function" in str(err.value.hint), err.value.hint
+
+
+def test_a_model_pinned_to_a_batch_above_one_is_refused_with_images(tmp_path):
+    """Issue #51: CenterFace as shipped takes [10, 3, 32, 32]; init wrote a batch-10 profile and a preprocessing
+    that makes a batch of 1 from each photo (exit 0, no warning), and the run failed at parity. Now one line says
+    why and what to do; nothing is written. With tensors of the pinned shape it proposes a runnable pipeline."""
+    import numpy as np
+    from onnx import TensorProto as TP
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.full((4, 3, 3, 3), 0.1, np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["input.1", "w"], ["heatmap"], pads=[1, 1, 1, 1])], "cf",
+                              [helper.make_tensor_value_info("input.1", TP.FLOAT, [10, 3, 32, 32])],
+                              [helper.make_tensor_value_info("heatmap", TP.FLOAT, [10, 4, 32, 32])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "centerface.onnx")
+    (tmp_path / "data").mkdir()
+    shutil.copy(EXAMPLES / "squeezenet-cls" / "data" / "astronaut.png", tmp_path / "data" / "a.png")
+    proc = trtflow("init", "centerface.onnx", "--data", "data/*.png", "--task", "other", cwd=tmp_path)
+    _one_line_refusal(proc, "input 'input.1' float32 [10, 3, 32, 32] is pinned to a batch of 10",
+                      "dynamic_axes", "tensors of shape [10, 3, 32, 32]")
+    assert not (tmp_path / "pipeline.yaml").exists()
+    np.save(tmp_path / "data" / "t.npy", np.random.default_rng(0).uniform(0, 1, (10, 3, 32, 32)).astype(np.float32))
+    proc = trtflow("init", "centerface.onnx", "--data", "data/*.npy", "--task", "other", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0

@@ -212,6 +212,12 @@ def _image_input(model: ModelFacts, data: DataFacts | None) -> Tensor | None:
     if not image_layout(t) or t.dtype not in ("float32", "float16", "uint8"):
         raise SpecError(f"--data: input '{t.name}' {t.shown()} is not an image input (N, 1 or 3 channels, H, W)",
                         hint="give --data a glob of .npy/.npz tensors the model takes")
+    if isinstance(t.dims[0], int) and t.dims[0] > 1:
+        raise SpecError(f"--data: input '{t.name}' {t.shown()} is pinned to a batch of {t.dims[0]}, and images are "
+                        f"fed one at a time (a batch of 1 each): the pipeline could not run",
+                        hint=f"export the model with a dynamic batch (torch.onnx.export(..., dynamic_axes={{"
+                             f"'{t.name}': {{0: 'batch'}}}})), or give --data a glob of .npy tensors of shape "
+                             f"[{', '.join(str(d) for d in t.dims)}]")
     return t
 
 
