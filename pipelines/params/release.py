@@ -32,6 +32,10 @@ class Select(Strict):
                                       "none). The worst item's metrics (iou_min, iou_class_min, embedding_cosine, "
                                       "det_f1_min) move in steps of one image and are not weighed: validate's "
                                       "tolerances bound them", examples=["1%"])
+    accuracy: Literal["fp32", "labels"] = Field(
+        "fp32", description="what max_accuracy_drop weighs: fp32: the agreement with the FP32 reference on the task "
+                            "metrics; labels: top-1 accuracy against validate's labels, below FP32's own (an "
+                            "engine without labelled accuracy may not ship)")
     variants: list[str] = Field(default_factory=list, description="only engines of these model variants (stage "
                                                                   "names); default: all")
     profiles: list[Name] = Field(default_factory=list, description="only engines of these build profiles; "

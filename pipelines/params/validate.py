@@ -67,6 +67,20 @@ _EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "m
             **{n: "detections: {layout: yolov8}" for n in DETECTION_NAMES}}
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
+class LabelsSpec(Strict):
+    """Ground truth for validate's data: each sample file's true class, to report every candidate's (and FP32's)
+    accuracy against it beside their agreement with FP32."""
+    file: str = Field(description="relative to the pipeline file: a CSV of `file,label` rows (a header row is "
+                                  "allowed) or a JSON object {file: label}; files by name, as data globs them",
+                      examples=["data/labels.csv"])
+    output: str = Field(description="the output holding the class scores (batch first, classes last)",
+                        examples=["logits"])
+    classes: list[str] = Field(default_factory=list, max_length=100000, description=(
+        "class names in index order, where the labels give names (e.g. ['0', '180']); default: labels are class "
+        "indices"))
+    k: int = Field(5, ge=1, le=1000, description="top-k accuracy besides top-1")
+
+
 class ValidateStage(StageBase):
     kind: Literal["validate"] = Field(description="this section's kind")
     data: SampleData = Field(default_factory=lambda: SampleData(random=True), description=(
@@ -98,10 +112,26 @@ class ValidateStage(StageBase):
                           "the stage fails saying the precision is not viable at these tolerances")
     repair_variant: str | None = Field(None, description="the precision/calibrate stage whose variant is repaired and "
                                                          "published as output 'repaired' (default: the only one)")
+    labels: LabelsSpec | None = Field(None, description=(
+        "ground truth for the data: each candidate's and FP32's top-1 / top-k accuracy against it, in the report "
+        "and the card (select.accuracy: labels weighs it in the release)"),
+        examples=[{"file": "data/labels.csv", "output": "logits", "classes": ["0", "180"]}])
     optional: list[StageName] = Field(default_factory=list, description=(
         "model variants (their precision/calibrate stages) that may fail: a failing optional variant is excluded "
         "from benchmark and release, its verdict and reason kept, and the run goes on; every other variant must "
         "pass (without it, any failure fails the stage)"))
+
+    def data_globs(self) -> dict[str, tuple[str, tuple]]:
+        globs = super().data_globs()
+        if self.labels is not None:
+            globs["labels"] = (self.labels.file, ("labels", "file"))
+        return globs
+
+    @model_validator(mode="after")
+    def _labels_need_files(self) -> "ValidateStage":
+        if self.labels is not None and not (self.data.images or self.data.tensors):
+            raise ValueError("labels: name the true class of sample files: give data.images or data.tensors")
+        return self
 
     @model_validator(mode="after")
     def _bounded_metrics_exist(self) -> "ValidateStage":

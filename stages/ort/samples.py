@@ -114,6 +114,15 @@ class SampleSource:
         for i in which:
             yield self.sample(i)
 
+    def files_of(self, i: int) -> list[Path]:
+        """The files sample `i` is made of, in batch order (none for random data)."""
+        if not self.from_files:
+            return []
+        if self.target is None:
+            return [self.files[i]]
+        per = self.target.files_per_sample(self.rows)
+        return [self.files[(i * per + j) % len(self.files)] for j in range(per)]
+
     def sample(self, i: int) -> Feeds:
         if self.target is None:
             return self._file_sample(i) if self.from_files else self._random_sample(i)

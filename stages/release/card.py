@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtflow import markdown as md
+from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.release.report import HEADER, Option, ReleaseReport, TargetRelease, ValidFor, rule_text
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.validate.report import SHAPE_HEADER, shape_table
@@ -56,7 +57,7 @@ def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
     lines = [f"# Model card: {md.code(report.model_name)}", "",
              f"Released by trtflow's release stage. Rule: {rule_text(report.rule, md.text)}.", ""]
     for t in report.targets:
-        lines += _target_md(t)
+        lines += _target_md(t, report.labelled)
     if report.numbers_note:
         lines += [f"> {md.text(report.numbers_note)}", ""]
     lines += ["## Preprocessing", ""] + _preprocessing_md(report) + [""]
@@ -72,7 +73,18 @@ def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _target_md(t: TargetRelease) -> list[str]:
+def labelled_line(chosen: Option, fp32: Labelled | None) -> str | None:
+    """'Against the labels (8 samples): FP32 top-1 100.00%; shipped (int8.lines.native) top-1 87.50%', or None."""
+    got = chosen.labelled
+    if got is None or fp32 is None:
+        return None
+    k = f", top-{got.k} {got.topk:.2%}" if got.k > 1 else ""
+    k32 = f", top-{fp32.k} {fp32.topk:.2%}" if fp32.k > 1 else ""
+    return (f"Against the labels ({got.samples} labelled samples): FP32 top-1 {fp32.top1:.2%}{k32}; shipped "
+            f"({chosen.name}) top-1 {got.top1:.2%}{k}")
+
+
+def _target_md(t: TargetRelease, fp32: Labelled | None = None) -> list[str]:
     lines = [f"## Target {md.code(t.target)}", ""]
     if t.held is not None:
         lines += [f"**Previous version {t.version} kept** (no new version): {md.text(t.held)}", ""]
@@ -87,6 +99,9 @@ def _target_md(t: TargetRelease) -> list[str]:
         if t.rolls_back_to is not None:
             lines += [f"**Rollback**: version {t.version} ships again the engine of version {t.rolls_back_to}; version "
                       f"{t.previous_version} was the latest before it.", ""]
+        said = labelled_line(c, fp32)
+        if said is not None:
+            lines += [f"**{md.text(said)}**", ""]
         lines += ["Valid for: " + _environment_text(t.environment, md.text), ""]
         if len(t.models) > 1:
             lines += [f"Models in the repository: {', '.join(md.code(m) for m in t.models)}: send encoded images to "
@@ -263,6 +278,9 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                 body.append(f'<p data-field="rollback"><strong>Rollback</strong>: version {t.version} ships again '
                             f'the engine of version {t.rolls_back_to}; version {t.previous_version} was the latest '
                             f'before it.</p>')
+            said = labelled_line(c, report.labelled)
+            if said is not None:
+                body.append(f'<p data-field="labelled"><strong>{_e(said)}</strong></p>')
             body.append(f"<p>Valid for: {_e(_environment_text(t.environment))}</p>")
             if len(t.models) > 1:
                 body.append(f"<p>Models in the repository: {_e(', '.join(t.models))}: send encoded images to "

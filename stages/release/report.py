@@ -12,6 +12,7 @@ from trtflow.artifact import Provenance
 from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.precisions import Precision
 from trtflow.stages.benchmark.report import RunSpread
+from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
@@ -45,6 +46,7 @@ class Option(BaseModel):
     refused: str | None = None  # why it may not ship (None: eligible)
     contract_changes: list[str] = []  # what its serving contract changes against the latest published version's
     rank: int | None = None  # 1 = shipped; eligible engines ranked by the rule
+    labelled: Labelled | None = None  # its accuracy against the data's labels (validate's `labels:`)
 
     def cells(self) -> list[str]:
         """Its row in the card's and summary's table, unescaped (the HTML card escapes it; `md_row()` is its
@@ -125,6 +127,7 @@ class ReleaseReport(BaseModel):
     lineage: list[Provenance]
     preprocessing: list[dict[str, Any]] | None = None  # the declared deploy steps
     parity: ParitySummary | None = None  # parity's verdict on them
+    labelled: Labelled | None = None  # the FP32 reference's accuracy against the data's labels
     numbers_note: str = ""  # which runtime measured the numbers, where it was not TensorRT
     warnings: list[str] = []
 
@@ -167,7 +170,10 @@ class ReleaseReport(BaseModel):
 def rule_text(rule: dict[str, Any], name: Callable[[Any], str] = str) -> str:
     """The rule in words; `name`: how a name is written (`markdown.text` in Markdown)."""
     parts = [f"require {name(rule['require'])}", f"prefer {name(rule['prefer'])}"]
-    if rule.get("max_accuracy_drop") is not None:
+    if rule.get("max_accuracy_drop") is not None and rule.get("accuracy") == "labels":
+        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} (top-1 accuracy against the labels, below "
+                     f"FP32's)")
+    elif rule.get("max_accuracy_drop") is not None:
         parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} (on the metrics pooled over every sample; "
                      f"the worst image's, region's or sample's are held by validate's bounds)")
     for key in ("variants", "profiles"):

@@ -12,6 +12,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.schema import NOT_A_SHARE, WORST_CASE, metric_direction
 from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.release.report import Option
 
 
@@ -55,6 +56,14 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
     return shown, worst, where
 
 
+def labelled_drop(candidate: Labelled | None, fp32: Labelled | None) -> tuple[float | None, str | None]:
+    """The candidate's top-1 accuracy against the labels below FP32's (0 where it is as good or better), and where;
+    (None, None) where validate had no labels."""
+    if candidate is None or fp32 is None:
+        return None, None
+    return max(0.0, fp32.top1 - candidate.top1), "labels/top1"
+
+
 def worst_drop(acc: Accuracy, shapes: list[Any], weigh: bool) -> tuple[dict[str, dict[str, float]],
                                                                          float | None, str | None]:
     """`accuracy_drop` over all samples, and where validate checked several profile shapes, the largest drop at
@@ -80,6 +89,8 @@ def refusal(option: Option, rule: Select, verdict: str | None, checked: bool) ->
         return f"variant '{option.variant}' is not among select.variants"
     if rule.profiles and not set(option.profiles) & set(rule.profiles):
         return f"profile {', '.join(option.profiles)} is not among select.profiles"
+    if rule.accuracy == "labels" and option.labelled is None:
+        return "select.accuracy: labels, but validate scored it against no labels (give validate labels:)"
     if rule.max_accuracy_drop is not None and option.accuracy_drop is not None \
             and option.accuracy_drop > rule.max_accuracy_drop:
         return (f"accuracy drop {option.accuracy_drop:.2%} on {option.drop_metric} > select.max_accuracy_drop "

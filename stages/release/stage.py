@@ -147,6 +147,7 @@ def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> Re
     return ReleaseReport(
         model_name=job.model_name, rule=job.params.select.model_dump(mode="json"), targets=released,
         lineage=list(job.inputs.lineage), warnings=warnings, preprocessing=job.steps, parity=_parity(job.inputs),
+        labelled=job.verdict.labelled if job.verdict is not None else None,
         numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
                       "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
 
@@ -251,10 +252,15 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         why = verdict.refuses(cell.name, cell.variant)
         option.validated = checked and why is None
         if result is not None:
+            weigh = params.select.max_accuracy_drop is not None
             option.accuracy, option.accuracy_drop, option.drop_metric = selection.worst_drop(
-                result.accuracy, result.per_shape, params.select.max_accuracy_drop is not None)
+                result.accuracy, result.per_shape, weigh and params.select.accuracy == "fp32")
             option.accuracy_runtime = result.runtime
             option.shapes = result.per_shape
+            option.labelled = result.labelled
+            if params.select.accuracy == "labels":
+                option.accuracy_drop, option.drop_metric = selection.labelled_drop(result.labelled,
+                                                                                    verdict.labelled)
     if bench is not None:
         mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]
         if mine:

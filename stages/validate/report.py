@@ -9,6 +9,7 @@ from pydantic import BaseModel
 from trtflow import markdown as md
 from trtflow.precisions import Precision
 from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
+from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.ort.layerwise import Layerwise
 from trtflow.stages.validate.repair import Repair, Round
 
@@ -69,6 +70,7 @@ class CandidateResult(BaseModel):
     plots: list[str] = []
     layerwise: Layerwise | None = None
     per_shape: list[ShapeResult] = []  # a row per shape it was checked at (reports before it have none)
+    labelled: Labelled | None = None  # its accuracy against the data's labels (validate's `labels:`)
 
     def summary(self) -> list[str]:
         verdict = "passes" if self.passed else "**fails**"
@@ -79,6 +81,8 @@ class CandidateResult(BaseModel):
         lines += self.accuracy.table()
         if self.per_shape:
             lines += ["", "per shape:", ""] + shape_table(self.per_shape)
+        if self.labelled is not None:
+            lines += ["", f"against the labels: {md.text(self.labelled.text())}"]
         lines += [f"\n**fails**: {md.text(v)}" for v in self.violations]
         loc = self.layerwise
         if loc:
@@ -138,6 +142,7 @@ class ValidateReport(BaseModel):
     not_shipped: dict[str, str] = {}  # candidate -> why it must not be deployed
     excluded: dict[str, str] = {}  # optional variant -> why it failed and was left out (the run went on)
     warnings: list[str]
+    labelled: Labelled | None = None  # the FP32 reference's accuracy against the data's labels
 
     @classmethod
     def read(cls, path: Path) -> "ValidateReport":
@@ -159,6 +164,9 @@ class ValidateReport(BaseModel):
         lines = [f"### validate · {ok}/{len(self.candidates)} candidates pass · reference: "
                  f"{md.text(self.reference.model)} on {md.text(self.reference.runtime)}", "",
                  f"sample data: {md.text(self.data)}", ""]
+        if self.labelled is not None:
+            lines += [f"**against the labels**: FP32 {md.text(self.labelled.text())}; each candidate's below "
+                      f"(agreement with FP32 is what its verdict weighs)", ""]
         if self.not_shipped:
             lines += ["**not to be deployed**: " + "; ".join(f"{md.code(n)}: {md.text(why)}"
                                                              for n, why in self.not_shipped.items()), ""]

@@ -24,6 +24,7 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.precisions import Precision
 from trtflow.stages.compare import gate
+from trtflow.stages.compare import labels as labels_mod
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.compare.tensor_stats import TensorStats
@@ -80,6 +81,8 @@ class _Job:
     work: Path
     out_dir: Path
     sims: dict[str, simulation.Simulation] = field(default_factory=dict)  # variant -> its simulation
+    labels: dict[str, int] | None = None  # sample file name -> its true class (`labels:`)
+    reference_labelled: labels_mod.Labelled | None = None  # FP32's accuracy against them
 
 
 def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -89,6 +92,8 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     gate.check_names("validate", "tolerances", params.tolerances,
                      [o.name for o in job.reference.session.get_outputs()])
     gate.check_metrics("validate", params.metrics, job.reference.session)
+    if params.labels is not None:
+        job.labels = _labels(params, inputs, [o.name for o in job.reference.session.get_outputs()])
     candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
                                    exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None
@@ -156,7 +161,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
                             data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
                             shipped=verdict.shipped, not_shipped=verdict.not_shipped, excluded=excluded,
-                            warnings=warnings)
+                            warnings=warnings, labelled=job.reference_labelled)
     outputs.report.write_text(report.model_dump_json(indent=2) + "\n")
     result = StageResult(outputs=outputs.paths(), summary=report.summary(), warnings=warnings,
                          metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
@@ -280,12 +285,34 @@ class _Checked:
     worst: list[tuple[SampleSource, int]]
 
 
+def _labels(params: ValidateStage, inputs: Inputs, outputs: list[str]) -> dict[str, int]:
+    """The labels file read, checked against the model's outputs and every sample file (each must have one)."""
+    spec = params.labels
+    if spec.output not in outputs:
+        raise StageError(f"validate: labels.output: the model has no output '{spec.output}'"
+                         f"{did_you_mean(spec.output, outputs) or '; outputs: ' + ', '.join(outputs)}")
+    found = labels_mod.load(inputs.many("labels")[0].path, spec.classes, "validate: labels.file")
+    files = [a.path.name for a in inputs.many("images" if params.data.images else "tensors")][:params.data.samples]
+    missing = [f for f in files if f not in found]
+    if missing:
+        raise StageError(f"validate: labels.file: {len(missing)} sample file(s) have no label "
+                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): label every file "
+                         f"data names")
+    return found
+
+
 def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     params, out_dir = job.params, job.out_dir
     runtime, runner, why, sim_model = _runtime(job, cand)
     sets = _sample_sets(job, cand)
     ranked: list = []
-    measured = _measure(runner, sets, job.reference, params.metrics, ranked)
+    tallies = None
+    if job.labels is not None:
+        tallies = (labels_mod.Tally(job.labels, params.labels.k), labels_mod.Tally(job.labels, params.labels.k),
+                   params.labels.output)
+    measured = _measure(runner, sets, job.reference, params.metrics, ranked, tallies)
+    if tallies is not None and job.reference_labelled is None:
+        job.reference_labelled = tallies[0].result()
     acc, rows = _judged(measured, sets, runtime, cand.precision, params)
     acc.graph = cand.engine.name if runtime.endswith("(unverified path)") else job.sims[cand.variant].graph
     warnings = [f"{cand.name}: the FP32 reference itself produces {o.reference_nan} NaN and "
@@ -299,7 +326,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
                                                            metrics.task).items()}
                 for o, metrics in acc.outputs.items()},
         accuracy=acc, passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
-        warnings=warnings, per_shape=rows)
+        warnings=warnings, per_shape=rows, labelled=tallies[1].result() if tallies is not None else None)
     # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
     failing = [s.source for s, row in zip(sets, rows) if not row.passed]
     checked = _Checked(sets, sim_model, _worst_samples([r for r in ranked if any(r[1] is f for f in failing)]
@@ -331,10 +358,12 @@ class _Measured:
 
 
 def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_ShapeSet], reference: _Reference,
-             metrics: dict[str, Any], ranked: list | None = None) -> _Measured:
+             metrics: dict[str, Any], ranked: list | None = None,
+             tallies: tuple[labels_mod.Tally, labels_mod.Tally, str] | None = None) -> _Measured:
     """The candidate against the reference over every sample of every shape set (one comparison serves both where
     there is one set). `ranked`, when given, receives (how far the sample's outputs are off, its source, its index)
-    per sample."""
+    per sample; `tallies` (the reference's and the candidate's, and the output they score) count each sample
+    file's class against its label, each file once."""
     measured = _Measured(Comparison(metrics, reference.floors))
     for shape_set in sets:
         cmp = measured.total if len(sets) == 1 else Comparison(metrics, reference.floors)
@@ -352,6 +381,10 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_
                 except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                     raise source.failure(exc) from None
             got = runner(feed, shape_set.profile(feed))
+            if tallies is not None:
+                files = source.files_of(i)
+                tallies[0].add(ref_cache[key][tallies[2]], files)
+                tallies[1].add(got[tallies[2]], files)
             cmp.add(ref_cache[key], got, feed)
             if cmp is not measured.total:
                 measured.total.add(ref_cache[key], got, feed)
