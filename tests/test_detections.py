@@ -200,8 +200,9 @@ def weights(path, bits: int | None) -> onnx.ModelProto:
 
 def test_a_detector_is_judged_by_its_boxes_not_its_raw_head(ddddocr, tmp_path):
     """Scenes of real photos with words drawn (bench/int8_models.py's text_scenes): the FP16-rounded weights keep
-    every box; 6-bit weights keep the raw head's cosine at 0.998 (past INT8's default 0.99 for an output judged
-    elementwise) and lose a fifth of the characters, which the detections bound fails."""
+    every box but at most one near the score threshold; 6-bit weights keep the raw head's cosine at 0.998 (past
+    INT8's default 0.99 for an output judged elementwise) and lose over a tenth of the characters, which the
+    detections bound (recall 0.9) fails."""
     from trtflow.stages.ort.runner import session
 
     path, models = ddddocr
@@ -221,11 +222,14 @@ def test_a_detector_is_judged_by_its_boxes_not_its_raw_head(ddddocr, tmp_path):
 
     half = judged(None)
     o = half.outputs["output"]
-    assert half and o.reference_boxes >= 40 and o.task_values["det_recall"] == o.task_values["det_precision"] == 1.0
+    # (about 100 boxes on these scenes, with scikit-image's photos among them: one near the score threshold may
+    # flip)
+    assert half and o.reference_boxes >= 40 and min(o.task_values["det_recall"], o.task_values["det_precision"]) \
+        >= 1 - 1.5 / o.reference_boxes, o
     six = judged(6)
     o = six.outputs["output"]
     assert o.cosine > 0.99 and o.reference_boxes == half.outputs["output"].reference_boxes
-    assert o.task_values["det_recall"] < 0.85, o
+    assert o.task_values["det_recall"] < 0.9, o
     assert any(v.startswith("output 'output': det_recall 0.8") and v.endswith("< 0.9") for v in six.violations), \
         six.violations
     assert six.directions["output"]["det_recall"] is True

@@ -133,14 +133,17 @@ def test_example_end_to_end(example: Path, triton):
     released = last_report(example / ".trtflow", "release")["targets"][0]
     # issue #51: ground truth (data/labels.csv: each line's true direction): FP32 and every engine scored against it
     validated = last_report(example / ".trtflow", "validate")
-    assert validated["labelled"] == {"samples": 8, "top1": 1.0, "topk": 1.0, "k": 1}, validated["labelled"]
+    assert validated["labelled"] == {"samples": 8, "values": {"top1": 1.0}, "main": "top1"}, validated["labelled"]
     assert all(c["labelled"]["samples"] == 8 for c in validated["candidates"])
-    assert released["chosen"]["labelled"]["top1"] == next(
-        c["labelled"]["top1"] for c in validated["candidates"] if c["name"] == released["chosen"]["name"])
+    assert released["chosen"]["labelled"] == next(
+        c["labelled"] for c in validated["candidates"] if c["name"] == released["chosen"]["name"])
     release_key = json.loads((example / ".trtflow" / "release" / "last.json").read_text())["key"]
-    card = (example / ".trtflow" / "release" / release_key / "card" / "model-card.md").read_text()
-    assert f"**Against the labels (8 labelled samples): FP32 top-1 100.00%; shipped ({released['chosen']['name']}) " \
-           f"top-1 {released['chosen']['labelled']['top1']:.2%}**" in card
+    from trtflow import markdown
+    cards = example / ".trtflow" / "release" / release_key / "card"
+    said = (f"Against the labels (8 labelled samples): FP32 top1 100.00%; shipped ({released['chosen']['name']}) "
+            f"top1 {released['chosen']['labelled']['values']['top1']:.2%}")
+    assert f"**{markdown.text(said)}**" in (cards / "model-card.md").read_text()
+    assert f'<p data-field="labelled"><strong>{said}</strong></p>' in (cards / "model-card.html").read_text()
     config = triton_config(example / ".trtflow", released)
     assert config.name == "ppocr-cls" and config.platform == "tensorrt_plan" and config.max_batch_size == 32
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [3, 48, -1])]  # the profile pins the height

@@ -67,18 +67,35 @@ _EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "m
             **{n: "detections: {layout: yolov8}" for n in DETECTION_NAMES}}
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
+class TextLabels(Strict):
+    """How a CTC recognizer's output becomes text to compare with the labels: class 0 is the blank, class i the
+    charset's i-th character (PaddleOCR's convention), then a space where `space`."""
+    charset: str = Field(description="the characters, one per line: a file relative to the pipeline file, or "
+                                     "`model:KEY` for the ONNX model's metadata entry KEY (PaddleOCR models exported "
+                                     "by RapidOCR carry theirs as `model:character`)",
+                         examples=["model:character", "models/ppocr_keys_v1.txt"])
+    space: bool = Field(True, description="a space after the charset's characters (PaddleOCR's use_space_char)")
+    axis: int = Field(-1, description="the class axis of the output ([N, T, C]: -1)")
+
+
 class LabelsSpec(Strict):
-    """Ground truth for validate's data: each sample file's true class, to report every candidate's (and FP32's)
-    accuracy against it beside their agreement with FP32."""
+    """Ground truth for validate's data: each sample file's true class, or its true text, to report every
+    candidate's (and FP32's) accuracy against it beside their agreement with FP32."""
     file: str = Field(description="relative to the pipeline file: a CSV of `file,label` rows (a header row is "
-                                  "allowed) or a JSON object {file: label}; files by name, as data globs them",
-                      examples=["data/labels.csv"])
-    output: str = Field(description="the output holding the class scores (batch first, classes last)",
-                        examples=["logits"])
+                                  "allowed; quote a text holding commas) or a JSON object {file: label}; files by "
+                                  "name, as data globs them", examples=["data/labels.csv"])
+    output: str = Field(description="the output holding the class scores (batch first, classes last), or a text "
+                                    "recognizer's per-step scores (with text:)", examples=["logits"])
     classes: list[str] = Field(default_factory=list, max_length=100000, description=(
         "class names in index order, where the labels give names (e.g. ['0', '180']); default: labels are class "
         "indices"))
     k: int = Field(5, ge=1, le=1000, description="top-k accuracy besides top-1")
+    text: TextLabels | None = Field(None, description="the labels are text read by a CTC recognizer: exact-match "
+                                                      "share (text_exact) and character error rate (cer)")
+
+    def charset_file(self) -> str | None:
+        """The charset file a text label block names (None: none, or the model's metadata)."""
+        return None if self.text is None or self.text.charset.startswith("model:") else self.text.charset
 
 
 class ValidateStage(StageBase):
@@ -125,6 +142,8 @@ class ValidateStage(StageBase):
         globs = super().data_globs()
         if self.labels is not None:
             globs["labels"] = (self.labels.file, ("labels", "file"))
+            if self.labels.charset_file() is not None:
+                globs["charset"] = (self.labels.charset_file(), ("labels", "text", "charset"))
         return globs
 
     @model_validator(mode="after")

@@ -1,5 +1,6 @@
-"""Accuracy against ground truth: each sample file's true class (validate's `labels:`), scored on the class scores
-an output gives, for the FP32 reference and each candidate alike, beside their agreement with FP32.
+"""Accuracy against ground truth (validate's `labels:`): each sample file's true class, scored on the class scores
+an output gives (top-1, top-k), or its true text, read from a CTC recognizer's output through its charset (exact
+share, character error rate); for the FP32 reference and each candidate alike, beside their agreement with FP32.
 
 Rows of a batch belong to the files the sample was made of (`SampleSource.files_of`); a file counted once, however
 many shape sets or batch fills repeat it."""
@@ -13,45 +14,50 @@ import numpy as np
 from pydantic import BaseModel
 
 from trtflow.errors import StageError
+from trtflow.stages.compare.task_metrics import ctc_greedy, edit_distance
 
 
 class Labelled(BaseModel):
-    """Top-1 and top-k accuracy against the labels, over `samples` labelled files."""
+    """Accuracy against the labels over `samples` labelled files: `values` by metric (top1, top<k>; or text_exact,
+    cer), `main` the one the release weighs (better higher)."""
     samples: int
-    top1: float
-    topk: float
-    k: int
+    values: dict[str, float]
+    main: str
 
     def text(self) -> str:
-        return f"top-1 {self.top1:.2%}, top-{self.k} {self.topk:.2%} on {self.samples} labelled samples"
+        shown = ", ".join(f"{m} {v:.2%}" for m, v in self.values.items())
+        return f"{shown} on {self.samples} labelled samples"
 
 
-def load(path: Path, classes: list[str], where: str) -> dict[str, int]:
-    """file name -> class index, from a CSV of `file,label` rows or a JSON object; a label is an index, or one of
-    `classes` by name."""
+def read_pairs(path: Path, where: str) -> list[tuple[str, str]]:
+    """(file name, label) from a CSV of `file,label` rows (a header allowed) or a JSON object."""
     text = path.read_text(encoding="utf-8-sig")
     try:
         if path.suffix.lower() == ".json":
             raw = json.loads(text)
             if not isinstance(raw, dict):
                 raise ValueError("not an object {file: label}")
-            pairs = [(str(k), str(v)) for k, v in raw.items()]
-        else:
-            rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
-            if rows and len(rows[0]) >= 2 and rows[0][0].strip().lower() in ("file", "image", "filename", "name"):
-                rows = rows[1:]  # a header
-            bad = next((i for i, r in enumerate(rows) if len(r) != 2), None)
-            if bad is not None:
-                raise ValueError(f"row {bad + 1} has {len(rows[bad])} fields, not 2 (file,label)")
-            pairs = [(r[0].strip(), r[1].strip()) for r in rows]
+            return [(Path(str(k)).name, str(v)) for k, v in raw.items()]
+        rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
+        if rows and len(rows[0]) >= 2 and rows[0][0].strip().lower() in ("file", "image", "filename", "name"):
+            rows = rows[1:]  # a header
+        bad = next((i for i, r in enumerate(rows) if len(r) != 2), None)
+        if bad is not None:
+            raise ValueError(f"row {bad + 1} has {len(rows[bad])} fields, not 2 (file,label)")
+        return [(Path(r[0].strip()).name, r[1]) for r in rows]
     except ValueError as exc:
         raise StageError(f"{where}: {path.name}: {exc}") from None
+
+
+def load(path: Path, classes: list[str], where: str) -> dict[str, int]:
+    """file name -> class index; a label is an index, or one of `classes` by name."""
     out: dict[str, int] = {}
-    for name, label in pairs:
+    for name, raw in read_pairs(path, where):
+        label = raw.strip()
         if label in classes:
-            out[Path(name).name] = classes.index(label)
+            out[name] = classes.index(label)
         elif label.lstrip("-").isdigit() and not classes:
-            out[Path(name).name] = int(label)
+            out[name] = int(label)
         else:
             said = f"one of {', '.join(classes[:10])}" if classes else "a class index"
             raise StageError(f"{where}: {path.name}: '{name}' is labelled '{label}', not {said}")
@@ -82,4 +88,42 @@ class Tally:
 
     def result(self) -> Labelled | None:
         n = len(self.seen)
-        return Labelled(samples=n, top1=self.top1 / n, topk=self.topk / n, k=self.k) if n else None
+        if not n:
+            return None
+        values = {"top1": self.top1 / n}
+        if self.k > 1:
+            values[f"top{self.k}"] = self.topk / n
+        return Labelled(samples=n, values=values, main="top1")
+
+
+class TextTally:
+    """Each file's text as the recognizer reads it (greedy CTC through the charset) against its label: the share
+    read exactly and the character error rate (edits / label characters), each file once."""
+
+    def __init__(self, labels: dict[str, str], charset: list[str], axis: int = -1) -> None:
+        self.labels, self.charset, self.axis = labels, charset, axis
+        self.seen: set[str] = set()
+        self.exact = self.edits = self.chars = 0
+
+    def read(self, ids: list[int]) -> str:
+        return "".join(self.charset[i - 1] if 0 < i <= len(self.charset) else "\ufffd" for i in ids)
+
+    def add(self, scores: np.ndarray, files: list[Path]) -> None:
+        decoded = ctc_greedy(scores, 0, self.axis)
+        per = max(1, len(decoded) // max(1, len(files)))
+        for r, ids in enumerate(decoded):
+            f = files[min(r // per, len(files) - 1)]
+            if f.name in self.seen or f.name not in self.labels:
+                continue
+            self.seen.add(f.name)
+            got, want = self.read(ids), self.labels[f.name]
+            self.exact += int(got == want)
+            self.edits += edit_distance(list(got), list(want))
+            self.chars += max(1, len(want))
+
+    def result(self) -> Labelled | None:
+        n = len(self.seen)
+        if not n:
+            return None
+        return Labelled(samples=n, values={"text_exact": self.exact / n, "cer": self.edits / self.chars},
+                        main="text_exact")

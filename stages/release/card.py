@@ -74,14 +74,17 @@ def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
 
 
 def labelled_line(chosen: Option, fp32: Labelled | None) -> str | None:
-    """'Against the labels (8 samples): FP32 top-1 100.00%; shipped (int8.lines.native) top-1 87.50%', or None."""
+    """'Against the labels (8 labelled samples): FP32 top1 100.00%; shipped (int8.lines.native) top1 87.50%', or
+    None."""
     got = chosen.labelled
     if got is None or fp32 is None:
         return None
-    k = f", top-{got.k} {got.topk:.2%}" if got.k > 1 else ""
-    k32 = f", top-{fp32.k} {fp32.topk:.2%}" if fp32.k > 1 else ""
-    return (f"Against the labels ({got.samples} labelled samples): FP32 top-1 {fp32.top1:.2%}{k32}; shipped "
-            f"({chosen.name}) top-1 {got.top1:.2%}{k}")
+    return (f"Against the labels ({got.samples} labelled samples): FP32 {_values(fp32)}; shipped ({chosen.name}) "
+            f"{_values(got)}")
+
+
+def _values(labelled: Labelled) -> str:
+    return ", ".join(f"{m} {v:.2%}" for m, v in labelled.values.items())
 
 
 def _target_md(t: TargetRelease, fp32: Labelled | None = None) -> list[str]:

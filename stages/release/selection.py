@@ -57,11 +57,11 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
 
 
 def labelled_drop(candidate: Labelled | None, fp32: Labelled | None) -> tuple[float | None, str | None]:
-    """The candidate's top-1 accuracy against the labels below FP32's (0 where it is as good or better), and where;
-    (None, None) where validate had no labels."""
+    """The candidate's accuracy against the labels (top-1, or text read exactly) below FP32's (0 where it is as
+    good or better), and where; (None, None) where validate had no labels."""
     if candidate is None or fp32 is None:
         return None, None
-    return max(0.0, fp32.top1 - candidate.top1), "labels/top1"
+    return max(0.0, fp32.values[fp32.main] - candidate.values[candidate.main]), f"labels/{candidate.main}"
 
 
 def worst_drop(acc: Accuracy, shapes: list[Any], weigh: bool) -> tuple[dict[str, dict[str, float]],

@@ -81,7 +81,7 @@ class _Job:
     work: Path
     out_dir: Path
     sims: dict[str, simulation.Simulation] = field(default_factory=dict)  # variant -> its simulation
-    labels: dict[str, int] | None = None  # sample file name -> its true class (`labels:`)
+    labels: _LabelSet | None = None  # the data's ground truth (`labels:`)
     reference_labelled: labels_mod.Labelled | None = None  # FP32's accuracy against them
 
 
@@ -93,7 +93,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                      [o.name for o in job.reference.session.get_outputs()])
     gate.check_metrics("validate", params.metrics, job.reference.session)
     if params.labels is not None:
-        job.labels = _labels(params, inputs, [o.name for o in job.reference.session.get_outputs()])
+        job.labels = _LabelSet(params, inputs, job.reference)
     candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
                                    exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None
@@ -285,20 +285,50 @@ class _Checked:
     worst: list[tuple[SampleSource, int]]
 
 
-def _labels(params: ValidateStage, inputs: Inputs, outputs: list[str]) -> dict[str, int]:
-    """The labels file read, checked against the model's outputs and every sample file (each must have one)."""
-    spec = params.labels
-    if spec.output not in outputs:
-        raise StageError(f"validate: labels.output: the model has no output '{spec.output}'"
-                         f"{did_you_mean(spec.output, outputs) or '; outputs: ' + ', '.join(outputs)}")
-    found = labels_mod.load(inputs.many("labels")[0].path, spec.classes, "validate: labels.file")
-    files = [a.path.name for a in inputs.many("images" if params.data.images else "tensors")][:params.data.samples]
-    missing = [f for f in files if f not in found]
-    if missing:
-        raise StageError(f"validate: labels.file: {len(missing)} sample file(s) have no label "
-                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): label every file "
-                         f"data names")
-    return found
+class _LabelSet:
+    """The labels read and checked, and how to count against them (a fresh tally per side and candidate)."""
+
+    def __init__(self, params: ValidateStage, inputs: Inputs, reference: _Reference) -> None:
+        spec = params.labels
+        outputs = [o.name for o in reference.session.get_outputs()]
+        if spec.output not in outputs:
+            raise StageError(f"validate: labels.output: the model has no output '{spec.output}'"
+                             f"{did_you_mean(spec.output, outputs) or '; outputs: ' + ', '.join(outputs)}")
+        where = "validate: labels.file"
+        path = inputs.many("labels")[0].path
+        self.spec = spec
+        self.charset: list[str] = []
+        if spec.text is not None:
+            self.texts = dict(labels_mod.read_pairs(path, where))
+            self.charset = self._charset(spec.text.charset, inputs, reference)
+            found = set(self.texts)
+        else:
+            self.classes = labels_mod.load(path, spec.classes, where)
+            found = set(self.classes)
+        files = [a.path.name for a in inputs.many("images" if params.data.images else "tensors")][:params.data.samples]
+        missing = [f for f in files if f not in found]
+        if missing:
+            raise StageError(f"{where}: {len(missing)} sample file(s) have no label ({', '.join(missing[:3])}"
+                             f"{', ...' if len(missing) > 3 else ''}): label every file data names")
+
+    def _charset(self, charset: str, inputs: Inputs, reference: _Reference) -> list[str]:
+        if charset.startswith("model:"):
+            key = charset.removeprefix("model:")
+            meta = {p.key: p.value for p in reference.model.metadata_props}
+            if key not in meta:
+                raise StageError(f"validate: labels.text.charset: the model has no metadata entry '{key}'"
+                                 + (f" (it has: {', '.join(sorted(meta)[:5])})" if meta else " (it has none)")
+                                 + "; give the charset file instead")
+            chars = meta[key].split("\n")
+        else:
+            chars = inputs.many("charset")[0].path.read_text(encoding="utf-8").split("\n")
+        chars = [c.rstrip("\r") for c in chars if c.rstrip("\r")]
+        return chars + ([" "] if self.spec.text.space else [])
+
+    def tally(self) -> labels_mod.Tally | labels_mod.TextTally:
+        if self.spec.text is not None:
+            return labels_mod.TextTally(self.texts, self.charset, self.spec.text.axis)
+        return labels_mod.Tally(self.classes, self.spec.k)
 
 
 def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
@@ -308,8 +338,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     ranked: list = []
     tallies = None
     if job.labels is not None:
-        tallies = (labels_mod.Tally(job.labels, params.labels.k), labels_mod.Tally(job.labels, params.labels.k),
-                   params.labels.output)
+        tallies = (job.labels.tally(), job.labels.tally(), params.labels.output)
     measured = _measure(runner, sets, job.reference, params.metrics, ranked, tallies)
     if tallies is not None and job.reference_labelled is None:
         job.reference_labelled = tallies[0].result()
@@ -359,12 +388,15 @@ class _Measured:
 
 def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_ShapeSet], reference: _Reference,
              metrics: dict[str, Any], ranked: list | None = None,
-             tallies: tuple[labels_mod.Tally, labels_mod.Tally, str] | None = None) -> _Measured:
+             tallies: tuple[Any, Any, str] | None = None) -> _Measured:
     """The candidate against the reference over every sample of every shape set (one comparison serves both where
     there is one set). `ranked`, when given, receives (how far the sample's outputs are off, its source, its index)
     per sample; `tallies` (the reference's and the candidate's, and the output they score) count each sample
-    file's class against its label, each file once."""
+    file's class or text against its label, each file once, at one shape set."""
     measured = _Measured(Comparison(metrics, reference.floors))
+    # the labels are scored at one shape: the profile's opt point where there is one (a dynamic profile's min may
+    # squeeze a text line to 48 pixels), else the first
+    scored = next((s for s in sets if s.name.endswith(".opt")), sets[0])
     for shape_set in sets:
         cmp = measured.total if len(sets) == 1 else Comparison(metrics, reference.floors)
         seen, source = [], shape_set.source
@@ -381,7 +413,7 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_
                 except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                     raise source.failure(exc) from None
             got = runner(feed, shape_set.profile(feed))
-            if tallies is not None:
+            if tallies is not None and shape_set is scored:
                 files = source.files_of(i)
                 tallies[0].add(ref_cache[key][tallies[2]], files)
                 tallies[1].add(got[tallies[2]], files)
