@@ -34,12 +34,13 @@ def overflow_model(path: Path) -> Path:
     return path
 
 
-def tensors_dir(tmp_path: Path, n: int = 8) -> list[Artifact]:
-    rng = np.random.default_rng(0)
+def tensors_dir(tmp_path: Path, n: int = 8, low: float = 0.2, high: float = 0.5, seed: int = 0) -> list[Artifact]:
+    """`n` samples of x [1, 16], uniform in [low, high), saved as .npy."""
+    rng = np.random.default_rng(seed)
     arts = []
     for i in range(n):
         f = tmp_path / f"s{i}.npy"
-        np.save(f, rng.uniform(0.2, 0.5, (1, 16)).astype(np.float32))
+        np.save(f, rng.uniform(low, high, (1, 16)).astype(np.float32))
         arts.append(Artifact(f, "file", f.name))
     return arts
 
@@ -95,15 +96,9 @@ def underflow_model(path: Path) -> Path:
     return path
 
 
-def signed_tensors(tmp_path: Path, n: int = 8) -> list[Artifact]:
+def signed_tensors(tmp_path: Path) -> list[Artifact]:
     """Samples of x in (-0.5, 0.5): relu makes zeros, |x| goes below 0.3."""
-    rng = np.random.default_rng(1)
-    arts = []
-    for i in range(n):
-        f = tmp_path / f"s{i}.npy"
-        np.save(f, rng.uniform(-0.5, 0.5, (1, 16)).astype(np.float32))
-        arts.append(Artifact(f, "file", f.name))
-    return arts
+    return tensors_dir(tmp_path, low=-0.5, high=0.5, seed=1)
 
 
 def test_values_fp16_rounds_to_zero_are_kept_in_fp32(tmp_path):

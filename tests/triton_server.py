@@ -330,7 +330,11 @@ def check_engine_model(server: Server, name: str, onnx: Path, contract: dict) ->
     import tritonclient.http as http
     from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-    session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    # one intra-op thread, as the stand-in backend runs it: equal bit for bit needs the same thread partitioning (a
+    # two-thread session once differed from it on one request to ppocr-det's variant)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(onnx), options, providers=["CPUExecutionProvider"])
     client = server.client()
     batch = contract["max_batch_size"]
     inputs = {t["name"]: t for t in contract["inputs"]}
