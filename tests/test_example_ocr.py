@@ -48,7 +48,10 @@ def optional_int8_of_a_detector(example: Path) -> None:
     assert "int8.scenes.native" in failed.stderr and "iou" in failed.stderr, failed.stderr
     assert "fp16.scenes.native" not in failed.stderr.split("fail and must not be deployed")[1], failed.stderr
 
-    shipped = trtflow("run", "pipeline.yaml", *strict, *optional, cwd=example, timeout=600)
+    # (replace: the first run ranked prepare and int8 by CPU throughput, and on a loaded machine int8 can win it;
+    # keep_previous would then hold that version, int8 being left out now)
+    shipped = trtflow("run", "pipeline.yaml", *strict, *optional, "--set", "stages.release.select.lost_variant=replace",
+                      cwd=example, timeout=600)
     assert shipped.returncode == 0, shipped.stdout + shipped.stderr
     assert "left out optional variant int8" in shipped.stdout, shipped.stdout
     release = last_report(store, "release")["targets"][0]
