@@ -145,7 +145,7 @@ def _serve(request: HarnessRequest, folder: Path) -> HarnessResponse:
 
     from trtflow.stages.ort.runner import session
 
-    sess = session(Path(request.model))
+    sess = session(Path(request.model), spin=True)
     feeds = dict(np.load(request.feeds))
     samples, wall = time_calls(lambda: sess.run(None, feeds), request.warmup_s, request.duration_s,
                                request.iterations, request.min_iterations,
