@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 
 
 def closest(name: str, options: list[str]) -> str | None:
@@ -26,7 +27,6 @@ def did_you_mean(name: str, options: list[str]) -> str:
 def pattern_hint(pattern: str, names: list[str]) -> str:
     """For a regex that must match a whole name and matches none: " (...)" naming the names it matches a part of
     (tf2onnx's and TensorFlow's names are long paths a user quotes a piece of), else a near spelling, or ""."""
-    import re
     try:
         inside = [n for n in names if re.search(pattern, n)]
     except re.error:

@@ -64,24 +64,36 @@ def load(path: Path, classes: list[str], where: str) -> dict[str, int]:
     return out
 
 
-class Tally:
+class _PerFile:
+    """Counts each labelled file once: the rows of a batch belong to `files` in order, equally many each."""
+
+    def __init__(self, labels: dict) -> None:
+        self.labels = labels
+        self.seen: set[str] = set()
+
+    def _first_seen(self, rows: int, files: list[Path]):
+        """(row, file name) for the rows whose file is labelled and not counted yet."""
+        per = max(1, rows // max(1, len(files)))
+        for r in range(rows):
+            name = files[min(r // per, len(files) - 1)].name
+            if name not in self.seen and name in self.labels:
+                self.seen.add(name)
+                yield r, name
+
+
+class Tally(_PerFile):
     """Top-1 / top-k hits over the files seen, each counted once."""
 
     def __init__(self, labels: dict[str, int], k: int) -> None:
-        self.labels, self.k = labels, k
-        self.seen: set[str] = set()
+        super().__init__(labels)
+        self.k = k
         self.top1 = self.topk = 0
 
     def add(self, scores: np.ndarray, files: list[Path]) -> None:
-        """`scores`: one output, batch first, classes last; its rows are `files`' (in order, equally many each)."""
-        rows = scores.reshape(scores.shape[0], -1) if scores.ndim != 2 else scores
-        per = max(1, rows.shape[0] // max(1, len(files)))
-        for r, row in enumerate(np.nan_to_num(rows.astype(np.float64), nan=-np.inf)):
-            f = files[min(r // per, len(files) - 1)]
-            if f.name in self.seen or f.name not in self.labels:
-                continue
-            self.seen.add(f.name)
-            want = self.labels[f.name]
+        """`scores`: one output, batch first, classes last."""
+        rows = np.nan_to_num(scores.reshape(scores.shape[0], -1).astype(np.float64), nan=-np.inf)
+        for r, name in self._first_seen(rows.shape[0], files):
+            want, row = self.labels[name], rows[r]
             k = min(self.k, row.shape[0])
             self.top1 += int(int(row.argmax()) == want)
             self.topk += int(want in np.argpartition(-row, k - 1)[:k])
@@ -96,13 +108,13 @@ class Tally:
         return Labelled(samples=n, values=values, main="top1")
 
 
-class TextTally:
+class TextTally(_PerFile):
     """Each file's text as the recognizer reads it (greedy CTC through the charset) against its label: the share
     read exactly and the character error rate (edits / label characters), each file once."""
 
     def __init__(self, labels: dict[str, str], charset: list[str], axis: int = -1) -> None:
-        self.labels, self.charset, self.axis = labels, charset, axis
-        self.seen: set[str] = set()
+        super().__init__(labels)
+        self.charset, self.axis = charset, axis
         self.exact = self.edits = self.chars = 0
 
     def read(self, ids: list[int]) -> str:
@@ -110,13 +122,8 @@ class TextTally:
 
     def add(self, scores: np.ndarray, files: list[Path]) -> None:
         decoded = ctc_greedy(scores, 0, self.axis)
-        per = max(1, len(decoded) // max(1, len(files)))
-        for r, ids in enumerate(decoded):
-            f = files[min(r // per, len(files) - 1)]
-            if f.name in self.seen or f.name not in self.labels:
-                continue
-            self.seen.add(f.name)
-            got, want = self.read(ids), self.labels[f.name]
+        for r, name in self._first_seen(len(decoded), files):
+            got, want = self.read(decoded[r]), self.labels[name]
             self.exact += int(got == want)
             self.edits += edit_distance(list(got), list(want))
             self.chars += max(1, len(want))

@@ -165,10 +165,10 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
     inits = {i.name: i for i in model.graph.initializer}
     inits.update(constant_tensors(model.graph))  # weights exported as Constant nodes
     producer = {o: n.name for n in model.graph.node for o in n.output}
+    peak = seen.peak
     for node in model.graph.node:
         if node.name in blocked:
             continue
-        peak = seen.peak
         big = max(((peak.get(t, 0.0), t) for t in list(node.input) + list(node.output) if t in peak),
                   default=(0.0, ""))
         if big[0] > fb.data_max:

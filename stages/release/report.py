@@ -170,12 +170,11 @@ class ReleaseReport(BaseModel):
 def rule_text(rule: dict[str, Any], name: Callable[[Any], str] = str) -> str:
     """The rule in words; `name`: how a name is written (`markdown.text` in Markdown)."""
     parts = [f"require {name(rule['require'])}", f"prefer {name(rule['prefer'])}"]
-    if rule.get("max_accuracy_drop") is not None and rule.get("accuracy") == "labels":
-        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} (accuracy against the labels, top-1 or "
-                     f"text read exactly, below FP32's)")
-    elif rule.get("max_accuracy_drop") is not None:
-        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} (on the metrics pooled over every sample; "
-                     f"the worst image's, region's or sample's are held by validate's bounds)")
+    if rule.get("max_accuracy_drop") is not None:
+        on = ("accuracy against the labels, top-1 or text read exactly, below FP32's" if rule.get("accuracy") ==
+              "labels" else "on the metrics pooled over every sample; the worst image's, region's or sample's are "
+                            "held by validate's bounds")
+        parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} ({on})")
     for key in ("variants", "profiles"):
         if rule.get(key):
             parts.append(f"{key} {', '.join(name(n) for n in rule[key])}")

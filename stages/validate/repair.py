@@ -11,10 +11,11 @@ the set stays small.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import onnx
 from pydantic import BaseModel, Field
@@ -60,26 +61,25 @@ class Variant:
     rebuild: Callable[[list[str]], tuple[onnx.ModelProto, onnx.ModelProto]]  # nodes -> (variant, simulation)
     fixable: Callable[[str], str | None]  # a node that goes wrong -> the node to give back for it
     size: int  # how many nodes run in the lower precision as built
-    upstream: Callable[[str], list[str]] = lambda name: []  # a node -> the nodes feeding it, nearest first
+    upstream: Callable[[str], Iterable[str]] = lambda name: ()  # a node -> the nodes feeding it, nearest first
     warnings: list[str] = field(default_factory=list)
 
 
-def feeders(reference: onnx.ModelProto) -> Callable[[str], list[str]]:
-    """node -> every node upstream of it in `reference`, breadth first (the nearest first)."""
+def feeders(reference: onnx.ModelProto) -> Callable[[str], Iterator[str]]:
+    """node -> the nodes upstream of it in `reference`, breadth first (the nearest first), lazily."""
     producer = {o: n for n in reference.graph.node for o in n.output}
     by_name = {n.name: n for n in reference.graph.node}
 
-    def upstream(name: str) -> list[str]:
-        order: list[str] = []
-        todo = [name]
+    def upstream(name: str) -> Iterator[str]:
+        seen, todo = {name}, [name]
         while todo:
             node = by_name.get(todo.pop(0))
             for t in node.input if node is not None else ():
                 up = producer.get(t)
-                if up is not None and up.name not in order and up.name != name:
-                    order.append(up.name)
+                if up is not None and up.name not in seen:
+                    seen.add(up.name)
                     todo.append(up.name)
-        return order
+                    yield up.name
     return upstream
 
 
@@ -116,23 +116,13 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
         model = model_io.load(out)
         return model, model  # Q/DQ runs as fake quantization as it is
 
-    producer = {o: n for n in reference.graph.node for o in n.output}
-    by_name = {n.name: n for n in reference.graph.node}
+    upstream = feeders(reference)
 
     def fixable(name: str) -> str | None:
         """The node itself if quantized, else the nearest quantized node upstream of it."""
-        todo, seen = [name], set()
-        while todo:
-            n = todo.pop(0)
-            if n in seen or n not in by_name:
-                continue
-            seen.add(n)
-            if n in quantized:
-                return n
-            todo += [producer[t].name for t in by_name[n].input if t in producer]
-        return None
+        return next((n for n in itertools.chain([name], upstream(name)) if n in quantized), None)
 
-    return Variant(rebuild, fixable, len(quantized), feeders(reference), warnings)
+    return Variant(rebuild, fixable, len(quantized), upstream, warnings)
 
 
 def search(v: Variant, first: Layerwise, check: Check, locate: Locate, rounds: int, variant: str,
@@ -199,15 +189,19 @@ def _next(v: Variant, loc: Layerwise, given: list[str], count: int) -> list[str]
     first."""
     bad = loc.first_nonfinite
     if bad is not None:
-        chain = [n for n in dict.fromkeys(v.fixable(x) for x in [bad.node] + v.upstream(bad.node))
-                 if n is not None and n not in given]
-        if chain:
-            return chain[:count]
+        picks = _fixes(v, itertools.chain([bad.node], v.upstream(bad.node)), given, count)
+        if picks:
+            return picks
     rows = loc.rows or loc.worst
     ranked = ([loc.first_bad] if loc.first_bad else []) + sorted(rows, key=lambda r: -r.added)
+    return _fixes(v, (row.node for row in ranked), given, count)
+
+
+def _fixes(v: Variant, nodes: Iterable[str], given: list[str], count: int) -> list[str]:
+    """The first `count` distinct nodes to give back for `nodes`, in order, not given back already."""
     picks: list[str] = []
-    for row in ranked:
-        node = v.fixable(row.node)
+    for name in nodes:
+        node = v.fixable(name)
         if node is not None and node not in given and node not in picks:
             picks.append(node)
             if len(picks) == count:

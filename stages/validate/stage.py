@@ -331,17 +331,27 @@ class _LabelSet:
         return labels_mod.Tally(self.classes, self.spec.k)
 
 
+@dataclass
+class _Scoring:
+    """Counting against the labels during one candidate's pass: the output scored, the candidate's tally, and the
+    FP32 reference's (only in the first candidate's pass: the reference's outputs are every candidate's)."""
+    output: str
+    candidate: labels_mod.Tally | labels_mod.TextTally
+    reference: labels_mod.Tally | labels_mod.TextTally | None
+
+
 def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     params, out_dir = job.params, job.out_dir
     runtime, runner, why, sim_model = _runtime(job, cand)
     sets = _sample_sets(job, cand)
     ranked: list = []
-    tallies = None
+    scoring = None
     if job.labels is not None:
-        tallies = (job.labels.tally(), job.labels.tally(), params.labels.output)
-    measured = _measure(runner, sets, job.reference, params.metrics, ranked, tallies)
-    if tallies is not None and job.reference_labelled is None:
-        job.reference_labelled = tallies[0].result()
+        scoring = _Scoring(params.labels.output, job.labels.tally(),
+                           job.labels.tally() if job.reference_labelled is None else None)
+    measured = _measure(runner, sets, job.reference, params.metrics, ranked, scoring)
+    if scoring is not None and scoring.reference is not None:
+        job.reference_labelled = scoring.reference.result()
     acc, rows = _judged(measured, sets, runtime, cand.precision, params)
     acc.graph = cand.engine.name if runtime.endswith("(unverified path)") else job.sims[cand.variant].graph
     warnings = [f"{cand.name}: the FP32 reference itself produces {o.reference_nan} NaN and "
@@ -355,7 +365,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
                                                            metrics.task).items()}
                 for o, metrics in acc.outputs.items()},
         accuracy=acc, passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
-        warnings=warnings, per_shape=rows, labelled=tallies[1].result() if tallies is not None else None)
+        warnings=warnings, per_shape=rows, labelled=scoring.candidate.result() if scoring is not None else None)
     # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
     failing = [s.source for s, row in zip(sets, rows) if not row.passed]
     checked = _Checked(sets, sim_model, _worst_samples([r for r in ranked if any(r[1] is f for f in failing)]
@@ -388,11 +398,11 @@ class _Measured:
 
 def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_ShapeSet], reference: _Reference,
              metrics: dict[str, Any], ranked: list | None = None,
-             tallies: tuple[Any, Any, str] | None = None) -> _Measured:
+             scoring: _Scoring | None = None) -> _Measured:
     """The candidate against the reference over every sample of every shape set (one comparison serves both where
     there is one set). `ranked`, when given, receives (how far the sample's outputs are off, its source, its index)
-    per sample; `tallies` (the reference's and the candidate's, and the output they score) count each sample
-    file's class or text against its label, each file once, at one shape set."""
+    per sample; `scoring` counts each sample file's class or text against its label, each file once, at one shape
+    set."""
     measured = _Measured(Comparison(metrics, reference.floors))
     # the labels are scored at one shape: the profile's opt point where there is one (a dynamic profile's min may
     # squeeze a text line to 48 pixels), else the first
@@ -413,10 +423,11 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_
                 except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                     raise source.failure(exc) from None
             got = runner(feed, shape_set.profile(feed))
-            if tallies is not None and shape_set is scored:
+            if scoring is not None and shape_set is scored:
                 files = source.files_of(i)
-                tallies[0].add(ref_cache[key][tallies[2]], files)
-                tallies[1].add(got[tallies[2]], files)
+                scoring.candidate.add(got[scoring.output], files)
+                if scoring.reference is not None:
+                    scoring.reference.add(ref_cache[key][scoring.output], files)
             cmp.add(ref_cache[key], got, feed)
             if cmp is not measured.total:
                 measured.total.add(ref_cache[key], got, feed)
