@@ -78,6 +78,7 @@ DECIDING = {
     "torchvision": "torchvision",  # parity's training references
     "PIL": "pillow",
     "skimage": "scikit-image",  # an image output's SSIM
+    "pycocotools": "pycocotools",  # mAP against labelled boxes
 }
 # A declared distribution -> the distributions that install the same module (the first installed gives the version)
 SAME_MODULE = {

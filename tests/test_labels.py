@@ -9,7 +9,7 @@ import pytest
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.validate import ValidateStage
-from trtflow.stages.compare.labels import Tally, load
+from trtflow.stages.compare.labels import Scored, Tally, load
 
 
 def test_a_labels_file_reads_as_csv_or_json_by_name_or_index(tmp_path):
@@ -32,14 +32,14 @@ def test_a_labels_file_reads_as_csv_or_json_by_name_or_index(tmp_path):
 
 def test_each_file_counts_once_against_its_label():
     files = [Path(f"{i}.png") for i in range(3)]
-    tally = Tally({"0.png": 0, "1.png": 1, "2.png": 2}, k=2)
+    tally = Tally("y", {"0.png": 0, "1.png": 1, "2.png": 2}, k=2)
     scores = np.array([[0.9, 0.1, 0.0], [0.2, 0.7, 0.1], [0.0, 0.6, 0.4]])  # the last one wrong at top-1
-    tally.add(scores, files)
-    tally.add(scores, files)  # another shape set, the same files: not counted again
+    tally.add(Scored({"y": scores}, {}, files))
+    tally.add(Scored({"y": scores}, {}, files))  # another shape set, the same files: not counted again
     got = tally.result()
     assert (got.samples, got.values, got.main) == (3, {"top1": pytest.approx(2 / 3), "top2": 1.0}, "top1")
-    batch_of_two_per_file = Tally({"0.png": 1}, k=1)
-    batch_of_two_per_file.add(np.array([[0.1, 0.9], [0.1, 0.9]]), [Path("0.png")])
+    batch_of_two_per_file = Tally("y", {"0.png": 1}, k=1)
+    batch_of_two_per_file.add(Scored({"y": np.array([[0.1, 0.9], [0.1, 0.9]])}, {}, [Path("0.png")]))
     assert batch_of_two_per_file.result().values == {"top1": 1.0}
 
 

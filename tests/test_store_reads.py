@@ -32,7 +32,8 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("flows/watch.py", "_is_pipeline"): USER,
     ("flows/cli/parse_trtexec.py", "ParseTrtexec.run"): USER,
     ("stages/compare/labels.py", "read_pairs"): USER,  # validate's labels file (a regular file the data glob took)
-    ("stages/validate/stage.py", "_LabelSet._charset"): USER,  # its charset file, likewise
+    ("stages/validate/labelling.py", "LabelSet._charset"): USER,  # its charset file, likewise
+    ("stages/compare/label_boxes.py", "read_coco"): USER,  # its COCO instances file, likewise
     ("flows/cli/init_deploy.py", "InitDeploy.run"): PACKAGE,
     ("stages/release/triton/preprocess.py", "vendored_sources"): PACKAGE,  # trtflow's preprocessing modules, copied
     ("flows/code_lock.py", "file_digest"): PACKAGE,  # trtflow's own sources and the lock beside them

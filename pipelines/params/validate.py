@@ -7,7 +7,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import DETECTION_NAMES, Metrics, SampleData, StageBase, Strict, metric_direction
+from trtflow.pipelines.schema import (CUSTOM_KIND, DETECTION_NAMES, Metrics, SampleData, StageBase, Strict,
+                                      metric_direction)
 from trtflow.pipelines.units import Fraction
 
 Number = int | float  # not float alone: a bound written as an integer stays one in the stage's key
@@ -78,20 +79,72 @@ class TextLabels(Strict):
     axis: int = Field(-1, description="the class axis of the output ([N, T, C]: -1)")
 
 
+class BoxLabels(Strict):
+    """How a detector's outputs become boxes to score against COCO-format labels (pycocotools' COCOeval: mAP at
+    IoU 0.5:0.95 and at 0.5). Boxes are taken back through the preprocessing (resize, letterbox, crop, pad) to
+    the image as read, where the labels are drawn."""
+    layout: Literal["auto", "yolov5", "yolov8", "end2end"] = Field(
+        "auto", description="the head's layout, as for the detections metric (auto: yolov8 where the output is "
+                            "[N, 4+C, A])")
+    decode: str | None = Field(None, pattern=CUSTOM_KIND, description=(
+        "instead of a layout, package.module:function(outputs, feed) -> one (boxes [K, 4] x1 y1 x2 y2 in the "
+        "tensor's pixels, scores [K], classes [K]) per image of the batch"))
+    score_threshold: float = Field(0.001, description="a box scoring at most this is left out (mAP wants the "
+                                                      "low-scoring boxes too: 0.001, as COCO evaluations use)")
+    nms_iou: float = Field(0.6, ge=0, le=1, description="class-aware non-maximum suppression (not for end2end)")
+    max_detections: int = Field(100, ge=1, le=100_000, description="per image, the best-scoring boxes kept "
+                                                                   "(COCO's 100)")
+    category_ids: list[int] = Field(default_factory=list, max_length=100000, description=(
+        "the labels' category id of each model class, in class order; default: the file's categories sorted by "
+        "id (a COCO-trained 80-class detector's order)"))
+
+    @model_validator(mode="after")
+    def _layout_or_decoder(self) -> "BoxLabels":
+        if self.decode is not None and self.layout != "auto":
+            raise ValueError("give layout (a built-in decoder) or decode (your function), not both")
+        return self
+
+
+class MaskLabels(Strict):
+    """How a segmentation output becomes a class per pixel to score against mask images (mean IoU over the
+    classes present): the argmax along `axis`, or a one-channel map above `threshold` (classes 0 and 1). The
+    map is taken back through the preprocessing to the image as read, where the masks are drawn."""
+    axis: int = Field(1, description="the class axis ([N, C, H, W]: 1)")
+    threshold: float | None = Field(None, description="a one-channel probability map: class 1 where above this")
+    ignore: int = Field(255, ge=0, le=65535, description="the mask value of pixels not scored")
+
+
 class LabelsSpec(Strict):
-    """Ground truth for validate's data: each sample file's true class, or its true text, to report every
-    candidate's (and FP32's) accuracy against it beside their agreement with FP32."""
+    """Ground truth for validate's data: each sample file's true class, its true text, its boxes or its mask, to
+    report every candidate's (and FP32's) accuracy against it beside their agreement with FP32."""
     file: str = Field(description="relative to the pipeline file: a CSV of `file,label` rows (a header row is "
                                   "allowed; quote a text holding commas) or a JSON object {file: label}; files by "
-                                  "name, as data globs them", examples=["data/labels.csv"])
-    output: str = Field(description="the output holding the class scores (batch first, classes last), or a text "
-                                    "recognizer's per-step scores (with text:)", examples=["logits"])
+                                  "name, as data globs them; with boxes: a COCO-format JSON (images by file_name, "
+                                  "annotations with bbox [x, y, w, h]); with masks: a glob of one-channel PNGs, one "
+                                  "per image with its name (any extension), each pixel its class",
+                      examples=["data/labels.csv", "data/instances.json", "data/masks/*.png"])
+    output: str = Field(description="the output holding the class scores (batch first, classes last), a text "
+                                    "recognizer's per-step scores (with text:), a detector's head (with boxes:) or "
+                                    "a segmentation map (with masks:)", examples=["logits"])
     classes: list[str] = Field(default_factory=list, max_length=100000, description=(
         "class names in index order, where the labels give names (e.g. ['0', '180']); default: labels are class "
         "indices"))
     k: int = Field(5, ge=1, le=1000, description="top-k accuracy besides top-1")
     text: TextLabels | None = Field(None, description="the labels are text read by a CTC recognizer: exact-match "
                                                       "share (text_exact) and character error rate (cer)")
+    boxes: BoxLabels | None = Field(None, description="the labels are COCO-format boxes: map (mAP at IoU "
+                                                      "0.5:0.95) and map50")
+    masks: MaskLabels | None = Field(None, description="the labels are per-pixel class masks: miou (mean IoU over "
+                                                       "the classes present) and pixel_accuracy")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "LabelsSpec":
+        given = [k for k in ("text", "boxes", "masks") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of text, boxes or masks, not {' and '.join(given)}")
+        if given and ("classes" in self.model_fields_set or "k" in self.model_fields_set):
+            raise ValueError(f"classes and k are for class labels, not with {given[0]}")
+        return self
 
     def charset_file(self) -> str | None:
         """The charset file a text label block names (None: none, or the model's metadata)."""
@@ -145,6 +198,10 @@ class ValidateStage(StageBase):
             if self.labels.charset_file() is not None:
                 globs["charset"] = (self.labels.charset_file(), ("labels", "text", "charset"))
         return globs
+
+    def code_refs(self) -> list[str]:
+        decode = self.labels and self.labels.boxes and self.labels.boxes.decode
+        return super().code_refs() + ([decode] if decode else [])
 
     @model_validator(mode="after")
     def _labels_need_files(self) -> "ValidateStage":
@@ -212,7 +269,7 @@ KIND = Kind("validate", ValidateStage,
                    "reference": Slot("onnx", prefer=("prepare",), source_ok=True),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
-            libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image", "pycocotools"),
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,

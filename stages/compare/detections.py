@@ -127,21 +127,14 @@ def match(ref: Boxes, got: Boxes, match_iou: float) -> list[float]:
 Decoder = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], Any]
 
 
-class Detections:
-    """The metric (see the module): `layout` one of LAYOUTS or auto, or `decoder` the user's function
-    (`decoder_ref` naming it) of every output by name and the feed, giving one (boxes, scores, classes) per image.
+class BoxDecoder:
+    """A detector's outputs into boxes per image: the built-in decoder of `layout` (auto: from the output's
+    shape), or the user's function `decoder` (`decoder_ref` naming it) of every output by name and the feed.
     `where`: the key path that declared it, for errors."""
 
     def __init__(self, layout: str = "auto", decoder: Decoder | None = None, decoder_ref: str = "",
-                 score_threshold: float = 0.25, nms_iou: float = 0.45, match_iou: float = 0.5,
-                 max_detections: int = 300, where: str = "detections") -> None:
-        self.layout, self.decoder, self.decoder_ref = layout, decoder, decoder_ref
-        self.score_threshold, self.nms_iou, self.match_iou = score_threshold, nms_iou, match_iou
-        self.max_detections, self.where = max_detections, where
-        self.ref_boxes = self.got_boxes = 0
-        self.ious: list[float] = []
-        self.worst = 1.0
-        self.images = 0
+                 where: str = "detections") -> None:
+        self.layout, self.decoder, self.decoder_ref, self.where = layout, decoder, decoder_ref, where
 
     def _custom(self, outputs: dict[str, np.ndarray], feed: dict[str, np.ndarray]) -> list[Boxes]:
         try:
@@ -161,21 +154,38 @@ class Detections:
                              f"scores [K], classes [K]) per image of the batch, got {type(made).__name__}") from None
         return out
 
-    def _images(self, x: np.ndarray, side: dict[str, np.ndarray] | None, sample: Sample | None) -> list[Boxes]:
+    def images(self, x: np.ndarray, outputs: dict[str, np.ndarray] | None,
+               feed: dict[str, np.ndarray] | None) -> list[Boxes]:
+        """Each image's boxes from the output `x` (the built-in layouts) or from every output and the feed."""
         if self.decoder is not None:
-            if sample is None or side is None:
+            if outputs is None or feed is None:
                 raise StageError(f"{self.where}.decode needs every output of the model: call add() with the Sample")
-            return self._custom(side, sample.feed)
+            return self._custom(outputs, feed)
         layout = self.layout if self.layout != "auto" else layout_of(x.shape, self.where)
         return [decode(image, layout, self.where) for image in x]
 
+
+class Detections:
+    """The metric (see the module): boxes from `decoder`, kept as `suppress` keeps them, matched at `match_iou`."""
+
+    def __init__(self, decoder: BoxDecoder, score_threshold: float = 0.25, nms_iou: float = 0.45,
+                 match_iou: float = 0.5, max_detections: int = 300) -> None:
+        self.decoder, self.where = decoder, decoder.where
+        self.score_threshold, self.nms_iou, self.match_iou = score_threshold, nms_iou, match_iou
+        self.max_detections = max_detections
+        self.ref_boxes = self.got_boxes = 0
+        self.ious: list[float] = []
+        self.worst = 1.0
+        self.images = 0
+
     def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
-        refs = self._images(ref, sample.reference if sample else None, sample)
-        gots = self._images(got, sample.candidate if sample else None, sample)
+        feed = sample.feed if sample else None
+        refs = self.decoder.images(ref, sample.reference if sample else None, feed)
+        gots = self.decoder.images(got, sample.candidate if sample else None, feed)
         if len(refs) != len(gots):
             raise StageError(f"{self.where}: decoded {len(refs)} image(s) of the reference, {len(gots)} of the "
                              f"candidate")
-        nms = None if self.layout == "end2end" else self.nms_iou
+        nms = None if self.decoder.layout == "end2end" else self.nms_iou
         for r, g in zip(refs, gots):
             r = suppress(r, self.score_threshold, nms, self.max_detections)
             g = suppress(g, self.score_threshold, nms, self.max_detections)

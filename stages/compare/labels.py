@@ -1,6 +1,7 @@
 """Accuracy against ground truth (validate's `labels:`): each sample file's true class, scored on the class scores
 an output gives (top-1, top-k), or its true text, read from a CTC recognizer's output through its charset (exact
 share, character error rate); for the FP32 reference and each candidate alike, beside their agreement with FP32.
+Boxes (`label_boxes.py`) and masks (`label_masks.py`) count the same way.
 
 Rows of a batch belong to the files the sample was made of (`SampleSource.files_of`); a file counted once, however
 many shape sets or batch fills repeat it."""
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 from pydantic import BaseModel
@@ -64,36 +67,49 @@ def load(path: Path, classes: list[str], where: str) -> dict[str, int]:
     return out
 
 
-class _PerFile:
+@dataclass
+class Scored:
+    """One batch to count against the labels: every output by name, the feed, the files its rows were made of,
+    the preprocessing that made them from image files (None: saved tensors, labelled in their own pixels), and
+    the height and width of the images in the tensor fed (a map's scale against it)."""
+    outputs: dict[str, np.ndarray]
+    feed: dict[str, np.ndarray]
+    files: list[Path]
+    pre: Any = None  # a stages.image.preprocess.Preprocessor
+    size: tuple[int, int] | None = None
+
+
+class PerFile:
     """Counts each labelled file once: the rows of a batch belong to `files` in order, equally many each."""
 
-    def __init__(self, labels: dict) -> None:
-        self.labels = labels
+    def __init__(self, output: str, labels: dict) -> None:
+        self.output, self.labels = output, labels
         self.seen: set[str] = set()
 
-    def _first_seen(self, rows: int, files: list[Path]):
-        """(row, file name) for the rows whose file is labelled and not counted yet."""
+    def first_seen(self, rows: int, files: list[Path]) -> Iterator[tuple[int, Path]]:
+        """(row, file) for the rows whose file is labelled and not counted yet."""
         per = max(1, rows // max(1, len(files)))
         for r in range(rows):
-            name = files[min(r // per, len(files) - 1)].name
-            if name not in self.seen and name in self.labels:
-                self.seen.add(name)
-                yield r, name
+            path = files[min(r // per, len(files) - 1)]
+            if path.name not in self.seen and path.name in self.labels:
+                self.seen.add(path.name)
+                yield r, path
 
 
-class Tally(_PerFile):
+class Tally(PerFile):
     """Top-1 / top-k hits over the files seen, each counted once."""
 
-    def __init__(self, labels: dict[str, int], k: int) -> None:
-        super().__init__(labels)
+    def __init__(self, output: str, labels: dict[str, int], k: int) -> None:
+        super().__init__(output, labels)
         self.k = k
         self.top1 = self.topk = 0
 
-    def add(self, scores: np.ndarray, files: list[Path]) -> None:
-        """`scores`: one output, batch first, classes last."""
+    def add(self, scored: Scored) -> None:
+        """The output's scores: batch first, classes last."""
+        scores = scored.outputs[self.output]
         rows = np.nan_to_num(scores.reshape(scores.shape[0], -1).astype(np.float64), nan=-np.inf)
-        for r, name in self._first_seen(rows.shape[0], files):
-            want, row = self.labels[name], rows[r]
+        for r, path in self.first_seen(rows.shape[0], scored.files):
+            want, row = self.labels[path.name], rows[r]
             k = min(self.k, row.shape[0])
             self.top1 += int(int(row.argmax()) == want)
             self.topk += int(want in np.argpartition(-row, k - 1)[:k])
@@ -108,22 +124,22 @@ class Tally(_PerFile):
         return Labelled(samples=n, values=values, main="top1")
 
 
-class TextTally(_PerFile):
+class TextTally(PerFile):
     """Each file's text as the recognizer reads it (greedy CTC through the charset) against its label: the share
     read exactly and the character error rate (edits / label characters), each file once."""
 
-    def __init__(self, labels: dict[str, str], charset: list[str], axis: int = -1) -> None:
-        super().__init__(labels)
+    def __init__(self, output: str, labels: dict[str, str], charset: list[str], axis: int = -1) -> None:
+        super().__init__(output, labels)
         self.charset, self.axis = charset, axis
         self.exact = self.edits = self.chars = 0
 
     def read(self, ids: list[int]) -> str:
         return "".join(self.charset[i - 1] if 0 < i <= len(self.charset) else "\ufffd" for i in ids)
 
-    def add(self, scores: np.ndarray, files: list[Path]) -> None:
-        decoded = ctc_greedy(scores, 0, self.axis)
-        for r, name in self._first_seen(len(decoded), files):
-            got, want = self.read(decoded[r]), self.labels[name]
+    def add(self, scored: Scored) -> None:
+        decoded = ctc_greedy(scored.outputs[self.output], 0, self.axis)
+        for r, path in self.first_seen(len(decoded), scored.files):
+            got, want = self.read(decoded[r]), self.labels[path.name]
             self.exact += int(got == want)
             self.edits += edit_distance(list(got), list(want))
             self.chars += max(1, len(want))

@@ -282,7 +282,7 @@ def declared(metrics: dict[str, Any] | None, output: str) -> list[Any]:
 
 def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
     """The metric objects the `OutputMetrics` entries `specs` declare for `output`."""
-    from trtflow.stages.compare.detections import Detections
+    from trtflow.stages.compare.detections import BoxDecoder, Detections
     from trtflow.usercode import import_callable
 
     made: list[Any] = []
@@ -300,8 +300,8 @@ def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
         if m.detections:
             d = m.detections
             decoder = import_callable(d.decode, f"{where}.detections.decode", 2) if d.decode else None
-            made.append(Detections(d.layout, decoder, d.decode or "", d.score_threshold, d.nms_iou, d.match_iou,
-                                   d.max_detections, f"{where}.detections"))
+            made.append(Detections(BoxDecoder(d.layout, decoder, d.decode or "", f"{where}.detections"),
+                                   d.score_threshold, d.nms_iou, d.match_iou, d.max_detections))
         if m.image:
             made.append(ImagePixels(m.image.range[0], m.image.range[1], m.image.layout, m.image.levels,
                                     m.image.within))

@@ -1,6 +1,6 @@
 """PaddleOCR's own preprocessing of its text-direction classifier and text recognizer, as parity training
 references: `training: {callable: trtflow.stages.image.paddleocr:cls_resize_norm_img}` (or `rec_resize_norm_img`,
-`det_norm_img`).
+`det_norm_img`); and the text detector's box post-processing, as a detections decoder (`db_boxes`).
 
 A line-for-line re-implementation (PaddleOCR is not a dependency) of `resize_norm_img` as PaddleOCR runs it for
 the classifier, in training (`ppocr/data/imaug/rec_img_aug.py`: `ClsResizeImg` calls `resize_norm_img(img,
@@ -78,3 +78,34 @@ def det_norm_img(path: str) -> np.ndarray:
                          f"resize it; this reference does not)")
     x = (img.astype(np.float32) / 255.0 - np.array(DET_MEAN, np.float32)) / np.array(DET_STD, np.float32)
     return x.transpose(2, 0, 1)
+
+
+def db_boxes(outputs: dict[str, np.ndarray], feed: dict[str, np.ndarray], thresh: float = 0.3,
+             box_thresh: float = 0.6, unclip_ratio: float = 1.5) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """A detections decoder (`decode: trtflow.stages.image.paddleocr:db_boxes`) for PaddleOCR's DB text detector:
+    its probability map [N, 1, H, W] into text boxes as `DBPostProcess` makes them (pixels above `thresh`, each
+    region scored by its mean probability and kept above `box_thresh`, grown by area x `unclip_ratio` /
+    perimeter), axis-aligned and in the input's pixels; one class (0)."""
+    prob = next(iter(outputs.values()))  # the detector's one output
+    x = next(iter(feed.values()))
+    out = []
+    for image in prob.reshape(prob.shape[0], prob.shape[-2], prob.shape[-1]):
+        image = np.nan_to_num(image.astype(np.float32))
+        fy, fx = x.shape[-2] / image.shape[0], x.shape[-1] / image.shape[1]
+        contours, _ = cv2.findContours((image > thresh).astype(np.uint8), cv2.RETR_LIST, cv2.CHAIN_APPROX_SIMPLE)
+        boxes, scores = [], []
+        for contour in contours:
+            left, top, w, h = cv2.boundingRect(contour)
+            if min(w, h) < 3:  # PaddleOCR's min_size
+                continue
+            region = np.zeros((h, w), np.uint8)
+            cv2.fillPoly(region, [contour - [left, top]], 1)
+            score = float(cv2.mean(image[top:top + h, left:left + w], region)[0])
+            if score < box_thresh:
+                continue
+            area, length = cv2.contourArea(contour), cv2.arcLength(contour, True)
+            grow = area * unclip_ratio / length if length else 0.0
+            boxes.append([(left - grow) * fx, (top - grow) * fy, (left + w + grow) * fx, (top + h + grow) * fy])
+            scores.append(score)
+        out.append((np.asarray(boxes, np.float64).reshape(-1, 4), np.asarray(scores), np.zeros(len(scores))))
+    return out

@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 
 from trtflow.errors import StageError
-from trtflow.stages.image.steps import Batch, Layout, Read, Steps, apply, dump, parse
+from trtflow.stages.image.steps import Batch, Frame, Layout, Read, Steps, apply, dump, parse
 
 
 def canonical(steps: Iterable[Any]) -> Steps:
@@ -131,6 +131,11 @@ class Preprocessor:
                 changed.append(f"{new.name} {json.dumps(new.friendly(), separators=(', ', ': '))}")
             steps.append(new)
         return Preprocessor(steps), changed
+
+    def frame(self, path: Path) -> Frame:
+        """Where the points of the image file land in the tensor the steps make of it."""
+        h, w = read_image(path, self.read.color, self.read.depth).shape[:2]
+        return Frame.of(self.steps[1:], h, w)
 
     def run(self, img: np.ndarray) -> np.ndarray:
         """The steps after `read` on a decoded HxWxC image."""

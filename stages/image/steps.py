@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from fractions import Fraction
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, NamedTuple
 
 import cv2
 import numpy as np
@@ -86,6 +86,61 @@ class Step:
         """The step for images fy times as high and fx times as wide (validate's data at a profile's shape)."""
         return self
 
+    def moves(self, h: int, w: int) -> Move:
+        """Where the step puts a point of an h x w image, and the size it gives (`sizes` steps say; the rest keep
+        every point where it is)."""
+        return Move(1.0, 1.0, 0.0, 0.0, h, w)
+
+
+class Move(NamedTuple):
+    """One step's geometry: y' = sy * y + ty, x' = sx * x + tx in pixel-edge coordinates (a box's corners map as
+    they are), and the image's height and width after it."""
+    sy: float
+    sx: float
+    ty: float
+    tx: float
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Where the decoded image's points land in the tensor the steps give (labelled boxes and masks are drawn on
+    the image as read): the steps' moves composed, the tensor image's height and width, and the image's."""
+    sy: float
+    sx: float
+    ty: float
+    tx: float
+    height: int
+    width: int
+    image: tuple[int, int]
+
+    @classmethod
+    def of(cls, steps: Steps, h: int, w: int) -> Frame:
+        """The frame of an h x w image through `steps` (those after `read`)."""
+        frame = cls(1.0, 1.0, 0.0, 0.0, h, w, (h, w))
+        for step in steps:
+            m = step.moves(frame.height, frame.width)
+            frame = cls(frame.sy * m.sy, frame.sx * m.sx, frame.ty * m.sy + m.ty, frame.tx * m.sx + m.tx,
+                        m.height, m.width, (h, w))
+        return frame
+
+    def scaled(self, fy: float, fx: float) -> Frame:
+        """The frame of a map fy times as high and fx times as wide as the tensor image (a head's output)."""
+        return Frame(self.sy * fy, self.sx * fx, self.ty * fy, self.tx * fx, round(self.height * fy),
+                     round(self.width * fx), self.image)
+
+    def back(self, boxes: np.ndarray) -> np.ndarray:
+        """Boxes [K, 4] (x1, y1, x2, y2) in the tensor's coordinates, in the image's."""
+        b = np.asarray(boxes, np.float64).reshape(-1, 4)
+        return np.stack([(b[:, 0] - self.tx) / self.sx, (b[:, 1] - self.ty) / self.sy,
+                         (b[:, 2] - self.tx) / self.sx, (b[:, 3] - self.ty) / self.sy], 1)
+
+    def matrix(self) -> np.ndarray:
+        """The 2 x 3 affine matrix taking the image's pixel centres to the tensor's (OpenCV's convention)."""
+        return np.array([[self.sx, 0.0, self.tx + 0.5 * self.sx - 0.5],
+                         [0.0, self.sy, self.ty + 0.5 * self.sy - 0.5]])
+
 
 @dataclass(frozen=True)
 class _Single(Step):
@@ -154,22 +209,23 @@ class Resize(Step):
     interp: str = "linear"
     antialias: bool = False
 
-    def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
-        h, w = img.shape[:2]
+    def _size(self, h: int, w: int) -> tuple[int, int]:
         rounded = ROUNDING[self.round]
         if self.size:
-            nh, nw = self.size
-        elif self.height:  # text lines: fixed height, the width keeps the aspect ratio up to max_width
+            return self.size
+        if self.height:  # text lines: fixed height, the width keeps the aspect ratio up to max_width
             nh = self.height
             nw = max(1, rounded(nh * (w / h)))  # in PaddleOCR's order: nh * w / h can round to the other integer
-            if self.max_width:
-                nw = min(nw, self.max_width)
-        else:  # torchvision semantics: the shorter side becomes `shorter`, the other keeps the aspect ratio
-            s = self.shorter
-            if h <= w:
-                nh, nw = s, rounded(s * w / h)
-            else:
-                nh, nw = rounded(s * h / w), s
+            return nh, min(nw, self.max_width) if self.max_width else nw
+        s = self.shorter  # torchvision semantics: the shorter side becomes `shorter`, the other keeps the ratio
+        return (s, rounded(s * w / h)) if h <= w else (rounded(s * h / w), s)
+
+    def moves(self, h: int, w: int) -> Move:
+        nh, nw = self._size(h, w)
+        return Move(nh / h, nw / w, 0.0, 0.0, nh, nw)
+
+    def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
+        nh, nw = self._size(*img.shape[:2])
         if self.antialias and self.interp in resample.FILTERS:
             # PIL/torchvision resampling: OpenCV's linear and cubic do not low-pass when shrinking
             return resample.resize(img, nh, nw, self.interp), layout
@@ -235,16 +291,24 @@ class Letterbox(Step):
     pad: float = 114
     interp: str = "linear"
 
-    def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
+    def _placed(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """(height, width, top, left) of the resized image inside `size`."""
         th, tw = self.size
-        h, w = img.shape[:2]
         r = min(th / h, tw / w)
         nh, nw = round(h * r), round(w * r)
+        return nh, nw, (th - nh) // 2, (tw - nw) // 2
+
+    def moves(self, h: int, w: int) -> Move:
+        nh, nw, top, left = self._placed(h, w)
+        return Move(nh / h, nw / w, top, left, *self.size)
+
+    def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
+        th, tw = self.size
+        nh, nw, top, left = self._placed(*img.shape[:2])
         resized = cv2.resize(img, (nw, nh), interpolation=INTERP[self.interp])
         if resized.ndim == 2:
             resized = resized[:, :, None]
         out = np.full((th, tw, img.shape[2]), self.pad, dtype=img.dtype)
-        top, left = (th - nh) // 2, (tw - nw) // 2
         out[top:top + nh, left:left + nw] = resized
         return out, layout
 
@@ -286,13 +350,20 @@ class CenterCrop(Step):
         side = self.size[0] if self.size[0] == self.size[1] else list(self.size)
         return side if self.round == "round" else {"size": side, "round": self.round}
 
-    def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
+    def _corner(self, h: int, w: int) -> tuple[int, int]:
         ch, cw = self.size
-        rounded = ROUNDING[self.round]
-        h, w = img.shape[:2]
         if ch > h or cw > w:
             raise StageError(f"center_crop {ch}x{cw} is larger than the image ({h}x{w}) at that step")
-        top, left = int(rounded((h - ch) / 2.0)), int(rounded((w - cw) / 2.0))
+        rounded = ROUNDING[self.round]
+        return int(rounded((h - ch) / 2.0)), int(rounded((w - cw) / 2.0))
+
+    def moves(self, h: int, w: int) -> Move:
+        top, left = self._corner(h, w)
+        return Move(1.0, 1.0, -top, -left, *self.size)
+
+    def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
+        ch, cw = self.size
+        top, left = self._corner(*img.shape[:2])
         return img[top:top + ch, left:left + cw], layout
 
     def fixed_size(self) -> tuple[int, int] | None:
@@ -321,6 +392,9 @@ class Crop(Step):
         if t + ch > img.shape[0] or l + cw > img.shape[1]:
             raise StageError(f"crop {self.to_json()} falls outside the image ({img.shape[0]}x{img.shape[1]})")
         return img[t:t + ch, l:l + cw], layout
+
+    def moves(self, h: int, w: int) -> Move:
+        return Move(1.0, 1.0, -self.top, -self.left, self.height, self.width)
 
     def fixed_size(self) -> tuple[int, int] | None:
         return self.height, self.width
@@ -364,10 +438,7 @@ class Pad(Step):
             raise StageError("'pad' must come before 'batch'")
         hwc = layout == "hwc"
         h, w, c = img.shape if hwc else (img.shape[1], img.shape[2], img.shape[0])
-        th, tw = (max(h, w), max(h, w)) if self.size == "square" else self.size
-        if h > th or w > tw:
-            raise StageError(f"pad: the image is {h}x{w} at that step, larger than size [{th}, {tw}] "
-                             f"(resize with max_width, or a larger pad size)")
+        th, tw, top, left = self._placed(h, w)
         value = np.asarray(self.value, np.float64).reshape(-1)
         if len(value) not in (1, c):
             raise StageError(f"pad has {len(value)} values for an image with {c} channels")
@@ -375,13 +446,25 @@ class Pad(Step):
             value = np.clip(np.round(value), np.iinfo(img.dtype).min, np.iinfo(img.dtype).max)
         out = np.empty((th, tw, c) if hwc else (c, th, tw), img.dtype)
         out[...] = value.reshape((1, 1, -1) if hwc else (-1, 1, 1)).astype(img.dtype)
-        top, left = {"top_left": (0, 0), "center": ((th - h) // 2, (tw - w) // 2),
-                     "bottom_right": (th - h, tw - w)}[self.place]
         if hwc:
             out[top:top + h, left:left + w] = img
         else:
             out[:, top:top + h, left:left + w] = img
         return out, layout
+
+    def _placed(self, h: int, w: int) -> tuple[int, int, int, int]:
+        """(height, width) padded to, and (top, left) of the image in it."""
+        th, tw = (max(h, w), max(h, w)) if self.size == "square" else self.size
+        if h > th or w > tw:
+            raise StageError(f"pad: the image is {h}x{w} at that step, larger than size [{th}, {tw}] "
+                             f"(resize with max_width, or a larger pad size)")
+        top, left = {"top_left": (0, 0), "center": ((th - h) // 2, (tw - w) // 2),
+                     "bottom_right": (th - h, tw - w)}[self.place]
+        return th, tw, top, left
+
+    def moves(self, h: int, w: int) -> Move:
+        th, tw, top, left = self._placed(h, w)
+        return Move(1.0, 1.0, top, left, th, tw)
 
     def fixed_size(self) -> tuple[int, int] | None:
         return None if self.size == "square" else self.size

@@ -36,7 +36,7 @@ from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.trt import building
 from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
-from trtflow.stages.validate import repair
+from trtflow.stages.validate import labelling, repair
 from trtflow.stages.validate.repair import Repair
 from trtflow.stages.validate.report import CandidateResult, Reference, ShapeResult, ValidateReport, shapes_text
 from trtflow.text import did_you_mean
@@ -81,7 +81,7 @@ class _Job:
     work: Path
     out_dir: Path
     sims: dict[str, simulation.Simulation] = field(default_factory=dict)  # variant -> its simulation
-    labels: _LabelSet | None = None  # the data's ground truth (`labels:`)
+    labels: labelling.LabelSet | None = None  # the data's ground truth (`labels:`)
     reference_labelled: labels_mod.Labelled | None = None  # FP32's accuracy against them
 
 
@@ -93,7 +93,8 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                      [o.name for o in job.reference.session.get_outputs()])
     gate.check_metrics("validate", params.metrics, job.reference.session)
     if params.labels is not None:
-        job.labels = _LabelSet(params, inputs, job.reference)
+        job.labels = labelling.LabelSet(params, inputs, job.reference.model,
+                                        [o.name for o in job.reference.session.get_outputs()])
     candidates = engine_candidates(inputs.optional("engines"), inputs.many("models"), "validate",
                                    exclude=inputs.one("reference").digest)
     target = _repair_target(params, candidates) if params.repair else None
@@ -285,59 +286,12 @@ class _Checked:
     worst: list[tuple[SampleSource, int]]
 
 
-class _LabelSet:
-    """The labels read and checked, and how to count against them (a fresh tally per side and candidate)."""
-
-    def __init__(self, params: ValidateStage, inputs: Inputs, reference: _Reference) -> None:
-        spec = params.labels
-        outputs = [o.name for o in reference.session.get_outputs()]
-        if spec.output not in outputs:
-            raise StageError(f"validate: labels.output: the model has no output '{spec.output}'"
-                             f"{did_you_mean(spec.output, outputs) or '; outputs: ' + ', '.join(outputs)}")
-        where = "validate: labels.file"
-        path = inputs.many("labels")[0].path
-        self.spec = spec
-        self.charset: list[str] = []
-        if spec.text is not None:
-            self.texts = dict(labels_mod.read_pairs(path, where))
-            self.charset = self._charset(spec.text.charset, inputs, reference)
-            found = set(self.texts)
-        else:
-            self.classes = labels_mod.load(path, spec.classes, where)
-            found = set(self.classes)
-        files = [a.path.name for a in inputs.many("images" if params.data.images else "tensors")][:params.data.samples]
-        missing = [f for f in files if f not in found]
-        if missing:
-            raise StageError(f"{where}: {len(missing)} sample file(s) have no label ({', '.join(missing[:3])}"
-                             f"{', ...' if len(missing) > 3 else ''}): label every file data names")
-
-    def _charset(self, charset: str, inputs: Inputs, reference: _Reference) -> list[str]:
-        if charset.startswith("model:"):
-            key = charset.removeprefix("model:")
-            meta = {p.key: p.value for p in reference.model.metadata_props}
-            if key not in meta:
-                raise StageError(f"validate: labels.text.charset: the model has no metadata entry '{key}'"
-                                 + (f" (it has: {', '.join(sorted(meta)[:5])})" if meta else " (it has none)")
-                                 + "; give the charset file instead")
-            chars = meta[key].split("\n")
-        else:
-            chars = inputs.many("charset")[0].path.read_text(encoding="utf-8").split("\n")
-        chars = [c.rstrip("\r") for c in chars if c.rstrip("\r")]
-        return chars + ([" "] if self.spec.text.space else [])
-
-    def tally(self) -> labels_mod.Tally | labels_mod.TextTally:
-        if self.spec.text is not None:
-            return labels_mod.TextTally(self.texts, self.charset, self.spec.text.axis)
-        return labels_mod.Tally(self.classes, self.spec.k)
-
-
 @dataclass
 class _Scoring:
-    """Counting against the labels during one candidate's pass: the output scored, the candidate's tally, and the
-    FP32 reference's (only in the first candidate's pass: the reference's outputs are every candidate's)."""
-    output: str
-    candidate: labels_mod.Tally | labels_mod.TextTally
-    reference: labels_mod.Tally | labels_mod.TextTally | None
+    """Counting against the labels during one candidate's pass: the candidate's tally, and the FP32 reference's
+    (only in the first candidate's pass: the reference's outputs are every candidate's)."""
+    candidate: labelling.Tally
+    reference: labelling.Tally | None
 
 
 def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
@@ -347,8 +301,7 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     ranked: list = []
     scoring = None
     if job.labels is not None:
-        scoring = _Scoring(params.labels.output, job.labels.tally(),
-                           job.labels.tally() if job.reference_labelled is None else None)
+        scoring = _Scoring(job.labels.tally(), job.labels.tally() if job.reference_labelled is None else None)
     measured = _measure(runner, sets, job.reference, params.metrics, ranked, scoring)
     if scoring is not None and scoring.reference is not None:
         job.reference_labelled = scoring.reference.result()
@@ -424,10 +377,10 @@ def _measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[_
                     raise source.failure(exc) from None
             got = runner(feed, shape_set.profile(feed))
             if scoring is not None and shape_set is scored:
-                files = source.files_of(i)
-                scoring.candidate.add(got[scoring.output], files)
+                files, size = source.files_of(i), labelling.image_size(feed, source.pre)
+                scoring.candidate.add(labels_mod.Scored(got, feed, files, source.pre, size))
                 if scoring.reference is not None:
-                    scoring.reference.add(ref_cache[key][scoring.output], files)
+                    scoring.reference.add(labels_mod.Scored(ref_cache[key], feed, files, source.pre, size))
             cmp.add(ref_cache[key], got, feed)
             if cmp is not measured.total:
                 measured.total.add(ref_cache[key], got, feed)
