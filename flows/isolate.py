@@ -343,12 +343,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     gets the child's output line by line as it comes (bounded); `keep`: where its whole output is copied when
     there was any (the stage's output directory)."""
     if settings.IN_PROCESS.get():
-        try:
-            return func(*args)
-        except TrtflowError:
-            raise
-        except Exception as exc:
-            raise _disk_error(exc, name, keep) or unexpected(exc, name) from exc
+        return _in_process(func, args, name, keep)
     call = pickle.dumps(StageCall(func, args))
     ctx = _SUPERVISOR.context()
     parent, child = ctx.Pipe(duplex=False)
@@ -359,59 +354,82 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     proc = ctx.Process(target=_child, args=(child, call, list(sys.path), log_name,
                                             {**os.environ, STAGE_TAG: tag}),
                        name=f"trtflow-{name}", daemon=True)
-    deadline = None if timeout is None else time.monotonic() + timeout
     since = _boot_ticks()  # the stage's start: whatever carries its tag started then or later
-    text = ""
     tail = _Tail(log, output, name) if output is not None else None
+    text = ""
     try:
         if tail is not None:
             tail.start()
         _SUPERVISOR.start(proc, tag, since)
         child.close()
-        while True:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not parent.poll(wait):
-                _kill_group(proc.pid, tag, since)
-                proc.join()
-                raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
-                                          f"pipeline file if the work is expected to take longer)")
-            try:
-                message = parent.recv()
-            except EOFError:
-                proc.join()
-                if _SUPERVISOR.stopping.is_set():
-                    raise StageStopped(f"stage '{name}' was stopped with the run") from None
-                error = TransientStageError(f"stage '{name}' crashed (its process {ending(proc.exitcode)}"
-                                            f"{_last_line(log)})")
-                error.child_log = log.read_text(errors="replace")
-                raise error from None
-            if isinstance(message, Progress):
-                progress.report(message.what, message.done, message.total)
-                continue
-            break
+        message = _answer(parent, proc, timeout, name, log, tag, since)
         proc.join()
     finally:
-        parent.close()
-        if proc.pid is not None:
-            _kill_group(proc.pid, tag, since)  # anything the stage started and left running
-            proc.join()
-            _SUPERVISOR.ended(proc.pid)
-        if tail is not None:
-            tail.done.set()
-            tail.join(10)
-        try:
-            text = log.read_text(errors="replace")
-            if keep is not None and text.strip() and keep.parent.is_dir():
-                keep.write_text(text)
-        except OSError:
-            pass
-        log.unlink(missing_ok=True)
+        text = _wind_up(parent, proc, tag, since, tail, log, keep)
     if isinstance(message, Raised):
         exc, trace = message.error, message.traceback
         error = exc if isinstance(exc, TrtflowError) else _disk_error(exc, name, keep) or unexpected(exc, name, trace)
         error.child_traceback, error.child_log = trace, text
         raise error
     return message.value
+
+
+def _in_process(func: Callable[..., Any], args: tuple, name: str, keep: Path | None) -> Any:
+    """The stage called in this process (settings.IN_PROCESS: tests, debuggers), its errors worded as a child's."""
+    try:
+        return func(*args)
+    except TrtflowError:
+        raise
+    except Exception as exc:
+        raise _disk_error(exc, name, keep) or unexpected(exc, name) from exc
+
+
+def _answer(parent: Any, proc: Any, timeout: float | None, name: str, log: Path, tag: str, since: int) -> Any:
+    """The child's answer (its value or what it raised), its progress reported on the way; a timeout, a stop and a
+    crash raised as errors naming the stage."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not parent.poll(wait):
+            _kill_group(proc.pid, tag, since)
+            proc.join()
+            raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
+                                      f"pipeline file if the work is expected to take longer)")
+        try:
+            message = parent.recv()
+        except EOFError:
+            proc.join()
+            if _SUPERVISOR.stopping.is_set():
+                raise StageStopped(f"stage '{name}' was stopped with the run") from None
+            error = TransientStageError(f"stage '{name}' crashed (its process {ending(proc.exitcode)}"
+                                        f"{_last_line(log)})")
+            error.child_log = log.read_text(errors="replace")
+            raise error from None
+        if not isinstance(message, Progress):
+            return message
+        progress.report(message.what, message.done, message.total)
+
+
+def _wind_up(parent: Any, proc: Any, tag: str, since: int, tail: _Tail | None, log: Path, keep: Path | None) -> str:
+    """After the child, however it ended: what it left running killed, its output read (and copied to `keep`
+    where there was any) and its temporary log removed. The output."""
+    parent.close()
+    if proc.pid is not None:
+        _kill_group(proc.pid, tag, since)  # anything the stage started and left running
+        proc.join()
+        _SUPERVISOR.ended(proc.pid)
+    if tail is not None:
+        tail.done.set()
+        tail.join(10)
+    text = ""
+    try:
+        text = log.read_text(errors="replace")
+        if keep is not None and text.strip() and keep.parent.is_dir():
+            keep.write_text(text)
+    except OSError:
+        pass
+    log.unlink(missing_ok=True)
+    return text
 
 
 __all__ = ["call_stage", "kill_all", "resume", "unexpected", "IN_PROCESS"]

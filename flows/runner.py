@@ -91,6 +91,18 @@ class Resolution:
 
 
 @dataclass
+class _Attempt:
+    """A stage's run so far: where it writes, the shared caches as they were before it (None: it reads none), and
+    once it ran, its result, its verdict's failure, when it began and how long it worked."""
+    staging: Path
+    shared: dict[str, tuple[int, int]] | None
+    result: Any = None
+    failed: StageFailed | None = None
+    began: datetime | None = None
+    work: float = 0.0
+
+
+@dataclass
 class Runner:
     pipeline: LoadedPipeline
     graph: StageGraph = None  # type: ignore[assignment]
@@ -306,59 +318,70 @@ class Runner:
         line) and publish it."""
         started = time.perf_counter()
         r = self.resolve(name, produced, force)
-        spec, impl, key, parts, reason = self.graph.nodes[name].spec, r.impl, r.key, r.parts, r.reason
+        spec, key, parts = self.graph.nodes[name].spec, r.key, r.parts
         if r.manifest is not None:
             self._mark_last(name, key, parts)
             self.digests.save()
             return r.outcome(self.store.path(name, key), time.perf_counter() - started)
         inputs = r.inputs.without(kind_of(spec).result_caches) if self.forced(name, force) else r.inputs
-
-        shared = self._make_shared_caches(inputs, log)
-        staging = self.store.staging(name, key)
-        failed: StageFailed | None = None
+        ran = _Attempt(self.store.staging(name, key), self._make_shared_caches(inputs, log))
         try:
-            for attempt in range(1, CLAIM_ATTEMPTS + 1):
-                began = datetime.now(timezone.utc)
-                t0 = time.perf_counter()
-                try:
-                    result = call_stage(impl.run, (spec, inputs, staging), spec.timeout, name, output=log,
-                                        keep=staging / STAGE_LOG)
-                except StageFailed as exc:
-                    failed, result = exc, exc.result
-                work = time.perf_counter() - t0
-                lost = None if failed else claim_all(self.store, getattr(result, "claims", None) or [])
-                if lost is None:
-                    break
-                # another run took a record this result needs (a release's version): run again, counting from it
-                self.store.discard(staging)
-                if attempt == CLAIM_ATTEMPTS:
-                    raise TransientStageError(f"{CLAIM_ATTEMPTS} runs in a row lost a record of the store's shared/ "
-                                              f"to other runs ({lost})", hint="run again")
-                if log is not None:
-                    log(f"{lost}: running '{name}' again")
-                shared = self._make_shared_caches(inputs, log)
-                staging = self.store.staging(name, key)
-            manifest = self._manifest(name, key, parts, inputs, result, staging, began, work,
-                                      status="failed" if failed else "ok")
-            directory, manifest = self.store.publish(name, key, staging, manifest,
+            self._run_claiming(name, r, inputs, ran, log)
+            manifest = self._manifest(name, key, parts, inputs, ran.result, ran.staging, ran.began, ran.work,
+                                      status="failed" if ran.failed else "ok")
+            directory, manifest = self.store.publish(name, key, ran.staging, manifest,
                                                      replace=self.forced(name, force) or r.outdated)
-            if failed is None and manifest.ok:  # (a mark another run of this key made first is the same mark)
-                claim_all(self.store, result.after_publish)
+            if ran.failed is None and manifest.ok:  # (a mark another run of this key made first is the same mark)
+                claim_all(self.store, ran.result.after_publish)
         except TrtflowError as exc:
-            self.store.discard(staging)
+            self.store.discard(ran.staging)
             if isinstance(exc, DiskError):
                 exc.remeasure()
             _name_stage(exc, name)
-            _retarget(exc, staging, f"(the output directory of stage '{name}', removed)")
+            _retarget(exc, ran.staging, f"(the output directory of stage '{name}', removed)")
             self._mark_last(name, key, parts, status="failed", error=_first_line(exc))
             raise
         except BaseException as exc:
-            self.store.discard(staging)
-            full = disk_error(exc, staging, f"stage '{name}'", shown=f"its output in {staging.parent}")
+            self.store.discard(ran.staging)
+            full = disk_error(exc, ran.staging, f"stage '{name}'", shown=f"its output in {ran.staging.parent}")
             if full is not None:
                 self._mark_last(name, key, parts, status="failed", error=_first_line(full))
                 raise full from None
             raise
+        return self._ended(name, r, ran, directory, manifest, time.perf_counter() - started)
+
+    def _run_claiming(self, name: str, r: Resolution, inputs: Inputs, ran: _Attempt,
+                      log: Callable[[str], None] | None) -> None:
+        """The stage run in a child into `ran.staging`, and the store records its result needs claimed (a
+        release's version); where another run took one first, run again from it (a fresh staging)."""
+        spec = self.graph.nodes[name].spec
+        for attempt in range(1, CLAIM_ATTEMPTS + 1):
+            ran.began = datetime.now(timezone.utc)
+            t0 = time.perf_counter()
+            try:
+                ran.result = call_stage(r.impl.run, (spec, inputs, ran.staging), spec.timeout, name, output=log,
+                                        keep=ran.staging / STAGE_LOG)
+            except StageFailed as exc:
+                ran.failed, ran.result = exc, exc.result
+            ran.work = time.perf_counter() - t0
+            lost = None if ran.failed else claim_all(self.store, getattr(ran.result, "claims", None) or [])
+            if lost is None:
+                return
+            self.store.discard(ran.staging)
+            if attempt == CLAIM_ATTEMPTS:
+                raise TransientStageError(f"{CLAIM_ATTEMPTS} runs in a row lost a record of the store's shared/ "
+                                          f"to other runs ({lost})", hint="run again")
+            if log is not None:
+                log(f"{lost}: running '{name}' again")
+            ran.shared = self._make_shared_caches(inputs, log)
+            ran.staging = self.store.staging(name, r.key)
+
+    def _ended(self, name: str, r: Resolution, ran: _Attempt, directory: Path, manifest: Manifest,
+               seconds: float) -> StageOutcome:
+        """The outcome of a published run: ran; reused, where another run of this key published an OK result
+        first; or its verdict's failure raised, naming the published result."""
+        spec, key, parts = self.graph.nodes[name].spec, r.key, r.parts
+        failed = ran.failed
         if failed is not None and manifest.ok:
             # another run of this key published an OK result first (the store kept it: the next run reuses it), and
             # this run's verdict failed (a benchmark measured under other load, a flaky check): its result is the
@@ -367,20 +390,19 @@ class Runner:
             self.digests.save()
             return StageOutcome(name, spec.kind, key, "reused", directory, manifest,
                                 f"another run published it first (this run's own verdict: {_first_line(failed)})",
-                                time.perf_counter() - started, work)
+                                seconds, ran.work)
         if failed is not None:
             _name_stage(failed, name)
-            _retarget(failed, staging, str(directory))
+            _retarget(failed, ran.staging, str(directory))
             failed.directory = directory  # type: ignore[attr-defined]
             failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
             self._mark_last(name, key, parts, status="failed", error=_first_line(failed))
             raise failed
-        if shared is not None:
-            self.store.push_shared(shared)
+        if ran.shared is not None:
+            self.store.push_shared(ran.shared)
         self._mark_last(name, key, parts)
         self.digests.save()
-        return StageOutcome(name, spec.kind, key, "ran", directory, manifest, reason,
-                            time.perf_counter() - started, work)
+        return StageOutcome(name, spec.kind, key, "ran", directory, manifest, r.reason, seconds, ran.work)
 
     def _make_shared_caches(self, inputs: Inputs,
                             log: Callable[[str], None] | None = None) -> dict[str, tuple[int, int]] | None:

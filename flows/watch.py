@@ -89,6 +89,39 @@ def engine_events(pipeline: Path, outcome: StageReport, changed: list[str]) -> l
     return [Event(STAGE_EVENT, f"trtflow.stage.{pipeline.parent.name}.{outcome.stage}", base, payload)]
 
 
+def _rebuild_stale(path: Path, store: str | None, entry: WatchEntry, log: Any) -> None:
+    """One pipeline planned and, where a stage is stale, run; `entry` records what ran, was reused and was sent."""
+    from trtflow.flows.pipeline_flow import emit, handing_over, pipeline_flow
+    from trtflow.flows.runner import make_runner
+
+    runner = make_runner(str(path), [], store)
+    plan = runner.plan()
+    broken = [i for i in plan if i.action == "error"]
+    if broken:  # a stage that cannot even be planned (its code does not import here): not "up to date"
+        raise TrtflowError(f"stage '{broken[0].name}': {broken[0].reason}")
+    stale = [i for i in plan if i.action == "run"]
+    entry.environment_changed = sorted({c for i in plan for c in i.changed})
+    if not stale:
+        entry.reused = [i.name for i in plan]
+        log.info("%s: up to date (%d stages)", path, len(plan))
+        return
+    log.info("%s: %s stale (%s)", path, ", ".join(i.name for i in stale), stale[0].reason)
+    with handing_over(runner, str(path), []):
+        outcomes = pipeline_flow(str(path), store=runner.store.location)
+    for o in map(StageReport.model_validate, outcomes):
+        (entry.ran if o.status == "ran" else entry.reused).append(o.stage)
+        if o.status != "ran":
+            continue
+        for announced in o.announced:  # (emitted by the stage's task, as its kind's row declares)
+            entry.events.append(WatchedEvent(event=announced.event, resource=announced.resource,
+                                             version=announced.version))
+        for event in engine_events(path, o, entry.environment_changed):
+            emit(event)
+            entry.events.append(WatchedEvent(event=event.event, resource=event.resource_id,
+                                             **({"engine": event.engine} if event.engine else {})))
+    log.info("%s: ran %s; reused %s", path, ", ".join(entry.ran) or "nothing", ", ".join(entry.reused) or "nothing")
+
+
 @flow(name="trtflow-watch", persist_result=True, log_prints=True)
 def watch_flow(pipelines: list[str], store: str | None = None, machine: str | None = None,
                changed: Any = None) -> list[dict[str, Any]]:
@@ -99,8 +132,6 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
     environment. `machine`: the machine the run is for (a run that lands on another fails); `changed`: what
     check-env's event said changed (logged)."""
     from trtflow.flows import machine as this_machine
-    from trtflow.flows.pipeline_flow import emit, handing_over, pipeline_flow
-    from trtflow.flows.runner import make_runner
 
     log = get_run_logger()
     here = this_machine.machine_name()
@@ -122,36 +153,11 @@ def watch_flow(pipelines: list[str], store: str | None = None, machine: str | No
         entry = WatchEntry(pipeline=str(path), ran=[], reused=[], events=[])
         results.append(entry)
         try:
-            runner = make_runner(str(path), [], store)
-            plan = runner.plan()
-            broken = [i for i in plan if i.action == "error"]
-            if broken:  # a stage that cannot even be planned (its code does not import here): not "up to date"
-                raise TrtflowError(f"stage '{broken[0].name}': {broken[0].reason}")
-            stale = [i for i in plan if i.action == "run"]
-            entry.environment_changed = sorted({c for i in plan for c in i.changed})
-            if not stale:
-                entry.reused = [i.name for i in plan]
-                log.info("%s: up to date (%d stages)", path, len(plan))
-                continue
-            log.info("%s: %s stale (%s)", path, ", ".join(i.name for i in stale), stale[0].reason)
-            with handing_over(runner, str(path), []):
-                outcomes = pipeline_flow(str(path), store=runner.store.location)
+            _rebuild_stale(path, store, entry, log)
         except TrtflowError as exc:
             log.error("%s: %s", path, exc)
             entry.error = str(exc)
             failures.append(f"{path}: {exc}")
-            continue
-        for o in map(StageReport.model_validate, outcomes):
-            (entry.ran if o.status == "ran" else entry.reused).append(o.stage)
-            if o.status == "ran":
-                for announced in o.announced:  # (emitted by the stage's task, as its kind's row declares)
-                    entry.events.append(WatchedEvent(event=announced.event, resource=announced.resource,
-                                                     version=announced.version))
-                for event in engine_events(path, o, entry.environment_changed):
-                    emit(event)
-                    entry.events.append(WatchedEvent(event=event.event, resource=event.resource_id,
-                                                     **({"engine": event.engine} if event.engine else {})))
-        log.info("%s: ran %s; reused %s", path, ", ".join(entry.ran) or "nothing", ", ".join(entry.reused) or "nothing")
     if failures:
         raise TrtflowError(f"{len(failures)} of {len(results)} pipelines failed: " + "; ".join(failures) +
                            "; this machine's environment record was not advanced")

@@ -65,37 +65,53 @@ class StageGraph:
 def build_graph(p: LoadedPipeline) -> StageGraph:
     stages = p.spec.stages
     names = list(stages)
-    nodes: dict[str, StageNode] = {}
-    for idx, name in enumerate(names):
+    nodes = {name: _node(p, names, idx) for idx, name in enumerate(names)}
+    graph = StageGraph(nodes, _order(p, nodes, names))
+    for name in graph.order:
         spec = stages[name]
-        kind = kind_of(spec)
-        slots = kind.slots_for(spec)
-        inputs: dict[str, list[Edge]] = {}
-        many: dict[str, bool] = {}
-        base = ("stages", name, "inputs")
-        for slot_name, given in spec.inputs.items():
-            if kind is not USER and slot_name not in slots:
-                raise p.error(f"stage kind '{spec.kind}' has no input '{slot_name}'", base + (slot_name,),
-                              hint=suggestion(slot_name, list(slots)) or f"inputs: {', '.join(slots)}")
-            slot = slots.get(slot_name)
-            refs = given if isinstance(given, list) else [given]
-            if slot is not None and not slot.many and len(refs) != 1:
-                raise p.error(f"input '{slot_name}' takes one reference, got {len(refs)}", base + (slot_name,))
-            inputs[slot_name] = [_resolve(p, names, name, slot_name, ref, slot, base + (slot_name,))
-                                 for ref in refs]
-            many[slot_name] = isinstance(given, list)
-        for slot_name, slot in slots.items():
-            if slot_name in inputs:
-                continue
-            edges = [Edge(slot_name, e.stage, e.output, e.type) for e in _default(stages, names[:idx], slot)]
-            if edges:
-                inputs[slot_name] = edges
-                many[slot_name] = slot.many
-            elif slot.required:
-                raise p.error(f"no earlier stage produces the '{slot.type}' this {spec.kind} stage needs",
-                              ("stages", name), hint=f"add a stage that produces it, or set inputs.{slot_name}")
-        nodes[name] = StageNode(name, spec, inputs, many)
+        upstream = {n: stages[n] for n in graph.closure([name]) if n != name}
+        wrong = kind_of(spec).wiring(spec, upstream)
+        if wrong is not None:
+            message, key, hint = wrong
+            raise p.error(message, ("stages", name) + key, hint=hint)
+    return graph
 
+
+def _node(p: LoadedPipeline, names: list[str], idx: int) -> StageNode:
+    """Stage `names[idx]` with its inputs: those its `inputs:` names, then each slot's default from the stages
+    before it."""
+    stages, name = p.spec.stages, names[idx]
+    spec = stages[name]
+    kind = kind_of(spec)
+    slots = kind.slots_for(spec)
+    inputs: dict[str, list[Edge]] = {}
+    many: dict[str, bool] = {}
+    base = ("stages", name, "inputs")
+    for slot_name, given in spec.inputs.items():
+        if kind is not USER and slot_name not in slots:
+            raise p.error(f"stage kind '{spec.kind}' has no input '{slot_name}'", base + (slot_name,),
+                          hint=suggestion(slot_name, list(slots)) or f"inputs: {', '.join(slots)}")
+        slot = slots.get(slot_name)
+        refs = given if isinstance(given, list) else [given]
+        if slot is not None and not slot.many and len(refs) != 1:
+            raise p.error(f"input '{slot_name}' takes one reference, got {len(refs)}", base + (slot_name,))
+        inputs[slot_name] = [_resolve(p, names, name, slot_name, ref, slot, base + (slot_name,)) for ref in refs]
+        many[slot_name] = isinstance(given, list)
+    for slot_name, slot in slots.items():
+        if slot_name in inputs:
+            continue
+        edges = [Edge(slot_name, e.stage, e.output, e.type) for e in _default(stages, names[:idx], slot)]
+        if edges:
+            inputs[slot_name] = edges
+            many[slot_name] = slot.many
+        elif slot.required:
+            raise p.error(f"no earlier stage produces the '{slot.type}' this {spec.kind} stage needs",
+                          ("stages", name), hint=f"add a stage that produces it, or set inputs.{slot_name}")
+    return StageNode(name, spec, inputs, many)
+
+
+def _order(p: LoadedPipeline, nodes: dict[str, StageNode], names: list[str]) -> list[str]:
+    """The stages in an order that runs every stage after its inputs, the file's order where it is free."""
     sorter = graphlib.TopologicalSorter({n: nodes[n].upstream for n in names})
     try:
         sorter.prepare()
@@ -109,15 +125,7 @@ def build_graph(p: LoadedPipeline) -> StageGraph:
         ready = sorted(sorter.get_ready(), key=position.__getitem__)
         order += ready
         sorter.done(*ready)
-    graph = StageGraph(nodes, order)
-    for name in order:
-        spec = stages[name]
-        upstream = {n: stages[n] for n in graph.closure([name]) if n != name}
-        wrong = kind_of(spec).wiring(spec, upstream)
-        if wrong is not None:
-            message, key, hint = wrong
-            raise p.error(message, ("stages", name) + key, hint=hint)
-    return graph
+    return order
 
 
 def _resolve(p: LoadedPipeline, names: list[str], me: str, slot_name: str, ref: str, slot: Slot | None,
@@ -133,6 +141,7 @@ def _resolve(p: LoadedPipeline, names: list[str], me: str, slot_name: str, ref: 
         raise p.error(f"reference to a stage that does not exist: '{stage_name}'", path,
                       hint=suggestion(stage_name, names + [SOURCE]) or f"stages: {', '.join(names)}")
     outs = outputs_of(p.spec.stages[stage_name])
+    _report_kind(p, stage_name, slot_name, slot, path)
     if output:
         if output not in outs:
             raise p.error(f"stage '{stage_name}' has no output '{output}'", path,
@@ -154,6 +163,20 @@ def _resolve(p: LoadedPipeline, names: list[str], me: str, slot_name: str, ref: 
         raise p.error(f"stage '{stage_name}' ({kind}) produces no '{slot.type}' for input '{slot_name}'", path,
                       hint=f"it produces: {', '.join(f'{o} ({t})' for o, t in outs.items())}")
     return Edge(slot_name, stage_name, matching[0], slot.type)
+
+
+def _report_kind(p: LoadedPipeline, stage_name: str, slot_name: str, slot: Slot | None, path: tuple) -> None:
+    """A report slot takes the report of the kinds it names: every kind's report is JSON, so the type alone would
+    let a benchmark's report stand for a validation (and fail only when the stage reads it). A custom stage's
+    JSON is the user's to shape."""
+    if slot is None or slot.type != "json" or not slot.prefer or ANY_KIND in slot.prefer:
+        return
+    spec = p.spec.stages[stage_name]
+    if kind_of(spec) is USER or spec.kind in slot.prefer:
+        return
+    wanted = " or ".join(f"a {k} stage's" for k in slot.prefer)
+    raise p.error(f"'{stage_name}' is a {spec.kind} stage: input '{slot_name}' takes {wanted} report", path,
+                  hint=f"name a {' or '.join(slot.prefer)} stage there, or leave '{slot_name}' out for the nearest one")
 
 
 def _default(stages: dict[str, StageBase], earlier: list[str], slot: Slot) -> list[Edge]:

@@ -165,3 +165,12 @@ LITERAL_KEY_READS = 100  # 840 before records became models (#40); what is left 
 def test_records_are_read_through_their_models_not_by_literal_key():
     counts = {name: n for name, path in _sources().items() if (n := _literal_key_reads(path))}
     assert sum(counts.values()) <= LITERAL_KEY_READS, sorted(counts.items(), key=lambda kv: -kv[1])[:15]
+
+
+def test_no_function_is_more_complex_than_twelve():
+    """Issue #52: a function deciding more than twelve ways is split into steps a reader can hold (ruff's C901,
+    mccabe's count, over the product's folders)."""
+    found = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--select", "C901", "--config",
+                            "lint.mccabe.max-complexity=12", "--output-format", "concise", "flows", "stages",
+                            "pipelines", "trtflow"], cwd=ROOT, capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout + found.stderr

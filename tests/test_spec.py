@@ -219,3 +219,17 @@ def test_json_schema_validates_examples_and_rejects_typos():
 def test_committed_schema_is_current():
     committed = json.loads((ROOT / "examples" / "trtflow.schema.json").read_text())
     assert committed == json_schema(), "run: trtflow schema --force -o examples/trtflow.schema.json"
+
+
+def test_a_report_slot_takes_only_its_kinds_report(write_yaml, capsys):
+    """Every kind's report is JSON: a benchmark's report given to a release as its validation was accepted and
+    failed at run time (issue #52). `trtflow validate` refuses it with the key path, exit 2."""
+    from trtflow.flows import cli
+
+    path = write_yaml(GOOD + "  ship: {kind: release, inputs: {validation: bench.report}}\n")
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "stages.ship.inputs.validation: 'bench' is a benchmark stage: input 'validation' takes a validate " \
+           "stage's report" in err, err
+    assert cli.main(["validate", str(write_yaml(GOOD + "  ship: {kind: release, inputs: {validation: check}}\n"))]) \
+        == 0

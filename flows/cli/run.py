@@ -36,7 +36,6 @@ class Run(Command):
         # Prefect gives its temporary server 20 s to start, which a busy machine misses: give it more.
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", str(EPHEMERAL_STARTUP_S))
         # Fail fast on spec and store problems, before paying for Prefect's start-up.
-        from trtflow.flows.results import StageReport, Verdict
         from trtflow.flows.runner import make_runner
 
         started = time.perf_counter()
@@ -47,14 +46,7 @@ class Run(Command):
         runner.select(args.stages)
         reused = runner.reuse_all(args.stages, args.force)
         if reused is not None:  # nothing to run: no flow run, no Prefect start-up
-            for o in reused:
-                out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
-                          f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
-            for o in reused:
-                _say_verdict(o.name, Verdict.of(o.manifest))
-            out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
-                      f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
-            return 0
+            return _say_reused(reused, runner, started)
         for note in runner.store.notes:  # what the store did while looking (a result published again), said once
             err.print(f"store: {note}", markup=False, soft_wrap=True)
 
@@ -66,51 +58,14 @@ class Run(Command):
                 api_url = server.ensure(on_start=lambda url: err.print(
                     f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; "
                     f"`trtflow server stop` stops it)", soft_wrap=True))
-
-        from prefect.settings import PREFECT_API_URL, temporary_settings
-
-        from trtflow.flows import pipeline_flow as pf
+        from trtflow.flows import pipeline_flow  # noqa: F401 - Prefect sets its logging up on import: quiet it after
 
         if not args.verbose:
             _quiet_prefect_console()
         status = out.status("starting Prefect ...")
         status.start()
-
-        def listen(event: str, name: str, payload: Any) -> None:
-            if event == "flow" and payload:
-                out.print(f"  flow run: {escape(payload)}", soft_wrap=True)
-            elif event == "start":
-                status.update(f"stage [bold]{name}[/] ...")
-            elif event == "done":
-                o = payload
-                mark = "[green]reused[/]" if o.status == "reused" else "[cyan]ran[/]"
-                out.print(f"  {mark:>20} [bold]{name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key {o.key[:12]}  "
-                          f"[dim]{escape(o.reason)}[/]")
-                for w in o.manifest.warnings if o.status == "ran" else []:
-                    out.print(f"           [yellow]warning:[/] {escape(w)}")
-            elif event == "fail":
-                out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/] ({escape(payload.kind)}) {payload.seconds:6.2f}s")
-            elif event == "skip":
-                out.print(f"  [yellow]{'skipped':>9}[/] [bold]{name}[/] "
-                          f"[dim](needs {escape(payload)}, which failed)[/]")
-
-        def on_progress(what: str, done: int, total: int) -> None:
-            status.update(f"{what} {done}/{total} ...")
-
-        from trtflow import progress
-
-        watched = api_url or PREFECT_API_URL.value()
         try:
-            with pf.watching(listen), progress.listening(on_progress), \
-                    temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), \
-                    _server_watch(watched, bool(api_url)), pf.handing_over(runner, args.pipeline, args.overrides):
-                results = [StageReport.model_validate(r) for r in pf.pipeline_flow(
-                    pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages, force=args.force,
-                    store=runner.store.location)]
-        except RuntimeError as exc:
-            if api_url and str(exc).startswith("Failed to reach API at"):  # Prefect's client gave up on it
-                raise PrefectUnavailable(_lost(api_url, True, None)) from None
-            raise _prefect_unavailable(exc) or exc from None
+            results = _flow_run(args, runner, api_url, status)
         finally:
             status.stop()
         ran = sum(r.status == "ran" for r in results)
@@ -120,6 +75,68 @@ class Run(Command):
                   f"{time.perf_counter() - started:.1f}s; artifacts in {runner.store.location}")
         return 0
 
+
+def _say_reused(reused: list, runner: Any, started: float) -> int:
+    """Every stage reused, said without a flow run."""
+    from trtflow.flows.results import Verdict
+
+    for o in reused:
+        out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
+                  f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
+    for o in reused:
+        _say_verdict(o.name, Verdict.of(o.manifest))
+    out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
+              f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
+    return 0
+
+
+def _flow_run(args: argparse.Namespace, runner: Any, api_url: str | None, status: Any) -> list:
+    """The pipeline as a Prefect flow run, each stage said as it starts and ends: its stage reports."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from trtflow import progress
+    from trtflow.flows import pipeline_flow as pf
+    from trtflow.flows.results import StageReport
+
+    def on_progress(what: str, done: int, total: int) -> None:
+        status.update(f"{what} {done}/{total} ...")
+
+    watched = api_url or PREFECT_API_URL.value()
+    try:
+        with pf.watching(_listener(status)), progress.listening(on_progress), \
+                temporary_settings(updates={PREFECT_API_URL: api_url} if api_url else {}), \
+                _server_watch(watched, bool(api_url)), pf.handing_over(runner, args.pipeline, args.overrides):
+            return [StageReport.model_validate(r) for r in pf.pipeline_flow(
+                pipeline_file=args.pipeline, overrides=args.overrides, stages=args.stages, force=args.force,
+                store=runner.store.location)]
+    except RuntimeError as exc:
+        if api_url and str(exc).startswith("Failed to reach API at"):  # Prefect's client gave up on it
+            raise PrefectUnavailable(_lost(api_url, True, None)) from None
+        raise _prefect_unavailable(exc) or exc from None
+
+
+def _listener(status: Any) -> Any:
+    """What the console says of each stage event of the flow run."""
+
+    def listen(event: str, name: str, payload: Any) -> None:
+        if event == "flow" and payload:
+            out.print(f"  flow run: {escape(payload)}", soft_wrap=True)
+        elif event == "start":
+            status.update(f"stage [bold]{name}[/] ...")
+        elif event == "done":
+            o = payload
+            mark = "[green]reused[/]" if o.status == "reused" else "[cyan]ran[/]"
+            out.print(f"  {mark:>20} [bold]{name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key {o.key[:12]}  "
+                      f"[dim]{escape(o.reason)}[/]")
+            for w in o.manifest.warnings if o.status == "ran" else []:
+                out.print(f"           [yellow]warning:[/] {escape(w)}")
+        elif event == "fail":
+            out.print(f"  [red]{'failed':>9}[/] [bold]{name}[/] ({escape(payload.kind)}) {payload.seconds:6.2f}s")
+        elif event == "skip":
+            out.print(f"  [yellow]{'skipped':>9}[/] [bold]{name}[/] "
+                      f"[dim](needs {escape(payload)}, which failed)[/]")
+
+    return listen
 
 
 def _say_verdict(stage: str, verdict: Verdict) -> None:

@@ -162,77 +162,108 @@ class Result:
         return [f"{n.op_type} '{n.name}'" for n in self.model.graph.node]
 
 
+class _Search:
+    """The check over subgraphs of `g`, each cut checked once: a failure counts only where it is the original's."""
+
+    def __init__(self, g: Graph, values: Values, check: Check, work: Path) -> None:
+        self.g, self.values, self.check, self.work = g, values, check, work
+        self.checks = 0
+        self.memo: dict[tuple[tuple[str, ...], tuple[str, ...]], Failure | None] = {}
+        self.original: Failure | None = None
+
+    def fails(self, inputs: list[str], outputs: list[str]) -> Failure | None:
+        key = (tuple(inputs), tuple(sorted(outputs)))
+        if key not in self.memo:
+            self.checks += 1
+            sub = self.g.extract(inputs, outputs)
+            try:
+                found = self.check(sub, self.values.get(inputs), self.work)
+            except Exception as exc:  # noqa: BLE001 - a subgraph the runtime cannot even load is not this failure
+                found = None if self.original is not None else Failure(f"the check itself failed: {first_line(exc)}")
+            original = self.original
+            same = found is not None and (original is None or not original.signature
+                                          or found.signature == original.signature)
+            self.memo[key] = found if same else None
+        return self.memo[key]
+
+
 def reduce(model: onnx.ModelProto, check: Check, feeds: list[Feeds], work: Path,
            progress: Callable[[str], None] = lambda _: None) -> Result:
     t0 = time.perf_counter()
     values = Values(model, feeds, work)
     g = Graph(model, values)
-    checks = 0
-    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], Failure | None] = {}
-    original: Failure | None = None
-
-    def fails(inputs: list[str], outputs: list[str]) -> Failure | None:
-        nonlocal checks
-        key = (tuple(inputs), tuple(sorted(outputs)))
-        if key not in memo:
-            checks += 1
-            sub = g.extract(inputs, outputs)
-            try:
-                found = check(sub, values.get(inputs), work)
-            except Exception as exc:  # noqa: BLE001 - a subgraph the runtime cannot even load is not this failure
-                found = None if original is not None else Failure(f"the check itself failed: {first_line(exc)}")
-            same = found is not None and (original is None or not original.signature
-                                          or found.signature == original.signature)
-            memo[key] = found if same else None
-        return memo[key]
-
+    search = _Search(g, values, check, work)
     graph_inputs = sorted({i.name for i in model.graph.input} - g.inits)
-    original = fails(graph_inputs, g.outputs)
+    original = search.original = search.fails(graph_inputs, g.outputs)
     if original is None:
         raise TrtflowError("reduce: the whole model passes this check: nothing to reduce (use more --samples, "
                            "other --shapes or another --check?)")
     progress(f"the whole model fails: {original.message}")
     steps = [{"step": "whole model", "nodes": len(g.nodes), "failure": original.message}]
+    end, hi, outputs, cone = _first_failing_node(search)
+    progress(f"outputs: first failing at {end.op_type} '{end.name}' (node {hi + 1} of {len(g.nodes)})")
+    steps.append({"step": "outputs", "node": end.name, "nodes": len(cone), "checks": search.checks})
+    ins, cuts, nodes = _smallest_suffix(search, cone, outputs)
+    progress(f"inputs: {len(nodes)} nodes left")
+    steps.append({"step": "inputs", "nodes": len(nodes), "checks": search.checks})
+    ins, nodes = _cut_each(search, nodes, cuts, ins, outputs)
+    progress(f"linear pass: {len(nodes)} nodes left")
+    steps.append({"step": "linear", "nodes": len(nodes), "checks": search.checks})
 
-    # 1. the first node at which a prefix fails
+    final = search.fails(ins, outputs)
+    assert final is not None  # every accepted step was checked to fail
+    reduced = g.extract(ins, outputs)
+    return Result(reduced, final, len(g.nodes), steps, search.checks, round(time.perf_counter() - t0, 2))
+
+
+def _first_failing_node(search: _Search) -> tuple[onnx.NodeProto, int, list[str], list[int]]:
+    """1. The first node at which a prefix of the graph fails (bisected): it, its index, the outputs that fail
+    there (its own, or all the prefix hands on where the failure shows only in those) and their cone."""
+    g = search.g
     lo, hi = -1, len(g.nodes) - 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
         _, ins = g.cone(g.prefix_outputs(mid), set())
-        if fails(ins, g.prefix_outputs(mid)):
+        if search.fails(ins, g.prefix_outputs(mid)):
             hi = mid
         else:
             lo = mid
     end = g.nodes[hi]
     outputs = [t for t in end.output if t]
     cone, ins = g.cone(outputs, set())
-    if not fails(ins, outputs):  # the failure shows in what the prefix hands on, not in this node alone
+    if not search.fails(ins, outputs):  # the failure shows in what the prefix hands on, not in this node alone
         outputs = g.prefix_outputs(hi)
         cone, ins = g.cone(outputs, set())
-    progress(f"outputs: first failing at {end.op_type} '{end.name}' (node {hi + 1} of {len(g.nodes)})")
-    steps.append({"step": "outputs", "node": end.name, "nodes": len(cone), "checks": checks})
+    return end, hi, outputs, cone
 
-    # 2. the smallest failing suffix of that cone
+
+def _smallest_suffix(search: _Search, cone: list[int], outputs: list[str]) -> tuple[list[str], set[str], list[int]]:
+    """2. The smallest failing suffix of that cone (bisected): its inputs, the tensors cut and its nodes."""
+    g = search.g
+
     def suffix(j: int) -> tuple[list[str], set[str]]:
         keep = set(cone[j:])
         cuts = {t for i in cone[j:] for t in g.nodes[i].input if t in g.producer and g.producer[t] not in keep}
         return g.cone(outputs, cuts)[1], cuts
 
     lo, hi = 0, len(cone) - 1
-    if fails(suffix(hi)[0], outputs):
+    if search.fails(suffix(hi)[0], outputs):
         lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fails(suffix(mid)[0], outputs):
+        if search.fails(suffix(mid)[0], outputs):
             lo = mid
         else:
             hi = mid
     ins, cuts = suffix(lo)
     nodes, _ = g.cone(outputs, cuts)
-    progress(f"inputs: {len(nodes)} nodes left")
-    steps.append({"step": "inputs", "nodes": len(nodes), "checks": checks})
+    return ins, cuts, nodes
 
-    # 3. cut each remaining node (outputs' producers last) while it still fails
+
+def _cut_each(search: _Search, nodes: list[int], cuts: set[str], ins: list[str],
+              outputs: list[str]) -> tuple[list[str], list[int]]:
+    """3. Each remaining node cut (the outputs' producers last) while the rest still fails: inputs and nodes."""
+    g = search.g
     for i in sorted(nodes, reverse=True):
         if any(t in outputs for t in g.nodes[i].output):
             continue
@@ -240,15 +271,9 @@ def reduce(model: onnx.ModelProto, check: Check, feeds: list[Feeds], work: Path,
         trial_nodes, trial_ins = g.cone(outputs, trial)
         if i in trial_nodes or set(trial_nodes) == set(nodes):
             continue
-        if fails(trial_ins, outputs):
+        if search.fails(trial_ins, outputs):
             cuts, nodes, ins = trial, trial_nodes, trial_ins
-    progress(f"linear pass: {len(nodes)} nodes left")
-    steps.append({"step": "linear", "nodes": len(nodes), "checks": checks})
-
-    final = fails(ins, outputs)
-    assert final is not None  # every accepted step was checked to fail
-    reduced = g.extract(ins, outputs)
-    return Result(reduced, final, len(g.nodes), steps, checks, round(time.perf_counter() - t0, 2))
+    return ins, nodes
 
 
 def sample_feeds(model: onnx.ModelProto, path: Path, data: Path | None, shapes: dict[str, list[int]], samples: int,

@@ -17,7 +17,7 @@ from onnx import numpy_helper
 
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
-from trtflow.pipelines.params.precision import PrecisionStage
+from trtflow.pipelines.params.precision import FallbackSpec, PrecisionStage
 from trtflow.stages.compare import gate
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate
@@ -153,7 +153,6 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
         if not any(re.fullmatch(pattern, n) for n in names):
             raise StageError(f"precision: block_nodes: no node matches '{pattern}'{pattern_hint(pattern, names)}")
     require_op_types(model, params.block_ops, "precision: block_ops")
-    fb = params.fallback
     blocked: dict[str, str] = {}
     for node in model.graph.node:
         if node.op_type in params.block_ops:
@@ -164,29 +163,40 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
         return blocked
     inits = {i.name: i for i in model.graph.initializer}
     inits.update(constant_tensors(model.graph))  # weights exported as Constant nodes
-    producer = {o: n.name for n in model.graph.node for o in n.output}
-    peak = seen.peak
     for node in model.graph.node:
-        if node.name in blocked:
-            continue
-        big = max(((peak.get(t, 0.0), t) for t in list(node.input) + list(node.output) if t in peak),
-                  default=(0.0, ""))
-        if big[0] > fb.data_max:
-            blocked[node.name] = f"|{big[1]}| reaches {big[0]:.4g} > data_max {fb.data_max:g}"
-            continue
-        for t in node.input:
-            if t in inits and inits[t].data_type == onnx.TensorProto.FLOAT:
-                w = numpy_helper.to_array(inits[t])
-                top = float(np.abs(w).max(initial=0.0))
-                if top > fb.init_max:
-                    blocked[node.name] = f"weight {t} reaches {top:.4g} > init_max {fb.init_max:g}"
-                    break
-                lost = fp16.lost_to_zero(w)
-                if lost is not None:
-                    blocked[node.name] = f"constant {t} {lost}"
-                    break
-    # an activation a singularity reads (Log's input, Div's divisor, ...) that FP16 would round to 0: the node and
-    # the one making it stay FP32
+        if node.name not in blocked:
+            why = _out_of_range(node, inits, seen, params.fallback)
+            if why is not None:
+                blocked[node.name] = why
+    _singular_at_zero(model, inits, seen, blocked)
+    return blocked
+
+
+def _out_of_range(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], seen: Magnitudes,
+                  fb: FallbackSpec) -> str | None:
+    """Why `node` leaves FP16's range, if it does: an activation above data_max, a weight above init_max, or a
+    constant whose values FP16 turns to 0."""
+    peak = seen.peak
+    big = max(((peak.get(t, 0.0), t) for t in list(node.input) + list(node.output) if t in peak), default=(0.0, ""))
+    if big[0] > fb.data_max:
+        return f"|{big[1]}| reaches {big[0]:.4g} > data_max {fb.data_max:g}"
+    for t in node.input:
+        if t in inits and inits[t].data_type == onnx.TensorProto.FLOAT:
+            w = numpy_helper.to_array(inits[t])
+            top = float(np.abs(w).max(initial=0.0))
+            if top > fb.init_max:
+                return f"weight {t} reaches {top:.4g} > init_max {fb.init_max:g}"
+            lost = fp16.lost_to_zero(w)
+            if lost is not None:
+                return f"constant {t} {lost}"
+    return None
+
+
+def _singular_at_zero(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto], seen: Magnitudes,
+                      blocked: dict[str, str]) -> None:
+    """An activation a singularity reads (Log's input, Div's divisor, ...) that FP16 would round to 0: the node
+    and the one making it stay FP32."""
+    producer = {o: n.name for n in model.graph.node for o in n.output}
     for node in model.graph.node:
         for i in fp16.SINGULAR_AT_ZERO.get(node.op_type, ()):
             t = node.input[i] if i < len(node.input) else ""
@@ -197,7 +207,6 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
             blocked.setdefault(node.name, f"its input {why}")
             if t in producer:
                 blocked.setdefault(producer[t], f"its output {why}")
-    return blocked
 
 
 def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, data: SampleSource,

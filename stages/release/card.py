@@ -94,30 +94,42 @@ def _target_md(t: TargetRelease, fp32: Labelled | None = None) -> list[str]:
     elif t.chosen is None:
         lines += [f"**Nothing shipped**: {md.text(t.why_none)}", ""]
     else:
-        c = t.chosen
-        profiles = ", ".join(md.text(n) for n in c.profiles)
-        lines += [f"**Shipped**: {md.code(c.name)} ({md.text(c.precision)}, variant {md.code(c.variant)}, profile(s) "
-                  f"{profiles}) as Triton version **{t.version}** in {md.code(t.repository)}; max_batch_size "
-                  f"{t.max_batch_size}" + (f" ({md.text(t.batch_note)})" if t.batch_note else "") + ".", ""]
-        if t.rolls_back_to is not None:
-            lines += [f"**Rollback**: version {t.version} ships again the engine of version {t.rolls_back_to}; version "
-                      f"{t.previous_version} was the latest before it.", ""]
-        said = labelled_line(c, fp32)
-        if said is not None:
-            lines += [f"**{md.text(said)}**", ""]
-        lines += ["Valid for: " + _environment_text(t.environment, md.text), ""]
-        if len(t.models) > 1:
-            lines += [f"Models in the repository: {', '.join(md.code(m) for m in t.models)}: send encoded images to "
-                      f"{md.code(t.models[-1])} (the declared preprocessing runs in {md.code(t.models[1])}, trtflow's "
-                      "own code).", ""]
-        if c.shapes:
-            lines += [md.text(SHAPES_NOTE), ""] + shape_table(c.shapes) + [""]
+        lines += _chosen_md(t, t.chosen, fp32)
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += [o.md_row() for o in t.options]
     if t.stability:
         lines += ["", f"Selection: {md.text(t.stability)}."]
     if t.contract is not None:
         lines += ["", "### Serving contract", ""] + _contract_md(t)
+    return lines + _serving_md(t) + [""]
+
+
+def _chosen_md(t: TargetRelease, c: Option, fp32: Labelled | None) -> list[str]:
+    """What shipped for the target: the engine, the version, a rollback, the labelled accuracy, the environment,
+    the models and the shapes it was checked at."""
+    profiles = ", ".join(md.text(n) for n in c.profiles)
+    lines = [f"**Shipped**: {md.code(c.name)} ({md.text(c.precision)}, variant {md.code(c.variant)}, profile(s) "
+             f"{profiles}) as Triton version **{t.version}** in {md.code(t.repository)}; max_batch_size "
+             f"{t.max_batch_size}" + (f" ({md.text(t.batch_note)})" if t.batch_note else "") + ".", ""]
+    if t.rolls_back_to is not None:
+        lines += [f"**Rollback**: version {t.version} ships again the engine of version {t.rolls_back_to}; version "
+                  f"{t.previous_version} was the latest before it.", ""]
+    said = labelled_line(c, fp32)
+    if said is not None:
+        lines += [f"**{md.text(said)}**", ""]
+    lines += ["Valid for: " + _environment_text(t.environment, md.text), ""]
+    if len(t.models) > 1:
+        lines += [f"Models in the repository: {', '.join(md.code(m) for m in t.models)}: send encoded images to "
+                  f"{md.code(t.models[-1])} (the declared preprocessing runs in {md.code(t.models[1])}, trtflow's "
+                  "own code).", ""]
+    if c.shapes:
+        lines += [md.text(SHAPES_NOTE), ""] + shape_table(c.shapes) + [""]
+    return lines
+
+
+def _serving_md(t: TargetRelease) -> list[str]:
+    """The target's Triton configs, the preprocessing model's packages and the request example."""
+    lines: list[str] = []
     if t.config:
         lines += ["", "`config.pbtxt`:", ""] + md.block(t.config, "protobuf")
     for name, text in t.configs.items():
@@ -131,7 +143,7 @@ def _target_md(t: TargetRelease, fp32: Labelled | None = None) -> list[str]:
                   "`tritonclient[http]`; `TRITON_URL` is the server (default `localhost:8000`)"
                   + ("; give an image file to send it through the ensemble" if len(t.models) > 1 else "") + ":", ""]
         lines += md.block(t.request_example, "python")
-    return lines + [""]
+    return lines
 
 
 # how to give Triton's Python backend the packages (Triton's python_backend README: "Using Custom Python Execution
@@ -257,77 +269,95 @@ def _contract_html(t: TargetRelease) -> str:
             + "</tbody></table>" + changes)
 
 
+def _target_html(t: TargetRelease, fp32: Labelled | None) -> list[str]:
+    body = [f'<h2 data-target="{_e(t.target)}">Target <code>{_e(t.target)}</code></h2>']
+    if t.held is not None:
+        body.append(f'<p><strong>Previous version <span data-field="version">{t.version}</span> kept</strong> '
+                    f'(no new version): <span data-field="held">{_e(t.held)}</span></p>')
+    elif t.chosen is None:
+        body.append(f"<p><strong>Nothing shipped</strong>: {_e(t.why_none)}</p>")
+    else:
+        body += _chosen_html(t, t.chosen, fp32)
+    body.append("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>"
+                + "".join(_row(o) for o in t.options) + "</tbody></table>")
+    if t.stability:
+        body.append(f'<p data-field="stability">Selection: {_e(t.stability)}.</p>')
+    if t.contract is not None:
+        body.append(_contract_html(t))
+    return body + _serving_html(t)
+
+
+def _chosen_html(t: TargetRelease, c: Option, fp32: Labelled | None) -> list[str]:
+    body = [f'<p><strong>Shipped</strong>: <code data-field="chosen">{_e(c.name)}</code> '
+            f'({_e(c.precision)}, variant <code>{_e(c.variant)}</code>, profile(s) '
+            f'{_e(", ".join(c.profiles))}) as Triton version <strong data-field="version">'
+            f'{t.version}</strong> in <code>{_e(t.repository)}</code>; max_batch_size '
+            f'<span data-field="max_batch_size">{t.max_batch_size}</span>'
+            + (f" ({_e(t.batch_note)})" if t.batch_note else "") + ".</p>"]
+    if t.rolls_back_to is not None:
+        body.append(f'<p data-field="rollback"><strong>Rollback</strong>: version {t.version} ships again '
+                    f'the engine of version {t.rolls_back_to}; version {t.previous_version} was the latest '
+                    f'before it.</p>')
+    said = labelled_line(c, fp32)
+    if said is not None:
+        body.append(f'<p data-field="labelled"><strong>{_e(said)}</strong></p>')
+    body.append(f"<p>Valid for: {_e(_environment_text(t.environment))}</p>")
+    if len(t.models) > 1:
+        body.append(f"<p>Models in the repository: {_e(', '.join(t.models))}: send encoded images to "
+                    f"<code>{_e(t.models[-1])}</code> (the declared preprocessing runs in "
+                    f"<code>{_e(t.models[1])}</code>, trtflow's own code).</p>")
+    if c.shapes:
+        body.append(f"<p>{_e(SHAPES_NOTE)}</p><table><thead><tr>"
+                    + "".join(f"<th>{_e(h)}</th>" for h in SHAPE_HEADER) + "</tr></thead><tbody>"
+                    + "".join(f'<tr data-shape="{_e(row.name)}" data-passed="{str(row.passed).lower()}">'
+                              + "".join(f"<td>{_e(x)}</td>" for x in row.cells()) + "</tr>"
+                              for row in c.shapes) + "</tbody></table>")
+    return body
+
+
+def _serving_html(t: TargetRelease) -> list[str]:
+    body = []
+    if t.config:
+        body.append(f"<details open><summary><code>config.pbtxt</code></summary><pre>{_e(t.config)}</pre>"
+                    f"</details>")
+    for name, text in t.configs.items():
+        body.append(f"<details><summary><code>{_e(name)}</code> config.pbtxt</summary><pre>{_e(text)}</pre>"
+                    f"</details>")
+    if t.requirements:
+        body.append("<p>The preprocessing model runs in Triton's Python backend and needs these packages (its "
+                    f"<code>requirements.txt</code>), exactly:</p><pre data-field=\"requirements\">"
+                    f"{_e(chr(10).join(t.requirements))}</pre><p>{_e(SERVE_ENV)}</p>")
+    if t.request_example:
+        body.append("<h3>Request example</h3><p>Python with <code>tritonclient[http]</code>; "
+                    "<code>TRITON_URL</code> is the server (default <code>localhost:8000</code>).</p>"
+                    f'<pre data-field="request-example">{_e(t.request_example)}</pre>')
+    return body
+
+
+def _preprocessing_html(report: ReleaseReport) -> str:
+    if not report.preprocessing:
+        return "<h2>Preprocessing</h2><p>No preprocessing declared (no parity stage): the engine takes tensors as " \
+               "they are.</p>"
+    html = ("<h2>Preprocessing</h2><p>As declared (the deploy steps the parity stage checked, in order):</p><ol>"
+            + "".join(f"<li><code>{_e(json.dumps(s))}</code></li>" for s in report.preprocessing) + "</ol>")
+    p = report.parity
+    if p:
+        html += (f'<p>Parity against the training transforms: <strong data-field="parity">{_e(p.verdict)}'
+                 f'</strong> on {p.images} image(s)'
+                 + (f", model top-1 agreement {p.top1:.0%}" if p.top1 is not None else "") + ".</p>")
+    return html
+
+
 def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
     body = [f"<h1>Model card: <code>{_e(report.model_name)}</code></h1>",
             f'<p class="muted">Released by trtflow\'s release stage. Rule: {_e(rule_text(report.rule))}.</p>']
     for w in report.warnings:
         body.append(f'<div class="warn">{_e(w)}</div>')
     for t in report.targets:
-        body.append(f'<h2 data-target="{_e(t.target)}">Target <code>{_e(t.target)}</code></h2>')
-        if t.held is not None:
-            body.append(f'<p><strong>Previous version <span data-field="version">{t.version}</span> kept</strong> '
-                        f'(no new version): <span data-field="held">{_e(t.held)}</span></p>')
-        elif t.chosen is None:
-            body.append(f"<p><strong>Nothing shipped</strong>: {_e(t.why_none)}</p>")
-        else:
-            c = t.chosen
-            body.append(f'<p><strong>Shipped</strong>: <code data-field="chosen">{_e(c.name)}</code> '
-                        f'({_e(c.precision)}, variant <code>{_e(c.variant)}</code>, profile(s) '
-                        f'{_e(", ".join(c.profiles))}) as Triton version <strong data-field="version">'
-                        f'{t.version}</strong> in <code>{_e(t.repository)}</code>; max_batch_size '
-                        f'<span data-field="max_batch_size">{t.max_batch_size}</span>'
-                        + (f" ({_e(t.batch_note)})" if t.batch_note else "") + ".</p>")
-            if t.rolls_back_to is not None:
-                body.append(f'<p data-field="rollback"><strong>Rollback</strong>: version {t.version} ships again '
-                            f'the engine of version {t.rolls_back_to}; version {t.previous_version} was the latest '
-                            f'before it.</p>')
-            said = labelled_line(c, report.labelled)
-            if said is not None:
-                body.append(f'<p data-field="labelled"><strong>{_e(said)}</strong></p>')
-            body.append(f"<p>Valid for: {_e(_environment_text(t.environment))}</p>")
-            if len(t.models) > 1:
-                body.append(f"<p>Models in the repository: {_e(', '.join(t.models))}: send encoded images to "
-                            f"<code>{_e(t.models[-1])}</code> (the declared preprocessing runs in "
-                            f"<code>{_e(t.models[1])}</code>, trtflow's own code).</p>")
-            if c.shapes:
-                body.append(f"<p>{_e(SHAPES_NOTE)}</p><table><thead><tr>"
-                            + "".join(f"<th>{_e(h)}</th>" for h in SHAPE_HEADER) + "</tr></thead><tbody>"
-                            + "".join(f'<tr data-shape="{_e(row.name)}" data-passed="{str(row.passed).lower()}">'
-                                      + "".join(f"<td>{_e(x)}</td>" for x in row.cells()) + "</tr>"
-                                      for row in c.shapes) + "</tbody></table>")
-        body.append("<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in HEADER) + "</tr></thead><tbody>"
-                    + "".join(_row(o) for o in t.options) + "</tbody></table>")
-        if t.stability:
-            body.append(f'<p data-field="stability">Selection: {_e(t.stability)}.</p>')
-        if t.contract is not None:
-            body.append(_contract_html(t))
-        if t.config:
-            body.append(f"<details open><summary><code>config.pbtxt</code></summary><pre>{_e(t.config)}</pre>"
-                        f"</details>")
-        for name, text in t.configs.items():
-            body.append(f"<details><summary><code>{_e(name)}</code> config.pbtxt</summary><pre>{_e(text)}</pre>"
-                        f"</details>")
-        if t.requirements:
-            body.append("<p>The preprocessing model runs in Triton's Python backend and needs these packages (its "
-                        f"<code>requirements.txt</code>), exactly:</p><pre data-field=\"requirements\">"
-                        f"{_e(chr(10).join(t.requirements))}</pre><p>{_e(SERVE_ENV)}</p>")
-        if t.request_example:
-            body.append("<h3>Request example</h3><p>Python with <code>tritonclient[http]</code>; "
-                        "<code>TRITON_URL</code> is the server (default <code>localhost:8000</code>).</p>"
-                        f'<pre data-field="request-example">{_e(t.request_example)}</pre>')
+        body += _target_html(t, report.labelled)
     if report.numbers_note:
         body.append(f'<p class="muted">{_e(report.numbers_note)}</p>')
-    body.append("<h2>Preprocessing</h2>")
-    if report.preprocessing:
-        body.append("<p>As declared (the deploy steps the parity stage checked, in order):</p><ol>"
-                    + "".join(f"<li><code>{_e(json.dumps(s))}</code></li>" for s in report.preprocessing) + "</ol>")
-        p = report.parity
-        if p:
-            body.append(f'<p>Parity against the training transforms: <strong data-field="parity">{_e(p.verdict)}'
-                        f'</strong> on {p.images} image(s)'
-                        + (f", model top-1 agreement {p.top1:.0%}" if p.top1 is not None else "") + ".</p>")
-    else:
-        body.append("<p>No preprocessing declared (no parity stage): the engine takes tensors as they are.</p>")
+    body.append(_preprocessing_html(report))
     body.append("<h2>Provenance</h2><p>Every result this release was made from, down to the source model:</p>"
                 "<table><thead><tr><th>stage</th><th>kind</th><th>key</th><th>outputs (sha256)</th></tr></thead>"
                 "<tbody>" + "".join(

@@ -108,30 +108,66 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     checked = [r for r, _ in results]
     repaired, fixes, warnings = None, [], []
     if params.repair:
-        outputs.repaired, outputs.engines = out_dir / "repaired.onnx", out_dir / "engines"
-        outputs.engines.mkdir()
-        if target is None:
-            repaired = Repair(variant="", precision="", passed=True,
-                              note="no candidate runs in FP16 or INT8 (the variants kept everything in FP32): "
-                                   "nothing to repair")
-            shutil.copy(job.reference.path, outputs.repaired)
-        else:
-            repaired = _repair(job, target, candidates, results)
-            if repaired.model is not None:
-                model_io.save(repaired.model, outputs.repaired)
-            else:
-                shutil.copy(target.model, outputs.repaired)
-            if _viable(repaired, params) and repaired.passed and repaired.nodes:
-                fixes, built_warnings = _repaired_candidates(target, candidates, checked, outputs.repaired,
-                                                             outputs.engines)
-                warnings += built_warnings
-                for n, cand in enumerate(fixes, 1):
-                    progress.report("validating repaired candidates", n - 1, len(fixes))
-                    checked.append(_validate(job, cand)[0])
+        repaired, fixes, rechecked, warnings = _repair_and_recheck(job, target, candidates, results, outputs)
+        checked += rechecked
     shutil.rmtree(work)
 
     verdict = _verdict(checked, fixes, set(params.optional))
-    warnings += [w for r in checked for w in r.warnings]
+    warnings += _warnings(checked, repaired, params)
+    failed = [r for r in checked if r.name in verdict.unexcused]
+    if not verdict.shipped and not failed:  # every variant optional, and every one failed: nothing may ship
+        failed = [r for r in checked if not r.passed]
+    excluded = _excluded(checked, verdict, repaired, params)
+    warnings += [f"optional variant '{variant}' excluded from benchmark and release: {why}"
+                 for variant, why in excluded.items()]
+    report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
+                            data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
+                            shipped=verdict.shipped, not_shipped=verdict.not_shipped, excluded=excluded,
+                            warnings=warnings, labelled=job.reference_labelled)
+    outputs.report.write_text(report.model_dump_json(indent=2) + "\n")
+    result = StageResult(outputs=outputs.paths(), summary=report.summary(), warnings=warnings,
+                         metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
+                                  "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
+                                  "left_out": sorted(verdict.optional),
+                                  "worst_cosine": min((o.cosine for r in checked
+                                                       for o in r.accuracy.outputs.values()), default=None)})
+    if failed:
+        raise StageFailed(_failure_line(failed, checked, repaired, params), result)
+    return result
+
+
+def _repair_and_recheck(job: _Job, target: Candidate | None, candidates: list[Candidate], results: list,
+                        outputs: _Outputs) -> tuple[Repair, list[Candidate], list[CandidateResult], list[str]]:
+    """`repair: true`: the repair searched for (output 'repaired': the repaired model, or the variant as it was),
+    and where it is viable, the repaired variant's engines built (output 'engines') and validated. The repair, the
+    repaired candidates, their results and the warnings of building them."""
+    outputs.repaired, outputs.engines = job.out_dir / "repaired.onnx", job.out_dir / "engines"
+    outputs.engines.mkdir()
+    if target is None:
+        shutil.copy(job.reference.path, outputs.repaired)
+        return Repair(variant="", precision="", passed=True,
+                      note="no candidate runs in FP16 or INT8 (the variants kept everything in FP32): nothing to "
+                           "repair"), [], [], []
+    repaired = _repair(job, target, candidates, results)
+    if repaired.model is not None:
+        model_io.save(repaired.model, outputs.repaired)
+    else:
+        shutil.copy(target.model, outputs.repaired)
+    if not (_viable(repaired, job.params) and repaired.passed and repaired.nodes):
+        return repaired, [], [], []
+    fixes, warnings = _repaired_candidates(target, candidates, [r for r, _ in results], outputs.repaired,
+                                           outputs.engines)
+    rechecked = []
+    for n, cand in enumerate(fixes, 1):
+        progress.report("validating repaired candidates", n - 1, len(fixes))
+        rechecked.append(_validate(job, cand)[0])
+    return repaired, fixes, rechecked, warnings
+
+
+def _warnings(checked: list[CandidateResult], repaired: Repair | None, params: ValidateStage) -> list[str]:
+    """What the report and the run say beside the verdict: each candidate's warnings, data that cannot tell, the
+    engines simulated here and why, and the repair's."""
+    warnings = [w for r in checked for w in r.warnings]
     blind = next((r.accuracy.blind for r in checked if r.accuracy.blind), None)
     if blind:  # the reference and the samples are every candidate's: said once
         warnings.append(f"on validate's samples {blind}; a candidate passing here says nothing about its accuracy")
@@ -148,31 +184,18 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
         warnings.append(f"variant '{repaired.variant}' fails as built; giving back {len(repaired.nodes)} of its "
                         f"{repaired.of} {repaired.precision.upper()} node(s) repairs it (output 'repaired', engines "
                         f"in output 'engines'); make it permanent in the pipeline file:\n{repaired.yaml}")
-    failed = [r for r in checked if r.name in verdict.unexcused]
-    if not verdict.shipped and not failed:  # every variant optional, and every one failed: nothing may ship
-        failed = [r for r in checked if not r.passed]
+    return warnings
+
+
+def _excluded(checked: list[CandidateResult], verdict: _Verdict, repaired: Repair | None,
+              params: ValidateStage) -> dict[str, str]:
+    """Optional variants that failed -> why: left out of benchmark and release."""
     left_out: dict[str, list[CandidateResult]] = {}
     for r in checked:
         if r.name in verdict.optional:
             left_out.setdefault(names.unrepaired(r.variant), []).append(r)
-    excluded = {}
-    for variant, mine in sorted(left_out.items()):
-        excluded[variant] = _failure_line(mine, checked, repaired, params).removeprefix("validate: ")
-        warnings.append(f"optional variant '{variant}' excluded from benchmark and release: {excluded[variant]}")
-    report = ValidateReport(reference=Reference(model=inputs.one("reference").origin, runtime=RUNTIME),
-                            data=checked[0].data, candidates=checked, repair=repaired, passed=not failed,
-                            shipped=verdict.shipped, not_shipped=verdict.not_shipped, excluded=excluded,
-                            warnings=warnings, labelled=job.reference_labelled)
-    outputs.report.write_text(report.model_dump_json(indent=2) + "\n")
-    result = StageResult(outputs=outputs.paths(), summary=report.summary(), warnings=warnings,
-                         metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
-                                  "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
-                                  "left_out": sorted(verdict.optional),
-                                  "worst_cosine": min((o.cosine for r in checked
-                                                       for o in r.accuracy.outputs.values()), default=None)})
-    if failed:
-        raise StageFailed(_failure_line(failed, checked, repaired, params), result)
-    return result
+    return {variant: _failure_line(mine, checked, repaired, params).removeprefix("validate: ")
+            for variant, mine in sorted(left_out.items())}
 
 
 @dataclass
