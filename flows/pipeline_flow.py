@@ -224,10 +224,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         first, exc = next((n, run.failed[n]) for n in order if n in run.failed)
         lost = [n for n in order if run.skipped.get(n) in run.failed]
         others = [n for n in order if n in run.failed and n != first]
-        extra = (f"; also failed: {', '.join(others)}" if others else "") + \
-                (f"; not run because of it: {', '.join(lost)}" if lost else "")
-        if extra and exc.args and isinstance(exc.args[0], str):
-            exc.args = (exc.args[0] + extra, *exc.args[1:])
+        if isinstance(exc, TrtflowError):
+            exc.tell(also_failed=tuple(others), not_run=tuple(lost))
         raise exc
     return [StageReport.of_outcome(o, announced(runner.pipeline.file, o) if o.status == "ran" else [])
             .model_dump(mode="json") for o in (run.outcomes[n] for n in order)]

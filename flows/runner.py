@@ -395,7 +395,7 @@ class Runner:
             _name_stage(failed, name)
             _retarget(failed, ran.staging, str(directory))
             failed.directory = directory  # type: ignore[attr-defined]
-            failed.args = (f"{failed} (details: {directory / 'summary.md'})",)
+            failed.tell(details=str(directory / "summary.md"))
             self._mark_last(name, key, parts, status="failed", error=_first_line(failed))
             raise failed
         if ran.shared is not None:
@@ -463,18 +463,13 @@ def _first_line(exc: BaseException) -> str:
 
 def _name_stage(exc: TrtflowError, name: str) -> None:
     """Every stage error's one line names the stage (a SpecError names its key path already)."""
-    if isinstance(exc, SpecError) or not exc.args or not isinstance(exc.args[0], str):
-        return
-    message = exc.args[0]
-    if f"'{name}'" not in message and not message.startswith(f"{name}:"):
-        exc.args = (f"{name}: {message}", *exc.args[1:])
+    if not isinstance(exc, SpecError):
+        exc.tell(stage=name)
 
 
-def _retarget(exc: BaseException, staging: Path, instead: str) -> None:
+def _retarget(exc: TrtflowError, staging: Path, instead: str) -> None:
     """An error's message names the staging directory, which is renamed or removed: name what exists."""
-    if exc.args and isinstance(exc.args[0], str):
-        exc.args = (exc.args[0].replace(str(staging.resolve()), instead).replace(str(staging), instead),
-                    *exc.args[1:])
+    exc.tell(moved=exc.said.moved + ((str(staging.resolve()), instead), (str(staging), instead)))
 
 
 __all__ = ["PlanItem", "Resolution", "Runner", "StageOutcome"]

@@ -174,3 +174,19 @@ def test_no_function_is_more_complex_than_twelve():
                             "lint.mccabe.max-complexity=12", "--output-format", "concise", "flows", "stages",
                             "pipelines", "trtflow"], cwd=ROOT, capture_output=True, text=True)
     assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_nothing_edits_an_errors_message():
+    """Issue #52: the layers above a stage add typed fields to its error (`TrtflowError.tell`, rendered by
+    `Said`); none rewrites the message the error was made with (only unpickling rebuilds one, in errors.py)."""
+    found = []
+    for name, path in _sources().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and t.attr == "args":
+                    found.append(f"{name}:{node.lineno}")
+    assert found == ["trtflow/errors.py:" + str(next(
+        i for i, line in enumerate((ROOT / "trtflow" / "errors.py").read_text().splitlines(), 1)
+        if line.strip() == "error.args = args"))]

@@ -33,9 +33,13 @@ class DiskError(TrtflowError):
         prefix = f"{self.doing}: " if self.doing else ""
         return f"{prefix}{_WHAT[self.cause.errno]} writing {self.shown}{room}"
 
+    def __str__(self) -> str:
+        return self.said.render(f"{self.measured} ({self.hint})") if getattr(self, "measured", "") \
+            else super().__str__()
+
     def remeasure(self) -> None:
         """Say the free space of now (after the failed stage's partial output was removed)."""
-        self.args = (f"{self._text()} ({self.hint})", *self.args[1:])
+        self.measured = self._text()
 
 
 def disk_cause(exc: BaseException | None) -> OSError | None:

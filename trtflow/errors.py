@@ -3,25 +3,62 @@
 `TrtflowError`. Anything else escaping a stage is a bug, reported as such."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trtflow.artifact import StageResult
 
 
+@dataclass(frozen=True)
+class Said:
+    """What the layers above a stage add to its error's one line, as typed fields (the message the error was made
+    with is never edited): the stage it happened in, paths it names that no longer exist (path -> what to say
+    instead), where its published report is, and the stages of the run that also failed or did not run because
+    of it."""
+    stage: str = ""
+    moved: tuple[tuple[str, str], ...] = ()
+    details: str = ""
+    also_failed: tuple[str, ...] = ()
+    not_run: tuple[str, ...] = ()
+
+    def render(self, message: str) -> str:
+        if self.stage and f"'{self.stage}'" not in message and not message.startswith(f"{self.stage}:"):
+            message = f"{self.stage}: {message}"
+        for path, instead in self.moved:
+            message = message.replace(path, instead)
+        if self.details:
+            message += f" (details: {self.details})"
+        if self.also_failed:
+            message += f"; also failed: {', '.join(self.also_failed)}"
+        if self.not_run:
+            message += f"; not run because of it: {', '.join(self.not_run)}"
+        return message
+
+
 class TrtflowError(Exception):
     """Root of the errors the user can act on. Never retried (but TransientStageError): the same input fails
     the same way. `hint` says what to do, shown in parentheses after the message. `child_traceback` holds the
-    traceback of an error raised in a stage's process (for --verbose)."""
+    traceback of an error raised in a stage's process (for --verbose). `said`: what the runner and the flow added
+    (`tell`), rendered into the one line by `str()`."""
 
     exit_code = 1
     child_traceback = ""
     child_log = ""  # what a stage's process printed (its own and native libraries' lines)
     hint: str | None = None
+    said = Said()
 
     def __init__(self, message: str = "", *, hint: str | None = None):
         self.hint = hint
         super().__init__(f"{message} ({hint})" if hint else message)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return self.said.render(text) if self.args and isinstance(self.args[0], str) else text
+
+    def tell(self, **fields: Any) -> None:
+        """Add what a layer above the stage knows (`Said`'s fields) to the error's one line."""
+        self.said = replace(self.said, **fields)
 
     def __reduce__(self):
         # A stage's errors reach the parent pickled (flows/isolate.py). Pickle's default calls the class with
