@@ -38,6 +38,7 @@ from trtflow.child import Progress, Raised, Returned, StageCall, ending
 from trtflow.disk import disk_error
 from trtflow.errors import StageStopped, TransientStageError, TrtflowError, rebuilt
 from trtflow.parent_death import die_with_parent
+from trtflow.usercode import search_path
 
 IN_PROCESS = settings.IN_PROCESS.name
 
@@ -351,7 +352,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     os.close(fd)
     log = Path(log_name)
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    proc = ctx.Process(target=_child, args=(child, call, list(sys.path), log_name,
+    proc = ctx.Process(target=_child, args=(child, call, search_path(), log_name,
                                             {**os.environ, STAGE_TAG: tag}),
                        name=f"trtflow-{name}", daemon=True)
     since = _boot_ticks()  # the stage's start: whatever carries its tag started then or later

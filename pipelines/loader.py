@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import sys
 import types
 import typing
 import unicodedata
@@ -23,6 +22,7 @@ from trtflow.pipelines.kinds import KINDS, kind_named
 from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.schema import StageBase
 from trtflow.text import first_line, suggestion
+from trtflow.usercode import code_beside
 from trtflow.yaml_text import BIDI_OVERRIDES, LINE_BREAKS
 
 Path_ = tuple  # a key path such as ("stages", "build", "workspace")
@@ -77,11 +77,7 @@ def load_text(text: str, path: Path, overrides: list[str] | None = None, environ
     if not isinstance(data, dict):
         raise SpecError("the pipeline must be a YAML mapping with version, name, model and stages", file=shown,
                         line=1)
-    # the user's own code (kind: userstages.slow:run, callables) lives beside the pipeline file in the model repo:
-    # importable at validate, plan and run, in deployments too, without PYTHONPATH (appended: never shadowing an
-    # installed package; stage processes get this sys.path)
-    if str(path.resolve().parent) not in sys.path:
-        sys.path.append(str(path.resolve().parent))
+    code_beside(path)  # the user's own code beside it: importable at validate, plan and run (trtflow.usercode)
     data = _interpolate(data, (), environ if environ is not None else os.environ, shown, lines)
     for item in overrides or []:
         overridden = _apply_override(data, item)

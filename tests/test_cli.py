@@ -290,6 +290,17 @@ def test_a_user_stage_beside_the_pipeline_file_is_importable(write_yaml, workdir
     for command in (["validate", str(path)], ["plan", str(path)], ["run", str(path)]):
         done = trtflow(*command, cwd=elsewhere)
         assert done.returncode == 0, (command, done.stdout, done.stderr)
+    # issue #52: the folder is on sys.path only while its code is imported (and in the stage's own process)
+    import sys
+
+    from trtflow.flows.implementation import resolve
+    from trtflow.pipelines.loader import load_pipeline
+
+    before = list(sys.path)
+    loaded = load_pipeline(path)
+    assert sys.path == before
+    assert resolve(loaded.spec.stages["mine"]).run.__module__ == "repo_stages_2611.slow"
+    assert sys.path == before
 
 
 @pytest.mark.parametrize("command", ["schema", "reference"])

@@ -2,13 +2,43 @@
 editing it re-runs the stages that use it, like DVC's dependency on code."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
 import sys
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from trtflow.errors import StageError
+
+# The folders of the pipelines loaded in this process: the user's own code (kind: userstages.slow:run, callables)
+# lives beside the pipeline file in the model repo, importable without PYTHONPATH. They are put on sys.path only
+# while that code is imported here (appended: never shadowing an installed package), and for good only in a
+# stage's own process (`search_path`).
+_CODE_DIRS: list[str] = []
+
+
+def code_beside(pipeline_file: Path) -> None:
+    """The pipeline file's folder holds code its stages name."""
+    folder = str(pipeline_file.resolve().parent)
+    if folder not in _CODE_DIRS:
+        _CODE_DIRS.append(folder)
+
+
+def search_path() -> list[str]:
+    """sys.path with the pipelines' folders after it: what a stage's process imports from."""
+    return list(sys.path) + [d for d in _CODE_DIRS if d not in sys.path]
+
+
+@contextlib.contextmanager
+def _importable() -> Iterator[None]:
+    saved = list(sys.path)
+    sys.path[:] = search_path()
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
 
 
 def import_callable(ref: str, what: str, arguments: int) -> Callable[..., Any]:
@@ -38,7 +68,8 @@ def _resolve(ref: str, what: str) -> Callable[..., Any]:
         raise StageError(f"{what}: '{ref}' is in Python's standard library, not a function of your project's: "
                          f"name your own package.module:function")
     try:
-        module = importlib.import_module(module_name)
+        with _importable():
+            module = importlib.import_module(module_name)
     except Exception as exc:  # ImportError, or the user's module failing at import
         raise StageError(f"cannot import '{module_name}' for {what}: {type(exc).__name__}: {exc}") from None
     func = getattr(module, func_name, None)
