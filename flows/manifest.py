@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from trtflow.decisions import Decision
 from trtflow.flows.fingerprint import Environment
 from trtflow.flows.keys import KeyParts
 from trtflow.paths import safe_relpath
@@ -82,6 +83,7 @@ class Manifest(BaseModel):
     pipeline: PipelineRef = PipelineRef()
     inputs: dict[str, InputRecord | list[InputRecord]] = {}
     metrics: dict[str, Any] = {}
+    decisions: list[Decision] = []  # what the result decided for deployment (the stage's StageResult.decisions)
     warnings: list[str] = []
     timings: Timings = Timings()
     environment: RunEnvironment = RunEnvironment()
@@ -110,4 +112,6 @@ class Manifest(BaseModel):
             return None
 
     def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude={"blobs"} if self.blobs is None else set())
+        # (a field left empty stays out: a manifest written before it existed reads and writes back unchanged)
+        empty = {name for name in ("blobs", "decisions") if not getattr(self, name)}
+        return self.model_dump(mode="json", exclude=empty)

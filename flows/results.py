@@ -1,42 +1,27 @@
-"""What a run hands back, as models: a stage result's verdict for deployment (read from its manifest's metrics) and
+"""What a run hands back, as models: a stage result's verdict for deployment (its manifest's decisions) and
 the flow's result per stage. The flow returns them as JSON (Prefect's result storage, a deployment's caller);
 `trtflow run`, `plan` and the watcher read them back through these models only."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from trtflow.decisions import Decision
 from trtflow.events import Event
 from trtflow.flows.manifest import Manifest
-from trtflow.pipelines.kinds import kind_named
-from trtflow.stages.release.triton.versions import Held, Release
 
 if TYPE_CHECKING:
     from trtflow.flows.runner import StageOutcome
 
 
 class Verdict(BaseModel):
-    """What a stage's result decided for deployment: a validate stage's candidates that pass and those never to
-    deploy, optional variants it left out (variant -> why) and their candidates; a release stage's versions and the
-    targets it kept at their previous version. Empty for other kinds."""
-    shipped: list[str] = []
-    not_shipped: list[str] = []
-    excluded: dict[str, str] = {}
-    left_out: list[str] = []
-    releases: list[Release] = []
-    held: list[Held] = []
+    """What a stage's result decided for deployment (its manifest's decisions; none for most kinds)."""
+    decisions: list[Decision] = []
 
     @classmethod
     def of(cls, manifest: Manifest) -> Verdict:
-        """From the result's metrics (the names above; others are the stage's own): the parts the kind's row says
-        its metrics carry (`Kind.verdict`); metrics of these names from another kind are no verdict."""
-        row = kind_named(manifest.kind)
-        parts = {k: v for k, v in manifest.metrics.items() if row is not None and k in row.verdict}
-        try:
-            return cls.model_validate(parts)
-        except ValidationError:
-            return cls()
+        return cls(decisions=manifest.decisions)
 
 
 class Announced(BaseModel):
@@ -48,7 +33,8 @@ class Announced(BaseModel):
 
 
 class StageReport(Verdict):
-    """The flow's result for one stage."""
+    """The flow's result for one stage (fields a flow run of an earlier trtflow returned are kept as they were)."""
+    model_config = ConfigDict(extra="allow")
     stage: str
     status: str  # "ran" | "reused"
     key: str

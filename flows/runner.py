@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
+from trtflow.decisions import Decision
 from trtflow.disk import DiskError, disk_error
 from trtflow.errors import SpecError, StageError, StageFailed, StoreError, TransientStageError, TrtflowError
 from trtflow.flows import implementation, keys, precheck
@@ -22,7 +23,6 @@ from trtflow.flows.digest import DigestCache
 from trtflow.flows.fingerprint import describe, fingerprint
 from trtflow.flows.isolate import STAGE_LOG, call_stage
 from trtflow.flows.manifest import InputRecord, Manifest, OutputRecord, PipelineRef, RunEnvironment, Timings
-from trtflow.flows.results import Held, Verdict
 from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
 from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
@@ -64,10 +64,7 @@ class PlanItem:
     key: str | None = None
     environment: str = "-"
     changed: list[str] = field(default_factory=list)  # environment fields that differ from the last run's
-    # what a reused result decided for deployment: optional variants a validate stage left out (variant -> why),
-    # targets a release stage kept at their previous version
-    excluded: dict[str, str] = field(default_factory=dict)
-    held: list[Held] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # what a reused result decided for deployment
 
 
 @dataclass
@@ -267,9 +264,8 @@ class Runner:
             env = describe(r.parts.env)
             if r.manifest is not None:
                 produced[name] = r.manifest
-                verdict = Verdict.of(r.manifest)
-                items.append(PlanItem(name, spec.kind, "reuse", r.reason, r.key, env, excluded=verdict.excluded,
-                                      held=verdict.held))
+                items.append(PlanItem(name, spec.kind, "reuse", r.reason, r.key, env,
+                                      decisions=r.manifest.decisions))
                 continue
             changed = [] if self.forced(name, force) else self.env_changes(name, r.parts)
             items.append(PlanItem(name, spec.kind, "run", r.reason, r.key, env, changed))
@@ -449,7 +445,7 @@ class Runner:
             pipeline=PipelineRef(name=self.pipeline.spec.name, file=str(self.pipeline.file)),
             inputs={s: ([describe_input(a) for a in v] if isinstance(v, list) else describe_input(v))
                     for s, v in inputs.items()},
-            outputs=outputs, metrics=result.metrics, warnings=result.warnings,
+            outputs=outputs, metrics=result.metrics, decisions=result.decisions, warnings=result.warnings,
             timings=Timings(started=began.isoformat(), work_seconds=round(work, 4)),
             environment=RunEnvironment(python=platform.python_version(), platform=platform.platform(),
                                        fingerprint=parts.env),

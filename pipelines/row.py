@@ -71,9 +71,6 @@ class Kind:
     synced: Mapping[str, int] = field(default_factory=dict)
     # ... those of them holding records created once by a claim (StageResult.claims), never sent otherwise, ...
     claimed: tuple[str, ...] = ()
-    # ... and which parts of a deployment verdict its result's metrics carry, that the run reports
-    # (flows/results.Verdict's fields: a validate stage's candidates, a release stage's versions)
-    verdict: tuple[str, ...] = ()
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
     # (params, every stage it depends on, directly or not: name -> its params) -> (what is wrong, the parameter's

@@ -190,3 +190,11 @@ def test_nothing_edits_an_errors_message():
     assert found == ["trtflow/errors.py:" + str(next(
         i for i, line in enumerate((ROOT / "trtflow" / "errors.py").read_text().splitlines(), 1)
         if line.strip() == "error.args = args"))]
+
+
+def test_flows_import_no_kind():
+    """Issue #52: what a kind decides reaches the flow layer as typed decisions (trtflow/decisions.py), so no module
+    of flows/ imports a kind's own package (not even for its records)."""
+    bad = [f"{name} imports {mod}" for name, path in _sources().items() if name.startswith("trtflow/flows/")
+           for mod in _imports(path) if _package(mod) is not None]
+    assert bad == []

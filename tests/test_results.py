@@ -9,32 +9,33 @@ from trtflow.flows.manifest import Manifest
 from trtflow.flows.results import StageReport, Verdict
 from trtflow.flows.runner import StageOutcome
 
-HELD = {"model": "cls", "target": "native", "version": 1, "engine": "fp16.b4.native",
+HELD = {"action": "hold", "subject": "native", "model": "cls", "version": 1, "engine": "fp16.b4.native",
         "why": "optional variant 'fp16', which this run left out"}
-RELEASED = {"model": "cls", "target": "tiny", "version": 3, "new": True, "engine": "fp32.b1.tiny",
-            "engine_sha256": "ab" * 32, "repository": "triton/tiny", "previous_version": 2,
-            "contract_changes": ["max_batch_size 4 -> 8"], "rolls_back_to": None}
+RELEASED = {"action": "release", "subject": "tiny", "model": "cls", "version": 3, "engine": "fp32.b1.tiny", "why": ""}
 
 
-def _manifest(kind: str, metrics: dict) -> Manifest:
-    return Manifest.model_validate({"key": "k" * 32, "status": "ok", "kind": kind, "metrics": metrics, "outputs": {
+def _manifest(kind: str, metrics: dict, decisions: list | None = None) -> Manifest:
+    return Manifest.model_validate({"key": "k" * 32, "status": "ok", "kind": kind, "metrics": metrics,
+                                    "decisions": decisions or [], "outputs": {
         "engines": {"path": "engines", "type": "engines", "digest": "d"}, "report": {"path": "r.json", "digest": "e"}}})
 
 
-def test_a_release_results_verdict_and_the_flow_result_round_trip_through_json(capsys):
-    manifest = _manifest("release", {"releases": [RELEASED], "held": [HELD]})
+def test_a_results_decisions_and_the_flow_result_round_trip_through_json(capsys):
+    """The flow layer reads what a stage decided as typed decisions, whichever kind made them (issue #52): no
+    field of its own per kind, and a kind's metrics are its own."""
+    manifest = _manifest("release", {"releases": [{"version": 3}]}, [RELEASED, HELD])
     verdict = Verdict.of(manifest)
-    assert [(h.target, h.version) for h in verdict.held] == [("native", 1)] and verdict.releases[0].new
+    assert [(d.action, d.subject, d.version) for d in verdict.decisions] == [("release", "tiny", 3),
+                                                                           ("hold", "native", 1)]
     outcome = StageOutcome("release", "release", manifest.key, "ran", Path("/store/release/k"), manifest, "never run",
                            1.23456, 0.5)
     sent = StageReport.of_outcome(outcome).model_dump(mode="json")
-    assert sent["held"] == [HELD] and sent["releases"] == [RELEASED] and sent["seconds"] == 1.235
+    assert sent["decisions"] == [RELEASED, HELD] and sent["seconds"] == 1.235
     assert sent["engines"] == ["/store/release/k/engines"]
     back = StageReport.model_validate(sent)
     _say_verdict(back.stage, back)
     assert "kept version 1 of cls for target native (release): optional variant 'fp16'" in capsys.readouterr().out
-    # another kind's metrics of the same names are not a release's verdict
-    assert Verdict.of(_manifest("validate", {"held": [HELD], "excluded": {"int8": "misreads"}})).held == []
+    assert Verdict.of(_manifest("validate", {"held": [HELD], "excluded": {"int8": "misreads"}})).decisions == []
 
 
 def test_a_flow_result_stored_by_an_earlier_trtflow_is_read():
@@ -43,7 +44,8 @@ def test_a_flow_result_stored_by_an_earlier_trtflow_is_read():
               "not_shipped": ["fp16.b1"], "excluded": {"int8": "misreads"}, "left_out": ["int8.b1"],
               "releases": [], "held": []}
     report = StageReport.model_validate(stored)
-    assert report.model_dump(mode="json") == {**stored, "announced": []}  # (announced events came later)
+    # (announced events and decisions came later; the fields it had are kept as they were)
+    assert report.model_dump(mode="json") == {**stored, "announced": [], "decisions": []}
 
 
 # a manifest and two last.json records as trtflow wrote them before these were models (field for field)

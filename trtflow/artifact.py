@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtflow.decisions import Decision
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -100,3 +102,4 @@ class StageResult:
     # records that say the result was published (a released version's mark), created once it is: what the next
     # runs go by, where a run claimed and died before publishing
     after_publish: list[Claim] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)  # what it decided for deployment (trtflow/decisions.py)

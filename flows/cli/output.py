@@ -32,11 +32,10 @@ class Output(Command):
             raise SpecError(f"stage '{args.stage}' has no up-to-date result in {runner.store.location} "
                             f"({item.reason})", hint=f"run it first: trtflow run {args.pipeline} --stage {args.stage}")
         directory = runner.store.path(args.stage, item.key)
-        for r in Verdict.of(manifest).releases:  # reused only while no later version was released (plan says)
-            err.print(f"{r.model} version {r.version} for target {r.target}: the latest released", markup=False)
-        for h in Verdict.of(manifest).held:
-            err.print(f"{h.model} version {h.version} for target {h.target}: the latest released (kept: {h.why})",
-                      markup=False)
+        for d in Verdict.of(manifest).decisions:  # reused only while no later version was released (plan says)
+            if d.action in ("release", "hold"):
+                err.print(f"{d.model} version {d.version} for target {d.subject}: the latest released"
+                          + (f" (kept: {d.why})" if d.action == "hold" else ""), markup=False)
         if args.output is None:
             out.print(str(directory))
             return 0

@@ -8,6 +8,7 @@ import sys
 from rich.markup import escape
 from rich.table import Table
 
+from trtflow.decisions import of
 from trtflow.errors import StageError
 from trtflow.flows.cli.base import (
     CHECK_WOULD_RUN,
@@ -52,8 +53,11 @@ class Plan(Command):
                                                      "reason": i.reason, "key": i.key, "environment": i.environment,
                                                      "environment_changed": i.changed,
                                                      "executes": loaded.spec.stages[i.name].executes(),
-                                                     "excluded": i.excluded,
-                                                     "held": [h.model_dump(mode="json") for h in i.held]}
+                                                     "excluded": {d.subject: d.why
+                                                                  for d in of(i.decisions, "exclude")},
+                                                     "held": [{"model": d.model, "target": d.subject,
+                                                               "version": d.version, "engine": d.engine, "why": d.why}
+                                                              for d in of(i.decisions, "hold")]}
                                                     for i in items]}, indent=2) + "\n")
             return code
         table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.location})", title_justify="left")
@@ -61,8 +65,9 @@ class Plan(Command):
             table.add_column(col, overflow="fold")
         style = {"reuse": "green", "run": "yellow", "error": "red"}
         for it in items:
-            why = "; ".join([it.reason] + [f"left out optional variant {v}" for v in it.excluded]
-                            + [f"kept version {h.version} for target {h.target}" for h in it.held])
+            why = "; ".join([it.reason]
+                            + [f"left out optional variant {d.subject}" for d in of(it.decisions, "exclude")]
+                            + [f"kept version {d.version} for target {d.subject}" for d in of(it.decisions, "hold")])
             table.add_row(it.name, escape(it.kind), f"[{style[it.action]}]{it.action}[/]", escape(why),
                           (it.key or "")[:12], it.environment)
         out.print(table)

@@ -140,19 +140,11 @@ def _listener(status: Any) -> Any:
 
 
 def _say_verdict(stage: str, verdict: Verdict) -> None:
-    """What a stage's verdict means for deployment (a validate stage's candidates replaced or left out; a release
-    stage's targets whose previous version stays)."""
-    left_out = set(verdict.left_out)
-    replaced = [n for n in verdict.not_shipped if n not in left_out]
-    if replaced:
-        out.print(f"  [yellow]not to deploy[/] (failed {escape(stage)}; each replaced by a repaired engine that "
-                  f"passes): {escape(', '.join(replaced))}")
-    for variant, why in verdict.excluded.items():
-        out.print(f"  [yellow]left out[/] optional variant {escape(variant)} (failed {escape(stage)}; not "
-                  f"benchmarked or released): {escape(why)}")
-    for held in verdict.held:
-        out.print(f"  [yellow]kept[/] version {held.version} of {escape(held.model)} for target "
-                  f"{escape(held.target)} ({escape(stage)}): {escape(held.why)}")
+    """What a stage's decisions mean for deployment, one line each (trtflow/decisions.py words them)."""
+    from trtflow.decisions import sentences
+
+    for line in sentences(stage, verdict.decisions):
+        out.print(f"  [yellow]{escape(line)}[/]", soft_wrap=True)
 
 
 SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often

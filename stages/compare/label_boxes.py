@@ -129,15 +129,15 @@ def coco_map(coco: CocoFile, found: list[dict[str, Any]], image_ids: list[int],
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    dataset = coco.model_dump(mode="json")
-    for i, ann in enumerate(dataset["annotations"]):
-        if ann.get("id") is None:
-            ann["id"] = i + 1
-        if ann.get("area") is None:
-            ann["area"] = float(ann["bbox"][2] * ann["bbox"][3])
-    for image in dataset["images"]:
-        h, w = (sizes or {}).get(image["id"], (image.get("height"), image.get("width")))
-        image["height"], image["width"] = h, w
+    sizes = sizes or {}
+    dataset = {
+        "images": [{"id": i.id, "file_name": i.file_name, "height": sizes.get(i.id, (i.height, i.width))[0],
+                    "width": sizes.get(i.id, (i.height, i.width))[1]} for i in coco.images],
+        "annotations": [{"id": a.id if a.id is not None else n + 1, "image_id": a.image_id,
+                         "category_id": a.category_id, "bbox": a.bbox, "iscrowd": a.iscrowd,
+                         "area": a.area if a.area is not None else a.bbox[2] * a.bbox[3]}
+                        for n, a in enumerate(coco.annotations)],
+        "categories": [{"id": c.id, "name": c.name} for c in coco.categories]}
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints its progress
         gt = COCO()
         gt.dataset = dataset

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trtflow import files, names
 from trtflow.artifact import Artifact, Claim, Inputs, StageResult
+from trtflow.decisions import Decision
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement, RunSpread
@@ -77,7 +78,7 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     result = StageResult(outputs={"triton": out_dir / "triton", "card": out_dir / "card",
                                   "report": out_dir / "report.json"},
                          summary=report.summary(), warnings=warnings, metrics=_metrics(job, released), claims=claims,
-                         after_publish=marks)
+                         after_publish=marks, decisions=_decisions(job, released))
     why_not = _failure(job, released)
     if why_not:
         raise StageFailed(why_not, result)
@@ -164,6 +165,19 @@ def _metrics(job: _Job, released: list[TargetRelease]) -> dict:
             "held": [versions.Held(model=job.model_name, target=t.target, version=t.version, engine=t.previous,
                                    why=t.held).model_dump()
                      for t in released if t.held is not None and t.version is not None]}
+
+
+def _decisions(job: _Job, released: list[TargetRelease]) -> list[Decision]:
+    """Per target: the version released, or the previous version held."""
+    out = []
+    for t in released:
+        if t.chosen is not None and t.version is not None:
+            out.append(Decision(action="release", subject=t.target, model=job.model_name, version=t.version,
+                                engine=t.chosen.name))
+        elif t.held is not None and t.version is not None:
+            out.append(Decision(action="hold", subject=t.target, model=job.model_name, version=t.version,
+                                engine=t.previous, why=t.held))
+    return out
 
 
 def _failure(job: _Job, released: list[TargetRelease]) -> str | None:
