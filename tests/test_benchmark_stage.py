@@ -252,14 +252,11 @@ def test_the_harness_feeds_valid_inputs_and_a_failing_cell_fails_alone(tmp_path)
 def test_a_harness_process_that_dies_is_one_failed_cell(tmp_path, monkeypatch):
     """The wording for a child killed by a signal (as ONNX Runtime 1.32's SIGSEGV on a ViT FP16 variant with its
     graph optimizations on). The process here is a stand-in: what is checked is the parent's report of it."""
-    import subprocess
-
     import numpy as np
 
     from trtflow.stages.ort import harness
 
-    monkeypatch.setattr(harness.child, "call", lambda *a, **k: (None, subprocess.CompletedProcess([], -11, "",
-                                                                                                    "Segmentation")))
+    monkeypatch.setattr(harness.child, "call", lambda *a, **k: harness.child.Crashed(-11, "Segmentation"))
     result = harness.benchmark(tmp_path / "m.onnx", {"x": np.zeros(2, np.float32)}, 0, 0, 1, 1, tmp_path / "f",
                                tmp_path / "h.log")
     assert result.status == "failed" and not result.has_summary

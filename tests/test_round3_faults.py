@@ -114,7 +114,7 @@ def test_a_preflight_that_crashes_on_the_model_is_still_its_report(dying_child):
 
     dying_child("trtflow.stages.trt.preflight", "SEGV")
     report = run_preflight(PPOCR)
-    assert report.ran is False and "exit code -11" in report.reason
+    assert report.ran is False and "the TensorRT parser process was killed by SIGSEGV" in report.reason, report.reason
 
 
 def _harness(tmp_path: Path) -> None:
@@ -304,3 +304,26 @@ def test_check_env_with_an_unreachable_server_prints_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stdout.strip() == ""
     assert "could not send trtflow.environment.changed" in one_error_line(done.stderr)
+
+
+def test_a_child_call_is_one_typed_outcome(dying_child, tmp_path):
+    """Issue #52: a child's end is a value its callers match on, worded once (`child.ending`): answered, crashed
+    (its signal, its last line), timed out; killed from outside raises (no answer says nothing about the input)."""
+    from trtflow import child
+    from trtflow.stages.trt.env import VersionRequest, VersionResponse
+
+    def ask(timeout: float = 60):
+        return child.call("trtflow.stages.trt.env", VersionRequest(module="json"), VersionResponse, tmp_path, timeout,
+                          what="the version probe")
+
+    assert isinstance(ask(), child.Answered)
+    dying_child("trtflow.stages.trt.env", "SEGV")
+    crashed = ask()
+    assert isinstance(crashed, child.Crashed) and crashed.signal == "SIGSEGV"
+    assert crashed.text().startswith("was killed by SIGSEGV")
+    dying_child("trtflow.stages.trt.env", "hang")
+    late = ask(0.5)
+    assert isinstance(late, child.TimedOut) and late.text() == "did not finish within 0.5 s (killed)"
+    dying_child("trtflow.stages.trt.env", "KILL")
+    with pytest.raises(child.Killed, match=r"the version probe was killed \(SIGKILL\) before it answered"):
+        ask()

@@ -5,8 +5,10 @@ once it is whole; no answer means the child died, and how its process ended (`en
 - Native work (the pre-flight, the ONNX Runtime probe, the quantization pre-processing, the TensorRT version probe,
   each engine build, the built-in harness) is `python -m MODULE REQUEST.json RESPONSE.json`: `call` writes the
   request (a pydantic model), the child's `serve` reads it, works (files it makes go beside the request) and
-  writes the response (another model) atomically. A child killed from outside (the OOM killer, a user, a
-  scheduler) gave no answer at all: `call` raises `Killed`, a transient error (retried, never a result).
+  writes the response (another model) atomically. `call` returns a typed outcome its callers match on:
+  `Answered` (the response), `Crashed` (it ended without one: evidence about the input, worded by `ending`) or
+  `TimedOut`. A child killed from outside (the OOM killer, a user, a scheduler) gave no answer at all and says
+  nothing about the input: `call` raises `Killed`, a transient error (retried, never a result).
 - A stage (`flows/isolate.py`) is forked from a fork server that preloaded the common imports, so it starts in
   milliseconds: its request is a `StageCall` and its child answers over a pipe with `Progress` messages and then
   one `Returned` or `Raised` (a pickle: a stage's result and its exceptions are Python objects).
@@ -19,7 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Generic, TypeVar, Union
 
 from pydantic import BaseModel
 
@@ -81,24 +83,67 @@ def killed_by(returncode: int | None) -> str | None:
     return signal.Signals(-returncode).name
 
 
+@dataclass(frozen=True)
+class Answered(Generic[Response]):
+    """The child answered: its response, and what it wrote on stderr."""
+    response: Response
+    stderr: str = ""
+
+
+@dataclass(frozen=True)
+class Crashed:
+    """The child ended without an answer, on its own (a native crash, an exception): how, and its stderr."""
+    returncode: int
+    stderr: str = ""
+
+    @property
+    def signal(self) -> str | None:
+        """The signal it died of (SIGSEGV, ...), if one."""
+        return ending(self.returncode).removeprefix("was killed by ") if self.returncode < 0 else None
+
+    @property
+    def last_line(self) -> str:
+        """The last line it wrote on stderr (a Python error, a library's complaint), else how it ended."""
+        return (self.stderr.strip().splitlines() or [ending(self.returncode)])[-1]
+
+    def text(self) -> str:
+        """'was killed by SIGSEGV: <its last line>', 'exited with code 1: <its last line>'."""
+        last = self.stderr.strip().splitlines()
+        return ending(self.returncode) + (f": {last[-1]}" if last else "")
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """The child did not answer within `seconds`, and was killed."""
+    seconds: float
+
+    def text(self) -> str:
+        return f"did not finish within {self.seconds:g} s (killed)"
+
+
+Outcome = Union[Answered[Response], Crashed, TimedOut]
+
+
 def call(module: str, request: BaseModel, response_type: type[Response], folder: Path, timeout: float,
          cwd: Path | None = None, names: tuple[str, str] = ("request.json", "response.json"),
-         what: str | None = None) -> tuple[Response | None, subprocess.CompletedProcess]:
-    """Run `module` on `request` (written into `folder`); the child's response (None when it gave none: it
-    crashed) and the finished process. Raises subprocess.TimeoutExpired after `timeout` seconds (the child is
-    killed), and `Killed` when something else killed it before it answered (`what` names it there)."""
+         what: str | None = None) -> Outcome[Response]:
+    """Run `module` on `request` (written into `folder`): what came of it (see the module). Raises `Killed` when
+    something else killed the child before it answered (`what` names it there)."""
     request_path, response_path = (folder / names[0]).resolve(), (folder / names[1]).resolve()
     request_path.write_text(request.model_dump_json(indent=2) + "\n")
     response_path.unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-m", module, str(request_path), str(response_path)],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd, preexec_fn=die_with_parent)
+    try:
+        proc = subprocess.run([sys.executable, "-m", module, str(request_path), str(response_path)],
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd, preexec_fn=die_with_parent)
+    except subprocess.TimeoutExpired:
+        return TimedOut(timeout)
     if not response_path.exists():
         signal_name = killed_by(proc.returncode)
         if signal_name is not None:
             raise Killed(f"{what or f'the {module} process'} was killed ({signal_name}) before it answered; that "
                          f"says nothing about the model: run again")
-        return None, proc
-    return response_type.model_validate_json(response_path.read_text()), proc
+        return Crashed(proc.returncode, proc.stderr or "")
+    return Answered(response_type.model_validate_json(response_path.read_text()), proc.stderr or "")
 
 
 def serve(request_type: type[Request], work: Callable[[Request, Path], BaseModel]) -> int:
@@ -111,7 +156,3 @@ def serve(request_type: type[Request], work: Callable[[Request, Path], BaseModel
     os.replace(staged, response_path)
     return 0
 
-
-def last_line(proc: subprocess.CompletedProcess) -> str:
-    """The last line the child wrote on stderr (a Python error, a library's complaint), else its exit code."""
-    return (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]

@@ -11,8 +11,6 @@ level the variant was checked with)."""
 from __future__ import annotations
 
 import contextvars
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -120,19 +118,19 @@ def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, durati
         threading.Thread(target=contextvars.copy_context().run, args=(_watch_first, folder / ESTIMATE, on_first,
                                                                       done), daemon=True).start()
     try:
-        answer, proc = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S,
-                                  what="the built-in harness (ONNX Runtime)")
-    except subprocess.TimeoutExpired:
-        return PerfResult(status="failed", runtime=RUNTIME,
-                          error=f"the built-in harness (ONNX Runtime) did not finish within {TIMEOUT_S} s")
+        outcome = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S,
+                             what="the built-in harness (ONNX Runtime)")
     finally:
         done.set()
-    log.write_text(proc.stderr or "")
-    if answer is None:
-        code = proc.returncode
-        how = f"crashed ({signal.Signals(-code).name})" if code < 0 else f"failed: {child.last_line(proc)[:300]}"
+    if isinstance(outcome, child.TimedOut):
+        return PerfResult(status="failed", runtime=RUNTIME,
+                          error=f"the built-in harness (ONNX Runtime) did not finish within {TIMEOUT_S} s")
+    log.write_text(outcome.stderr)
+    if isinstance(outcome, child.Crashed):
+        how = f"crashed ({outcome.signal})" if outcome.signal else f"failed: {outcome.last_line[:300]}"
         return PerfResult(status="failed", runtime=RUNTIME,
                           error=f"the built-in harness (ONNX Runtime on CPU) {how} (log: {log})")
+    answer = outcome.response
     samples = answer.samples_ms
     return PerfResult(status="passed", throughput_qps=len(samples) / answer.wall_s, latency_ms=latency_stats(samples),
                       total_host_walltime_s=answer.wall_s, layout="built-in harness",

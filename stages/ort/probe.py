@@ -5,7 +5,6 @@ process that would end the pipeline. The child answers with ONNX Runtime's error
 """
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -34,22 +33,16 @@ class ProbeFailed(Exception):
 def probe(model: Path, feed: dict[str, np.ndarray], work: Path) -> None:
     feed_path = work / "probe_feed.npz"
     np.savez(feed_path, **feed)
-    try:
-        result, proc = child.call("trtflow.stages.ort.probe", ProbeRequest(model=str(model), feed=str(feed_path)),
-                                  ProbeResponse, work, TIMEOUT_S, names=("probe.json", "probe.response.json"),
-                                  what="the ONNX Runtime probe")
-    except subprocess.TimeoutExpired:
+    outcome = child.call("trtflow.stages.ort.probe", ProbeRequest(model=str(model), feed=str(feed_path)),
+                         ProbeResponse, work, TIMEOUT_S, names=("probe.json", "probe.response.json"),
+                         what="the ONNX Runtime probe")  # killed from outside: `call` raised (not the model's doing)
+    if isinstance(outcome, child.TimedOut):
         raise TransientStageError(f"the ONNX Runtime probe did not load and run the model within {TIMEOUT_S} s "
-                                  f"(killed); that says nothing about the model: run again") from None
-    if proc.returncode == 0 and result and result.ok:
-        return
-    killed = child.killed_by(proc.returncode)  # before it answered, `call` raised child.Killed
-    if killed:  # killed from outside (the OOM killer, a user, a scheduler): not the model's doing
-        raise TransientStageError(f"the ONNX Runtime probe was killed ({killed}); that says nothing about the model: "
-                                  f"run again")
-    if result:
-        raise ProbeFailed(result.error or "ONNX Runtime failed")
-    raise ProbeFailed(f"ONNX Runtime crashed loading or running the model (exit code {proc.returncode})")
+                                  f"(killed); that says nothing about the model: run again")
+    if isinstance(outcome, child.Crashed):
+        raise ProbeFailed(f"ONNX Runtime crashed loading or running the model (its process {outcome.text()})")
+    if not outcome.response.ok:
+        raise ProbeFailed(outcome.response.error or "ONNX Runtime failed")
 
 
 def _main(request: ProbeRequest, folder: Path) -> ProbeResponse:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from trtflow import child
+from trtflow.errors import TransientStageError
 from trtflow.no_torch import torch_hidden
 from trtflow.text import first_line
 
@@ -29,13 +30,15 @@ class PrepResponse(BaseModel):
 
 def pre_process(src: Path, dst: Path, work: Path) -> list[str]:
     """Write the pre-processed model to `dst` (the source as is when every attempt fails); returns warnings."""
-    result, proc = child.call("trtflow.stages.ort.quant_prep", PrepRequest(src=str(src), dst=str(dst)), PrepResponse,
-                              work, TIMEOUT_S, cwd=work, names=("quant_prep.json", "quant_prep.response.json"),
-                              what="ONNX Runtime's quantization pre-processing")
-    if result is None:  # it crashed (one killed from outside made `call` raise: never "quantized as is")
+    outcome = child.call("trtflow.stages.ort.quant_prep", PrepRequest(src=str(src), dst=str(dst)), PrepResponse,
+                         work, TIMEOUT_S, cwd=work, names=("quant_prep.json", "quant_prep.response.json"),
+                         what="ONNX Runtime's quantization pre-processing")
+    if isinstance(outcome, child.TimedOut):  # no answer: nothing said about the model (as a kill from outside)
+        raise TransientStageError(f"ONNX Runtime's quantization pre-processing {outcome.text()}: run again")
+    if isinstance(outcome, child.Crashed):  # it crashed on the model: quantized as it is
         shutil.copy(src, dst)
-        return [f"quantization pre-processing failed ({child.last_line(proc)}); quantized the model as is"]
-    return result.warnings
+        return [f"quantization pre-processing failed ({outcome.last_line}); quantized the model as is"]
+    return outcome.response.warnings
 
 
 def _main(request: PrepRequest, folder: Path) -> PrepResponse:

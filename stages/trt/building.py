@@ -3,7 +3,6 @@ inside TensorRT fails that cell with a report instead of the stage. The build st
 and validate its repaired engines."""
 from __future__ import annotations
 
-import subprocess
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -25,14 +24,12 @@ def build_cells(cells: list[Cell], engines: Path, parallel: int) -> list[Built]:
 
 def build_cell(cell: Cell, cell_dir: Path) -> Built:
     cell_dir.mkdir()
-    try:
-        built, proc = child.call("trtflow.stages.trt.build_worker", cell, Built, cell_dir, CELL_TIMEOUT_S,
-                                 names=(SPEC, BUILT), what=f"the build of engine {cell.name}")
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        built, code = None, "timeout"
-    if built is None:  # the process died inside TensorRT before it could say anything
-        built = Built(status="failed", error=f"the build process crashed (exit code {code})")
+    outcome = child.call("trtflow.stages.trt.build_worker", cell, Built, cell_dir, CELL_TIMEOUT_S,
+                         names=(SPEC, BUILT), what=f"the build of engine {cell.name}")
+    if isinstance(outcome, child.Answered):
+        built = outcome.response
+    else:  # the process died inside TensorRT before it could say anything, or hung there
+        built = Built(status="failed", error=f"the build process {outcome.text()}")
         built.write(cell_dir)
     for failure in built.failures:
         failure.hint = hint_for(failure)

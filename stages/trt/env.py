@@ -209,8 +209,9 @@ def _ask(module: str) -> ProbeAnswer:
     found = None
     with tempfile.TemporaryDirectory(prefix="trtflow-version-") as folder:
         try:
-            found, _ = child.call("trtflow.stages.trt.env", VersionRequest(module=module), VersionResponse,
-                                  Path(folder), 120)
+            outcome = child.call("trtflow.stages.trt.env", VersionRequest(module=module), VersionResponse,
+                                 Path(folder), 120)
+            found = outcome.response if isinstance(outcome, child.Answered) else None
         except (OSError, subprocess.SubprocessError, ValueError, child.Killed):  # unknown: asked again next time
             pass
     found = found or VersionResponse()

@@ -6,7 +6,6 @@ gave no answer: that is a crash of the stage (retried), never a report.
 """
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -124,15 +123,15 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
         return PreflightReport(ran=False, reason=f"no TensorRT flavour is installed ({INSTALL_HINT})")
     request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes)
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
-        try:
-            answer, proc = child.call("trtflow.stages.trt.preflight", request, PreflightReport, Path(folder), timeout,
-                                      what="the TensorRT pre-flight")
-        except subprocess.TimeoutExpired:  # killed at the limit: no answer, so no result either
-            raise TransientStageError(f"the TensorRT pre-flight did not finish within {timeout:g} s (killed): no "
-                                      f"answer; run again, or set preflight: off") from None
-    if answer is None:  # the parser crashed on the model (one killed from outside made `call` raise Killed)
-        return PreflightReport(ran=False, runtime=_label(trt), reason=f"the TensorRT parser process failed (exit "
-                               f"code {proc.returncode}): {child.last_line(proc)}")
+        outcome = child.call("trtflow.stages.trt.preflight", request, PreflightReport, Path(folder), timeout,
+                             what="the TensorRT pre-flight")
+    if isinstance(outcome, child.TimedOut):  # killed at the limit: no answer, so no result either
+        raise TransientStageError(f"the TensorRT pre-flight {outcome.text()}: no answer; run again, or set "
+                                  f"preflight: off")
+    if isinstance(outcome, child.Crashed):  # the parser crashed on the model (killed from outside: `call` raised)
+        return PreflightReport(ran=False, runtime=_label(trt), reason=f"the TensorRT parser process "
+                               f"{outcome.text()}")
+    answer = outcome.response
     for f in answer.failures:
         f.hint = hint_for(f)
     trial = answer.failed_build()
