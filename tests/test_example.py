@@ -196,6 +196,10 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
     release = last_report(store, "release")
     target = release["targets"][0]
     assert target["chosen"]["name"] in checked["shipped"] and target["version"] == 1
+    # each variant's nodes left in higher precision, read from its own kind's report (issue #52: no trial parsing)
+    counted = {o["variant"]: o["higher_precision_nodes"] for o in target["options"]}
+    assert set(counted) == {"prepare", "fp16", "int8"} and counted["prepare"] is None, counted
+    assert counted["fp16"] is not None and counted["int8"] is not None, counted
     config = triton_config(store, target)
     assert config.max_batch_size == (32 if ".dynamic." in target["chosen"]["name"] else 1)
     assert [(i.name, list(i.dims)) for i in config.input] == [("input", [3, 224, 224])]

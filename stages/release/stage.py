@@ -326,18 +326,16 @@ def _run_spread(measured: list[Measurement]) -> RunSpread | None:
 def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
     """Per variant (its stage's name): how many nodes its precision/calibrate stage left in higher precision, of
     how many (None where the report does not count them)."""
+    kinds = {p.stage: p.kind for p in inputs.lineage}  # a report's class is its stage's kind's
     out: dict[str, tuple[int, int | None]] = {}
     for art in inputs.many("variant_reports"):
-        text = art.path.read_text()
-        try:
-            p = PrecisionReport.model_validate_json(text)
+        kind = kinds.get(art.origin)
+        if kind == "precision":
+            p = PrecisionReport.model_validate_json(art.path.read_text())
             out[art.origin] = (len(p.kept_fp32), p.nodes)
-        except ValueError:
-            try:
-                c = CalibrateReport.model_validate_json(text)
-                out[art.origin] = (len(c.left_in_float), None)
-            except ValueError:
-                continue
+        elif kind == "calibrate":
+            c = CalibrateReport.model_validate_json(art.path.read_text())
+            out[art.origin] = (len(c.left_in_float), None)
     return out
 
 
