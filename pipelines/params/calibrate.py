@@ -29,6 +29,11 @@ class CalibrateStage(StageBase):
         True, description="method: entropy or percentile also quantizes with the other histogram rule and at the "
                           "full ranges, and keeps whichever stays closest to the FP32 model (mean relative error) on "
                           "(up to 8 of) the calibration samples, never the held-out ones; the method on a tie")
+    bias_correction: bool = Field(
+        True, description="shift each quantized node's float bias by the mean error its INT8 rounding causes per "
+                          "output channel, measured on (up to 32 of) the calibration samples (empirical bias "
+                          "correction; ModelOpt does not): activations piled up near a point, as after SiLU, round "
+                          "with a bias that convolutions sum into a shift of every output")
     min_samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="fewer calibration samples than this is an error "
                                                                   "(see on_too_few)")
     on_too_few: Literal["error", "warn"] = Field("error", description="fewer samples than min_samples: fail the "

@@ -12,8 +12,9 @@ from trtflow.text import distinct
 class RangeCheck(BaseModel):
     """Each candidate set of ranges — the chosen rule's, the other histogram rule's, the full ranges (MinMax) —
     quantized and run on (some of) the calibration samples, never the held-out ones: the one whose outputs stay
-    closest to FP32 is kept: by the declared task metrics (`metrics:`), the chosen rule on a tie; without them, by
-    the mean relative L2 error per sample and output."""
+    closest to FP32 is kept: by the declared task metrics (`metrics:`), the chosen rule unless another is at least as
+    good on every one and better on one; without them, by the mean relative L2 error per sample and output. (The
+    candidates are compared before bias correction, which the kept one then gets.)"""
     samples: int
     errors: dict[str, float]  # candidate ("entropy", "percentile", "full_range") -> mean relative error
     task: dict[str, dict[str, float]] = {}  # candidate -> declared task metric ("output/metric") -> value: where
@@ -73,6 +74,7 @@ class CalibrateReport(BaseModel):
     left_in_float: dict[str, str] = {}
     quantize_linear_nodes: int
     quantized_nodes: int = 0  # nodes that read quantized weights: what TensorRT runs in INT8 (validate counts these)
+    bias_corrected: int = 0  # quantized nodes whose float bias absorbs the mean error of INT8 rounding (bias.py)
     accuracy: Accuracy
     holdout: str = ""  # which samples the pre-flight measured ("samples 13-16 of images via preprocess ...")
     warnings: list[str]
@@ -83,7 +85,9 @@ class CalibrateReport(BaseModel):
         lines = [f"### calibrate · INT8 Q/DQ · {md.text(self.method)} · {self.calibration_samples} samples", "",
                  (f"data: {md.text(self.data)} · {self.quantized_nodes} quantized nodes ({self.quantize_linear_nodes} "
                   f"QuantizeLinear: one per quantized tensor, however many nodes read it) · quantized ops: "
-                  f"{ops} ({where}) · symmetric, per-channel weights, bias in float"), ""]
+                  f"{ops} ({where}) · symmetric, per-channel weights, bias in float"
+                  + (f", corrected for the rounding's mean error on {self.bias_corrected} node(s)"
+                     if self.bias_corrected else "")), ""]
         if self.left_in_float:
             reasons: dict[str, list[str]] = {}
             for node, why in self.left_in_float.items():

@@ -2,9 +2,9 @@
 what a Q/DQ model says about itself (its activation ranges, the op types and nodes it quantized).
 
 Every model written here carries its recipe (op types, excluded nodes, per-channel, the range of every calibrated
-tensor) in its metadata: quantizing again with some nodes left out (validate's repair, `trtflow reduce`) then
-starts from exactly what the calibrate stage did. The graph alone does not say it all: ONNX Runtime also
-quantizes MatMuls between two activations, and needs ranges for tensors it leaves no Q/DQ on.
+tensor, the bias corrections) in its metadata: quantizing again with some nodes left out (validate's repair,
+`trtflow reduce`) then starts from exactly what the calibrate stage did. The graph alone does not say it all:
+ONNX Runtime also quantizes MatMuls between two activations, and needs ranges for tensors it leaves no Q/DQ on.
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ class StoredRecipe(BaseModel):
     quantize_outputs: bool = True
     method: str  # ONNX Runtime's CalibrationMethod, by name
     ranges: dict[str, tuple[float, float]]  # tensor -> (lowest, highest)
+    # node -> per-output-channel amounts added to its float bias (`correct_bias`); none before calibrate VERSION 10
+    bias: dict[str, list[float]] = {}
 
 
 @dataclass
@@ -45,7 +47,7 @@ class Recipe:
     quantize_ops: list[str]
     excluded: set[str]
     per_channel: bool
-    tensors: Any  # ONNX Runtime's TensorsData: each calibrated tensor's range
+    tensors: Any  # ONNX Runtime's TensorsData: each calibrated tensor's range (and bias corrections: with_bias)
     quantize_outputs: bool = False  # Q/DQ on the quantized ops' outputs too (trtflow's recipe before VERSION 5)
 
     def quantized(self, model: onnx.ModelProto) -> set[str]:
@@ -54,10 +56,12 @@ class Recipe:
 
 
 def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, quantize_ops: list[str],
-          excluded: set[str], quantize_outputs: bool = False) -> None:
+          excluded: set[str], quantize_outputs: bool = False, bias: dict[str, list[float]] | None = None) -> None:
     """Quantize `pre` at `tensors`' ranges (ONNX Runtime's `TensorsData`, also saved to `ranges`): Q/DQ on the
     inputs of the `quantize_ops` nodes not `excluded`, and on their outputs too only with `quantize_outputs`
     (the recipe of models written before VERSION 5; ModelOpt's and trtflow's default is inputs only).
+    `bias`: per node, amounts added to its float bias (`correct_bias`; by default those `tensors` carry, as
+    `recipe` returns them: a rebuild with nodes left out keeps the others' corrections).
 
     ONNX Runtime's quantizer failing on a node (it has bugs on valid graphs) raises QuantizerCrash (a
     StageError): one line naming the node, with the setting that avoids it where known."""
@@ -93,13 +97,187 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
     except Exception as exc:  # ONNX Runtime's quantizer raises anything on graphs it mishandles
         raise quantizer_crash(exc, per_channel) from exc
     model = model_io.load(out)
+    applied = correct_bias(model, getattr(tensors, BIAS, {}) if bias is None else bias)
     entry = model.metadata_props.add()
     stored = StoredRecipe(quantize_ops=list(quantize_ops), excluded_nodes=sorted(excluded), per_channel=per_channel,
                           quantize_outputs=quantize_outputs, method=tensors.calibration_method.name,
                           ranges={t: (float(np.ravel(d.range_value[0])[0]), float(np.ravel(d.range_value[1])[0]))
-                                  for t, d in tensors.data.items()})
-    entry.key, entry.value = RECIPE, json.dumps(stored.model_dump(), sort_keys=True)  # the same model, byte for byte
+                                  for t, d in tensors.data.items()}, bias=applied)
+    entry.key, entry.value = RECIPE, _dumped(stored)
     model_io.save(model, out)
+
+
+def _dumped(stored: StoredRecipe) -> str:
+    dump = stored.model_dump()
+    if not dump["bias"]:  # a recipe without corrections is stored as before them
+        del dump["bias"]
+    return json.dumps(dump, sort_keys=True)  # the same model, byte for byte
+
+
+def add_bias(path: Path, bias: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Apply `bias` (`correct_bias`) to the Q/DQ model `write` wrote at `path`, its stored recipe with it;
+    returns the corrections applied."""
+    model = model_io.load(path)
+    entry = next(p for p in model.metadata_props if p.key == RECIPE)
+    stored = StoredRecipe.model_validate_json(entry.value)
+    applied = correct_bias(model, bias)
+    stored.bias = {**stored.bias, **{n: [a + b for a, b in zip(stored.bias[n], v)] if n in stored.bias else v
+                                     for n, v in applied.items()}}
+    entry.value = _dumped(stored)
+    model_io.save(model, path)
+    return applied
+
+
+BIAS = "trtflow_bias"  # the attribute of a TensorsData that carries a recipe's bias corrections (`with_bias`)
+
+
+def with_bias(tensors: Any, bias: dict[str, list[float]]) -> Any:
+    """`tensors` (ONNX Runtime's TensorsData) carrying the bias corrections `write` applies by default."""
+    setattr(tensors, BIAS, dict(bias))
+    return tensors
+
+
+@dataclass(frozen=True)
+class BiasSite:
+    """Where a quantized node's output can be shifted per channel: its own bias input (Conv, ConvTranspose, Gemm;
+    added where it has none) or the constant of the Add after a MatMul (how exporters write a linear layer)."""
+    node: str
+    activation: int  # the input index of its quantized activation
+    weight: int  # the input index of its quantized weight
+    channels: int
+    rank: int | None  # the output's rank where the weight tells it (Conv), else None
+    holder: str  # the node whose input `slot` holds the bias
+    slot: int
+    last_axis: bool  # the channels are the output's last axis (Gemm, MatMul), else axis 1 (Conv)
+
+
+def bias_sites(model: onnx.ModelProto) -> dict[str, BiasSite]:
+    """Node -> its BiasSite, for every node of the Q/DQ `model` that reads a quantized activation (input 0) and a
+    quantized weight (input 1) and has (or can take) a per-channel bias."""
+    g = _Wiring(model)
+    out = {}
+    for n in model.graph.node:
+        if n.op_type not in ("Conv", "ConvTranspose", "Gemm", "MatMul") or len(n.input) < 2 or \
+                g.dequantized(n.input[0]) != "activation" or g.dequantized(n.input[1]) != "weight":
+            continue
+        shape = _channels(n, list(g.inits[g.producer[n.input[1]].input[0]].dims))
+        site = None if shape is None else g.own_bias(n, *shape) if n.op_type != "MatMul" else g.add_after(n, shape[0])
+        if site is not None:
+            out[n.name] = site
+    return out
+
+
+class _Wiring:
+    """A graph's initializers, producers, readers and outputs by tensor name (`bias_sites`)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.inits = {i.name: i for i in model.graph.initializer}
+        self.producer = {o: n for n in model.graph.node for o in n.output}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in model.graph.node:
+            for t in n.input:
+                self.readers.setdefault(t, []).append(n)
+        self.outputs = {o.name for o in model.graph.output}
+
+    def dequantized(self, t: str) -> str | None:
+        """'weight' or 'activation' for the output of a DequantizeLinear of an initializer or of a QuantizeLinear."""
+        dq = self.producer.get(t)
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return None
+        if dq.input[0] in self.inits:
+            return "weight"
+        q = self.producer.get(dq.input[0])
+        return "activation" if q is not None and q.op_type == "QuantizeLinear" and q.input[0] not in self.inits \
+            else None
+
+    def own_bias(self, n: onnx.NodeProto, channels: int, rank: int | None) -> BiasSite | None:
+        """A Conv's, ConvTranspose's or Gemm's bias input: an initializer of one value per channel (or one), or
+        none yet; not a bias computed in the graph, nor a Gemm's C per row as well."""
+        if len(n.input) > 2 and n.input[2] and (n.input[2] not in self.inits or
+                                                _size(self.inits[n.input[2]]) not in (1, channels)):
+            return None
+        return BiasSite(n.name, 0, 1, channels, rank, n.name, 2, n.op_type == "Gemm")
+
+    def add_after(self, n: onnx.NodeProto, channels: int) -> BiasSite | None:
+        """A MatMul's bias: the constant (one per channel, along the last axis) of the one Add that reads it."""
+        after = self.readers.get(n.output[0], [])
+        if n.output[0] in self.outputs or len(after) != 1 or after[0].op_type != "Add":
+            return None
+        add = after[0]
+        slot = 1 if add.input[0] == n.output[0] else 0
+        const = self.inits.get(add.input[slot])
+        if const is None or add.input[1 - slot] != n.output[0] or _size(const) not in (1, channels) or \
+                any(d != 1 for d in list(const.dims)[:-1]):
+            return None
+        return BiasSite(n.name, 0, 1, channels, None, add.name, slot, True)
+
+
+def _channels(n: onnx.NodeProto, dims: list[int]) -> tuple[int, int | None] | None:
+    """(output channels, output rank where the weight tells it) of a quantized node of weight `dims`; None for a
+    MatMul of a weight other than 2-D."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    if n.op_type == "Conv":
+        return dims[0], len(dims)
+    if n.op_type == "ConvTranspose":
+        return dims[1] * attrs.get("group", 1), len(dims)
+    if n.op_type == "Gemm":
+        return (dims[0] if attrs.get("transB", 0) else dims[-1]), 2
+    return (dims[-1], None) if len(dims) == 2 else None
+
+
+def _size(t: onnx.TensorProto) -> int:
+    return int(np.prod(t.dims)) if len(t.dims) else 1
+
+
+def correct_bias(model: onnx.ModelProto, bias: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Add `bias` (node -> one amount per output channel) to the float bias of each quantized node of `model`,
+    in place (a new initializer per node: biases may be shared). Returns the corrections applied: those of
+    nodes left in float, or of another shape, are not."""
+    if not bias:
+        return {}
+    sites = bias_sites(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    taken = set(inits) | {t for n in model.graph.node for t in list(n.input) + list(n.output)}
+    applied, replaced = {}, set()
+    for name, amounts in sorted(bias.items()):
+        site = sites.get(name)
+        if site is None or len(amounts) != site.channels:
+            continue
+        holder = nodes[site.holder]
+        old = inits.get(holder.input[site.slot]) if len(holder.input) > site.slot else None
+        base = numpy_helper.to_array(old) if old is not None else np.zeros(site.channels, np.float32)
+        shape = base.shape if base.size == site.channels else (site.channels,)
+        value = (np.broadcast_to(base.reshape(-1), (site.channels,)).astype(np.float64) +
+                 np.asarray(amounts, np.float64)).astype(base.dtype).reshape(shape)
+        new = f"{name}_bias_corrected"
+        while new in taken:
+            new += "_"
+        taken.add(new)
+        model.graph.initializer.append(numpy_helper.from_array(value, new))
+        while len(holder.input) <= site.slot:
+            holder.input.append("")
+        holder.input[site.slot] = new
+        applied[name] = [float(a) for a in amounts]
+        if old is not None:
+            replaced.add(old.name)
+    used = _read_anywhere(model.graph) | {o.name for o in model.graph.output}
+    keep = [i for i in model.graph.initializer if i.name not in replaced or i.name in used]
+    if len(keep) < len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+    return applied
+
+
+def _read_anywhere(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of `graph` or of its subgraphs reads."""
+    names = set()
+    for n in graph.node:
+        names.update(n.input)
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names |= _read_anywhere(g)
+    return names
 
 
 class QuantizerCrash(StageError):
@@ -265,8 +443,8 @@ def recipe(model: onnx.ModelProto) -> Recipe:
             raise StageError(f"the model's '{RECIPE}' metadata is not a Q/DQ recipe trtflow wrote "
                              f"({first_line(exc)})", hint="quantize it again with the calibrate stage") from None
         data = {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for t, (lo, hi) in r.ranges.items()}
-        return Recipe(r.quantize_ops, set(r.excluded_nodes), r.per_channel, TensorsData(method, data),
-                      r.quantize_outputs)
+        return Recipe(r.quantize_ops, set(r.excluded_nodes), r.per_channel,
+                      with_bias(TensorsData(method, data), r.bias), r.quantize_outputs)
     quantized = quantized_nodes(model)
     ops = sorted(set(quantized.values()))
     skipped = {n.name for n in model.graph.node if n.op_type in ops and n.name not in quantized}
