@@ -122,10 +122,9 @@ def scenes(tmp_path_factory):
 
 
 def _validate(tmp_path: Path, scenes, labels: dict, name: str):
+    from tests.test_labels import fp16_beside
     from tests.test_validate_stage import run_stage
     from trtflow.artifact import Artifact
-    from trtflow.pipelines.params.precision import PrecisionStage
-    from trtflow.stages.precision import stage as precision
     from trtflow.stages.validate import stage as validate
 
     images, instances, masks = scenes
@@ -133,20 +132,13 @@ def _validate(tmp_path: Path, scenes, labels: dict, name: str):
     steps = [{"read": "bgr"}, {"letterbox": {"size": [320, 320], "pad": 0}}, {"scale": "1/255"},
              {"normalize": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}}, {"layout": "chw"},
              {"batch": True}]
-    pre = preprocess.save(preprocess.canonical(steps), tmp_path / "preprocess.json")
-    inputs = {"preprocess": Artifact(pre, "preprocess", "parity"),
-              "images": [Artifact(p, "file", p.name) for p in images]}
-    reference = Artifact(DET, "onnx", "ref", "prepare")
     regions = {"sigmoid_0.tmp_0": {"map_iou": {"threshold": 0.3}}}
-    fp16 = run_stage(precision, PrecisionStage, tmp_path / "fp16", {"model": reference, **inputs},
-                     data={"images": "*.png"}, holdout=2, preflight="off", metrics=regions)
+    inputs, reference, half = fp16_beside(tmp_path, DET, images, steps, regions)
     files = [Artifact(m, "file", m.name) for m in sorted(masks.glob("*.png"))] if "masks" in labels else \
         [Artifact(instances, "file", "labels")]
     result = run_stage(validate, ValidateStage, tmp_path / name,
-                       {"reference": reference, "models": [Artifact(fp16.outputs["model"], "onnx", "fp16", "fp16")],
-                        "labels": files, **inputs},
-                       data={"images": "*.png"}, metrics=regions,
-                       labels={"output": "sigmoid_0.tmp_0", **labels})
+                       {"reference": reference, "models": [half], "labels": files, **inputs},
+                       data={"images": "*.png"}, metrics=regions, labels={"output": "sigmoid_0.tmp_0", **labels})
     return json.loads(result.outputs["report"].read_text()), result
 
 

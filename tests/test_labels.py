@@ -101,6 +101,24 @@ def rendered_lines(out: Path) -> tuple[list[Path], Path]:
     return paths, out / "labels.csv"
 
 
+def fp16_beside(tmp_path: Path, model: Path, images: list[Path], steps: list, metrics: dict) -> tuple:
+    """The inputs of a validate stage on `images` through the preprocessing `steps` (as the parity stage writes
+    it), the FP32 reference `model`, and its FP16 variant (the precision stage, judged by `metrics`)."""
+    from tests.test_validate_stage import run_stage
+    from trtflow.artifact import Artifact
+    from trtflow.pipelines.params.precision import PrecisionStage
+    from trtflow.stages.image import preprocess
+    from trtflow.stages.precision import stage as precision
+
+    pre = preprocess.save(preprocess.canonical(steps), tmp_path / "preprocess.json")
+    inputs = {"preprocess": Artifact(pre, "preprocess", "parity"),
+              "images": [Artifact(p, "file", p.name) for p in images]}
+    reference = Artifact(model, "onnx", "ref", "prepare")
+    fp16 = run_stage(precision, PrecisionStage, tmp_path / "fp16", {"model": reference, **inputs},
+                     data={"images": "*.png"}, holdout=2, preflight="off", metrics=metrics)
+    return inputs, reference, Artifact(fp16.outputs["model"], "onnx", "fp16", "fp16")
+
+
 def test_a_recognizer_is_scored_against_the_text_its_lines_hold(tmp_path):
     """PP-OCRv4's recognizer (its charset in the model's metadata, as RapidOCR ships it) reads lines rendered from
     known strings: FP32's and the FP16 variant's exact-read share and character error rate against the strings,
@@ -109,26 +127,18 @@ def test_a_recognizer_is_scored_against_the_text_its_lines_hold(tmp_path):
 
     from tests.test_validate_stage import run_stage
     from trtflow.artifact import Artifact
-    from trtflow.pipelines.params.precision import PrecisionStage
-    from trtflow.stages.image import preprocess
-    from trtflow.stages.precision import stage as precision
     from trtflow.stages.validate import stage as validate
 
     paths, labels = rendered_lines(tmp_path)
     steps = [{"read": "bgr"}, {"resize": {"height": 48, "max_width": 320, "round": "ceil"}}, {"scale": "1/255"},
              {"normalize": {"mean": [0.5], "std": [0.5]}}, {"layout": "chw"},
              {"pad": {"size": [48, 320], "value": 0}}, {"batch": True}]
-    pre = preprocess.save(preprocess.canonical(steps), tmp_path / "preprocess.json")
-    inputs = {"preprocess": Artifact(pre, "preprocess", "parity"),
-              "images": [Artifact(p, "file", p.name) for p in paths]}
-    reference = Artifact(REC, "onnx", "ref", "prepare")
     text = {"softmax_11.tmp_0": {"ctc": {"blank": 0}}}
-    fp16 = run_stage(precision, PrecisionStage, tmp_path / "fp16", {"model": reference, **inputs},
-                     data={"images": "*.png"}, holdout=2, preflight="off", metrics=text)
+    inputs, reference, half = fp16_beside(tmp_path, REC, paths, steps, text)
     spec = {"data": {"images": "*.png"}, "metrics": text,
             "labels": {"file": "labels.csv", "output": "softmax_11.tmp_0", "text": {"charset": "model:character"}}}
     result = run_stage(validate, ValidateStage, tmp_path / "v",
-                       {"reference": reference, "models": [Artifact(fp16.outputs["model"], "onnx", "fp16", "fp16")],
+                       {"reference": reference, "models": [half],
                         "labels": [Artifact(labels, "file", "labels")], **inputs}, **spec)
     report = json.loads(result.outputs["report"].read_text())
     fp32 = report["labelled"]
@@ -140,6 +150,6 @@ def test_a_recognizer_is_scored_against_the_text_its_lines_hold(tmp_path):
     with pytest.raises(StageError, match=r"labels.text.charset: the model has no metadata entry 'chars' \(it has: "
                                          r"character\)"):
         run_stage(validate, ValidateStage, tmp_path / "w",
-                  {"reference": reference, "models": [Artifact(fp16.outputs["model"], "onnx", "fp16", "fp16")],
+                  {"reference": reference, "models": [half],
                    "labels": [Artifact(labels, "file", "labels")], **inputs},
                   **{**spec, "labels": {**spec["labels"], "text": {"charset": "model:chars"}}})

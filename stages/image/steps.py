@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from fractions import Fraction
-from typing import Any, Callable, ClassVar, Iterator, NamedTuple
+from typing import Any, Callable, ClassVar, Iterator
 
 import cv2
 import numpy as np
@@ -86,27 +86,18 @@ class Step:
         """The step for images fy times as high and fx times as wide (validate's data at a profile's shape)."""
         return self
 
-    def moves(self, h: int, w: int) -> Move:
+    def moves(self, h: int, w: int) -> Frame:
         """Where the step puts a point of an h x w image, and the size it gives (`sizes` steps say; the rest keep
         every point where it is)."""
-        return Move(1.0, 1.0, 0.0, 0.0, h, w)
-
-
-class Move(NamedTuple):
-    """One step's geometry: y' = sy * y + ty, x' = sx * x + tx in pixel-edge coordinates (a box's corners map as
-    they are), and the image's height and width after it."""
-    sy: float
-    sx: float
-    ty: float
-    tx: float
-    height: int
-    width: int
+        return Frame.still(h, w)
 
 
 @dataclass(frozen=True)
 class Frame:
-    """Where the decoded image's points land in the tensor the steps give (labelled boxes and masks are drawn on
-    the image as read): the steps' moves composed, the tensor image's height and width, and the image's."""
+    """Where the points of an image land after steps: y' = sy * y + ty, x' = sx * x + tx in pixel-edge coordinates
+    (a box's corners map as they are), the height and width after them, and the image's before. One step's
+    (`Step.moves`), or the steps' composed (`of`): where the decoded image's points land in the tensor (labelled
+    boxes and masks are drawn on the image as read)."""
     sy: float
     sx: float
     ty: float
@@ -118,12 +109,17 @@ class Frame:
     @classmethod
     def of(cls, steps: Steps, h: int, w: int) -> Frame:
         """The frame of an h x w image through `steps` (those after `read`)."""
-        frame = cls(1.0, 1.0, 0.0, 0.0, h, w, (h, w))
+        frame = cls.still(h, w)
         for step in steps:
             m = step.moves(frame.height, frame.width)
             frame = cls(frame.sy * m.sy, frame.sx * m.sx, frame.ty * m.sy + m.ty, frame.tx * m.sx + m.tx,
                         m.height, m.width, (h, w))
         return frame
+
+    @classmethod
+    def still(cls, h: int, w: int) -> Frame:
+        """Every point of an h x w image where it is."""
+        return cls(1.0, 1.0, 0.0, 0.0, h, w, (h, w))
 
     def scaled(self, fy: float, fx: float) -> Frame:
         """The frame of a map fy times as high and fx times as wide as the tensor image (a head's output)."""
@@ -220,9 +216,9 @@ class Resize(Step):
         s = self.shorter  # torchvision semantics: the shorter side becomes `shorter`, the other keeps the ratio
         return (s, rounded(s * w / h)) if h <= w else (rounded(s * h / w), s)
 
-    def moves(self, h: int, w: int) -> Move:
+    def moves(self, h: int, w: int) -> Frame:
         nh, nw = self._size(h, w)
-        return Move(nh / h, nw / w, 0.0, 0.0, nh, nw)
+        return Frame(nh / h, nw / w, 0.0, 0.0, nh, nw, (h, w))
 
     def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
         nh, nw = self._size(*img.shape[:2])
@@ -298,9 +294,9 @@ class Letterbox(Step):
         nh, nw = round(h * r), round(w * r)
         return nh, nw, (th - nh) // 2, (tw - nw) // 2
 
-    def moves(self, h: int, w: int) -> Move:
+    def moves(self, h: int, w: int) -> Frame:
         nh, nw, top, left = self._placed(h, w)
-        return Move(nh / h, nw / w, top, left, *self.size)
+        return Frame(nh / h, nw / w, top, left, *self.size, (h, w))
 
     def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
         th, tw = self.size
@@ -357,9 +353,9 @@ class CenterCrop(Step):
         rounded = ROUNDING[self.round]
         return int(rounded((h - ch) / 2.0)), int(rounded((w - cw) / 2.0))
 
-    def moves(self, h: int, w: int) -> Move:
+    def moves(self, h: int, w: int) -> Frame:
         top, left = self._corner(h, w)
-        return Move(1.0, 1.0, -top, -left, *self.size)
+        return Frame(1.0, 1.0, -top, -left, *self.size, (h, w))
 
     def apply(self, img: np.ndarray, layout: str) -> tuple[np.ndarray, str]:
         ch, cw = self.size
@@ -393,8 +389,8 @@ class Crop(Step):
             raise StageError(f"crop {self.to_json()} falls outside the image ({img.shape[0]}x{img.shape[1]})")
         return img[t:t + ch, l:l + cw], layout
 
-    def moves(self, h: int, w: int) -> Move:
-        return Move(1.0, 1.0, -self.top, -self.left, self.height, self.width)
+    def moves(self, h: int, w: int) -> Frame:
+        return Frame(1.0, 1.0, -self.top, -self.left, self.height, self.width, (h, w))
 
     def fixed_size(self) -> tuple[int, int] | None:
         return self.height, self.width
@@ -462,9 +458,9 @@ class Pad(Step):
                      "bottom_right": (th - h, tw - w)}[self.place]
         return th, tw, top, left
 
-    def moves(self, h: int, w: int) -> Move:
+    def moves(self, h: int, w: int) -> Frame:
         th, tw, top, left = self._placed(h, w)
-        return Move(1.0, 1.0, top, left, th, tw)
+        return Frame(1.0, 1.0, top, left, th, tw, (h, w))
 
     def fixed_size(self) -> tuple[int, int] | None:
         return None if self.size == "square" else self.size
