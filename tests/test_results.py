@@ -9,9 +9,9 @@ from trtflow.flows.manifest import Manifest
 from trtflow.flows.results import StageReport, Verdict
 from trtflow.flows.runner import StageOutcome
 
-HELD = {"action": "hold", "subject": "native", "model": "cls", "version": 1, "engine": "fp16.b4.native",
+HELD = {"action": "held", "subject": "native", "model": "cls", "version": 1, "engine": "fp16.b4.native",
         "why": "optional variant 'fp16', which this run left out"}
-RELEASED = {"action": "release", "subject": "tiny", "model": "cls", "version": 3, "engine": "fp32.b1.tiny", "why": ""}
+RELEASED = {"action": "released", "subject": "tiny", "model": "cls", "version": 3, "engine": "fp32.b1.tiny", "why": ""}
 
 
 def _manifest(kind: str, metrics: dict, decisions: list | None = None) -> Manifest:
@@ -25,8 +25,8 @@ def test_a_results_decisions_and_the_flow_result_round_trip_through_json(capsys)
     field of its own per kind, and a kind's metrics are its own."""
     manifest = _manifest("release", {"releases": [{"version": 3}]}, [RELEASED, HELD])
     verdict = Verdict.of(manifest)
-    assert [(d.action, d.subject, d.version) for d in verdict.decisions] == [("release", "tiny", 3),
-                                                                           ("hold", "native", 1)]
+    assert [(d.action, d.subject, d.version) for d in verdict.decisions] == [("released", "tiny", 3),
+                                                                           ("held", "native", 1)]
     outcome = StageOutcome("release", "release", manifest.key, "ran", Path("/store/release/k"), manifest, "never run",
                            1.23456, 0.5)
     sent = StageReport.of_outcome(outcome).model_dump(mode="json")

@@ -7,14 +7,14 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-Action = Literal["ship", "replace", "exclude", "release", "hold"]
+Action = Literal["shipped", "replaced", "excluded", "released", "held"]
 
 
 class Decision(BaseModel):
-    """One decision: `ship` a candidate (it passed); `replace` a candidate (never to deploy: a repaired engine
-    passes in its place); `exclude` a variant (optional, it failed: not benchmarked or released); `release` a
-    version of `model` for the target `subject`; `hold` the target's previous version (the variant that shipped
-    it was left out)."""
+    """One decision: a candidate `shipped` (it passed) or `replaced` (never to deploy: a repaired engine passes in
+    its place); a variant `excluded` (optional, it failed: not benchmarked or released); a version of `model`
+    `released` for the target `subject`, or the target's previous version `held` (the variant that shipped it was
+    left out)."""
     action: Action
     subject: str
     why: str = ""
@@ -31,12 +31,12 @@ def sentences(stage: str, decisions: list[Decision]) -> list[str]:
     """What the decisions mean for deployment, one line each (Rich markup-free plain text): the candidates
     replaced, the variants left out, the targets kept at their previous version."""
     lines = []
-    replaced = [d.subject for d in of(decisions, "replace")]
+    replaced = [d.subject for d in of(decisions, "replaced")]
     if replaced:
         lines.append(f"not to deploy (failed {stage}; each replaced by a repaired engine that passes): "
                      f"{', '.join(replaced)}")
     lines += [f"left out optional variant {d.subject} (failed {stage}; not benchmarked or released): {d.why}"
-              for d in of(decisions, "exclude")]
+              for d in of(decisions, "excluded")]
     lines += [f"kept version {d.version} of {d.model} for target {d.subject} ({stage}): {d.why}"
-              for d in of(decisions, "hold")]
+              for d in of(decisions, "held")]
     return lines

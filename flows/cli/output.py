@@ -33,9 +33,9 @@ class Output(Command):
                             f"({item.reason})", hint=f"run it first: trtflow run {args.pipeline} --stage {args.stage}")
         directory = runner.store.path(args.stage, item.key)
         for d in Verdict.of(manifest).decisions:  # reused only while no later version was released (plan says)
-            if d.action in ("release", "hold"):
+            if d.action in ("released", "held"):
                 err.print(f"{d.model} version {d.version} for target {d.subject}: the latest released"
-                          + (f" (kept: {d.why})" if d.action == "hold" else ""), markup=False)
+                          + (f" (kept: {d.why})" if d.action == "held" else ""), markup=False)
         if args.output is None:
             out.print(str(directory))
             return 0

@@ -54,10 +54,10 @@ class Plan(Command):
                                                      "environment_changed": i.changed,
                                                      "executes": loaded.spec.stages[i.name].executes(),
                                                      "excluded": {d.subject: d.why
-                                                                  for d in of(i.decisions, "exclude")},
+                                                                  for d in of(i.decisions, "excluded")},
                                                      "held": [{"model": d.model, "target": d.subject,
                                                                "version": d.version, "engine": d.engine, "why": d.why}
-                                                              for d in of(i.decisions, "hold")]}
+                                                              for d in of(i.decisions, "held")]}
                                                     for i in items]}, indent=2) + "\n")
             return code
         table = Table(title=f"plan for {loaded.spec.name} (store: {runner.store.location})", title_justify="left")
@@ -66,8 +66,8 @@ class Plan(Command):
         style = {"reuse": "green", "run": "yellow", "error": "red"}
         for it in items:
             why = "; ".join([it.reason]
-                            + [f"left out optional variant {d.subject}" for d in of(it.decisions, "exclude")]
-                            + [f"kept version {d.version} for target {d.subject}" for d in of(it.decisions, "hold")])
+                            + [f"left out optional variant {d.subject}" for d in of(it.decisions, "excluded")]
+                            + [f"kept version {d.version} for target {d.subject}" for d in of(it.decisions, "held")])
             table.add_row(it.name, escape(it.kind), f"[{style[it.action]}]{it.action}[/]", escape(why),
                           (it.key or "")[:12], it.environment)
         out.print(table)

@@ -172,10 +172,10 @@ def _decisions(job: _Job, released: list[TargetRelease]) -> list[Decision]:
     out = []
     for t in released:
         if t.chosen is not None and t.version is not None:
-            out.append(Decision(action="release", subject=t.target, model=job.model_name, version=t.version,
+            out.append(Decision(action="released", subject=t.target, model=job.model_name, version=t.version,
                                 engine=t.chosen.name))
         elif t.held is not None and t.version is not None:
-            out.append(Decision(action="hold", subject=t.target, model=job.model_name, version=t.version,
+            out.append(Decision(action="held", subject=t.target, model=job.model_name, version=t.version,
                                 engine=t.previous, why=t.held))
     return out
 

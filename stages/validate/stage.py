@@ -126,10 +126,10 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                             shipped=verdict.shipped, not_shipped=verdict.not_shipped, excluded=excluded,
                             warnings=warnings, labelled=job.reference_labelled)
     outputs.report.write_text(report.model_dump_json(indent=2) + "\n")
-    decided = [Decision(action="ship", subject=n) for n in verdict.shipped]
-    decided += [Decision(action="replace", subject=n, why=verdict.not_shipped[n])
+    decided = [Decision(action="shipped", subject=n) for n in verdict.shipped]
+    decided += [Decision(action="replaced", subject=n, why=verdict.not_shipped[n])
                 for n in sorted(verdict.not_shipped) if n not in verdict.optional]
-    decided += [Decision(action="exclude", subject=variant, why=why) for variant, why in excluded.items()]
+    decided += [Decision(action="excluded", subject=variant, why=why) for variant, why in excluded.items()]
     result = StageResult(outputs=outputs.paths(), summary=report.summary(), warnings=warnings, decisions=decided,
                          metrics={"candidates": len(checked), "failed": len(failed), "shipped": verdict.shipped,
                                   "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
