@@ -96,7 +96,7 @@ def test_the_total_validate_reports_carries_the_directions_its_shapes_were_judge
     with max_accuracy_drop failed, "nothing says whether 'y/close' is better higher or lower"."""
     from types import SimpleNamespace
 
-    from trtflow.stages.validate import stage as validate
+    from trtflow.stages.validate import judge
     face = np.zeros((1, 50, 50), bool)
     face[0, 10:40, 10:40] = True
     shrunk = face.copy()
@@ -110,7 +110,7 @@ def test_the_total_validate_reports_carries_the_directions_its_shapes_were_judge
         per_set.append(cmp)
     measured = SimpleNamespace(per_set=per_set, shapes=[[{"x": [1, 3, 50, 50]}]] * 2, total=per_set[0])
     sets = [SimpleNamespace(name=n, source=SimpleNamespace(made=lambda: "test")) for n in ("p.min", "p.max")]
-    total, rows = validate._judged(measured, sets, "test", "int8", params)
+    total, rows = judge.judged(measured, sets, "test", "int8", params)
     assert [r.passed for r in rows] == [True, True]
     back = CandidateResult.model_validate_json(_candidate(total).model_dump_json()).accuracy  # as release reads it
     assert back.directions == {"faces": {"face_iou": True}}

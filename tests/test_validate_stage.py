@@ -176,7 +176,8 @@ def test_int8_range_ruined_is_caught_localized_and_repaired(tmp_path):
 def test_localization_looks_at_the_samples_whose_outputs_are_off_the_most():
     import numpy as np
 
-    from trtflow.stages.validate.stage import _how_far_off, _worst_samples
+    from trtflow.stages.validate.measure import how_far_off as _how_far_off
+    from trtflow.stages.validate.measure import worst_samples as _worst_samples
     ref = {"y": np.array([1.0, 2.0, 3.0], np.float32)}
     close = _how_far_off(ref, {"y": np.array([1.0, 2.0, 3.001], np.float32)})
     far = _how_far_off(ref, {"y": np.array([3.0, 2.0, 1.0], np.float32)})
