@@ -7,6 +7,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pydantic import BaseModel
+
 from trtflow.flows import code_lock
 from trtflow.pipelines.kinds import USER, kind_of
 from trtflow.usercode import import_callable, source_digest
@@ -18,6 +20,7 @@ class StageImpl:
     version: str
     env_facets: tuple[str, ...]
     code: dict[str, Any] | None = None  # the key's part `trtflow` (built-in kinds; a user's has its `code`)
+    report: type[BaseModel] | None = None  # the class of its output 'report' (a built-in kind's `REPORT`)
 
 
 def resolve(spec: Any) -> StageImpl:
@@ -26,4 +29,5 @@ def resolve(spec: Any) -> StageImpl:
         func = import_callable(spec.kind, f"stage kind '{spec.kind}'", 3)  # run(params, inputs, out_dir)
         return StageImpl(func, f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec))
     module = importlib.import_module(kind.module)
-    return StageImpl(module.run, str(module.VERSION), kind.env(spec), code_lock.key_facts(kind))
+    return StageImpl(module.run, str(module.VERSION), kind.env(spec), code_lock.key_facts(kind),
+                     getattr(module, "REPORT", None))

@@ -14,6 +14,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import ValidationError
+
+from trtflow import files
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.decisions import Decision
 from trtflow.disk import DiskError, disk_error
@@ -28,7 +31,7 @@ from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
-from trtflow.text import suggestion
+from trtflow.text import first_line, suggestion
 from trtflow.usercode import import_callable, source_digest
 
 SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)
@@ -323,6 +326,7 @@ class Runner:
         ran = _Attempt(self.store.staging(name, key), self._make_shared_caches(inputs, log))
         try:
             self._run_claiming(name, r, inputs, ran, log)
+            self._check_report(name, r.impl, ran.result)
             manifest = self._manifest(name, key, parts, inputs, ran.result, ran.staging, ran.began, ran.work,
                                       status="failed" if ran.failed else "ok")
             directory, manifest = self.store.publish(name, key, ran.staging, manifest,
@@ -415,6 +419,21 @@ class Runner:
                 self._noted.add(note)
                 log(f"warning: {note}")
         return before
+
+    @staticmethod
+    def _check_report(name: str, impl: implementation.StageImpl, result: Any) -> None:
+        """A built-in kind's report is what its class says (what the stages after it read it as), or the stage that
+        wrote it fails, before anything is published."""
+        path = result.outputs.get("report") if isinstance(result, StageResult) else None
+        if impl.report is None or path is None:
+            return
+        try:
+            impl.report.model_validate_json(files.read_bounded(path, files.RECORD_BYTES))
+        except (ValidationError, OSError, ValueError) as exc:
+            where = exc.errors()[0] if isinstance(exc, ValidationError) else None
+            what = f"{'.'.join(map(str, where['loc']))}: {where['msg']}" if where else first_line(exc)
+            raise StageError(f"stage '{name}' wrote a report its kind's {impl.report.__name__} refuses ({what})",
+                             hint="a bug in trtflow: please report it with the stage's log") from None
 
     def _manifest(self, name: str, key: str, parts: keys.KeyParts, inputs: Inputs, result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> Manifest:

@@ -288,3 +288,20 @@ def test_the_store_in_a_model_repo_is_ignored_by_git(write_yaml, workdir):
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=workdir,
                                 capture_output=True, text=True, check=True).stdout
         assert status and ".trtflow" not in status, status
+
+
+def test_a_report_its_kinds_class_refuses_fails_the_stage_that_wrote_it(tmp_path):
+    """Issue #52: reports pass between kinds as JSON; a built-in kind's report is checked against its class
+    (`REPORT` beside `run`) before it is published, so a bad one fails its own stage, not a later one."""
+    from trtflow.artifact import StageResult
+    from trtflow.errors import StageError
+    from trtflow.flows.implementation import resolve
+    from trtflow.flows.runner import Runner
+    from trtflow.pipelines.params.benchmark import BenchmarkStage
+    from trtflow.stages.benchmark.report import BenchmarkReport
+
+    impl = resolve(BenchmarkStage.model_validate({"kind": "benchmark"}))
+    assert impl.report is BenchmarkReport
+    (tmp_path / "report.json").write_text('{"cells": "not a list"}')
+    with pytest.raises(StageError, match=r"stage 'bench' wrote a report its kind's BenchmarkReport refuses \("):
+        Runner._check_report("bench", impl, StageResult(outputs={"report": tmp_path / "report.json"}))

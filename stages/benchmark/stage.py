@@ -40,6 +40,7 @@ VERSION = "5"  # 2: only what validate passed, and its repaired engines. 3: data
 # (and passed to trtexec as --iterations). 5: each cell's spread across this machine's runs (history.py)
 TRTEXEC_TIMEOUT_S = 1800
 _BASELINES = TypeAdapter(dict[str, Baseline])  # a baseline file: cell -> what the gate compares
+REPORT = BenchmarkReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:

@@ -26,6 +26,7 @@ from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt, gpus
 from trtflow.text import did_you_mean
 
 VERSION = "2"  # 2: precision per cell, size warnings
+REPORT = BuildReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def backend(requested: str) -> Backend:

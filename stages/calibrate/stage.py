@@ -58,6 +58,7 @@ FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held bef
 # 0.859 / 0.870 / 0.860 / 0.862 on 48 scenes) but its worst scene did (IoU 0.09 at 4-16, 0.42 at 32); and the range
 # check (ENTROPY_CHECK_SAMPLES) judges on fewer than its 8 samples below 8
 RECOMMENDED_SAMPLES = 8
+REPORT = CalibrateReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:

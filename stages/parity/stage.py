@@ -29,6 +29,7 @@ from trtflow.stages.parity.report import ParityReport
 VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
 # metrics with all their fields (typed)
 DIAGNOSIS_SAMPLES = 4
+REPORT = ParityReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:

@@ -42,6 +42,7 @@ from trtflow.text import first_line, pattern_hint
 VERSION = "6"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
 # 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built.
 # 5: the trial build with all its fields (typed). 6: the pre-flight simulated and measured by validate's code
+REPORT = PrecisionReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:

@@ -28,6 +28,7 @@ from trtflow.text import first_line
 
 VERSION = "3"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
 # with all its fields (typed)
+REPORT = PrepareReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:

@@ -33,6 +33,7 @@ VERSION = "5"  # 2: select.max_accuracy_drop weighs every task metric (a functio
 # 4: the card's request example is also a file beside it (request-<target>.py), and waits for the model to be ready;
 # 5: only contract-compatible engines compete, a margin across runs, rollbacks refused or said
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
+REPORT = ReleaseReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 @dataclass

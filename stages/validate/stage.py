@@ -49,6 +49,7 @@ VERSION = "9"  # 2: layerwise statistics from the squared difference (exact 1 - 
 # 8: the graph measured named; a reference that does not vary with its input warned of; first node past its bound
 # and largest drift apart; masks and sentinels apart from FP16 overflow. 9: the candidate's total accuracy (what the
 # report keeps) carries its metrics' directions too (issue #51, item 1: a release weighing a function's metric failed)
+REPORT = ValidateReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 @dataclass
