@@ -394,7 +394,7 @@ class Runner:
         if failed is not None:
             _name_stage(failed, name)
             _retarget(failed, ran.staging, str(directory))
-            failed.directory = directory  # type: ignore[attr-defined]
+            failed.directory = directory
             failed.tell(details=str(directory / "summary.md"))
             self._mark_last(name, key, parts, status="failed", error=_first_line(failed))
             raise failed

@@ -124,6 +124,8 @@ class StageFailed(StageError):
     so it is never reused as a success.
     """
 
+    directory: Any = None  # the published result's directory, once the runner published it
+
     def __init__(self, message: str, result: StageResult):
         super().__init__(message)
         self.result = result
