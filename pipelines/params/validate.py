@@ -7,8 +7,15 @@ from pydantic import ConfigDict, Field, model_validator
 
 from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import (CUSTOM_KIND, DETECTION_NAMES, Metrics, SampleData, StageBase, Strict,
-                                      metric_direction)
+from trtflow.pipelines.schema import (
+    DETECTION_NAMES,
+    BoxDecoding,
+    Metrics,
+    SampleData,
+    StageBase,
+    Strict,
+    metric_direction,
+)
 from trtflow.pipelines.units import Fraction
 
 Number = int | float  # not float alone: a bound written as an integer stays one in the stage's key
@@ -79,16 +86,11 @@ class TextLabels(Strict):
     axis: int = Field(-1, description="the class axis of the output ([N, T, C]: -1)")
 
 
-class BoxLabels(Strict):
+class BoxLabels(BoxDecoding):
     """How a detector's outputs become boxes to score against COCO-format labels (pycocotools' COCOeval: mAP at
-    IoU 0.5:0.95 and at 0.5). Boxes are taken back through the preprocessing (resize, letterbox, crop, pad) to
-    the image as read, where the labels are drawn."""
-    layout: Literal["auto", "yolov5", "yolov8", "end2end"] = Field(
-        "auto", description="the head's layout, as for the detections metric (auto: yolov8 where the output is "
-                            "[N, 4+C, A])")
-    decode: str | None = Field(None, pattern=CUSTOM_KIND, description=(
-        "instead of a layout, package.module:function(outputs, feed) -> one (boxes [K, 4] x1 y1 x2 y2 in the "
-        "tensor's pixels, scores [K], classes [K]) per image of the batch"))
+    IoU 0.5:0.95 and at 0.5): decoded as the detections metric decodes them (`layout`, or `decode` giving boxes in
+    the tensor's pixels), then taken back through the preprocessing (resize, letterbox, crop, pad) to the image as
+    read, where the labels are drawn."""
     score_threshold: float = Field(0.001, description="a box scoring at most this is left out (mAP wants the "
                                                       "low-scoring boxes too: 0.001, as COCO evaluations use)")
     nms_iou: float = Field(0.6, ge=0, le=1, description="class-aware non-maximum suppression (not for end2end)")
@@ -97,12 +99,6 @@ class BoxLabels(Strict):
     category_ids: list[int] = Field(default_factory=list, max_length=100000, description=(
         "the labels' category id of each model class, in class order; default: the file's categories sorted by "
         "id (a COCO-trained 80-class detector's order)"))
-
-    @model_validator(mode="after")
-    def _layout_or_decoder(self) -> "BoxLabels":
-        if self.decode is not None and self.layout != "auto":
-            raise ValueError("give layout (a built-in decoder) or decode (your function), not both")
-        return self
 
 
 class MaskLabels(Strict):
