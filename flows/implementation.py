@@ -20,7 +20,11 @@ class StageImpl:
     version: str
     env_facets: tuple[str, ...]
     code: dict[str, Any] | None = None  # the key's part `trtflow` (built-in kinds; a user's has its `code`)
-    report: type[BaseModel] | None = None  # the class of its output 'report' (a built-in kind's `REPORT`)
+    # what its stage module exports beside `run` for the flow (pipelines/row.py): its report's class, the events
+    # after it ran (StageRan -> [Event]), why a published result no longer holds ((metrics, shared/) -> why | None)
+    report: type[BaseModel] | None = None
+    events: Callable[..., Any] | None = None
+    outdated: Callable[..., Any] | None = None
 
 
 def resolve(spec: Any) -> StageImpl:
@@ -29,5 +33,5 @@ def resolve(spec: Any) -> StageImpl:
         func = import_callable(spec.kind, f"stage kind '{spec.kind}'", 3)  # run(params, inputs, out_dir)
         return StageImpl(func, f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec))
     module = importlib.import_module(kind.module)
-    return StageImpl(module.run, str(module.VERSION), kind.env(spec), code_lock.key_facts(kind),
-                     getattr(module, "REPORT", None))
+    hooks = (getattr(module, name, None) for name in ("REPORT", "EVENTS", "OUTDATED"))
+    return StageImpl(module.run, str(module.VERSION), kind.env(spec), code_lock.key_facts(kind), *hooks)

@@ -28,14 +28,14 @@ from trtflow import files, progress
 from trtflow import markdown as md
 from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
 from trtflow.events import Event, StageRan
+from trtflow.flows import implementation
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all, resume
 from trtflow.flows.manifest import Manifest
 from trtflow.flows.results import StageReport
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
-from trtflow.pipelines.kinds import kind_named, kind_of
+from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import parse_yaml
-from trtflow.usercode import import_callable
 
 StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) as stages start and finish
 # the CLI's lines listen here, for the flows run in its context only
@@ -151,7 +151,7 @@ def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None
 
 def _announce(runner: Runner, outcome: StageOutcome) -> None:
     """The events the stage's kind announces after it ran (its row's `events`)."""
-    for event in announced(runner.pipeline.file, outcome):
+    for event in announced(runner, outcome):
         emit(event)
         if event.say:
             get_run_logger().info("%s", event.say)
@@ -164,14 +164,13 @@ def emit(event: Event) -> None:
                payload=event.payload)
 
 
-def announced(pipeline: Path, outcome: StageOutcome) -> list[Event]:
-    """What a stage's kind announces for a run of it (its row's `events`)."""
-    row = kind_named(outcome.kind)
-    if row is None or row.events is None:
+def announced(runner: Runner, outcome: StageOutcome) -> list[Event]:
+    """What a stage's kind announces for a run of it (its stage module's `EVENTS`)."""
+    announce = implementation.resolve(runner.graph.nodes[outcome.name].spec).events
+    if announce is None:
         return []
-    announce = import_callable(row.events, f"stage kind '{outcome.kind}' events", 1)
-    return announce(StageRan(pipeline, outcome.name, outcome.key, Path(outcome.directory),
-                               outcome.manifest.metrics))
+    return announce(StageRan(runner.pipeline.file, outcome.name, outcome.key, Path(outcome.directory),
+                             outcome.manifest.metrics))
 
 
 def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
@@ -227,7 +226,7 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         if isinstance(exc, TrtflowError):
             exc.tell(also_failed=tuple(others), not_run=tuple(lost))
         raise exc
-    return [StageReport.of_outcome(o, announced(runner.pipeline.file, o) if o.status == "ran" else [])
+    return [StageReport.of_outcome(o, announced(runner, o) if o.status == "ran" else [])
             .model_dump(mode="json") for o in (run.outcomes[n] for n in order)]
 
 

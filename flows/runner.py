@@ -32,7 +32,7 @@ from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
 from trtflow.text import first_line, suggestion
-from trtflow.usercode import import_callable, source_digest
+from trtflow.usercode import source_digest
 
 SHARED_CACHE = "shared-cache"  # an input outside the key: a cache a stage may read and update (timing caches)
 CLAIM_ATTEMPTS = 5  # runs of a stage whose claimed record (a release's version) another run took meanwhile
@@ -223,7 +223,7 @@ class Runner:
             return Resolution(name, spec.kind, impl, inputs, key, parts, None, "forced")
         found = self.store.lookup(name, key) if fetch else self.store.peek(name, key)
         if found.manifest is not None:
-            stale = self._outdated(spec, found.manifest)
+            stale = self._outdated(impl, found.manifest)
             if stale is None:
                 return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest,
                                   f"nothing changed; {found.note}" if found.note else "nothing changed")
@@ -231,17 +231,15 @@ class Runner:
         reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe, spec.all_params())
         return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
 
-    def _outdated(self, spec: Any, manifest: Manifest) -> str | None:
-        """Why a published result of a kind that checks it (its row's `outdated`) no longer holds, read against the
-        store's shared records (fetched once per run from a remote store); None: reuse it."""
-        row = kind_of(spec)
-        if row.outdated is None:
+    def _outdated(self, impl: implementation.StageImpl, manifest: Manifest) -> str | None:
+        """Why a published result of a kind that checks it (its stage module's `OUTDATED`) no longer holds, read
+        against the store's shared records (fetched once per run from a remote store); None: reuse it."""
+        if impl.outdated is None:
             return None
         if not self._shared_pulled:
             self.store.pull_shared()
             self._shared_pulled = True
-        check = import_callable(row.outdated, f"stage kind '{spec.kind}' outdated", 2)
-        return check(manifest.metrics, self.store.root / SHARED)
+        return impl.outdated(manifest.metrics, self.store.root / SHARED)
 
     # --- plan -------------------------------------------------------------------------------------------------
 

@@ -141,8 +141,7 @@ class NoteStage(StageBase):
 
 KIND = Kind("note", NoteStage, slots={}, outputs={"note": "file"},
             shared_caches=lambda p: ("notes",),  # the store's shared/ folder, outside the key
-            synced={"notes/": 1 << 16},  # kept for every machine of a remote store
-            events="trtflow.stages.note.stage:announce")  # what the flow announces after a stage of it ran
+            synced={"notes/": 1 << 16})  # kept for every machine of a remote store
 '''
 
 NOTE_STAGE = '''
@@ -161,6 +160,9 @@ def announce(ran: StageRan) -> list[Event]:
                   say=f"noted {ran.metrics.get('text')}")]
 
 
+EVENTS = announce  # what the flow announces after a stage of it ran
+
+
 def run(params: NoteStage, inputs: Inputs, out_dir: Path) -> StageResult:
     (out_dir / "note.txt").write_text(params.text)
     shared = inputs.one("notes").path / "notes"
@@ -170,10 +172,10 @@ def run(params: NoteStage, inputs: Inputs, out_dir: Path) -> StageResult:
 '''
 
 
-def test_a_new_kind_declares_its_events_and_shared_folder_on_its_row(tmp_path, workdir, bucket, prefect_api):
+def test_a_new_kind_declares_its_events_in_its_stage_and_its_shared_folder_on_its_row(tmp_path, workdir, bucket, prefect_api):
     """A kind whose stage emits an event after it ran and writes a shared folder that a remote store keeps for
-    every machine: still its params file (the row declares both), its stage module and one line; flows/ is not
-    touched. Run as users run it, on an S3 store (moto) and the test run's Prefect server."""
+    every machine: still its params file (the row declares the folder), its stage module (exporting its events
+    beside `run`) and one line; flows/ is not touched. Run as users run it, on an S3 store (moto) and the test run's Prefect server."""
     import time
 
     import httpx

@@ -159,6 +159,4 @@ KIND = Kind("release", ReleaseStage,
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),
             synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once
-            events="trtflow.stages.release.triton.versions:announce",
-            outdated="trtflow.stages.release.triton.versions:outdated",  # a later version was released since
             wiring=_wiring)

@@ -34,6 +34,8 @@ VERSION = "5"  # 2: select.max_accuracy_drop weighs every task metric (a functio
 # 5: only contract-compatible engines compete, a margin across runs, rollbacks refused or said
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 REPORT = ReleaseReport  # what output 'report' holds: checked against it when published (flows/runner.py)
+EVENTS = versions.announce  # the Prefect events the flow sends after a stage of it ran: each new version
+OUTDATED = versions.outdated  # why a result about to be reused no longer holds: a later version was released
 
 
 @dataclass
