@@ -228,3 +228,14 @@ def plot(params, inputs, out_dir: Path) -> StageResult:
     (out_dir / "plots").mkdir()
     path = error_histograms({"logits": [np.abs(rng.normal(0, 1e-3, 1000))]}, out_dir / "plots" / "errors.png", "errors")
     return StageResult(outputs={"plot": path}, summary="drew **the error histogram**")
+
+
+def claiming(params, inputs, out_dir: Path) -> StageResult:
+    """A result that needs a record of the store's shared/ claimed (as a release's version), for the runner's
+    claim-and-retry step."""
+    from trtflow.artifact import Claim
+
+    CALLS.append("claiming")
+    (out_dir / "note.txt").write_text("claimed")
+    return StageResult(outputs={"note": out_dir / "note.txt"},
+                       claims=[Claim(path="records/one.json", data=b"{}", owner="a" * 64)])

@@ -305,3 +305,34 @@ def test_a_report_its_kinds_class_refuses_fails_the_stage_that_wrote_it(tmp_path
     (tmp_path / "report.json").write_text('{"cells": "not a list"}')
     with pytest.raises(StageError, match=r"stage 'bench' wrote a report its kind's BenchmarkReport refuses \("):
         Runner._check_report("bench", impl, StageResult(outputs={"report": tmp_path / "report.json"}))
+
+
+def test_a_run_that_loses_a_claim_runs_again_and_gives_up_in_the_end(write_yaml, monkeypatch):
+    """The runner's claim step on its own (issue #52): another run took a record this result needs (a release's
+    version): the stage runs again from it, saying so; three losses in a row are a transient error and nothing of
+    theirs is published."""
+    from trtflow.errors import TransientStageError
+    from trtflow.flows import runner as runner_mod
+
+    path = write_yaml("""
+        version: 1
+        name: claims
+        model: models/cls.onnx
+        stages:
+          rec: {kind: "tests.stage_fns:claiming", outputs: {note: file}}
+        """)
+    lost = iter(["version 1 of 'm' was claimed by another run", None])
+    monkeypatch.setattr(runner_mod, "claim_all", lambda store, claims: next(lost) if claims else None)
+    stage_fns.CALLS.clear()
+    runner = Runner(load_pipeline(path))
+    runner.store.ensure_writable()
+    said: list[str] = []
+    outcome = runner.run_stage("rec", {}, log=said.append)
+    assert outcome.status == "ran" and stage_fns.CALLS == ["claiming", "claiming"]
+    assert said == ["version 1 of 'm' was claimed by another run: running 'rec' again"]
+    monkeypatch.setattr(runner_mod, "claim_all", lambda store, claims: "taken" if claims else None)
+    with pytest.raises(TransientStageError, match=rf"rec: {runner_mod.CLAIM_ATTEMPTS} runs in a row lost a record "
+                                                  r"of the store's shared/ to other runs \(taken\) \(run again\)"):
+        runner.run_stage("rec", {}, force=["rec"])
+    assert stage_fns.CALLS == ["claiming"] * (2 + runner_mod.CLAIM_ATTEMPTS)
+    assert runner.store.lookup("rec", outcome.key).manifest is not None  # the first result stands alone
