@@ -309,8 +309,8 @@ def test_a_report_its_kinds_class_refuses_fails_the_stage_that_wrote_it(tmp_path
 
 def test_a_run_that_loses_a_claim_runs_again_and_gives_up_in_the_end(write_yaml, monkeypatch):
     """The runner's claim step on its own (issue #52): another run took a record this result needs (a release's
-    version): the stage runs again from it, saying so; three losses in a row are a transient error and nothing of
-    theirs is published."""
+    version): the stage runs again from it, saying so; CLAIM_ATTEMPTS losses in a row are a transient error and
+    nothing of theirs is published."""
     from trtflow.errors import TransientStageError
     from trtflow.flows import runner as runner_mod
 
