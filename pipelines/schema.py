@@ -243,7 +243,8 @@ class CallableMetric(Strict):
 
 
 class BoxDecoding(Strict):
-    """How a detector's outputs become boxes: a built-in decoder for a head layout, or the user's function."""
+    """How a detector's outputs become boxes: a built-in decoder for a head layout, or the user's function, and
+    which of them are kept (score, class-aware NMS, how many)."""
     layout: Literal["auto", "yolov5", "yolov8", "end2end"] = Field(
         "auto", description="yolov5: [N, A, 5+C] (cx, cy, w, h, objectness, C class scores); yolov8: [N, 4+C, A] "
                             "or [N, A, 4+C] (cx, cy, w, h, C class scores); end2end: [N, K, 6] after the model's "
@@ -253,6 +254,11 @@ class BoxDecoding(Strict):
         "instead of a layout, package.module:function(outputs, feed) -> one (boxes [K, 4] x1 y1 x2 y2, scores "
         "[K], classes [K]) per image of the batch; outputs: every output of the model by name (heads spread "
         "over several outputs), feed: the inputs"))
+    score_threshold: float = Field(0.25, description="a box scoring at most this is no detection")
+    nms_iou: float = Field(0.45, ge=0, le=1, description="non-maximum suppression: a box overlapping a better one "
+                                                          "of its class by more than this IoU is dropped (not for "
+                                                          "end2end)")
+    max_detections: int = Field(300, ge=1, le=100_000, description="per image, the best-scoring boxes kept")
 
     @model_validator(mode="after")
     def _layout_or_decoder(self) -> "BoxDecoding":
@@ -264,13 +270,8 @@ class BoxDecoding(Strict):
 class DetectionsMetric(BoxDecoding):
     """A detector's boxes, decoded from its outputs, suppressed (class-aware NMS) and matched one-to-one to the
     reference's (same class, IoU at least match_iou, greedily by the candidate's score)."""
-    score_threshold: float = Field(0.25, description="a box scoring at most this is no detection")
-    nms_iou: float = Field(0.45, ge=0, le=1, description="non-maximum suppression: a box overlapping a better one "
-                                                          "of its class by more than this IoU is dropped (not for "
-                                                          "end2end)")
     match_iou: float = Field(0.5, gt=0, le=1, description="a candidate box matches a reference box of its class "
                                                           "overlapping it by at least this IoU")
-    max_detections: int = Field(300, ge=1, le=100_000, description="per image, the best-scoring boxes kept")
 
 
 class OutputMetrics(Strict):

@@ -183,8 +183,9 @@ def test_boxes_are_scored_where_the_labels_drew_them(scenes):
         {"batch": True}]))
     sess = session(DET)
     coco = read_coco(instances, "labels")
-    tallies = {placed: BoxTally("sigmoid_0.tmp_0", coco, BoxDecoder(decoder=db_boxes, decoder_ref="db_boxes"), 0.001,
-                                0.6, 100, [], "labels") for placed in (True, False)}
+    decoder = BoxDecoder(decoder=db_boxes, decoder_ref="db_boxes", score_threshold=0.001, nms_iou=0.6,
+                         max_detections=100)
+    tallies = {placed: BoxTally("sigmoid_0.tmp_0", coco, decoder, [], "labels") for placed in (True, False)}
     for path in images:
         feed = {"x": pre(path)}
         outputs = run(sess, feed)

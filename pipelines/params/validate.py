@@ -93,7 +93,9 @@ class BoxLabels(BoxDecoding):
     read, where the labels are drawn."""
     score_threshold: float = Field(0.001, description="a box scoring at most this is left out (mAP wants the "
                                                       "low-scoring boxes too: 0.001, as COCO evaluations use)")
-    nms_iou: float = Field(0.6, ge=0, le=1, description="class-aware non-maximum suppression (not for end2end)")
+    nms_iou: float = Field(0.6, ge=0, le=1, description="class-aware non-maximum suppression: a box overlapping a "
+                                                        "better one of its class by more than this IoU is dropped "
+                                                        "(not for end2end)")
     max_detections: int = Field(100, ge=1, le=100_000, description="per image, the best-scoring boxes kept "
                                                                    "(COCO's 100)")
     category_ids: list[int] = Field(default_factory=list, max_length=100000, description=(

@@ -6,13 +6,16 @@ candidate's boxes the reference has), `det_iou` (mean IoU of the matched pairs) 
 image's 2 x matched / (reference + candidate boxes)); two images without boxes agree."""
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import cv2
 import numpy as np
 
 from trtflow.errors import StageError
 from trtflow.stages.compare.task_metrics import Sample
+
+if TYPE_CHECKING:
+    from trtflow.pipelines.schema import BoxDecoding
 
 
 class Boxes(NamedTuple):
@@ -129,12 +132,24 @@ Decoder = Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], Any]
 
 class BoxDecoder:
     """A detector's outputs into boxes per image: the built-in decoder of `layout` (auto: from the output's
-    shape), or the user's function `decoder` (`decoder_ref` naming it) of every output by name and the feed.
-    `where`: the key path that declared it, for errors."""
+    shape), or the user's function `decoder` (`decoder_ref` naming it) of every output by name and the feed; then
+    those kept as `suppress` keeps them. `where`: the key path that declared it, for errors."""
 
     def __init__(self, layout: str = "auto", decoder: Decoder | None = None, decoder_ref: str = "",
-                 where: str = "detections") -> None:
+                 where: str = "detections", score_threshold: float = 0.25, nms_iou: float = 0.45,
+                 max_detections: int = 300) -> None:
         self.layout, self.decoder, self.decoder_ref, self.where = layout, decoder, decoder_ref, where
+        self.score_threshold, self.max_detections = score_threshold, max_detections
+        self.nms_iou = None if layout == "end2end" else nms_iou  # an end-to-end model did its own
+
+    @classmethod
+    def declared(cls, spec: BoxDecoding, where: str) -> BoxDecoder:
+        """The decoder a pipeline's block declares (the detections metric, validate's labels.boxes)."""
+        from trtflow.usercode import import_callable
+
+        func = import_callable(spec.decode, f"{where}.decode", 2) if spec.decode else None
+        return cls(spec.layout, func, spec.decode or "", where, spec.score_threshold, spec.nms_iou,
+                   spec.max_detections)
 
     def _custom(self, outputs: dict[str, np.ndarray], feed: dict[str, np.ndarray]) -> list[Boxes]:
         try:
@@ -164,15 +179,18 @@ class BoxDecoder:
         layout = self.layout if self.layout != "auto" else layout_of(x.shape, self.where)
         return [decode(image, layout, self.where) for image in x]
 
+    def kept(self, x: np.ndarray, outputs: dict[str, np.ndarray] | None,
+             feed: dict[str, np.ndarray] | None) -> list[Boxes]:
+        """Each image's boxes (`images`), suppressed."""
+        return [suppress(b, self.score_threshold, self.nms_iou, self.max_detections)
+                for b in self.images(x, outputs, feed)]
+
 
 class Detections:
-    """The metric (see the module): boxes from `decoder`, kept as `suppress` keeps them, matched at `match_iou`."""
+    """The metric (see the module): the boxes `decoder` keeps on each side, matched at `match_iou`."""
 
-    def __init__(self, decoder: BoxDecoder, score_threshold: float = 0.25, nms_iou: float = 0.45,
-                 match_iou: float = 0.5, max_detections: int = 300) -> None:
-        self.decoder, self.where = decoder, decoder.where
-        self.score_threshold, self.nms_iou, self.match_iou = score_threshold, nms_iou, match_iou
-        self.max_detections = max_detections
+    def __init__(self, decoder: BoxDecoder, match_iou: float = 0.5) -> None:
+        self.decoder, self.where, self.match_iou = decoder, decoder.where, match_iou
         self.ref_boxes = self.got_boxes = 0
         self.ious: list[float] = []
         self.worst = 1.0
@@ -180,15 +198,12 @@ class Detections:
 
     def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         feed = sample.feed if sample else None
-        refs = self.decoder.images(ref, sample.reference if sample else None, feed)
-        gots = self.decoder.images(got, sample.candidate if sample else None, feed)
+        refs = self.decoder.kept(ref, sample.reference if sample else None, feed)
+        gots = self.decoder.kept(got, sample.candidate if sample else None, feed)
         if len(refs) != len(gots):
             raise StageError(f"{self.where}: decoded {len(refs)} image(s) of the reference, {len(gots)} of the "
                              f"candidate")
-        nms = None if self.decoder.layout == "end2end" else self.nms_iou
         for r, g in zip(refs, gots):
-            r = suppress(r, self.score_threshold, nms, self.max_detections)
-            g = suppress(g, self.score_threshold, nms, self.max_detections)
             found = match(r, g, self.match_iou)
             self.ref_boxes += len(r.scores)
             self.got_boxes += len(g.scores)

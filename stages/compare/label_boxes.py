@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from trtflow.errors import StageError
-from trtflow.stages.compare.detections import BoxDecoder, suppress
+from trtflow.stages.compare.detections import BoxDecoder
 from trtflow.stages.compare.labels import Labelled, PerFile, Scored
 
 
@@ -83,22 +83,19 @@ def read_coco(path: Path, where: str) -> CocoFile:
 class BoxTally(PerFile):
     """Each labelled image's detections, in the labels' coordinates, and COCOeval over them."""
 
-    def __init__(self, output: str, coco: CocoFile, decoder: BoxDecoder, score_threshold: float, nms_iou: float,
-                 max_detections: int, category_ids: list[int], where: str) -> None:
+    def __init__(self, output: str, coco: CocoFile, decoder: BoxDecoder, category_ids: list[int],
+                 where: str) -> None:
         self.ids = {Path(i.file_name).name: i.id for i in coco.images}
         super().__init__(output, self.ids)
         self.coco, self.decoder, self.where = coco, decoder, where
-        self.score_threshold, self.nms_iou, self.max_detections = score_threshold, nms_iou, max_detections
         self.category_ids = category_ids or sorted(c.id for c in coco.categories)
         self.found: list[dict[str, Any]] = []
         self.sizes: dict[int, tuple[int, int]] = {}
 
     def add(self, scored: Scored) -> None:
-        x = scored.outputs[self.output]
-        images = self.decoder.images(x, scored.outputs, scored.feed)
-        nms = None if self.decoder.layout == "end2end" else self.nms_iou
+        images = self.decoder.kept(scored.outputs[self.output], scored.outputs, scored.feed)
         for r, path in self.first_seen(len(images), scored.files):
-            kept = suppress(images[r], self.score_threshold, nms, self.max_detections)
+            kept = images[r]
             boxes = kept.boxes
             image_id = self.ids[path.name]
             if scored.pre is not None:
@@ -129,10 +126,10 @@ def coco_map(coco: CocoFile, found: list[dict[str, Any]], image_ids: list[int],
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    sizes = sizes or {}
+    sizes = {i.id: (i.height, i.width) for i in coco.images} | (sizes or {})
     dataset = {
-        "images": [{"id": i.id, "file_name": i.file_name, "height": sizes.get(i.id, (i.height, i.width))[0],
-                    "width": sizes.get(i.id, (i.height, i.width))[1]} for i in coco.images],
+        "images": [{"id": i.id, "file_name": i.file_name, "height": sizes[i.id][0], "width": sizes[i.id][1]}
+                   for i in coco.images],
         "annotations": [{"id": a.id if a.id is not None else n + 1, "image_id": a.image_id,
                          "category_id": a.category_id, "bbox": a.bbox, "iscrowd": a.iscrowd,
                          "area": a.area if a.area is not None else a.bbox[2] * a.bbox[3]}

@@ -70,13 +70,19 @@ def load(path: Path, classes: list[str], where: str) -> dict[str, int]:
 @dataclass
 class Scored:
     """One batch to count against the labels: every output by name, the feed, the files its rows were made of,
-    the preprocessing that made them from image files (None: saved tensors, labelled in their own pixels), and
-    the height and width of the images in the tensor fed (a map's scale against it)."""
+    and the preprocessing that made them from image files (None: saved tensors, labelled in their own pixels)."""
     outputs: dict[str, np.ndarray]
     feed: dict[str, np.ndarray]
     files: list[Path]
     pre: Any = None  # a stages.image.preprocess.Preprocessor
-    size: tuple[int, int] | None = None
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """(height, width) of the images in the tensor fed (a map's scale against it); None for saved tensors."""
+        if self.pre is None:
+            return None
+        x = next(iter(self.feed.values()))
+        return (x.shape[-2], x.shape[-1]) if self.pre.layout == "chw" else (x.shape[-3], x.shape[-2])
 
 
 class PerFile:

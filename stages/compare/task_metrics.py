@@ -298,10 +298,7 @@ def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
         if m.embedding:
             made.append(Embedding(m.embedding.axis, m.embedding.pool, m.embedding.mask))
         if m.detections:
-            d = m.detections
-            decoder = import_callable(d.decode, f"{where}.detections.decode", 2) if d.decode else None
-            made.append(Detections(BoxDecoder(d.layout, decoder, d.decode or "", f"{where}.detections"),
-                                   d.score_threshold, d.nms_iou, d.match_iou, d.max_detections))
+            made.append(Detections(BoxDecoder.declared(m.detections, f"{where}.detections"), m.detections.match_iou))
         if m.image:
             made.append(ImagePixels(m.image.range[0], m.image.range[1], m.image.layout, m.image.levels,
                                     m.image.within))

@@ -5,6 +5,7 @@ later consumer (calibration, validation, benchmark) runs them through `Preproces
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -134,7 +135,8 @@ class Preprocessor:
 
     def frame(self, path: Path) -> Frame:
         """Where the points of the image file land in the tensor the steps make of it."""
-        h, w = read_image(path, self.read.color, self.read.depth).shape[:2]
+        st = Path(path).stat()
+        h, w = _size_as_read(str(path), self.read.color, self.read.depth, (st.st_mtime_ns, st.st_size))
         return Frame.of(self.steps[1:], h, w)
 
     def run(self, img: np.ndarray) -> np.ndarray:
@@ -143,6 +145,14 @@ class Preprocessor:
         for step in self.steps[1:]:
             img, layout = apply(img, step, layout)
         return img
+
+
+@functools.lru_cache(maxsize=4096)
+def _size_as_read(path: str, color: str, depth: int, stamp: tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of an image file as `read_image` decodes it (EXIF orientation applied), decoded once per
+    version of the file: validate scores each labelled file for the reference and every candidate."""
+    h, w = read_image(Path(path), color, depth).shape[:2]
+    return h, w
 
 
 def save(steps: Steps, out: Path) -> Path:

@@ -56,12 +56,12 @@ class Recipe:
 
 
 def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, quantize_ops: list[str],
-          excluded: set[str], quantize_outputs: bool = False, bias: dict[str, list[float]] | None = None) -> None:
+          excluded: set[str], quantize_outputs: bool = False) -> None:
     """Quantize `pre` at `tensors`' ranges (ONNX Runtime's `TensorsData`, also saved to `ranges`): Q/DQ on the
     inputs of the `quantize_ops` nodes not `excluded`, and on their outputs too only with `quantize_outputs`
     (the recipe of models written before VERSION 5; ModelOpt's and trtflow's default is inputs only).
-    `bias`: per node, amounts added to its float bias (`correct_bias`; by default those `tensors` carry, as
-    `recipe` returns them: a rebuild with nodes left out keeps the others' corrections).
+    The bias corrections `tensors` carry (`with_bias`, as `recipe` returns them) are applied: a rebuild with nodes
+    left out keeps the others' corrections.
 
     ONNX Runtime's quantizer failing on a node (it has bugs on valid graphs) raises QuantizerCrash (a
     StageError): one line naming the node, with the setting that avoids it where known."""
@@ -97,7 +97,7 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
     except Exception as exc:  # ONNX Runtime's quantizer raises anything on graphs it mishandles
         raise quantizer_crash(exc, per_channel) from exc
     model = model_io.load(out)
-    applied = correct_bias(model, getattr(tensors, BIAS, {}) if bias is None else bias)
+    applied = correct_bias(model, getattr(tensors, BIAS, {}))
     entry = model.metadata_props.add()
     stored = StoredRecipe(quantize_ops=list(quantize_ops), excluded_nodes=sorted(excluded), per_channel=per_channel,
                           quantize_outputs=quantize_outputs, method=tensors.calibration_method.name,

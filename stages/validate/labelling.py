@@ -3,9 +3,8 @@ charset there), and a fresh tally per side and candidate: classes, text, COCO bo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Union
+from typing import Union
 
-import numpy as np
 import onnx
 
 from trtflow.artifact import Inputs
@@ -16,18 +15,9 @@ from trtflow.stages.compare.detections import BoxDecoder
 from trtflow.stages.compare.label_boxes import BoxTally, read_coco
 from trtflow.stages.compare.label_masks import MaskTally, mask_files
 from trtflow.text import did_you_mean
-from trtflow.usercode import import_callable
 
 Tally = Union[labels_mod.Tally, labels_mod.TextTally, BoxTally, MaskTally]
 WHERE = "validate: labels.file"
-
-
-def image_size(feed: dict[str, np.ndarray], pre: Any) -> tuple[int, int] | None:
-    """(height, width) of the images in the tensor fed (None for saved tensors)."""
-    if pre is None:
-        return None
-    x = next(iter(feed.values()))
-    return (x.shape[-2], x.shape[-1]) if pre.layout == "chw" else (x.shape[-3], x.shape[-2])
 
 
 class LabelSet:
@@ -49,9 +39,7 @@ class LabelSet:
         if spec.boxes is not None:
             self.coco = read_coco(path, WHERE)
             found = {Path(i.file_name).name for i in self.coco.images}
-            b = spec.boxes
-            self.decoder = BoxDecoder(b.layout, import_callable(b.decode, "validate: labels.boxes.decode", 2)
-                                      if b.decode else None, b.decode or "", "validate: labels.boxes")
+            self.decoder = BoxDecoder.declared(spec.boxes, "validate: labels.boxes")
         elif spec.text is not None:
             self.texts = dict(labels_mod.read_pairs(path, WHERE))
             self.charset = self._charset(spec.text.charset, inputs, model)
@@ -84,9 +72,7 @@ class LabelSet:
             m = spec.masks
             return MaskTally(spec.output, self.masks, m.axis, m.threshold, m.ignore, "validate: labels.masks")
         if spec.boxes is not None:
-            b = spec.boxes
-            return BoxTally(spec.output, self.coco, self.decoder, b.score_threshold, b.nms_iou, b.max_detections,
-                            b.category_ids, "validate: labels.boxes")
+            return BoxTally(spec.output, self.coco, self.decoder, spec.boxes.category_ids, "validate: labels.boxes")
         if spec.text is not None:
             return labels_mod.TextTally(spec.output, self.texts, self.charset, spec.text.axis)
         return labels_mod.Tally(spec.output, self.classes, spec.k)

@@ -94,10 +94,10 @@ def measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[Sh
                     raise source.failure(exc) from None
             got = runner(feed, shape_set.profile(feed))
             if scoring is not None and shape_set is scored:
-                files, size = source.files_of(i), labelling.image_size(feed, source.pre)
-                scoring.candidate.add(labels_mod.Scored(got, feed, files, source.pre, size))
+                files = source.files_of(i)
+                scoring.candidate.add(labels_mod.Scored(got, feed, files, source.pre))
                 if scoring.reference is not None:
-                    scoring.reference.add(labels_mod.Scored(ref_cache[key], feed, files, source.pre, size))
+                    scoring.reference.add(labels_mod.Scored(ref_cache[key], feed, files, source.pre))
             cmp.add(ref_cache[key], got, feed)
             if cmp is not measured.total:
                 measured.total.add(ref_cache[key], got, feed)
