@@ -1,7 +1,9 @@
 """A slow Prefect server is not a dead one: while a run goes on, trtflow asks the server's /health every 3 s. A
 server that refuses connections is gone (the run stops, exit 3, within seconds); one that takes connections and
 does not answer (SQLite writes, a busy machine, a paused VM) is waited for, up to TRTFLOW_SERVER_PATIENCE seconds.
-Three unanswered checks (about 18 s) used to end a healthy run, and, run in process, the pytest worker with it."""
+Three unanswered checks (about 18 s) used to end a healthy run, and, run in process, the pytest worker with it. The
+watcher's thread never exits the process itself: it interrupts the main thread, which unwinds (its `finally` blocks
+run) and ends with the one line."""
 from __future__ import annotations
 
 import os
@@ -13,9 +15,16 @@ import time
 
 WATCHED = textwrap.dedent("""
     import sys, time
+    from trtflow.flows.cli import _fail
     from trtflow.flows.cli.run import _server_watch
-    with _server_watch(sys.argv[1], False):
-        time.sleep(float(sys.argv[2]))
+    try:
+        with _server_watch(sys.argv[1], False):
+            try:
+                time.sleep(float(sys.argv[2]))
+            finally:
+                print("unwound", flush=True)
+    except BaseException as exc:  # as the CLI's main does: one line, its exit code
+        sys.exit(_fail(exc, False))
     print("the run ended")
 """)
 
@@ -46,3 +55,4 @@ def test_a_silent_server_past_its_patience_and_a_refusing_one_are_gone():
         code, seconds, text = ended[name]
         assert code == 3 and says in text and seconds < 40, (name, ended)
         assert "a new one is started" not in text, text  # (not trtflow's own server here: nothing would start)
+        assert "Traceback" not in text and "the run ended" not in text and "unwound" in text, text

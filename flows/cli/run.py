@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rich.markup import escape
 
@@ -174,60 +175,95 @@ def _lost(url: str, ours: bool, silent: float | None, kept: str = "") -> str:
             f"again when it answers (or `trtflow server stop` first: the next run then starts a new one)")
 
 
+class ServerLost(BaseException):
+    """Raised in the main thread when the watcher found the run's Prefect server gone: the run unwinds as from
+    Ctrl-C (stages stopped, staging removed, `finally` blocks run), then the CLI says the watcher's one line."""
+
+
+LOST_SIGNAL = signal.SIGUSR1  # how the watcher's thread interrupts the main thread (even in a blocking call)
+
+
 @contextlib.contextmanager
 def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
     """While the run goes on, check that the Prefect server answers. When it is gone (connections refused, or
     trtflow's own server process ended), the run cannot record anything more and Prefect's client would retry for
-    minutes before failing with its own traceback: stop the stages (nothing they were writing is published) and
-    exit 3 with one line. A server that takes connections and does not answer is slow, not gone: it is waited for
-    (said once), up to TRTFLOW_SERVER_PATIENCE seconds."""
+    minutes before failing with its own traceback: the stages are stopped (nothing they were writing is
+    published), Prefect's client stops retrying, the main thread is interrupted and unwinds, and the context
+    ends raising PrefectUnavailable (exit 3) with one line. A server that takes connections and does not answer is
+    slow, not gone: it is waited for (said once), up to TRTFLOW_SERVER_PATIENCE seconds."""
     if not url:  # Prefect's temporary server lives and dies with this process
         yield
         return
-    import httpx
+    from prefect.settings import get_current_settings
 
     from trtflow.flows import server
 
     done = threading.Event()
-    patience = settings.SERVER_PATIENCE.get()
-    rec = server.recorded(url) if ours else None  # its pid and start time: a process gone is known at once
+    lost: list[str] = []
+    prefect_settings = get_current_settings()  # the run's (temporary_settings made its own copy)
+    main = threading.current_thread() is threading.main_thread()
 
-    def watch() -> None:
-        refused, answered, said = 0, time.monotonic(), False
-        while not done.wait(SERVER_CHECK_S):
-            try:
-                ok = httpx.get(f"{url}/health", timeout=SERVER_CHECK_S).status_code == 200
-                gone = False
-            except httpx.ConnectError:  # nobody listens there: the server is gone
-                ok, gone = False, True
-            except httpx.HTTPError:  # it took the connection and did not answer in time: slow, not gone
-                ok, gone = False, False
-            if ok:
-                refused, answered = 0, time.monotonic()
-                continue
-            refused = refused + 1 if gone else 0
-            ended = rec is not None and not server.alive(rec)
-            silent = time.monotonic() - answered  # since its last answer (or the run's start)
-            if not gone and not ended and not said and silent >= SERVER_SLOW_SAY_S:
-                said = True
-                sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
-                sys.stderr.flush()
-            if (ended or refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
-                from trtflow.flows.isolate import kill_all
+    def interrupted(signum, frame) -> None:  # noqa: ANN001 - a signal handler
+        if lost:
+            raise ServerLost()
 
-                kill_all()
-                kept = "the running stages were stopped and nothing they were writing was kept"
-                line = _lost(url, ours, None if ended or refused >= SERVER_LOST_AFTER else silent, kept)
-                sys.stderr.write(f"error: {line}\n")
-                sys.stderr.flush()
-                os._exit(PrefectUnavailable.exit_code)
+    def give_up(line: str) -> None:
+        from trtflow.flows.isolate import kill_all
 
-    thread = threading.Thread(target=watch, name="trtflow-server-watch", daemon=True)
-    thread.start()
+        lost.append(line)
+        prefect_settings.client.max_retries = 0  # its requests to a gone server fail at once while unwinding
+        kill_all()
+        if main:
+            signal.pthread_kill(threading.main_thread().ident, LOST_SIGNAL)
+
+    watcher = threading.Thread(target=_watch, args=(url, ours, server.recorded(url) if ours else None, done, give_up),
+                               name="trtflow-server-watch", daemon=True)
+    previous = signal.signal(LOST_SIGNAL, interrupted) if main else None
+    watcher.start()
     try:
         yield
+    except BaseException:
+        if lost:
+            raise PrefectUnavailable(lost[0]) from None
+        raise
     finally:
         done.set()
+        if main:
+            signal.signal(LOST_SIGNAL, previous)
+    if lost:  # the run ended on its own meanwhile, but nothing more of it reached the server
+        raise PrefectUnavailable(lost[0])
+
+
+def _watch(url: str, ours: bool, rec: Any, done: threading.Event, give_up: Callable[[str], None]) -> None:
+    """The watcher's loop (see _server_watch): `give_up` gets the one line once the server is gone."""
+    import httpx
+
+    from trtflow.flows import server
+
+    patience = settings.SERVER_PATIENCE.get()
+    refused, answered, said = 0, time.monotonic(), False
+    while not done.wait(SERVER_CHECK_S):
+        try:
+            ok = httpx.get(f"{url}/health", timeout=SERVER_CHECK_S).status_code == 200
+            gone = False
+        except httpx.ConnectError:  # nobody listens there: the server is gone
+            ok, gone = False, True
+        except httpx.HTTPError:  # it took the connection and did not answer in time: slow, not gone
+            ok, gone = False, False
+        if ok:
+            refused, answered = 0, time.monotonic()
+            continue
+        refused = refused + 1 if gone else 0
+        ended = rec is not None and not server.alive(rec)
+        silent = time.monotonic() - answered  # since its last answer (or the run's start)
+        if not gone and not ended and not said and silent >= SERVER_SLOW_SAY_S:
+            said = True
+            sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
+            sys.stderr.flush()
+        if (ended or refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
+            kept = "the running stages were stopped and nothing they were writing was kept"
+            give_up(_lost(url, ours, None if ended or refused >= SERVER_LOST_AFTER else silent, kept))
+            return
 
 
 def _quiet_prefect_console() -> None:
