@@ -37,6 +37,7 @@ from trtflow import progress, settings
 from trtflow.child import Progress, Raised, Returned, StageCall, ending
 from trtflow.disk import disk_error
 from trtflow.errors import StageStopped, TransientStageError, TrtflowError, rebuilt
+from trtflow.failure import Crash, Failure, Timeout, Unexpected
 from trtflow.parent_death import die_with_parent
 from trtflow.usercode import search_path
 
@@ -172,10 +173,10 @@ def _sendable(exc: BaseException) -> Iterator[BaseException]:
     yield exc
     if isinstance(exc, TrtflowError):
         kept = {k: v for k, v in vars(exc).items() if _pickles(v)}
-        kept["exit_code"] = exc.exit_code
+        kept["exit_code"], kept["_failure"] = exc.exit_code, exc.failure
         for cls in type(exc).__mro__:
             if issubclass(cls, TrtflowError):
-                yield rebuilt(cls, (str(exc),), kept)
+                yield rebuilt(cls, (str(exc.args[0]) if exc.args else "",), kept)
 
 
 def _pickles(value: Any) -> bool:
@@ -250,23 +251,18 @@ def _started(pid: int) -> int | None:
         return None
 
 
-def _last_line(log: Path) -> str:
+def _last_line(text: str) -> str:
     """The stage's last line of output before Python's fatal-error report (which --verbose shows whole)."""
-    try:
-        text = log.read_text(errors="replace").split("Fatal Python error:")[0]
-    except OSError:
-        return ""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return f"; its last output: {lines[-1][:200]}" if lines else ""
+    lines = [ln.strip() for ln in text.split("Fatal Python error:")[0].splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else ""
 
 
 def unexpected(exc: BaseException, name: str, child_traceback: str = "") -> TransientStageError:
     """An exception a stage did not mean to raise (a bug, or the environment): one line naming the stage."""
     first = (str(exc).strip().splitlines() or [""])[0]
-    error = TransientStageError(f"stage '{name}' failed unexpectedly: {type(exc).__name__}: {first} "
-                                f"(run with --verbose for the traceback)")
-    error.child_traceback = child_traceback or "".join(traceback.format_exception(exc))
-    return error
+    failure = Failure(Unexpected(type(exc).__name__, first), stage=name,
+                      traceback=child_traceback or "".join(traceback.format_exception(exc)))
+    return TransientStageError(failure.line()).with_failure(failure)
 
 
 def _disk_error(exc: BaseException, name: str, keep: Path | None) -> TrtflowError | None:
@@ -340,7 +336,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
                output: Callable[[str], None] | None = None, keep: Path | None = None) -> Any:
     """`func(*args)` in an isolated child. Errors a stage raises on purpose (TrtflowError) come back as they
     are; anything else, a crash and a timeout come back as a TransientStageError naming the stage. An error
-    carries the child's traceback and its own output (`child_traceback`, `child_log`) for --verbose. `output`
+    carries the child's traceback and its own output (its `failure`'s) for --verbose. `output`
     gets the child's output line by line as it comes (bounded); `keep`: where its whole output is copied when
     there was any (the stage's output directory)."""
     if settings.IN_PROCESS.get():
@@ -370,7 +366,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     if isinstance(message, Raised):
         exc, trace = message.error, message.traceback
         error = exc if isinstance(exc, TrtflowError) else _disk_error(exc, name, keep) or unexpected(exc, name, trace)
-        error.child_traceback, error.child_log = trace, text
+        error.tell(traceback=trace, log=text)
         raise error
     return message.value
 
@@ -394,18 +390,17 @@ def _answer(parent: Any, proc: Any, timeout: float | None, name: str, log: Path,
         if not parent.poll(wait):
             _kill_group(proc.pid, tag, since)
             proc.join()
-            raise TransientStageError(f"stage '{name}' timed out after {timeout:g} s (raise 'timeout:' in the "
-                                      f"pipeline file if the work is expected to take longer)")
+            failure = Failure(Timeout(timeout), stage=name)
+            raise TransientStageError(failure.line()).with_failure(failure)
         try:
             message = parent.recv()
         except EOFError:
             proc.join()
             if _SUPERVISOR.stopping.is_set():
                 raise StageStopped(f"stage '{name}' was stopped with the run") from None
-            error = TransientStageError(f"stage '{name}' crashed (its process {ending(proc.exitcode)}"
-                                        f"{_last_line(log)})")
-            error.child_log = log.read_text(errors="replace")
-            raise error from None
+            text = log.read_text(errors="replace")
+            failure = Failure(Crash(ending(proc.exitcode), _last_line(text)), stage=name, log=text)
+            raise TransientStageError(failure.line()).with_failure(failure) from None
         if not isinstance(message, Progress):
             return message
         progress.report(message.what, message.done, message.total)

@@ -26,8 +26,9 @@ from prefect.utilities.annotations import quote
 
 from trtflow import files, progress
 from trtflow import markdown as md
-from trtflow.errors import SpecError, StageFailed, StageStopped, TransientStageError, TrtflowError
+from trtflow.errors import SpecError, StageStopped, TransientStageError, TrtflowError
 from trtflow.events import Event, StageRan
+from trtflow.failure import FailedVerdict, Failure
 from trtflow.flows import implementation
 from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all, resume
@@ -123,10 +124,8 @@ def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None
             outcome = runner.run_stage(name, produced, force, log=lambda line: logger.info("%s | %s", name, line))
     except StageStopped as exc:  # the run was cancelled or interrupted: the stage did not fail
         return Cancelled(message=str(exc))
-    except StageFailed as exc:  # the verdict is failure, but its report is worth showing
-        create_markdown_artifact(key=key, markdown=f"**failed** · stage {md.code(name)} · {md.text(exc)}\n\n"
-                                                   f"{exc.result.summary}",
-                                 description=f"trtflow stage {name}: failed")
+    except TrtflowError as exc:
+        _say_failed(runner, key, name, exc.failure)
         raise
     env = describe(outcome.manifest.key_parts.env)
     header = (f"**{outcome.status}** · stage {md.code(name)} ({md.text(outcome.kind)}) · key "
@@ -147,6 +146,22 @@ def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None
     if outcome.status == "reused":  # Prefect's own word for a result it did not recompute
         return Completed(name="Cached", message=f"reused: {outcome.reason}", data=outcome)
     return outcome
+
+
+FAILED_EVENT = "trtflow.stage.failed"
+
+
+def _say_failed(runner: Runner, key: str, name: str, failure: Failure) -> None:
+    """A failed stage's artifact (its line, and a failed verdict's report) and its `trtflow.stage.failed` event
+    (for automations: a notification, a page), both saying the failure's one line."""
+    report = f"\n\n{failure.cause.summary}" if isinstance(failure.cause, FailedVerdict) else ""
+    kind = runner.graph.nodes[name].spec.kind
+    create_markdown_artifact(key=key, markdown=f"**failed** · stage {md.code(name)} ({md.text(kind)}) · "
+                                               f"{md.text(failure.line())}{report}",
+                             description=f"trtflow stage {name}: failed")
+    pipeline = Path(runner.pipeline.file)
+    emit(Event(FAILED_EVENT, f"trtflow.stage.{pipeline.parent.name}.{name}",
+               {"trtflow.pipeline": str(pipeline), "trtflow.stage": name}, failure.payload()))
 
 
 def _announce(runner: Runner, outcome: StageOutcome) -> None:

@@ -335,7 +335,7 @@ class Runner:
             self.store.discard(ran.staging)
             if isinstance(exc, DiskError):
                 exc.remeasure()
-            _name_stage(exc, name)
+            _name_stage(exc, name, spec.kind)
             _retarget(exc, ran.staging, f"(the output directory of stage '{name}', removed)")
             self._mark_last(name, key, parts, status="failed", error=_first_line(exc))
             raise
@@ -390,10 +390,9 @@ class Runner:
                                 f"another run published it first (this run's own verdict: {_first_line(failed)})",
                                 seconds, ran.work)
         if failed is not None:
-            _name_stage(failed, name)
+            _name_stage(failed, name, spec.kind)
             _retarget(failed, ran.staging, str(directory))
-            failed.directory = directory
-            failed.tell(details=str(directory / "summary.md"))
+            failed.tell(directory=str(directory))
             self._mark_last(name, key, parts, status="failed", error=_first_line(failed))
             raise failed
         if ran.shared is not None:
@@ -474,15 +473,15 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _name_stage(exc: TrtflowError, name: str) -> None:
-    """Every stage error's one line names the stage (a SpecError names its key path already)."""
-    if not isinstance(exc, SpecError):
-        exc.tell(stage=name)
+def _name_stage(exc: TrtflowError, name: str, kind: str) -> None:
+    """Every stage error's one line names the stage (a SpecError names its key path already); its kind, for the
+    artifact and the event."""
+    exc.tell(kind=kind, **({} if isinstance(exc, SpecError) else {"stage": name}))
 
 
 def _retarget(exc: TrtflowError, staging: Path, instead: str) -> None:
     """An error's message names the staging directory, which is renamed or removed: name what exists."""
-    exc.tell(moved=exc.said.moved + ((str(staging.resolve()), instead), (str(staging), instead)))
+    exc.tell(moved=exc.failure.moved + ((str(staging.resolve()), instead), (str(staging), instead)))
 
 
 __all__ = ["PlanItem", "Resolution", "Runner", "StageOutcome"]

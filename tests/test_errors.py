@@ -65,7 +65,7 @@ def _instance(cls: type[TrtflowError]) -> TrtflowError:
         else:
             positional.append(_value(param))
     error = cls(*positional, **keywords)
-    error.child_traceback, error.child_log = "Traceback ...", "the stage's output"
+    error.tell(traceback="Traceback ...", log="the stage's output")
     return error
 
 
@@ -89,7 +89,7 @@ def test_every_error_crosses_from_a_stage_process_whole(cls):
     assert type(back) is cls
     assert str(back) == str(error) and back.args == error.args
     assert back.hint == error.hint and back.exit_code == error.exit_code
-    assert _attributes(back) == _attributes(error), "every attribute its constructor set, and child_traceback/log"
+    assert _attributes(back) == _attributes(error), "every attribute its constructor set, and its failure's traceback and log"
 
 
 def test_the_walk_finds_the_errors_defined_outside_the_floor():
@@ -141,4 +141,4 @@ def test_a_ledger_refusal_in_a_stage_process_reaches_the_parent_as_itself(tmp_pa
     assert str(error).startswith(f"release: {record}: unreadable release ledger (")
     assert error.hint == here.value.hint and error.hint and str(error).endswith(f"({error.hint})")
     assert not isinstance(error, TransientStageError) and error.exit_code == 1
-    assert "LedgerError" in error.child_traceback
+    assert "LedgerError" in error.failure.traceback

@@ -80,7 +80,7 @@ def test_a_crash_without_timeout_is_one_line_and_leaves_no_staging(write_yaml, c
     assert store_entries(path, "s") == ["last.json"]
     assert plan_of(path)["s"] == ("run", f"its last run failed: {info.value}")
     if how == "segfault":
-        assert "Segmentation fault" in info.value.child_log, "the crash's Python stack is kept for --verbose"
+        assert "Segmentation fault" in info.value.failure.log, "the crash's Python stack is kept for --verbose"
 
 
 @pytest.mark.parametrize("timeout", ["", ", timeout: 60"])
@@ -90,7 +90,7 @@ def test_a_user_exception_is_one_line_naming_the_stage(write_yaml, timeout):
         run_all(path)
     assert str(info.value) == ("stage 's' failed unexpectedly: ValueError: the user's own bug "
                                "(run with --verbose for the traceback)")
-    assert "raise ValueError" in info.value.child_traceback
+    assert "raise ValueError" in info.value.failure.traceback
 
 
 @pytest.mark.parametrize("detach", [False, True], ids=["its group", "detached with setsid"])
@@ -162,7 +162,7 @@ def test_a_truncated_jpeg_is_one_line_and_libjpeg_stays_off_the_console(workdir,
     assert message.startswith("parity: cannot read image ") and "cat.jpg" in message and "\n" not in message
     captured = capfd.readouterr()
     assert "JPEG" not in captured.err + captured.out, "libjpeg's own lines went to the stage's log"
-    assert "Premature end of JPEG" in info.value.child_log or "Corrupt JPEG" in info.value.child_log
+    assert "Premature end of JPEG" in info.value.failure.log or "Corrupt JPEG" in info.value.failure.log
 
 
 def test_errors_never_cite_a_staging_path_that_is_gone(write_yaml):
@@ -199,7 +199,7 @@ def test_onnx_runtime_error_lines_stay_off_the_console(write_yaml, workdir, capf
     assert str(info.value).startswith("p: ") and "\n" not in str(info.value)
     captured = capfd.readouterr()
     assert "[E:onnxruntime" not in captured.err + captured.out
-    assert "[E:onnxruntime" in info.value.child_log, "ONNX Runtime's own line is kept for --verbose"
+    assert "[E:onnxruntime" in info.value.failure.log, "ONNX Runtime's own line is kept for --verbose"
 
 
 @contextlib.contextmanager

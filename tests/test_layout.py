@@ -178,7 +178,7 @@ def test_no_function_is_more_complex_than_twelve():
 
 def test_nothing_edits_an_errors_message():
     """Issue #52: the layers above a stage add typed fields to its error (`TrtflowError.tell`, rendered by
-    `Said`); none rewrites the message the error was made with (only unpickling rebuilds one, in errors.py)."""
+    `Failure`); none rewrites the message the error was made with (only unpickling rebuilds one, in errors.py)."""
     found = []
     for name, path in _sources().items():
         for node in ast.walk(ast.parse(path.read_text())):

@@ -114,7 +114,7 @@ def test_a_users_command_decides(effnet, tmp_path, capsys):
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {{model}}"  # not PATH's python: ours
     result = _reduce(capsys, str(model), "--check", "command", "--command", command,
                      "-o", str(tmp_path / "r.onnx"))
-    assert result["nodes"] == [f"Conv '{PLANT}'"] and "exits 3" in result["failure"]
+    assert result["nodes"] == [f"Conv '{PLANT}'"] and "exited with code 3" in result["failure"]
 
 
 @pytest.mark.parametrize("argv, message", [

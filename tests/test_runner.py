@@ -265,7 +265,10 @@ def test_failed_verdict_keeps_its_report_but_is_never_reused(write_yaml, timeout
     from trtflow.errors import StageFailed
     with pytest.raises(StageFailed, match=r"checked, and it is wrong \(details: .*summary.md\)") as info:
         run_all(path)
-    directory = info.value.directory
+    failure = info.value.failure
+    assert (failure.stage, failure.kind) == ("check", "tests.stage_fns:verdict_fail"), failure
+    assert failure.cause.summary == "# why it failed", "the verdict carries its report's summary"
+    directory = Path(failure.directory)
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["status"] == "failed" and (directory / "summary.md").read_text() == "# why it failed"
     action, why = plan_of(path)["check"]

@@ -9,12 +9,16 @@ once it is whole; no answer means the child died, and how its process ended (`en
   `Answered` (the response), `Crashed` (it ended without one: evidence about the input, worded by `ending`) or
   `TimedOut`. A child killed from outside (the OOM killer, a user, a scheduler) gave no answer at all and says
   nothing about the input: `call` raises `Killed`, a transient error (retried, never a result).
+- A program that is not ours (trtexec, nvidia-smi, a user's command for `trtflow reduce`) is `run`: it ends
+  `Exited` (its code, its output) or `TimedOut` (it and everything it started killed); killed from outside, `Killed`
+  as above.
 - A stage (`flows/isolate.py`) is forked from a fork server that preloaded the common imports, so it starts in
   milliseconds: its request is a `StageCall` and its child answers over a pipe with `Progress` messages and then
   one `Returned` or `Raised` (a pickle: a stage's result and its exceptions are Python objects).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -132,18 +136,54 @@ def call(module: str, request: BaseModel, response_type: type[Response], folder:
     request_path, response_path = (folder / names[0]).resolve(), (folder / names[1]).resolve()
     request_path.write_text(request.model_dump_json(indent=2) + "\n")
     response_path.unlink(missing_ok=True)
-    try:
-        proc = subprocess.run([sys.executable, "-m", module, str(request_path), str(response_path)],
-                              capture_output=True, text=True, timeout=timeout, cwd=cwd, preexec_fn=die_with_parent)
-    except subprocess.TimeoutExpired:
-        return TimedOut(timeout)
+    ended = run([sys.executable, "-m", module, str(request_path), str(response_path)], timeout, cwd=cwd,
+                what=what or f"the {module} process", before="answered")
+    if isinstance(ended, TimedOut):
+        return ended
     if not response_path.exists():
-        signal_name = killed_by(proc.returncode)
-        if signal_name is not None:
-            raise Killed(f"{what or f'the {module} process'} was killed ({signal_name}) before it answered; that "
-                         f"says nothing about the model: run again")
-        return Crashed(proc.returncode, proc.stderr or "")
-    return Answered(response_type.model_validate_json(response_path.read_text()), proc.stderr or "")
+        return Crashed(ended.returncode, ended.stderr)
+    return Answered(response_type.model_validate_json(response_path.read_text()), ended.stderr)
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A program ended on its own: its exit code (negative: the signal it died of) and what it printed (stdout and
+    stderr; empty where `run` was given a log file)."""
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+
+    def text(self) -> str:
+        """'exited with code 2: <its last line>', 'was killed by SIGSEGV'."""
+        last = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return ending(self.returncode) + (f": {last[-1][:200]}" if last else "")
+
+
+def run(argv: list[str], timeout: float, *, cwd: Path | None = None, log: Path | None = None,
+        what: str | None = None, before: str = "finished") -> Exited | TimedOut:
+    """A program run to its end, in a session of its own that dies with this process: `Exited`, or `TimedOut`
+    after `timeout` s (it and everything it started killed). `log`: a file that gets its stdout and stderr
+    (interleaved, as a terminal would show them) instead of the result. Raises `Killed` when something else killed
+    it (`what` names it there); OSError when it cannot be started."""
+    sink = open(log, "w") if log is not None else None  # noqa: SIM115 - closed below, whatever happens
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, text=True, start_new_session=True, preexec_fn=die_with_parent,
+                                stdout=sink or subprocess.PIPE, stderr=subprocess.STDOUT if sink else subprocess.PIPE)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return TimedOut(timeout)
+    finally:
+        if sink is not None:
+            sink.close()
+    signal_name = killed_by(proc.returncode)
+    if signal_name is not None:
+        raise Killed(f"{what or argv[0]} was killed ({signal_name}) before it {before}; that says nothing about "
+                     f"its input: run again")
+    return Exited(proc.returncode, stdout or "", stderr or "")
 
 
 def serve(request_type: type[Request], work: Callable[[Request, Path], BaseModel]) -> int:

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from trtflow.errors import TrtflowError
+from trtflow.failure import Refused
 
 _WHAT = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
          errno.EROFS: "the file system is read-only"}
@@ -33,13 +34,9 @@ class DiskError(TrtflowError):
         prefix = f"{self.doing}: " if self.doing else ""
         return f"{prefix}{_WHAT[self.cause.errno]} writing {self.shown}{room}"
 
-    def __str__(self) -> str:
-        return self.said.render(f"{self.measured} ({self.hint})") if getattr(self, "measured", "") \
-            else super().__str__()
-
     def remeasure(self) -> None:
         """Say the free space of now (after the failed stage's partial output was removed)."""
-        self.measured = self._text()
+        self.tell(cause=Refused(self._text(), self.hint))
 
 
 def disk_cause(exc: BaseException | None) -> OSError | None:

@@ -3,62 +3,47 @@
 `TrtflowError`. Anything else escaping a stage is a bug, reported as such."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from trtflow.failure import FailedVerdict, Failure, Refused
 
 if TYPE_CHECKING:
     from trtflow.artifact import StageResult
 
 
-@dataclass(frozen=True)
-class Said:
-    """What the layers above a stage add to its error's one line, as typed fields (the message the error was made
-    with is never edited): the stage it happened in, paths it names that no longer exist (path -> what to say
-    instead), where its published report is, and the stages of the run that also failed or did not run because
-    of it."""
-    stage: str = ""
-    moved: tuple[tuple[str, str], ...] = ()
-    details: str = ""
-    also_failed: tuple[str, ...] = ()
-    not_run: tuple[str, ...] = ()
-
-    def render(self, message: str) -> str:
-        if self.stage and f"'{self.stage}'" not in message and not message.startswith(f"{self.stage}:"):
-            message = f"{self.stage}: {message}"
-        for path, instead in self.moved:
-            message = message.replace(path, instead)
-        if self.details:
-            message += f" (details: {self.details})"
-        if self.also_failed:
-            message += f"; also failed: {', '.join(self.also_failed)}"
-        if self.not_run:
-            message += f"; not run because of it: {', '.join(self.not_run)}"
-        return message
-
-
 class TrtflowError(Exception):
     """Root of the errors the user can act on. Never retried (but TransientStageError): the same input fails
-    the same way. `hint` says what to do, shown in parentheses after the message. `child_traceback` holds the
-    traceback of an error raised in a stage's process (for --verbose). `said`: what the runner and the flow added
-    (`tell`), rendered into the one line by `str()`."""
+    the same way. `hint` says what to do, shown in parentheses after the message. `failure`: the error as a value
+    (trtflow/failure.py), its cause made from the message and hint unless the place that knew more made it
+    (`with_failure`); the layers above add fields with `tell`, and `str()` is its one line."""
 
     exit_code = 1
-    child_traceback = ""
-    child_log = ""  # what a stage's process printed (its own and native libraries' lines)
     hint: str | None = None
-    said = Said()
 
     def __init__(self, message: str = "", *, hint: str | None = None):
         self.hint = hint
-        super().__init__(f"{message} ({hint})" if hint else message)
+        super().__init__(message)
+
+    @property
+    def failure(self) -> Failure:
+        made = self.__dict__.get("_failure")
+        return made if made is not None else Failure(self._cause())
+
+    def _cause(self) -> Any:
+        return Refused(str(self.args[0]) if self.args else "", self.hint)
+
+    def with_failure(self, failure: Failure) -> TrtflowError:
+        """This error, carrying `failure` (made where the fact was known)."""
+        self._failure = failure
+        return self
 
     def __str__(self) -> str:
-        text = super().__str__()
-        return self.said.render(text) if self.args and isinstance(self.args[0], str) else text
+        return self.failure.line()
 
     def tell(self, **fields: Any) -> None:
-        """Add what a layer above the stage knows (`Said`'s fields) to the error's one line."""
-        self.said = replace(self.said, **fields)
+        """Add what a layer above knows (`Failure`'s fields) to the error."""
+        self._failure = replace(self.failure, **fields)
 
     def __reduce__(self):
         # A stage's errors reach the parent pickled (flows/isolate.py). Pickle's default calls the class with
@@ -76,6 +61,9 @@ class SpecError(TrtflowError):
                  path: tuple | None = None, hint: str | None = None):
         self.message, self.file, self.line, self.path, self.hint = message, file, line, path, hint
         Exception.__init__(self, self.format())
+
+    def _cause(self) -> Any:
+        return Refused(self.format())
 
     def format(self) -> str:
         hint = f" ({self.hint})" if self.hint else ""
@@ -124,11 +112,13 @@ class StageFailed(StageError):
     so it is never reused as a success.
     """
 
-    directory: Any = None  # the published result's directory, once the runner published it
-
     def __init__(self, message: str, result: StageResult):
         super().__init__(message)
         self.result = result
+
+    def _cause(self) -> Any:
+        summary = getattr(self.__dict__.get("result"), "summary", "")
+        return FailedVerdict(str(self.args[0]) if self.args else "", summary)
 
 
 def rebuilt(cls: type[TrtflowError], args: tuple, state: dict | None = None) -> TrtflowError:

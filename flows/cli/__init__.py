@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fail(exc: BaseException, verbose: bool) -> int:
     if verbose:
-        for what in ("child_log", "child_traceback"):
-            text = getattr(exc, what, "")
+        failure = exc.failure if isinstance(exc, TrtflowError) else None
+        for what, text in (("log", failure.log), ("traceback", failure.traceback)) if failure else ():
             if text:
-                err.print(f"[dim]--- the stage process's {what.removeprefix('child_')} ---[/]\n{escape(text)}")
+                err.print(f"[dim]--- the stage process's {what} ---[/]\n{escape(text)}")
         err.print_exception(show_locals=False)
     if not isinstance(exc, TrtflowError):
         exc = disk_error(exc, Path.cwd()) or exc

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import signal
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -19,7 +17,6 @@ from pydantic import TypeAdapter
 from trtflow import child, files, progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.parent_death import die_with_parent
 from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.benchmark import history, perf_gate
 from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, MeasuredOn, Measurement
@@ -171,24 +168,15 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
     written = exports.ExportFiles.beside(stem)
     cmd = command.compose(trtexec, cand.engine, shapes, params, written, version)
     log = stem.with_suffix(".log")
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=die_with_parent)
-        try:
-            proc.wait(timeout=TRTEXEC_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise StageError(f"benchmark: trtexec did not finish within {TRTEXEC_TIMEOUT_S} s on {cand.name} "
-                             f"(log: {log})") from None
-    killed = child.killed_by(proc.returncode)
-    if killed:  # from outside (the OOM killer, a user): no measurement, so no result either (a crash, retried)
-        raise child.Killed(f"benchmark: trtexec was killed ({killed}) while timing {cand.name}; that says nothing "
-                           f"about the engine: run again (log: {log})")
+    ended = child.run(cmd, TRTEXEC_TIMEOUT_S, log=log,  # killed from outside: no measurement, no result (retried)
+                      what=f"benchmark: trtexec timing {cand.name} (log: {log})")
+    if isinstance(ended, child.TimedOut):
+        raise StageError(f"benchmark: trtexec did not finish within {TRTEXEC_TIMEOUT_S} s on {cand.name} "
+                         f"(log: {log})")
     result = parse_summary(log.read_text(errors="replace"))
     result.runtime = f"trtexec (TensorRT {result.tensorrt_version or version or 'unknown'})"
-    if proc.returncode != 0 and result.status != "failed":
-        result.status, result.error = "failed", result.error or f"trtexec exited with code {proc.returncode}"
+    if ended.returncode != 0 and result.status != "failed":
+        result.status, result.error = "failed", result.error or f"trtexec {child.ending(ended.returncode)}"
     slowest = exports.read_profile(written.profile).layers if written.profile.exists() else result.profile or []
     if written.times.exists():
         result.samples_ms = exports.read_times(written.times).gpu_compute_ms or None

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtflow import child
 from trtflow.errors import TrtflowError
-from trtflow.parent_death import die_with_parent
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers
@@ -435,14 +434,12 @@ def command_check(command: str, timeout: float) -> Check:
         if "{model}" not in command:
             argv.append(str(path))
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=work,
-                                  preexec_fn=die_with_parent)
-        except subprocess.TimeoutExpired:
-            return Failure(f"the command did not finish within {timeout:g} s", "timeout")
+            ended = child.run(argv, timeout, cwd=work, what="reduce: the --command")
         except OSError as exc:
             raise TrtflowError(f"reduce: --command: cannot run {argv[0]!r}: {exc.strerror}") from None
-        if proc.returncode == 0:
+        if isinstance(ended, child.TimedOut):
+            return Failure(f"the command did not finish within {timeout:g} s", "timeout")
+        if ended.returncode == 0:
             return None
-        tail = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-        return Failure(f"the command exits {proc.returncode}: {tail[:200]}", f"exit:{proc.returncode}")
+        return Failure(f"the command {ended.text()}", f"exit:{ended.returncode}")
     return check

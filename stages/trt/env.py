@@ -281,26 +281,27 @@ def _from_nvidia_smi() -> NvidiaSystem:
     none = NvidiaSystem()
     if shutil.which("nvidia-smi") is None:
         return none
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20,
-                             check=True)
-    except (OSError, subprocess.SubprocessError):
+    query = _nvidia_smi(["--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader,nounits"])
+    if query is None:
         return none
     found = []
-    for line in out.stdout.strip().splitlines():
+    for line in query.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 4:
             found.append(Gpu(name=parts[0], compute_capability=parts[1],
                              memory_mb=int(parts[3]) if parts[3].isdigit() else None, driver=parts[2]))
-    cuda_driver = None
-    try:  # the plain banner is the only place nvidia-smi prints the CUDA version the driver supports
-        banner = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout
-        m = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
-        cuda_driver = m.group(1) if m else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return NvidiaSystem(driver=found[0].driver if found else None, cuda_driver=cuda_driver, gpus=found)
+    # the plain banner is the only place nvidia-smi prints the CUDA version the driver supports
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", _nvidia_smi([]) or "")
+    return NvidiaSystem(driver=found[0].driver if found else None, cuda_driver=m.group(1) if m else None, gpus=found)
+
+
+def _nvidia_smi(args: list[str]) -> str | None:
+    """What `nvidia-smi ARGS` prints when it succeeds within 20 s, else None."""
+    try:
+        ended = child.run(["nvidia-smi", *args], 20, what="nvidia-smi")
+    except (OSError, child.Killed):
+        return None
+    return ended.stdout if isinstance(ended, child.Exited) and ended.returncode == 0 else None
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ import glob
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
+
+from trtflow import child
 
 USUAL = ("/usr/src/tensorrt/bin/trtexec", "/usr/local/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec",
          "/usr/lib/x86_64-linux-gnu/tensorrt/bin/trtexec", "/opt/nvidia/tensorrt/bin/trtexec",
@@ -45,8 +46,10 @@ def trtexec_version(trtexec: Path, timeout: float = 60) -> str | None:
     from trtflow.stages.trtexec.log import decode_packed_version
 
     try:
-        proc = subprocess.run([str(trtexec), "--help"], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
+        ended = child.run([str(trtexec), "--help"], timeout, what="trtexec --help")
+    except OSError:
         return None
-    m = _PACKED.search(proc.stdout + proc.stderr)
+    if isinstance(ended, child.TimedOut):
+        return None
+    m = _PACKED.search(ended.stdout + ended.stderr)
     return decode_packed_version(m.group(1)) if m else None
