@@ -53,7 +53,6 @@ def main() -> None:
     from trtflow.stages.release import stage as release
     from trtflow.stages.release.report import ReleaseReport
     from trtflow.stages.release.triton import config as triton_config
-    from trtflow.stages.release.triton import schema
     from trtflow.stages.trt.engines import built_engines
 
     runner = Runner(load_pipeline(str(PIPELINE)), store=LocalStore(store))
@@ -81,7 +80,7 @@ def main() -> None:
 
     def config() -> None:
         made = triton_config.make("m", engine, spec.triton)
-        assert not triton_config.problems(schema.parse(schema.to_text(made)), engine)
+        assert not triton_config.problems(triton_config.parse(triton_config.to_text(made)), engine)
 
     plots = release._plots(inputs, release.ValidateReport.read(inputs.one("validation").path), report.targets)
     rows = [

@@ -294,7 +294,7 @@ def stale(lock: Lock, tree: Tree) -> list[str]:
 
 def refresh(lock: Lock, tree: Tree, rerun: list[str] | None = None) -> Lock:
     """The lock for `tree`. `rerun` None: the same outputs (every `keyed` entry kept); [] every file that moved
-    re-keys (and closures' gains and losses enter and leave `keyed`); [files] those files re-key."""
+    re-keys (and the closures of the kinds it re-keys enter and leave `keyed` whole); [files] those files re-key."""
     again = list(moved_files(lock, tree)) if rerun == [] else (rerun or [])
     kinds: dict[str, Locked] = {}
     for name, c in tree.kinds.items():
@@ -308,8 +308,8 @@ def refresh(lock: Lock, tree: Tree, rerun: list[str] | None = None) -> Lock:
                     keyed[f] = current[f]
                 else:
                     keyed.pop(f, None)
-            if rerun == []:
-                keyed = {f: keyed.get(f, d) for f, d in current.items()}
+            if rerun == [] and any(f in current for f in again):  # a kind re-keyed takes its closure as it is
+                keyed = {f: keyed.get(f, d) for f, d in current.items()}  # (another keeps what --same-outputs kept)
         kinds[name] = Locked(files=c.files, keyed=dict(sorted(keyed.items())), libraries=tree.libraries[name])
     return Lock(format=LOCK_FORMAT, files=tree.files, kinds=kinds)
 

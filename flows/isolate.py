@@ -29,17 +29,55 @@ import threading
 import time
 import traceback
 import uuid
+from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from trtflow import progress, settings
-from trtflow.child import Progress, Raised, Returned, StageCall, ending
 from trtflow.disk import disk_error
-from trtflow.errors import StageStopped, TransientStageError, TrtflowError, rebuilt
-from trtflow.failure import Crash, Failure, Timeout, Unexpected
+from trtflow.errors import (
+    Crash,
+    Failure,
+    StageStopped,
+    Timeout,
+    TransientStageError,
+    TrtflowError,
+    Unexpected,
+    ending,
+    rebuilt,
+)
 from trtflow.parent_death import die_with_parent
 from trtflow.usercode import search_path
+
+
+# The stage's protocol: its request is a `StageCall`; its process answers over a pipe with `Progress` messages
+# and then one `Returned` or `Raised` (a pickle: a stage's result and its exceptions are Python objects).
+@dataclass(frozen=True)
+class StageCall:
+    """A stage's request: the function (imported by name in the child) and its arguments."""
+    function: Callable[..., Any]
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress report on the way (trtflow.progress's listeners get it in the parent)."""
+    what: str
+    done: float
+    total: float | None
+
+
+@dataclass(frozen=True)
+class Returned:
+    value: Any
+
+
+@dataclass(frozen=True)
+class Raised:
+    error: BaseException
+    traceback: str
+
 
 IN_PROCESS = settings.IN_PROCESS.name
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from trtflow import files, settings
 from trtflow.errors import TrtflowError
 from trtflow.flows import keys
-from trtflow.flows.fingerprint import ALL, Environment, fingerprint
+from trtflow.flows.keys import ALL, Environment, fingerprint
 from trtflow.flows.store import write_json_atomic
 from trtflow.state import state_dir
 

@@ -9,8 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from trtflow.decisions import Decision
-from trtflow.flows.fingerprint import Environment
-from trtflow.flows.keys import KeyParts
+from trtflow.flows.keys import Environment, KeyParts
 from trtflow.paths import safe_relpath
 from trtflow.records import Recorded
 

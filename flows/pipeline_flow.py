@@ -26,12 +26,11 @@ from prefect.utilities.annotations import quote
 
 from trtflow import files, progress
 from trtflow import markdown as md
-from trtflow.errors import SpecError, StageStopped, TransientStageError, TrtflowError
+from trtflow.errors import FailedVerdict, Failure, SpecError, StageStopped, TransientStageError, TrtflowError
 from trtflow.events import Event, StageRan
-from trtflow.failure import FailedVerdict, Failure
 from trtflow.flows import implementation
-from trtflow.flows.fingerprint import describe
 from trtflow.flows.isolate import kill_all, resume
+from trtflow.flows.keys import describe
 from trtflow.flows.manifest import Manifest
 from trtflow.flows.results import StageReport
 from trtflow.flows.runner import Runner, StageOutcome, make_runner

@@ -26,7 +26,7 @@ ANY_KIND = "*"
 MODEL_MAKERS = ("prepare", "precision", "calibrate")
 PREPROCESS_SLOT = Slot("preprocess", required=False, prefer=("parity",))
 
-# Environment facts a stage's key may hold (see flows/fingerprint.py): "tensorrt", the TensorRT flavour and version
+# Environment facts a stage's key may hold (see flows/keys.py): "tensorrt", the TensorRT flavour and version
 # with the CUDA runtime it loads and the platform; "gpu", the GPUs with their driver.
 Facet = Literal["tensorrt", "gpu"]
 FACETS: tuple[Facet, ...] = get_args(Facet)

@@ -17,7 +17,7 @@ def triton_config(store: Path, released: dict):
     """The released config.pbtxt, read with Triton's own schema (tritonclient's generated model_config_pb2)."""
     from google.protobuf import text_format
 
-    from trtflow.stages.release.triton.schema import model_config_pb2
+    from trtflow.stages.release.triton.config import model_config_pb2
     key = json.loads((store / "release" / "last.json").read_text())["key"]
     repo = store / "release" / key / released["repository"]
     model = repo / released["models"][0]

@@ -13,8 +13,7 @@ import httpx
 
 from tests.test_layout import ROOT
 from trtflow import markdown as md
-from trtflow.errors import StageError
-from trtflow.failure import Crash, FailedVerdict, Failure, Refused, Timeout, Unexpected
+from trtflow.errors import Crash, FailedVerdict, Failure, Refused, StageError, Timeout, Unexpected
 
 PIPELINE = """
 version: 1

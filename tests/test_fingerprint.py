@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trtflow.flows import fingerprint as fp
 from trtflow.flows import keys
+from trtflow.flows import keys as fp
 from trtflow.stages.trt import env
 
 # nvidia-smi 550.54.15 on an RTX A4000 and an A100 (a real two-GPU machine's answers, as the CSV query prints them)

@@ -12,7 +12,7 @@ from pydantic import create_model
 
 from tests.assets import PPOCR
 from trtflow.flows import code_lock, keys
-from trtflow.flows.fingerprint import Environment
+from trtflow.flows.keys import Environment
 from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
 from trtflow.pipelines.kinds import KINDS

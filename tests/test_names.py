@@ -91,11 +91,12 @@ def test_a_tensor_name_never_becomes_code_in_the_generated_model_py(tmp_path, mo
     generated .py parses to the same tree whatever the names), the name is data in preprocess.json, and importing
     and initializing the model, as Triton's Python backend does, runs nothing."""
     from tests.assets import IMAGENET
-    from trtflow.stages.release.triton import preprocess, schema
+    from trtflow.stages.release.triton import config as triton_config
+    from trtflow.stages.release.triton import preprocess
     from trtflow.stages.release.triton.contract import Contract, ProfileRange
 
     def generate(name: str, where: Path) -> Path:
-        pb = schema.model_config_pb2()
+        pb = triton_config.model_config_pb2()
         engine = pb.ModelConfig(name="m", platform="tensorrt_plan", max_batch_size=4)
         engine.input.add(name=name, data_type=pb.TYPE_FP32, dims=[3, 224, 224])
         engine.output.add(name='logits"""', data_type=pb.TYPE_FP32, dims=[1000])
@@ -148,9 +149,10 @@ def test_the_preprocessing_model_refuses_an_image_no_profile_takes(tmp_path, mon
     import numpy as np
 
     from tests.assets import IMAGENET, PHOTOS
-    from trtflow.stages.release.triton import preprocess, schema
+    from trtflow.stages.release.triton import config as triton_config
+    from trtflow.stages.release.triton import preprocess
     from trtflow.stages.release.triton.contract import Contract, ProfileRange
-    pb = schema.model_config_pb2()
+    pb = triton_config.model_config_pb2()
     engine = pb.ModelConfig(name="m", platform="tensorrt_plan", max_batch_size=4)
     engine.input.add(name="input", data_type=pb.TYPE_FP32, dims=[3, -1, -1])
     engine.output.add(name="logits", data_type=pb.TYPE_FP32, dims=[1000])

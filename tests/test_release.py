@@ -28,7 +28,6 @@ from trtflow.stages.build import stage as build
 from trtflow.stages.precision import stage as precision
 from trtflow.stages.release import stage as release
 from trtflow.stages.release.triton import config as triton_config
-from trtflow.stages.release.triton import schema
 from trtflow.stages.trt.engines import built_engines
 from trtflow.stages.validate import stage as validate
 
@@ -49,7 +48,7 @@ def parse(text: str):
     try:
         return triton_reads(text)
     except (ImportError, RuntimeError):  # tritonclient without its grpc extra: the same generated module, by file
-        return text_format.Parse(text, schema.model_config_pb2().ModelConfig())
+        return text_format.Parse(text, triton_config.model_config_pb2().ModelConfig())
 
 
 def engines(tmp: Path, models: list[Artifact], **kw) -> Path:
@@ -227,7 +226,7 @@ def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend)
     """The checks mirror Triton's load rules: each mistake a hand-written config makes is named."""
     eng = built_engines(engines(tmp_path, [cls], profiles={"lines": LINES}))[0]
     good = triton_config.make("cls", eng, ReleaseStage.model_validate({"kind": "release"}).triton)
-    assert triton_config.problems(parse(schema.to_text(good)), eng) == []
+    assert triton_config.problems(parse(triton_config.to_text(good)), eng) == []
     for edit, expect in [
         ("max_batch_size: 64", "profile 'lines' takes batches 1..32, Triton sends 1..64"),
         ("data_type: TYPE_FP16", "TYPE_FP16, but the engine's is FLOAT"),
@@ -239,7 +238,7 @@ def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend)
         ('name: "x"', None),
         ('name: "image"', "inputs ['image'] are not the engine's ['x']"),
     ]:
-        text = schema.to_text(good)
+        text = triton_config.to_text(good)
         field = edit.split(":")[0]
         lines = text.splitlines()
         if field == "dims":
@@ -257,7 +256,7 @@ def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend)
         else:
             assert any(expect in f for f in found), (edit, found)
     with pytest.raises(ValueError, match="not a Triton model configuration"):
-        schema.parse('name: "cls"\nmax_batch: 4\n')  # a field Triton's schema has not got
+        triton_config.parse('name: "cls"\nmax_batch: 4\n')  # a field Triton's schema has not got
 
 
 @pytest.fixture(scope="module")

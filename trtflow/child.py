@@ -1,5 +1,4 @@
-"""Work in a child process, so a crash, a hang or a write into the current directory ends there. One convention,
-two carriers: the parent hands the child a typed request, the child answers with a typed response, written only
+"""Work in a child process, so a crash, a hang or a write into the current directory ends there. One convention: the parent hands the child a typed request, the child answers with a typed response, written only
 once it is whole; no answer means the child died, and how its process ended (`ending`) is what the parent says.
 
 - Native work (the pre-flight, the ONNX Runtime probe, the quantization pre-processing, the TensorRT version probe,
@@ -12,9 +11,8 @@ once it is whole; no answer means the child died, and how its process ended (`en
 - A program that is not ours (trtexec, nvidia-smi, a user's command for `trtflow reduce`) is `run`: it ends
   `Exited` (its code, its output) or `TimedOut` (it and everything it started killed); killed from outside, `Killed`
   as above.
-- A stage (`flows/isolate.py`) is forked from a fork server that preloaded the common imports, so it starts in
-  milliseconds: its request is a `StageCall` and its child answers over a pipe with `Progress` messages and then
-  one `Returned` or `Raised` (a pickle: a stage's result and its exceptions are Python objects).
+- A stage is the third carrier (`flows/isolate.py`): forked from a fork server that preloaded the common imports,
+  it answers over a pipe with Python objects (its result, its exceptions).
 """
 from __future__ import annotations
 
@@ -25,11 +23,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generic, TypeVar, Union
+from typing import Callable, Generic, TypeVar, Union
 
 from pydantic import BaseModel
 
-from trtflow.errors import TransientStageError
+from trtflow.errors import TransientStageError, ending
 from trtflow.parent_death import die_with_parent
 
 Request = TypeVar("Request", bound=BaseModel)
@@ -42,42 +40,6 @@ KILLED = frozenset({signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP
 
 class Killed(TransientStageError):
     """A child was killed from outside before it answered: no answer, so never a result."""
-
-
-def ending(returncode: int | None) -> str:
-    """How a process ended, for a message: 'exited with code 3', 'was killed by SIGSEGV'."""
-    if returncode is not None and returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"was killed by signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-@dataclass(frozen=True)
-class StageCall:
-    """A stage's request: the function (imported by name in the child) and its arguments."""
-    function: Callable[..., Any]
-    args: tuple
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A progress report on the way (trtflow.progress's listeners get it in the parent)."""
-    what: str
-    done: float
-    total: float | None
-
-
-@dataclass(frozen=True)
-class Returned:
-    value: Any
-
-
-@dataclass(frozen=True)
-class Raised:
-    error: BaseException
-    traceback: str
 
 
 def killed_by(returncode: int | None) -> str | None:

@@ -9,8 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from trtflow.errors import TrtflowError
-from trtflow.failure import Refused
+from trtflow.errors import Refused, TrtflowError
 
 _WHAT = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
          errno.EROFS: "the file system is read-only"}

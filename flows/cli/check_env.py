@@ -29,7 +29,7 @@ class CheckEnv(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.flows import machine
-        from trtflow.flows.fingerprint import describe
+        from trtflow.flows.keys import describe
 
         state = Path(args.state).resolve() if args.state else machine.state_file()
         result = machine.check(state)

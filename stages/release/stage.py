@@ -20,10 +20,9 @@ from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.release import card, selection
 from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease, ValidFor
-from trtflow.stages.release.triton import client_example, contract, schema, versions
+from trtflow.stages.release.triton import client_example, contract, versions
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import preprocess as triton_preprocess
-from trtflow.stages.release.triton import warmup as triton_warmup
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import Engine, built_engines
 from trtflow.stages.validate.report import ValidateReport
@@ -371,10 +370,10 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
         config = triton_config.make(model_name, eng, params.triton)
     except triton_config.ConfigError as exc:
         raise StageError(f"release: {exc}") from None
-    notes = triton_warmup.add(config, eng.cell.profiles, sample, model_dir) if params.triton.warmup else []
-    text = schema.to_text(config)
+    notes = triton_config.add_warmup(config, eng.cell.profiles, sample, model_dir) if params.triton.warmup else []
+    text = triton_config.to_text(config)
     try:
-        parsed = schema.parse(text)
+        parsed = triton_config.parse(text)
     except ValueError as exc:
         raise StageError(f"release: the config.pbtxt written for {eng.cell.name} is not one Triton reads: {exc}") \
             from None

@@ -8,8 +8,8 @@ run as the code it shows. The tests run it against a real Triton server.
 """
 from __future__ import annotations
 
+from trtflow.stages.release.triton.config import NUMPY
 from trtflow.stages.release.triton.contract import Contract
-from trtflow.stages.release.triton.schema import NUMPY
 
 
 def script(model: str, contract: Contract, ensemble: str | None = None) -> str:

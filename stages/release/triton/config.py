@@ -12,14 +12,26 @@ engine's IO tensors (names, TensorRT data types, dimensions with -1 where dynami
 `problems` checks a config against the engine with the rules Triton's TensorRT backend and core apply at load
 (tensorrt_backend `CompareDimsSupported`/`ValidateDimension`, core `ValidateModelConfig`/`ValidateInstanceGroup`),
 and the ones it leaves to failed requests (a `max_batch_size` beyond a profile's maximum loads, then fails).
+
+A config is checked as Triton reads it: through Triton's own schema (`model_config_pb2`, as `tritonclient` ships it:
+`tritonclient.grpc`'s package import needs grpcio, whose `[grpc]` extra pins protobuf < 7 while everything else here
+runs on protobuf 7; the generated module needs only protobuf, so it is loaded from its file, without the package
+around it). `add_warmup` writes its `model_warmup`.
 """
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import numpy as np
+
+from trtflow.errors import StageError
 from trtflow.pipelines.params.release import TritonSpec
-from trtflow.stages.release.triton import schema
 from trtflow.stages.trt.engines import Engine, Profile
 
 PLAN_FILE = "model.plan"
@@ -94,7 +106,7 @@ def _data_type(tensor: Tensor, engine: Engine) -> str:
 
 def make(model_name: str, engine: Engine, spec: TritonSpec) -> Any:
     """The engine's `ModelConfig` (Triton's protobuf message)."""
-    pb = schema.model_config_pb2()
+    pb = model_config_pb2()
     inputs, outputs = engine_io(engine)
     profiles = engine.cell.profiles
     max_batch, preferred, why = batch_limits(inputs, outputs, profiles)
@@ -139,7 +151,7 @@ def make(model_name: str, engine: Engine, spec: TritonSpec) -> Any:
 
 def problems(config: Any, engine: Engine) -> list[str]:
     """What Triton would refuse at load, or fail on at the first request, in `config` for `engine`."""
-    pb = schema.model_config_pb2()
+    pb = model_config_pb2()
     inputs, outputs = engine_io(engine)
     batch = config.max_batch_size
     out: list[str] = []
@@ -222,3 +234,96 @@ def _batching_problems(dynamic_batching: Any, batch: int) -> list[str]:
     if bad:
         out.append(f"preferred batch sizes {bad} are not within 1..max_batch_size ({batch})")
     return out
+
+
+MODULE = "tritonclient.grpc.model_config_pb2"
+# Triton's data types that trtflow writes as numpy arrays (the preprocessing's tensor, warmup files, the card's
+# request example): Triton's name -> numpy's
+NUMPY = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8",
+         "TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_BOOL": "bool"}
+
+
+@cache
+def model_config_pb2() -> ModuleType:
+    if MODULE in sys.modules:
+        return sys.modules[MODULE]
+    found = importlib.util.find_spec("tritonclient")
+    locations = list(found.submodule_search_locations or []) if found else []
+    for base in locations:
+        spec = importlib.util.spec_from_file_location(MODULE, f"{base}/grpc/model_config_pb2.py")
+        if spec is None or spec.loader is None:
+            continue
+        try:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except (OSError, ImportError):
+            continue
+        sys.modules[MODULE] = module
+        return module
+    raise StageError("Triton's model configuration schema was not found: install tritonclient (a dependency of "
+                     "trtflow: pip install -e . again)")
+
+
+def parse(text: str) -> Any:
+    """A config.pbtxt as Triton reads it (`ModelConfig` in protobuf text format); a ValueError names what Triton
+    would not accept."""
+    from google.protobuf import text_format
+
+    try:
+        return text_format.Parse(text, model_config_pb2().ModelConfig())
+    except text_format.ParseError as exc:
+        raise ValueError(f"not a Triton model configuration: {exc}") from None
+
+
+def to_text(config: Any) -> str:
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(config)
+
+
+def add_warmup(config: Any, profiles: list[Profile], sample: dict[str, np.ndarray] | None,
+               model_dir: Path) -> list[str]:
+    """`config.model_warmup`: one request per optimization profile at its opt shape, run by Triton before the model
+    is ready (the first real request would otherwise pay for CUDA graphs, tactics and memory). The data is the
+    release's own samples (the validation images or tensors, `data:`), one sample per input written raw under
+    `model_dir/warmup/`, which Triton duplicates up to the request's batch size; where no sample has the opt shape
+    (or the samples are random), Triton's `random_data` instead. File names are numbers (profile, input): a tensor
+    name never becomes a path. Returns a note per input warmed with random data although samples were given."""
+    pb = model_config_pb2()
+    batched = config.max_batch_size > 0
+    notes: list[str] = []
+    for pi, prof in enumerate(profiles or [Profile(name="default", shapes={})]):
+        warm = config.model_warmup.add(name=f"opt-{prof.name}", batch_size=1)
+        for ii, tensor in enumerate(config.input):
+            rng = prof.shapes.get(tensor.name)
+            opt = list(rng[1]) if rng is not None else ([1] if batched else []) + [max(d, 1) for d in tensor.dims]
+            if batched:
+                warm.batch_size = max(warm.batch_size, min(opt[0], config.max_batch_size))
+            dims = list(tensor.dims) if tensor.HasField("reshape") else (opt[1:] if batched else opt)
+            item = warm.inputs[tensor.name]
+            item.data_type = tensor.data_type
+            item.dims.extend(dims)
+            data = _one(sample, tensor.name, dims, batched)
+            dtype = NUMPY.get(pb.DataType.Name(tensor.data_type))
+            if data is None or dtype is None:
+                item.random_data = True
+                if sample is not None:
+                    notes.append(f"warmup of profile '{prof.name}': no sample of input '{tensor.name}' has its opt "
+                                 f"shape {opt}: Triton's random data instead")
+                continue
+            (model_dir / "warmup").mkdir(exist_ok=True)
+            name = f"{pi}-{ii}.bin"
+            (model_dir / "warmup" / name).write_bytes(np.ascontiguousarray(data, dtype=dtype).tobytes())
+            item.input_data_file = name
+    return notes
+
+
+def _one(sample: dict[str, np.ndarray] | None, name: str, dims: list[int], batched: bool) -> np.ndarray | None:
+    """One sample of input `name` with `dims` (without the batch dimension where the model is batched)."""
+    if sample is None or name not in sample:
+        return None
+    data = sample[name]
+    one = data[0] if batched and data.ndim == len(dims) + 1 else data
+    if list(one.shape) == dims:
+        return one
+    return one.reshape(dims) if one.size == int(np.prod(dims)) else None

@@ -39,8 +39,8 @@ class Contract(BaseModel):
     @classmethod
     def of(cls, config: Any, profiles: list[Any]) -> "Contract":
         """From the parsed config.pbtxt and the engine's profiles (`engines.Profile`)."""
-        from trtflow.stages.release.triton import schema
-        pb = schema.model_config_pb2()
+        from trtflow.stages.release.triton.config import model_config_pb2
+        pb = model_config_pb2()
 
         def specs(tensors: Any) -> list[TensorSpec]:
             return [TensorSpec(name=t.name, data_type=pb.DataType.Name(t.data_type), dims=list(t.dims))

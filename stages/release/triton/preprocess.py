@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtflow.stages.image.steps import Batch, parse
-from trtflow.stages.release.triton import schema
+from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton.config import ConfigError
 from trtflow.stages.release.triton.contract import Contract
 
@@ -127,7 +127,7 @@ def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: 
           contract: Contract) -> dict[str, str]:
     """The two models beside the engine's in `repo` (`steps`: the canonical JSON of preprocess.json, written as
     given); returns model name -> its config.pbtxt text."""
-    pb = schema.model_config_pb2()
+    pb = triton_config.model_config_pb2()
     if len(engine_config.input) != 1:
         raise ConfigError(f"triton.preprocess: the engine takes {len(engine_config.input)} inputs; a preprocessing "
                           f"model makes one image tensor (remove preprocess, or release an engine of one input)")
@@ -140,7 +140,7 @@ def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: 
                           f"input '{engine_in.name}' has rank {rank}: "
                           + ("add `- batch: true` to the steps" if rank == 4 else "the steps do not fit this engine"))
     dtype = pb.DataType.Name(engine_in.data_type)
-    if dtype not in schema.NUMPY:
+    if dtype not in triton_config.NUMPY:
         raise ConfigError(f"triton.preprocess: the engine's input is {dtype}, which the preprocessing does not make")
     full = ([1] if batched else []) + list(engine_in.dims)  # one image per request: batch 1
 
@@ -164,8 +164,8 @@ def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: 
 
     texts = {}
     for config in (pre, ens):
-        text = schema.to_text(config)
-        schema.parse(text)  # read back as Triton reads it
+        text = triton_config.to_text(config)
+        triton_config.parse(text)  # read back as Triton reads it
         (repo / config.name / str(version)).mkdir(parents=True)
         (repo / config.name / "config.pbtxt").write_text(text)
         texts[config.name] = text
@@ -176,7 +176,7 @@ def write(repo: Path, model_name: str, version: int, engine_config: Any, steps: 
         (code / PACKAGE / name).write_text(source)
     ranges = {p.name: (p.shapes[engine_in.name][0], p.shapes[engine_in.name][2]) for p in contract.profiles
               if engine_in.name in p.shapes}
-    spec = {"output": engine_in.name, "dtype": schema.NUMPY[dtype], "steps": steps, "ranges": ranges}
+    spec = {"output": engine_in.name, "dtype": triton_config.NUMPY[dtype], "steps": steps, "ranges": ranges}
     (code / "preprocess.json").write_text(json.dumps(spec, indent=2) + "\n")
     (repo / pre_name / "requirements.txt").write_text("\n".join(REQUIREMENTS) + "\n")
     return texts
