@@ -1,5 +1,6 @@
-"""Work in a child process, so a crash, a hang or a write into the current directory ends there. One convention: the parent hands the child a typed request, the child answers with a typed response, written only
-once it is whole; no answer means the child died, and how its process ended (`ending`) is what the parent says.
+"""Work in a child process, so a crash, a hang or a write into the current directory ends there: the parent hands
+the child a typed request, the child answers with a typed response, written only once it is whole; no answer means
+the child died, and how its process ended (`ending`) is what the parent says.
 
 - Native work (the pre-flight, the ONNX Runtime probe, the quantization pre-processing, the TensorRT version probe,
   each engine build, the built-in harness) is `python -m MODULE REQUEST.json RESPONSE.json`: `call` writes the
@@ -11,7 +12,7 @@ once it is whole; no answer means the child died, and how its process ended (`en
 - A program that is not ours (trtexec, nvidia-smi, a user's command for `trtflow reduce`) is `run`: it ends
   `Exited` (its code, its output) or `TimedOut` (it and everything it started killed); killed from outside, `Killed`
   as above.
-- A stage is the third carrier (`flows/isolate.py`): forked from a fork server that preloaded the common imports,
+- A stage is not run here but by `flows/isolate.py`: forked from a fork server that preloaded the common imports,
   it answers over a pipe with Python objects (its result, its exceptions).
 """
 from __future__ import annotations

@@ -56,7 +56,7 @@ class Unexpected:
 
 @dataclass(frozen=True)
 class Crash:
-    """The stage's process ended without answering: how (`trtflow.child.ending`) and its last line of output."""
+    """The stage's process ended without answering: how (`ending`) and its last line of output."""
     ending: str
     last_output: str = ""
 
