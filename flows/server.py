@@ -46,6 +46,8 @@ class ServerRecord(BaseModel):
     log: str = ""
     started: float = 0.0  # time.time() when it was started
     started_at: str | None = None  # its process's start time (/proc/<pid>/stat); None: nothing can be proven
+    database: str = "sqlite"  # what it keeps its state in, as said to the user (a URL's password never)
+    cluster: str | None = None  # the PostgreSQL cluster trtflow started for it (`--database local`), stopped with it
 
     @property
     def port(self) -> str:
@@ -151,51 +153,84 @@ def _locked() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def ensure(on_start=None) -> str:
+def ensure(on_start=None, database: str | None = None, host: str = "127.0.0.1", port: int | None = None) -> str:
     """The API URL of the background server, started first if it is not running. `on_start(url)` is called
-    when this call starts it."""
+    when this call starts it. `database`: `sqlite`, `local` or a PostgreSQL URL (default TRTFLOW_SERVER_DATABASE);
+    `host`: the address it listens on (0.0.0.0: other machines too); `port`: its port (default: a free one). A
+    server already running on another database is refused (stop it first)."""
     if not _provable():
         raise PrefectUnavailable(f"trtflow keeps a background Prefect server only where /proc tells which process it "
                                  f"started: set PREFECT_API_URL to a server of yours, or {MODE}=ephemeral for "
                                  f"Prefect's temporary one")
+    database = database or settings.SERVER_DATABASE.get()
     with _locked():
         rec = _read()
         if rec is not None and _proven(rec):
+            if database != "sqlite" and rec.database != shown_database(database):
+                raise TrtflowError(f"trtflow's background Prefect server at {rec.url} runs on {rec.database}, not "
+                                   f"{shown_database(database)}", hint="`trtflow server stop` first")
             # the process trtflow started lives: a loaded machine (other runs, SQLite writes) may keep its answer
             # longer than a health check waits; it is waited for, never replaced by a second server beside it
             return _answering(rec)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        url = f"http://127.0.0.1:{port}/api"
-        log = record_file().with_suffix(".log")
-        env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}  # unless the user sets it
-        env.pop("PREFECT_API_URL", None)
-        env["PREFECT_UI_API_URL"] = url  # else its UI calls Prefect's default address, not this server
-        with open(log, "ab") as fh:
-            proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                     "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        # recorded before waiting for it: a trtflow killed now leaves a server `trtflow server stop` knows
-        record = ServerRecord(pid=proc.pid, url=url, log=str(log), started=time.time(),
-                              started_at=_started_at(proc.pid))
-        files.write_atomic(record_file(), record.model_dump_json().encode())  # runs read it while it is written
-        deadline = time.monotonic() + START_TIMEOUT_S
-        try:
-            while not healthy(url, timeout=1.0):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                    raise PrefectUnavailable(f"could not start a Prefect server in the background (log: {log}; "
-                                             f"last line: {tail[0]}): set PREFECT_API_URL to a server of yours, or "
-                                             f"{MODE}=ephemeral for Prefect's temporary one")
-                time.sleep(0.25)
-        except BaseException:  # failed, or interrupted (SIGTERM, Ctrl-C) while it started: no orphan is left
-            _kill(record)
-            record_file().unlink(missing_ok=True)
-            raise
-        if on_start:
-            on_start(url)
-        return url
+        return _start(on_start, database, host, port or _free_port())
+
+
+def shown_database(database: str) -> str:
+    """How a database is said (and recorded): a URL without its password."""
+    if database in ("sqlite", "local"):
+        return database
+    from sqlalchemy.engine import make_url
+
+    return make_url(database).render_as_string(hide_password=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(on_start, database: str, host: str, port: int) -> str:
+    url = f"http://127.0.0.1:{port}/api"
+    log = record_file().with_suffix(".log")
+    env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}  # unless the user sets it
+    env.pop("PREFECT_API_URL", None)
+    env["PREFECT_UI_API_URL"] = url  # else its UI calls Prefect's default address, not this server
+    cluster = None
+    if database == "local":
+        from trtflow.flows import postgres
+
+        cluster = postgres.cluster(record_file().parent / "postgres").start()
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = cluster.url
+    elif database != "sqlite":
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
+    with open(log, "ab") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host,
+                                 "--port", str(port)], stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    # recorded before waiting for it: a trtflow killed now leaves a server `trtflow server stop` knows
+    record = ServerRecord(pid=proc.pid, url=url, log=str(log), started=time.time(), started_at=_started_at(proc.pid),
+                          database=shown_database(database) + (f" ({cluster.directory})" if cluster else ""),
+                          cluster=str(cluster.directory) if cluster else None)
+    files.write_atomic(record_file(), record.model_dump_json().encode())  # runs read it while it is written
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while not healthy(url, timeout=1.0):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                raise PrefectUnavailable(f"could not start a Prefect server in the background (log: {log}; "
+                                         f"last line: {tail[0]}): set PREFECT_API_URL to a server of yours, or "
+                                         f"{MODE}=ephemeral for Prefect's temporary one")
+            time.sleep(0.25)
+    except BaseException:  # failed, or interrupted (SIGTERM, Ctrl-C) while it started: no orphan is left
+        _kill(record)
+        if cluster is not None:
+            cluster.stop()
+        record_file().unlink(missing_ok=True)
+        raise
+    if on_start:
+        on_start(url)
+    return url
 
 
 def _answering(rec: ServerRecord) -> str:
@@ -220,10 +255,15 @@ def stop() -> ServerRecord | None:
     prove it started raises NotProven: nothing is signalled and the record stays."""
     with _locked():
         rec = _read()
+        cluster = rec.cluster if rec is not None else None
         if rec is not None and _proven(rec):
             _kill(rec)
         else:
             rec = None
+        if cluster:  # (also when its server is gone: the database is trtflow's all the same)
+            from trtflow.flows import postgres
+
+            postgres.cluster(Path(cluster)).stop()
         record_file().unlink(missing_ok=True)
         return rec
 

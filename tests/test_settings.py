@@ -45,6 +45,10 @@ BAD = [
     ("TRTFLOW_STORE_CREDENTIALS", "vault/fleet"),
     ("TRTFLOW_STORE_CREDENTIALS", "secret/fleet s3"),
     ("TRTFLOW_STORE_CREDENTIALS", ""),
+    ("TRTFLOW_SERVER_DATABASE", "postgres"),
+    ("TRTFLOW_SERVER_DATABASE", "postgresql://prefect@db/prefect"),  # not Prefect's async driver
+    ("TRTFLOW_SERVER_DATABASE", "postgresql+asyncpg://p@db/x\nrm"),
+    ("TRTFLOW_POSTGRES_BIN", "pg/bin"),
 ]
 
 
@@ -88,9 +92,12 @@ def test_good_values_are_read_as_typed_values(monkeypatch, tmp_path):
     assert settings.SERVER_PATIENCE.get() == 300.0 and settings.PREFECT_SERVER.get() == "background"
     assert settings.IN_PROCESS.get() is False and settings.MACHINE.get() is None
     assert settings.STATE_DIR.get() is None and settings.STORE_CREDENTIALS.get() is None
+    assert settings.SERVER_DATABASE.get() == "sqlite" and settings.POSTGRES_BIN.get() is None
     good = {"TRTFLOW_SERVER_PATIENCE": "3", "TRTFLOW_PREFECT_SERVER": "ephemeral", "TRTFLOW_IN_PROCESS": "1",
             "TRTFLOW_MACHINE": "rig-3.lab_a", "TRTFLOW_GPU_KIND": "a100", "TRTFLOW_STATE_DIR": str(tmp_path / "s"),
-            "TRTFLOW_CACHE_DIR": str(tmp_path / "c"), "TRTFLOW_STORE_CREDENTIALS": "aws-credentials/fleet-s3"}
+            "TRTFLOW_CACHE_DIR": str(tmp_path / "c"), "TRTFLOW_STORE_CREDENTIALS": "aws-credentials/fleet-s3",
+            "TRTFLOW_SERVER_DATABASE": "postgresql+asyncpg://prefect:pw@db:5432/prefect",
+            "TRTFLOW_POSTGRES_BIN": str(tmp_path / "pg")}
     for name, value in good.items():
         monkeypatch.setenv(name, value)
     settings.check_all()
@@ -99,6 +106,8 @@ def test_good_values_are_read_as_typed_values(monkeypatch, tmp_path):
     assert settings.GPU_KIND.get() == "a100" and settings.STATE_DIR.get() == tmp_path / "s"
     assert settings.CACHE_DIR.get() == tmp_path / "c"
     assert settings.STORE_CREDENTIALS.get() == ("aws-credentials", "fleet-s3")
+    assert settings.SERVER_DATABASE.get() == "postgresql+asyncpg://prefect:pw@db:5432/prefect"
+    assert settings.POSTGRES_BIN.get() == tmp_path / "pg"
     monkeypatch.setenv("TRTFLOW_SERVER_PATIENCE", "86400")
     monkeypatch.setenv("TRTFLOW_IN_PROCESS", "0")
     assert settings.SERVER_PATIENCE.get() == 86400.0 and settings.IN_PROCESS.get() is False

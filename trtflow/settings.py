@@ -152,6 +152,27 @@ class Block(Setting):
         return kind, name
 
 
+@dataclass(frozen=True)
+class Database(Setting):
+    """Where trtflow's background Prefect server keeps its state: `sqlite` (Prefect's own file), `local` (a
+    PostgreSQL cluster trtflow keeps in its state directory) or a PostgreSQL URL for Prefect's asyncpg driver."""
+
+    @property
+    def accepts(self) -> str:
+        return "sqlite, local or a postgresql+asyncpg:// URL"
+
+    def get(self) -> str:
+        raw = self._raw()
+        return "sqlite" if raw is None else self.check(raw)
+
+    def check(self, raw: str) -> str:
+        """`raw` if it is one of what it accepts, else the error naming the variable."""
+        if raw in ("sqlite", "local") or (raw.startswith("postgresql+asyncpg://") and raw.isprintable()
+                                          and " " not in raw):
+            return raw
+        raise self._bad(raw)
+
+
 # at least one of `trtflow run`'s health checks, which come every 3 s (flows/cli/run.py SERVER_CHECK_S)
 SERVER_PATIENCE = Number("TRTFLOW_SERVER_PATIENCE", default=300.0, low=3.0, high=86400.0, unit="seconds")
 PREFECT_SERVER = Choice("TRTFLOW_PREFECT_SERVER", choices=("background", "ephemeral"))
@@ -161,9 +182,11 @@ GPU_KIND = Label("TRTFLOW_GPU_KIND")
 STATE_DIR = Directory("TRTFLOW_STATE_DIR")
 CACHE_DIR = Directory("TRTFLOW_CACHE_DIR")
 STORE_CREDENTIALS = Block("TRTFLOW_STORE_CREDENTIALS", kinds=("secret", "aws-credentials"))
+SERVER_DATABASE = Database("TRTFLOW_SERVER_DATABASE")
+POSTGRES_BIN = Directory("TRTFLOW_POSTGRES_BIN")
 
 ALL: tuple[Setting, ...] = (SERVER_PATIENCE, PREFECT_SERVER, IN_PROCESS, MACHINE, GPU_KIND, STATE_DIR, CACHE_DIR,
-                            STORE_CREDENTIALS)
+                            STORE_CREDENTIALS, SERVER_DATABASE, POSTGRES_BIN)
 
 
 def check_all() -> None:

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import socket
 
+from trtflow import settings
+from trtflow.errors import SpecError
 from trtflow.flows.cli.base import Command, out
 
 
@@ -12,6 +15,13 @@ class Server(Command):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("action", choices=["start", "stop", "status"])
+        parser.add_argument("--database", metavar="sqlite|local|URL",
+                            help="start: what the server keeps its state in: Prefect's SQLite file, a PostgreSQL "
+                                 "cluster trtflow keeps in its state directory (local), or a postgresql+asyncpg:// URL "
+                                 "(default: TRTFLOW_SERVER_DATABASE, else sqlite); a fleet needs PostgreSQL")
+        parser.add_argument("--host", default="127.0.0.1",
+                            help="start: the address it listens on (0.0.0.0 for other machines; default 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=None, help="start: its port (default: a free one)")
 
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.flows import server
@@ -22,14 +32,29 @@ class Server(Command):
                       "no Prefect server of trtflow's was running")
             return 0
         if args.action == "start":
-            url = server.ensure()
-            out.print(f"Prefect server running at {url} (UI: {url.removesuffix('/api')}); for other tools: "
-                      f"export PREFECT_API_URL={url}")
+            database = _database(args.database)
+            url = server.ensure(database=database, host=args.host, port=args.port)
+            rec = server.running()
+            out.print(f"Prefect server running at {url} (UI: {url.removesuffix('/api')}) on "
+                      f"{rec.database if rec else database}; for other tools: export PREFECT_API_URL={url}",
+                      soft_wrap=True)
+            if args.host not in ("127.0.0.1", "localhost"):
+                out.print(f"other machines: export PREFECT_API_URL=http://{socket.gethostname()}:"
+                          f"{url.rsplit(':', 1)[1]}", soft_wrap=True)
             return 0
         rec = server.running()
         if rec is None:
             out.print("no Prefect server of trtflow's is running (the next `trtflow run` that has work starts one)")
             return 1
-        out.print(f"running at {rec.url} (pid {rec.pid}, log {rec.log})")
+        out.print(f"running at {rec.url} (pid {rec.pid}, log {rec.log}) on {rec.database}", soft_wrap=True)
         return 0
 
+
+def _database(given: str | None) -> str | None:
+    """--database checked as TRTFLOW_SERVER_DATABASE is (None: the variable's)."""
+    if given is None:
+        return None
+    try:
+        return settings.SERVER_DATABASE.check(given)
+    except SpecError:
+        raise SpecError(f"--database {given!r} is not {settings.SERVER_DATABASE.accepts}") from None

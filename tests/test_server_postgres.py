@@ -1,0 +1,127 @@
+"""Prefect's server on a real PostgreSQL, started by trtflow (issue #53): `trtflow server start --database URL` on a
+cluster of the test run (the `postgres` fixture), and the fleet guide's server commands run as written, which make
+and start a cluster of trtflow's own (`--database local`). A run's flow run lands in PostgreSQL's tables; `trtflow
+server stop` stops the server and the cluster trtflow started; a URL's password is neither recorded nor printed."""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import reachable_tmp
+from tests.test_deploy import PIPE
+from tests.test_server import _isolated, _kill_recorded
+
+CLI = [sys.executable, "-m", "trtflow.flows.cli"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _flow_runs(port: int) -> list[str]:
+    """The names of the flow runs in the Prefect database of the PostgreSQL on `port`."""
+    import asyncpg
+
+    async def read() -> list[str]:
+        conn = await asyncpg.connect(host="127.0.0.1", port=port, user="prefect", database="prefect")
+        try:
+            return [r["name"] for r in await conn.fetch("select name from flow_run")]
+        finally:
+            await conn.close()
+    return asyncio.run(read())
+
+
+def _cli(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _run_one(env: dict[str, str], workdir: Path, name: str) -> None:
+    (workdir / f"{name}.yaml").write_text(PIPE.format(name=name))
+    done = _cli(env, workdir, "run", f"{name}.yaml")
+    assert done.returncode == 0 and "done 1 stages (1 ran" in done.stdout, done.stdout + done.stderr
+
+
+def test_server_start_on_a_postgresql_url_keeps_its_runs_there_and_never_its_password(postgres, workdir, tmp_path):
+    env = _isolated(tmp_path)
+    record = tmp_path / "state" / "prefect-server.json"
+    url = postgres.url.replace("prefect@", "prefect:s3cret-pw@")  # trust authentication: any password is taken
+    try:
+        started = _cli(env, workdir, "server", "start", "--database", url)
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"on postgresql+asyncpg://prefect:***@127.0.0.1:{postgres.port}/prefect" in started.stdout, \
+            started.stdout
+        _run_one(env, workdir, "on-pg")
+        assert any(n.startswith("on-pg@") for n in _flow_runs(postgres.port)), "the run is in PostgreSQL's tables"
+        status = _cli(env, workdir, "server", "status")
+        assert status.returncode == 0 and "on postgresql+asyncpg://prefect:***@" in status.stdout, status.stdout
+        said = started.stdout + started.stderr + status.stdout + status.stderr + record.read_text()
+        assert "s3cret-pw" not in said, said
+        other = _cli(env, workdir, "server", "start", "--database", "local")
+        assert other.returncode == 1 and "runs on postgresql+asyncpg://prefect:***@" in other.stderr \
+            and "`trtflow server stop` first" in other.stderr, other.stderr
+        stopped = _cli(env, workdir, "server", "stop")
+        assert stopped.returncode == 0 and "stopped the Prefect server" in stopped.stdout, stopped.stdout
+        assert postgres.running(), "a database trtflow did not start is not stopped by it"
+    finally:
+        _kill_recorded(record)
+
+
+def fleet_server_block(guide: str) -> list[str]:
+    """The fleet guide's command lines for the server on PostgreSQL (its first ```bash block under "### The
+    server, on PostgreSQL")."""
+    section = guide.split("### The server, on PostgreSQL", 1)[1].split("\n### ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+    return [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def test_the_fleet_guides_server_commands_as_written_start_prefect_on_a_postgresql_of_trtflows_own(workdir, tmp_path):
+    lines = fleet_server_block((ROOT / "docs" / "guides" / "fleet.md").read_text())
+    assert lines[0].startswith("trtflow server start --database local"), lines
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = reachable_tmp("trtflow-test-state-")  # as root, PostgreSQL runs as another user, who must reach it
+    env = {**_isolated(tmp_path), "TRTFLOW_STATE_DIR": str(state)}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtflow").write_text(f"#!/bin/sh\nexec {sys.executable} -m trtflow.flows.cli \"$@\"\n")
+    (bin_dir / "trtflow").chmod(0o755)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    record = state / "prefect-server.json"
+    try:
+        script = "set -e\n" + "\n".join(ln.replace("4200", str(port)) for ln in lines) + "\n"
+        done = subprocess.run(["bash", "-c", script], env=env, cwd=workdir, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"running at http://127.0.0.1:{port}/api" in done.stdout and f"on local ({state}/postgres)" in \
+            done.stdout, done.stdout
+        rec = json.loads(record.read_text())
+        cluster_port = int((state / "postgres" / "port").read_text())
+        _run_one(env, workdir, "guide")  # PREFECT_API_URL unset: the background server the guide started
+        assert any(n.startswith("guide@") for n in _flow_runs(cluster_port))
+        stopped = _cli(env, workdir, "server", "stop")
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert not (state / "postgres" / "data" / "postmaster.pid").exists(), "the cluster stopped with the server"
+        assert not Path(f"/proc/{rec['pid']}").exists() or _zombie(rec["pid"])
+    finally:
+        _kill_recorded(record)
+        _stop_cluster(state / "postgres")
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _stop_cluster(folder: Path) -> None:
+    """Whatever a failed test left running of trtflow's cluster."""
+    if (folder / "data" / "postmaster.pid").exists():
+        from trtflow.flows import postgres
+
+        postgres.cluster(folder).stop()
