@@ -117,9 +117,11 @@ def send(result: Check) -> None:
 
 
 def gpu_tag(name: str, device: str) -> str:
-    """`gpu:<machine>/<device>`, the tag of stage tasks that use that GPU. The machine is in it: Prefect's tag
-    limits are global to the server, and a limit on `gpu:0` would hold every machine's device 0 at once."""
-    return f"gpu:{name}/{device}"
+    """`gpu:<machine>:<device>`, the tag of stage tasks that use that GPU. The machine is in it: Prefect's tag
+    limits are global to the server, and a limit on `gpu:0` would hold every machine's device 0 at once. No '/':
+    Prefect 3.8 keeps a tag's limit as a global limit named `tag:<tag>`, whose names refuse '/', '%', '&', '<' and
+    '>' (with `gpu:<machine>/<device>`, `init-deploy --limits` failed with the server's 500)."""
+    return f"gpu:{name}:{device}"
 
 
 def gpu_tags(name: str, check_result: Check | None) -> list[str]:

@@ -89,7 +89,19 @@ class Cluster:
     @property
     def url(self) -> str:
         """Prefect's `PREFECT_API_DATABASE_CONNECTION_URL` for it."""
-        return f"postgresql+asyncpg://{DATABASE}@127.0.0.1:{self.port}/{DATABASE}"
+        return self.url_of(DATABASE)
+
+    def url_of(self, database: str) -> str:
+        return f"postgresql+asyncpg://{DATABASE}@127.0.0.1:{self.port}/{database}"
+
+    def database(self, name: str) -> str:
+        """A new, empty database `name` (letters, digits, '_') in the running cluster: its URL."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a database name: {name!r}")
+        made = self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", DATABASE, name, check=False)
+        if made.returncode != 0:
+            raise PostgresError(f"PostgreSQL in {self.directory}: createdb {name} failed: {_last(made)}")
+        return self.url_of(name)
 
     def running(self) -> bool:
         return self._run("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0

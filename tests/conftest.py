@@ -178,12 +178,13 @@ def engine_size():
 
 # The test files that take longest, slowest first (their --durations summed, two busy cores, issue #49), started
 # first: with the workers taking a file at a time, a long file left for last keeps one core busy alone at the end.
-SLOWEST_FIRST = ("test_example_ocr.py", "test_init.py", "test_example.py", "test_shared_store.py", "test_server.py",
-                 "test_quickstart.py", "test_scheduled_rebuild.py", "test_zoo.py", "test_flow.py", "test_kill.py",
-                 "test_release.py", "test_benchmark_stage.py", "test_reduce.py", "test_calibrate_stage.py",
-                 "test_deploy.py", "test_task_embedding.py", "test_prefect_ui.py", "test_faults.py",
-                 "test_build_stage.py", "test_triton_server.py", "test_int8_recipe.py", "test_bad_input.py",
-                 "test_cli.py", "test_kill_stages.py", "test_validate_stage.py")
+SLOWEST_FIRST = ("test_example_ocr.py", "test_fleet.py", "test_init.py", "test_example.py", "test_shared_store.py",
+                 "test_server.py", "test_quickstart.py", "test_scheduled_rebuild.py", "test_zoo.py", "test_flow.py",
+                 "test_kill.py", "test_release.py", "test_benchmark_stage.py", "test_reduce.py",
+                 "test_calibrate_stage.py", "test_server_postgres.py", "test_task_embedding.py",
+                 "test_prefect_ui.py", "test_faults.py", "test_build_stage.py", "test_triton_server.py",
+                 "test_int8_recipe.py", "test_bad_input.py", "test_cli.py", "test_kill_stages.py",
+                 "test_validate_stage.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -239,3 +239,66 @@ def claiming(params, inputs, out_dir: Path) -> StageResult:
     (out_dir / "note.txt").write_text("claimed")
     return StageResult(outputs={"note": out_dir / "note.txt"},
                        claims=[Claim(path="records/one.json", data=b"{}", owner="a" * 64)])
+
+
+def fake_engine(params, inputs, out_dir: Path) -> StageResult:
+    """A stand-in engine build for a fleet (tests/test_fleet.py): the model's bytes and this machine's GPUs and
+    driver as the fingerprint reads them, so that, as a real engine, it differs from one GPU or driver to another;
+    its start marked (`<params['marks']>/<machine>.<pipeline>.engine`) and `params['seconds']` of building."""
+    from trtflow.flows.keys import fingerprint
+
+    CALLS.append("fake_engine")
+    _mark(params, "engine")
+    time.sleep(float(params.params.get("seconds", 0)))
+    gpus = fingerprint(("gpu",)).to_json()
+    (out_dir / "model.plan").write_bytes(inputs.one("model").path.read_bytes() + repr(sorted(gpus.items())).encode())
+    return StageResult(outputs={"engine": out_dir / "model.plan"})
+
+
+def ship_version(params, inputs, out_dir: Path) -> StageResult:
+    """A stand-in release for a fleet: the next version of `params['model']` for this machine's GPU kind, read from
+    the store's ledger on S3 (`params['ledger']`: the store's shared/ URL) as the release stage reads its own (the
+    latest version where it holds this engine already), and
+    claimed for this engine (owner: the engine's digest) before the result is published; where another machine
+    claimed that number first, the runner runs this again and it takes the next. Its start is marked as
+    fake_engine's; while `<params['marks']>/<machine>.ship-slow` exists (at most 120 s) it waits, so that a test can
+    kill the machine in the middle of it."""
+    import hashlib
+    import json
+
+    import s3fs
+
+    from trtflow.artifact import Claim
+    from trtflow.flows.keys import fingerprint
+    from trtflow.flows.machine import machine_kind
+
+    CALLS.append("ship_version")
+    _mark(params, "ship")
+    slow = Path(params.params["marks"], f"{os.environ.get('TRTFLOW_MACHINE', '')}.ship-slow")
+    deadline = time.monotonic() + 120
+    while slow.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kind = machine_kind(fingerprint(("gpu",)))
+    engine = inputs.one("engine").path.read_bytes()
+    owner = hashlib.sha256(engine).hexdigest()
+    fs = s3fs.S3FileSystem(endpoint_url=os.environ["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+    folder = f"{params.params['ledger']}/ledger/{params.params['model']}/{kind}"
+    taken = {int(Path(p).stem): p for p in (fs.ls(folder) if fs.exists(folder) else []) if Path(p).stem.isdigit()}
+    latest = max(taken, default=0)
+    # as the release's ledger (versions.Ledger.version_for): the latest version, where it holds this engine; else
+    # one more
+    same = latest and json.loads(fs.cat(taken[latest])).get("owner") == owner
+    version = latest if same else latest + 1
+    record = {"owner": owner, "version": version, "machine": os.environ.get("TRTFLOW_MACHINE", "")}
+    (out_dir / "release.json").write_text(json.dumps(record))
+    return StageResult(outputs={"release": out_dir / "release.json"}, metrics={"version": version, "kind": kind},
+                       claims=[Claim(path=f"ledger/{params.params['model']}/{kind}/{version}.json",
+                                     data=json.dumps(record).encode(), owner=owner)])
+
+
+def _mark(params, what: str) -> None:
+    marks = params.params.get("marks")
+    if marks:
+        from trtflow.flows.machine import machine_name
+
+        Path(marks, f"{machine_name()}.{params.params.get('model', '')}.{what}").touch()

@@ -365,9 +365,9 @@ def test_a_benchmark_never_shares_its_gpu_with_another_stage(prefect_server, wri
     assert {o["stage"]: o["status"] for o in outcomes} == dict.fromkeys(
         ["a", "build_like", "cpu_side", "validate_like", "bench"], "ran")
     runs = {t.name: t for t in _task_runs(path)}
-    device = "gpu:rig-7/1"
+    device = "gpu:rig-7:1"
     on_gpu = {n for n, t in runs.items() if device in t.tags}
-    assert on_gpu == {"build_like", "validate_like", "bench"} and "gpu:rig-7/1" not in runs["cpu_side"].tags
+    assert on_gpu == {"build_like", "validate_like", "bench"} and "gpu:rig-7:1" not in runs["cpu_side"].tags
     span = {n: (runs[n].start_time, runs[n].end_time) for n in runs}
     for other in on_gpu - {"bench"}:
         assert span[other][1] <= span["bench"][0] or span["bench"][1] <= span[other][0], \

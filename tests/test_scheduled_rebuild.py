@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from tests.assets import PPOCR
-from tests.test_deploy import _cli, _started, _until
+from tests.processes import _cli, _started, _until
 from tests.test_new_kind import _copy_source
 from tests.test_quickstart import NEW_DRIVER, OLD_DRIVER, _smi
 

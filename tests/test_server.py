@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_deploy import PIPE
+from tests.processes import PIPE
 
 CLI = [sys.executable, "-m", "trtflow.flows.cli"]
 SLOW = """version: 1

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tests.conftest import reachable_tmp
-from tests.test_deploy import PIPE
+from tests.processes import PIPE
 from tests.test_server import _isolated, _kill_recorded
 
 CLI = [sys.executable, "-m", "trtflow.flows.cli"]

@@ -33,6 +33,9 @@ class CheckEnv(Command):
 
         state = Path(args.state).resolve() if args.state else machine.state_file()
         result = machine.check(state)
+        if not args.no_event:
+            for reaped in _reap(result.host, args.verbose):  # its dead watcher runs hold its one-run slot: freed
+                out.print(reaped.line(), soft_wrap=True)
         changed = result.previous is not None and result.previous != result.fingerprint
         if changed and not args.no_event:
             with _prefect_quiet(args.verbose):
@@ -52,6 +55,23 @@ class CheckEnv(Command):
         else:
             out.print(f"environment unchanged ({describe(result.fingerprint)})")
         return CHECK_WOULD_RUN if changed else 0
+
+
+def _reap(machine: str, verbose: bool) -> list:
+    """flows/reap.py, where there is a Prefect server to ask; a server that cannot be asked is left to `send`."""
+    from prefect.settings import PREFECT_API_URL
+
+    from trtflow.errors import PrefectUnavailable
+    from trtflow.flows import reap
+
+    if not PREFECT_API_URL.value():
+        return []
+    try:
+        with _prefect_quiet(verbose):
+            return reap.reap(machine)
+    except Exception as exc:  # noqa: BLE001 - the server's or the network's failure: one line
+        raise PrefectUnavailable(f"could not ask {PREFECT_API_URL.value()} for this machine's watcher runs: "
+                                 f"{type(exc).__name__}: {exc}") from exc
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ class InitDeploy(Command):
                                                "else the first GPU's name as a slug, else cpu)")
         parser.add_argument("--limits", action="store_true",
                             help="also create a concurrency limit of 1 per GPU of this machine on the Prefect "
-                                 "server (tag gpu:<machine>/<device>), so that no two stages of any runs share it")
+                                 "server (tag gpu:<machine>:<device>), so that no two stages of any runs share it")
         parser.add_argument("--force", action="store_true", help="overwrite an existing file")
 
     def run(self, args: argparse.Namespace) -> int:
