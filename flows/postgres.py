@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtflow import settings
+from trtflow import files, settings
 from trtflow.errors import TrtflowError
 
 DATABASE = "prefect"  # the database and the role Prefect's server uses (trust authentication, loopback only)
@@ -151,7 +151,8 @@ def cluster(directory: Path, port: int | None = None) -> Cluster:
     """The cluster in `directory`, on `port` (its recorded one, else a free one)."""
     recorded = directory / "port"
     if port is None and recorded.is_file():
-        port = int(recorded.read_text().strip() or 0) or None
+        text = files.read_bounded(recorded, 16, follow=False).decode(errors="replace").strip()
+        port = int(text) if text.isdigit() else None
     if port is None:
         port = free_port()
     directory.mkdir(parents=True, exist_ok=True)
