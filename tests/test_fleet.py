@@ -115,8 +115,7 @@ class Fleet:
 
     def deploy(self) -> None:
         """The fleet guide's steps: a work pool per GPU kind; on each machine check-env, `init-deploy --limits`,
-        `prefect deploy`; the server's scheduler then makes each watcher's nightly runs (SQLAlchemy 2.1 broke it:
-        `Can't evaluate bulk DML`)."""
+        `prefect deploy`."""
         for kind in sorted(set(KINDS.values())):
             done = _cli(PREFECT + ["work-pool", "create", f"trtflow-{kind}", "--type", "process"], self.env["m1"],
                         self.tmp)
@@ -133,6 +132,10 @@ class Fleet:
             (self.deployments[m],) = _api(self.api, "post", "/deployments/filter",
                                           {"deployments": {"name": {"any_": [f"watch-{m}"]}}})
             assert self.deployments[m]["work_queue_name"] == m
+
+    def nightly_scheduled(self) -> None:
+        """The server's scheduler made each watcher's nightly runs (SQLAlchemy 2.1 broke it: `Can't evaluate bulk
+        DML`), looked at once the first builds are done, by when its loop has come round."""
         dep = self.deployments["m1"]
         assert dep["schedules"] and dep["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
 
@@ -349,6 +352,7 @@ def _fleet(f: Fleet, fs) -> None:
         for m in GPUS:
             f.running[m] = workers.enter_context(f.start_worker(m))
         f.first_builds(fs)
+        f.nightly_scheduled()
         f.new_driver_on_one_machine(fs)
         f.two_pipelines_on_one_gpu()
         f.a_machine_dies(fs, workers)
