@@ -130,35 +130,36 @@ def _processes() -> dict[int, tuple[int, int]]:
     return table
 
 
-def tree_kb(root: int, table: dict[int, tuple[int, int]]) -> int:
-    """Resident KB of `root` and everything it started (the fork server and the stages under it)."""
+def tree(root: int, table: dict[int, tuple[int, int]]) -> list[int]:
+    """`root` and everything it started (the fork server and the stages under it; a database's backends), as they
+    run now."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
         if pid in table:
-            total += table[pid][1]
+            found.append(pid)
             todo.extend(children.get(pid, []))
-    return total
+    return found
+
+
+def tree_kb(root: int, table: dict[int, tuple[int, int]]) -> int:
+    """Resident KB of `root`'s tree."""
+    return sum(table[pid][1] for pid in tree(root, table))
 
 
 def tree_pss_kb(root: int, table: dict[int, tuple[int, int]]) -> int:
-    """Proportional set size in KB of `root` and its descendants: PostgreSQL's backends share its buffers, which RSS
-    would count once per backend."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
+    """Proportional set size in KB of `root`'s tree: PostgreSQL's backends share its buffers, which RSS would count
+    once per backend."""
+    total = 0
+    for pid in tree(root, table):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 total += next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:"))
         except (OSError, StopIteration, ValueError, IndexError):
-            pass
-        todo.extend(children.get(pid, []))
+            continue
     return total
 
 
