@@ -263,7 +263,7 @@ class Bench:
             if mode == "local":
                 cmd += ["--store", str(base / "store")]
             elif mode == "s3":
-                cmd += ["--store", f"s3://trtflow-load/{k}"]
+                cmd += ["--store", f"s3://trtflow-load/{self.database}/{k}"]  # (each database its own: cold)
                 env.update(self.s3_env)
                 env["TRTFLOW_CACHE_DIR"] = str(base / f"machine{i}")
             cmds.append((cmd, repo))
