@@ -312,7 +312,8 @@ def _kill_machine(m: str) -> list[int]:
 
 @pytest.fixture
 def fleet_server(postgres, tmp_path):
-    """A Prefect server of this test's own, started by trtflow on a fresh database of the test run's PostgreSQL."""
+    """A Prefect server of this test's own, started by trtflow on a fresh database of the test run's PostgreSQL
+    (`--database URL`: its password is neither printed nor recorded; another database is refused while it runs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "TRTFLOW_PREFECT_SERVER"}
     env.update({"PREFECT_HOME": str(tmp_path / "server-home"), "TRTFLOW_STATE_DIR": str(tmp_path / "server-state"),
                 "PYTHONPATH": str(ROOT),
@@ -320,10 +321,16 @@ def fleet_server(postgres, tmp_path):
                 # 300 s; its least, 30 s): the fleet guide says so
                 "PREFECT_SERVER_CONCURRENCY_INITIAL_DEPLOYMENT_LEASE_DURATION": "30"})
     url = postgres.database(f"fleet_{os.getpid()}_{int(time.time() * 1000) % 10**9}")
+    url = url.replace("prefect@", "prefect:s3cret-pw@")  # trust authentication: any password is taken
     record = tmp_path / "server-state" / "prefect-server.json"
     try:
         done = _cli(TRTFLOW + ["server", "start", "--database", url], env, tmp_path)
-        assert done.returncode == 0 and "on postgresql+asyncpg://" in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 0 and f"on postgresql+asyncpg://prefect:***@127.0.0.1:{postgres.port}/" \
+            in done.stdout, done.stdout + done.stderr
+        assert "s3cret-pw" not in done.stdout + done.stderr + record.read_text(), "a URL's password is never said"
+        other = _cli(TRTFLOW + ["server", "start", "--database", "local"], env, tmp_path)
+        assert other.returncode == 1 and "runs on postgresql+asyncpg://prefect:***@" in other.stderr \
+            and "`trtflow server stop` first" in other.stderr, other.stderr
         yield json.loads(record.read_text())["url"]
     finally:
         _cli(TRTFLOW + ["server", "stop"], env, tmp_path)
