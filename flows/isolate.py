@@ -298,9 +298,8 @@ def _last_line(text: str) -> str:
 def unexpected(exc: BaseException, name: str, child_traceback: str = "") -> TransientStageError:
     """An exception a stage did not mean to raise (a bug, or the environment): one line naming the stage."""
     first = (str(exc).strip().splitlines() or [""])[0]
-    failure = Failure(Unexpected(type(exc).__name__, first), stage=name,
-                      traceback=child_traceback or "".join(traceback.format_exception(exc)))
-    return TransientStageError(failure.line()).with_failure(failure)
+    return TransientStageError.of(Failure(Unexpected(type(exc).__name__, first), stage=name,
+                                          traceback=child_traceback or "".join(traceback.format_exception(exc))))
 
 
 def _disk_error(exc: BaseException, name: str, keep: Path | None) -> TrtflowError | None:
@@ -428,8 +427,7 @@ def _answer(parent: Any, proc: Any, timeout: float | None, name: str, log: Path,
         if not parent.poll(wait):
             _kill_group(proc.pid, tag, since)
             proc.join()
-            failure = Failure(Timeout(timeout), stage=name)
-            raise TransientStageError(failure.line()).with_failure(failure)
+            raise TransientStageError.of(Failure(Timeout(timeout), stage=name))
         try:
             message = parent.recv()
         except EOFError:
@@ -437,8 +435,8 @@ def _answer(parent: Any, proc: Any, timeout: float | None, name: str, log: Path,
             if _SUPERVISOR.stopping.is_set():
                 raise StageStopped(f"stage '{name}' was stopped with the run") from None
             text = log.read_text(errors="replace")
-            failure = Failure(Crash(ending(proc.exitcode), _last_line(text)), stage=name, log=text)
-            raise TransientStageError(failure.line()).with_failure(failure) from None
+            raise TransientStageError.of(Failure(Crash(ending(proc.exitcode), _last_line(text)), stage=name,
+                                                 log=text)) from None
         if not isinstance(message, Progress):
             return message
         progress.report(message.what, message.done, message.total)

@@ -17,7 +17,6 @@ import importlib.util
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,15 +147,18 @@ class Cluster:
 
 
 def cluster(directory: Path, port: int | None = None) -> Cluster:
-    """The cluster in `directory`, on `port` (its recorded one, else a free one)."""
-    recorded = directory / "port"
-    if port is None and recorded.is_file():
+    """The cluster in `directory`, on `port` (its recorded one, else a free one, then recorded)."""
+    recorded, known = directory / "port", None
+    if recorded.is_file():
         text = files.read_bounded(recorded, 16, follow=False).decode(errors="replace").strip()
-        port = int(text) if text.isdigit() else None
+        known = int(text) if text.isdigit() else None
     if port is None:
-        port = free_port()
-    directory.mkdir(parents=True, exist_ok=True)
-    recorded.write_text(f"{port}\n")
+        from trtflow.flows.server import free_port
+
+        port = known or free_port()
+    if port != known:  # (stopping a cluster writes nothing)
+        directory.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(f"{port}\n")
     return Cluster(directory, port, server_user())
 
 
@@ -171,12 +173,6 @@ def _check_reachable(directory: Path, user: pwd.struct_passwd) -> None:
                                 f"cannot reach {directory}: {folder} is closed to it",
                                 hint=f"set {settings.STATE_DIR.name} to a folder that user can reach (e.g. "
                                      f"/var/lib/trtflow), or run trtflow as another user")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _last(done: subprocess.CompletedProcess) -> str:

@@ -469,7 +469,7 @@ class Runner:
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return first_line(exc)[:300]
 
 
 def _name_stage(exc: TrtflowError, name: str, kind: str) -> None:

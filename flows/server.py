@@ -172,7 +172,7 @@ def ensure(on_start=None, database: str | None = None, host: str = "127.0.0.1", 
             # the process trtflow started lives: a loaded machine (other runs, SQLite writes) may keep its answer
             # longer than a health check waits; it is waited for, never replaced by a second server beside it
             return _answering(rec)
-        return _start(on_start, database, host, port or _free_port())
+        return _start(on_start, database, host, port or free_port())
 
 
 def shown_database(database: str) -> str:
@@ -184,7 +184,8 @@ def shown_database(database: str) -> str:
     return make_url(database).render_as_string(hide_password=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

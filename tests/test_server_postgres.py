@@ -8,7 +8,6 @@ import asyncio
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from tests.conftest import reachable_tmp
 from tests.processes import PIPE
 from tests.test_server import _isolated, _kill_recorded
+from trtflow.flows.server import free_port
 
 CLI = [sys.executable, "-m", "trtflow.flows.cli"]
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,9 +55,7 @@ def fleet_server_block(guide: str) -> list[str]:
 def test_the_fleet_guides_server_commands_as_written_start_prefect_on_a_postgresql_of_trtflows_own(workdir, tmp_path):
     lines = fleet_server_block((ROOT / "docs" / "guides" / "fleet.md").read_text())
     assert lines[0].startswith("trtflow server start --database local"), lines
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     state = reachable_tmp("trtflow-test-state-")  # as root, PostgreSQL runs as another user, who must reach it
     env = {**_isolated(tmp_path), "TRTFLOW_STATE_DIR": str(state)}
     bin_dir = tmp_path / "bin"

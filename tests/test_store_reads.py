@@ -19,7 +19,6 @@ PACKAGE = "trtflow's own package data"
 ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read is no read of the store's own files
     ("trtflow/child.py", "call"): OWN,  # the child's response, in the folder the caller made for it
     ("trtflow/child.py", "serve"): OWN,  # the request the parent wrote just before starting this child
-    ("flows/isolate.py", "_last_line"): OWN,  # the stage process's log
     ("flows/isolate.py", "_Tail.run"): OWN,
     ("flows/isolate.py", "_answer"): OWN,  # a crashed stage process's log
     ("flows/isolate.py", "_wind_up"): OWN,

@@ -130,7 +130,7 @@ class TrtflowError(Exception):
     """Root of the errors the user can act on. Never retried (but TransientStageError): the same input fails
     the same way. `hint` says what to do, shown in parentheses after the message. `failure`: the error as a value
     (above), its cause made from the message and hint unless the place that knew more made it
-    (`with_failure`); the layers above add fields with `tell`, and `str()` is its one line."""
+    (`of`); the layers above add fields with `tell`, and `str()` is its one line."""
 
     exit_code = 1
     hint: str | None = None
@@ -147,10 +147,12 @@ class TrtflowError(Exception):
     def _cause(self) -> Any:
         return Refused(str(self.args[0]) if self.args else "", self.hint)
 
-    def with_failure(self, failure: Failure) -> TrtflowError:
-        """This error, carrying `failure` (made where the fact was known)."""
-        self._failure = failure
-        return self
+    @classmethod
+    def of(cls, failure: Failure) -> TrtflowError:
+        """An error of this class carrying `failure` (made where the fact was known), its line as its message."""
+        error = cls(failure.line())
+        error._failure = failure
+        return error
 
     def __str__(self) -> str:
         return self.failure.line()
