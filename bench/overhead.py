@@ -1,9 +1,14 @@
 """How much of a `trtflow run` is trtflow's and Prefect's own overhead, rather than stage work.
 
 Runs the example pipeline the way a user does (`trtflow run` in a fresh process, a fresh artifact store), with
-Prefect's temporary server and with trtflow's background server, then again fully cached, and measures in the
-same session the baselines: the stage functions called directly (no trtflow, no Prefect) and an empty Prefect
-flow in a fresh process (Prefect's fixed start-up cost), with its temporary server and against a running one.
+Prefect's temporary server and with trtflow's background server, then again fully cached: first the full way (the
+run that finds every result in place, and records so), then as the no-op it is from then on (flows/noop.py: the
+record's witness checked by stat calls, no import of Prefect, pydantic or ONNX). It measures in the same session
+the baselines: the stage functions called directly (no trtflow, no Prefect) and an empty Prefect flow in a fresh
+process (Prefect's fixed start-up cost), with its temporary server and against a running one.
+
+Where the cold run's time goes, per phase (`TRTFLOW_PHASES`, trtflow/phases.py: each process adds up its phases'
+seconds), and the import time of the command line's modules (`python -X importtime`).
 
 Then, on the cached store, what issue #11's integrity checks cost: the check of every published file on reuse
 (size, mtime and ctime against the manifest; and hashing every file instead) as a share of the fully cached run, and `trtflow verify` (re-hash
@@ -22,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -46,6 +52,26 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env or ENV)
     return time.perf_counter() - t0
+
+
+def phase_totals(path: Path) -> dict[str, float]:
+    """The phases' seconds summed over the processes that wrote them to `path` (trtflow/phases.py)."""
+    totals: dict[str, float] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        for name, seconds in json.loads(line)["phases"].items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    return totals
+
+
+def import_seconds(module: str) -> float:
+    """The cumulative import time of `module` in a fresh interpreter (`-X importtime`), median of 3."""
+    times = []
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], capture_output=True,
+                              text=True, check=True, cwd=ROOT, env=ENV)
+        line = next(ln for ln in reversed(done.stderr.splitlines()) if ln.rstrip().endswith(f"| {module}"))
+        times.append(int(line.split("|")[1]) / 1e6)
+    return statistics.median(times)
 
 
 def stage_work(store: Path) -> float:
@@ -135,9 +161,10 @@ def verify_vs_sha256sum(store: Path) -> tuple[float, float, float, float]:
 
 def overhead(pipeline: Path, repeat: int) -> None:
     trtflow = [sys.executable, "-m", "trtflow.flows.cli", "run", str(pipeline)]
-    keys = ("direct", "empty", "empty_bg", "cold", "cold_work", "cold_bg", "cold_bg_work", "cached", "check",
-            "rehash")
+    keys = ("direct", "empty", "empty_bg", "cold", "cold_work", "cold_bg", "cold_bg_work", "cached", "noop",
+            "check", "rehash")
     rows: dict[str, list[float]] = {k: [] for k in keys}
+    phase_runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         # this bench's own Prefect database and trtflow state: the user's are not touched
         base = {**ENV, "PREFECT_HOME": f"{tmp}/prefect-home", "TRTFLOW_STATE_DIR": f"{tmp}/state"}
@@ -155,9 +182,15 @@ def overhead(pipeline: Path, repeat: int) -> None:
                 rows["cold"].append(timed(trtflow + ["--store", str(store)], ephemeral))
                 rows["cold_work"].append(stage_work(store))
                 store = Path(tmp) / f"store-bg{i}"
-                rows["cold_bg"].append(timed(trtflow + ["--store", str(store)], background))
+                measured = Path(tmp) / f"phases{i}.jsonl"
+                rows["cold_bg"].append(timed(trtflow + ["--store", str(store)],
+                                             {**background, "TRTFLOW_PHASES": str(measured)}))
+                phase_runs.append(phase_totals(measured))
                 rows["cold_bg_work"].append(stage_work(store))
-                rows["cached"].append(timed(trtflow + ["--store", str(store)], background))
+                rows["cached"].append(timed(trtflow + ["--store", str(store)], background))  # records the no-op
+                time.sleep(2)  # its Prefect record is posted by a detached process: not on the next run's time
+                rows["noop"].append(min(timed(trtflow + ["--store", str(store)], background) for _ in range(3)))
+                time.sleep(2)
                 rows["check"].append(reuse_check_seconds(store, rehash=False))
                 rows["rehash"].append(reuse_check_seconds(store, rehash=True))
             mb, verify_rate, hash_rate, sha_rate = verify_vs_sha256sum(store)
@@ -179,11 +212,18 @@ def overhead(pipeline: Path, repeat: int) -> None:
         outside = med[run] - med[work]
         table.add_row(label, f"{med[run]:.2f}", f"{med[work]:.2f}", f"{outside:.2f} s ({outside / med[run]:.0%})",
                       f"{med[run] / med['direct']:.2f}")
-    table.add_row("trtflow run, everything cached (no flow run needed)", f"{med['cached']:.2f}", "0",
-                  f"{med['cached']:.2f} s (100%)", f"{med['cached'] / med['direct']:.2f}")
+    table.add_row("trtflow run, everything cached, the full way (no flow run; records the no-op)",
+                  f"{med['cached']:.2f}", "0", f"{med['cached']:.2f} s (100%)", f"{med['cached'] / med['direct']:.2f}")
+    table.add_row("trtflow run, nothing changed since (the no-op record holds)", f"{med['noop']:.3f}", "0",
+                  f"{med['noop']:.3f} s (100%)", f"{med['noop'] / med['direct']:.3f}")
     table.add_row("once per machine: starting the background server", f"{first_start:.2f}", "", "", "")
     console = Console(width=160)
     console.print(table)
+    print(f"RATIOS {name}: cold run / direct stage calls = {med['cold_bg'] / med['direct']:.2f} (background server), "
+          f"{med['cold'] / med['direct']:.2f} (temporary server); no-op run / empty Prefect flow on the running "
+          f"server = {med['noop'] / med['empty_bg']:.3f} ({med['noop']:.3f} s / {med['empty_bg']:.2f} s; the "
+          f"cached run the full way: {med['cached'] / med['empty_bg']:.2f})")
+    phases_table(name, phase_runs, med["cold_bg"], repeat)
     print(f"outside stage work, cold run: {med['cold_bg'] - med['cold_bg_work']:.2f} s with the background server "
           f"(the empty flow against it: {med['empty_bg']:.2f} s), {med['cold'] - med['cold_work']:.2f} s with "
           f"Prefect's temporary server (the empty flow: {med['empty']:.2f} s)")
@@ -201,6 +241,33 @@ def overhead(pipeline: Path, repeat: int) -> None:
     integrity.add_row("trtflow verify: its hashing (LocalStore.verify)", f"{hash_rate:.0f} MB/s",
                       f"sha256sum {sha_rate:.0f} MB/s (x{hash_rate / sha_rate:.2f})")
     console.print(integrity)
+
+
+def phases_table(name: Any, runs: list[dict[str, float]], wall: float, repeat: int) -> None:
+    """Where the cold run (background server) spends its time: each phase's seconds (median over the runs, summed
+    over processes and stages; stages that run side by side add up), and what is Prefect's: the flow run's wall
+    less its stage task bodies."""
+    names = sorted({k for r in runs for k in r}, key=lambda k: -statistics.median(r.get(k, 0.0) for r in runs))
+    med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in names}
+    table = Table(title=f"where a cold run's time goes: {name} (background server, median of {repeat})",
+                  title_justify="left")
+    for col in ("phase", "s", "share of the cold run"):
+        table.add_column(col, justify="right" if col != "phase" else "left")
+    for k in names:
+        table.add_row(k, f"{med[k]:.2f}", f"{med[k] / wall:.0%}")
+    flow, bodies = med.get("flow run (wall)"), med.get("stage task bodies (the rest of the flow run is Prefect's)")
+    if flow is not None and bodies is not None:
+        table.add_row("= Prefect's own: flow and task engine, API calls (flow run wall - stage task bodies)",
+                      f"{flow - bodies:.2f}", f"{(flow - bodies) / wall:.0%}")
+    table.add_row("the cold run's wall (`trtflow run`)", f"{wall:.2f}", "100%")
+    Console(width=160).print(table)
+    imports = Table(title="import time of the command line (python -X importtime, median of 3)", title_justify="left")
+    for col in ("module", "s"):
+        imports.add_column(col, justify="right" if col != "module" else "left")
+    for module in ("trtflow.flows.noop", "trtflow.flows.cli", "trtflow.flows.cli.app", "trtflow.flows.runner",
+                   "trtflow.flows.pipeline_flow"):
+        imports.add_row(module, f"{import_seconds(module):.3f}")
+    Console(width=160).print(imports)
 
 
 def verify_at_scale(megabytes: int) -> None:
@@ -230,9 +297,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pipelines", nargs="*", default=[str(p) for p in DEFAULTS])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--verify-mb", type=int, default=1024, help="size of the synthetic result verify re-hashes")
+    ap.add_argument("--verify-mb", type=int, default=1024, help="size of the synthetic result verify re-hashes (0: not measured)")
     args = ap.parse_args()
-    verify_at_scale(args.verify_mb)
+    if args.verify_mb:
+        verify_at_scale(args.verify_mb)
     for pipeline in args.pipelines:
         overhead(Path(pipeline).resolve(), args.repeat)
 

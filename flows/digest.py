@@ -41,6 +41,7 @@ class DigestCache:
         self._lock = threading.Lock()
         self._entries: dict[str, list] = {}
         self._dirty = False
+        self.seen: set[str] = set()  # every file asked about in this process (flows/noop.py witnesses them)
         if file is not None:
             try:
                 entries = read_json(file, RECORD_BYTES, follow=False)
@@ -58,6 +59,7 @@ class DigestCache:
             raise SpecError(f"{path} is not a regular file", hint="name a file")
         now = stamp(st)
         with self._lock:
+            self.seen.add(str(path))
             hit = self._entries.get(str(path))
             if hit and hit[:4] == now:
                 return hit[4]

@@ -34,7 +34,7 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from trtflow import progress, settings
+from trtflow import phases, progress, settings
 from trtflow.disk import disk_error
 from trtflow.errors import (
     Crash,
@@ -71,6 +71,8 @@ class Progress:
 @dataclass(frozen=True)
 class Returned:
     value: Any
+    load_seconds: float = 0.0  # unpickling the call: importing the stage's module and what it imports
+    call_seconds: float = 0.0  # the stage function itself
 
 
 @dataclass(frozen=True)
@@ -179,9 +181,12 @@ def _child(conn, call: bytes, sys_path: list[str], log: str, environ: dict[str, 
     faulthandler.enable()  # a native crash's Python stack, into the log
     sys.path[:] = sys_path
     try:
+        t0 = time.perf_counter()
         request: StageCall = pickle.loads(call)
+        t1 = time.perf_counter()
         with progress.listening(lambda what, done, total: conn.send(Progress(what, done, total)), alone=True):
-            conn.send(Returned(request.function(*request.args)))
+            value = request.function(*request.args)
+            conn.send(Returned(value, t1 - t0, time.perf_counter() - t1))
     except BaseException as exc:  # report everything, including the user's own exceptions
         text = traceback.format_exc()
         conn.send_bytes(raised(exc, text))
@@ -378,6 +383,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     there was any (the stage's output directory)."""
     if settings.IN_PROCESS.get():
         return _in_process(func, args, name, keep)
+    started = time.perf_counter()
     call = pickle.dumps(StageCall(func, args))
     ctx = _SUPERVISOR.context()
     parent, child = ctx.Pipe(duplex=False)
@@ -405,6 +411,10 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
         error = exc if isinstance(exc, TrtflowError) else _disk_error(exc, name, keep) or unexpected(exc, name, trace)
         error.tell(traceback=trace, log=text)
         raise error
+    phases.add("stage processes: imports", message.load_seconds)
+    phases.add("stage work (the stage functions)", message.call_seconds)
+    phases.add("stage processes: start, arguments, end",
+               time.perf_counter() - started - message.load_seconds - message.call_seconds)
     return message.value
 
 

@@ -24,18 +24,18 @@ from prefect.cache_policies import NONE
 from prefect.states import Cancelled, Completed
 from prefect.utilities.annotations import quote
 
-from trtflow import files, progress
+from trtflow import files, phases, progress
 from trtflow import markdown as md
-from trtflow.errors import FailedVerdict, Failure, SpecError, StageStopped, TransientStageError, TrtflowError
+from trtflow.errors import FailedVerdict, Failure, StageStopped, TransientStageError, TrtflowError
 from trtflow.events import Event, StageRan
 from trtflow.flows import implementation
 from trtflow.flows.isolate import kill_all, resume
 from trtflow.flows.keys import describe
 from trtflow.flows.manifest import Manifest
 from trtflow.flows.results import StageReport
+from trtflow.flows.run_identity import run_identity
 from trtflow.flows.runner import Runner, StageOutcome, make_runner
 from trtflow.pipelines.kinds import kind_of
-from trtflow.pipelines.loader import parse_yaml
 
 StageListener = Callable[[str, str, Any], None]  # (event, stage name, payload) as stages start and finish
 # the CLI's lines listen here, for the flows run in its context only
@@ -114,6 +114,11 @@ def handing_over(runner: Runner, pipeline_file: str, overrides: list[str] | None
 
 @task(cache_policy=NONE, persist_result=False)
 def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None) -> StageOutcome:
+    with phases.phase("stage task bodies (the rest of the flow run is Prefect's)"):
+        return _stage(name, produced, force)
+
+
+def _stage(name: str, produced: dict[str, Manifest], force: list[str] | None) -> StageOutcome:
     runner = _running.get()
     assert runner is not None, "stage_task runs inside pipeline_flow"
     key = artifact_key(runner, name)
@@ -133,9 +138,10 @@ def stage_task(name: str, produced: dict[str, Manifest], force: list[str] | None
               + f" · published in {md.code(outcome.directory)}"
               + (f" (cache of {md.code(f'{runner.store.location}/{name}/{outcome.key}')})"
                  if runner.store.location != str(runner.store.root) else "") + "\n\n")
-    create_markdown_artifact(key=key, markdown=header + outcome.summary,
-                             description=f"trtflow stage {name}: {outcome.status}")
-    _plot_artifacts(key, name, outcome)
+    with phases.phase("Prefect: artifacts and plots"):
+        create_markdown_artifact(key=key, markdown=header + outcome.summary,
+                                 description=f"trtflow stage {name}: {outcome.status}")
+        _plot_artifacts(key, name, outcome)
     get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,
                           outcome.reason)
     for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
@@ -185,21 +191,6 @@ def announced(runner: Runner, outcome: StageOutcome) -> list[Event]:
         return []
     return announce(StageRan(runner.pipeline.file, outcome.name, outcome.key, Path(outcome.directory),
                              outcome.manifest.metrics))
-
-
-def run_identity(pipeline_file: str) -> tuple[str, list[str]]:
-    """(flow run name, tags) for a pipeline file: `<name>@<repo>-<6 hex of the file's content>`; the repo is the
-    directory holding the pipeline file."""
-    path = Path(pipeline_file).resolve()
-    try:  # the loader's own parser: it refuses alias bombs before anything expands them
-        text = path.read_bytes()
-        data, _ = parse_yaml(text.decode("utf-8"), str(path))
-        name = str(data.get("name") or path.stem)
-    except (OSError, UnicodeDecodeError, SpecError, AttributeError):
-        return path.name, ["trtflow"]
-    repo = path.parent.name or "root"
-    short = hashlib.sha256(text).hexdigest()[:6]
-    return f"{name}@{repo}-{short}", ["trtflow", f"pipeline:{name}", f"repo:{repo}"]
 
 
 def _flow_run_name() -> str:

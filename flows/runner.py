@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from trtflow import files
+from trtflow import files, phases
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.decisions import Decision
 from trtflow.disk import DiskError, disk_error
@@ -108,6 +108,9 @@ class Runner:
     store: ArtifactStore = None  # type: ignore[assignment]
     _noted: set[str] = field(default_factory=set, init=False, repr=False)  # store notes already logged
     _shared_pulled: bool = field(default=False, init=False, repr=False)
+    # what the keys were computed from beside hashed files, for the no-op record (flows/noop.py)
+    data_roots: set[Path] = field(default_factory=set, init=False, repr=False)  # folders data globs searched
+    reused: list[tuple[Path, Manifest]] = field(default_factory=list, init=False, repr=False)  # reuse_all's finds
 
     def __post_init__(self) -> None:
         # stages that do not depend on each other run side by side, at most this many at once
@@ -186,6 +189,7 @@ class Runner:
         base = self.pipeline.base_dir
         matches = sorted(p for p in base.glob(pattern) if p.is_file()) if not Path(pattern).is_absolute() \
             else sorted(p for p in Path("/").glob(pattern.lstrip("/")) if p.is_file())
+        self.data_roots.add(glob_root(base, pattern))
         if not matches:
             raise self.pipeline.error(f"no file matches '{pattern}'", ("stages", stage) + keypath,
                                       hint=f"the glob is relative to {base}")
@@ -306,6 +310,7 @@ class Runner:
         for outcome, parts in found:
             self._mark_last(outcome.name, outcome.key, parts)
         self.digests.save()
+        self.reused = [(Path(o.directory), produced[o.name]) for o, _ in found]
         return [outcome for outcome, _ in found]
 
     def run_stage(self, name: str, produced: dict[str, Manifest], force: list[str] | None = None,
@@ -313,7 +318,8 @@ class Runner:
         """Reuse the stage's published result, or run it (in a child process; `log` gets its output line by
         line) and publish it."""
         started = time.perf_counter()
-        r = self.resolve(name, produced, force)
+        with phases.phase("pipeline load, keys, store look-ups"):
+            r = self.resolve(name, produced, force)
         spec, key, parts = self.graph.nodes[name].spec, r.key, r.parts
         if r.manifest is not None:
             self._mark_last(name, key, parts)
@@ -323,11 +329,12 @@ class Runner:
         ran = _Attempt(self.store.staging(name, key), self._make_shared_caches(inputs, log))
         try:
             self._run_claiming(name, r, inputs, ran, log)
-            self._check_report(name, r.impl, ran.result)
-            manifest = self._manifest(name, key, parts, inputs, ran.result, ran.staging, ran.began, ran.work,
-                                      status="failed" if ran.failed else "ok")
-            directory, manifest = self.store.publish(name, key, ran.staging, manifest,
-                                                     replace=self.forced(name, force) or r.outdated)
+            with phases.phase("reports checked, hashing, publishing"):
+                self._check_report(name, r.impl, ran.result)
+                manifest = self._manifest(name, key, parts, inputs, ran.result, ran.staging, ran.began, ran.work,
+                                          status="failed" if ran.failed else "ok")
+                directory, manifest = self.store.publish(name, key, ran.staging, manifest,
+                                                         replace=self.forced(name, force) or r.outdated)
             if ran.failed is None and manifest.ok:  # (a mark another run of this key made first is the same mark)
                 claim_all(self.store, ran.result.after_publish)
         except TrtflowError as exc:
@@ -484,6 +491,13 @@ def _retarget(exc: TrtflowError, staging: Path, instead: str) -> None:
 
 
 __all__ = ["PlanItem", "Resolution", "Runner", "StageOutcome"]
+
+
+def glob_root(base: Path, pattern: str) -> Path:
+    """The folder a glob searches under: its parts before the first one with a wildcard."""
+    parts = Path(pattern).parts
+    fixed = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts) - 1)
+    return (Path("/") if Path(pattern).is_absolute() else base).joinpath(*parts[:fixed])
 
 
 def make_runner(pipeline_file: str, overrides: list[str] | None, store: str | None) -> Runner:

@@ -93,6 +93,11 @@ def running() -> ServerRecord | None:
     return rec if healthy(rec.url) else None
 
 
+def current() -> ServerRecord | None:
+    """trtflow's record of its background server, if any (alive or not: see `alive`)."""
+    return _read()
+
+
 def recorded(url: str) -> ServerRecord | None:
     """trtflow's record of its background server at `url` (None: `url` is not, or no longer, trtflow's server)."""
     rec = _read()

@@ -60,3 +60,25 @@ def never_ships_a_failure(proc: subprocess.CompletedProcess, store: Path, output
         assert not (store / "release" / "last.json").exists(), "nothing failing was released"
         assert not report["passed"] and report["not_shipped"]
     return report
+
+
+def card_shows_composition(store: Path) -> dict[str, dict]:
+    """Issue #54: the last release's card shows every engine's compute by precision (its MACs' shares, as TensorRT
+    builds the variant), as its report holds it; returns engine -> composition."""
+    import json
+
+    from trtflow.stages.onnx.composition import Shares
+
+    made = {}
+    key = json.loads((store / "release" / "last.json").read_text())["key"]
+    card = (store / "release" / key / "card" / "model-card.md").read_text()
+    header = next(ln for ln in card.splitlines() if ln.startswith("| engine |"))
+    column = [c.strip() for c in header.strip("|").split("|")].index("MACs by precision")
+    for target in last_report(store, "release")["targets"]:
+        for option in target["options"]:
+            c = option["composition"]
+            assert c["macs"] > 0 and abs(sum(c["mac_share"].values()) - 1) < 1e-9, (option["name"], c)
+            row = next(ln for ln in card.splitlines() if ln.startswith("| " + option["name"].replace(".", "\\.")))
+            assert row.strip("|").split("|")[column].strip() == Shares(**c["mac_share"]).text(), row
+            made[option["name"]] = c
+    return made

@@ -9,6 +9,7 @@ import pytest
 
 from tests.assets import last_report, trtflow
 from tests.browser import open_page
+from tests.task_checks import card_shows_composition
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,6 +141,7 @@ def test_example_end_to_end(example: Path, triton):
     release_key = json.loads((example / ".trtflow" / "release" / "last.json").read_text())["key"]
     from trtflow import markdown
     cards = example / ".trtflow" / "release" / release_key / "card"
+    card_shows_composition(example / ".trtflow")
     said = (f"Against the labels (8 labelled samples): FP32 top1 100.00%; shipped ({released['chosen']['name']}) "
             f"top1 {released['chosen']['labelled']['values']['top1']:.2%}")
     assert f"**{markdown.text(said)}**" in (cards / "model-card.md").read_text()
@@ -200,6 +202,11 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
     counted = {o["variant"]: o["higher_precision_nodes"] for o in target["options"]}
     assert set(counted) == {"prepare", "fp16", "int8"} and counted["prepare"] is None, counted
     assert counted["fp16"] is not None and counted["int8"] is not None, counted
+    # issue #54: each engine's compute by precision, as TensorRT builds its variant (strongly typed)
+    made = {o["name"]: o["composition"] for o in target["options"]}
+    for name, c in made.items():
+        main = name.split(".")[0].replace("prepare", "fp32")
+        assert c["macs"] > 0.3e9 and c["unsized"] == 0 and c["mac_share"][main] > 0.9, (name, c)
     config = triton_config(store, target)
     assert config.max_batch_size == (32 if ".dynamic." in target["chosen"]["name"] else 1)
     assert [(i.name, list(i.dims)) for i in config.input] == [("input", [3, 224, 224])]
@@ -229,11 +236,12 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
             "metric": accuracy[engine].get((v["metric"] or "/").split("/")[0], {}).get((v["metric"] or "/")
                                                                                        .split("/")[1]),
             "accuracy_drop": 1 - min(accuracy[engine]["logits"][m] for m in ("top1", "top5")),
+            "fp32_mac_share": made[engine]["mac_share"]["fp32"],
         }.get(field)
         if expected is not None:
             assert v["visible"] and v["value"] == pytest.approx(expected, rel=1e-12), (v, expected)
             compared += 1
-    assert compared >= 6 * 5, "every engine's size, speed and accuracy was compared"
+    assert compared >= 6 * 6, "every engine's size, speed, accuracy and compute by precision was compared"
     for stage in ("prepare", "parity", "fp16", "int8", "build", "validate", "benchmark"):
         assert seen["keys"][stage] == json.loads((store / stage / "last.json").read_text())["key"], stage
     assert "Triton's TensorRT backend loads engines of full TensorRT" in seen["text"]

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from tests.assets import last_report, trtflow
-from tests.task_checks import never_ships_a_failure
+from tests.task_checks import card_shows_composition, never_ships_a_failure
 from tests.test_example import ROOT, served_by_triton
 
 
@@ -22,6 +22,8 @@ def test_detector_example_released_and_served_by_triton(tmp_path: Path, triton):
     release = last_report(tmp_path / "ppocr-det" / ".trtflow", "release")["targets"][0]
     assert release["chosen"]["name"] in last_report(tmp_path / "ppocr-det" / ".trtflow", "validate")["shipped"]
     assert release["contract"]["max_batch_size"] == 1
+    made = card_shows_composition(tmp_path / "ppocr-det" / ".trtflow")
+    assert made["int8.scenes.native"]["mac_share"]["int8"] > 0.5, made
     served_by_triton(triton, tmp_path / "ppocr-det" / ".trtflow", tmp_path, "ppocr-det")
     optional_int8_of_a_detector(tmp_path / "ppocr-det")
 
@@ -96,6 +98,7 @@ def test_recognizer_example_leaves_out_int8_that_misreads_and_serves_fp32(tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     store = tmp_path / "ppocr-rec" / ".trtflow"
     never_ships_a_failure(done, store, "softmax_11.tmp_0", ("text_exact", "cer"))
+    card_shows_composition(store)
     checked = last_report(store, "validate")
     assert list(checked["excluded"]) == ["int8"] and "left out optional variant int8" in done.stdout, done.stdout
     release = last_report(store, "release")["targets"][0]

@@ -93,14 +93,14 @@ def test_run_loads_the_pipeline_once(prefect_server, write_yaml, capsys, monkeyp
     """`trtflow run` checks the pipeline and the store before Prefect starts; the flow it then starts runs on that
     same runner: the pipeline file is loaded (read, interpolated, validated) once per command, whether the stages
     run or are all reused; the run's identity is not read again per stage."""
-    from trtflow.flows import pipeline_flow as pf
+    from trtflow.flows import run_identity as identity
     from trtflow.pipelines import loader
 
     path = write_yaml(PIPE)
     loads, identities = [], []
-    real, parse = loader.load_pipeline, pf.parse_yaml
+    real, parse = loader.load_pipeline, identity.parse_yaml
     monkeypatch.setattr(loader, "load_pipeline", lambda *a, **k: loads.append(a[0]) or real(*a, **k))
-    monkeypatch.setattr(pf, "parse_yaml", lambda *a, **k: identities.append(1) or parse(*a, **k))
+    monkeypatch.setattr(identity, "parse_yaml", lambda *a, **k: identities.append(1) or parse(*a, **k))
     assert cli.main(["run", str(path)]) == 0
     assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
     assert loads == [str(path)]

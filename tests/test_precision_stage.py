@@ -274,3 +274,43 @@ def test_a_variant_with_no_fp16_compute_is_a_warning(tmp_path):
     assert res.metrics["fp16_nodes"] == 0
     assert res.warnings[0].startswith("the FP16 variant has no FP16 compute: 2 of its nodes sit inside control flow "
                                       "(branch)"), res.warnings
+
+
+def test_an_fp16_variant_doing_most_of_its_macs_in_fp32_is_named_so(tmp_path):
+    """Issue #54: TensorRT builds the variant strongly typed, so a Conv kept in FP32 runs in FP32. Here the Conv the
+    YAML keeps in FP32 holds 82% of the multiply-accumulates (8->32 channels 3x3 against 32->16 1x1 at 16x16): the
+    "FP16" variant is mostly an FP32 engine, and the report, the summary and the warnings say so."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.1, (32, 8, 3, 3)).astype(np.float32), "W1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.1, (16, 32, 1, 1)).astype(np.float32), "W2")
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["h"], name="big_conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "W2"], ["y"], name="small_conv")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], [w1, w2])
+    path = tmp_path / "convs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    samples = []
+    for i in range(4):
+        np.save(tmp_path / f"s{i}.npy", rng.uniform(0, 1, (1, 8, 16, 16)).astype(np.float32))
+        samples.append(Artifact(tmp_path / f"s{i}.npy", "file", f"s{i}.npy"))
+    res = run_precision(path, tmp_path / "out", {"tensors": samples}, data={"tensors": "*.npy"}, holdout=2,
+                        block_nodes=["big_conv"], preflight="off")
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    shares = report["composition"]["mac_share"]
+    assert shares["fp32"] == pytest.approx(589824 / (589824 + 131072)) and shares["int8"] == 0
+    assert shares["fp16"] == pytest.approx(131072 / (589824 + 131072))
+    assert report["composition"]["macs"] == 589824 + 131072
+    assert report["composition"]["shapes"] == {"x": [1, 8, 16, 16]}
+    assert res.metrics["fp32_mac_share"] > 0.8
+    warning = [w for w in res.warnings if "multiply-accumulates in FP32" in w]
+    assert warning == ["the FP16 variant does 82% of its multiply-accumulates in FP32 (more than 50%): on TensorRT "
+                       "it runs mostly as an FP32 engine, and may be no faster than one"], res.warnings
+    line = next(ln for ln in res.summary.splitlines() if ln.startswith("**compute by precision**"))
+    assert "at x 1x8x16x16" in line and "MACs 18% FP16 · 82% FP32 (721 kMAC)" in line.replace("\\", ""), line
+
+    # the same model without the block: all of it FP16, no warning
+    res = run_precision(path, tmp_path / "free", {"tensors": samples}, data={"tensors": "*.npy"}, holdout=2,
+                        preflight="off")
+    assert res.metrics["fp32_mac_share"] == 0
+    assert not [w for w in res.warnings if "multiply-accumulates" in w]

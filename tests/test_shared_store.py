@@ -248,10 +248,11 @@ def test_two_workers_run_one_pipeline_at_once_on_one_s3_store(bucket, tmp_path):
 def _one_line_exit_2(capsys, monkeypatch, argv: list[str]) -> str:
     from trtflow.errors import StoreError
     from trtflow.flows import cli
+    from trtflow.flows.cli import app
     from trtflow.flows.pipeline_flow import _retry_unless_user_error
 
-    seen, report = [], cli._fail
-    monkeypatch.setattr(cli, "_fail", lambda exc, verbose: seen.append(exc) or report(exc, verbose))
+    seen, report = [], app._fail
+    monkeypatch.setattr(app, "_fail", lambda exc, verbose: seen.append(exc) or report(exc, verbose))
     code = cli.main(argv)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]

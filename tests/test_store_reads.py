@@ -28,7 +28,12 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("stages/release/card.py", "write"): OWN,  # the plots the release stage drew
     ("stages/release/card.py", "_image"): OWN,
     ("stages/parity/report.py", "ParityReport.summary"): OWN,  # the picture the parity stage drew
-    ("flows/pipeline_flow.py", "run_identity"): USER,
+    ("flows/run_identity.py", "run_identity"): USER,
+    # the no-op record (trtflow's state directory, not a store) and the machine's version files, read with the
+    # standard library only: the no-op answer imports nothing else
+    ("flows/noop.py", "answer"): "the no-op record in trtflow's state directory",
+    ("flows/noop.py", "machine"): "the driver's, CUDA's and the OS's version files (/proc, /usr/local/cuda, /etc)",
+    ("flows/noop.py", "post"): "the no-op record in trtflow's state directory",
     ("flows/watch.py", "_is_pipeline"): USER,
     ("flows/cli/parse_trtexec.py", "ParseTrtexec.run"): USER,
     ("stages/compare/labels.py", "read_pairs"): USER,  # validate's labels file (a regular file the data glob took)

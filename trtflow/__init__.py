@@ -9,8 +9,20 @@ exports; everything under `trtflow.*` may change between versions.
 """
 from __future__ import annotations
 
-from trtflow.artifact import Artifact, Inputs, StageResult
-from trtflow.errors import StageError, StageFailed
+from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["Artifact", "Inputs", "StageError", "StageFailed", "StageResult", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # imported when first asked for: the command line's no-op answer (flows/noop.py) must not pay for pydantic
+    if name in ("Artifact", "Inputs", "StageResult"):
+        from trtflow import artifact
+
+        return getattr(artifact, name)
+    if name in ("StageError", "StageFailed"):
+        from trtflow import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'trtflow' has no attribute {name!r}")

@@ -1,106 +1,31 @@
-"""`trtflow`: one module per command (`flows/cli/<command>.py`, a `Command` each), listed in `COMMANDS`; this module
-builds the parser from them and turns every failure into one line on stderr and a non-zero exit code
-(`--verbose` adds the traceback)."""
+"""`trtflow`, the command line. A `run` where nothing changed since the last one is answered by flows/noop.py from
+its record before anything else is imported (milliseconds); every other command, and a run the record does not
+cover, by app.py."""
 from __future__ import annotations
 
-import argparse
-import signal
-import threading
-from pathlib import Path
-
-from rich.markup import escape
-
-from trtflow import settings
-from trtflow.disk import disk_error
-from trtflow.errors import TrtflowError
-from trtflow.flows.cli import (
-    check_env,
-    init,
-    init_deploy,
-    output,
-    parse_trtexec,
-    plan,
-    reduce,
-    reference,
-    run,
-    schema,
-    server,
-    validate,
-    verify,
-)
-from trtflow.flows.cli.base import Command, err
-from trtflow.yaml_text import visible
-
-COMMANDS: tuple[Command, ...] = (
-    init.Init(),
-    run.Run(),
-    plan.Plan(),
-    validate.Validate(),
-    verify.Verify(),
-    output.Output(),
-    reduce.Reduce(),
-    parse_trtexec.ParseTrtexec(),
-    check_env.CheckEnv(),
-    init_deploy.InitDeploy(),
-    server.Server(),
-    schema.Schema(),
-    reference.Reference(),
-)
-
-
-def parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and Prefect's logs")
-    ap = argparse.ArgumentParser(prog="trtflow", parents=[common],
-                                 description="Declarative ONNX -> TensorRT pipelines, run as Prefect flows.")
-    sub = ap.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.add_arguments(sub.add_parser(command.name, parents=[common], help=command.help))
-    return ap
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a scheduler or `kill` ending the run): unwound like Ctrl-C, so stages' processes are killed and
-    staging is removed on the way out."""
-
-
-def _terminate(signum, frame) -> None:  # noqa: ANN001 - a signal handler
-    raise Terminated()
+import sys
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    command = next(c for c in COMMANDS if c.name == args.command)
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
-        else None
-    try:
-        settings.check_all()  # a bad TRTFLOW_* value is found before anything starts, not when first read
-        return command.run(args)
-    except Terminated:
-        err.print("[red]error:[/] terminated (SIGTERM); nothing half-written was kept")
-        return 143
-    except KeyboardInterrupt:
-        err.print("[red]error:[/] interrupted; nothing half-written was kept")
-        return 130
-    except Exception as exc:  # noqa: BLE001 - the one place that turns failures into one line
-        return _fail(exc, args.verbose)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if raw[:1] == ["run"]:
+        from trtflow.flows import noop
+
+        answered = noop.answer(raw)
+        if answered is not None:
+            return answered
+    return _app().main(raw)
 
 
-def _fail(exc: BaseException, verbose: bool) -> int:
-    if verbose:
-        failure = exc.failure if isinstance(exc, TrtflowError) else None
-        for what, text in (("log", failure.log), ("traceback", failure.traceback)) if failure else ():
-            if text:
-                err.print(f"[dim]--- the stage process's {what} ---[/]\n{escape(text)}")
-        err.print_exception(show_locals=False)
-    if not isinstance(exc, TrtflowError):
-        exc = disk_error(exc, Path.cwd()) or exc
-    known = isinstance(exc, TrtflowError)
-    message = str(exc) if known else f"{type(exc).__name__}: {exc}"
-    err.print(f"[bold red]error:[/] {escape(visible(message))}", markup=True, soft_wrap=True)
-    if not known and not verbose:
-        err.print("(unexpected: run again with --verbose for the traceback)")
-    return exc.exit_code if known else 1
+def _app() -> Any:
+    # by name: `from trtflow.flows.cli import app` would ask this module's __getattr__ for `app` first
+    import importlib
+
+    return importlib.import_module("trtflow.flows.cli.app")
+
+
+def __getattr__(name: str) -> Any:  # `parser`, `COMMANDS`, ...: app's
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(_app(), name)

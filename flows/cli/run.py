@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rich.markup import escape
 
-from trtflow import settings
+from trtflow import phases, settings
 from trtflow.errors import PrefectUnavailable
 from trtflow.flows.cli.base import Command, add_pipeline_arguments, add_selection_arguments, err, out, store_option
 
@@ -40,33 +40,29 @@ class Run(Command):
         from trtflow.flows.runner import make_runner
 
         started = time.perf_counter()
-        runner = make_runner(args.pipeline, args.overrides, str(store_option(args.store) or "") or None)
-        for name in args.force or []:
-            if name != "*":
-                runner.check_stage_name(name, "--force")
-        runner.select(args.stages)
-        reused = runner.reuse_all(args.stages, args.force)
+        with phases.phase("pipeline load, keys, store look-ups"):
+            runner = make_runner(args.pipeline, args.overrides, str(store_option(args.store) or "") or None)
+            for name in args.force or []:
+                if name != "*":
+                    runner.check_stage_name(name, "--force")
+            runner.select(args.stages)
+            reused = runner.reuse_all(args.stages, args.force)
         if reused is not None:  # nothing to run: no flow run, no Prefect start-up
-            return _say_reused(reused, runner, started)
+            return _say_reused(reused, runner, started, args.argv)
         for note in runner.store.notes:  # what the store did while looking (a result published again), said once
             err.print(f"store: {note}", markup=False, soft_wrap=True)
 
-        from trtflow.flows import server
-
-        api_url = None
-        if server.wanted():
-            with out.status("starting a Prefect server in the background ..."):
-                api_url = server.ensure(on_start=lambda url: err.print(
-                    f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; "
-                    f"`trtflow server stop` stops it)", soft_wrap=True))
-        from trtflow.flows import pipeline_flow  # noqa: F401 - Prefect sets its logging up on import: quiet it after
+        with phases.phase("Prefect: imports, server check"):
+            api_url = _server()
+            from trtflow.flows import pipeline_flow  # noqa: F401 - Prefect sets its logging up on import: quiet it
 
         if not args.verbose:
             _quiet_prefect_console()
         status = out.status("starting Prefect ...")
         status.start()
         try:
-            results = _flow_run(args, runner, api_url, status)
+            with phases.phase("flow run (wall)"):
+                results = _flow_run(args, runner, api_url, status)
         finally:
             status.stop()
         ran = sum(r.status == "ran" for r in results)
@@ -77,17 +73,39 @@ class Run(Command):
         return 0
 
 
-def _say_reused(reused: list, runner: Any, started: float) -> int:
-    """Every stage reused, said without a flow run."""
+def _server() -> str | None:
+    """trtflow's background Prefect server's API URL (started where it is not running), where one is wanted."""
+    from trtflow.flows import server
+
+    if not server.wanted():
+        return None
+    with out.status("starting a Prefect server in the background ..."):
+        return server.ensure(on_start=lambda url: err.print(
+            f"started a Prefect server in the background: {url.removesuffix('/api')} (its UI; `trtflow server "
+            f"stop` stops it)", soft_wrap=True))
+
+
+def _say_reused(reused: list, runner: Any, started: float, argv: list[str]) -> int:
+    """Every stage reused, said without a flow run; recorded for the next run of the same command, which then
+    answers from the record while nothing changes (flows/noop.py), and posted to Prefect as a cached run."""
+    from rich.text import Text
+
+    from trtflow.flows import noop
     from trtflow.flows.results import Verdict
 
-    for o in reused:
-        out.print(f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
-                  f"{o.key[:12]}  [dim]{escape(o.reason)}[/]")
-    for o in reused:
-        _say_verdict(o.name, Verdict.of(o.manifest))
-    out.print(f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
-              f"{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in {runner.store.location}")
+    lines = [f"  {'[green]reused[/]':>20} [bold]{o.name}[/] ({escape(o.kind)}) {o.seconds:6.2f}s  key "
+             f"{o.key[:12]}  [dim]{escape(o.reason)}[/]" for o in reused]
+    lines += [line for o in reused for line in _verdict_lines(o.name, Verdict.of(o.manifest))]
+    for line in lines:
+        out.print(line, soft_wrap=True)
+    done = f"[green]done[/] {len(reused)} stages (0 ran, {len(reused)} reused) in "
+    out.print(f"{done}{time.perf_counter() - started:.1f}s, no flow run needed; artifacts in "
+              f"{escape(runner.store.location)}", soft_wrap=True)
+    record = noop.write(argv, runner, [Text.from_markup(line).plain for line in lines],
+                        Text.from_markup(done).plain + "{seconds}s, nothing changed since the last run (no flow run; "
+                        f"its record checked); artifacts in {runner.store.location}")
+    if record is not None:
+        noop.post_detached(record)
     return 0
 
 
@@ -141,11 +159,15 @@ def _listener(status: Any) -> Any:
 
 
 def _say_verdict(stage: str, verdict: Verdict) -> None:
+    for line in _verdict_lines(stage, verdict):
+        out.print(line, soft_wrap=True)
+
+
+def _verdict_lines(stage: str, verdict: Verdict) -> list[str]:
     """What a stage's decisions mean for deployment, one line each (trtflow/decisions.py words them)."""
     from trtflow.decisions import sentences
 
-    for line in sentences(stage, verdict.decisions):
-        out.print(f"  [yellow]{escape(line)}[/]", soft_wrap=True)
+    return [f"  [yellow]{escape(line)}[/]" for line in sentences(stage, verdict.decisions)]
 
 
 SERVER_CHECK_S = 3.0  # while a run is going, the server's /health is asked this often

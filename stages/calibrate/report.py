@@ -6,6 +6,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.onnx.composition import Composition
 from trtflow.text import distinct
 
 
@@ -78,6 +79,7 @@ class CalibrateReport(BaseModel):
     accuracy: Accuracy
     holdout: str = ""  # which samples the pre-flight measured ("samples 13-16 of images via preprocess ...")
     warnings: list[str]
+    composition: Composition | None = None  # the variant's compute by precision, at the held-out samples' shapes
 
     def summary(self) -> str:
         where = "inputs and outputs" if self.quantize_outputs else "inputs only"
@@ -95,6 +97,8 @@ class CalibrateReport(BaseModel):
             lines.append(f"left in float: {len(self.left_in_float)} node(s) of {ops}: " +
                          "; ".join(f"{len(ns)} {md.text(why)} ({', '.join(md.code(n) for n in ns[:4])}"
                                    f"{', …' if len(ns) > 4 else ''})" for why, ns in reasons.items()) + "\n")
+        if self.composition:
+            lines.append(self.composition.markdown() + "\n")
         if self.range_check:
             lines.append(self.range_check.summary() + "\n")
         if self.holdout_samples:

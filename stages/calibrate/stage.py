@@ -32,6 +32,7 @@ from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
 from trtflow.stages.ort import calibration, qdq, quant_prep, simulation
 from trtflow.stages.ort import runner as ort_runner
@@ -115,6 +116,9 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     n_nodes = len(qdq.quantized_nodes(quantized))  # what validate's repair counts as the INT8 nodes
     corrected = len(getattr(qdq.recipe(quantized).tensors, qdq.BIAS, {}))
     left_in_float = _left_in_float(quantized, params.quantize_ops, left)
+    made = composition(quantized, {k: list(v.shape) for k, v in data.sample(hold.start if hold else 0).items()})
+    if mostly_fp32 := made.mostly_fp32("int8"):
+        warnings.append(mostly_fp32)
     report = CalibrateReport(method=params.method,
                              percentile=params.percentile if params.method == "percentile" else None,
                              data=data.label, calibration_samples=calibrated, holdout_samples=len(hold),
@@ -122,11 +126,11 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              excluded_nodes=sorted(excluded), left_in_float=left_in_float,
                              quantize_ops=params.quantize_ops, quantize_outputs=params.quantize_outputs,
                              quantize_linear_nodes=n_q, quantized_nodes=n_nodes, bias_corrected=corrected,
-                             accuracy=acc,
+                             accuracy=acc, composition=made,
                              holdout=f"{_which(hold)} of {data.label}", warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q, "quantized_nodes": n_nodes,
-               "nan_inf": acc.nonfinite()}
+               "nan_inf": acc.nonfinite(), "fp32_mac_share": made.mac_share.fp32}
     return StageResult(outputs=outputs, summary=report.summary(), metrics=metrics, warnings=warnings)
 
 

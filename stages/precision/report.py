@@ -7,6 +7,7 @@ from pydantic import BaseModel
 
 from trtflow import markdown as md
 from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.onnx.composition import Composition
 from trtflow.stages.trt.preflight import VariantTrial
 
 
@@ -23,14 +24,17 @@ class PrecisionReport(BaseModel):
     accuracy: Accuracy
     trial_build: VariantTrial = VariantTrial()  # TensorRT's trial build of the variant
     warnings: list[str]
+    composition: Composition | None = None  # the variant's compute by precision, at the held-out samples' shapes
 
     def summary(self) -> str:
         kept = self.kept_fp32
         lines = [f"### precision · FP16 · {len(kept)} of {self.nodes} nodes kept in FP32", "",
                  f"sample data: {md.text(self.data)} · {self.calibration_samples} for the fallback analysis, "
-                 f"{self.holdout_samples} held out for the accuracy check", "",
-                 f"**CPU accuracy pre-flight** ({md.text(self.accuracy.runtime)}, not a TensorRT number), "
-                 f"FP16 variant vs FP32 reference:", ""] + self.accuracy.table()
+                 f"{self.holdout_samples} held out for the accuracy check", ""]
+        if self.composition:
+            lines += [self.composition.markdown(), ""]
+        lines += [f"**CPU accuracy pre-flight** ({md.text(self.accuracy.runtime)}, not a TensorRT number), "
+                  f"FP16 variant vs FP32 reference:", ""] + self.accuracy.table()
         trial = self.trial_build
         if trial.ran:
             shapes = f"{trial.min_shapes or trial.shapes} .. {trial.shapes}"
@@ -43,3 +47,4 @@ class PrecisionReport(BaseModel):
             if len(kept) > 40:
                 lines.append(f"| ... | and {len(kept) - 40} more (report.json) |")
         return "\n".join(lines) + "\n"
+

@@ -20,6 +20,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import FallbackSpec, PrecisionStage
 from trtflow.stages.compare import gate
 from trtflow.stages.onnx import fp16, model_io
+from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.fp16_emulation import emulate
 from trtflow.stages.onnx.graph import (
     constant_tensors,
@@ -71,6 +72,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     out = out_dir / "model.onnx"
     model_io.save(fp16_model, out)
     trial = _trial_build(params.preflight, out, ref_path, next(data.feeds(hold)), model)
+    made = composition(fp16_model, {k: list(v.shape) for k, v in next(data.feeds(hold)).items()})
     # the FP16 variant simulated and measured as validate simulates and measures it (simulation.py)
     sim = simulation.simulate(out, model, "fp16")
     acc = simulation.measure(ref, sim.session(work, "fp16"), data.feeds(hold), sim, params.metrics,
@@ -79,6 +81,8 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     warnings = gate.preflight_warnings(acc, "fp16", params.metrics, "the FP16 variant")
     if trial.warning:
         warnings.append(trial.warning)
+    if mostly_fp32 := made.mostly_fp32("fp16"):
+        warnings.append(mostly_fp32)
     if not assignment.half:
         inside = nodes_in_subgraphs(model)
         why = (f"{len(inside)} of its nodes sit inside control flow ({', '.join(sorted({o for o, _ in inside})[:3])})"
@@ -90,11 +94,11 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     report = PrecisionReport(to="fp16", nodes=total, fp16_nodes=len(assignment.half), kept_fp32=assignment.fp32,
                              island=island, data=data.label, calibration_samples=len(calib),
                              holdout_samples=len(hold), fallback=params.fallback.model_dump(),
-                             accuracy=acc, trial_build=trial, warnings=warnings)
+                             accuracy=acc, trial_build=trial, warnings=warnings, composition=made)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"kept_fp32": len(assignment.fp32), "fp16_nodes": len(assignment.half), "nodes": total,
                "worst_max_abs": max((o.max_abs for o in acc.outputs.values()), default=None),
-               "nan_inf": acc.nonfinite()}
+               "nan_inf": acc.nonfinite(), "fp32_mac_share": made.mac_share.fp32}
     return StageResult(outputs={"model": out, "report": out_dir / "report.json"}, summary=report.summary(),
                        metrics=metrics, warnings=report.warnings)
 

@@ -99,6 +99,8 @@ def _target_md(t: TargetRelease, fp32: Labelled | None = None) -> list[str]:
     lines += [o.md_row() for o in t.options]
     if t.stability:
         lines += ["", f"Selection: {md.text(t.stability)}."]
+    if t.precision_order:
+        lines += ["", f"INT8 against FP16: {md.text(t.precision_order)}."]
     if t.contract is not None:
         lines += ["", "### Serving contract", ""] + _contract_md(t)
     return lines + _serving_md(t) + [""]
@@ -245,7 +247,8 @@ def _row(o: Option) -> str:
             + _num(o.p99_ms, cells[4], "p99_ms") + _num(o.samples_per_s, cells[5], "samples_per_s")
             + _num(o.engine_bytes, cells[6], "engine_bytes")
             + _num(o.higher_precision_nodes, cells[7], "higher_precision_nodes")
-            + f'<td data-field="verdict">{_e(cells[8].replace("**", ""))}</td></tr>')
+            + _num(o.composition.mac_share.fp32 if o.composition else None, cells[8], "fp32_mac_share")
+            + f'<td data-field="verdict">{_e(cells[9].replace("**", ""))}</td></tr>')
 
 
 def _image(path: Path, caption: str) -> str:
@@ -282,6 +285,8 @@ def _target_html(t: TargetRelease, fp32: Labelled | None) -> list[str]:
                 + "".join(_row(o) for o in t.options) + "</tbody></table>")
     if t.stability:
         body.append(f'<p data-field="stability">Selection: {_e(t.stability)}.</p>')
+    if t.precision_order:
+        body.append(f'<p data-field="precision_order">INT8 against FP16: {_e(t.precision_order)}.</p>')
     if t.contract is not None:
         body.append(_contract_html(t))
     return body + _serving_html(t)

@@ -13,6 +13,7 @@ from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.precisions import Precision
 from trtflow.stages.benchmark.report import RunSpread
 from trtflow.stages.compare.labels import Labelled
+from trtflow.stages.onnx.composition import Composition
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
@@ -47,6 +48,7 @@ class Option(BaseModel):
     contract_changes: list[str] = []  # what its serving contract changes against the latest published version's
     rank: int | None = None  # 1 = shipped; eligible engines ranked by the rule
     labelled: Labelled | None = None  # its accuracy against the data's labels (validate's `labels:`)
+    composition: Composition | None = None  # its variant's compute by precision, as TensorRT builds it
 
     def cells(self) -> list[str]:
         """Its row in the card's and summary's table, unescaped (the HTML card escapes it; `md_row()` is its
@@ -63,6 +65,7 @@ class Option(BaseModel):
             f" (batch {self.samples_per_s_batch})" if self.samples_per_s_batch else "")
         return [self.name, self.precision, acc, drop, p99, rate,
                 f"{self.engine_bytes / 1e6:.2f}", kept,
+                self.composition.mac_share.text() if self.composition else "-",
                 "**shipped**" if self.rank == 1 else (self.refused or f"ranked {self.rank}")]
 
     def md_row(self) -> str:
@@ -70,11 +73,12 @@ class Option(BaseModel):
         cells = self.cells()
         cells[:4] = [markdown.text(c) for c in cells[:4]]  # the rest are numbers, formatted here
         if self.rank != 1:
-            cells[8] = markdown.text(cells[8])
+            cells[9] = markdown.text(cells[9])
         return "| " + " | ".join(cells) + " |"
 
 
 HEADER = ["engine", "precision", "accuracy vs FP32", "drop", "p99 ms", "samples/s", "MB", "nodes in higher precision",
+          "MACs by precision",
           "verdict"]
 
 
@@ -106,6 +110,7 @@ class TargetRelease(BaseModel):
     previous_version: int | None = None  # that version: the latest one published before this release
     previous: str | None = None  # the engine the previous version shipped, where it is still an option
     stability: str = ""  # why the previous choice was kept, or replaced, and the margin weighed
+    precision_order: str = ""  # what put an INT8 engine above or below an FP16 one (composition, a GPU measurement)
     rolls_back_to: int | None = None  # the earlier version whose engine this new version ships again
     request_example: str = ""  # a Python script (tritonclient) that sends the model a request
     configs: dict[str, str] = {}  # the preprocessing and ensemble models' config.pbtxt, by model name

@@ -118,6 +118,66 @@ def rank(options: list[Option], rule: Select) -> list[Option]:
     return eligible + [o for o in options if o.refused is not None]
 
 
+# how much more of its compute an INT8 engine may do in FP32 than the FP16 engine and still be ranked above it on
+# numbers no GPU measured (points of the MAC share, and of the other ops' share)
+FP32_ALLOWANCE = 0.05
+
+
+def on_gpu(measured_by: str | None) -> bool:
+    """Numbers from TensorRT on a GPU (trtexec, or an engine timed with CUDA events), not a CPU stand-in's."""
+    return bool(measured_by) and (measured_by.startswith("trtexec") or "CUDA events" in measured_by)
+
+
+def int8_over_fp16(ranked: list[Option], rule: Select) -> tuple[list[Option], str]:
+    """Where the rule ranks by speed, an INT8 engine ranked above the best FP16 engine stays there only when a GPU
+    measured both, or when its composition computes no more in FP32 than the FP16 engine's (its MACs and its other
+    ops, within FP32_ALLOWANCE): TensorRT runs an INT8 variant's unquantized remainder in the precision the ONNX
+    gives it, and an INT8 engine with an FP32 remainder can be slower than FP16 on a GPU, however a CPU stand-in
+    timed it. Others move just below the FP16 engine. Returns the options and what decided ("" when nothing was
+    weighed)."""
+    if rule.prefer == "size":
+        return ranked, ""
+    eligible = [o for o in ranked if o.refused is None]
+    fp16 = next((o for o in eligible if o.precision == "fp16"), None)
+    if fp16 is None:
+        return ranked, ""
+    said, below = [], []
+    for o in eligible[:eligible.index(fp16)]:
+        if o.precision != "int8":
+            continue
+        if on_gpu(o.measured_by) and on_gpu(fp16.measured_by):
+            said.append(f"{o.name} above {fp16.name}: measured on a GPU ({o.measured_by})")
+        elif (why := _composition_against(o, fp16)) is None:
+            said.append(f"{o.name} above {fp16.name}: supported by its composition ({_fp32(o)} in FP32, against "
+                        f"{_fp32(fp16)}); not measured on a GPU")
+        else:
+            below.append(o)
+            said.append(f"{o.name} ranked below {fp16.name}: {why}, and no GPU measured them"
+                        + (f" ({o.measured_by} did)" if o.measured_by else ""))
+    if below:
+        rest = [o for o in ranked if o not in below]
+        at = rest.index(fp16) + 1
+        ranked = _rerank(rest[:at] + below + rest[at:])
+    return ranked, "; ".join(said)
+
+
+def _composition_against(int8: Option, fp16: Option) -> str | None:
+    """Why `int8`'s composition does not support ranking it above `fp16` (None: it does)."""
+    a, b = int8.composition, fp16.composition
+    if a is None or b is None:
+        return "the composition of one of them is unknown"
+    if a.mac_share.fp32 > b.mac_share.fp32 + FP32_ALLOWANCE or \
+            a.other_share.fp32 > b.other_share.fp32 + FP32_ALLOWANCE:
+        return f"it computes more in FP32 ({_fp32(int8)}, against {_fp32(fp16)})"
+    return None
+
+
+def _fp32(o: Option) -> str:
+    c = o.composition
+    assert c is not None
+    return f"{c.mac_share.fp32:.0%} of MACs and {c.other_share.fp32:.0%} of other ops"
+
+
 def _rerank(order: list[Option]) -> list[Option]:
     for n, option in enumerate((o for o in order if o.refused is None), 1):
         option.rank = n

@@ -16,6 +16,7 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement, RunSpread
 from trtflow.stages.calibrate.report import CalibrateReport
+from trtflow.stages.onnx.composition import Composition, composition
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.release import card, selection
@@ -101,6 +102,7 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     if published is not None and published.contract is not None and params.select.contract == "fixed":
         _keep_contract(job, found, options, published)
     options = selection.rank(options, params.select)
+    options, precision_order = selection.int8_over_fp16(options, params.select)
     held = _held(published, options, job.verdict, params) if published is not None else None
     if held is not None:
         return (TargetRelease(target=target, chosen=None, options=options, held=held, version=published.version,
@@ -114,6 +116,7 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     chosen = options[0] if options and options[0].rank == 1 else None
     release = TargetRelease(target=target, chosen=chosen, options=options, previous=previous,
                             stability="; ".join(x for x in (stability, kept, _compared(options)) if x),
+                            precision_order=precision_order,
                             previous_version=published.version if published else None, rolls_back_to=rolled_back)
     if chosen is not None and rolled_back is not None and params.select.rollback == "refuse":
         assert published is not None
@@ -294,8 +297,17 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         option.higher_precision_nodes, option.nodes = count
         if option.repaired_from and verdict is not None and verdict.repair is not None:
             option.higher_precision_nodes += len(verdict.repair.nodes)
+    option.composition = _composition(eng)
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
+
+
+def _composition(eng: Engine) -> Composition:
+    """The engine's variant's compute by precision at its first profile's opt shapes (what TensorRT tunes for)."""
+    from trtflow.stages.onnx.model_io import load
+
+    shapes = eng.cell.profiles[0].at("opt") if eng.cell.profiles else {}
+    return composition(load(eng.own_variant or Path(eng.cell.model)), shapes)
 
 
 def _spread(measured: list[Measurement]) -> float | None:

@@ -79,6 +79,8 @@ def warnings(checked: list[CandidateResult], repaired: Repair | None, params: Va
     """What the report and the run say beside the verdict: each candidate's warnings, data that cannot tell, the
     engines simulated here and why, and the repair's."""
     warnings = [w for r in checked for w in r.warnings]
+    mostly_fp32 = {r.variant: r.composition.mostly_fp32(r.precision) for r in checked if r.composition}
+    warnings += [f"variant '{variant}': {w}" for variant, w in mostly_fp32.items() if w]
     blind = next((r.accuracy.blind for r in checked if r.accuracy.blind), None)
     if blind:  # the reference and the samples are every candidate's: said once
         warnings.append(f"on validate's samples {blind}; a candidate passing here says nothing about its accuracy")

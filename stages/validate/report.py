@@ -10,6 +10,7 @@ from trtflow import markdown as md
 from trtflow.precisions import Precision
 from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
 from trtflow.stages.compare.labels import Labelled
+from trtflow.stages.onnx.composition import Composition
 from trtflow.stages.ort.layerwise import Layerwise
 from trtflow.stages.validate.repair import Repair, Round
 
@@ -71,6 +72,7 @@ class CandidateResult(BaseModel):
     layerwise: Layerwise | None = None
     per_shape: list[ShapeResult] = []  # a row per shape it was checked at (reports before it have none)
     labelled: Labelled | None = None  # its accuracy against the data's labels (validate's `labels:`)
+    composition: Composition | None = None  # its variant's compute by precision, as TensorRT builds it
 
     def summary(self) -> list[str]:
         verdict = "passes" if self.passed else "**fails**"
@@ -78,6 +80,8 @@ class CandidateResult(BaseModel):
                  f"runtime: {md.text(self.runtime)} · {self.accuracy.samples} samples at shapes "
                  + md.text(shapes_text(self.shapes, 4))
                  + (f" · graph measured: {md.code(self.accuracy.graph)}" if self.accuracy.graph else ""), ""]
+        if self.composition:
+            lines += [self.composition.markdown(), ""]
         lines += self.accuracy.table()
         if self.per_shape:
             lines += ["", "per shape:", ""] + shape_table(self.per_shape)

@@ -29,6 +29,7 @@ from trtflow.stages.compare import gate
 from trtflow.stages.compare import labels as labels_mod
 from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.composition import Composition, composition
 from trtflow.stages.ort import layerwise, qdq, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
@@ -63,6 +64,7 @@ class _Job:
     sims: dict[str, simulation.Simulation] = field(default_factory=dict)  # variant -> its simulation
     labels: labelling.LabelSet | None = None  # the data's ground truth (`labels:`)
     reference_labelled: labels_mod.Labelled | None = None  # FP32's accuracy against them
+    compositions: dict[Path, Composition] = field(default_factory=dict)  # a variant's ONNX -> its compute by precision
 
 
 def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -200,6 +202,17 @@ class _Checked:
     worst: list[tuple[SampleSource, int]]
 
 
+def _composition(job: _Job, cand: Candidate, sets: list[measure.ShapeSet],
+                 seen: list[list[dict[str, list[int]]]]) -> Composition:
+    """The candidate's variant's compute by precision, at the shapes of its profile's opt point (TensorRT tunes the
+    engine for them), else the first it was checked at."""
+    if cand.model not in job.compositions:
+        at_opt = [shapes for s, shapes in zip(sets, seen) if s.name.endswith(".opt")]
+        shapes = next((sh for group in at_opt + seen for sh in group), {})
+        job.compositions[cand.model] = composition(model_io.load(cand.model), shapes)
+    return job.compositions[cand.model]
+
+
 def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     params, out_dir = job.params, job.out_dir
     runtime, runner, why, sim_model = _runtime(job, cand)
@@ -224,7 +237,8 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
                                                            metrics.task).items()}
                 for o, metrics in acc.outputs.items()},
         accuracy=acc, passed=bool(acc), violations=acc.violations, not_on_tensorrt=why,
-        warnings=warnings, per_shape=rows, labelled=scoring.candidate.result() if scoring is not None else None)
+        warnings=warnings, per_shape=rows, labelled=scoring.candidate.result() if scoring is not None else None,
+        composition=_composition(job, cand, sets, measured.shapes))
     # where it goes wrong is looked for in the samples of the shapes that fail (all of them when none does)
     failing = [s.source for s, row in zip(sets, rows) if not row.passed]
     checked = _Checked(sets, sim_model, measure.worst_samples([r for r in ranked if any(r[1] is f for f in failing)]

@@ -1,0 +1,314 @@
+"""A `trtflow run` where nothing changed, answered in milliseconds (as DVC answers "nothing to do" from file stats).
+
+A full run that finds every stage's result in place (`Runner.reuse_all`) leaves a record in the state directory
+(`noop/<digest of the command line and folder>.json`): what it printed, and a witness of everything the stage keys
+were computed from, taken conservatively:
+- the stat (size, mtime, inode, ctime) of every file the keys read: the pipeline file, the model, data files and
+  every file hashed through the digest cache; trtflow's own code and every loaded module outside the Python
+  installation (a pipeline's own functions); the store's records and every published file of the results reused;
+- the modification time of every folder whose listing a key depends on (data globs' folders, the store's);
+- the machine: the NVIDIA driver's and GPUs' /proc entries, the CUDA toolkit's version file, the stat of
+  `nvidia-smi` and `trtexec` on PATH and of NVML's library (a driver update replaces them), the names of every
+  installed distribution (a TensorRT, CUDA or ONNX upgrade renames its dist-info), Python, and the environment
+  variables trtflow, Prefect and the loaders read.
+The next run of the same command in the same folder checks the witness with stat calls only, before importing
+anything else. Where all of it holds, every key would come out the same: it prints the record's lines and is done;
+where anything differs (or the record is missing or unreadable), the full run decides as always and may write a new
+record. A remote (S3) store is never witnessed: its state needs the network.
+
+The record a Prefect user needs: each such run is posted to the Prefect server trtflow would use, as a flow run of
+flow `trtflow` in state Completed named "Cached" (tags `trtflow`, `cached`), by a detached process
+(`python -m trtflow.flows.noop post RECORD`), so the answer does not wait for it; where no server is running (Prefect's
+temporary server would take seconds to start to record that nothing happened), nothing is posted.
+
+Only the standard library and `trtflow.state` are imported here until the witness holds.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trtflow import files
+
+VERSION = 1
+FOLDER = "noop"
+MAX_RECORD_BYTES = 16 << 20
+MAX_FOLDERS = 20000  # a data glob over more folders than this is not witnessed (the run takes the full path)
+ENV_PREFIXES = ("TRTFLOW_", "PREFECT_", "CUDA_", "NVIDIA_")
+ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
+DRIVER_VERSION = "/proc/driver/nvidia/version"  # the loaded driver's (present wherever one is loaded)
+MACHINE_TEXTS = (DRIVER_VERSION, "/usr/local/cuda/version.json", "/usr/local/cuda/version.txt",
+                 "/etc/os-release")
+MACHINE_LISTINGS = ("/proc/driver/nvidia/gpus",)
+# NVML's library, `nvidia-smi` and `trtexec` on PATH (a driver or TensorRT update replaces them), by their stat
+MACHINE_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+                     "/usr/lib64/libnvidia-ml.so.1", "/usr/lib/wsl/lib/libnvidia-ml.so.1")
+SITE_DIRS = ("site-packages", "dist-packages")  # the import path's folders whose listings name installed packages
+
+
+@dataclass
+class Witness:
+    files: dict[str, list[int]]  # path -> [size, mtime_ns, inode, ctime_ns]
+    folders: dict[str, int]  # path -> mtime_ns
+    machine: dict[str, str]  # machine()'s digests
+
+
+@dataclass
+class Record:
+    """`noop/<digest>.json`: what a run that reused every stage printed, and what its keys were computed from."""
+    version: int
+    argv: list[str]
+    cwd: str
+    lines: list[str]  # the stage lines, as printed
+    done: str  # the last line, "{seconds}" where the time goes
+    pipeline: str
+    store: str
+    witness: Witness
+
+    def __post_init__(self) -> None:
+        if isinstance(self.witness, dict):  # as read from JSON
+            self.witness = Witness(**self.witness)
+
+    @classmethod
+    def read(cls, path: Path) -> Record:
+        return cls(**json.loads(files.read_bounded(path, MAX_RECORD_BYTES, follow=False)))
+
+
+def record_path(argv: list[str], cwd: str) -> Path:
+    from trtflow.state import state_dir
+
+    digest = hashlib.sha256(json.dumps([VERSION, cwd, argv]).encode()).hexdigest()[:32]
+    return state_dir() / FOLDER / f"{digest}.json"
+
+
+# ------------------------------------------------------------------------------------------- the fast path
+
+def answer(argv: list[str]) -> int | None:
+    """0 after printing the recorded answer when the record of this command in this folder holds; None (nothing
+    printed) when the full run must decide."""
+    started = time.perf_counter()
+    begin()
+    try:
+        path = record_path(argv, os.getcwd())
+        record = Record.read(path)
+        if record.version != VERSION or not holds(record.witness):
+            return None
+    except Exception:  # noqa: BLE001 - no record, a damaged one, a bad setting: the full run decides (and says)
+        return None
+    out = sys.stdout
+    for line in record.lines:
+        out.write(line + "\n")
+    out.write(record.done.replace("{seconds}", f"{time.perf_counter() - started:.2f}") + "\n")
+    out.flush()
+    post_detached(path)
+    return 0
+
+
+def holds(witness: Witness) -> bool:
+    """Every fact of the witness is as recorded."""
+    for path, want in witness.files.items():
+        if _stat(path) != want:
+            return False
+    for path, want in witness.folders.items():
+        try:
+            if os.stat(path).st_mtime_ns != want:
+                return False
+        except OSError:
+            return False
+    return _started is not None and _started == witness.machine
+
+
+def machine() -> dict[str, str] | None:
+    """Digests of what the environment facets of the keys are computed from, read without running anything: the
+    driver's, CUDA's and the OS's version files, the installed packages' folders' listings, the variables. Taken
+    when the command starts (`begin`): a run sets variables for Prefect, and may add to the import path. None
+    where the driver is known only by asking nvidia-smi."""
+    texts, listings = hashlib.sha256(), hashlib.sha256()
+    for path in MACHINE_TEXTS:
+        try:
+            with open(path, "rb") as fh:
+                texts.update(path.encode() + b"\0" + fh.read(1 << 16) + b"\0")
+        except OSError:
+            texts.update(path.encode() + b"\0-\0")
+    for folder in MACHINE_LISTINGS + tuple(p for p in sys.path if p.rstrip("/").endswith(SITE_DIRS)):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            names = ["-"]
+        listings.update(folder.encode() + b"\0" + "\0".join(names).encode() + b"\0")
+    on_path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    smi = [_stat(os.path.join(d, "nvidia-smi")) for d in on_path]
+    if any(smi) and not os.path.exists(DRIVER_VERSION):
+        # an nvidia-smi to ask and no loaded driver's /proc entry: its answer is the driver (a container, a
+        # stand-in), and only running it tells: no record stands for it
+        return None
+    found = smi + [_stat(os.path.join(d, "trtexec")) for d in on_path] + [_stat(p) for p in MACHINE_LIBRARIES]
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
+    return {"texts": texts.hexdigest(), "listings": listings.hexdigest(),
+            "programs": hashlib.sha256(json.dumps(found).encode()).hexdigest(),
+            "env": hashlib.sha256(json.dumps([sys.executable, sys.version, env]).encode()).hexdigest()}
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
+_started: dict[str, str] | None = None  # machine() when this command started (begin)
+
+
+def begin() -> None:
+    global _started
+    _started = machine()
+
+
+# ------------------------------------------------------------------------------------ what the full run records
+
+def write(argv: list[str], runner: Any, lines: list[str], done: str) -> Path | None:
+    """The record of a run that reused every stage (after `reuse_all`, which marks each stage's last run): its
+    lines, its done line (`{seconds}` for the time) and the witness. Nothing for a store that is not local, or
+    where the witness cannot be taken; never an error (a record is only a shortcut). Returns the record's path."""
+    from trtflow.flows.store import LocalStore
+
+    if not isinstance(runner.store, LocalStore):
+        return None
+    try:
+        witness = _witness(runner)
+        if witness is None:
+            return None
+        path = record_path(argv, os.getcwd())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = Record(VERSION, argv, os.getcwd(), lines, done, str(runner.pipeline.file), runner.store.location,
+                        witness)
+        files.write_atomic(path, json.dumps(asdict(record)).encode())
+        return path
+    except OSError:
+        return None
+
+
+def _witness(runner: Any) -> Witness | None:
+    read: set[Path] = {Path(runner.pipeline.file)} | {Path(p) for p in runner.digests.seen}
+    folders: set[Path] = set()
+    for root in runner.data_roots:
+        found = _folders(root)
+        if found is None:
+            return None
+        folders |= found
+    read |= set(_code_files())
+    store = Path(runner.store.root)
+    folders |= {store} | {p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    for stage in runner.graph.order:
+        read |= {store / stage / "last.json"}
+    for directory, manifest in runner.reused:
+        read |= {directory / "manifest.json"} | {directory / rel for rel in manifest.files}
+    shared = _folders(store / "shared")
+    if shared is None:
+        return None
+    folders |= shared
+    read |= {p for folder in shared for p in folder.iterdir() if p.is_file()}
+    out = {str(path): _stat(str(path)) for path in sorted(read)}
+    if _started is None:
+        return None
+    return Witness(out, {str(p): p.stat().st_mtime_ns for p in sorted(folders)}, _started)
+
+
+def _folders(root: Path) -> set[Path] | None:
+    """`root` and every folder under it (None: more than MAX_FOLDERS); nothing where it does not exist."""
+    if not root.is_dir():
+        return {root.parent} if root.parent.is_dir() else set()
+    found = {root}
+    for parent, dirs, _ in os.walk(root):
+        found |= {Path(parent) / d for d in dirs}
+        if len(found) > MAX_FOLDERS:
+            return None
+    return found
+
+
+def _code_files() -> list[Path]:
+    """trtflow's own source files, and every loaded module's outside the Python installation (a pipeline's own
+    functions, an editable install)."""
+    import trtflow
+    import trtflow.flows
+    import trtflow.pipelines
+    import trtflow.stages
+
+    out = []
+    for package in (trtflow, trtflow.flows, trtflow.pipelines, trtflow.stages):
+        base = Path(package.__file__).parent
+        out += [p for p in base.rglob("*") if p.suffix in (".py", ".json") and p.is_file()]
+    installed = tuple(str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and not str(Path(file).resolve()).startswith(installed) and Path(file).is_file():
+            out.append(Path(file))
+    return out
+
+
+# -------------------------------------------------------------------------------------------- the Prefect record
+
+def post_detached(record: Path) -> None:
+    """Post the run to Prefect from a process of its own that outlives this one (see the module)."""
+    import subprocess
+
+    try:
+        subprocess.Popen([sys.executable, "-m", "trtflow.flows.noop", "post", str(record)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
+    except OSError:
+        pass
+
+
+def _api_url() -> str | None:
+    """The Prefect API trtflow would use, where a server is running: PREFECT_API_URL, else trtflow's background
+    server when its record proves it alive (none is started to record a run that did nothing)."""
+    from prefect.settings import PREFECT_API_URL
+
+    from trtflow import settings
+    from trtflow.flows import server
+
+    if PREFECT_API_URL.value():
+        return PREFECT_API_URL.value()
+    if settings.PREFECT_SERVER.get() == "ephemeral":
+        return None
+    rec = server.current()
+    return rec.url if rec is not None and server.alive(rec) else None
+
+
+def post(record_file: Path) -> None:
+    import httpx
+    from prefect.client.schemas.objects import Flow
+
+    from trtflow.flows.run_identity import run_identity
+
+    url = _api_url()
+    if url is None:
+        return
+    record = Record.read(Path(record_file))
+    name, tags = run_identity(record.pipeline)
+    stages = len(record.lines)
+    with httpx.Client(base_url=url.rstrip("/") + "/", timeout=30) as client:
+        flow = client.post("flows/", json={"name": "trtflow"})
+        flow.raise_for_status()
+        client.post("flow_runs/", json={
+            "flow_id": str(Flow.model_validate(flow.json()).id), "name": name, "tags": tags + ["cached"],
+            "parameters": {"pipeline_file": record.pipeline, "store": record.store},
+            "state": {"type": "COMPLETED", "name": "Cached",
+                      "message": f"nothing changed: {stages} stage(s) reused, no stage ran (trtflow's no-op record)"},
+        }).raise_for_status()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "post":
+        try:
+            post(Path(sys.argv[2]))
+        except Exception:  # noqa: BLE001 - a record nobody waits for: nothing to say, nowhere to say it
+            sys.exit(1)
