@@ -48,6 +48,7 @@ from trtflow.errors import (
     rebuilt,
 )
 from trtflow.parent_death import die_with_parent
+from trtflow.pipelines.kinds import KINDS
 from trtflow.usercode import search_path
 
 
@@ -85,8 +86,12 @@ IN_PROCESS = settings.IN_PROCESS.name
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
+# what a stage process starts with, imported once by the fork server (on another core while the run imports
+# Prefect: `warm_up`) instead of by each stage: the libraries most stages use and every built-in kind's module
 PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
-           "trtflow.artifact"]
+           "trtflow.artifact", "onnxruntime", "cv2", "scipy.ndimage", "trtflow.stages.compare.plots",
+           "trtflow.stages.ort.runner", "trtflow.stages.ort.samples", "trtflow.stages.onnx.model_io",
+           *(row.module for row in KINDS.values() if row.module)]
 
 
 class _Supervisor:
@@ -139,7 +144,13 @@ class _Supervisor:
 
     def start(self, proc: Any, tag: str, since: int) -> None:
         with self._start, _main_not_reimported():
-            proc.start()
+            try:
+                proc.start()
+            except (EOFError, ConnectionError):
+                # the fork server died since `context` found it running (killed: the OOM killer, a kill of its
+                # group): started again, the stage starts from the new one (a failed start leaves `proc` unstarted)
+                self.context()
+                proc.start()
         with self._lock:
             self._live[proc.pid] = (tag, since)
 
@@ -156,6 +167,13 @@ class _Supervisor:
 
 
 _SUPERVISOR = _Supervisor()
+
+
+def warm_up() -> None:
+    """Start the fork server now, in the background: it imports PRELOAD on another core while this process goes
+    on (a run imports Prefect meanwhile), instead of when the first stage starts."""
+    if not settings.IN_PROCESS.get():
+        threading.Thread(target=_SUPERVISOR.context, name="trtflow-fork-server-warm-up", daemon=True).start()
 
 
 def kill_all() -> None:

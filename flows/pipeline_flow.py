@@ -256,13 +256,31 @@ def _tag_flow_run(wanted: list[str]) -> None:
             client.update_flow_run(flow_run.id, tags=have + missing)
 
 
-def stage_tags(gpu: str | None) -> set[str]:
-    """A stage task's tags: its GPU's tag (`stage_gpu`) for a stage that uses the GPU, for Prefect's tag-based
-    concurrency limits; none otherwise. (Prefect asks the server for a concurrency lease for every tagged task run,
-    and starts a client service for each distinct set of tags: about 1.3 s per stage when each stage's set was its
-    own, `stage:<name>` and `kind:<kind>` beside the flow run's tags. The task run's name is the stage's; the flow
-    run carries the pipeline's tags.)"""
-    return {gpu} if gpu is not None else set()
+def stage_tags(gpu: str | None, limited: set[str]) -> set[str]:
+    """A stage task's tags: its GPU's tag (`stage_gpu`) for a stage that uses the GPU where the server holds a
+    concurrency limit on that tag (`trtflow init-deploy --limits`: stages of every flow run on the machine take
+    turns on the GPU); none otherwise. Prefect asks the server for a concurrency lease for every tagged task run,
+    limit or not, and that costs: about 1.3 s per stage when each stage's set of tags was its own (`stage:<name>`,
+    `kind:<kind>`), and 1.9 s for a benchmark's lease right after validate's on the same tag (bench/overhead.py,
+    issue #54). Within one flow run the schedule keeps a benchmark alone on its GPU without tags (`_gpu_free`).
+    The task run's name is the stage's; the flow run carries the pipeline's tags."""
+    return {gpu} if gpu is not None and gpu in limited else set()
+
+
+def limited_tags(tags: set[str]) -> set[str]:
+    """The tags among `tags` the Prefect server holds a concurrency limit on."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    found = set()
+    with get_client(sync_client=True) as client:
+        for tag in sorted(tags):
+            try:
+                client.read_concurrency_limit_by_tag(tag)
+                found.add(tag)
+            except ObjectNotFound:
+                continue
+    return found
 
 
 def stage_gpu(runner: Runner, name: str) -> str | None:
@@ -292,6 +310,7 @@ class _Schedule:
         self.futures: dict[str, Any] = {}  # every stage submitted: the upstream of a later one
         self.started: dict[str, float] = {}  # stage -> when it was submitted (what a failed stage's seconds count)
         self.gpu = {n: stage_gpu(runner, n) for n in order}  # stage -> its GPU's tag (None: no GPU)
+        self.limited = limited_tags({t for t in self.gpu.values() if t})
 
     def until_done(self) -> None:
         while self.pending or self.running:
@@ -314,7 +333,7 @@ class _Schedule:
                 task_ = stage_task.with_options(name=name, task_run_name=name, retries=spec.retries,
                                                 retry_delay_seconds=spec.retry_delay,
                                                 retry_condition_fn=_retry_unless_user_error,
-                                                tags=stage_tags(self.gpu[name]))
+                                                tags=stage_tags(self.gpu[name], self.limited))
                 _notify("start", name)
                 self.started[name] = time.perf_counter()
                 # every stage it depends on, directly or not: its inputs' lineage names them all

@@ -339,9 +339,16 @@ def test_a_benchmark_never_shares_its_gpu_with_another_stage(prefect_server, wri
     """A benchmark times the GPU: while it runs, no other stage uses that GPU, and it does not start while one does.
     Here a GPU stage (a user stage whose key holds the GPU) is running when the benchmark becomes ready, and another
     becomes ready with it; the task runs the Prefect server recorded never overlap on the device's tag. Stages
-    without a GPU still run beside it."""
-    from trtflow.flows.pipeline_flow import pipeline_flow
+    without a GPU still run beside it. The GPU stages carry the device's tag because the server holds a limit on it
+    (as `init-deploy --limits` makes); without one they carry none (a tag costs a lease request per task run)."""
+    from prefect.client.orchestration import get_client
 
+    from trtflow.flows.pipeline_flow import limited_tags, pipeline_flow
+
+    assert limited_tags({"gpu:rig-7:1"}) == set()
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag="gpu:rig-7:1", concurrency_limit=1)
+    assert limited_tags({"gpu:rig-7:1", "gpu:rig-7:2"}) == {"gpu:rig-7:1"}
     monkeypatch.setenv("TRTFLOW_MACHINE", "rig-7")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     log = tmp_path / "intervals.txt"

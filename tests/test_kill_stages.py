@@ -123,8 +123,9 @@ class _Killer(threading.Thread):
                 parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if b"trtflow.stages." in cmdline:
-                out[pid] = cmdline.split(b"\0")[2].decode().rsplit(".", 1)[-1]  # probe, preflight, ...
+            args = cmdline.split(b"\0")
+            if len(args) > 2 and args[1] == b"-m" and args[2].startswith(b"trtflow.stages."):
+                out[pid] = args[2].decode().rsplit(".", 1)[-1]  # probe, preflight, ... (`python -m trtflow.stages...`)
             elif b"multiprocessing.forkserver" in cmdline and parent != me:
                 out[pid] = "stage"
         return out

@@ -51,6 +51,9 @@ class Run(Command):
             return _say_reused(reused, runner, started, args.argv)
         for note in runner.store.notes:  # what the store did while looking (a result published again), said once
             err.print(f"store: {note}", markup=False, soft_wrap=True)
+        from trtflow.flows import isolate
+
+        isolate.warm_up()  # stages will run: their fork server imports on another core while Prefect loads here
 
         with phases.phase("Prefect: imports, server check"):
             api_url = _server()

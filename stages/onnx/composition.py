@@ -105,15 +105,20 @@ def _fixed(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelPr
 
 
 def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shapes inferred by ONNX Runtime's symbolic inference (which computes Range, Slice and the like from the
-    weights), else by ONNX's (where that fails, e.g. on weights not loaded)."""
+    """Shapes inferred by ONNX's inference; where it leaves a multiply-accumulating op unsized (a Range, a Slice of
+    computed bounds), by ONNX Runtime's symbolic inference, which computes them from the weights (and costs SymPy's
+    import: it is not the first choice)."""
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    types, dims = _tensors(inferred.graph)
+    if all(_macs(n, dims) is not None for n in inferred.graph.node if n.op_type in MAC_OPS):
+        return inferred
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    except Exception:  # noqa: BLE001 - any failure of the better inference falls back to ONNX's
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # noqa: BLE001 - any failure of the second inference leaves the first's
+        return inferred
 
 
 def _tensors(g: onnx.GraphProto) -> tuple[dict[str, int], dict[str, list[int] | None]]:
