@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -267,25 +267,36 @@ def post_detached(record: Path) -> None:
         pass
 
 
-def _api_url() -> str | None:
-    """The Prefect API trtflow would use, where a server is running: PREFECT_API_URL, else trtflow's background
-    server when its record proves it alive (none is started to record a run that did nothing)."""
-    from prefect.settings import PREFECT_API_URL
+API_URL = "PREFECT_API_URL"
 
+
+def _api_url() -> str | None:
+    """The Prefect API trtflow would use, where a server is running: the variable's, else trtflow's background
+    server when its record proves it alive (none is started to record a run that did nothing). Prefect itself is
+    not imported here (a second of CPU for each no-op, beside whatever runs next)."""
     from trtflow import settings
     from trtflow.flows import server
 
-    if PREFECT_API_URL.value():
-        return PREFECT_API_URL.value()
+    if os.environ.get(API_URL):
+        return os.environ.get(API_URL)
     if settings.PREFECT_SERVER.get() == "ephemeral":
         return None
     rec = server.current()
     return rec.url if rec is not None and server.alive(rec) else None
 
 
+@dataclass
+class _Created:
+    """What Prefect's API answers a create with (the rest of it is not needed)."""
+    id: str
+
+    @classmethod
+    def of(cls, answer: dict[str, Any]) -> _Created:
+        return cls(**{f.name: answer[f.name] for f in fields(cls)})
+
+
 def post(record_file: Path) -> None:
     import httpx
-    from prefect.client.schemas.objects import Flow
 
     from trtflow.flows.run_identity import run_identity
 
@@ -299,7 +310,7 @@ def post(record_file: Path) -> None:
         flow = client.post("flows/", json={"name": "trtflow"})
         flow.raise_for_status()
         client.post("flow_runs/", json={
-            "flow_id": str(Flow.model_validate(flow.json()).id), "name": name, "tags": tags + ["cached"],
+            "flow_id": _Created.of(flow.json()).id, "name": name, "tags": tags + ["cached"],
             "parameters": {"pipeline_file": record.pipeline, "store": record.store},
             "state": {"type": "COMPLETED", "name": "Cached",
                       "message": f"nothing changed: {stages} stage(s) reused, no stage ran (trtflow's no-op record)"},
