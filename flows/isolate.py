@@ -85,13 +85,11 @@ IN_PROCESS = settings.IN_PROCESS.name
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
-# what a stage process starts with, imported once by the fork server instead of by each stage
+# what a stage process starts with, imported once by the fork server instead of by each stage. (Preloading the
+# libraries and every kind's module too made no difference a single run could measure, and added CPU where runs
+# reuse most stages: docs/NOTES.md, issue #54.)
 PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
            "trtflow.artifact"]
-# and, for a run of built-in kinds (`warm_up`), the libraries most of them use: on another core while the run
-# imports Prefect, instead of in each stage's process
-LIBRARIES = ["onnxruntime", "cv2", "scipy.ndimage", "trtflow.stages.compare.plots", "trtflow.stages.ort.runner",
-             "trtflow.stages.ort.samples", "trtflow.stages.onnx.model_io"]
 
 
 class _Supervisor:
@@ -106,7 +104,6 @@ class _Supervisor:
         self._spawner: threading.Thread | None = None
         self._spawns: queue.SimpleQueue[tuple[threading.Event, list[BaseException]]] = queue.SimpleQueue()
         self._live: dict[int, tuple[str, int]] = {}  # process group -> the stage's tag and start time
-        self.preload = list(PRELOAD)  # what the fork server imports when it starts (`warm_up` adds to it)
         self._start = threading.Lock()  # one child started at a time (`_main_not_reimported`)
         self.stopping = threading.Event()  # kill_all was called: a stage process that dies now was stopped
 
@@ -115,7 +112,7 @@ class _Supervisor:
         with self._lock:
             if self._context is None:
                 ctx = multiprocessing.get_context("forkserver")
-                ctx.set_forkserver_preload(self.preload)
+                ctx.set_forkserver_preload(PRELOAD)
                 self._context = ctx
             if self._spawner is None:
                 # The fork server dies when the thread that forked it ends (parent_death), and the thread that
@@ -170,14 +167,11 @@ class _Supervisor:
 _SUPERVISOR = _Supervisor()
 
 
-def warm_up(modules: list[str]) -> None:
-    """Start the fork server now, in the background, importing PRELOAD and `modules` (the built-in kinds' modules a
-    run will use; with any, LIBRARIES too) on another core while this process goes on (a run imports Prefect
-    meanwhile), instead of when the first stage starts. (A fork server already running keeps what it has.)"""
-    if settings.IN_PROCESS.get():
-        return
-    _SUPERVISOR.preload += [m for m in (LIBRARIES if modules else []) + modules if m not in _SUPERVISOR.preload]
-    threading.Thread(target=_SUPERVISOR.context, name="trtflow-fork-server-warm-up", daemon=True).start()
+def warm_up() -> None:
+    """Start the fork server now, in the background: it starts and imports PRELOAD on another core while this
+    process goes on (a run imports Prefect meanwhile), instead of when the first stage starts."""
+    if not settings.IN_PROCESS.get():
+        threading.Thread(target=_SUPERVISOR.context, name="trtflow-fork-server-warm-up", daemon=True).start()
 
 
 def kill_all() -> None:

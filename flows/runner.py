@@ -135,11 +135,6 @@ class Runner:
             self.check_stage_name(name, "--stage")
         return self.graph.closure(stages)
 
-    def kind_modules(self) -> list[str]:
-        """The modules of the built-in kinds this pipeline's stages run (a stage process's preload)."""
-        modules = (kind_of(self.graph.nodes[n].spec).module for n in self.graph.order)
-        return sorted({m for m in modules if m})
-
     def check_stage_name(self, name: str, option: str) -> None:
         if name not in self.graph.nodes:
             hint = suggestion(name, list(self.graph.nodes)) or f"stages: {', '.join(self.graph.order)}"
