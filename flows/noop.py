@@ -196,6 +196,8 @@ def write(argv: list[str], runner: Any, lines: list[str], done: str) -> Path | N
 
 
 def _witness(runner: Any) -> Witness | None:
+    if _started is None:  # the machine was not read when the command started (`begin`)
+        return None
     read: set[Path] = {Path(runner.pipeline.file)} | {Path(p) for p in runner.digests.seen}
     folders: set[Path] = set()
     for root in runner.data_roots:
@@ -216,8 +218,6 @@ def _witness(runner: Any) -> Witness | None:
     folders |= shared
     read |= {p for folder in shared for p in folder.iterdir() if p.is_file()}
     out = {str(path): _stat(str(path)) for path in sorted(read)}
-    if _started is None:
-        return None
     return Witness(out, {str(p): p.stat().st_mtime_ns for p in sorted(folders)}, _started)
 
 
