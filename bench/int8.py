@@ -88,8 +88,9 @@ def run_trtflow(model: Path, calib: list[Path], out: Path, **params: Any) -> dic
             "left_in_float": report.get("left_in_float", {})}
 
 
-def modelopt_worker(model: str, calib: list[str], method: str, shapes: dict[str, list[int]], out: str) -> dict:
-    """ModelOpt's ONNX PTQ, in this (child) process."""
+def modelopt_worker(model: str, calib: list[str], method: str, shapes: dict[str, list[int]], out: str,
+                    dtype: str = "fp32") -> dict:
+    """ModelOpt's ONNX PTQ, in this (child) process; `dtype`: its high_precision_dtype (the remainder's)."""
     from modelopt.onnx.quantization import quantize
 
     feeds = [dict(np.load(f)) for f in calib]
@@ -99,11 +100,12 @@ def modelopt_worker(model: str, calib: list[str], method: str, shapes: dict[str,
     with contextlib.redirect_stdout(io.StringIO()):
         quantize(onnx_path=model, quantize_mode="int8", calibration_method=method, calibration_data=data,
                  calibration_eps=["cpu"], calibration_shapes=shape, override_shapes=shape,
-                 high_precision_dtype="fp32", output_path=out, log_level="ERROR")
+                 high_precision_dtype=dtype, output_path=out, log_level="ERROR")
     return {"model": out, "seconds": time.perf_counter() - t0}
 
 
-def run_modelopt(model: Path, calib: list[Path], method: str, shapes: dict[str, list[int]], out: Path) -> dict:
+def run_modelopt(model: Path, calib: list[Path], method: str, shapes: dict[str, list[int]], out: Path,
+                 dtype: str = "fp32") -> dict:
     """ModelOpt's Q/DQ model of `model` (kept in the cache: the samples are seeded, the same on every run; --fresh
     makes them again)."""
     done = out.with_suffix(".json")
@@ -111,7 +113,7 @@ def run_modelopt(model: Path, calib: list[Path], method: str, shapes: dict[str, 
         return json.loads(done.read_text())
     out.parent.mkdir(parents=True, exist_ok=True)
     request = json.dumps({"model": str(model), "calib": [str(c) for c in calib], "method": method,
-                          "shapes": shapes, "out": str(out)})
+                          "shapes": shapes, "out": str(out), "dtype": dtype})
     # ModelOpt keys dicts by id() of protobuf objects, unstable with protobuf's upb backend (shared FIELD_NOTES):
     # its pure-Python backend keeps them stable (seen: the same run giving text exact 0.96 and 0.71 without it)
     env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
@@ -133,9 +135,12 @@ def left_in_float(path: Path) -> tuple[int, int]:
 
 def evaluate(bench: int8_models.Bench, ref_outputs: list[list[np.ndarray]], model: Path,
              held: list[dict[str, np.ndarray]]) -> dict[str, float]:
-    from trtflow.stages.ort.runner import session
+    """The task metric of `model` as validate simulates an INT8 variant: Q/DQ as fake quantization, and an FP16
+    remainder (trtflow's or ModelOpt's) rounded to FP16 node by node."""
+    from trtflow.stages.ort.simulation import simulate
 
-    sess = session(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        sess = simulate(model, onnx.ModelProto(), "int8").session(Path(tmp))
     if bench.metric is None:
         return _declared(bench, sess, ref_outputs, held)
     metric = bench.metric()
@@ -159,6 +164,7 @@ def _declared(bench: int8_models.Bench, sess: Any, ref_outputs: list[list[np.nda
 
 
 def measure(name: str, n_calib: int, n_eval: int, work: Path) -> dict:
+    from trtflow.stages.onnx.composition import composition
     from trtflow.stages.ort.runner import session
 
     bench = int8_models.MODELS[name](n_calib + n_eval)
@@ -170,10 +176,14 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path) -> dict:
     row: dict[str, Any] = {"model": name, "what": bench.what, "data": bench.data, "calib": n_calib,
                            "eval": len(held), "headline": bench.headline, "results": {}}
     mo = int8_models.CACHE / "modelopt"
-    runs = {"trtflow": lambda: run_trtflow(model, calib, work / "trtflow", metrics=bench.declare),
+    runs = {"trtflow": lambda: run_trtflow(model, calib, work / "trtflow", metrics=bench.declare, remainder="fp32"),
             "modelopt_entropy": lambda: run_modelopt(model, calib, "entropy", bench.shapes,
                                                      mo / f"{name}-entropy-{n_calib}.onnx"),
-            "modelopt_max": lambda: run_modelopt(model, calib, "max", bench.shapes, mo / f"{name}-max-{n_calib}.onnx")}
+            "modelopt_max": lambda: run_modelopt(model, calib, "max", bench.shapes, mo / f"{name}-max-{n_calib}.onnx"),
+            "trtflow_fp16": lambda: run_trtflow(model, calib, work / "trtflow_fp16", metrics=bench.declare,
+                                                remainder="fp16"),
+            "modelopt_fp16": lambda: run_modelopt(model, calib, "entropy", bench.shapes,
+                                                  mo / f"{name}-entropy-fp16-{n_calib}.onnx", "fp16")}
     for label, fn in runs.items():
         try:
             r = fn()
@@ -182,6 +192,7 @@ def measure(name: str, n_calib: int, n_eval: int, work: Path) -> dict:
         if "error" not in r:
             r["metric"] = evaluate(bench, ref_outputs, Path(r["model"]), held)
             r["float"] = left_in_float(Path(r["model"]))
+            r["composition"] = composition(onnx.load(r["model"]), bench.shapes).model_dump()
         row["results"][label] = r
     return row
 
@@ -241,6 +252,7 @@ def print_table(rows: list[dict]) -> None:
         table.add_row(row["model"], f"{label} ({row['calib']} calib, {row['eval']} held out)", *cells, floats,
                       verdict, times)
     Console(width=200).print(table)
+    print_remainder_table(rows)
     for row in rows:
         print(f"- {row['model']}: {row['what']}; data: {row['data']}")
         left = row["results"]["trtflow"].get("left_in_float") or {}
@@ -249,6 +261,45 @@ def print_table(rows: list[dict]) -> None:
             for why in left.values():
                 reasons[why] = reasons.get(why, 0) + 1
             print("    trtflow left in float: " + "; ".join(f"{k} x{v}" for k, v in reasons.items()))
+
+
+def print_remainder_table(rows: list[dict]) -> None:
+    """What is not quantized in FP16: trtflow's calibrate `remainder: fp16` against ModelOpt's default
+    (high_precision_dtype fp16, entropy), both simulated with the FP16 rounding per node, beside trtflow's FP32
+    remainder; with each one's multiply-accumulates by precision as TensorRT builds the graph."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"INT8 with the remainder in FP16 vs FP32 on held-out samples, task metric ({RUNTIME}, "
+                        f"FP16 rounded per node); ModelOpt {_modelopt_version()} default = entropy, "
+                        f"high_precision_dtype fp16", title_justify="left")
+    for col in ("model", "metric", "trtflow FP32 rem.", "trtflow FP16 rem.", "ModelOpt default",
+                "MACs (trtflow FP16 rem.)", "MACs (ModelOpt default)", "trtflow FP16 >= MO default",
+                "FP16 rem. >= FP32 rem."):
+        table.add_column(col, justify="left" if col in ("model", "metric") else "right")
+    for row in rows:
+        res, names = row["results"], [tuple(h) for h in row["headline"]]
+        keys = ("trtflow", "trtflow_fp16", "modelopt_fp16")
+        if any(k not in res for k in keys):
+            continue
+        cells = [f"failed: {res[k]['error'][:60]}" if "error" in res[k] else _fmt(res[k]["metric"], names)
+                 for k in keys]
+        macs = ["-" if "error" in res[k] else _macs(res[k]["composition"]) for k in keys[1:]]
+        ok = [k for k in keys if "error" not in res[k]]
+
+        def at_least(a: str, b: str) -> str:
+            if a not in ok or b not in ok:
+                return "-"
+            return "yes" if _better(res[a]["metric"], res[b]["metric"], names) else "NO"
+
+        table.add_row(row["model"], " / ".join(n for n, _ in names), *cells, *macs,
+                      at_least("trtflow_fp16", "modelopt_fp16"), at_least("trtflow_fp16", "trtflow"))
+    Console(width=200).print(table)
+
+
+def _macs(made: dict) -> str:
+    share = made["mac_share"]
+    return " · ".join(f"{share[p]:.0%} {p.upper()}" for p in ("int8", "fp16", "fp32") if share[p] > 0)
 
 
 def _modelopt_version() -> str:

@@ -80,6 +80,8 @@ class CalibrateReport(BaseModel):
     holdout: str = ""  # which samples the pre-flight measured ("samples 13-16 of images via preprocess ...")
     warnings: list[str]
     composition: Composition | None = None  # the variant's compute by precision, at the held-out samples' shapes
+    remainder: str = "fp32"  # the precision of what is not quantized (`remainder`): "fp32" or "fp16"
+    remainder_fp32: dict[str, str] = {}  # with an FP16 remainder: node -> why it stays FP32 (the FP16 safeguards)
 
     def summary(self) -> str:
         where = "inputs and outputs" if self.quantize_outputs else "inputs only"
@@ -97,6 +99,14 @@ class CalibrateReport(BaseModel):
             lines.append(f"left in float: {len(self.left_in_float)} node(s) of {ops}: " +
                          "; ".join(f"{len(ns)} {md.text(why)} ({', '.join(md.code(n) for n in ns[:4])}"
                                    f"{', …' if len(ns) > 4 else ''})" for why, ns in reasons.items()) + "\n")
+        if self.remainder == "fp16":
+            kept = [n for n in self.remainder_fp32]
+            lines.append("remainder (what is not quantized): FP16 at opset 19, " +
+                         (f"{len(kept)} node(s) kept FP32 ({', '.join(md.code(n) for n in kept[:4])}"
+                          f"{', …' if len(kept) > 4 else ''}: {md.text(self.remainder_fp32[kept[0]])}"
+                          f"{' …' if len(kept) > 1 else ''})" if kept else "no node kept FP32") + "\n")
+        else:
+            lines.append("remainder (what is not quantized): FP32\n")
         if self.composition:
             lines.append(self.composition.markdown() + "\n")
         if self.range_check:

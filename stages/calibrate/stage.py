@@ -26,6 +26,7 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
+from trtflow.pipelines.params.precision import FallbackSpec
 from trtflow.stages.calibrate import bias
 from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.stages.compare import gate
@@ -34,13 +35,14 @@ from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
-from trtflow.stages.ort import calibration, qdq, quant_prep, simulation
+from trtflow.stages.ort import calibration, fp16_fallback, fp16_remainder, qdq, quant_prep, simulation
 from trtflow.stages.ort import runner as ort_runner
+from trtflow.stages.ort.ranges import magnitudes
 from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "10"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+VERSION = "11"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
 # percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
@@ -50,7 +52,8 @@ VERSION = "10"  # 2: TensorRT's entropy and percentile rules; ranges and table b
 # simulated and measured by validate's code (simulation.py), naming its samples and graph; quantized nodes counted.
 # 10: bias correction (bias.py: the kept model's float biases absorb the mean error of its rounding, stored in the
 # recipe for validate's repair); the range check's task metrics replace the rule's ranges only when at least as good
-# on every one and better on one (the first metric's lead decided alone)
+# on every one and better on one (the first metric's lead decided alone). 11: remainder (fp16: the unquantized
+# remainder in FP16, fp16_remainder.py)
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 # below this many calibration samples the report warns (min_samples is the hard limit). Measured with bench/int8.py
@@ -89,6 +92,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     calibrated, full_range, check = _quantize(job, calib, out, ranges)
     if check and (chosen := check.warning()):
         warnings.append(chosen)
+    remainder_fp32 = _fp16_remainder(job, calib, hold, out) if params.remainder == "fp16" else None
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
@@ -127,11 +131,31 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              quantize_ops=params.quantize_ops, quantize_outputs=params.quantize_outputs,
                              quantize_linear_nodes=n_q, quantized_nodes=n_nodes, bias_corrected=corrected,
                              accuracy=acc, composition=made,
+                             remainder="fp32" if remainder_fp32 is None else "fp16",
+                             remainder_fp32=remainder_fp32 or {},
                              holdout=f"{_which(hold)} of {data.label}", warnings=warnings)
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     metrics = {"calibration_samples": calibrated, "quantize_linear_nodes": n_q, "quantized_nodes": n_nodes,
                "nan_inf": acc.nonfinite(), "fp32_mac_share": made.mac_share.fp32}
     return StageResult(outputs=outputs, summary=report.summary(), metrics=metrics, warnings=warnings)
+
+
+def _fp16_remainder(job: _Job, calib: range, hold: range, out: Path) -> dict[str, str] | None:
+    """The Q/DQ model at `out` with its unquantized remainder made FP16 (fp16_remainder.py), in place, keeping in
+    FP32 what the precision stage's fallback rules keep on the calibration samples: the nodes kept FP32 and why.
+    None, with a warning, where no FP16 remainder could be made (the model stays as quantized)."""
+    pre = model_io.load(job.pre)
+    fallback = FallbackSpec()
+    seen = magnitudes(pre, job.work, job.data.feeds(calib))
+    keep = fp16_fallback.out_of_range(pre, seen, fallback.data_max, fallback.init_max, {})
+    probe_feed = job.data.sample(hold.start if hold else calib.start)
+    try:
+        model, kept = fp16_remainder.convert(model_io.load(out), keep, probe_feed, job.work)
+    except fp16_remainder.RemainderError as exc:
+        job.warnings.append(f"the unquantized remainder stays FP32: {exc}; remainder: fp32 says so without trying")
+        return None
+    model_io.save(model, out)
+    return kept
 
 
 def _which(samples: range) -> str:

@@ -46,11 +46,14 @@ ALWAYS_FP32 = {
     "RandomUniformLike", "SVMClassifier", "SVMRegressor", "Scaler", "TreeEnsembleClassifier",
     "TreeEnsembleRegressor", "ZipMap", "NonMaxSuppression", "TopK", "RoiAlign", "Resize", "Range", "CumSum", "Min",
     "Max", "Upsample",
-    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+    "DynamicQuantizeLinear",
     "RandomNormal", "RandomUniform", "RandomNormalLike", "EyeLike", "Multinomial", "Bernoulli",
 }
 # ops that accept their input in any precision: no Cast is put in front of them
 ANY_INPUT = {"Cast", "Shape", "Size", "CastLike"}
+# Q/DQ stay FP32 unless the plan is for a quantized model's remainder (`plan(..., qdq=True)`): their FP16 scales
+# need opset 19, and a DequantizeLinear whose reader stays FP32 has to stay FP32 with it
+QDQ = {"QuantizeLinear", "DequantizeLinear"}
 # TensorRT computes shape arithmetic (Range bounds, sizes, grids made from a feature map's H and W) in FP32:
 # an FP16 Cast of a shape value before an FP32 Range is an engine a dynamic profile cannot build
 SHAPE_ARITHMETIC = "shape arithmetic (computed from tensor shapes alone) stays FP32"
@@ -73,8 +76,11 @@ def _float_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str]) -> Plan:
-    """Which nodes run in FP16: every node that touches a float32 tensor, except those kept in FP32."""
+def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str], qdq: bool = False) -> Plan:
+    """Which nodes run in FP16: every node that touches a float32 tensor, except those kept in FP32. With `qdq`
+    (the unquantized remainder of a Q/DQ model at opset >= 19), QuantizeLinear/DequantizeLinear are FP16 where
+    what they connect is: a QuantizeLinear where its input comes from FP16, a DequantizeLinear where all its
+    readers are FP16 (TensorRT fuses the pair into the op between them only without a Cast in the way)."""
     types = _float_types(model)
     shapes = shape_derived(model)
     result = Plan(half=set())
@@ -90,7 +96,7 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str])
             result.fp32[node.name] = f"control flow ({node.op_type}) runs in FP32 as a whole, cast at its boundary"
         elif node.op_type in block_ops:
             result.fp32[node.name] = f"op type {node.op_type} in block_ops"
-        elif node.op_type in ALWAYS_FP32:
+        elif node.op_type in ALWAYS_FP32 or (node.op_type in QDQ and not qdq):
             result.fp32[node.name] = f"op type {node.op_type} runs in FP32"
         elif node.domain not in ("", "ai.onnx"):
             result.fp32[node.name] = f"custom-domain op {node.domain}.{node.op_type}"
@@ -99,7 +105,28 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str])
         else:
             result.half.add(node.name)
     _constants_follow_readers(model, result)
+    if qdq:
+        _qdq_follow(model, result)
     return result
+
+
+def _qdq_follow(model: onnx.ModelProto, p: Plan) -> None:
+    """A DequantizeLinear is FP16 only where every node reading it is; a QuantizeLinear only where its input is
+    FP16 (a graph input, with the model's inputs kept FP32, is not)."""
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for t in node.input:
+            readers.setdefault(t, []).append(node.name)
+    producer = {o: n.name for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.name not in p.half:
+            continue
+        if node.op_type == "DequantizeLinear" and any(r not in p.half for r in readers.get(node.output[0], [])):
+            p.half.discard(node.name)
+            p.fp32[node.name] = "a DequantizeLinear read by a node kept in FP32"
+        elif node.op_type == "QuantizeLinear" and producer.get(node.input[0]) not in p.half:
+            p.half.discard(node.name)
+            p.fp32[node.name] = "a QuantizeLinear of an FP32 tensor"
 
 
 def lost_to_zero(value: np.ndarray) -> str | None:
@@ -253,7 +280,8 @@ def _cast_outputs(g: onnx.GraphProto, nodes: list[onnx.NodeProto], is_half: dict
 
 
 def convert_valid(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str], keep_io_types: bool,
-                  check: Callable[[onnx.ModelProto], None]) -> tuple[onnx.ModelProto, Plan, dict[str, str]]:
+                  check: Callable[[onnx.ModelProto], None],
+                  qdq: bool = False) -> tuple[onnx.ModelProto, Plan, dict[str, str]]:
     """Convert, then run `check` (which raises on an invalid model); each node an error names is kept in FP32
     and the conversion redone. An error naming no node (a crash) is narrowed down by op type, assuming one op
     type is at fault. At most ISLAND_ROUNDS conversions in all. Returns the model, its plan and the island
@@ -265,7 +293,7 @@ def convert_valid(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: 
     def attempt(extra: dict[str, str]) -> tuple[onnx.ModelProto, Plan, str | None]:
         nonlocal rounds
         rounds += 1
-        p = plan(model, {**keep, **extra}, block_ops)
+        p = plan(model, {**keep, **extra}, block_ops, qdq)
         converted = convert(model, p, keep_io_types)
         try:
             check(converted)

@@ -110,3 +110,46 @@ def half_nodes(variant: onnx.ModelProto, reference: onnx.ModelProto) -> set[str]
     types = {vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info)
              + list(inferred.graph.output) + list(inferred.graph.input)}
     return {n.name for n in var_nodes if any(types.get(t) == TensorProto.FLOAT16 for t in n.output)}
+
+
+def widened(variant: onnx.ModelProto) -> tuple[onnx.ModelProto, set[str]]:
+    """A variant holding FP16 (an INT8 model whose unquantized remainder is FP16, trtflow's or ModelOpt's) back in
+    FP32, and the nodes that run in FP16 in it (a float output is FLOAT16): `emulate(widened, half,
+    keeps_io_types(variant))` simulates the variant. FP16 weights, constants, Cast targets and graph inputs and
+    outputs become FP32; nodes without a name are given one (`__node<i>`), as the emulation goes by name."""
+    inferred = onnx.shape_inference.infer_shapes(variant)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(inferred.graph.value_info)
+             + list(inferred.graph.output) + list(inferred.graph.input)}
+    types.update({i.name: i.data_type for i in variant.graph.initializer})
+    out = onnx.ModelProto()
+    out.CopyFrom(variant)
+    g = out.graph
+    half = set()
+    for i, node in enumerate(g.node):
+        node.name = node.name or f"__node{i}"
+        if any(types.get(t) == TensorProto.FLOAT16 for t in node.output):
+            half.add(node.name)
+        for a in node.attribute:
+            if node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT16:
+                a.i = FLOAT
+            elif a.name == "value" and a.t.data_type == TensorProto.FLOAT16:
+                a.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(a.t).astype(np.float32), a.t.name))
+    for init in g.initializer:
+        if init.data_type == TensorProto.FLOAT16:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float32), init.name))
+    for vi in list(g.input) + list(g.output):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            vi.type.tensor_type.elem_type = FLOAT
+    del g.value_info[:]
+    return out, half
+
+
+def emulated(variant: onnx.ModelProto) -> onnx.ModelProto:
+    """The simulation of a variant holding FP16 that was not converted from a reference at hand (`widened`)."""
+    wide, half = widened(variant)
+    return emulate(wide, half, keeps_io_types(variant))
+
+
+def holds_fp16(model: onnx.ModelProto) -> bool:
+    """Whether a model stores FP16 weights or scales (an FP16 variant, or an INT8 one with an FP16 remainder)."""
+    return any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)

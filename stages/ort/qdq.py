@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from trtflow.errors import StageError
 from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx.fp16_emulation import holds_fp16
 from trtflow.stages.onnx.graph import input_independent
 from trtflow.text import first_line
 
@@ -40,6 +41,8 @@ class StoredRecipe(BaseModel):
     ranges: dict[str, tuple[float, float]]  # tensor -> (lowest, highest)
     # node -> per-output-channel amounts added to its float bias (`correct_bias`); none before calibrate VERSION 10
     bias: dict[str, list[float]] = {}
+    # the unquantized remainder in FP16 (fp16_remainder.py): node -> why it stays FP32; None (absent): FP32
+    fp16_remainder: dict[str, str] | None = None
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Recipe:
     per_channel: bool
     tensors: Any  # ONNX Runtime's TensorsData: each calibrated tensor's range (and bias corrections: with_bias)
     quantize_outputs: bool = False  # Q/DQ on the quantized ops' outputs too (trtflow's recipe before VERSION 5)
+    fp16_remainder: dict[str, str] | None = None  # StoredRecipe.fp16_remainder
 
     def quantized(self, model: onnx.ModelProto) -> set[str]:
         """The nodes of `model` (the FP32 model it was made from) this recipe quantizes."""
@@ -108,10 +112,10 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
 
 
 def _dumped(stored: StoredRecipe) -> str:
-    dump = stored.model_dump()
-    if not dump["bias"]:  # a recipe without corrections is stored as before them
-        del dump["bias"]
-    return json.dumps(dump, sort_keys=True)  # the same model, byte for byte
+    # a recipe without corrections, or with an FP32 remainder, is stored as before them: the same model, byte for byte
+    left_out = {"bias"} if not stored.bias else set()
+    left_out |= {"fp16_remainder"} if stored.fp16_remainder is None else set()
+    return json.dumps(stored.model_dump(exclude=left_out), sort_keys=True)
 
 
 def add_bias(path: Path, bias: dict[str, list[float]]) -> dict[str, list[float]]:
@@ -126,6 +130,14 @@ def add_bias(path: Path, bias: dict[str, list[float]]) -> dict[str, list[float]]
     entry.value = _dumped(stored)
     model_io.save(model, path)
     return applied
+
+
+def set_fp16_remainder(model: onnx.ModelProto, kept_fp32: dict[str, str]) -> None:
+    """Record in `model`'s recipe that its unquantized remainder is FP16 but for `kept_fp32` (node -> why)."""
+    entry = next(p for p in model.metadata_props if p.key == RECIPE)
+    stored = StoredRecipe.model_validate_json(entry.value)
+    stored.fp16_remainder = dict(sorted(kept_fp32.items()))
+    entry.value = _dumped(stored)
 
 
 BIAS = "trtflow_bias"  # the attribute of a TensorsData that carries a recipe's bias corrections (`with_bias`)
@@ -444,11 +456,14 @@ def recipe(model: onnx.ModelProto) -> Recipe:
                              f"({first_line(exc)})", hint="quantize it again with the calibrate stage") from None
         data = {t: TensorData(lowest=np.float32(lo), highest=np.float32(hi)) for t, (lo, hi) in r.ranges.items()}
         return Recipe(r.quantize_ops, set(r.excluded_nodes), r.per_channel,
-                      with_bias(TensorsData(method, data), r.bias), r.quantize_outputs)
+                      with_bias(TensorsData(method, data), r.bias), r.quantize_outputs, r.fp16_remainder)
     quantized = quantized_nodes(model)
     ops = sorted(set(quantized.values()))
     skipped = {n.name for n in model.graph.node if n.op_type in ops and n.name not in quantized}
-    return Recipe(ops, skipped, is_per_channel(model), activation_ranges(model), outputs_quantized(model, quantized))
+    # a model quantized elsewhere with an FP16 remainder (ModelOpt's default) is rebuilt with one, all of it FP16
+    half = {} if holds_fp16(model) else None
+    return Recipe(ops, skipped, is_per_channel(model), activation_ranges(model), outputs_quantized(model, quantized),
+                  half)
 
 
 def outputs_quantized(model: onnx.ModelProto, quantized: dict[str, str]) -> bool:

@@ -15,12 +15,14 @@ from trtflow import files
 from trtflow.precisions import Precision
 from trtflow.stages.compare.accuracy import Accuracy, Comparison
 from trtflow.stages.onnx import model_io
-from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
+from trtflow.stages.onnx.fp16_emulation import emulate, emulated, half_nodes, holds_fp16, keeps_io_types
 from trtflow.stages.ort.runner import RUNTIME, run, session
 
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
-              "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)"}
+              "int8": f"{RUNTIME} (simulated INT8: Q/DQ as fake quantization, graph optimizations off)",
+              "int8+fp16": f"{RUNTIME} (simulated INT8 with an FP16 remainder: Q/DQ as fake quantization, FP16 "
+                           f"storage rounded per node, graph optimizations off)"}
 
 
 def graph_name(path: Path) -> str:
@@ -50,9 +52,13 @@ class Simulation:
 
 def simulate(variant: Path, reference: onnx.ModelProto, precision: Precision) -> Simulation:
     """The variant at `variant` (made from `reference`) as validate and the pre-flights run it: FP16 through the
-    per-node emulation of the reference (where the variant was converted from it), anything else as it is."""
+    per-node emulation of the reference (where the variant was converted from it), an INT8 variant holding FP16 (its
+    unquantized remainder) widened to FP32 and emulated node by node the same way, anything else as it is."""
     model = model_io.load(variant)
     graph = graph_name(variant)
+    if precision == "int8":
+        if holds_fp16(model):
+            return Simulation(SIMULATION["int8+fp16"], emulated(model), graph)
     if precision != "fp16":
         return Simulation(SIMULATION.get(precision, RUNTIME), model, graph, variant)
     half = half_nodes(model, reference)

@@ -13,24 +13,22 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
-from trtflow.pipelines.params.precision import FallbackSpec, PrecisionStage
+from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages.compare import gate
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.fp16_emulation import emulate
 from trtflow.stages.onnx.graph import (
-    constant_tensors,
     graph_inputs,
     name_nodes,
     nodes_in_subgraphs,
     output_floors,
     require_op_types,
 )
-from trtflow.stages.ort import simulation
+from trtflow.stages.ort import fp16_fallback, simulation
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import Magnitudes, magnitudes
 from trtflow.stages.ort.runner import session
@@ -166,52 +164,7 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
             blocked[node.name] = "named in block_nodes"
     if seen is None:
         return blocked
-    inits = {i.name: i for i in model.graph.initializer}
-    inits.update(constant_tensors(model.graph))  # weights exported as Constant nodes
-    for node in model.graph.node:
-        if node.name not in blocked:
-            why = _out_of_range(node, inits, seen, params.fallback)
-            if why is not None:
-                blocked[node.name] = why
-    _singular_at_zero(model, inits, seen, blocked)
-    return blocked
-
-
-def _out_of_range(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], seen: Magnitudes,
-                  fb: FallbackSpec) -> str | None:
-    """Why `node` leaves FP16's range, if it does: an activation above data_max, a weight above init_max, or a
-    constant whose values FP16 turns to 0."""
-    peak = seen.peak
-    big = max(((peak.get(t, 0.0), t) for t in list(node.input) + list(node.output) if t in peak), default=(0.0, ""))
-    if big[0] > fb.data_max:
-        return f"|{big[1]}| reaches {big[0]:.4g} > data_max {fb.data_max:g}"
-    for t in node.input:
-        if t in inits and inits[t].data_type == onnx.TensorProto.FLOAT:
-            w = numpy_helper.to_array(inits[t])
-            top = float(np.abs(w).max(initial=0.0))
-            if top > fb.init_max:
-                return f"weight {t} reaches {top:.4g} > init_max {fb.init_max:g}"
-            lost = fp16.lost_to_zero(w)
-            if lost is not None:
-                return f"constant {t} {lost}"
-    return None
-
-
-def _singular_at_zero(model: onnx.ModelProto, inits: dict[str, onnx.TensorProto], seen: Magnitudes,
-                      blocked: dict[str, str]) -> None:
-    """An activation a singularity reads (Log's input, Div's divisor, ...) that FP16 would round to 0: the node
-    and the one making it stay FP32."""
-    producer = {o: n.name for n in model.graph.node for o in n.output}
-    for node in model.graph.node:
-        for i in fp16.SINGULAR_AT_ZERO.get(node.op_type, ()):
-            t = node.input[i] if i < len(node.input) else ""
-            low = seen.floor.get(t)
-            if t in inits or low is None or low >= fp16.FP16_ZERO_BELOW:
-                continue
-            why = f"{t} goes down to {low:.3g} on the sample data, which FP16 rounds to 0 ({node.op_type} of 0)"
-            blocked.setdefault(node.name, f"its input {why}")
-            if t in producer:
-                blocked.setdefault(producer[t], f"its output {why}")
+    return fp16_fallback.out_of_range(model, seen, params.fallback.data_max, params.fallback.init_max, blocked)
 
 
 def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, data: SampleSource,

@@ -21,8 +21,8 @@ import onnx
 from pydantic import BaseModel, Field
 
 from trtflow.stages.onnx import fp16, model_io
-from trtflow.stages.onnx.fp16_emulation import emulate, half_nodes, keeps_io_types
-from trtflow.stages.ort import qdq, quant_prep
+from trtflow.stages.onnx.fp16_emulation import emulate, emulated, half_nodes, keeps_io_types
+from trtflow.stages.ort import fp16_remainder, qdq, quant_prep
 from trtflow.stages.ort.layerwise import Layerwise
 from trtflow.stages.ort.probe import probe
 from trtflow.yaml_text import YamlLines, scalar
@@ -114,7 +114,11 @@ def int8_variant(reference_path: Path, reference: onnx.ModelProto, variant: onnx
         qdq.write(pre, out, work / "repair_ranges.json", how.tensors, how.per_channel, how.quantize_ops,
                   how.excluded | set(nodes), how.quantize_outputs)
         model = model_io.load(out)
-        return model, model  # Q/DQ runs as fake quantization as it is
+        if how.fp16_remainder is None:
+            return model, model  # Q/DQ runs as fake quantization as it is
+        # the nodes given back leave INT8 for the remainder's FP16, as calibrate's exclude_nodes does
+        model, _ = fp16_remainder.convert(model, how.fp16_remainder, None, work)
+        return model, emulated(model)
 
     upstream = feeders(reference)
 
