@@ -136,3 +136,27 @@ def test_validates_repair_rebuilds_the_fp16_remainder(tmp_path):
     conv3 = next(n for n in rebuilt.graph.node if n.name == "conv3")
     assert types[conv3.input[0]] == TensorProto.FLOAT16
     assert qdq.recipe(rebuilt).fp16_remainder == qdq.recipe(variant).fp16_remainder
+
+
+def test_a_dead_weight_channel_keeps_a_scale_fp16_holds(tmp_path, tensorrt_available, engine_size):
+    """Trained models have dead channels (PP-OCRv4 rec: weights of 1e-38): their per-channel scale rounds to 0 in
+    FP16, which TensorRT refuses ("Scale coefficients must all be positive"). The channel is requantized at the
+    smallest FP16 scale."""
+    src = tmp_path / "dead.onnx"
+    _overflowing(src)
+    model = onnx.load(str(src))
+    w1 = next(i for i in model.graph.initializer if i.name == "w1")
+    w = numpy_helper.to_array(w1).copy()
+    w[3] = 1e-37
+    w1.CopyFrom(numpy_helper.from_array(w, "w1"))
+    onnx.save(model, str(src))
+    result = run_calibrate(src, tmp_path / "out", {"tensors": _tensors(tmp_path / "t", 4)}, remainder="fp16",
+                           data={"tensors": "*.npy", "samples": 4}, holdout=1)
+    q = onnx.load(str(result.outputs["model"]))
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("w1"))
+    scale, weights = inits[dq.input[1]], inits[dq.input[0]]
+    assert scale.dtype == np.float16 and (scale > 0).all()
+    assert not weights[3].any() and weights[2].any()
+    if tensorrt_available:
+        assert engine_size(result.outputs["model"], {"x": [1, 16, 8, 8]}, tmp_path / "engine") > 0

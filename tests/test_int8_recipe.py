@@ -130,7 +130,8 @@ def attention_block(path: Path, d: int = 16, seq: int = 8) -> Path:
 def test_attention_matmuls_stay_in_float(tmp_path):
     """ModelOpt leaves attention (MatMul of two activations) in float; ONNX Runtime quantizes both inputs."""
     model = attention_block(tmp_path / "attention.onnx")
-    result = run_calibrate(model, tmp_path / "out", method="minmax", holdout=1,
+    # (the FP32 remainder: the rebuild below is qdq.write's, before any FP16 conversion)
+    result = run_calibrate(model, tmp_path / "out", method="minmax", holdout=1, remainder="fp32",
                            data={"random": True, "samples": 3, "ranges": {"mask": [0, 0]}})
     q = onnx.load(str(result.outputs["model"]))
     dq = _dequantized(q)

@@ -351,11 +351,13 @@ def fp16_check(bound: float) -> Check:
 def int8_check(bound: float, variant: onnx.ModelProto | None, quantize_ops: list[str] | None = None) -> Check:
     """The subgraph quantized (Q/DQ, fake quantization on ONNX Runtime) at the ranges of `variant` — a Q/DQ model
     of the same FP32 model, e.g. the calibrate stage's — and at MinMax of the samples for tensors it has no range
-    for, against itself in FP32. Only the node types (and nodes) `variant` quantized are quantized."""
+    for, against itself in FP32. Only the node types (and nodes) `variant` quantized are quantized; a variant with
+    an FP16 remainder gives the subgraph one (emulated per node)."""
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
-    from trtflow.stages.ort import qdq
+    from trtflow.stages.onnx.fp16_emulation import emulated
+    from trtflow.stages.ort import fp16_remainder, qdq
 
     how = qdq.recipe(variant) if variant is not None else None
     given = how.tensors.data if how else {}
@@ -387,7 +389,10 @@ def int8_check(bound: float, variant: onnx.ModelProto | None, quantize_ops: list
         model_io.save(sub, pre)
         qdq.write(pre, out, work / "reduce_ranges.json", TensorsData(CalibrationMethod.MinMax, data), per_channel,
                   ops, skipped)
-        return _mismatch(sub, model_io.load(out), feeds, work, bound)
+        quantized = model_io.load(out)
+        if how and how.fp16_remainder is not None:  # the variant's remainder is FP16: so is the subgraph's
+            quantized = emulated(fp16_remainder.convert(quantized, how.fp16_remainder, None, work)[0])
+        return _mismatch(sub, quantized, feeds, work, bound)
     return check
 
 

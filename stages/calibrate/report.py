@@ -12,7 +12,8 @@ from trtflow.text import distinct
 
 class RangeCheck(BaseModel):
     """Each candidate set of ranges — the chosen rule's, the other histogram rule's, the full ranges (MinMax) —
-    quantized and run on (some of) the calibration samples, never the held-out ones: the one whose outputs stay
+    quantized (with `remainder: fp16`, its remainder in FP16, emulated per node: as the variant will run) and run
+    on (some of) the calibration samples, never the held-out ones: the one whose outputs stay
     closest to FP32 is kept: by the declared task metrics (`metrics:`), the chosen rule unless another is at least as
     good on every one and better on one; without them, by the mean relative L2 error per sample and output. (The
     candidates are compared before bias correction, which the kept one then gets.)"""

@@ -34,6 +34,7 @@ from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.composition import composition
+from trtflow.stages.onnx.fp16_emulation import emulated
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
 from trtflow.stages.ort import calibration, fp16_fallback, fp16_remainder, qdq, quant_prep, simulation
 from trtflow.stages.ort import runner as ort_runner
@@ -88,11 +89,12 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                                      *applied).items() if k not in left})
     excluded = set(left)
     ranges, out = out_dir / "ranges.json", out_dir / "model.onnx"
-    job = _Job(params, data, ref, pre, excluded, work, warnings)
+    keep_fp32 = _fp16_safeguards(pre, data, calib, work) if params.remainder == "fp16" else None
+    job = _Job(params, data, ref, pre, excluded, work, warnings, keep_fp32)
     calibrated, full_range, check = _quantize(job, calib, out, ranges)
     if check and (chosen := check.warning()):
         warnings.append(chosen)
-    remainder_fp32 = _fp16_remainder(job, calib, hold, out) if params.remainder == "fp16" else None
+    remainder_fp32 = _fp16_remainder(job, hold or calib, out) if keep_fp32 is not None else None
     if full_range:
         warnings.append(f"{len(full_range)} tensor(s) had too few values for the entropy rule (fewer than "
                         f"{calibration.MIN_VALUES_FOR_KL}) and keep their full range; more calibration samples "
@@ -140,17 +142,22 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     return StageResult(outputs=outputs, summary=report.summary(), metrics=metrics, warnings=warnings)
 
 
-def _fp16_remainder(job: _Job, calib: range, hold: range, out: Path) -> dict[str, str] | None:
-    """The Q/DQ model at `out` with its unquantized remainder made FP16 (fp16_remainder.py), in place, keeping in
-    FP32 what the precision stage's fallback rules keep on the calibration samples: the nodes kept FP32 and why.
-    None, with a warning, where no FP16 remainder could be made (the model stays as quantized)."""
-    pre = model_io.load(job.pre)
+def _fp16_safeguards(pre: Path, data: SampleSource, calib: range, work: Path) -> dict[str, str]:
+    """The nodes an FP16 remainder keeps in FP32 (node -> why): what the precision stage's fallback rules keep,
+    on the calibration samples."""
+    model = model_io.load(pre)
     fallback = FallbackSpec()
-    seen = magnitudes(pre, job.work, job.data.feeds(calib))
-    keep = fp16_fallback.out_of_range(pre, seen, fallback.data_max, fallback.init_max, {})
-    probe_feed = job.data.sample(hold.start if hold else calib.start)
+    seen = magnitudes(model, work, data.feeds(calib))
+    return fp16_fallback.out_of_range(model, seen, fallback.data_max, fallback.init_max, {})
+
+
+def _fp16_remainder(job: _Job, probe_on: range, out: Path) -> dict[str, str] | None:
+    """The Q/DQ model at `out` with its unquantized remainder made FP16 (fp16_remainder.py), in place, checked on
+    the first sample of `probe_on`: the nodes kept FP32 and why. None, with a warning, where no FP16 remainder
+    could be made (the model stays as quantized)."""
     try:
-        model, kept = fp16_remainder.convert(model_io.load(out), keep, probe_feed, job.work)
+        model, kept = fp16_remainder.convert(model_io.load(out), job.fp16_keep or {}, job.data.sample(probe_on.start),
+                                             job.work)
     except fp16_remainder.RemainderError as exc:
         job.warnings.append(f"the unquantized remainder stays FP32: {exc}; remainder: fp32 says so without trying")
         return None
@@ -228,6 +235,20 @@ class _Job:
     excluded: set[str]  # nodes left in float
     work: Path
     warnings: list[str]  # the stage's, which quantizing adds to
+    fp16_keep: dict[str, str] | None = None  # with remainder: fp16, the nodes it keeps FP32 (None: FP32 remainder)
+
+    def judged(self, model: Path) -> Any:
+        """A session of the Q/DQ `model` as the variant will run: with the FP16 remainder, converted and emulated
+        (no ONNX Runtime check: the kept model gets it in `_fp16_remainder`)."""
+        if self.fp16_keep is None:
+            return session(model)
+        try:
+            converted, _ = fp16_remainder.convert(model_io.load(model), self.fp16_keep, None, self.work)
+        except fp16_remainder.RemainderError:
+            return session(model)  # the kept model's conversion fails the same way and says so
+        path = model.with_suffix(".judged.onnx")
+        model_io.save(emulated(converted), path)
+        return session(path)
 
 
 def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, list[str], RangeCheck | None]:
@@ -273,7 +294,7 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     for label, candidate in candidates.items():
         model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
         tensors[label], sparse[label] = write(candidate, model, ranges_out, histograms=False)
-        task[label], errors[label], higher = _closeness(reference, session(model), params.metrics,
+        task[label], errors[label], higher = _closeness(reference, job.judged(model), params.metrics,
                                                         ref.get_outputs())
     used, decided_by = _choose(list(candidates), task, errors, higher)
     shutil.copy(work / f"{used}.onnx", out)

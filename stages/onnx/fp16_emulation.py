@@ -16,7 +16,9 @@ FLOAT = TensorProto.FLOAT
 
 
 def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx.ModelProto:
-    """`half`: the nodes the FP16 variant runs in FP16 (`fp16.plan(...).half`), so both agree node by node."""
+    """`half`: the nodes the FP16 variant runs in FP16 (`fp16.plan(...).half`), so both agree node by node. A
+    DequantizeLinear read only by ops TensorRT fuses it into (Conv, Gemm, MatMul: the INT8 kernel takes the INT8
+    values and the scale) has no FP16 output to round: its scale is rounded, its output is not."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -28,13 +30,27 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     graph_inputs = [i.name for i in model.graph.input if i.name not in weights]
     entering = _entering(model.graph, out.graph, half, float_tensors, graph_inputs if keep_io_types else [])
     nodes += [c for t in graph_inputs if t in entering for c in _enter(t, entering[t])]
+    fused = _fused_dequantizers(out.graph)
     for node in out.graph.node:
-        extra = _round_outputs(node, float_tensors) if node.name in half else []
+        extra = _round_outputs(node, float_tensors) if node.name in half and node.name not in fused else []
         extra += [c for t in node.output if t in entering for c in _enter(t, entering[t])]
         nodes += [node, *extra]
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+FUSING_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+
+
+def _fused_dequantizers(g: onnx.GraphProto) -> set[str]:
+    """The DequantizeLinear nodes every reader of which fuses it (FUSING_OPS)."""
+    readers: dict[str, list[str]] = {}
+    for n in g.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n.op_type)
+    return {n.name for n in g.node if n.op_type == "DequantizeLinear"
+            and readers.get(n.output[0]) and set(readers[n.output[0]]) <= FUSING_OPS}
 
 
 def _round_weights(g: onnx.GraphProto, half: set[str]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import version_converter
+from onnx import numpy_helper, version_converter
 
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.graph import default_opset
@@ -23,6 +23,9 @@ from trtflow.stages.ort.probe import probe
 from trtflow.text import first_line
 
 FP16_SCALES_OPSET = 19  # QuantizeLinear/DequantizeLinear take FP16 scales (and inputs) from opset 19 on
+
+
+FP16_TINIEST = 2.0 ** -24  # the smallest positive FP16 (subnormal): a smaller scale would round to 0
 
 
 class RemainderError(Exception):
@@ -53,6 +56,10 @@ def convert(model: onnx.ModelProto, keep_fp32: dict[str, str], probe_feed: dict[
     recording what stayed FP32. Returns the model and the nodes kept FP32 (`keep_fp32` and the island). The
     model's inputs and outputs stay FP32. Raises RemainderError."""
     upgraded = at_opset(model, FP16_SCALES_OPSET)
+    if upgraded is model:
+        upgraded = onnx.ModelProto()
+        upgraded.CopyFrom(model)
+    _fit_scales(upgraded)
 
     def runs(candidate: onnx.ModelProto) -> None:
         if probe_feed is not None:
@@ -68,3 +75,33 @@ def convert(model: onnx.ModelProto, keep_fp32: dict[str, str], probe_feed: dict[
     if any(p.key == qdq.RECIPE for p in converted.metadata_props):
         qdq.set_fp16_remainder(converted, kept)
     return converted, kept
+
+
+def _fit_scales(model: onnx.ModelProto) -> None:
+    """Every Q/DQ scale made a value FP16 holds (TensorRT refuses a scale of 0: trained models have dead weight
+    channels whose per-channel scale is 1e-38): rounded to FP16 and kept within [2**-24, 65504], and each INT8 weight
+    requantized at its channel's new scale (unchanged where the scale was a normal FP16 number; a dead channel's
+    weights become 0, as small as FP16 can tell)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    fitted: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type not in fp16.QDQ or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        scale_init = inits[node.input[1]]
+        if scale_init.name in fitted or scale_init.data_type != onnx.TensorProto.FLOAT:
+            continue
+        fitted.add(scale_init.name)
+        scale = numpy_helper.to_array(scale_init).astype(np.float64)
+        held = np.clip(scale.astype(np.float16).astype(np.float64), FP16_TINIEST, fp16.FP16_MAX)
+        weight = inits.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        zero = inits.get(node.input[2]) if len(node.input) > 2 else None
+        symmetric = zero is None or not numpy_helper.to_array(zero).any()
+        if weight is not None and weight.data_type == onnx.TensorProto.INT8 and symmetric \
+                and not np.array_equal(held, scale):
+            q = numpy_helper.to_array(weight).astype(np.float64)
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % max(q.ndim, 1)
+            shape = [-1 if d == axis else 1 for d in range(q.ndim)] if scale.size > 1 else []
+            ratio = (scale / held).reshape(shape) if shape else scale / held
+            requantized = np.clip(np.round(q * ratio), -127, 127).astype(np.int8)
+            weight.CopyFrom(numpy_helper.from_array(requantized, weight.name))
+        scale_init.CopyFrom(numpy_helper.from_array(held.astype(np.float32), scale_init.name))

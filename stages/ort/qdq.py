@@ -509,7 +509,10 @@ def _activation_quantizers(model: onnx.ModelProto) -> Iterator[tuple[str, float,
     (`<name>_QuantizeLinear_Input`) and the DequantizeLinear after it writes `<name>`, the tensor it stands for."""
     inits = {i.name: i for i in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
-    dequantized = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    # (with an FP16 remainder the DequantizeLinear writes `<name>__fp16`, cast to the output `<name>`)
+    cast = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "Cast" and n.output[0] in outputs}
+    dequantized = {n.input[0]: cast.get(n.output[0], n.output[0]) for n in model.graph.node
+                   if n.op_type == "DequantizeLinear"}
     for n in model.graph.node:
         if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.input[1] in inits:
             scale = numpy_helper.to_array(inits[n.input[1]])
