@@ -51,7 +51,7 @@ IMPORTED_BY = {
     "stages/onnx/simplifier.py": ["prepare"],
     "stages/trtexec/log.py": ["benchmark"],
     "stages/compare/plots.py": ["benchmark", "validate"],  # benchmark through validate's report and repair
-    "stages/onnx/fp16.py": ["benchmark", "precision", "release", "validate"],
+    "stages/onnx/fp16.py": ["benchmark", "calibrate", "precision", "release", "validate"],  # calibrate: FP16 remainder
     # run in a child process (`child.call("trtflow.stages.trt.build_worker", ...)`), never imported
     "stages/trt/build_worker.py": ["build", "validate"],
     # every kind that reads sample data through the declared preprocessing; the release also ships its source

@@ -123,7 +123,7 @@ def test_a_value_equal_to_the_default_is_the_default():
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 3 (without the part `trtflow`)
     "benchmark": ("49d8c36de6b1f4c3451f9693481e7f45", "bfcf42e3bc64ddd8a0620267544634d2"),  # VERSION 5
     "build": ("cecbb673e7ec3c4fca353aab24e652cc", "00cccd241b64e52c4581596b00ef26d8"),
-    "calibrate": ("2b32d9bd047830e0a8096631e76baef4", "c9eb583897564ccc06aa9f7b775d24d4"),
+    "calibrate": ("c4e5552e699559d27cb3e65af01541ad", "a7edea2a31a2598a3e316772a1dd996c"),  # VERSION 11
     "parity": ("9dbbf3de7cb568ddde9a6bf6e154b109", "0a3fd4c8b2654ab1e664e6cb909d9616"),
     "precision": ("0d4d5049ba426b38f394fe131d661c0f", "4cc1330e5cb4f7f2f37466b165692249"),
     "prepare": ("04b912c8cd9a21d414f31c8cd22ee1a9", "8d3d45d0a97540b1e498db366243e8e4"),
