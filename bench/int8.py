@@ -314,7 +314,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", default=list(int8_models.MODELS))
     ap.add_argument("--calib", type=int, default=12)
-    ap.add_argument("--eval", type=int, help="held-out samples (default: 96, the detectors 48)")
+    ap.add_argument("--eval", type=int, help="held-out samples (default: 288 text lines, the detectors 48)")
     ap.add_argument("--json")
     ap.add_argument("--sweep", type=int, nargs="+")
     ap.add_argument("--fresh", action="store_true", help="run ModelOpt again (its models are cached)")
