@@ -66,7 +66,7 @@ class CalibrateStage(StageBase):
                             "float): TensorRT builds Q/DQ graphs strongly typed, so an FP32 remainder runs in FP32 on "
                             "the GPU. fp16 converts it as ModelOpt's PTQ does by default (opset 19 for FP16 Q/DQ "
                             "scales), keeping in FP32 the nodes the precision stage's fallback rules keep "
-                            "(|activation| > 512 on the calibration samples, constants FP16 turns to 0); on six "
+                            "(|activation| > 512 on up to 8 calibration samples, constants FP16 turns to 0); on six "
                             "trained models at least as accurate as ModelOpt's default (bench/int8.py)")
     holdout: int = Field(8, ge=0, le=MAX_SAMPLES, description="the last samples of `data`, kept out of the "
                                                               "calibration for the CPU accuracy pre-flight")

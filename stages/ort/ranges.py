@@ -54,19 +54,25 @@ class Magnitudes:
             self.floor[name] = min(self.floor.get(name, float("inf")), float(nonzero.min()))
 
 
-def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.ndarray]]) -> Magnitudes:
-    """The magnitudes of every float tensor of `model` over the samples."""
+def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.ndarray]],
+               outputs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] | None = None) -> Magnitudes:
+    """The magnitudes of every float tensor of `model` over the samples; with `outputs`, each sample's graph
+    outputs are appended to it as (feed, output name -> value), from the same pass."""
     path = work / "exposed.onnx"
     names = expose_all(model, path)
     sess = session(path)
-    outs = [o.name for o in sess.get_outputs() if o.name in set(names) | {o.name for o in model.graph.output}]
+    graph_outputs = [o.name for o in model.graph.output]
+    outs = [o.name for o in sess.get_outputs() if o.name in set(names) | set(graph_outputs)]
     seen = Magnitudes()
     for feed in feeds:
         for name, value in feed.items():
             if np.issubdtype(value.dtype, np.floating) and value.size:
                 seen.add(name, value)
-        for name, value in zip(outs, sess.run(outs, feed)):
+        values = dict(zip(outs, sess.run(outs, feed)))
+        for name, value in values.items():
             if np.issubdtype(value.dtype, np.floating) and value.size:
                 seen.add(name, value)
+        if outputs is not None:
+            outputs.append((feed, {name: values[name] for name in graph_outputs}))
     path.unlink()
     return seen
