@@ -132,7 +132,8 @@ def test_validates_repair_rebuilds_the_fp16_remainder(tmp_path):
     assert "conv3" not in qdq.quantized_nodes(rebuilt) and {"conv1", "conv2"} <= set(qdq.quantized_nodes(rebuilt))
     assert holds_fp16(rebuilt) and not holds_fp16(sim)
     # conv3, given back, runs in the remainder's FP16 (as calibrate's exclude_nodes makes it)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in onnx.shape_inference.infer_shapes(rebuilt).graph.value_info}
+    inferred = onnx.shape_inference.infer_shapes(rebuilt).graph.value_info
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in inferred}
     conv3 = next(n for n in rebuilt.graph.node if n.name == "conv3")
     assert types[conv3.input[0]] == TensorProto.FLOAT16
     assert qdq.recipe(rebuilt).fp16_remainder == qdq.recipe(variant).fp16_remainder
