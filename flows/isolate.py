@@ -84,9 +84,8 @@ class Raised:
 IN_PROCESS = settings.IN_PROCESS.name
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
-# importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import.
-# what a stage process starts with, imported once by the fork server instead of by each stage. (Preloading the
-# libraries and every kind's module too made no difference a single run could measure, and added CPU where runs
+# importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import. (Preloading
+# the libraries and every kind's module too made no difference a single run could measure, and added CPU where runs
 # reuse most stages: docs/NOTES.md, issue #54.)
 PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
            "trtflow.artifact"]

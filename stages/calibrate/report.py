@@ -101,7 +101,7 @@ class CalibrateReport(BaseModel):
                          "; ".join(f"{len(ns)} {md.text(why)} ({', '.join(md.code(n) for n in ns[:4])}"
                                    f"{', …' if len(ns) > 4 else ''})" for why, ns in reasons.items()) + "\n")
         if self.remainder == "fp16":
-            kept = [n for n in self.remainder_fp32]
+            kept = list(self.remainder_fp32)
             lines.append("remainder (what is not quantized): FP16 at opset 19, " +
                          (f"{len(kept)} node(s) kept FP32 ({', '.join(md.code(n) for n in kept[:4])}"
                           f"{', …' if len(kept) > 4 else ''}: {md.text(self.remainder_fp32[kept[0]])}"

@@ -71,8 +71,7 @@ class Composition(BaseModel):
 def composition(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> Composition:
     """`model`'s composition with its inputs at `shapes` (name -> dims; inputs not named keep their static dims,
     a dynamic one counted as 1)."""
-    g = _inferred(_fixed(model, shapes)).graph
-    types, dims = _tensors(g)
+    g, types, dims = _inferred(_fixed(model, shapes))
     producer = {o: n for n in g.node for o in n.output}
     macs, others = {"int8": 0, "fp16": 0, "fp32": 0}, {"int8": 0, "fp16": 0, "fp32": 0}
     unsized = 0
@@ -104,21 +103,22 @@ def _fixed(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelPr
     return copy
 
 
-def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shapes inferred by ONNX's inference; where it leaves a multiply-accumulating op unsized (a Range, a Slice of
-    computed bounds), by ONNX Runtime's symbolic inference, which computes them from the weights (and costs SymPy's
-    import: it is not the first choice)."""
-    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    types, dims = _tensors(inferred.graph)
-    if all(_macs(n, dims) is not None for n in inferred.graph.node if n.op_type in MAC_OPS):
-        return inferred
+def _inferred(model: onnx.ModelProto) -> tuple[onnx.GraphProto, dict[str, int], dict[str, list[int] | None]]:
+    """The graph with its shapes inferred, and its tensors' types and dims (`_tensors`): by ONNX's inference; where
+    it leaves a multiply-accumulating op unsized (a Range, a Slice of computed bounds), by ONNX Runtime's symbolic
+    inference, which computes them from the weights (and costs SymPy's import: it is not the first choice)."""
+    g = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    types, dims = _tensors(g)
+    if all(_macs(n, dims) is not None for n in g.node if n.op_type in MAC_OPS):
+        return g, types, dims
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            return SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+            symbolic = SymbolicShapeInference.infer_shapes(model, auto_merge=True).graph
     except Exception:  # noqa: BLE001 - any failure of the second inference leaves the first's
-        return inferred
+        return g, types, dims
+    return symbolic, *_tensors(symbolic)
 
 
 def _tensors(g: onnx.GraphProto) -> tuple[dict[str, int], dict[str, list[int] | None]]:

@@ -104,19 +104,16 @@ def plan(model: onnx.ModelProto, keep_fp32: dict[str, str], block_ops: set[str],
             result.fp32[node.name] = "a Constant given as value_float(s)"
         else:
             result.half.add(node.name)
-    _constants_follow_readers(model, result)
+    readers = _readers(model)
+    _constants_follow_readers(model, result, readers)
     if qdq:
-        _qdq_follow(model, result)
+        _qdq_follow(model, result, readers)
     return result
 
 
-def _qdq_follow(model: onnx.ModelProto, p: Plan) -> None:
+def _qdq_follow(model: onnx.ModelProto, p: Plan, readers: dict[str, list[str]]) -> None:
     """A DequantizeLinear is FP16 only where every node reading it is; a QuantizeLinear only where its input is
     FP16 (a graph input, with the model's inputs kept FP32, is not)."""
-    readers: dict[str, list[str]] = {}
-    for node in model.graph.node:
-        for t in node.input:
-            readers.setdefault(t, []).append(node.name)
     producer = {o: n.name for n in model.graph.node for o in n.output}
     for node in model.graph.node:
         if node.name not in p.half:
@@ -144,13 +141,18 @@ def lost_to_zero(value: np.ndarray) -> str | None:
             f"{int(lost.sum())} of its {v.size} values)")
 
 
-def _constants_follow_readers(model: onnx.ModelProto, p: Plan) -> None:
-    """A Constant (a weight exported as a node) is FP16 only where every node reading it is, and its values fit
-    FP16; otherwise it stays FP32 and FP16 readers get a Cast (an FP32 reader would see a clamped value)."""
+def _readers(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """Tensor -> the names of the main graph's nodes reading it."""
     readers: dict[str, list[str]] = {}
     for node in model.graph.node:
         for t in node.input:
             readers.setdefault(t, []).append(node.name)
+    return readers
+
+
+def _constants_follow_readers(model: onnx.ModelProto, p: Plan, readers: dict[str, list[str]]) -> None:
+    """A Constant (a weight exported as a node) is FP16 only where every node reading it is, and its values fit
+    FP16; otherwise it stays FP32 and FP16 readers get a Cast (an FP32 reader would see a clamped value)."""
     for node in model.graph.node:
         if node.op_type != "Constant" or node.name not in p.half:
             continue

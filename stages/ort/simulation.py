@@ -56,9 +56,8 @@ def simulate(variant: Path, reference: onnx.ModelProto, precision: Precision) ->
     unquantized remainder) widened to FP32 and emulated node by node the same way, anything else as it is."""
     model = model_io.load(variant)
     graph = graph_name(variant)
-    if precision == "int8":
-        if holds_fp16(model):
-            return Simulation(SIMULATION["int8+fp16"], emulated(model), graph)
+    if precision == "int8" and holds_fp16(model):
+        return Simulation(SIMULATION["int8+fp16"], emulated(model), graph)
     if precision != "fp16":
         return Simulation(SIMULATION.get(precision, RUNTIME), model, graph, variant)
     half = half_nodes(model, reference)
