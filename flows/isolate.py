@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from trtflow import phases, progress, settings
 from trtflow.disk import disk_error
@@ -84,11 +84,12 @@ class Raised:
 IN_PROCESS = settings.IN_PROCESS.name
 
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
-# importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import. (Preloading
-# the libraries and every kind's module too made no difference a single run could measure, and added CPU where runs
-# reuse most stages: docs/NOTES.md, issue #54.)
+# importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import. A run that
+# knows which stages it will run has the fork server import their kinds' modules and libraries too (`warm_up`:
+# only those, so that a run reusing most stages imports nothing it does not use).
 PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
-           "trtflow.artifact"]
+           "trtflow.artifact", "trtflow.flows.fork_imports"]
+FORK_SERVER_IMPORTS = "TRTFLOW_FORK_SERVER_IMPORTS"  # the modules `fork_imports` imports, comma-separated
 
 
 class _Supervisor:
@@ -166,11 +167,18 @@ class _Supervisor:
 _SUPERVISOR = _Supervisor()
 
 
-def warm_up() -> None:
-    """Start the fork server now, in the background: it starts and imports PRELOAD on another core while this
-    process goes on (a run imports Prefect meanwhile), instead of when the first stage starts."""
-    if not settings.IN_PROCESS.get():
-        threading.Thread(target=_SUPERVISOR.context, name="trtflow-fork-server-warm-up", daemon=True).start()
+def warm_up(imports: Sequence[str] = ()) -> None:
+    """Start the fork server now: it imports PRELOAD and `imports` (the modules of the stages about to run) on
+    another core while this process goes on (a run imports Prefect meanwhile), instead of when the first stage
+    starts. Called before the run starts threads of its own: `imports` goes in this process's environment only
+    while the fork server is started (a few ms), so that it reaches nothing else."""
+    if settings.IN_PROCESS.get():
+        return
+    os.environ[FORK_SERVER_IMPORTS] = ",".join(imports)
+    try:
+        _SUPERVISOR.context()
+    finally:
+        os.environ.pop(FORK_SERVER_IMPORTS, None)
 
 
 def kill_all() -> None:

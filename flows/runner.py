@@ -111,6 +111,8 @@ class Runner:
     # what the keys were computed from beside hashed files, for the no-op record (flows/noop.py)
     data_roots: set[Path] = field(default_factory=set, init=False, repr=False)  # folders data globs searched
     reused: list[tuple[Path, Manifest]] = field(default_factory=list, init=False, repr=False)  # reuse_all's finds
+    # reuse_all's stages from the first that runs on (those that may run): their imports are worth preloading
+    pending: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # stages that do not depend on each other run side by side, at most this many at once
@@ -291,11 +293,14 @@ class Runner:
     def reuse_all(self, stages: list[str] | None, force: list[str] | None) -> list[StageOutcome] | None:
         """Every selected stage's published result when all of them are in place (then the run needs no flow run
         at all); None as soon as one would run, or a stage needs its error reported by the flow."""
+        selected = self.select(stages)
+        self.pending = selected
         if force:
             return None
         produced: dict[str, Manifest] = {}
         found = []
-        for name in self.select(stages):
+        for i, name in enumerate(selected):
+            self.pending = selected[i:]
             started = time.perf_counter()
             try:
                 r = self.resolve(name, produced)
@@ -311,7 +316,14 @@ class Runner:
             self._mark_last(outcome.name, outcome.key, parts)
         self.digests.save()
         self.reused = [(Path(o.directory), produced[o.name]) for o, _ in found]
+        self.pending = []
         return [outcome for outcome, _ in found]
+
+    def imports(self, names: list[str]) -> list[str]:
+        """What the stage processes of `names` will import: their built-in kinds' stage modules and the libraries
+        the rows name (a user's kind: nothing, its module is the user's own)."""
+        kinds = [kind_of(self.graph.nodes[name].spec) for name in names]
+        return list(dict.fromkeys(m for kind in kinds if kind.module for m in (kind.module, *kind.preload)))
 
     def run_stage(self, name: str, produced: dict[str, Manifest], force: list[str] | None = None,
                   log: Callable[[str], None] | None = None) -> StageOutcome:

@@ -70,6 +70,9 @@ class Kind:
     claimed: tuple[str, ...] = ()
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
+    # the libraries its stage process imports only once it works (beyond its stage module's own imports): when a
+    # stage of this kind is about to run, the fork server imports them and the stage module ahead (flows/isolate.py)
+    preload: tuple[str, ...] = ()
     # (params, every stage it depends on, directly or not: name -> its params) -> (what is wrong, the parameter's
     # key path under the stage, what to do), for settings that cannot work with what the pipeline feeds the stage
     wiring: Callable[[Any, Mapping[str, StageBase]], tuple[str, tuple[str, ...], str] | None] = _no_wiring_check

@@ -53,7 +53,7 @@ class Run(Command):
             err.print(f"store: {note}", markup=False, soft_wrap=True)
         from trtflow.flows import isolate
 
-        isolate.warm_up()  # stages will run: their fork server starts while Prefect loads here
+        isolate.warm_up(runner.imports(runner.pending))  # stages will run: their fork server starts now
 
         with phases.phase("Prefect: imports, server check"):
             api_url = _server()

@@ -66,6 +66,7 @@ KIND = Kind("benchmark", BenchmarkStage,
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            preload=("onnxruntime", "cv2", "matplotlib.pyplot"),
             env=lambda p: TENSORRT_AND_GPU,
             gpu_alone=True,  # a build or validate beside it on the same GPU would be in its numbers
             # the accepted results a `baseline: previous` gate compares with, and each engine's measurements on

@@ -83,6 +83,7 @@ KIND = Kind("build", BuildStage,
             slots={"models": Slot("onnx", many=True, prefer=MODEL_MAKERS, source_ok=True)},
             outputs={"engines": "engines", "report": "json"},
             libraries=("onnx", "onnxruntime"),
+            preload=("onnxruntime",),
             env=lambda p: TENSORRT_AND_GPU,
             shared_caches=lambda p: (("timing_cache",) if p.timing_cache else ())
             + (("engine_cache",) if p.engine_cache else ()),

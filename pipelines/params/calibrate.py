@@ -78,5 +78,6 @@ KIND = Kind("calibrate", CalibrateStage,
             slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},
             outputs={"model": "onnx", "ranges": "ranges", "report": "json"},  # (+ trt_calibration_cache)
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            preload=("onnxruntime", "onnxruntime.quantization", "cv2"),
             env=lambda p: TENSORRT if p.trt_calibration_cache else (),  # the cache's header names TensorRT's version
             keeps_input_names=True)

@@ -188,4 +188,5 @@ KIND = Kind("parity", ParityStage,
             outputs={"preprocess": "preprocess", "report": "json"},
             # onnx, onnxruntime: the model run on the preprocessed images; OpenCV: the deploy preprocessing;
             # torchvision and Pillow: a training reference declared as torchvision transforms
-            libraries=("onnx", "onnxruntime", "opencv-python-headless", "pillow", "torchvision", "scikit-image"))
+            libraries=("onnx", "onnxruntime", "opencv-python-headless", "pillow", "torchvision", "scikit-image"),
+            preload=("onnxruntime", "cv2"))

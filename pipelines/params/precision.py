@@ -44,5 +44,6 @@ KIND = Kind("precision", PrecisionStage,
             slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True), "preprocess": PREPROCESS_SLOT},
             outputs={"model": "onnx", "report": "json"},
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            preload=("onnxruntime", "cv2"),
             env=lambda p: () if p.preflight == "off" else TENSORRT,  # the trial build's verdict
             keeps_input_names=True)

@@ -55,6 +55,7 @@ KIND = Kind("prepare", PrepareStage,
             slots={"model": Slot("onnx", source_ok=True)},
             outputs={"model": "onnx", "report": "json"},
             libraries=("onnx", "onnxruntime", "onnxsim", "opencv-python-headless"),
+            preload=("onnxsim", "onnxruntime", "cv2"),
             # the pre-flight's verdict depends on the TensorRT parser's version
             env=lambda p: () if p.preflight == "off" else TENSORRT,
             keeps_input_names=True)

@@ -156,6 +156,7 @@ KIND = Kind("release", ReleaseStage,
                    "preprocess": PREPROCESS_SLOT},
             outputs={"triton": "dir", "card": "file", "report": "json"},
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            preload=("cv2",),
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),
             synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once

@@ -268,6 +268,7 @@ KIND = Kind("validate", ValidateStage,
                    "preprocess": PREPROCESS_SLOT},
             outputs={"report": "json"},
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image", "pycocotools"),
+            preload=("onnxruntime", "cv2", "matplotlib.pyplot"),
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,
