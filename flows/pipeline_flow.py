@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import contextvars
 import hashlib
 import os
 import re
@@ -96,6 +97,7 @@ _handed: ContextVar[tuple[tuple[str, tuple[str, ...], str], Runner] | None] = Co
 # The running flow's runner, for its tasks: a task never gets the object as an argument (Prefect walks a task's
 # arguments for earlier results, and the runner holds them all: the UI drew false edges).
 _running: ContextVar[Runner | None] = ContextVar("trtflow_flow_runner", default=None)
+_posting: ContextVar[_Posting | None] = ContextVar("trtflow_flow_posting", default=None)
 
 
 def _handle(pipeline_file: str, overrides: list[str] | None, store: str | None) -> tuple[str, tuple[str, ...], str]:
@@ -138,10 +140,9 @@ def _stage(name: str, produced: dict[str, Manifest], force: list[str] | None) ->
               + f" · published in {md.code(outcome.directory)}"
               + (f" (cache of {md.code(f'{runner.store.location}/{name}/{outcome.key}')})"
                  if runner.store.location != str(runner.store.root) else "") + "\n\n")
-    with phases.phase("Prefect: artifacts and plots"):
-        create_markdown_artifact(key=key, markdown=header + outcome.summary,
-                                 description=f"trtflow stage {name}: {outcome.status}")
-        _plot_artifacts(key, name, outcome)
+    posting = _posting.get()
+    assert posting is not None, "stage_task runs inside pipeline_flow"
+    posting.post(_stage_artifacts, key, name, header + outcome.summary, outcome)
     get_run_logger().info("%s %s (%s) in %.2f s: %s", outcome.status, name, outcome.kind, outcome.seconds,
                           outcome.reason)
     for warning in outcome.manifest.warnings if outcome.status == "ran" else []:
@@ -151,6 +152,31 @@ def _stage(name: str, produced: dict[str, Manifest], force: list[str] | None) ->
     if outcome.status == "reused":  # Prefect's own word for a result it did not recompute
         return Completed(name="Cached", message=f"reused: {outcome.reason}", data=outcome)
     return outcome
+
+
+def _stage_artifacts(key: str, name: str, markdown: str, outcome: StageOutcome) -> None:
+    with phases.phase("Prefect: artifacts and plots (posted beside the next stage)"):
+        create_markdown_artifact(key=key, markdown=markdown, description=f"trtflow stage {name}: {outcome.status}")
+        _plot_artifacts(key, name, outcome)
+
+
+class _Posting:
+    """A stage's artifacts are posted on a thread of their own (each in the context of its task run, which Prefect
+    links them to), so that the stages that read its result need not wait for the API calls (0.2 s a run, issue
+    #54); the flow run ends only once every one is posted, and a post that failed fails it, as it did in the
+    stage's task."""
+
+    def __init__(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trtflow-artifacts")
+        self._posts: list[concurrent.futures.Future] = []
+
+    def post(self, function: Callable[..., None], *args: Any) -> None:
+        self._posts.append(self._pool.submit(contextvars.copy_context().run, function, *args))
+
+    def finish(self) -> BaseException | None:
+        """Wait for every post; the first one's error, if one failed."""
+        self._pool.shutdown(wait=True)
+        return next((e for e in (post.exception() for post in self._posts) if e is not None), None)
 
 
 FAILED_EVENT = "trtflow.stage.failed"
@@ -213,7 +239,8 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
     _tag_flow_run(run_identity(pipeline_file)[1])
     _notify("flow", "", _flow_run_page())
     run = _Schedule(runner, order, force)
-    token = _running.set(runner)
+    token, posting = _running.set(runner), _Posting()
+    posted = _posting.set(posting)
     try:
         run.until_done()
     except BaseException:  # Ctrl-C, SIGTERM, a cancelled flow run: stop the stages running in other threads (their
@@ -224,6 +251,10 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         raise
     finally:
         _running.reset(token)
+        _posting.reset(posted)
+        unposted = posting.finish()
+    if unposted is not None:
+        raise unposted
     if run.failed:
         first, exc = next((n, run.failed[n]) for n in order if n in run.failed)
         lost = [n for n in order if run.skipped.get(n) in run.failed]

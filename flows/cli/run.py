@@ -53,7 +53,8 @@ class Run(Command):
             err.print(f"store: {note}", markup=False, soft_wrap=True)
         from trtflow.flows import isolate
 
-        isolate.warm_up(runner.imports(runner.pending))  # stages will run: their fork server starts now
+        # stages will run: their fork server starts now, importing what they will import
+        isolate.warm_up(runner.imports(runner.pending))
 
         with phases.phase("Prefect: imports, server check"):
             api_url = _server()
