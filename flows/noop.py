@@ -277,12 +277,44 @@ def _api_url() -> str | None:
     from trtflow import settings
     from trtflow.flows import server
 
-    if os.environ.get(API_URL):
-        return os.environ.get(API_URL)
+    url = os.environ.get(API_URL) or _profile_api_url()
+    if url:
+        return url
     if settings.PREFECT_SERVER.get() == "ephemeral":
         return None
     rec = server.current()
     return rec.url if rec is not None and server.alive(rec) else None
+
+
+PREFECT_HOME, PROFILES_PATH, PROFILE = "PREFECT_HOME", "PREFECT_PROFILES_PATH", "PREFECT_PROFILE"
+
+
+@dataclass
+class _Profiles:
+    """Prefect's profiles file (what `prefect config set` writes): the active profile and each one's settings."""
+    active: Any = None
+    profiles: Any = None
+
+    def api_url(self) -> str | None:
+        """The active profile's API URL (PREFECT_PROFILE names another one to use)."""
+        name = os.environ.get(PROFILE) or self.active
+        chosen = self.profiles.get(name) if isinstance(self.profiles, dict) and isinstance(name, str) else None
+        url = chosen.get(API_URL) if isinstance(chosen, dict) else None
+        return url if isinstance(url, str) and url else None
+
+
+def _profile_api_url() -> str | None:
+    """The API URL the active Prefect profile sets, read from the profiles file where Prefect keeps it
+    (PREFECT_PROFILES_PATH, else PREFECT_HOME's profiles.toml)."""
+    import tomllib
+
+    home = Path(os.environ.get(PREFECT_HOME) or Path.home() / ".prefect").expanduser()
+    path = Path(os.environ.get(PROFILES_PATH) or home / "profiles.toml").expanduser()
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return _Profiles(**{f.name: data[f.name] for f in fields(_Profiles) if f.name in data}).api_url()
 
 
 @dataclass

@@ -113,3 +113,26 @@ def test_a_run_where_nothing_changed_answers_from_its_record_and_anything_a_key_
     _run(workdir, env)
     assert "since the last run" in _run(workdir, {**env, "UNRELATED_VARIABLE": "1"}).stdout
     assert "since the last run" not in _run(workdir, {**env, "TRTFLOW_SERVER_PATIENCE": "301"}).stdout
+
+
+def test_a_no_op_is_posted_to_the_server_a_prefect_profile_names(tmp_path, monkeypatch):
+    """`prefect config set PREFECT_API_URL=...` keeps the URL in the active profile, not in the environment: the
+    no-op's poster (which does not import Prefect) reads it there, as Prefect would."""
+    from trtflow.flows import noop
+
+    for name in ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    monkeypatch.setenv("TRTFLOW_PREFECT_SERVER", "ephemeral")  # no background server to fall back on
+    assert noop._api_url() is None
+    (tmp_path / "profiles.toml").write_text('active = "fleet"\n[profiles.fleet]\n'
+                                            'PREFECT_API_URL = "http://10.0.0.7:4200/api"\n[profiles.other]\n'
+                                            'PREFECT_API_URL = "http://other:4200/api"\n')
+    assert noop._api_url() == "http://10.0.0.7:4200/api"
+    monkeypatch.setenv("PREFECT_PROFILE", "other")
+    assert noop._api_url() == "http://other:4200/api"
+    monkeypatch.setenv("PREFECT_API_URL", "http://from-env:4200/api")
+    assert noop._api_url() == "http://from-env:4200/api"
+    (tmp_path / "profiles.toml").write_text("active = [not toml")
+    monkeypatch.delenv("PREFECT_API_URL")
+    assert noop._api_url() is None
