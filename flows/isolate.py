@@ -34,7 +34,7 @@ from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from trtflow import phases, progress, settings
+from trtflow import phases, procfs, progress, settings
 from trtflow.disk import disk_error
 from trtflow.errors import (
     Crash,
@@ -260,7 +260,7 @@ STAGE_TAG = "TRTFLOW_STAGE_TAG"  # in the environment of a stage's process and o
 def _kill_group(pgid: int, tag: str, since: int) -> None:
     """Kill the stage whose process leads group `pgid`, what it started, and what it detached from its group
     (`setsid`, a daemon's double fork): those are found by the `tag` their environment inherited, and by having
-    started at `since` (`_boot_ticks()` when the stage started) or later."""
+    started at `since` (`procfs.now_ticks()` when the stage started) or later."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -283,7 +283,7 @@ def _kill_tagged(tag: bytes, since: int) -> None:
                 environ = f.read()
         except OSError:  # gone, or not ours
             continue
-        if tag not in environ.split(b"\0") or _owner(pid) != uid or (_started(pid) or -1) < since:
+        if tag not in environ.split(b"\0") or _owner(pid) != uid or (procfs.started(pid) or -1) < since:
             continue
         try:
             os.kill(pid, signal.SIGKILL)
@@ -301,20 +301,6 @@ def _owner(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def _boot_ticks() -> int:
-    """Now, in the clock of `_started`."""
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // (10**9 // os.sysconf("SC_CLK_TCK"))
-
-
-def _started(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat's field 22; None when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])  # fields from the 3rd on, after the command's name
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _last_line(text: str) -> str:
@@ -417,7 +403,7 @@ def call_stage(func: Callable[..., Any], args: tuple, timeout: float | None, nam
     proc = ctx.Process(target=_child, args=(child, call, search_path(), log_name,
                                             {**os.environ, STAGE_TAG: tag}),
                        name=f"trtflow-{name}", daemon=True)
-    since = _boot_ticks()  # the stage's start: whatever carries its tag started then or later
+    since = procfs.now_ticks()  # the stage's start: whatever carries its tag started then or later
     tail = _Tail(log, output, name) if output is not None else None
     text = ""
     try:

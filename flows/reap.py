@@ -10,11 +10,11 @@ run began (a reused pid), is dead. Nothing it was writing was published: the nex
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+
+from trtflow import procfs
 
 ACTIVE = ["RUNNING", "PENDING", "CANCELLING"]
 SLACK_S = 5.0  # a run's process starts a moment before the run is marked started
@@ -65,11 +65,8 @@ def _pid(infrastructure_pid: str | None) -> int | None:
 
 def _alive_since(pid: int, began: float) -> bool:
     """Whether process `pid` runs and was started no later than `began` (a Unix time) plus a little slack."""
-    try:
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
+    ticks = procfs.started(pid)
+    if ticks is None:
         return False
-    started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    started = time.time() - procfs.seconds(procfs.now_ticks() - ticks)
     return started <= began + SLACK_S and started <= time.time()

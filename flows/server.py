@@ -26,7 +26,7 @@ from typing import Iterator
 
 from pydantic import BaseModel, ValidationError
 
-from trtflow import files, settings
+from trtflow import files, procfs, settings
 from trtflow.errors import PrefectUnavailable, TrtflowError
 from trtflow.flows.machine import state_file
 
@@ -105,12 +105,9 @@ def recorded(url: str) -> ServerRecord | None:
 
 
 def _started_at(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22): a pid reused by another
-    process has another."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    """The process's start time as the record keeps it (`procfs.started`)."""
+    ticks = procfs.started(pid)
+    return str(ticks) if ticks is not None else None
 
 
 def _looks_like(rec: ServerRecord) -> bool:
@@ -289,15 +286,10 @@ def _kill(rec: ServerRecord) -> None:
         while time.monotonic() < deadline:
             try:
                 os.kill(pid, 0)
-                if _zombie(pid):
+                if procfs.zombie(pid):
                     return
             except ProcessLookupError:
                 return
             time.sleep(0.1)
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False

@@ -11,6 +11,8 @@ import threading
 import time
 from typing import Iterator
 
+from trtflow import procfs
+
 VARIABLE = "TRTFLOW_PHASES"
 _totals: dict[str, float] = {}
 _lock = threading.Lock()
@@ -32,13 +34,8 @@ def phase(name: str) -> Iterator[None]:
 
 def since_process_start() -> float:
     """Seconds since this process started (Linux: /proc/self/stat's start time), 0 where unknown."""
-    try:
-        with open("/proc/self/stat") as fh:
-            started = int(fh.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-        with open("/proc/uptime") as fh:
-            return max(0.0, float(fh.read().split()[0]) - started)
-    except (OSError, ValueError, IndexError):
-        return 0.0
+    ticks = procfs.started()
+    return max(0.0, procfs.seconds(procfs.now_ticks() - ticks)) if ticks is not None else 0.0
 
 
 def _write() -> None:
