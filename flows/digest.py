@@ -10,14 +10,7 @@ from pathlib import Path
 
 from trtflow import external_data
 from trtflow.disk import disk_cause
-from trtflow.files import RECORD_BYTES, read_json, sha256
-
-
-def stamp(st: os.stat_result) -> list[int]:
-    """What must not move for a file to be taken as unchanged without reading it: size, mtime, inode and ctime.
-    ctime is the one a user cannot set back (`touch -d`/`os.utime` restore mtime, and move ctime to now), so a
-    file written in place with its mtime restored is hashed again."""
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+from trtflow.files import RECORD_BYTES, read_json, sha256, stamp
 
 
 def onnx_external_files(path: Path) -> list[Path]:

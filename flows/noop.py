@@ -156,11 +156,11 @@ def machine() -> dict[str, str] | None:
 
 
 def _stat(path: str) -> list[int] | None:
+    """The file's `files.stamp` (what the keys' digest cache trusts too); None where there is none."""
     try:
-        st = os.stat(path)
+        return files.stamp(os.stat(path))
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
 
 
 _started: dict[str, str] | None = None  # machine() when this command started (begin)

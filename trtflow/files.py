@@ -33,6 +33,13 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def stamp(st: os.stat_result) -> list[int]:
+    """What must not move for a file to be taken as unchanged without reading it: size, mtime, inode and ctime.
+    ctime is the one a user cannot set back (`touch -d`/`os.utime` restore mtime, and move ctime to now), so a
+    file written in place with its mtime restored is hashed again."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
+
+
 def open_regular(path: Path | str, follow: bool = True) -> tuple[IO[bytes], os.stat_result]:
     """`path` opened for reading, and its stat; NotAFile for anything but a regular file (with `follow=False`, a
     symlink too: it could lead anywhere)."""
