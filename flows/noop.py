@@ -311,7 +311,7 @@ def _profile_api_url() -> str | None:
     home = Path(os.environ.get(PREFECT_HOME) or Path.home() / ".prefect").expanduser()
     path = Path(os.environ.get(PROFILES_PATH) or home / "profiles.toml").expanduser()
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(files.read_bounded(path, files.RECORD_BYTES).decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
     return _Profiles(**{f.name: data[f.name] for f in fields(_Profiles) if f.name in data}).api_url()

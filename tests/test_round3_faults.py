@@ -234,12 +234,13 @@ def _alive(proc: subprocess.Popen) -> bool:
 def test_the_tag_killer_spares_another_users_process_and_an_older_one():
     """Issue #37 item 14: a process of another user carrying a stage's exact tag was SIGKILLed (root reads every
     environment). Only this user's processes started since the stage count; this user's own one is killed."""
+    from trtflow import procfs
     from trtflow.flows import isolate
 
     tag = f"{os.getpid()}-round3test"
     older = _tagged(tag)  # started before the stage: its pid reused, not the stage's doing
     time.sleep(0.05)
-    since = isolate._boot_ticks()
+    since = procfs.now_ticks()
     time.sleep(0.05)
     other = _tagged(tag, preexec_fn=lambda: os.setuid(65534))
     ours = _tagged(tag)
