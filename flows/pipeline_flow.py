@@ -173,10 +173,12 @@ class _Posting:
     def post(self, function: Callable[..., None], *args: Any) -> None:
         self._posts.append(self._pool.submit(contextvars.copy_context().run, function, *args))
 
-    def finish(self) -> BaseException | None:
-        """Wait for every post; the first one's error, if one failed."""
-        self._pool.shutdown(wait=True)
-        return next((e for e in (post.exception() for post in self._posts) if e is not None), None)
+    def finish(self, cancel: bool = False) -> BaseException | None:
+        """Wait for every post (`cancel`: only for the one being posted, as the run unwinds); the first one's error,
+        if one failed."""
+        self._pool.shutdown(wait=True, cancel_futures=cancel)
+        return next((e for e in (post.exception() for post in self._posts if not post.cancelled()) if e is not None),
+                    None)
 
 
 FAILED_EVENT = "trtflow.stage.failed"
@@ -248,11 +250,12 @@ def pipeline_flow(pipeline_file: str, overrides: list[str] | None = None, stages
         for future in run.running.values():
             future.wait()
         resume()
+        posting.finish(cancel=True)
         raise
     finally:
         _running.reset(token)
         _posting.reset(posted)
-        unposted = posting.finish()
+    unposted = posting.finish()
     if unposted is not None:
         raise unposted
     if run.failed:

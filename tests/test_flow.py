@@ -453,3 +453,42 @@ def test_a_script_without_a_main_guard_runs_its_pipeline_once(write_yaml, tmp_pa
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("top level") == 1, done.stdout
     assert "'ran'" in done.stdout.splitlines()[-1]
+
+
+def test_a_stages_artifacts_are_posted_on_their_own_thread_and_a_failed_post_is_not_lost():
+    """Issue #54: the next stage does not wait for a stage's artifacts (posted on a thread, in the context they were
+    posted from); the flow run waits for all of them at its end and fails on a post that failed; unwinding waits
+    only for the post under way."""
+    import threading
+    from contextvars import ContextVar
+
+    from trtflow.flows.pipeline_flow import _Posting
+
+    seen: ContextVar[str] = ContextVar("seen", default="")
+    started, release, done = threading.Event(), threading.Event(), []
+
+    def slow(what: str) -> None:
+        started.set()
+        release.wait(10)
+        done.append((what, seen.get(), threading.current_thread().name))
+
+    def broken() -> None:
+        raise ConnectionError("the server went away")
+
+    posting = _Posting()
+    seen.set("task run 1")
+    posting.post(slow, "summary")
+    posting.post(broken)
+    assert done == []  # the caller went on while the post waits
+    release.set()
+    error = posting.finish()
+    assert isinstance(error, ConnectionError)
+    assert done == [("summary", "task run 1", done[0][2])] and done[0][2].startswith("trtflow-artifacts")
+
+    unwinding, started, release = _Posting(), threading.Event(), threading.Event()
+    unwinding.post(slow, "under way")
+    unwinding.post(slow, "queued")
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert unwinding.finish(cancel=True) is None
+    assert [d[0] for d in done[1:]] == ["under way"]
