@@ -271,9 +271,10 @@ API_URL = "PREFECT_API_URL"
 
 
 def _api_url() -> str | None:
-    """The Prefect API trtflow would use, where a server is running: the variable's, else trtflow's background
-    server when its record proves it alive (none is started to record a run that did nothing). Prefect itself is
-    not imported here (a second of CPU for each no-op, beside whatever runs next)."""
+    """The Prefect API trtflow would use, where a server is running: the variable's, else the active Prefect
+    profile's, else trtflow's background server when its record proves it alive (none is started to record a run
+    that did nothing). Prefect itself is not imported here (a second of CPU for each no-op, beside whatever runs
+    next)."""
     from trtflow import settings
     from trtflow.flows import server
 
