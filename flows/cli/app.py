@@ -1,9 +1,10 @@
 """`trtflow` (after flows/cli/__init__.py's no-op check): one module per command (`flows/cli/<command>.py`, a
-`Command` each), listed in `COMMANDS`; this module builds the parser from them and turns every failure into one
-line on stderr and a non-zero exit code (`--verbose` adds the traceback)."""
+`Command` each), listed in `COMMANDS`; this module builds the parser of the command named (importing its module
+alone) and turns every failure into one line on stderr and a non-zero exit code (`--verbose` adds the traceback)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import threading
@@ -14,49 +15,29 @@ from rich.markup import escape
 from trtflow import phases, settings
 from trtflow.disk import disk_error
 from trtflow.errors import TrtflowError
-from trtflow.flows.cli import (
-    check_env,
-    init,
-    init_deploy,
-    output,
-    parse_trtexec,
-    plan,
-    reduce,
-    reference,
-    run,
-    schema,
-    server,
-    validate,
-    verify,
-)
 from trtflow.flows.cli.base import Command, err
 from trtflow.yaml_text import visible
 
-COMMANDS: tuple[Command, ...] = (
-    init.Init(),
-    run.Run(),
-    plan.Plan(),
-    validate.Validate(),
-    verify.Verify(),
-    output.Output(),
-    reduce.Reduce(),
-    parse_trtexec.ParseTrtexec(),
-    check_env.CheckEnv(),
-    init_deploy.InitDeploy(),
-    server.Server(),
-    schema.Schema(),
-    reference.Reference(),
-)
+# `trtflow <name>` runs flows/cli/<name, - as _>.py's COMMAND; listed in the order `--help` shows them
+COMMANDS = ("init", "run", "plan", "validate", "verify", "output", "reduce", "parse-trtexec", "check-env",
+            "init-deploy", "server", "schema", "reference")
 
 
-def parser() -> argparse.ArgumentParser:
+def command(name: str) -> Command:
+    return importlib.import_module(f"trtflow.flows.cli.{name.replace('-', '_')}").COMMAND
+
+
+def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for `argv`: the arguments of the command it names only (the other commands' modules are not
+    imported); of every command when it names none it knows (`--help`, a typo: argparse lists them all)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and Prefect's logs")
     ap = argparse.ArgumentParser(prog="trtflow", parents=[common],
                                  description="Declarative ONNX -> TensorRT pipelines, run as Prefect flows.")
     sub = ap.add_subparsers(dest="command", required=True)
-    for command in COMMANDS:
-        command.add_arguments(sub.add_parser(command.name, parents=[common], help=command.help))
+    named = next((a for a in argv or () if not a.startswith("-")), None)
+    for c in map(command, [named] if named in COMMANDS else COMMANDS):
+        c.add_arguments(sub.add_parser(c.name, parents=[common], help=c.help))
     return ap
 
 
@@ -70,15 +51,16 @@ def _terminate(signum, frame) -> None:  # noqa: ANN001 - a signal handler
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser(argv).parse_args(argv)
     phases.add("trtflow start-up: interpreter, CLI imports", phases.since_process_start())
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: the no-op record's key (flows/noop.py)
-    command = next(c for c in COMMANDS if c.name == args.command)
+    args.argv = argv  # as typed: the no-op record's key (flows/noop.py)
+    chosen = command(args.command)
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
         else None
     try:
         settings.check_all()  # a bad TRTFLOW_* value is found before anything starts, not when first read
-        return command.run(args)
+        return chosen.run(args)
     except Terminated:
         err.print("[red]error:[/] terminated (SIGTERM); nothing half-written was kept")
         return 143

@@ -83,3 +83,6 @@ def _prefect_quiet(verbose: bool) -> Iterator[None]:
         yield
     finally:
         client.disabled = disabled
+
+
+COMMAND = CheckEnv()

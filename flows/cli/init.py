@@ -166,3 +166,6 @@ def _failing_point(model: Path, points: tuple[dict, dict, dict]) -> tuple[str, s
         if trial is not None and not trial.ok:
             return f"{', '.join(f'{n} {s}' for n, s in shapes.items())}, the profile's {label}", trial.error or ""
     return None
+
+
+COMMAND = Init()

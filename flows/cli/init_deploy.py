@@ -55,3 +55,6 @@ class InitDeploy(Command):
             for tag in machine.create_gpu_limits(name, check):
                 out.print(f"concurrency limit 1 on tag {tag}")
         return 0
+
+
+COMMAND = InitDeploy()

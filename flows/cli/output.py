@@ -44,3 +44,6 @@ class Output(Command):
                             hint=f"its outputs: {', '.join(manifest.outputs)}")
         out.print(str(directory / manifest.outputs[args.output].path))
         return 0
+
+
+COMMAND = Output()

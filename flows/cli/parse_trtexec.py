@@ -62,3 +62,5 @@ class ParseTrtexec(Command):
                 out.print(f"  [yellow]warning:[/] {escape(w)}")
         return 0 if found else 1
 
+
+COMMAND = ParseTrtexec()

@@ -76,3 +76,5 @@ class Plan(Command):
         print_code(loaded)
         return code
 
+
+COMMAND = Plan()

@@ -99,3 +99,5 @@ class Reduce(Command):
         out.print(f"  wrote {output}")
         return 0
 
+
+COMMAND = Reduce()

@@ -19,3 +19,6 @@ class Reference(Command):
 
         print_or_write(render(), args)
         return 0
+
+
+COMMAND = Reference()

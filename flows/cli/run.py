@@ -328,3 +328,6 @@ def _prefect_unavailable(exc: RuntimeError) -> PrefectUnavailable | None:
         return PrefectUnavailable(f"{text.rstrip('.')} (PREFECT_API_URL): start that server ('prefect server "
                                   f"start'), or unset PREFECT_API_URL to use a temporary one")
     return None
+
+
+COMMAND = Run()

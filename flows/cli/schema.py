@@ -20,3 +20,5 @@ class Schema(Command):
         print_or_write(json.dumps(json_schema(), indent=2) + "\n", args)
         return 0
 
+
+COMMAND = Schema()

@@ -58,3 +58,6 @@ def _database(given: str | None) -> str | None:
         return settings.SERVER_DATABASE.check(given)
     except SpecError:
         raise SpecError(f"--database {given!r} is not {settings.SERVER_DATABASE.accepts}") from None
+
+
+COMMAND = Server()

@@ -39,3 +39,5 @@ class Validate(Command):
         out.print(f"[green]ok[/] {args.pipeline} is valid")
         return 0
 
+
+COMMAND = Validate()

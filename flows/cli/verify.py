@@ -55,3 +55,5 @@ class Verify(Command):
                   f"{seconds:.2f}s ({mb / max(seconds, 1e-9):.0f} MB/s) in {root}")
         return 0 if not bad or args.repair else 1
 
+
+COMMAND = Verify()

@@ -262,7 +262,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
                     profiles=[p.name for p in cell.profiles], engine_bytes=eng.plan.stat().st_size,
                     engine_sha256=files.sha256(eng.plan),
                     repaired_from=names.unrepaired(cell.name) if names.is_repaired(cell.variant) else None)
-    why, checked = None, False
+    why, checked, result = None, False, None
     if verdict is not None:
         results = {c.name: c for c in verdict.candidates}
         result = results.get(cell.name) or (results.get(cell.variant) if cell.variant in results
@@ -297,7 +297,8 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         option.higher_precision_nodes, option.nodes = count
         if option.repaired_from and verdict is not None and verdict.repair is not None:
             option.higher_precision_nodes += len(verdict.repair.nodes)
-    option.composition = _composition(eng)
+    # validate counted it at the same shapes (its profile's opt point); counted here for engines it did not check
+    option.composition = result.composition if result is not None and result.composition else _composition(eng)
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
 
