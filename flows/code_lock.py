@@ -20,8 +20,9 @@ arithmetic every kind shares and which decide no method (numpy, scipy) are left 
 TensorRT flavour and version are the environment facet `tensorrt` of the kinds whose row asks for it.
 
 The lock (`code.lock.json`): `files`, each closure file's digest as the tree has it now (sha256 of its bytes, line
-ends as LF, 16 hex digits); per kind, `files` (its closure), `libraries` (its row's) and `keyed`: the digest of each
-file as its key holds it. The key reads `keyed` from the lock; nothing is hashed at run time. A test
+ends as LF, 16 hex digits); per kind, `files` (its closure), `libraries` (its row's), `version` (its stage module's
+`VERSION`, read from its source) and `keyed`: the digest of each file as its key holds it. The key reads `keyed` and
+`version` from the lock; nothing is hashed, and no stage module imported, to key a stage at run time. A test
 (tests/test_code_key.py) fails when the tree moved from the lock, so each change of the code is followed by a
 deliberate refresh whose commit says which it is:
 
@@ -166,6 +167,19 @@ def kind_folder(row: Kind) -> Path:
 class Closure:
     files: list[str]  # the lock's names, sorted
     imports: set[str] = field(default_factory=set)  # top-level names of the third-party modules they import
+    version: str | None = None  # the `VERSION` its stage module assigns
+
+
+def stage_version(row: Kind) -> str | None:
+    """The `VERSION = "..."` a built-in kind's stage module assigns at its top level, read without importing it
+    (the key reads it from the lock: `trtflow run` and `plan` key every stage without importing its module)."""
+    path = _module_file(row.module or "")
+    tree = ast.parse(path.read_bytes(), str(path)) if path is not None else None
+    for node in tree.body if tree is not None else ():
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["VERSION"] \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    return None
 
 
 def closure(row: Kind) -> Closure:
@@ -184,7 +198,7 @@ def closure(row: Kind) -> Closure:
         for module in ours:
             todo += _with_packages(module)
         todo += [STAGES.parent / f for f in SHIPPED.get(rel(path), ())]
-    return Closure(sorted(rel(p) for p in seen), imports)
+    return Closure(sorted(rel(p) for p in seen), imports, stage_version(row))
 
 
 @dataclass
@@ -212,6 +226,7 @@ class Locked(BaseModel):
     files: list[str] = []
     keyed: dict[str, str] = {}
     libraries: list[str] = []
+    version: str | None = None  # its stage module's VERSION (the key's `version`)
 
 
 class Lock(BaseModel):
@@ -253,6 +268,11 @@ def library_version(name: str) -> str:
     return ABSENT
 
 
+def locked_version(row: Kind) -> str | None:
+    """A built-in kind's VERSION as the lock holds it; None for a kind the lock does not know yet."""
+    return load().kinds.get(row.name, Locked()).version
+
+
 def key_facts(row: Kind) -> dict[str, Any]:
     """The key's part `trtflow` for a built-in kind: its files as the lock keys them, its libraries' versions. A kind
     the lock does not know yet (a refresh will add it, a test says so) has no files."""
@@ -287,6 +307,8 @@ def stale(lock: Lock, tree: Tree) -> list[str]:
         lines += [f"kind {name}: no longer imports {f}" for f in sorted(was - now)]
         if locked.libraries != tree.libraries[name]:
             lines.append(f"kind {name}: libraries {locked.libraries} -> {tree.libraries[name]}")
+        if locked.version != tree.kinds[name].version:
+            lines.append(f"kind {name}: VERSION {locked.version} -> {tree.kinds[name].version}")
     if lock.format != LOCK_FORMAT:
         lines.append(f"lock format {lock.format} -> {LOCK_FORMAT}")
     return lines
@@ -310,7 +332,8 @@ def refresh(lock: Lock, tree: Tree, rerun: list[str] | None = None) -> Lock:
                     keyed.pop(f, None)
             if rerun == [] and any(f in current for f in again):  # a kind re-keyed takes its closure as it is
                 keyed = {f: keyed.get(f, d) for f, d in current.items()}  # (another keeps what --same-outputs kept)
-        kinds[name] = Locked(files=c.files, keyed=dict(sorted(keyed.items())), libraries=tree.libraries[name])
+        kinds[name] = Locked(files=c.files, keyed=dict(sorted(keyed.items())), libraries=tree.libraries[name],
+                             version=c.version)
     return Lock(format=LOCK_FORMAT, files=tree.files, kinds=kinds)
 
 

@@ -16,22 +16,50 @@ from trtflow.usercode import import_callable, source_digest
 
 @dataclass(frozen=True)
 class StageImpl:
-    run: Callable[..., Any]
     version: str
     env_facets: tuple[str, ...]
     code: dict[str, Any] | None = None  # the key's part `trtflow` (built-in kinds; a user's has its `code`)
+    module: str | None = None  # a built-in kind's stage module: imported when first needed, never to key a stage
+    func: Callable[..., Any] | None = None  # a user's kind's run(params, inputs, out_dir), imported to key it
+
+    @property
+    def run(self) -> Callable[..., Any]:
+        return self.func if self.func is not None else _StageRun(self.module or "")
+
     # what its stage module exports beside `run` for the flow (pipelines/row.py): its report's class, the events
     # after it ran (StageRan -> [Event]), why a published result no longer holds ((metrics, shared/) -> why | None)
-    report: type[BaseModel] | None = None
-    events: Callable[..., Any] | None = None
-    outdated: Callable[..., Any] | None = None
+    @property
+    def report(self) -> type[BaseModel] | None:
+        return self._export("REPORT")
+
+    @property
+    def events(self) -> Callable[..., Any] | None:
+        return self._export("EVENTS")
+
+    @property
+    def outdated(self) -> Callable[..., Any] | None:
+        return self._export("OUTDATED")
+
+    def _export(self, name: str) -> Any:
+        return getattr(importlib.import_module(self.module), name, None) if self.module else None
+
+
+@dataclass(frozen=True)
+class _StageRun:
+    """A built-in kind's `run`, by its module's name: pickled to the stage process as that name, imported there
+    (the command that keys the stages never imports their modules)."""
+    module: str
+
+    def __call__(self, *args: Any) -> Any:
+        return importlib.import_module(self.module).run(*args)
 
 
 def resolve(spec: Any) -> StageImpl:
     kind = kind_of(spec)
     if kind is USER:
         func = import_callable(spec.kind, f"stage kind '{spec.kind}'", 3)  # run(params, inputs, out_dir)
-        return StageImpl(func, f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec))
-    module = importlib.import_module(kind.module)
-    hooks = (getattr(module, name, None) for name in ("REPORT", "EVENTS", "OUTDATED"))
-    return StageImpl(module.run, str(module.VERSION), kind.env(spec), code_lock.key_facts(kind), *hooks)
+        return StageImpl(f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec), func=func)
+    version = code_lock.locked_version(kind)
+    if version is None:  # a kind the lock does not know yet (a refresh adds it): its module says
+        version = str(importlib.import_module(kind.module).VERSION)
+    return StageImpl(version, kind.env(spec), code_lock.key_facts(kind), module=kind.module)

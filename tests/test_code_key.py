@@ -39,6 +39,33 @@ def test_the_key_holds_the_locks_digests_and_the_declared_libraries():
     assert lock.kinds["prepare"].keyed["stages/onnx/simplifier.py"] == lock.files["stages/onnx/simplifier.py"]
 
 
+def test_a_stage_is_keyed_without_importing_its_module_and_the_lock_holds_its_version(tmp_path):
+    """`trtflow run` and `plan` key every stage before any runs: the key's `version` is the lock's, read from the
+    stage module's `VERSION = "..."` without importing it (the modules import OpenCV, ONNX Runtime: 0.4 s of the
+    command's start); the stage process imports the module to run it. The lock's version is the module's own."""
+    import subprocess
+    import sys
+
+    script = f"""
+import importlib, json, sys
+from trtflow.flows import code_lock, implementation
+from trtflow.pipelines.kinds import KINDS
+minimal = {MINIMAL!r}
+impls = {{k: implementation.resolve(row.params.model_validate({{"kind": k, **minimal.get(k, {{}})}}))
+          for k, row in KINDS.items()}}
+imported = sorted(m for m in sys.modules if m.startswith("trtflow.stages.") and m.endswith(".stage"))
+versions = {{k: i.version for k, i in impls.items()}}
+modules = {{k: str(importlib.import_module(row.module).VERSION) for k, row in KINDS.items()}}
+print(json.dumps({{"imported": imported, "versions": versions, "modules": modules,
+                  "report": impls["build"].report.__name__, "run": impls["build"].run.module}}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                    cwd=tmp_path).stdout)
+    assert out["imported"] == [], out["imported"]
+    assert out["versions"] == out["modules"] and set(out["versions"]) == set(KINDS), out
+    assert out["report"] == "BuildReport" and out["run"] == KINDS["build"].module
+
+
 MINIMAL = {"parity": {"images": "data/*.png", "deploy": [{"read": "rgb"}], "training": {"callable": "m:f"}},
            "calibrate": {"data": {"images": "data/*.png"}}}
 
