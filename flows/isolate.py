@@ -86,9 +86,10 @@ IN_PROCESS = settings.IN_PROCESS.name
 # Stages start from a fork server that has imported these once per trtflow process (a spawned interpreter
 # importing them costs about 0.5 s per stage). Nothing here starts threads or touches a GPU at import. A run that
 # knows which stages it will run has the fork server import their kinds' modules and libraries too (`warm_up`:
-# only those, so that a run reusing most stages imports nothing it does not use).
+# only those, so that a run reusing most stages imports nothing it does not use). A built-in kind's `run` arrives
+# as its module's name (flows/implementation.py `_StageRun`), unpickled with flows/implementation.py.
 PRELOAD = ["trtflow.parent_death", "trtflow.flows.isolate", "numpy", "onnx", "trtflow.pipelines.kinds",
-           "trtflow.artifact", "trtflow.flows.fork_imports"]
+           "trtflow.artifact", "trtflow.flows.implementation", "trtflow.flows.fork_imports"]
 FORK_SERVER_IMPORTS = "TRTFLOW_FORK_SERVER_IMPORTS"  # the modules `fork_imports` imports, comma-separated
 
 
