@@ -268,31 +268,28 @@ def _watch(url: str, ours: bool, rec: Any, done: threading.Event, give_up: Calla
 
     patience = settings.SERVER_PATIENCE.get()
     refused, answered, said = 0, time.monotonic(), False
-    # one client for the run: each `httpx.get` made its own, loading the CA bundle again (about 70 ms of CPU a
-    # check here); no kept connection, so a server that is gone is still a refused connection
-    with httpx.Client(timeout=SERVER_CHECK_S, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-        while not done.wait(SERVER_CHECK_S):
-            try:
-                ok = client.get(f"{url}/health").status_code == 200
-                gone = False
-            except httpx.ConnectError:  # nobody listens there: the server is gone
-                ok, gone = False, True
-            except httpx.HTTPError:  # it took the connection and did not answer in time: slow, not gone
-                ok, gone = False, False
-            if ok:
-                refused, answered = 0, time.monotonic()
-                continue
-            refused = refused + 1 if gone else 0
-            ended = rec is not None and not server.alive(rec)
-            silent = time.monotonic() - answered  # since its last answer (or the run's start)
-            if not gone and not ended and not said and silent >= SERVER_SLOW_SAY_S:
-                said = True
-                sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
-                sys.stderr.flush()
-            if (ended or refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
-                kept = "the running stages were stopped and nothing they were writing was kept"
-                give_up(_lost(url, ours, None if ended or refused >= SERVER_LOST_AFTER else silent, kept))
-                return
+    while not done.wait(SERVER_CHECK_S):
+        try:
+            ok = server.health(url, SERVER_CHECK_S) == 200
+            gone = False
+        except httpx.ConnectError:  # nobody listens there: the server is gone
+            ok, gone = False, True
+        except httpx.HTTPError:  # it took the connection and did not answer in time: slow, not gone
+            ok, gone = False, False
+        if ok:
+            refused, answered = 0, time.monotonic()
+            continue
+        refused = refused + 1 if gone else 0
+        ended = rec is not None and not server.alive(rec)
+        silent = time.monotonic() - answered  # since its last answer (or the run's start)
+        if not gone and not ended and not said and silent >= SERVER_SLOW_SAY_S:
+            said = True
+            sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
+            sys.stderr.flush()
+        if (ended or refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
+            kept = "the running stages were stopped and nothing they were writing was kept"
+            give_up(_lost(url, ours, None if ended or refused >= SERVER_LOST_AFTER else silent, kept))
+            return
 
 
 def _quiet_prefect_console() -> None:
