@@ -17,7 +17,19 @@ TENSORRT = find_tensorrt()
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "tensorrt: needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+    _cache_bytecode()
     _start_prefect_server(config)
+
+
+def _cache_bytecode() -> None:
+    """Every Python process the tests start caches the bytecode of trtflow's modules and the tests' in __pycache__
+    (git ignores it), as Python does by default. With PYTHONDONTWRITEBYTECODE set (some CI images set it), each of
+    the suite's processes that imports trtflow (its commands, fork servers, helpers, Prefect's flow runs) compiled
+    the same sources again: 0.1 s of CPU a `trtflow plan` (0.70 -> 0.60 s), more for a run."""
+    import sys
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 # --- one Prefect server for the whole test run ----------------------------------------------------------------
