@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.test_faults import alive, wait_gone
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,25 +26,13 @@ def test_sigterm_runs_the_teardowns(tmp_path):
             assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
             time.sleep(0.1)
         started = int(pid_file.read_text())
-        assert _alive(started)
+        assert alive(started)
         os.killpg(run.pid, signal.SIGTERM)  # as a CI runner stops a job: its process group
         out = run.communicate(timeout=60)[0]
         assert run.returncode != 0, out
-        deadline = time.monotonic() + 10
-        while _alive(started) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(started), f"pid {started} outlived the test run:\n{out[-3000:]}"
+        assert wait_gone([started], 10) == [], f"pid {started} outlived the test run:\n{out[-3000:]}"
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
 
