@@ -1,5 +1,5 @@
 """Run by tests/test_sigterm.py in a pytest of its own (not collected by the suite: no test_ prefix): a fixture
-starts a process in a session of its own, as the suites' servers are, and stops it at teardown."""
+starts a process in a session of its own, as the suite's servers are, and stops it at teardown."""
 from __future__ import annotations
 
 import os

@@ -35,4 +35,3 @@ def test_sigterm_runs_the_teardowns(tmp_path):
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
-
