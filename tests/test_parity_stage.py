@@ -244,3 +244,23 @@ def test_a_report_of_parity_v2_still_reads():
     assert report.model.predictions[0].deploy == 0 and report.diagnosis.tried[0].error == "too small"
     assert "model top-1 agreement 50%; no usual cause, alone or up to 3 combined" in report.failure_line()
     assert "| a\\.png | 1 (0.9) | 0 (0.6) **differs** |" in report.summary(None)
+
+
+def test_the_worst_picture_of_a_text_line_is_not_wider_than_a_page(tmp_path):
+    """A small tensor's picture is enlarged, each pixel a block, to about 256 px high; a text line (48x320, three
+    panels side by side) only as far as 2048 px wide: enlarged five times it was 4880 px, 371 KB of PNG in each
+    run's Prefect artifact."""
+    import cv2
+
+    from tests.assets import EXAMPLES
+    from trtflow.stages.parity.picture import worst_picture
+
+    line = cv2.imread(str(sorted((EXAMPLES / "ppocr-rec" / "data").glob("*.png"))[0]))
+    train = cv2.resize(line, (320, 48)).transpose(2, 0, 1).astype(np.float32) / 255
+    drawn = cv2.imread(str(worst_picture(train[::-1], train, tmp_path / "line.png", "line")))  # R and B swapped
+    banner = 28
+    assert drawn.shape[:2] == (banner + 48 * 2, (320 * 3 + 2 * 8) * 2), drawn.shape
+    assert (tmp_path / "line.png").stat().st_size < 200_000  # small enough for the summary to show it inline
+    patch = train[:, :32, :32]
+    drawn = cv2.imread(str(worst_picture(patch * 0.5, patch, tmp_path / "patch.png", "patch")))
+    assert drawn.shape[:2] == (banner + 32 * 8, (32 * 3 + 2 * 8) * 8), drawn.shape

@@ -8,6 +8,10 @@ import numpy as np
 
 from trtflow.stages.parity.diagnosis import align
 
+HEIGHT = 256  # a small tensor is enlarged (nearest neighbour: each pixel a block) to about this height...
+MAX_WIDTH = 2048  # ...but not past this width: a text line (48x320, three panels) was 4880 px, 371 KB of PNG in
+# every run's Prefect artifact, shown scaled down to the page anyway
+
 
 def _to_hwc(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float32)
@@ -34,7 +38,7 @@ def worst_picture(deploy: np.ndarray, train: np.ndarray, out: Path, title: str) 
     heat = cv2.applyColorMap(np.clip(diff / (diff.max() or 1.0) * 255, 0, 255).astype(np.uint8), cv2.COLORMAP_JET)
     gap = np.full((d.shape[0], 8, 3), 255, np.uint8)
     row = np.concatenate([show(d), gap, show(t), gap, heat], axis=1)
-    scale = max(1, 256 // row.shape[0])
+    scale = max(1, min(HEIGHT // row.shape[0], MAX_WIDTH // row.shape[1]))
     if scale > 1:
         row = cv2.resize(row, None, fx=scale, fy=scale, interpolation=cv2.INTER_NEAREST)
     banner = np.full((28, row.shape[1], 3), 255, np.uint8)
