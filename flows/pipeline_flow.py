@@ -157,7 +157,7 @@ def _stage(name: str, produced: dict[str, Manifest], force: list[str] | None) ->
 def _stage_artifacts(key: str, name: str, markdown: str, outcome: StageOutcome) -> None:
     with phases.phase("Prefect: artifacts and plots (posted beside the next stage)"):
         create_markdown_artifact(key=key, markdown=markdown, description=f"trtflow stage {name}: {outcome.status}")
-        _plot_artifacts(key, name, outcome)
+        _plot_artifacts(key, name, outcome, markdown)
 
 
 class _Posting:
@@ -413,17 +413,19 @@ PLOT_BYTES = 2 << 20  # a plot larger than this stays a file in the store only
 PLOTS = 8  # at most this many per stage
 
 
-def _plot_artifacts(key: str, name: str, outcome: StageOutcome) -> None:
-    """The stage's plots (PNG files among its outputs) as Prefect image artifacts beside its summary. The image
-    travels inside the artifact (a data: URL): the UI shows it without reaching the store."""
+def _plot_artifacts(key: str, name: str, outcome: StageOutcome, summary: str) -> None:
+    """The stage's plots (PNG files among its outputs) as Prefect image artifacts beside its summary, but for those
+    the summary already shows inline (parity's picture: it is all a failed stage posts). The image travels inside
+    the artifact (a data: URL): the UI shows it without reaching the store."""
     plots = sorted(rel for rel in (outcome.manifest.files or {}) if rel.endswith(".png"))[:PLOTS]
     for i, rel in enumerate(plots):
         try:
             data = files.read_bounded(outcome.directory / rel, PLOT_BYTES, follow=False)
         except OSError:  # too large, or not a regular file: the store keeps it
             continue
-        create_image_artifact(image_url="data:image/png;base64," + base64.b64encode(data).decode(),
-                              key=f"{key}-plot-{i}", description=f"trtflow stage {name}: {rel}")
+        url = "data:image/png;base64," + base64.b64encode(data).decode()
+        if url not in summary:
+            create_image_artifact(image_url=url, key=f"{key}-plot-{i}", description=f"trtflow stage {name}: {rel}")
 
 
 def _local(future: Any) -> concurrent.futures.Future:

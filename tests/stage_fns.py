@@ -302,3 +302,18 @@ def _mark(params, what: str) -> None:
         from trtflow.flows.machine import machine_name
 
         Path(marks, f"{machine_name()}.{params.params.get('model', '')}.{what}").touch()
+
+
+def inline_plot(params, inputs, out_dir: Path) -> StageResult:
+    """Two plots, the summary showing the first inline (as parity's summary shows its picture)."""
+    import base64
+
+    import numpy as np
+
+    from trtflow.stages.compare.plots import error_histograms
+
+    rng = np.random.default_rng(0)
+    shown = error_histograms({"logits": [np.abs(rng.normal(0, 1e-3, 1000))]}, out_dir / "shown.png", "shown")
+    other = error_histograms({"logits": [np.abs(rng.normal(0, 1e-2, 1000))]}, out_dir / "other.png", "other")
+    url = "data:image/png;base64," + base64.b64encode(shown.read_bytes()).decode()
+    return StageResult(outputs={"shown": shown, "other": other}, summary=f"the worst one: ![shown]({url})")

@@ -492,3 +492,27 @@ def test_a_stages_artifacts_are_posted_on_their_own_thread_and_a_failed_post_is_
     threading.Timer(0.2, release.set).start()
     assert unwinding.finish(cancel=True) is None
     assert [d[0] for d in done[1:]] == ["under way"]
+
+
+def test_a_plot_the_summary_shows_inline_is_not_posted_again(prefect_server, write_yaml, capsys):
+    """A stage's plots become image artifacts beside its summary, but for one the summary already shows inline (a
+    data: URL, as parity's picture): that one is in Prefect once, inside the summary."""
+    import base64
+
+    path = write_yaml("""
+version: 1
+name: inlineplot
+model: models/cls.onnx
+stages:
+  draw: {kind: "tests.stage_fns:inline_plot", outputs: {shown: file, other: file}}
+""")
+    assert cli.main(["run", str(path)]) == 0, capsys.readouterr()
+    key = _key(path, "draw")
+    store = path.parent / ".trtflow" / "draw"
+    result = store / json.loads((store / "last.json").read_text())["key"]
+    urls = {name: "data:image/png;base64," + base64.b64encode((result / f"{name}.png").read_bytes()).decode()
+            for name in ("shown", "other")}
+    (summary,) = _artifacts(key)
+    assert urls["shown"] in summary.data
+    posted = [a.data for i in range(2) for a in _artifacts(f"{key}-plot-{i}")]
+    assert posted == [urls["other"]], [p[:60] for p in posted]
