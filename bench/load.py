@@ -43,6 +43,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtflow import procfs
+
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("own", "local", "s3")
 DATABASES = ("sqlite", "postgres")
@@ -119,14 +121,14 @@ def _processes() -> dict[int, tuple[int, int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        found = procfs.stat(entry)
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{entry}/statm") as f:
                 rss = int(f.read().split()[1]) * PAGE_KB
         except (OSError, ValueError, IndexError):
             continue
-        table[int(entry)] = (ppid, rss)
+        if found is not None:
+            table[int(entry)] = (found.parent, rss)
     return table
 
 

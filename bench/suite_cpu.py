@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from trtflow import procfs
+
 EVENTS = "TRTFLOW_BENCH_SUITE_EVENTS"  # the plugin's file: one line per test
-TICK = os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.5
 
 
@@ -47,13 +48,6 @@ def pytest_runtest_protocol(item, nextitem):  # noqa: ARG001 - pytest's hook sig
 
 
 # --- the sampler ----------------------------------------------------------------------------------------------------
-
-def _stat(pid: str) -> tuple[int, float, int]:
-    """(parent pid, CPU seconds, start time in ticks) from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICK, int(fields[19])
-
 
 def _process_name(pid: str) -> str:
     """What a process is: `python -m <module>` by its module, a fork server's child as the fork server, else its
@@ -81,7 +75,7 @@ def _process_name(pid: str) -> str:
 def _machine_cpu() -> float:
     with open("/proc/stat") as f:
         user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in f.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / TICK
+    return procfs.seconds(user + nice + system + irq + softirq)
 
 
 class Sampler(threading.Thread):
@@ -99,9 +93,12 @@ class Sampler(threading.Thread):
             now, parents = time.monotonic(), {}
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
-                    parent, cpu, start = _stat(pid)
+                    found = procfs.stat(pid)
+                    if found is None:
+                        continue  # gone between listing and reading
+                    parent, cpu = found.parent, procfs.seconds(found.cpu_ticks)
                     parents[int(pid)] = parent
-                    key = (int(pid), start)
+                    key = (int(pid), found.started)
                     if key not in self.seen:  # (a process older than the run: none of its CPU so far)
                         self.seen[key] = [_process_name(pid), cpu if first else 0.0]
                         if parent == self.controller and self.seen[key][0] == "pytest worker":
@@ -110,8 +107,8 @@ class Sampler(threading.Thread):
                     self.seen[key][1] = cpu
                     if cpu > before:
                         self.samples.append((now, self._worker_of(int(pid), parents), name, cpu - before))
-                except (OSError, ValueError, IndexError):
-                    continue  # gone between listing and reading
+                except OSError:
+                    continue  # gone before its command line was read
             first = False
 
     def _worker_of(self, pid: int, parents: dict[int, int]) -> int | None:
@@ -121,10 +118,10 @@ class Sampler(threading.Thread):
             if pid <= 1:
                 return None
             if pid not in parents:
-                try:
-                    parents[pid] = _stat(str(pid))[0]
-                except (OSError, ValueError, IndexError):
+                found = procfs.stat(pid)
+                if found is None:
                     return None
+                parents[pid] = found.parent
             pid = parents[pid]
         return None
 
