@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.test_runner import plan_of, run_all
+from trtflow import procfs
 from trtflow.errors import StageError, TransientStageError
 from trtflow.flows import cli
 from trtflow.flows.store import LocalStore
@@ -33,11 +34,8 @@ stages:
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
+    found = procfs.stat(pid)
+    return found is not None and found.state != b"Z"
 
 
 def wait_gone(pids, seconds: float = 10) -> list[int]:
@@ -53,12 +51,8 @@ def wait_gone(pids, seconds: float = 10) -> list[int]:
 def descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
+        if d.name.isdigit() and (found := procfs.stat(d.name)) is not None:
+            children.setdefault(found.parent, []).append(int(d.name))
     out, todo = set(), [pid]
     while todo:
         for c in children.get(todo.pop(), []):

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests.test_faults import descendants
+from trtflow import procfs
 
 STAGES = """
 version: 1
@@ -120,13 +121,15 @@ class _Killer(threading.Thread):
         for pid in descendants(me):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
+            except OSError:
+                continue
+            found = procfs.stat(pid)
+            if found is None:
                 continue
             args = cmdline.split(b"\0")
             if len(args) > 2 and args[1] == b"-m" and args[2].startswith(b"trtflow.stages."):
                 out[pid] = args[2].decode().rsplit(".", 1)[-1]  # probe, preflight, ... (`python -m trtflow.stages...`)
-            elif b"multiprocessing.forkserver" in cmdline and parent != me:
+            elif b"multiprocessing.forkserver" in cmdline and found.parent != me:
                 out[pid] = "stage"
         return out
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.processes import PIPE
+from trtflow import procfs
 
 CLI = [sys.executable, "-m", "trtflow.flows.cli"]
 SLOW = """version: 1
@@ -75,7 +76,7 @@ def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
         assert stopped.returncode == 0 and f"pid {rec['pid']}" in stopped.stdout
         assert not record.exists()
         # a zombie (exited, not yet reaped by this sandbox's init) counts as gone
-        group = [p for p in Path("/proc").glob("[0-9]*") if _pgid(p) == rec["pid"] and not _zombie(p)]
+        group = [p for p in Path("/proc").glob("[0-9]*") if _pgid(p) == rec["pid"] and not _zombie(p.name)]
         assert not group, "nothing of the server's process group is left"
         assert run("server", "status").returncode == 1
 
@@ -167,11 +168,10 @@ def _pgid(proc: Path) -> int | None:
         return None
 
 
-def _zombie(proc: Path) -> bool:
-    try:
-        return proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
+def _zombie(pid: int | str) -> bool:
+    """A zombie, or gone."""
+    found = procfs.stat(pid)
+    return found is None or found.state == b"Z"
 
 
 def test_a_stale_record_never_kills_another_process(tmp_path, monkeypatch):

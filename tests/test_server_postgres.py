@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import reachable_tmp
 from tests.processes import PIPE
-from tests.test_server import _isolated, _kill_recorded
+from tests.test_server import _isolated, _kill_recorded, _zombie
 from trtflow.flows import postgres
 from trtflow.flows.server import free_port
 
@@ -88,13 +88,6 @@ def test_the_fleet_guides_server_commands_as_written_start_prefect_on_a_postgres
         _kill_recorded(record)
         _stop_cluster(state / "postgres")
         shutil.rmtree(state, ignore_errors=True)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def _stop_cluster(folder: Path) -> None:
