@@ -122,13 +122,14 @@ def _processes() -> dict[int, tuple[int, int]]:
         if not entry.isdigit():
             continue
         found = procfs.stat(entry)
+        if found is None:  # gone meanwhile
+            continue
         try:
             with open(f"/proc/{entry}/statm") as f:
                 rss = int(f.read().split()[1]) * PAGE_KB
         except (OSError, ValueError, IndexError):
             continue
-        if found is not None:
-            table[int(entry)] = (found.parent, rss)
+        table[int(entry)] = (found.parent, rss)
     return table
 
 

@@ -128,11 +128,11 @@ class Sampler(threading.Thread):
 
 # --- the run and its tables -------------------------------------------------------------------------------------
 
-def _test_at(runs: dict[int, list], worker: int | None, when: float) -> str:
+def _test_at(runs: dict[int, list], starts: dict[int, list[float]], worker: int | None, when: float) -> str:
     spans = runs.get(worker, [])
     if not spans:  # the controlling process's own (the test run's Prefect server), or reparented away
         return "(outside any test)"
-    i = bisect.bisect_right([s[0] for s in spans], when) - 1
+    i = bisect.bisect_right(starts[worker], when) - 1
     if i >= 0 and when <= spans[i][1] + SAMPLE_S:
         return spans[i][2]
     return "(a worker: its start, collection, between tests)"
@@ -165,9 +165,10 @@ def main(argv: list[str]) -> int:
                 runs[e["pid"]].append((e["start"], e["end"], e["test"]))
     for spans in runs.values():
         spans.sort()
+    starts = {worker: [s[0] for s in spans] for worker, spans in runs.items()}
     by_test, by_file, by_process = Counter(), Counter(), Counter()
     for when, worker, name, cpu in sampler.samples:
-        test = _test_at(runs, worker, when)
+        test = _test_at(runs, starts, worker, when)
         by_test[test] += cpu
         by_file[test.split("::")[0]] += cpu
         by_process[name] += cpu
