@@ -53,6 +53,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 import trtflow.stages
+from trtflow import depends
 from trtflow.pipelines.kinds import KINDS
 from trtflow.pipelines.row import Kind
 
@@ -257,15 +258,25 @@ def load(path: Path | None = None) -> Lock:
     return _read(str(path), (st.st_mtime_ns, st.st_size))
 
 
-@functools.cache
 def library_version(name: str) -> str:
-    """The installed version of a declared distribution (or of one installing the same module); "absent"."""
+    """The installed version of a declared distribution (or of one installing the same module); "absent". What
+    it was read from (the whole import path, the metadata file found) goes to the ledger of what keys read."""
+    version, metadata = _installed(name)
+    depends.READ.import_path()
+    if metadata is not None:
+        depends.READ.file(metadata)
+    return version
+
+
+@functools.cache
+def _installed(name: str) -> tuple[str, Path | None]:
     for dist in SAME_MODULE.get(name, (name,)):
         try:
-            return md.version(dist)
+            found = md.distribution(dist)
         except md.PackageNotFoundError:
             continue
-    return ABSENT
+        return found.version, depends.installed_metadata(found)
+    return ABSENT, None
 
 
 def locked_version(row: Kind) -> str | None:

@@ -8,7 +8,7 @@ import stat
 import threading
 from pathlib import Path
 
-from trtflow import external_data
+from trtflow import depends, external_data
 from trtflow.disk import disk_cause
 from trtflow.files import RECORD_BYTES, read_json, sha256, stamp
 
@@ -34,7 +34,6 @@ class DigestCache:
         self._lock = threading.Lock()
         self._entries: dict[str, list] = {}
         self._dirty = False
-        self.seen: set[str] = set()  # every file asked about in this process (flows/noop.py witnesses them)
         if file is not None:
             try:
                 entries = read_json(file, RECORD_BYTES, follow=False)
@@ -45,6 +44,7 @@ class DigestCache:
                              and all(isinstance(x, int) for x in v[:4])} if isinstance(entries, dict) else {}
 
     def sha256(self, path: Path) -> str:
+        depends.READ.file(path)  # as asked: the witness checks where a link leads too
         path = path.resolve()
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):  # a device or a FIFO would be read for ever
@@ -52,7 +52,6 @@ class DigestCache:
             raise SpecError(f"{path} is not a regular file", hint="name a file")
         now = stamp(st)
         with self._lock:
-            self.seen.add(str(path))
             hit = self._entries.get(str(path))
             if hit and hit[:4] == now:
                 return hit[4]
@@ -65,6 +64,7 @@ class DigestCache:
     def artifact(self, path: Path, type_: str) -> str:
         """Digest of an artifact: a file, a directory (all files under it), or an ONNX model with its data."""
         if path.is_dir():
+            depends.READ.tree(path)
             h = hashlib.sha256()
             for f in sorted(p for p in path.rglob("*") if p.is_file()):
                 h.update(f"{f.relative_to(path).as_posix()}\0{self.sha256(f)}\n".encode())

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from trtflow import depends
 from trtflow.pipelines.row import FACETS, Facet
 from trtflow.records import Recorded
 from trtflow.stages.trt.env import (
@@ -80,6 +81,7 @@ def fingerprint(facets: tuple[Facet, ...]) -> Environment | None:
         return None
     env = Environment()
     if "tensorrt" in facets:
+        depends.READ.import_path()  # where TensorRT's module is looked for (its version is the module's own)
         trt = find_tensorrt()
         found = probe(trt.module) if trt else ProbeAnswer()
         env.tensorrt = TensorRT(flavour=trt.flavour, version=found.version or trt.version) if trt else None

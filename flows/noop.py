@@ -2,15 +2,18 @@
 
 A full run that finds every stage's result in place (`Runner.reuse_all`) leaves a record in the state directory
 (`noop/<digest of the command line and folder>.json`): what it printed, and a witness of everything the stage keys
-were computed from, taken conservatively:
-- the stat (size, mtime, inode, ctime) of every file the keys read: the pipeline file, the model, data files and
-  every file hashed through the digest cache; trtflow's own code and every loaded module outside the Python
-  installation (a pipeline's own functions); the store's records and every published file of the results reused;
-- the modification time of every folder whose listing a key depends on (data globs' folders, the store's);
-- the machine: the NVIDIA driver's and GPUs' /proc entries, the CUDA toolkit's version file, the stat of
-  `nvidia-smi` and `trtexec` on PATH and of NVML's library (a driver update replaces them), the names of every
-  installed distribution (a TensorRT, CUDA or ONNX upgrade renames its dist-info), Python, and the environment
-  variables trtflow, Prefect and the loaders read.
+were computed from. The witness is not a list of its own: it is the ledger the keys' readers wrote while they
+read (`trtflow/depends.py`: the pipeline file and every variable it interpolated, every file hashed, every folder a
+glob or a directory artifact can reach with links followed, the import path a library's version or the user's code
+was found on), plus
+- the store: its records and every published file of the results reused, and its folders' listings;
+- trtflow's own code (the code lock the keys read among it);
+- the machine, for the environment facets (`machine()`): the NVIDIA driver's and GPUs' /proc entries, the CUDA
+  toolkit's version file, the stat of `nvidia-smi` and `trtexec` on PATH and of NVML's library (a driver update
+  replaces them), the interpreter and its import path, and the variables trtflow, Prefect and the loaders read.
+A file is witnessed by the stat of what its path leads to (a link retargeted is a change), a folder by its stat.
+Where a reader could not name what it read (`depends.Ledger.cannot`), no record is written.
+
 The next run of the same command in the same folder checks the witness with stat calls only, before importing
 anything else. Where all of it holds, every key would come out the same: it prints the record's lines and is done;
 where anything differs (or the record is missing or unreadable), the full run decides as always and may write a new
@@ -34,12 +37,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from trtflow import files
+from trtflow import depends, files
 
-VERSION = 1
+VERSION = 2  # 2: the witness is the keys' ledger (trtflow/depends.py)
 FOLDER = "noop"
 MAX_RECORD_BYTES = 16 << 20
-MAX_FOLDERS = 20000  # a data glob over more folders than this is not witnessed (the run takes the full path)
 ENV_PREFIXES = ("TRTFLOW_", "PREFECT_", "CUDA_", "NVIDIA_")
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
 DRIVER_VERSION = "/proc/driver/nvidia/version"  # the loaded driver's (present wherever one is loaded)
@@ -49,13 +51,13 @@ MACHINE_LISTINGS = ("/proc/driver/nvidia/gpus",)
 # NVML's library, `nvidia-smi` and `trtexec` on PATH (a driver or TensorRT update replaces them), by their stat
 MACHINE_LIBRARIES = ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
                      "/usr/lib64/libnvidia-ml.so.1", "/usr/lib/wsl/lib/libnvidia-ml.so.1")
-SITE_DIRS = ("site-packages", "dist-packages")  # the import path's folders whose listings name installed packages
 
 
 @dataclass
 class Witness:
-    files: dict[str, list[int]]  # path -> [size, mtime_ns, inode, ctime_ns]
-    folders: dict[str, int]  # path -> mtime_ns
+    files: dict[str, list[int] | None]  # path as read -> the stamp of what it leads to [size, mtime, inode, ctime]
+    folders: dict[str, list[int] | None]  # path -> its stamp (a listing changed moves its mtime and ctime)
+    variables: dict[str, str | None]  # each ${NAME} the pipeline interpolated -> its value (None: unset)
     machine: dict[str, str]  # machine()'s digests
 
 
@@ -112,16 +114,19 @@ def answer(argv: list[str]) -> int | None:
 
 def holds(witness: Witness) -> bool:
     """Every fact of the witness is as recorded."""
-    for path, want in witness.files.items():
-        if _stat(path) != want:
-            return False
-    for path, want in witness.folders.items():
-        try:
-            if os.stat(path).st_mtime_ns != want:
-                return False
-        except OSError:
-            return False
-    return _started is not None and _started == witness.machine
+    return difference(witness) is None
+
+
+def difference(witness: Witness) -> str | None:
+    """The first fact of the witness that no longer holds, said ("file /x/m.onnx"); None when all of them do."""
+    for name, value in witness.variables.items():
+        if os.environ.get(name) != value:
+            return f"variable {name}"
+    for what, table in (("file", witness.files), ("folder", witness.folders)):
+        for path, want in table.items():
+            if _stat(path) != want:
+                return f"{what} {path}"
+    return None if _started is not None and _started == witness.machine else "the machine"
 
 
 def machine() -> dict[str, str] | None:
@@ -136,7 +141,7 @@ def machine() -> dict[str, str] | None:
                 texts.update(path.encode() + b"\0" + fh.read(1 << 16) + b"\0")
         except OSError:
             texts.update(path.encode() + b"\0-\0")
-    for folder in MACHINE_LISTINGS + tuple(p for p in sys.path if p.rstrip("/").endswith(SITE_DIRS)):
+    for folder in MACHINE_LISTINGS:
         try:
             names = sorted(os.listdir(folder))
         except OSError:
@@ -152,7 +157,8 @@ def machine() -> dict[str, str] | None:
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES)
     return {"texts": texts.hexdigest(), "listings": listings.hexdigest(),
             "programs": hashlib.sha256(json.dumps(found).encode()).hexdigest(),
-            "env": hashlib.sha256(json.dumps([sys.executable, sys.version, env]).encode()).hexdigest()}
+            "env": hashlib.sha256(json.dumps([sys.executable, _stat(sys.executable), sys.version, sys.path,
+                                                 env]).encode()).hexdigest()}
 
 
 def _stat(path: str) -> list[int] | None:
@@ -167,8 +173,10 @@ _started: dict[str, str] | None = None  # machine() when this command started (b
 
 
 def begin() -> None:
+    """The command starts: the machine as it is now, and an empty ledger of what its keys will read."""
     global _started
     _started = machine()
+    depends.READ.clear()
 
 
 # ------------------------------------------------------------------------------------ what the full run records
@@ -182,11 +190,11 @@ def write(argv: list[str], runner: Any, lines: list[str], done: str) -> Path | N
     if not isinstance(runner.store, LocalStore):
         return None
     try:
+        path = record_path(argv, os.getcwd())
+        path.parent.mkdir(parents=True, exist_ok=True)  # first: a state folder made inside a witnessed one moves it
         witness = _witness(runner)
         if witness is None:
             return None
-        path = record_path(argv, os.getcwd())
-        path.parent.mkdir(parents=True, exist_ok=True)
         record = Record(VERSION, argv, os.getcwd(), lines, done, str(runner.pipeline.file), runner.store.location,
                         witness)
         files.write_atomic(path, json.dumps(asdict(record)).encode())
@@ -196,46 +204,30 @@ def write(argv: list[str], runner: Any, lines: list[str], done: str) -> Path | N
 
 
 def _witness(runner: Any) -> Witness | None:
-    if _started is None:  # the machine was not read when the command started (`begin`)
+    """The ledger of what the keys read, with the store's part and trtflow's code; None where the machine was not
+    read when the command started (`begin`) or a reader could not name what it read."""
+    read = depends.READ
+    if _started is None or read.blind:
         return None
-    read: set[Path] = {Path(runner.pipeline.file)} | {Path(p) for p in runner.digests.seen}
-    folders: set[Path] = set()
-    for root in runner.data_roots:
-        found = _folders(root)
-        if found is None:
-            return None
-        folders |= found
-    read |= set(_code_files())
+    files = set(read.files) | {str(p) for p in _code_files()}
+    folders = set(read.folders)
     store = Path(runner.store.root)
-    folders |= {store} | {p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    for stage in runner.graph.order:
-        read |= {store / stage / "last.json"}
-    for directory, manifest in runner.reused:
-        read |= {directory / "manifest.json"} | {directory / rel for rel in manifest.files}
-    shared = _folders(store / "shared")
+    shared = depends.reachable_folders(str(store / "shared")) if (store / "shared").is_dir() else set()
     if shared is None:
         return None
+    folders |= {str(store)} | {str(p) for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")}
     folders |= shared
-    read |= {p for folder in shared for p in folder.iterdir() if p.is_file()}
-    out = {str(path): _stat(str(path)) for path in sorted(read)}
-    return Witness(out, {str(p): p.stat().st_mtime_ns for p in sorted(folders)}, _started)
-
-
-def _folders(root: Path) -> set[Path] | None:
-    """`root` and every folder under it (None: more than MAX_FOLDERS); nothing where it does not exist."""
-    if not root.is_dir():
-        return {root.parent} if root.parent.is_dir() else set()
-    found = {root}
-    for parent, dirs, _ in os.walk(root):
-        found |= {Path(parent) / d for d in dirs}
-        if len(found) > MAX_FOLDERS:
-            return None
-    return found
+    files |= {str(store / stage / "last.json") for stage in runner.graph.order}
+    for directory, manifest in runner.reused:
+        files |= {str(directory / "manifest.json")} | {str(directory / rel) for rel in manifest.files}
+    files |= {str(p) for folder in shared for p in Path(folder).iterdir() if p.is_file()}
+    return Witness({p: _stat(p) for p in sorted(files)}, {p: _stat(p) for p in sorted(folders)},
+                   dict(sorted(read.variables.items())), _started)
 
 
 def _code_files() -> list[Path]:
-    """trtflow's own source files, and every loaded module's outside the Python installation (a pipeline's own
-    functions, an editable install)."""
+    """trtflow's own source files and the code lock among them (the user's code is in the ledger: the file each
+    function named in the pipeline was read from)."""
     import trtflow
     import trtflow.flows
     import trtflow.pipelines
@@ -245,11 +237,6 @@ def _code_files() -> list[Path]:
     for package in (trtflow, trtflow.flows, trtflow.pipelines, trtflow.stages):
         base = Path(package.__file__).parent
         out += [p for p in base.rglob("*") if p.suffix in (".py", ".json") and p.is_file()]
-    installed = tuple(str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
-    for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if file and not str(Path(file).resolve()).startswith(installed) and Path(file).is_file():
-            out.append(Path(file))
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from trtflow import files, phases
+from trtflow import depends, files, phases
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.decisions import Decision
 from trtflow.disk import DiskError, disk_error
@@ -108,8 +108,7 @@ class Runner:
     store: ArtifactStore = None  # type: ignore[assignment]
     _noted: set[str] = field(default_factory=set, init=False, repr=False)  # store notes already logged
     _shared_pulled: bool = field(default=False, init=False, repr=False)
-    # what the keys were computed from beside hashed files, for the no-op record (flows/noop.py)
-    data_roots: set[Path] = field(default_factory=set, init=False, repr=False)  # folders data globs searched
+    # the results reuse_all found, for the no-op record (flows/noop.py; what the keys read is in trtflow.depends)
     reused: list[tuple[Path, Manifest]] = field(default_factory=list, init=False, repr=False)  # reuse_all's finds
     # reuse_all's stages from the first that runs on (those that may run): their imports are worth preloading
     pending: list[str] = field(default_factory=list, init=False, repr=False)
@@ -191,7 +190,7 @@ class Runner:
         base = self.pipeline.base_dir
         matches = sorted(p for p in base.glob(pattern) if p.is_file()) if not Path(pattern).is_absolute() \
             else sorted(p for p in Path("/").glob(pattern.lstrip("/")) if p.is_file())
-        self.data_roots.add(glob_root(base, pattern))
+        depends.READ.tree(glob_root(base, pattern))
         if not matches:
             raise self.pipeline.error(f"no file matches '{pattern}'", ("stages", stage) + keypath,
                                       hint=f"the glob is relative to {base}")

@@ -17,13 +17,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from trtflow import depends
 from trtflow.errors import SpecError
 from trtflow.pipelines.kinds import KINDS, kind_named
 from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.schema import StageBase
 from trtflow.text import first_line, suggestion
 from trtflow.usercode import code_beside
-from trtflow.yaml_text import BIDI_OVERRIDES, LINE_BREAKS
+from trtflow.yaml_text import LINE_BREAKS, UNSAFE_OUTSIDE_QUOTES
 
 Path_ = tuple  # a key path such as ("stages", "build", "workspace")
 
@@ -40,11 +41,11 @@ class LoadedPipeline:
 
     @property
     def model_path(self) -> Path:
-        return (self.base_dir / self.spec.model).resolve()
+        return _through_links(self.base_dir / self.spec.model)
 
     @property
     def store_root(self) -> Path:
-        return (self.base_dir / (self.spec.artifacts or ".trtflow")).resolve()
+        return _through_links(self.base_dir / (self.spec.artifacts or ".trtflow"))
 
     @property
     def store_location(self) -> str:
@@ -56,6 +57,12 @@ class LoadedPipeline:
 
     def error(self, message: str, path: Path_, hint: str | None = None) -> SpecError:
         return SpecError(message, file=str(self.file), line=self.line_of(path), path=path, hint=hint)
+
+
+def _through_links(path: Path) -> Path:
+    """`path` resolved; the path as written goes to the keys' ledger (a link retargeted is a change)."""
+    depends.READ.file(path)
+    return path.resolve()
 
 
 def load_pipeline(file: str | os.PathLike, overrides: list[str] | None = None,
@@ -134,6 +141,7 @@ def read_pipeline_text(path: Path, shown: str) -> str:
     if st.st_size > MAX_PIPELINE_BYTES:
         raise SpecError(f"the pipeline file is {st.st_size / 2**20:.1f} MiB; a pipeline file is at most "
                         f"{MAX_PIPELINE_BYTES // 2**20} MiB", file=shown, hint="is this the right file?")
+    depends.READ.file(path)
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_PIPELINE_BYTES + 1)
@@ -152,10 +160,11 @@ MAX_PIPELINE_BYTES = 2**20  # a pipeline file is a few KB
 MAX_YAML_NODES = 100_000  # a pipeline file has hundreds; an alias bomb expands to billions
 MAX_YAML_DEPTH = 64  # nesting of mappings and sequences; PyYAML's composer recurses (RecursionError at ~1000)
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
-# YAML's line breaks beyond CR and LF (NEL U+0085, U+2028, U+2029) and the bidirectional embeddings, overrides and
-# isolates: outside a quoted string each makes a line parse, or show in a terminal, other than it reads (a comment
-# that ends early and defines a stage); inside one they are data
-BREAKS_AND_BIDI = re.compile(f"[{LINE_BREAKS}{BIDI_OVERRIDES}]")
+# YAML's line breaks beyond CR and LF (NEL U+0085, U+2028, U+2029) and the bidirectional embeddings, overrides,
+# isolates and marks: outside a quoted string each makes a line parse, or show in a terminal, other than it reads (a
+# comment that ends early and defines a stage); inside one they are data. The set is the writer's (yaml_text.py).
+BREAKS_AND_BIDI = re.compile(f"[{UNSAFE_OUTSIDE_QUOTES}]")
+BOM = "\ufeff"  # allowed as the file's first character only (an editor's byte order mark)
 
 
 def _check_text(text: str, shown: str) -> None:
@@ -181,7 +190,7 @@ def _check_text(text: str, shown: str) -> None:
 
 
 def _check_breaks(text: str, shown: str) -> None:
-    found = [m.start() for m in BREAKS_AND_BIDI.finditer(text)]
+    found = [m.start() for m in BREAKS_AND_BIDI.finditer(text) if m.start() > 0 or m.group() != BOM]
     if not found:
         return
     spans = _quoted_spans(text)
@@ -191,7 +200,7 @@ def _check_breaks(text: str, shown: str) -> None:
             what = unicodedata.name(ch, "NEXT LINE")
             raise SpecError(f"U+{ord(ch):04X} ({what}) outside a quoted string: "
                             + ("YAML reads it as a line break" if ch in LINE_BREAKS else
-                               "a terminal shows the line reordered"), file=shown, line=text.count("\n", 0, at) + 1,
+                               "a terminal shows the line other than it parses"), file=shown, line=text.count("\n", 0, at) + 1,
                             hint=f"remove it; in a double-quoted string write it as the escape \"\\u{ord(ch):04x}\"")
 
 
@@ -309,6 +318,7 @@ def _interpolate(value: Any, path: Path_, environ, shown: str, lines) -> Any:
         if m.group(0) == "$$":
             return "$"
         name, default = m.group(1), m.group(2)
+        depends.READ.variable(name, environ.get(name))
         if name in environ:
             return environ[name]
         if default is not None:

@@ -710,6 +710,10 @@ def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_a
     where = trtflow("output", "pipeline.yaml", "release", "triton", "--set", *smaller, cwd=workdir)
     assert where.returncode == 0 and Path(where.stdout.strip()) == directory / "triton", where.stdout + where.stderr
     assert where.stderr.strip() == "ocr-cls version 2 for target native: the latest released", where.stderr
+    outside = trtflow("output", "pipeline.yaml", "release", "../../etc", "--set", *smaller, cwd=workdir)
+    said = [line for line in outside.stderr.splitlines() if line.strip()]  # issue #67: the error alone, no decisions
+    assert outside.returncode == 2 and outside.stdout == "" and len(said) == 1, outside.stderr
+    assert "has no output '../../etc'" in said[0], said
     # the first configuration's release is still in the store under its own key, but presents version 1: issue #50
     # (deploying it was a silent rollback)
     stale = trtflow("output", "pipeline.yaml", "release", cwd=workdir)

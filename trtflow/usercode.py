@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from trtflow import depends
 from trtflow.errors import StageError
 
 # The folders of the pipelines loaded in this process: the user's own code (kind: userstages.slow:run, callables)
@@ -57,6 +58,7 @@ def source_digest(ref: str) -> str:
     """sha256 (16 hex digits) of the function's source, or "unknown" where Python cannot show it."""
     func = _resolve(ref, ref)
     try:
+        depends.READ.file(inspect.getsourcefile(func) or "")
         return hashlib.sha256(inspect.getsource(func).encode()).hexdigest()[:16]
     except (OSError, TypeError):
         return "unknown"
@@ -67,6 +69,7 @@ def _resolve(ref: str, what: str) -> Callable[..., Any]:
     if module_name.split(".")[0] in sys.stdlib_module_names:
         raise StageError(f"{what}: '{ref}' is in Python's standard library, not a function of your project's: "
                          f"name your own package.module:function")
+    depends.READ.import_path(search_path())  # where the module is looked for: a new one anywhere shadows it
     try:
         with _importable():
             module = importlib.import_module(module_name)

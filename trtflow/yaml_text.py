@@ -20,7 +20,10 @@ import yaml
 # YAML's NEL), YAML's two Unicode line breaks, the bidirectional embeddings, overrides, isolates and marks, the BOM.
 LINE_BREAKS = "\x85\u2028\u2029"  # YAML's beyond CR and LF (NEL, LINE and PARAGRAPH SEPARATOR)
 BIDI_OVERRIDES = "\u202a-\u202e\u2066-\u2069"  # embeddings, overrides, isolates: a terminal reorders the line
-BREAKS_AND_CONTROLS = f"\x00-\x08\x0b-\x1f\x7f-\x9f{LINE_BREAKS}{BIDI_OVERRIDES}\u200e\u200f\u061c\ufeff"
+BIDI_MARKS = "\u200e\u200f\u061c\ufeff"  # LRM, RLM, ALM, and the BOM (a zero-width no-break space mid-text)
+# What may stand in YAML only inside a quoted string (written there as an escape); the loader refuses it elsewhere
+UNSAFE_OUTSIDE_QUOTES = f"{LINE_BREAKS}{BIDI_OVERRIDES}{BIDI_MARKS}"
+BREAKS_AND_CONTROLS = f"\x00-\x08\x0b-\x1f\x7f-\x9f{UNSAFE_OUTSIDE_QUOTES}"
 UNSAFE = re.compile(f"[{BREAKS_AND_CONTROLS}]")
 _UNSAFE_IN_COMMENT = re.compile(f"[\t\n{BREAKS_AND_CONTROLS}]")  # a comment is one line: a line feed too
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]*")

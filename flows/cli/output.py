@@ -32,6 +32,9 @@ class Output(Command):
             raise SpecError(f"stage '{args.stage}' has no up-to-date result in {runner.store.location} "
                             f"({item.reason})", hint=f"run it first: trtflow run {args.pipeline} --stage {args.stage}")
         directory = runner.store.path(args.stage, item.key)
+        if args.output is not None and args.output not in manifest.outputs:
+            raise SpecError(f"stage '{args.stage}' has no output '{args.output}'",
+                            hint=f"its outputs: {', '.join(manifest.outputs)}")
         for d in Verdict.of(manifest).decisions:  # reused only while no later version was released (plan says)
             if d.action in ("released", "held"):
                 err.print(f"{d.model} version {d.version} for target {d.subject}: the latest released"
@@ -39,9 +42,6 @@ class Output(Command):
         if args.output is None:
             out.print(str(directory))
             return 0
-        if args.output not in manifest.outputs:
-            raise SpecError(f"stage '{args.stage}' has no output '{args.output}'",
-                            hint=f"its outputs: {', '.join(manifest.outputs)}")
         out.print(str(directory / manifest.outputs[args.output].path))
         return 0
 
