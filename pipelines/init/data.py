@@ -4,28 +4,20 @@ loaded, and a file over the limits below is refused before the stages would deco
 from __future__ import annotations
 
 import glob as globbing
-import struct
-import warnings
 import zipfile
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
+from trtflow import image_header
 from trtflow.errors import SpecError
+from trtflow.image_header import Refusal, read_header
 from trtflow.text import first_line
-
-if TYPE_CHECKING:
-    from PIL import Image
 
 IMAGES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 TENSORS = (".npy", ".npz")
-# one image's pixels: under Pillow's decompression-bomb refusal (2 x Image.MAX_IMAGE_PIXELS, 178,956,970), which the
-# parity stage's torchvision reference opens images through, and OpenCV's (2**30), which the stages decode with
-MAX_PIXELS = 2**27
+MAX_PIXELS = image_header.MAX_PIXELS  # one image's pixels: the stages refuse more too
 MAX_ELEMENTS = 2**28  # one saved array's elements (1 GiB of float32): the stages load each sample whole
-IMAGE_FORMATS = ("PNG", "JPEG", "BMP", "WEBP", "TIFF")  # Pillow's names of the formats OpenCV decodes too
-_TURNED = (5, 6, 7, 8)  # EXIF orientations a quarter turn away: OpenCV's IMREAD_COLOR, the stages' read, swaps H, W
 _LEAVE_OUT = "give --data a glob that leaves it out"
 
 
@@ -90,75 +82,10 @@ def read_data(spec: str, cwd: Path) -> DataFacts:
 def _image_size(path: Path) -> tuple[int, int]:
     """(height, width) as the stages will decode the image (EXIF orientation applied), from its header; a PNG's
     chunks are read through to IEND for their CRCs (a truncated or damaged file), its pixels never inflated."""
-    from PIL import Image
-
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit below says it, once
-            with Image.open(path, formats=IMAGE_FORMATS) as image:
-                width, height = image.size
-                turned = _orientation(image) in _TURNED
-                damage = _png_damage(path) if image.format == "PNG" and width * height <= MAX_PIXELS else None
-    except Image.DecompressionBombError:  # over twice Pillow's limit, so over MAX_PIXELS: Pillow gives no size
-        raise SpecError(f"--data: {path} declares more than {2 * (Image.MAX_IMAGE_PIXELS or 0):,} pixels, over "
-                        f"init's limit of {MAX_PIXELS:,} (MAX_PIXELS)", hint=f"resize it, or {_LEAVE_OUT}") from None
-    except Image.UnidentifiedImageError:
-        raise SpecError(f"--data: {path} is not an image ({', '.join(IMAGE_FORMATS)}) Pillow can read",
-                        hint=f"remove it, or {_LEAVE_OUT}") from None
-    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for a broken file (OSError, SyntaxError...)
-        raise _broken(path, first_line(exc)[:200]) from None
-    if damage:
-        raise _broken(path, damage)
-    if width * height > MAX_PIXELS:
-        raise SpecError(f"--data: {path} is {width}x{height} pixels ({width * height:,}), over init's limit of "
-                        f"{MAX_PIXELS:,} (MAX_PIXELS)", hint=f"resize it, or {_LEAVE_OUT}")
-    return (width, height) if turned else (height, width)
-
-
-def _broken(path: Path, why: str) -> SpecError:
-    return SpecError(f"--data: {path} is a broken image: {why}", hint=f"replace it, or {_LEAVE_OUT}")
-
-
-def _png_damage(path: Path) -> str | None:
-    """What is wrong with a PNG's chunks (truncated, a CRC that does not hold), None where they run whole to IEND.
-    Read in blocks: Pillow's verify() holds each chunk whole, and one IDAT may be the whole file."""
-    with open(path, "rb") as f:
-        f.seek(8)  # the signature, which Pillow matched
-        while True:
-            head = f.read(8)
-            if len(head) < 8:
-                return "truncated (no IEND chunk)"
-            length, kind = struct.unpack(">I4s", head)
-            crc, left = zlib.crc32(kind), length
-            while left:
-                block = f.read(min(left, 1 << 20))
-                if not block:
-                    return f"truncated in its {kind.decode('latin-1')!r} chunk"
-                crc, left = zlib.crc32(block, crc), left - len(block)
-            stored = f.read(4)
-            if len(stored) < 4:
-                return f"truncated in its {kind.decode('latin-1')!r} chunk"
-            if struct.unpack(">I", stored)[0] != crc:
-                return f"damaged: its {kind.decode('latin-1')!r} chunk fails its CRC"
-            if kind == b"IEND":
-                return None
-
-
-def _orientation(image: Image.Image) -> int:
-    """The EXIF orientation the header holds (1: none). Never Pillow's PNG getexif(): it decodes the whole image to
-    look for an eXIf chunk after the pixels."""
-    from PIL import Image
-
-    raw = image.info.get("exif")
-    if not raw:
-        return 1
-    exif = Image.Exif()
-    try:
-        exif.load(raw)
-    except Exception:  # noqa: BLE001 - a damaged EXIF block: OpenCV ignores it too
-        return 1
-    value = exif.get(0x0112, 1)
-    return value if isinstance(value, int) else 1
+        return read_header(path, whose="init", chunks=True).as_read
+    except Refusal as exc:
+        raise SpecError(f"--data: {path} {exc.why}", hint=f"{exc.fix}, or {_LEAVE_OUT}") from None
 
 
 def _tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:

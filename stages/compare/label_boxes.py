@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from trtflow.errors import StageError
 from trtflow.stages.compare.detections import BoxDecoder
-from trtflow.stages.compare.labels import Labelled, PerFile, Scored
+from trtflow.stages.compare.labels import LABELS_BYTES, Labelled, PerFile, Scored, read_json
 
 
 class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")  # COCO files carry more (segmentation, licenses, info)
+    # COCO files carry more (segmentation, licenses, info); JSON's NaN and Infinity (and 1e999) are no coordinates
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class CocoImage(_Loose):
@@ -59,10 +59,7 @@ class CocoFile(_Loose):
 
 def read_coco(path: Path, where: str) -> CocoFile:
     """The labels file, checked: one line naming the first thing wrong in it."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise StageError(f"{where}: {path.name} is not JSON ({exc})") from None
+    raw = read_json(path, LABELS_BYTES, where)
     try:
         coco = CocoFile.model_validate(raw)
     except ValidationError as exc:

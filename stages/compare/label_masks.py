@@ -11,28 +11,53 @@ import cv2
 import numpy as np
 
 from trtflow.errors import StageError
+from trtflow.image_header import Refusal, read_header
 from trtflow.stages.compare.labels import Labelled, PerFile, Scored
+from trtflow.text import first_line
 
 
 def mask_files(paths: list[Path], images: list[str], where: str) -> dict[str, Path]:
-    """Image file name -> its mask (the mask file with the image's name, any extension); every image needs one."""
+    """Image file name -> its mask (the mask file with the image's name, any extension); every image needs one, each
+    an image whose header is read and within MAX_PIXELS."""
     by_stem = {p.stem: p for p in paths}
     out = {name: by_stem[Path(name).stem] for name in images if Path(name).stem in by_stem}
     missing = [n for n in images if n not in out]
     if missing:
         raise StageError(f"{where}: {len(missing)} sample file(s) have no mask of their name "
                          f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): give one mask per image")
+    for mask in out.values():
+        mask_size(mask, where)
     return out
 
 
+def mask_size(path: Path, where: str) -> tuple[int, int]:
+    """(height, width) of a mask as stored, from its header: refused before any decode where it has none Pillow
+    reads (nothing would bound its decode), is broken or is over MAX_PIXELS."""
+    try:
+        return read_header(path).stored
+    except Refusal as exc:
+        raise StageError(f"{where}: mask {path.name} {exc.why} ({exc.fix}: a mask is a one-channel PNG of class "
+                         f"ids)") from None
+
+
 def read_mask(path: Path, where: str) -> np.ndarray:
-    mask = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    """A mask's class ids per pixel as OpenCV decodes them (uint8 or uint16: never widened whole); its header is
+    read first (`mask_size`), and TIFF's floats refused."""
+    mask_size(path, where)
+    try:
+        mask = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    except cv2.error as exc:
+        raise StageError(f"{where}: mask {path.name}: OpenCV refuses it: "
+                         f"{getattr(exc, 'err', '') or first_line(exc)[:200]}") from None
     if mask is None:
         raise StageError(f"{where}: {path.name} is not an image OpenCV reads")
     if mask.ndim != 2:
         raise StageError(f"{where}: {path.name} has {mask.shape[2]} channels: a mask is one class index per pixel "
                          f"(a one-channel or palette PNG)")
-    return mask.astype(np.int64)
+    if mask.dtype.kind not in "ui":  # a float TIFF: NaN has no class, and truncating guesses one
+        raise StageError(f"{where}: {path.name} holds {mask.dtype} values: a mask is integer class ids (an 8- or "
+                         f"16-bit PNG)")
+    return mask
 
 
 class MaskTally(PerFile):
@@ -64,30 +89,39 @@ class MaskTally(PerFile):
         if self.confusion is None:
             self.confusion = np.zeros((classes, classes), np.int64)
         for r, path in self.first_seen(len(maps), scored.files):
-            truth = read_mask(self.labels[path.name], self.where)
-            predicted = maps[r]
-            if scored.pre is not None:
-                frame = scored.pre.frame(path)
-                if frame.image != truth.shape:
-                    raise StageError(f"{self.where}: {self.labels[path.name].name} is {truth.shape[0]}x"
-                                     f"{truth.shape[1]}, its image {path.name} {frame.image[0]}x{frame.image[1]}")
-                h, w = scored.size or (frame.height, frame.width)
-                frame = frame.scaled(predicted.shape[0] / h, predicted.shape[1] / w)
-                # each mask pixel takes the class of the map pixel it lands on; off the map: not scored
-                predicted = cv2.warpAffine(predicted.astype(np.float32), frame.matrix(), truth.shape[::-1],
-                                           flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
-                                           borderMode=cv2.BORDER_CONSTANT, borderValue=-1).astype(np.int64)
-            elif predicted.shape != truth.shape:
-                raise StageError(f"{self.where}: {self.labels[path.name].name} is {truth.shape[0]}x{truth.shape[1]},"
-                                 f" the output's map {predicted.shape[0]}x{predicted.shape[1]}")
-            scored_px = (truth != self.ignore) & (predicted >= 0)
-            wrong = scored_px & (truth >= classes)
-            if wrong.any():
-                raise StageError(f"{self.where}: {self.labels[path.name].name} holds class {int(truth[wrong][0])}; "
-                                 f"the output has {classes} classes (mark unscored pixels {self.ignore}, "
-                                 f"labels.masks.ignore)")
-            t, p = truth[scored_px], predicted[scored_px]
-            self.confusion += np.bincount(t * classes + p, minlength=classes * classes).reshape(classes, classes)
+            mask = self.labels[path.name]
+            predicted = self._on_mask(maps[r], mask, path, scored)  # the mask's size checked before it is decoded
+            self._count(read_mask(mask, self.where), predicted, classes, mask)
+
+    def _on_mask(self, predicted: np.ndarray, mask: Path, image: Path, scored: Scored) -> np.ndarray:
+        """The class map on the mask's pixels (-1 where the preprocessing cropped the image away); a mask whose
+        header gives another size than its image's (or the output map's) refused."""
+        size = mask_size(mask, self.where)
+        if scored.pre is None:
+            if predicted.shape != size:
+                raise StageError(f"{self.where}: {mask.name} is {size[0]}x{size[1]}, the output's map "
+                                 f"{predicted.shape[0]}x{predicted.shape[1]}")
+            return predicted
+        frame = scored.pre.frame(image)
+        if frame.image != size:
+            raise StageError(f"{self.where}: {mask.name} is {size[0]}x{size[1]}, its image {image.name} "
+                             f"{frame.image[0]}x{frame.image[1]}")
+        h, w = scored.size or (frame.height, frame.width)
+        frame = frame.scaled(predicted.shape[0] / h, predicted.shape[1] / w)
+        # each mask pixel takes the class of the map pixel it lands on; off the map: not scored
+        return cv2.warpAffine(predicted.astype(np.float32), frame.matrix(), size[::-1],
+                              flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
+                              borderMode=cv2.BORDER_CONSTANT, borderValue=-1).astype(np.int32)
+
+    def _count(self, truth: np.ndarray, predicted: np.ndarray, classes: int, mask: Path) -> None:
+        """The scored pixels (not `ignore`, on the map) into the confusion matrix; widened to int64 only there."""
+        scored_px = (truth != self.ignore) & (predicted >= 0)
+        not_a_class = scored_px & ((truth < 0) | (truth >= classes))
+        if not_a_class.any():
+            raise StageError(f"{self.where}: {mask.name} holds class {int(truth[not_a_class][0])}; the output has "
+                             f"{classes} classes (mark unscored pixels {self.ignore}, labels.masks.ignore)")
+        t, p = truth[scored_px].astype(np.int64), predicted[scored_px].astype(np.int64)
+        self.confusion += np.bincount(t * classes + p, minlength=classes * classes).reshape(classes, classes)
 
     def result(self) -> Labelled | None:
         if not self.seen or self.confusion is None:

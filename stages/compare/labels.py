@@ -8,6 +8,7 @@ many shape sets or batch fills repeat it."""
 from __future__ import annotations
 
 import csv
+import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from trtflow.errors import StageError
+from trtflow.files import read_bounded
 from trtflow.stages.compare.task_metrics import ctc_greedy, edit_distance
 
 
@@ -32,24 +34,70 @@ class Labelled(BaseModel):
         return f"{shown} on {self.samples} labelled samples"
 
 
+LABELS_BYTES = 64 * 2**20  # a labels file: ImageNet's 50 000 validation labels are 2 MB, COCO's val2017 boxes 25 MB
+_BOM = b"\xef\xbb\xbf"
+
+
+def read_text(path: Path, limit: int, where: str) -> str:
+    """The UTF-8 text of a file the user gave (a byte-order mark allowed), at most `limit` bytes: anything else
+    refused in one line naming `where` and the file."""
+    try:
+        data = read_bounded(path, limit)
+    except OSError as exc:
+        raise StageError(f"{where}: {path.name} {_unreadable(exc, limit)}") from None
+    body = data.removeprefix(_BOM)
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = exc.start + len(data) - len(body)
+        line = data.count(b"\n", 0, at) + 1
+        raise StageError(f"{where}: {path.name}: line {line}: byte {at} (0x{data[at]:02x}) is not UTF-8: save the "
+                         f"file as UTF-8") from None
+
+
+def _unreadable(exc: OSError, limit: int) -> str:
+    if exc.errno == errno.EFBIG:
+        return f"is larger than {limit:,} bytes, the most trtflow reads there: give a smaller file"
+    return f"cannot be read: {exc.strerror or exc}"
+
+
+def read_json(path: Path, limit: int, where: str) -> Any:
+    """A JSON file the user gave, read as `read_text` does: one line naming `where`, the file and what is wrong."""
+    text = read_text(path, limit, where)
+    try:
+        return json.loads(text)
+    except RecursionError:  # json's scanner recurses once per nested array or object
+        raise StageError(f"{where}: {path.name}: its JSON is nested deeper than Python's parser goes: no labels file "
+                         f"nests more than a few levels") from None
+    except ValueError as exc:
+        raise StageError(f"{where}: {path.name} is not JSON ({exc})") from None
+
+
 def read_pairs(path: Path, where: str) -> list[tuple[str, str]]:
     """(file name, label) from a CSV of `file,label` rows (a header allowed) or a JSON object."""
-    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix.lower() == ".json":
+        return _json_pairs(read_json(path, LABELS_BYTES, where), path, where)
+    text = read_text(path, LABELS_BYTES, where)
     try:
-        if path.suffix.lower() == ".json":
-            raw = json.loads(text)
-            if not isinstance(raw, dict):
-                raise ValueError("not an object {file: label}")
-            return [(Path(str(k)).name, str(v)) for k, v in raw.items()]
         rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
-        if rows and len(rows[0]) >= 2 and rows[0][0].strip().lower() in ("file", "image", "filename", "name"):
-            rows = rows[1:]  # a header
-        bad = next((i for i, r in enumerate(rows) if len(r) != 2), None)
-        if bad is not None:
-            raise ValueError(f"row {bad + 1} has {len(rows[bad])} fields, not 2 (file,label)")
-        return [(Path(r[0].strip()).name, r[1]) for r in rows]
-    except ValueError as exc:
-        raise StageError(f"{where}: {path.name}: {exc}") from None
+    except csv.Error as exc:  # a field over csv.field_size_limit()
+        raise StageError(f"{where}: {path.name}: {exc}: a row is a file name and its label") from None
+    if rows and len(rows[0]) >= 2 and rows[0][0].strip().lower() in ("file", "image", "filename", "name"):
+        rows = rows[1:]  # a header
+    bad = next((i for i, r in enumerate(rows) if len(r) != 2), None)
+    if bad is not None:
+        raise StageError(f"{where}: {path.name}: row {bad + 1} has {len(rows[bad])} fields, not 2 (file,label)")
+    return [(Path(r[0].strip()).name, r[1]) for r in rows]
+
+
+def _json_pairs(raw: Any, path: Path, where: str) -> list[tuple[str, str]]:
+    if not isinstance(raw, dict):
+        raise StageError(f"{where}: {path.name}: not an object {{file: label}}")
+    odd = next((k for k, v in raw.items() if not isinstance(v, (str, int, float))), None)
+    if odd is not None:
+        raise StageError(f"{where}: {path.name}: '{odd}' is labelled with {type(raw[odd]).__name__}: a label is a "
+                         f"string or a class index")
+    return [(Path(str(k)).name, str(v)) for k, v in raw.items()]
 
 
 def load(path: Path, classes: list[str], where: str) -> dict[str, int]:

@@ -18,6 +18,7 @@ from trtflow.text import did_you_mean
 
 Tally = Union[labels_mod.Tally, labels_mod.TextTally, BoxTally, MaskTally]
 WHERE = "validate: labels.file"
+CHARSET_BYTES = 2**20  # one character a line: PaddleOCR's Chinese dictionary (6 623 characters) is 26 KB
 
 
 class LabelSet:
@@ -62,7 +63,8 @@ class LabelSet:
                                  + "; give the charset file instead")
             chars = meta[key].split("\n")
         else:
-            chars = inputs.many("charset")[0].path.read_text(encoding="utf-8").split("\n")
+            path = inputs.many("charset")[0].path
+            chars = labels_mod.read_text(path, CHARSET_BYTES, "validate: labels.text.charset").split("\n")
         chars = [c.rstrip("\r") for c in chars if c.rstrip("\r")]
         return chars + ([" "] if self.spec.text.space else [])
 
