@@ -93,7 +93,8 @@ def test_failing_parse_fails_the_cell_with_a_report(tmp_path):
     assert "**failed**" in info.value.result.summary
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     failure = report["cells"][0]["failures"][0]
-    assert (failure["node"], failure["op_type"]) == ("uniq0", "Unique") and "host" in failure["hint"]
+    assert (failure["node"], failure["op_type"]) == ("uniq0", "Unique") and failure["importer"] is False
+    assert failure["hint"].startswith("the parser has no importer for 'Unique'") and "host" in failure["hint"]
 
 
 def _prepared_ppocr(tmp_path: Path) -> Artifact:

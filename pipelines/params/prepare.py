@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from trtflow.pipelines.row import TENSORRT, Kind, Slot
-from trtflow.pipelines.schema import SampleData, Shape, StageBase, Strict, yaml_off
+from trtflow.pipelines.schema import CUSTOM_KIND, SampleData, Shape, StageBase, Strict, yaml_off
 
 
 class CheckSpec(Strict):
@@ -45,6 +45,15 @@ class PrepareStage(StageBase):
                                                         "finds nodes it cannot parse, or the trial build fails")
     trial_build: bool = Field(True, description="the pre-flight also builds an engine at input_shapes (parsing "
                                                 "is not building)")
+    rewrites: Literal["auto", "none"] | list[Annotated[str, Field(pattern=CUSTOM_KIND)]] = Field(
+        "auto", description="replace nodes TensorRT's parser refuses with nodes it takes, each checked on ONNX "
+                            "Runtime and by the parser before it is kept: auto: trtflow's rules; none: never; a "
+                            "list of your functions (package.module:function, an onnx.ModelProto in and out), "
+                            "applied first and checked the same way, then trtflow's rules",
+        examples=["auto", ["mymodels.fix:drop_nms"]])
+
+    def code_refs(self) -> list[str]:
+        return list(self.rewrites) if isinstance(self.rewrites, list) else []
 
     def data_globs(self) -> dict[str, tuple[str, tuple]]:
         data = self.check.data

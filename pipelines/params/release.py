@@ -153,6 +153,8 @@ KIND = Kind("release", ReleaseStage,
                    # preprocessing as declared and parity's verdict on it
                    "variant_reports": Slot("json", many=True, required=False, prefer=("precision", "calibrate")),
                    "parity": Slot("json", required=False, prefer=("parity",)),
+                   # prepare's report: what was changed in the model (its rewrites), for the card
+                   "preparation": Slot("json", required=False, prefer=("prepare",)),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"triton": "dir", "card": "file", "report": "json"},
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),

@@ -67,6 +67,29 @@ class Simplification(BaseModel):
     reason: str | None = None  # why it was not applied
 
 
+class RewriteRecord(BaseModel):
+    """One rewrite tried: on which node, by which rule (a built-in rule's name, or your function), and whether it
+    was kept; `max_abs` is ONNX Runtime's largest difference over the outputs, before and after."""
+    node: str
+    op_type: str
+    rule: str
+    summary: str = ""
+    kept: bool = False
+    max_abs: float | None = None
+    reason: str | None = None  # why it was not kept
+    check: str | None = None  # the check, said
+
+    def line(self) -> str:
+        verdict = (f"kept, max abs diff {self.max_abs:.3g}" if self.kept
+                   else f"not kept: {self.reason}")
+        return f"{self.node} ({self.op_type}) by {self.rule}: {verdict}"
+
+    def row(self) -> str:
+        diff = f"{self.max_abs:.3g}" if self.max_abs is not None else "-"
+        return (f"| {md.code(self.node, cell=True)} | {md.text(self.op_type)} | {md.code(self.rule, cell=True)} | "
+                f"{md.text(self.summary)} | {diff} | {'kept' if self.kept else md.text(self.reason)} |")
+
+
 class PrepareReport(BaseModel):
     source: Source
     before: Inventory  # the model as given
@@ -77,7 +100,8 @@ class PrepareReport(BaseModel):
     simplification: Simplification
     dynamic_dims: list[DynamicDim]
     constants_to_initializers: int
-    preflight: PreflightReport  # or why it did not run
+    rewrites: list[RewriteRecord] = []  # each rewrite tried, kept or not (issue #68)
+    preflight: PreflightReport  # or why it did not run (of the model as rewritten)
     timings: dict[str, float]
     warnings: list[str]
 
@@ -109,6 +133,11 @@ class PrepareReport(BaseModel):
         lines.append("- **dynamic input dims**: " + (
             ", ".join(md.code(f"{d.input}[{d.axis}]") + f" ({md.code(d.name)})" for d in dyn)
             + " — each needs a min/opt/max in the build's profiles" if dyn else "none (static shapes)"))
+        if self.rewrites:
+            lines += ["", ("**Rewrites** (nodes TensorRT's parser refused, replaced by nodes it takes; each checked "
+                           "on ONNX Runtime before it was kept)"), "",
+                      "| node | op | rule | replaced by | max abs diff | |", "|---|---|---|---|---|---|"]
+            lines += [r.row() for r in self.rewrites] + [""]
         lines += _preflight_lines(self.preflight)
         if self.warnings:
             lines += ["", "**Warnings**", ""] + [f"- {md.text(w)}" for w in self.warnings]

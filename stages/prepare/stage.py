@@ -22,12 +22,13 @@ from trtflow.stages.onnx import model_io, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.prepare.report import Conversion, ModelCheck, PrepareReport, Simplification, Source
+from trtflow.stages.prepare.rewriting import Rewriter, explain
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
 from trtflow.stages.trt.preflight import PreflightReport, run_preflight
 from trtflow.text import first_line
 
-VERSION = "3"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
-# with all its fields (typed)
+VERSION = "4"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
+# with all its fields (typed). 4: nodes the parser refuses are rewritten (`rewrites`)
 REPORT = PrepareReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
@@ -66,11 +67,23 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
     constants_moved = onnx_graph.constants_to_initializers(model)
     final = out_dir / "model.onnx"
     model_io.save(model, final, external=external or None)
-    after, dynamic = onnx_graph.inventory(model), onnx_graph.dynamic_dims(model)
     lap("save")
 
+    rewriter = Rewriter(model, final, work, check, external)
+    for ref in params.code_refs():
+        rewriter.user(ref)
     trial = _trial_shapes(model, params.input_shapes, check) if params.trial_build else None
-    preflight = _preflight(params.preflight, final, trial)
+    preflight = _preflight(params.preflight, rewriter.path, trial)
+    if preflight.failures and params.rewrites != "none":
+        rewriter.refused(preflight.failures)
+        lap("rewrite")
+        preflight = _preflight(params.preflight, rewriter.path, trial) if rewriter.path != final else preflight
+    if rewriter.path != final:
+        model = rewriter.model
+        model_io.save(model, final, external=external or None)
+    for failure in preflight.failures:
+        failure.hint = explain(failure, rewriter.records, params.rewrites != "none")
+    after, dynamic = onnx_graph.inventory(model), onnx_graph.dynamic_dims(model)
     lap("preflight")
     shutil.rmtree(work)
 
@@ -78,11 +91,11 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
         source=Source(path=str(src), digest=inputs.one("model").digest, external_data=external),
         before=before, after=after, full_check=full_check, sanitized_dims=sanitized, conversion=conversion,
         simplification=simplification, dynamic_dims=dynamic, constants_to_initializers=constants_moved,
-        preflight=preflight, timings=lap.timings, warnings=warnings)
+        rewrites=rewriter.records, preflight=preflight, timings=lap.timings, warnings=warnings)
     (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=str) + "\n")
     metrics = {"nodes_before": before.nodes, "nodes_after": after.nodes,
                "opset": onnx_graph.default_opset(model), "dynamic_dims": len(dynamic),
-               "simplified": simplification.applied,
+               "simplified": simplification.applied, "rewrites": sum(r.kept for r in rewriter.records),
                "preflight_failures": len(preflight.failures) if preflight.ran else None,
                "seconds": lap.timings}
     _verdict(preflight, params.fail_on_unsupported, src.name, warnings)

@@ -46,6 +46,11 @@ def write(report: ReleaseReport, plots: dict[str, Path], out_dir: Path) -> tuple
     return md, page
 
 
+REWRITES_NOTE = ("Nodes TensorRT's parser refused, replaced by prepare with nodes it takes; each replacement was "
+                 "checked on ONNX Runtime (largest difference over the outputs, FP32) and by the parser before it "
+                 "was kept. Every engine here was built from the model so changed.")
+
+
 def request_file(target: str) -> str:
     """The card's request example for `target`, beside the card (a target is a checked name: names.py)."""
     return f"request-{target}.py"
@@ -61,6 +66,10 @@ def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
     if report.numbers_note:
         lines += [f"> {md.text(report.numbers_note)}", ""]
     lines += ["## Preprocessing", ""] + _preprocessing_md(report) + [""]
+    if report.rewrites:
+        lines += ["## What was changed in the model", "", REWRITES_NOTE, "",
+                  "| node | op | rule | replaced by | max abs diff | |", "|---|---|---|---|---|---|"]
+        lines += [r.row() for r in report.rewrites] + [""]
     lines += ["## Provenance", "", "Every result this release was made from, down to the source model:", "",
               "| stage | kind | key | outputs (sha256) |", "|---|---|---|---|"]
     lines += [f"| {md.text(p.stage)} | {md.text(p.kind)} | {md.code(p.key or '-', cell=True)} | "
@@ -363,6 +372,14 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
     if report.numbers_note:
         body.append(f'<p class="muted">{_e(report.numbers_note)}</p>')
     body.append(_preprocessing_html(report))
+    if report.rewrites:
+        body.append("<h2>What was changed in the model</h2>" f"<p>{_e(REWRITES_NOTE)}</p>"
+                    "<table><thead><tr><th>node</th><th>op</th><th>rule</th><th>replaced by</th><th>max abs diff</th>"
+                    "</tr></thead><tbody>" + "".join(
+                        f'<tr data-rewrite="{_e(r.node)}"><td><code>{_e(r.node)}</code></td><td>{_e(r.op_type)}</td>'
+                        f"<td><code>{_e(r.rule)}</code></td><td>{_e(r.summary)}</td>"
+                        f'<td data-field="max-abs">{(r.max_abs or 0.0):.3g}</td></tr>' for r in report.rewrites)
+                    + "</tbody></table>")
     body.append("<h2>Provenance</h2><p>Every result this release was made from, down to the source model:</p>"
                 "<table><thead><tr><th>stage</th><th>kind</th><th>key</th><th>outputs (sha256)</th></tr></thead>"
                 "<tbody>" + "".join(

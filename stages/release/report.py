@@ -14,6 +14,7 @@ from trtflow.precisions import Precision
 from trtflow.stages.benchmark.report import RunSpread
 from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.onnx.composition import Composition
+from trtflow.stages.prepare.report import RewriteRecord
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
@@ -133,6 +134,7 @@ class ReleaseReport(BaseModel):
     preprocessing: list[dict[str, Any]] | None = None  # the declared deploy steps
     parity: ParitySummary | None = None  # parity's verdict on them
     labelled: Labelled | None = None  # the FP32 reference's accuracy against the data's labels
+    rewrites: list[RewriteRecord] = []  # what prepare changed in the model: the rewrites it kept
     numbers_note: str = ""  # which runtime measured the numbers, where it was not TensorRT
     warnings: list[str] = []
 

@@ -19,6 +19,7 @@ from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.onnx.composition import Composition, composition
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
+from trtflow.stages.prepare.report import PrepareReport, RewriteRecord
 from trtflow.stages.release import card, selection
 from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease, ValidFor
 from trtflow.stages.release.triton import client_example, contract, versions
@@ -153,7 +154,7 @@ def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> Re
     return ReleaseReport(
         model_name=job.model_name, rule=job.params.select.model_dump(mode="json"), targets=released,
         lineage=list(job.inputs.lineage), warnings=warnings, preprocessing=job.steps, parity=_parity(job.inputs),
-        labelled=job.verdict.labelled if job.verdict is not None else None,
+        labelled=job.verdict.labelled if job.verdict is not None else None, rewrites=_rewrites(job.inputs),
         numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
                       "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
 
@@ -454,6 +455,14 @@ def _parity(inputs: Inputs) -> ParitySummary | None:
     p = ParityReport.model_validate_json(art.path.read_text())
     return ParitySummary(verdict=p.verdict, images=len(p.images), top1=p.model.top1 if p.model else None,
                          tolerances=p.tolerances)
+
+
+def _rewrites(inputs: Inputs) -> list[RewriteRecord]:
+    """The rewrites prepare kept in the model (none without a prepare stage)."""
+    art = inputs.optional("preparation")
+    if art is None:
+        return []
+    return [r for r in PrepareReport.model_validate_json(art.path.read_text()).rewrites if r.kept]
 
 
 def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[TargetRelease]) -> dict[str, Path]:

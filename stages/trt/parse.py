@@ -21,6 +21,7 @@ class ParseFailure(BaseModel):
     code: str = ""
     reason: str = ""
     where: str = ""  # in the parser's source
+    importer: bool | None = None  # the parser's own `supports_operator(op_type)`: it has an importer for the op
     hint: str | None = None
 
 
@@ -83,12 +84,27 @@ def failures(parser: Any, model: Path) -> list[ParseFailure]:
     for i in range(parser.num_errors):
         e = parser.get_error(i)
         name = e.node_name() if hasattr(e, "node_name") else ""
+        func = e.func() if hasattr(e, "func") else ""
+        op = (e.node_operator() if hasattr(e, "node_operator") else "") or _imported_op(func)
         found.append(ParseFailure(
-            node=name, op_type=e.node_operator() if hasattr(e, "node_operator") else "", node_index=e.node(),
+            node=name, op_type=op, node_index=e.node(),
             domain=domains.get(name, "") or "ai.onnx", code=str(e.code()).split(".")[-1],
             reason=e.desc() if e.desc() not in ("", "false") else "the parser does not support this node",
-            where=f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else ""))
+            where=f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else "",
+            importer=_supports(parser, op)))
     return found
+
+
+def _imported_op(func: str) -> str:
+    """The op whose importer raised (`importScatterElements` -> ScatterElements): some refusals name no node."""
+    return func.removeprefix("import") if func.startswith("import") and func[6:7].isupper() else ""
+
+
+def _supports(parser: Any, op_type: str) -> bool | None:
+    try:
+        return bool(parser.supports_operator(op_type)) if op_type else None
+    except (AttributeError, TypeError):  # a parser without the call
+        return None
 
 
 def tensor_info(t: Any) -> TensorInfo:

@@ -20,28 +20,38 @@ from trtflow.stages.trt.parse import IoTensors, ParseFailure
 
 TIMEOUT_S = 900
 
-# op types the TensorRT ONNX parser has no importer for (TensorRT 10/11, TensorRT-RTX 1.x)
-NO_IMPORTER = {"Unique", "StringNormalizer", "TfIdfVectorizer", "Multinomial", "Bernoulli", "Compress",
-               "SequenceInsert", "SequenceErase", "ConcatFromSequence", "SplitToSequence", "Optional",
-               "OptionalGetElement", "OptionalHasElement", "Col2Im", "DFT", "STFT", "MelWeightMatrix"}
-
-
 def hint_for(failure: ParseFailure) -> str:
-    op, desc, domain = failure.op_type, failure.reason, failure.domain
-    if "Plugin not found" in desc or (domain and domain not in ("ai.onnx", "")):
-        return (f"'{op}' is a custom op: register a TensorRT plugin named '{op}' (IPluginV3) "
-                "or replace it in the exporter")
-    if "DequantizeLinear" in op and "INT32" in desc.upper():
-        return "a quantized bias: quantize with QuantizeBias=False (TensorRT rejects INT32 DequantizeLinear)"
-    if "plugin" in desc.lower():  # a standard op this TensorRT implements with a plugin it does not ship
-        return (f"this TensorRT implements '{op}' with a plugin it does not have: move the op out of the model "
-                f"(post-processing on the host, e.g. after NMS-free outputs) or load that plugin's library")
-    if "opset" in desc.lower():
-        return "the opset may be newer than this parser supports: set prepare.target_opset lower"
-    if op in NO_IMPORTER or failure.code == "UNSUPPORTED_NODE":
-        return (f"TensorRT has no '{op}' layer: move it out of the model (pre/post-processing on the host) "
-                "or provide a plugin")
-    return "see the TensorRT ONNX operator support matrix for this op's supported types and attributes"
+    """Why the parser refused the node, from its own fields (the error's code, the function that raised it, and
+    whether it has an importer for the op), and what can be done (prepare says which rewrite of its applies)."""
+    return f"{cause_of(failure)}; {no_rewrite(failure)}"
+
+
+def no_rewrite(f: ParseFailure) -> str:
+    return (f"register a TensorRT plugin named '{f.op_type}', move it out of the model (run it on the host), or give "
+            f"prepare.rewrites a function of yours that replaces it")
+
+
+FALLBACK_TO_PLUGIN = "importFallbackPluginImporter"  # the parser looked the op up as a plugin of that name
+
+
+def cause_of(f: ParseFailure) -> str:
+    op, reason = f.op_type, f.reason
+    if "DequantizeLinear" in op and "INT32" in reason.upper():
+        return "a quantized bias (TensorRT refuses INT32 DequantizeLinear): quantize with QuantizeBias=False"
+    if "opset" in reason.lower():
+        return f"the model's opset may be newer than this parser takes ({reason}): set prepare.target_opset lower"
+    if FALLBACK_TO_PLUGIN in f.where or f.domain not in ("", "ai.onnx"):
+        return (f"the parser has no importer for '{op}' ({f.domain or 'ai.onnx'}) and found no plugin named "
+                f"'{op}' to stand in for it")
+    if "plugin" in reason.lower():
+        return f"this TensorRT implements '{op}' with a plugin it cannot create here ({reason})"
+    if f.code == "UNSUPPORTED_NODE_ATTR":
+        return f"the parser takes '{op}', but not with this attribute ({reason})"
+    if "importInput" in f.where or "INPUT" in f.code:
+        return f"the parser cannot take this input's type ({reason})"
+    if f.importer is False:
+        return f"the parser has no importer for '{op}'"
+    return f"the parser refuses this '{op}' node ({reason})"
 
 
 # what a failed trial build's log says -> what the user can do about it
