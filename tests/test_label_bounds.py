@@ -210,3 +210,25 @@ def test_the_validate_stage_refuses_a_bad_labels_file_as_bad_input_not_retried(t
     assert "unexpectedly" not in line
     state = type("State", (), {"result": lambda self, raise_on_failure=False: error})()
     assert _retry_unless_user_error(None, None, state) is False
+
+
+def test_the_stages_images_are_refused_from_their_header_before_any_decode(tmp_path):
+    """Issue #67 Build 4: one header reader for init --data, masks and the stages' images: a data image whose header
+    declares 60000x60000 is refused in one line naming the file and the key, before OpenCV allocates it."""
+    import struct
+    import zlib
+
+    from trtflow.errors import StageError
+    from trtflow.stages.image.headers import check_images
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    huge = tmp_path / "huge.png"
+    huge.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    with pytest.raises(StageError, match=r"^validate: data.images: huge.png declares more than [\d,]+ pixels, over trtflow.s limit .*: resize it$"):
+        check_images([huge], "validate: data.images")
+    other = tmp_path / "other.ppm"  # no header Pillow reads among trtflow's formats: left to OpenCV
+    other.write_bytes(b"P6\n2 2\n255\n" + bytes(12))
+    check_images([other], "validate: data.images")

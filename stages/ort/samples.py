@@ -15,6 +15,7 @@ from trtflow.artifact import Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import SampleData
 from trtflow.stages.image import preprocess
+from trtflow.stages.image.headers import check_images
 from trtflow.stages.onnx.graph import index_bounds, inputs_upstream_of
 from trtflow.stages.ort.runner import fit_to_input, random_input, run, session_shapes
 from trtflow.stages.ort.shaping import Target
@@ -48,6 +49,7 @@ class SampleSource:
                                  f"before it (or inputs: {{preprocess: <parity stage>}}), or give data.tensors")
             self.pre = preprocess.load(inputs.one("preprocess").path)
             self.files = [a.path for a in inputs.many("images")][: data.samples]
+            check_images(self.files, f"{stage}: {key}.images")
         elif data.tensors:
             self.files = [a.path for a in inputs.many("tensors")][: data.samples]
         self.from_files = bool(data.images or data.tensors)

@@ -20,6 +20,7 @@ from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
 from trtflow.stages.compare.accuracy import OutputStats
 from trtflow.stages.compare.task_metrics import TopK
 from trtflow.stages.image import preprocess
+from trtflow.stages.image.headers import check_images
 from trtflow.stages.image.steps import Steps
 from trtflow.stages.parity import diagnosis as dx
 from trtflow.stages.parity import training_ref
@@ -34,6 +35,7 @@ REPORT = ParityReport  # what output 'report' holds: checked against it when pub
 
 def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
     images = inputs.many("images")[: params.max_images]
+    check_images([a.path for a in images], "parity: images")
     steps = preprocess.canonical(params.deploy)
     pre = preprocess.Preprocessor(steps)
     train_fn, train_label = training_ref.build(params.training, inputs.many("training_tensors"), images)
