@@ -151,3 +151,56 @@ def test_a_model_whose_only_problem_is_an_antialiased_resize_ships_with_the_rewr
     assert off.returncode == 1, off.stdout + off.stderr
     (line,) = [ln for ln in off.stderr.splitlines() if ln.strip()]
     assert "antialiased_halving (Resize)" in line and "rule resize-matmul" in line, line
+
+
+# --- a real trained model from a wheel: scikit-learn's Scaler in front of an MLP ----------------------------------
+
+SURFACES = "surfaces-onnx-files==0.0.1"  # MIT: trained MLP surrogates of hyperparameter search, exported by skl2onnx
+SURROGATE = "surfaces_onnx_files/gradient_boosting_regressor.onnx"
+SCALER_PIPELINE = """
+version: 1
+name: gbr-surrogate
+model: models/surrogate.onnx
+stages:
+  prepare: {kind: prepare, input_shapes: {input: [8, 4]}, check: {data: {tensors: "data/*.npy"}}}
+  build:
+    kind: build
+    profiles: {search: {input: {min: [1, 4], opt: [8, 4], max: [64, 4]}}}
+  validate:
+    kind: validate
+    data: {tensors: "data/*.npy"}
+    tolerances: {"*": {max_abs: 0.001}}
+  release: {kind: release, select: {require: validated, prefer: size}}
+"""
+
+
+def _hyperparameters(folder: Path) -> None:
+    """Batches of 8 hyperparameter settings of the kind the surrogate was fitted on: [cv, dataset, max_depth,
+    n_estimators] (its meta.json: dataset 0 is diabetes)."""
+    import numpy as np
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        batch = np.stack([rng.integers(2, 11, 8), np.zeros(8), rng.integers(2, 30, 8), rng.integers(10, 300, 8)], 1)
+        np.save(folder / f"{i}.npy", batch.astype(np.float32))
+
+
+def test_a_trained_scikit_learn_model_whose_scaler_the_parser_refuses_ships(workdir, prefect_api, tensorrt_backend):
+    """Issue #68 Build 5: a real trained model from a wheel, refused by the parser (ai.onnx.ml Scaler: no
+    importer), runs to a release with the Scaler rewritten into a Sub and a Mul, its predictions unchanged."""
+    import shutil
+
+    from tests.assets import last_report, trtflow, wheel_file
+
+    shutil.copy(wheel_file(SURFACES, SURROGATE), workdir / "models" / "surrogate.onnx")
+    _hyperparameters(workdir / "data")
+    (workdir / "pipeline.yaml").write_text(SCALER_PIPELINE.lstrip())
+    done = trtflow("run", "pipeline.yaml", cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    prepared = last_report(workdir / ".trtflow", "prepare")
+    (kept,) = [r for r in prepared["rewrites"] if r["kept"]]
+    assert (kept["op_type"], kept["rule"]) == ("Scaler", "scaler-sub-mul") and kept["max_abs"] < 1e-6
+    assert prepared["preflight"]["parsed"] and prepared["preflight"]["trial_build"]["ok"]
+    released = last_report(workdir / ".trtflow", "release")
+    assert [r["rule"] for r in released["rewrites"]] == ["scaler-sub-mul"]

@@ -483,3 +483,38 @@ def test_gelu_variants_refuse_opsets_without_their_ops():
     assert "opset >= 9" in _refusal(gelu("BiasGelu", opset=8)[0], BiasGeluAsGelu())
     assert "opset >= 6" in _refusal(gelu("FastGelu", opset=5)[0], FastGeluAsGelu())
     assert "opset >= 6" in _refusal(gelu("QuickGelu", opset=5, bias=False)[0], QuickGeluAsSigmoid())
+
+
+# --- ai.onnx.ml Scaler --------------------------------------------------------------------------------------------
+
+def _scaler(dtype: int, offset: list[float], scale: list[float], features: int | str = 3) -> onnx.ModelProto:
+    from trtflow.stages.onnx.rewrites.ml import ML
+
+    x = helper.make_tensor_value_info("x", dtype, ["n", features])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", features])
+    node = helper.make_node("Scaler", ["x"], ["y"], name="scale0", domain=ML, offset=offset, scale=scale)
+    graph = helper.make_graph([node], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 1)])
+
+
+@pytest.mark.parametrize("dtype,offset,scale", [
+    (TensorProto.FLOAT, [5.36, 0.0, 12.77], [0.355, 1.0, 0.147]),
+    (TensorProto.INT64, [1.5, -2.0, 3.25], [0.5, 2.0, 0.25]),
+    (TensorProto.DOUBLE, [0.5], [3.0]),  # one value for every feature
+])
+def test_scaler_becomes_a_sub_and_a_mul(tmp_path, dtype, offset, scale):
+    from trtflow.stages.onnx.rewrites.ml import ScalerAsSubMul
+
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    x = (np.random.default_rng(3).uniform(-50, 300, (4, 3))).astype(np_type)
+    # outputs up to ~1000: float32 rounds at 6e-5 there (ONNX Runtime computes a double input in double, then casts)
+    check_rewrite(_scaler(dtype, offset, scale), "scale0", ScalerAsSubMul(), {"x": x}, 1.2e-4, tmp_path)
+
+
+def test_scaler_refuses_offsets_that_are_not_one_per_feature():
+    from trtflow.stages.onnx.rewrites.ml import ScalerAsSubMul
+
+    with pytest.raises(Refused, match="offset and scale have 2 values for 3 features"):
+        apply(_scaler(TensorProto.FLOAT, [1.0, 2.0], [1.0, 2.0]), "scale0", ScalerAsSubMul())
+    with pytest.raises(Refused, match="needs the input's feature count"):
+        apply(_scaler(TensorProto.FLOAT, [1.0, 2.0], [1.0, 2.0], features="f"), "scale0", ScalerAsSubMul())

@@ -15,6 +15,7 @@ from trtflow.stages.onnx.rewrites.microsoft import (
     QuickGeluAsSigmoid,
     SkipLayerNormalizationAsLayerNorm,
 )
+from trtflow.stages.onnx.rewrites.ml import ScalerAsSubMul
 from trtflow.stages.onnx.rewrites.pooling import LpPoolAsConv
 from trtflow.stages.onnx.rewrites.resize import ResizeMatMul
 from trtflow.stages.onnx.rewrites.rule import OpKey, Rewrite
@@ -25,7 +26,7 @@ RULES: tuple[Rewrite, ...] = (
     DeformConvGridSample(), ScatterElementsReduction(), ScatterNDReduction(), ResizeMatMul(), DftMatMul(),
     ModFloorOnFloats(), DropoutWithoutRatio(), LpPoolAsConv(), CenterCropPadAsSlicePad(), AffineGridAsMatMul(),
     Col2ImAsConvTranspose(), DetByCofactors(), MelWeightMatrixAsConstant(), SkipLayerNormalizationAsLayerNorm(),
-    FusedMatMulAsMatMul(), BiasGeluAsGelu(), FastGeluAsGelu(), QuickGeluAsSigmoid(),
+    FusedMatMulAsMatMul(), BiasGeluAsGelu(), FastGeluAsGelu(), QuickGeluAsSigmoid(), ScalerAsSubMul(),
 )
 
 
