@@ -29,6 +29,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, ValidationError
 
 from trtflow import files, procfs, settings
+from trtflow.secrets import secret_key
 from trtflow.errors import PrefectUnavailable, SpecError, TrtflowError
 from trtflow.flows.machine import state_file
 
@@ -197,14 +198,6 @@ def ensure(on_start=None, database: str | None = None, host: str = "127.0.0.1", 
 def _same_database(rec: ServerRecord, database: str) -> bool:
     """The running server keeps its state in `database` (`local`: a cluster of trtflow's)."""
     return rec.cluster is not None if database == "local" else rec.database == shown_database(database)
-
-
-SECRET_WORDS = ("pass", "pwd", "secret", "token", "key", "credential")  # password, passwd, sslpassword, sslkey, ...
-
-
-def secret_key(key: str) -> bool:
-    """A URL query key whose value is a secret (`?password=`, `?sslpassword=`, `?token=`): never said."""
-    return any(word in key.lower() for word in SECRET_WORDS)
 
 
 def database_url(database: str, named: str = settings.SERVER_DATABASE.name) -> Any:

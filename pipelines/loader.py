@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from trtflow import depends
 from trtflow.errors import SpecError
+from trtflow.secrets import holds_secret
 from trtflow.pipelines.kinds import KINDS, kind_named
 from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.schema import StageBase
@@ -94,6 +95,9 @@ def load_text(text: str, path: Path, overrides: list[str] | None = None, environ
 
     spec = validate(data, shown, lines)
     loaded = LoadedPipeline(spec=spec, file=path.resolve(), lines=lines)
+    if is_url(spec.artifacts) and holds_secret(spec.artifacts):
+        raise loaded.error(f"artifacts: the store's URL holds a secret (not repeated here): {NO_SECRET_IN_URL}",
+                           ("artifacts",), hint=STORE_CREDENTIALS_HINT)
     why = None if is_url(spec.artifacts) else unsafe_store_root(loaded.store_root)
     if why:
         raise loaded.error(f"'{spec.artifacts}' {why}", ("artifacts",),
@@ -107,6 +111,11 @@ def load_text(text: str, path: Path, overrides: list[str] | None = None, environ
 _SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                  "/sys", "/usr")
 _SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/srv", "/tmp", "/var")
+
+
+NO_SECRET_IN_URL = "a store's location is printed, recorded with every result and posted to Prefect"
+STORE_CREDENTIALS_HINT = ("give the credentials through TRTFLOW_STORE_CREDENTIALS (a Prefect block) or the "
+                          "backend's own variables (AWS_ACCESS_KEY_ID, ...), and the URL without them")
 
 
 def is_url(location: str | Path | None) -> bool:

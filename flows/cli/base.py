@@ -51,8 +51,12 @@ def store_option(value: str | None) -> Path | str | None:
     if not value:
         return None
     from trtflow.errors import SpecError
-    from trtflow.pipelines.loader import is_url, unsafe_store_root
+    from trtflow.pipelines.loader import NO_SECRET_IN_URL, STORE_CREDENTIALS_HINT, is_url, unsafe_store_root
+    from trtflow.secrets import holds_secret
 
+    if is_url(value) and holds_secret(value):
+        raise SpecError(f"--store: the URL given holds a secret (not repeated here): {NO_SECRET_IN_URL}",
+                        hint=STORE_CREDENTIALS_HINT)
     if is_url(value):
         return value
     root = Path(value).resolve()
