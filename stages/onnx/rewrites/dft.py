@@ -4,19 +4,22 @@ A DFT over one axis is linear in the real and imaginary parts of its input: with
 (complex) dimension by a Transpose and the two merged by a Reshape into [..., L*c] (c = 1 real, 2 complex), one
 MatMul by a [L*c, K*2] matrix gives the real and imaginary parts of every output bin interleaved, [..., K*2], and a
 Reshape splits them into [..., K, 2] (the cos and sin terms of both parts in the one matrix, so no Concat is needed).
+Both Reshapes copy the leading dimensions (a 0 in the target shape), so those may be dynamic: a batch, or a frame
+count coming out of a Scan (an fbank front-end's STFT frames).
 The matrix holds everything else: forward or inverse (sign, 1/n), one-sided (RFFT: K = n//2+1 bins; IRFFT: the
 conjugate-symmetric half weighted twice, a real output of n), and dft_length (the signal cut or zero-padded to n).
 
-Preconditions: a float16/float32 input with a static shape, constant dft_length and axis, opset >= 17, a matrix of at
-most MAX_MATRIX elements.
+Preconditions: a float16/float32 input of known rank whose length along the axis and last dimension are static (the
+other dimensions may be dynamic), constant dft_length and axis, opset >= 17, a matrix of at most MAX_MATRIX
+elements.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtflow.stages.onnx.rewrites.nodes import attr
-from trtflow.stages.onnx.rewrites.rule import Builder, OpKey, Rewrite, constant_value, static_shape, take_over_outputs
+from trtflow.stages.onnx.rewrites.nodes import attr, is_static, rank
+from trtflow.stages.onnx.rewrites.rule import Builder, OpKey, Rewrite, constant_value, take_over_outputs
 
 MAX_MATRIX = 1 << 24  # elements of the cos/sin matrix: 64 MB of float32
 FLOATS = (np.float32, np.float16)
@@ -30,35 +33,44 @@ def _scalar_input(node: gs.Node, i: int) -> tuple[bool, int | None]:
     return True, None if value is None else int(value.reshape(-1)[0])
 
 
+def _static(dim) -> int | None:
+    return int(dim) if is_static(dim) else None
+
+
 class _Dft:
-    """The node's parameters with the ONNX defaults: axis (non-negative), n (the DFT length), K (output bins)."""
+    """The node's parameters with the ONNX defaults: axis (non-negative), L (the input's length along it, None where
+    dynamic), c_in (the last dimension, None where dynamic), n (the DFT length), K (output bins)."""
 
     def __init__(self, node: gs.Node, opset: int):
-        self.shape = static_shape(node.inputs[0])
-        rank = len(self.shape)
+        self.shape = list(node.inputs[0].shape)  # the caller checked the rank is known
+        r = len(self.shape)
         self.inverse, self.onesided = bool(attr(node, "inverse", 0)), bool(attr(node, "onesided", 0))
         if opset >= 20:
             given, axis = _scalar_input(node, 2)
             axis = axis if given else -2
         else:
             axis = attr(node, "axis", 1)
-        self.axis = None if axis is None else axis + rank if axis < 0 else axis
-        valid = self.axis is not None and 0 <= self.axis <= rank - 2
-        self.length, self.complex_in = self.shape[self.axis] if valid else 0, self.shape[-1]
+        self.axis = None if axis is None else axis + r if axis < 0 else axis
+        valid = self.axis is not None and 0 <= self.axis <= r - 2
+        self.length = _static(self.shape[self.axis]) if valid else None
+        self.complex_in = _static(self.shape[-1])
         given, n = _scalar_input(node, 1)
+        self.constants = self.axis is not None and (n is not None or not given)
         irfft = self.inverse and self.onesided
-        self.n = n if given else 2 * (self.length - 1) if irfft else self.length
+        self.n = n if given else None if self.length is None else 2 * (self.length - 1) if irfft else self.length
         self.bins = 0 if self.n is None else self.n // 2 + 1 if self.onesided and not self.inverse else self.n
         self.complex_out = 1 if irfft else 2
 
 
-def _why_not(d: _Dft, rank: int) -> str | None:
-    if d.axis is None or d.n is None:
+def _why_not(d: _Dft, r: int) -> str | None:
+    if not d.constants:
         return "needs constant axis and dft_length"
-    if not 0 <= d.axis <= rank - 2:
-        return f"axis {d.axis} is out of range for rank {rank}"
+    if not 0 <= d.axis <= r - 2:
+        return f"axis {d.axis} is out of range for rank {r}"
+    if d.length is None:
+        return f"needs a static length along the axis ({d.axis}), not {d.shape[d.axis]!r}"
     if d.complex_in not in (1, 2):
-        return f"the last dimension must be 1 (real) or 2 (complex), not {d.complex_in}"
+        return f"the last dimension must be 1 (real) or 2 (complex), not {d.shape[-1]!r}"
     if d.onesided and d.complex_in != (2 if d.inverse else 1):
         return "a one-sided forward DFT takes real input, a one-sided inverse complex input"
     if d.n < 1:
@@ -99,24 +111,24 @@ class DftMatMul(Rewrite):
         if graph.opset < 17:
             return f"needs opset >= 17 (DFT; the model's is {graph.opset})"
         x = node.inputs[0]
-        shape = static_shape(x)
-        if shape is None:
-            return "needs a static input shape"
-        if len(shape) < 2:
-            return f"needs an input of rank >= 2, not {len(shape)}"
+        r = rank(x)
+        if r is None:
+            return "needs an input of known rank"
+        if r < 2:
+            return f"needs an input of rank >= 2, not {r}"
         if x.dtype not in FLOATS:
             return f"needs a float16/float32 input (MatMul), not {x.dtype}"
-        return _why_not(_Dft(node, graph.opset), len(shape))
+        return _why_not(_Dft(node, graph.opset), r)
 
     def replace(self, node: gs.Node, graph: gs.Graph) -> None:
         b, d = Builder(graph, node), _Dft(node, graph.opset)
-        x, rank = node.inputs[0], len(d.shape)
-        perm = [i for i in range(rank - 1) if i != d.axis] + [d.axis, rank - 1]  # the axis next to the last
-        batch = [d.shape[i] for i in perm[:-2]]
-        moved = b.op("Transpose", [x], {"perm": perm}) if perm != list(range(rank)) else x
-        rows = b.op("Reshape", [moved, b.const(batch + [d.length * d.complex_in], np.int64)])
+        x, r = node.inputs[0], len(d.shape)
+        perm = [i for i in range(r - 1) if i != d.axis] + [d.axis, r - 1]  # the axis next to the last
+        copy = [0] * (r - 2)  # the other dimensions, copied by both Reshapes: any of them may be dynamic
+        moved = b.op("Transpose", [x], {"perm": perm}) if perm != list(range(r)) else x
+        rows = b.op("Reshape", [moved, b.const(copy + [d.length * d.complex_in], np.int64)])
         product = b.op("MatMul", [rows, b.const(_matrix(d), x.dtype, what="dft")])
-        y = b.op("Reshape", [product, b.const(batch + [d.bins, d.complex_out], np.int64)], dtype=x.dtype)
-        if perm != list(range(rank)):
+        y = b.op("Reshape", [product, b.const(copy + [d.bins, d.complex_out], np.int64)], dtype=x.dtype)
+        if perm != list(range(r)):
             y = b.op("Transpose", [y], {"perm": [int(i) for i in np.argsort(perm)]}, dtype=x.dtype)
         take_over_outputs(node, [y], b)
