@@ -204,3 +204,16 @@ def test_a_trained_scikit_learn_model_whose_scaler_the_parser_refuses_ships(work
     assert prepared["preflight"]["parsed"] and prepared["preflight"]["trial_build"]["ok"]
     released = last_report(workdir / ".trtflow", "release")
     assert [r["rule"] for r in released["rewrites"]] == ["scaler-sub-mul"]
+
+
+def test_init_says_which_rewrite_prepare_will_apply(tmp_path, tensorrt_backend):
+    """Issue #68 Build 1: `trtflow init` reads the same diagnosis: a node the parser rejects that a rule covers is
+    said in the file it writes, with the rule, and the trial is 'not checked' rather than failed."""
+    from tests.assets import trtflow
+
+    _antialiased_classifier(tmp_path / "cls.onnx")
+    done = trtflow("init", "cls.onnx", "--task", "classify", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = " ".join(line.strip().lstrip("#").strip() for line in (tmp_path / "pipeline.yaml").read_text().splitlines())
+    assert "prepare rewrites 1 of them (rewrites: auto, checked when it runs): antialiased_halving (Resize) by " \
+           "resize-matmul" in text and "FAILS" not in text

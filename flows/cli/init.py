@@ -122,6 +122,7 @@ def _sanitized(model: Path, folder: Path) -> Path:
 def _trial(p: Proposal, model: Path) -> ProfileTrial:
     from trtflow.errors import SpecError, TransientStageError
     from trtflow.pipelines.init.write import ProfileTrial
+    from trtflow.stages.onnx.rewrites import rules_for
     from trtflow.stages.trt.preflight import run_preflight
 
     low, opt, high = (p.profile.point(i) for i in range(3))
@@ -133,10 +134,8 @@ def _trial(p: Proposal, model: Path) -> ProfileTrial:
     if not report.ran:
         return ProfileTrial(runtime, None, why=report.reason or "")
     if not report.parsed or report.trial_build is None:
-        f = report.failures[0] if report.failures else None
-        what = f"{f.node} ({f.op_type}): {f.hint}" if f is not None else "see prepare's report"
-        return ProfileTrial(runtime, False, why=f"the parser rejects {len(report.failures)} node(s) of the model, "
-                                                f"first {what}; the prepare stage will stop on it")
+        every_one_rewritten = report.failures and all(rules_for(f.op_type, f.domain) for f in report.failures)
+        return ProfileTrial(runtime, None if every_one_rewritten else False, why=_refused(report.failures))
     trial = report.trial_build
     if trial.ok:
         return ProfileTrial(runtime, True, trial.seconds)
@@ -150,6 +149,23 @@ def _trial(p: Proposal, model: Path) -> ProfileTrial:
     raise SpecError(f"TensorRT's trial build ({runtime}) fails at {where} ({chosen}): {error}",
                     hint=f"give --shape with the sizes the model was trained at: edit the profile proposed, "
                          f"{p.profile.flags()}")
+
+
+def _refused(failures: list) -> str:
+    """What prepare will do with the nodes the parser rejects: the rule that rewrites each one it covers (checked
+    when prepare runs), and what to do about the first it does not."""
+    from trtflow.stages.onnx.rewrites import rules_for
+
+    covered = {f.node: [r.name for r in rules_for(f.op_type, f.domain)] for f in failures}
+    rewritten = [f"{f.node} ({f.op_type}) by {', '.join(covered[f.node])}" for f in failures if covered[f.node]]
+    left = [f for f in failures if not covered[f.node]]
+    said = f"the parser rejects {len(failures)} node(s) of the model"
+    if rewritten:
+        said += f"; prepare rewrites {len(rewritten)} of them (rewrites: auto, checked when it runs): " + \
+            ", ".join(rewritten[:3]) + (f", and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
+    if left:
+        said += f"; the prepare stage will stop on {left[0].node} ({left[0].op_type}): {left[0].hint}"
+    return said if failures else "the parser rejects the model; see prepare's report"
 
 
 def _failing_point(model: Path, points: tuple[dict, dict, dict]) -> tuple[str, str] | None:
