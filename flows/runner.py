@@ -30,6 +30,7 @@ from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records, 
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline
+from trtflow.stages.trt import plugins
 from trtflow.text import first_line, suggestion
 from trtflow.usercode import source_digest
 
@@ -112,6 +113,7 @@ class Runner:
     reused: list[tuple[Path, Manifest]] = field(default_factory=list, init=False, repr=False)  # reuse_all's finds
     # reuse_all's stages from the first that runs on (those that may run): their imports are worth preloading
     pending: list[str] = field(default_factory=list, init=False, repr=False)
+    _plugins: list[plugins.PluginLoad] | None = field(default=None, init=False, repr=False)  # found once a run
 
     def __post_init__(self) -> None:
         # stages that do not depend on each other run side by side, at most this many at once
@@ -204,13 +206,29 @@ class Runner:
     def key_for(self, name: str, inputs: Inputs,
                 impl: implementation.StageImpl) -> tuple[str, keys.KeyParts]:
         spec = self.graph.nodes[name].spec
+        code = {ref: source_digest(ref) for ref in spec.code_refs()}
+        # the pipeline's TensorRT plugins, like a user's code: an edited plugin re-keys every stage that loads it
+        code.update({f"plugin {p.label}": p.digest for p in self.plugins_for(impl)})
         parts = keys.key_parts(
             spec.kind, impl.version, spec.key_params(),
             {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest) for slot, v in inputs.items()
              if not (isinstance(v, Artifact) and v.type == SHARED_CACHE)},
-            fingerprint(impl.env_facets),
-            {ref: source_digest(ref) for ref in spec.code_refs()}, impl.code)
+            fingerprint(impl.env_facets), code, impl.code)
         return keys.stage_key(parts), keys.KeyParts.model_validate(parts)
+
+    def plugins_for(self, impl: implementation.StageImpl) -> list[plugins.PluginLoad]:
+        """The pipeline's `plugins:` as found on disk, for a stage whose kind parses or builds with TensorRT (the
+        `tensorrt` facet of its key); none for the others."""
+        if "tensorrt" not in impl.env_facets or not self.pipeline.spec.plugins:
+            return []
+        if self._plugins is None:
+            self._plugins = plugins.found(self.pipeline, self.digests.sha256)
+        return self._plugins
+
+    def _stage_function(self, impl: implementation.StageImpl) -> Callable[..., Any]:
+        """The stage's function, with the plugins it loads declared to the children it starts that parse or build."""
+        loads = self.plugins_for(impl)
+        return plugins.Declaring(tuple(loads), impl.run) if loads else impl.run
 
     # --- resolve: one stage's inputs, key, and whether it is reused or runs, and why ------------------------------
 
@@ -374,8 +392,8 @@ class Runner:
             ran.began = datetime.now(timezone.utc)
             t0 = time.perf_counter()
             try:
-                ran.result = call_stage(r.impl.run, (spec, inputs, ran.staging), spec.timeout, name, output=log,
-                                        keep=ran.staging / STAGE_LOG)
+                ran.result = call_stage(self._stage_function(r.impl), (spec, inputs, ran.staging), spec.timeout,
+                                        name, output=log, keep=ran.staging / STAGE_LOG)
             except StageFailed as exc:
                 ran.failed, ran.result = exc, exc.result
             ran.work = time.perf_counter() - t0

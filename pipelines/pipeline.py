@@ -22,6 +22,30 @@ AnyStage = Annotated[
 ]
 
 
+class Plugin(Strict):
+    """A TensorRT plugin every stage that parses or builds with TensorRT loads first: a shared library, or a Python
+    module of yours that registers its plugin creators when imported."""
+    library: str | None = Field(None, description="a shared library of TensorRT plugins, relative to the pipeline "
+                                                   "file; its creators are registered by TensorRT's loader, or by "
+                                                   "`entry`", examples=["plugins/libmy_plugins.so"])
+    entry: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                              description="the library's function taking (logger, namespace) that registers its "
+                                          "creators (called with no logger)", examples=["initLibNvInferPlugins"])
+    namespace: str = Field("", description="the namespace handed to `entry`")
+    python: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$",
+                               description="package.module of yours (beside the pipeline file, or installed) that "
+                                           "registers IPluginCreatorV3One creators when imported",
+                               examples=["plugins.clip_scale"])
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "Plugin":
+        if (self.library is None) == (self.python is None):
+            raise ValueError("give one of 'library' (a shared library) or 'python' (a module of yours)")
+        if self.python is not None and (self.entry is not None or self.namespace):
+            raise ValueError("'entry' and 'namespace' go with 'library', not with 'python'")
+        return self
+
+
 class Pipeline(Strict):
     version: Literal[1] = Field(description="spec version; 1 is the only one so far")
     name: ModelName = Field(description="the model's name: the Triton model's, unless a release says otherwise "
@@ -30,6 +54,12 @@ class Pipeline(Strict):
     artifacts: str | None = Field(None, description="artifact store root (default: .trtflow beside this file)")
     concurrency: int | None = Field(None, ge=1, le=256, description="at most this many stages run side by side "
                                                                    "(default: the CPU count)")
+    plugins: list[Plugin] = Field(default_factory=list, max_length=64, description=(
+        "TensorRT plugins every stage that parses or builds with TensorRT loads first, in this order, each "
+        "`library:` (a shared library, relative to this file; `entry:` its function registering its creators, "
+        "`namespace:` handed to it) or `python:` (package.module of yours registering them when imported); their "
+        "files are in those stages' keys (docs/guides/unsupported-ops.md#plugins)"),
+        examples=[[{"python": "clip_plugin"}, {"library": "plugins/libmy_plugins.so"}]])
     stages: dict[StageName, AnyStage] = Field(min_length=1, description=(
         "the stages by name, in order (an omitted input comes from the nearest earlier stage): each a `kind` and "
         "that kind's keys (the sections below); 'source' and 'shared' are reserved"))

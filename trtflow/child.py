@@ -93,14 +93,15 @@ Outcome = Union[Answered[Response], Crashed, TimedOut]
 
 def call(module: str, request: BaseModel, response_type: type[Response], folder: Path, timeout: float,
          cwd: Path | None = None, names: tuple[str, str] = ("request.json", "response.json"),
-         what: str | None = None) -> Outcome[Response]:
+         what: str | None = None, env: dict[str, str] | None = None) -> Outcome[Response]:
     """Run `module` on `request` (written into `folder`): what came of it (see the module). Raises `Killed` when
-    something else killed the child before it answered (`what` names it there)."""
+    something else killed the child before it answered (`what` names it there). `env`: variables set in the child's
+    environment, over this process's (the dynamic loader reads some only when a process starts)."""
     request_path, response_path = (folder / names[0]).resolve(), (folder / names[1]).resolve()
     request_path.write_text(request.model_dump_json(indent=2) + "\n")
     response_path.unlink(missing_ok=True)
     ended = run([sys.executable, "-m", module, str(request_path), str(response_path)], timeout, cwd=cwd,
-                what=what or f"the {module} process", before="answered")
+                what=what or f"the {module} process", before="answered", env=env)
     if isinstance(ended, TimedOut):
         return ended
     if not response_path.exists():
@@ -123,15 +124,16 @@ class Exited:
 
 
 def run(argv: list[str], timeout: float, *, cwd: Path | None = None, log: Path | None = None,
-        what: str | None = None, before: str = "finished") -> Exited | TimedOut:
+        what: str | None = None, before: str = "finished", env: dict[str, str] | None = None) -> Exited | TimedOut:
     """A program run to its end, in a session of its own that dies with this process: `Exited`, or `TimedOut`
     after `timeout` s (it and everything it started killed). `log`: a file that gets its stdout and stderr
     (interleaved, as a terminal would show them) instead of the result. Raises `Killed` when something else killed
-    it (`what` names it there); OSError when it cannot be started."""
+    it (`what` names it there); OSError when it cannot be started. `env`: variables set over this process's."""
     sink = open(log, "w") if log is not None else None  # noqa: SIM115 - closed below, whatever happens
     try:
         proc = subprocess.Popen(argv, cwd=cwd, text=True, start_new_session=True, preexec_fn=die_with_parent,
-                                stdout=sink or subprocess.PIPE, stderr=subprocess.STDOUT if sink else subprocess.PIPE)
+                                stdout=sink or subprocess.PIPE, stderr=subprocess.STDOUT if sink else subprocess.PIPE,
+                                env={**os.environ, **env} if env else None)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -20,6 +20,7 @@ from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
 from trtflow.stages.onnx.graph import graph_inputs, precision
 from trtflow.stages.ort import qdq
 from trtflow.stages.trt import building, config
+from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
 from trtflow.stages.trt.engines import LOG, SPEC, Backend, Built, Cell, Profile
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt, gpus
@@ -131,7 +132,8 @@ def _build_or_reuse(cells: list[Cell], engines: Path, params: BuildStage, inputs
     cache = EngineCache(inputs.one("engine_cache").path / "engines")
     digests = {str(a.path): a.digest for a in inputs.many("models")}
     machine = gpus()
-    keys = [cell_key(c, digests[c.model], machine) for c in cells]
+    plugins = trt_plugins.fingerprint(trt_plugins.declared())  # "" without plugins: the keys as before
+    keys = [cell_key(c, digests[c.model] + plugins, machine) for c in cells]
     results: list[Built | None] = []
     for cell, key in zip(cells, keys):
         built = cache.take(key, engines / cell.name)

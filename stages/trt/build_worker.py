@@ -2,8 +2,8 @@
 `python -m trtflow.stages.trt.build_worker spec.json build.json`).
 
 A crash inside the TensorRT library ends this process only; the build stage reports that cell as failed.
-Reads the cell's `spec.json` (`engines.Cell`); writes `engine.plan`, `build.log` and `build.json` (`engines.Built`)
-beside it.
+Reads the cell's `spec.json` (`engines.Cell`), or where the pipeline declares plugins a `BuildRequest` beside it;
+writes `engine.plan`, `build.log` and `build.json` (`engines.Built`) beside it.
 """
 from __future__ import annotations
 
@@ -14,19 +14,27 @@ from typing import Any
 
 from trtflow import files
 from trtflow.child import serve
+from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engines import PLAN, Built, BuiltOn, Cell, Validity
 from trtflow.stages.trt.log_errors import first_error, shorten
 
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
+REQUEST = ".request.json"  # a BuildRequest, in the cell's folder while its worker runs (spec.json stays the Cell)
 
 
-def build(spec: Cell, cell: Path) -> Built:
+class BuildRequest(Cell):
+    """A cell and the plugins its worker loads before the parse."""
+    plugins: list[trt_plugins.PluginLoad] = []
+
+
+def build(spec: BuildRequest, cell: Path) -> Built:
     from trtflow.pipelines.params.build import BuilderOptions
     from trtflow.stages.trt import config as trt_config
     from trtflow.stages.trt import parse as trt_parse
 
     be = spec.backend
     t0 = time.perf_counter()
+    trt_plugins.load(spec.plugins, be.module)
     parsed = trt_parse.parse(be, Path(spec.model), SEVERITY[spec.log_severity])
     trt, builder, network, log_lines = parsed.trt, parsed.builder, parsed.network, parsed.log
     warnings: list[str] = []
@@ -107,11 +115,13 @@ def validity(trt: Any, logger: Any, data: bytes, log_lines: list[str]) -> Validi
     return result
 
 
-def handle(spec: Cell, cell: Path) -> Built:
+def handle(spec: BuildRequest, cell: Path) -> Built:
     try:
         built = build(spec, cell)
     except BuildError as exc:
         built = Built(status="failed", error=str(exc), failures=exc.failures)
+    except trt_plugins.PluginError as exc:
+        built = Built(status="failed", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - reported in build.json; the cell fails, not the stage process
         built = Built(status="failed", error=f"{type(exc).__name__}: {exc}")
     built.peak_host_memory_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -119,4 +129,4 @@ def handle(spec: Cell, cell: Path) -> Built:
 
 
 if __name__ == "__main__":
-    raise SystemExit(serve(Cell, handle))
+    raise SystemExit(serve(BuildRequest, handle))

@@ -79,20 +79,42 @@ def failures(parser: Any, model: Path) -> list[ParseFailure]:
     import onnx
 
     graph = onnx.load(str(model), load_external_data=False).graph
-    domains = {n.name: n.domain for n in graph.node}
+    nodes = {n.name: n for n in graph.node}
     found = []
     for i in range(parser.num_errors):
         e = parser.get_error(i)
         name = e.node_name() if hasattr(e, "node_name") else ""
         func = e.func() if hasattr(e, "func") else ""
         op = (e.node_operator() if hasattr(e, "node_operator") else "") or _imported_op(func)
+        at = e.node()
+        node = graph.node[at] if 0 <= at < len(graph.node) and graph.node[at].name == name else nodes.get(name)
+        reason = e.desc() if e.desc() not in ("", "false") else "the parser does not support this node"
         found.append(ParseFailure(
-            node=name, op_type=op, node_index=e.node(),
-            domain=domains.get(name, "") or "ai.onnx", code=str(e.code()).split(".")[-1],
-            reason=e.desc() if e.desc() not in ("", "false") else "the parser does not support this node",
+            node=name, op_type=op, node_index=at,
+            domain=(node.domain if node is not None else "") or "ai.onnx", code=str(e.code()).split(".")[-1],
+            reason=plugin_wanted(node) if node is not None and PLUGIN_LOOKUP in func else reason,
             where=f"{e.file()}:{e.line()} {e.func()}" if hasattr(e, "func") else "",
             importer=_supports(parser, op)))
     return found
+
+
+PLUGIN_LOOKUP = "FallbackPluginImporter"  # the parser's function that looks an op it has no importer for up as a plugin
+
+
+def plugin_wanted(node: Any) -> str:
+    """The plugin the parser looked `node` up as and did not find: its op type, the node's `plugin_version` (else
+    "1"), in its `plugin_namespace` (else ""), then in its domain (TensorRT-RTX 1.7's parser, as its log says)."""
+    import onnx
+
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    version, space = (_text(attrs.get(k, d)) for k, d in (("plugin_version", "1"), ("plugin_namespace", "")))
+    spaces = list(dict.fromkeys([space] + ([node.domain] if node.domain not in ("", "ai.onnx") else [])))
+    return (f"no TensorRT plugin named '{node.op_type}' version '{version}' is registered (looked up in namespace "
+            + " then ".join(f"'{s}'" for s in spaces) + ")")
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _imported_op(func: str) -> str:

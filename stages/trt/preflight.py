@@ -7,6 +7,7 @@ gave no answer: that is a crash of the stage (retried), never a report.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ from pydantic import BaseModel
 
 from trtflow import child
 from trtflow.errors import TransientStageError
+from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.env import INSTALL_HINT, Backend, find_tensorrt
 from trtflow.stages.trt.log_errors import first_error, shorten
-from trtflow.stages.trt.parse import IoTensors, ParseFailure
+from trtflow.stages.trt.parse import PLUGIN_LOOKUP, IoTensors, ParseFailure
 
 TIMEOUT_S = 900
 
@@ -27,11 +29,9 @@ def hint_for(failure: ParseFailure) -> str:
 
 
 def no_rewrite(f: ParseFailure) -> str:
-    return (f"register a TensorRT plugin named '{f.op_type}', move it out of the model (run it on the host), or give "
-            f"prepare.rewrites a function of yours that replaces it")
-
-
-FALLBACK_TO_PLUGIN = "importFallbackPluginImporter"  # the parser looked the op up as a plugin of that name
+    return (f"declare a TensorRT plugin named '{f.op_type}' under the pipeline's plugins: (a library, or a Python "
+            f"module of yours; docs/guides/unsupported-ops.md#plugins), move it out of the model (run it on the "
+            f"host), or give prepare.rewrites a function of yours that replaces it")
 
 
 def cause_of(f: ParseFailure) -> str:
@@ -40,9 +40,11 @@ def cause_of(f: ParseFailure) -> str:
         return "a quantized bias (TensorRT refuses INT32 DequantizeLinear): quantize with QuantizeBias=False"
     if "opset" in reason.lower():
         return f"the model's opset may be newer than this parser takes ({reason}): set prepare.target_opset lower"
-    if FALLBACK_TO_PLUGIN in f.where or f.domain not in ("", "ai.onnx"):
-        return (f"the parser has no importer for '{op}' ({f.domain or 'ai.onnx'}) and found no plugin named "
-                f"'{op}' to stand in for it")
+    if PLUGIN_LOOKUP in f.where:  # the reason names the plugin it looked up (parse.plugin_wanted)
+        return f"the parser has no importer for '{op}' ({f.domain or 'ai.onnx'}), and {reason}"
+    if f.domain not in ("", "ai.onnx"):
+        return (f"the parser has no importer for '{op}' ({f.domain}) and found no plugin named '{op}' to stand in "
+                f"for it")
     if "plugin" in reason.lower():
         return f"this TensorRT implements '{op}' with a plugin it cannot create here ({reason})"
     if f.code == "UNSUPPORTED_NODE_ATTR":
@@ -76,6 +78,7 @@ def build_hint(error: str) -> str:
 
 class PreflightRequest(BaseModel):
     model: str
+    plugins: list[trt_plugins.PluginLoad] = []  # loaded before the parse
     shapes: dict[str, list[int]] | None = None  # build a trial engine at these shapes
     min_shapes: dict[str, list[int]] | None = None  # ... with a profile from these up to `shapes` (dynamic dims)
     opt_shapes: dict[str, list[int]] | None = None  # ... and this opt (default: `shapes`)
@@ -120,28 +123,40 @@ class PreflightReport(IoTensors):
         return trial if trial is not None and not trial.ok else None
 
 
+class PreflightAnswer(BaseModel):
+    """The pre-flight child's answer: its report, or why a declared plugin did not load (then nothing was parsed)."""
+    report: PreflightReport | None = None
+    plugin_error: str | None = None
+
+
 def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
                   timeout: float = TIMEOUT_S, min_shapes: dict[str, list[int]] | None = None,
-                  opt_shapes: dict[str, list[int]] | None = None) -> PreflightReport:
+                  opt_shapes: dict[str, list[int]] | None = None,
+                  plugins: Sequence[trt_plugins.PluginLoad] | None = None) -> PreflightReport:
     """Parse in a child process and, with `shapes` (input -> concrete shape), build a trial engine at those
     shapes (with `min_shapes`, at a profile from them up to `shapes`, its opt `opt_shapes` or `shapes`: some
-    builds fail only with dynamic dimensions). Returns a report; `ran` says whether a parser was actually used. A pre-flight that gave no
-    answer because it was killed (from outside, or at `timeout`) raises TransientStageError: a report saying it
-    did not run would be published, and reused, as if it had."""
+    builds fail only with dynamic dimensions). Returns a report; `ran` says whether a parser was actually used. A
+    pre-flight that gave no answer because it was killed (from outside, or at `timeout`) raises
+    TransientStageError: a report saying it did not run would be published, and reused, as if it had. `plugins`
+    (default: the pipeline's, `declared`) are loaded first; one that does not load raises its PluginError."""
     trt = find_tensorrt()
     if trt is None:
         return PreflightReport(ran=False, reason=f"no TensorRT flavour is installed ({INSTALL_HINT})")
-    request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes)
+    loads = trt_plugins.declared() if plugins is None else list(plugins)
+    request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes,
+                               plugins=loads)
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
-        outcome = child.call("trtflow.stages.trt.preflight", request, PreflightReport, Path(folder), timeout,
-                             what="the TensorRT pre-flight")
+        outcome = child.call("trtflow.stages.trt.preflight", request, PreflightAnswer, Path(folder), timeout,
+                             what="the TensorRT pre-flight", env=trt_plugins.child_env(trt, loads))
     if isinstance(outcome, child.TimedOut):  # killed at the limit: no answer, so no result either
         raise TransientStageError(f"the TensorRT pre-flight {outcome.text()}: no answer; run again, or set "
                                   f"preflight: off")
     if isinstance(outcome, child.Crashed):  # the parser crashed on the model (killed from outside: `call` raised)
         return PreflightReport(ran=False, runtime=_label(trt), reason=f"the TensorRT parser process "
                                f"{outcome.text()}")
-    answer = outcome.response
+    if outcome.response.report is None:
+        raise trt_plugins.PluginError(outcome.response.plugin_error or "the TensorRT pre-flight gave no report")
+    answer = outcome.response.report
     for f in answer.failures:
         f.hint = hint_for(f)
     trial = answer.failed_build()
@@ -155,12 +170,16 @@ def _label(trt: Backend) -> str:
     return f"{trt.flavour} {trt.version} parser"
 
 
-def _parse(request: PreflightRequest, folder: Path) -> PreflightReport:
+def _parse(request: PreflightRequest, folder: Path) -> PreflightAnswer:
     from trtflow.stages.trt import parse as trt_parse
 
     model, shapes = Path(request.model), request.shapes
     trt_info = find_tensorrt()
     assert trt_info is not None
+    try:
+        trt_plugins.load(request.plugins, trt_info.module)
+    except trt_plugins.PluginError as exc:
+        return PreflightAnswer(plugin_error=str(exc))
     parsed = trt_parse.parse(trt_info, model)
     report = PreflightReport(ran=True, runtime=_label(trt_info), parsed=parsed.ok,
                              failures=trt_parse.failures(parsed.parser, model), log=parsed.log[-50:])
@@ -170,7 +189,7 @@ def _parse(request: PreflightRequest, folder: Path) -> PreflightReport:
         report.inputs, report.outputs = io.inputs, io.outputs
         if shapes is not None:
             report.trial_build = _trial_build(parsed, shapes, request.min_shapes or {}, request.opt_shapes or {})
-    return report
+    return PreflightAnswer(report=report)
 
 
 def _trial_build(parsed: Any, shapes: dict[str, list[int]], min_shapes: dict[str, list[int]],
