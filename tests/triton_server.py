@@ -5,7 +5,9 @@ machine without a GPU, on loopback ports.
 
 No TensorRT backend comes with it: `tests/triton_backend/model.py` stands in for it (a Python-based backend named
 `tensorrt`, which Triton picks for `platform: "tensorrt_plan"`), running the released variant's ONNX on ONNX
-Runtime. What the tests prove with it is what Triton does with a released repository, not what TensorRT does.
+Runtime. What the tests prove with it is what Triton does with a released repository, not what TensorRT does. The
+same file stands in for Triton's ONNX Runtime backend too (a backend named `onnxruntime`, which Triton picks for
+`platform: "onnxruntime_onnx"`: an offloaded model's ONNX Runtime pieces), running the model's own ONNX.
 
 The Python backend's stub (one per Python minor version, shipped in the wheel) runs in an environment of its own,
 found through `PATH` (the environment's `bin` first) with the base interpreter's libpython on `LD_LIBRARY_PATH`:
@@ -42,6 +44,8 @@ from tests import wheels
 WHEEL = "nvidia-pytriton==0.7.0"
 TRITON_VERSION = "2.51.0"
 STAND_IN = Path(__file__).with_name("triton_backend") / "model.py"
+# the backend directories it stands in as: `tensorrt` (platform tensorrt_plan), `onnxruntime` (onnxruntime_onnx)
+STAND_IN_BACKENDS = ("tensorrt", "onnxruntime")
 STAND_IN_REQUIREMENTS = ["numpy>=1.26,<2", "onnxruntime>=1.20,<1.33"]  # what the stand-in backend itself imports
 STUB = "triton_python_backend_stub"  # the Python backend's process, one per model instance
 
@@ -61,13 +65,14 @@ def _install_stub(home: Path) -> None:
 
 
 def backends(home: Path) -> Path:
-    """The backend directory: Triton's Python backend and the stand-in `tensorrt` backend."""
+    """The backend directory: Triton's Python backend and the stand-in backends (`STAND_IN_BACKENDS`)."""
     root = home / "pytriton" / "tritonserver" / "backends"
     with wheels.locked("server"):
-        (root / "tensorrt").mkdir(exist_ok=True)
-        if not (root / "tensorrt" / "model.py").exists() or \
-                (root / "tensorrt" / "model.py").read_bytes() != STAND_IN.read_bytes():
-            shutil.copy(STAND_IN, root / "tensorrt" / "model.py")
+        for name in STAND_IN_BACKENDS:
+            (root / name).mkdir(exist_ok=True)
+            if not (root / name / "model.py").exists() or \
+                    (root / name / "model.py").read_bytes() != STAND_IN.read_bytes():
+                shutil.copy(STAND_IN, root / name / "model.py")
     return root
 
 

@@ -5,6 +5,13 @@ kernels and refuses, as the engine would, every request whose shapes no optimiza
 `contract.json`). It proves what Triton does with the released repository (config, batching, shapes, ensembles)
 and nothing about TensorRT: no engine runs here.
 
+The same file is also A STAND-IN for Triton's ONNX Runtime backend, for the tests: installed as the backend
+directory `onnxruntime`, which Triton picks for `platform: "onnxruntime_onnx"` (an offloaded model's ONNX Runtime
+pieces, issue #68), it runs the model's own file (`<version>/<default_model_filename>`, `model.onnx` unless the
+config names another) on ONNX Runtime's CPU kernels, with no profiles to enforce. It proves what Triton does with
+such a model (config, ensembles) and nothing about Triton's real ONNX Runtime backend (its execution providers, its
+config auto-completion): that backend does not run here.
+
 Runs in the Triton Python backend's stub, in an environment of its own: numpy and onnxruntime only.
 """
 import json
@@ -19,8 +26,12 @@ class TritonPythonModel:
     def initialize(self, args):
         model_dir = Path(args["model_repository"])
         self.config = json.loads(args["model_config"])
-        self.contract = json.loads((model_dir / "contract.json").read_text())
-        onnx = model_dir / args["model_version"] / "model.onnx"
+        if self.config["platform"] == "onnxruntime_onnx":  # the ONNX Runtime stand-in: the model's own file
+            self.contract = {"profiles": []}
+            onnx = model_dir / args["model_version"] / (self.config.get("default_model_filename") or "model.onnx")
+        else:  # the TensorRT stand-in: the ONNX placed beside the engine, the engine's profiles
+            self.contract = json.loads((model_dir / "contract.json").read_text())
+            onnx = model_dir / args["model_version"] / "model.onnx"
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         self.session = ort.InferenceSession(str(onnx), options, providers=["CPUExecutionProvider"])
