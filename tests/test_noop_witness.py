@@ -285,3 +285,24 @@ def test_the_pipeline_reading_a_variable_twice_with_two_values_is_blind():
     assert not ledger.blind
     ledger.variable("X", "2")
     assert ledger.blind
+
+
+def test_a_dangling_link_and_an_unreadable_folder_are_witnessed_or_blind(tmp_path, monkeypatch):
+    """A link whose folder does not exist yet is in the witness (its target made later is a change); a folder that
+    cannot be listed (as another user finds a 0700 folder; root lists every folder, so the refusal is simulated)
+    leaves the ledger blind: nothing it holds can be witnessed."""
+    import os
+
+    from trtflow import depends
+
+    (tmp_path / "d" / "closed").mkdir(parents=True)
+    (tmp_path / "d" / "later").symlink_to(tmp_path / "not-yet")
+    assert str(tmp_path / "d" / "later") in depends.reachable_folders(str(tmp_path / "d"))
+    real = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("closed"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(depends.os, "scandir", scandir)
+    assert depends.reachable_folders(str(tmp_path / "d")) is None

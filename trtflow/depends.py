@@ -67,7 +67,7 @@ class Ledger:
             return
         found = reachable_folders(root)
         if found is None:
-            self.cannot(f"more than {MAX_FOLDERS} folders under {root}")
+            self.cannot(f"more than {MAX_FOLDERS} folders under {root}, or one that cannot be read")
             return
         with self._lock:
             self.folders |= found
@@ -85,7 +85,7 @@ class Ledger:
 
 def reachable_folders(root: str) -> set[str] | None:
     """`root` and every folder under it, following links to folders (each real folder listed once: a link cycle
-    ends); None past MAX_FOLDERS."""
+    ends); None past MAX_FOLDERS, or where a folder cannot be read (what it holds cannot be witnessed)."""
     found: set[str] = set()
     real_seen: set[tuple[int, int]] = set()
     todo = [root]
@@ -94,7 +94,7 @@ def reachable_folders(root: str) -> set[str] | None:
         try:
             st = os.stat(folder)
         except OSError:
-            continue
+            return None
         found.add(folder)
         if len(found) > MAX_FOLDERS:
             return None
@@ -103,10 +103,16 @@ def reachable_folders(root: str) -> set[str] | None:
         real_seen.add((st.st_dev, st.st_ino))
         try:
             with os.scandir(folder) as entries:
-                todo += [e.path for e in entries if _is_folder(e)]
+                listed = list(entries)
         except OSError:
-            continue
+            return None
+        todo += [e.path for e in listed if _is_folder(e)]
+        found |= {e.path for e in listed if _dangling(e)}  # a folder made there later is a change
     return found
+
+
+def _dangling(entry: os.DirEntry) -> bool:
+    return entry.is_symlink() and not os.path.exists(entry.path)
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
