@@ -15,11 +15,12 @@ from trtflow.stages.onnx.rewrites.microsoft import (
     QuickGeluAsSigmoid,
     SkipLayerNormalizationAsLayerNorm,
 )
-from trtflow.stages.onnx.rewrites.ml import ScalerAsSubMul
+from trtflow.stages.onnx.rewrites.ml import NormalizerAsReduceDiv, ScalerAsSubMul
 from trtflow.stages.onnx.rewrites.pooling import LpPoolAsConv
 from trtflow.stages.onnx.rewrites.resize import ResizeMatMul
 from trtflow.stages.onnx.rewrites.rule import OpKey, Rewrite
 from trtflow.stages.onnx.rewrites.scatter import ScatterElementsReduction, ScatterNDReduction
+from trtflow.stages.onnx.rewrites.selection import CompressAsGather, MaxUnpoolAsScatter
 
 # every built-in rule, in the order they are tried for a node
 RULES: tuple[Rewrite, ...] = (
@@ -27,6 +28,7 @@ RULES: tuple[Rewrite, ...] = (
     ModFloorOnFloats(), DropoutWithoutRatio(), LpPoolAsConv(), CenterCropPadAsSlicePad(), AffineGridAsMatMul(),
     Col2ImAsConvTranspose(), DetByCofactors(), MelWeightMatrixAsConstant(), SkipLayerNormalizationAsLayerNorm(),
     FusedMatMulAsMatMul(), BiasGeluAsGelu(), FastGeluAsGelu(), QuickGeluAsSigmoid(), ScalerAsSubMul(),
+    NormalizerAsReduceDiv(), CompressAsGather(), MaxUnpoolAsScatter(),
 )
 
 

@@ -1,9 +1,11 @@
-"""Det, which the parser has no importer for, of 1x1, 2x2 and 3x3 matrices (any batch dimensions before them).
+"""Det, which the parser has no importer for, of 1x1 to 4x4 matrices (any batch dimensions before them).
 
 Each entry x[..., i, j] is two Gathers of scalar indices (on the last two axes), and the determinant the cofactor
-expansion along the first row: a*d - b*c for 2x2, a*(e*i - f*h) - b*(d*i - f*g) + c*(d*h - e*g) for 3x3. Needs the
-last two sizes static and equal. Refuses larger matrices: the expansion has n! terms, and the LU factorisation ONNX
-Runtime uses pivots (data-dependent row swaps), which these ops cannot express.
+expansion along the first row: a*d - b*c for 2x2, a*(e*i - f*h) - b*(d*i - f*g) + c*(d*h - e*g) for 3x3, and for
+4x4 the same Laplace expansion, sum over k of (-1)^k x[0][k] * det3(the minor without row 0 and column k), each
+minor by the 3x3 path (40 products in all). Needs the last two sizes static and equal. Refuses larger matrices: the
+expansion has n! terms, and the LU factorisation ONNX Runtime uses pivots (data-dependent row swaps), which these ops
+cannot express.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import onnx_graphsurgeon as gs
 from trtflow.stages.onnx.rewrites.nodes import is_static
 from trtflow.stages.onnx.rewrites.rule import Builder, OpKey, Rewrite, take_over_outputs
 
-MAX_SIZE = 3
+MAX_SIZE = 4
 
 
 def _matrix_size(tensor: gs.Tensor) -> int | None:
@@ -37,18 +39,29 @@ def _det2(b: Builder, p: gs.Tensor, q: gs.Tensor, r: gs.Tensor, s: gs.Tensor) ->
     return b.op("Sub", [b.op("Mul", [p, s]), b.op("Mul", [q, r])])
 
 
-def _det3(b: Builder, m: list[list[gs.Variable]]) -> gs.Variable:
-    minors = [_det2(b, m[1][1], m[1][2], m[2][1], m[2][2]),
-              _det2(b, m[1][0], m[1][2], m[2][0], m[2][2]),
-              _det2(b, m[1][0], m[1][1], m[2][0], m[2][1])]
-    terms = [b.op("Mul", [m[0][k], minors[k]]) for k in range(3)]
-    return b.op("Add", [b.op("Sub", [terms[0], terms[1]]), terms[2]])
+def _minor(m: list[list[gs.Variable]], k: int) -> list[list[gs.Variable]]:
+    """m without its first row and column k."""
+    return [[e for j, e in enumerate(row) if j != k] for row in m[1:]]
+
+
+def _det(b: Builder, m: list[list[gs.Variable]]) -> gs.Variable:
+    """The determinant of the n x n entries m: m[0][0], the 2x2 formula, or the expansion over the first row
+    ((m00*M0 - m01*M1) + m02*M2) - m03*M3 with each minor's determinant by this function."""
+    if len(m) == 1:
+        return m[0][0]
+    if len(m) == 2:
+        return _det2(b, m[0][0], m[0][1], m[1][0], m[1][1])
+    det = None
+    for k, entry in enumerate(m[0]):
+        term = b.op("Mul", [entry, _det(b, _minor(m, k))])
+        det = term if det is None else b.op("Sub" if k % 2 else "Add", [det, term])
+    return det
 
 
 class DetByCofactors(Rewrite):
     name = "det-cofactors"
     op = OpKey("Det")
-    summary = "cofactor expansion over Gathered entries (up to 3x3)"
+    summary = "cofactor expansion over Gathered entries (up to 4x4)"
 
     def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
         n = _matrix_size(node.inputs[0])
@@ -62,11 +75,4 @@ class DetByCofactors(Rewrite):
     def replace(self, node: gs.Node, graph: gs.Graph) -> None:
         b = Builder(graph, node)
         n = _matrix_size(node.inputs[0])
-        m = _entries(b, node.inputs[0], n)
-        if n == 1:
-            det = m[0][0]
-        elif n == 2:
-            det = _det2(b, m[0][0], m[0][1], m[1][0], m[1][1])
-        else:
-            det = _det3(b, m)
-        take_over_outputs(node, [det], b)
+        take_over_outputs(node, [_det(b, _entries(b, node.inputs[0], n))], b)

@@ -5,17 +5,25 @@ Scaler: Y = (float(X) - offset) * scale, per feature along the last axis (or one
 Runtime computes it: a Cast (where X is not float), a Sub and a Mul by constants. Needs the feature count where
 offset and scale have more than one value; the default domain's Sub/Mul/Cast exist at every opset a model with ml ops
 has.
+
+Normalizer: each row of a [N, C] input (or the one row of a [C] one), cast to float, divided by its norm over the
+last axis, as ONNX Runtime computes it: MAX the row's (signed) maximum, L1 the sum of absolute values, L2 the square
+root of the sum of squares, and a row whose norm is 0 left as it is (ONNX Runtime divides only where the norm is not
+0). So Cast, ReduceMax / ReduceL1 / Sqrt(ReduceSumSquare) with keepdims, a Where(norm == 0, 1, norm), and a Div.
+Needs the input's rank (1 or 2); the Reduce ops take their axes as an input from opset 18, an attribute before.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtflow.stages.onnx.rewrites.nodes import attr, dtype_of
+from trtflow.stages.onnx.rewrites.nodes import attr, dtype_of, rank
 from trtflow.stages.onnx.rewrites.rule import Builder, OpKey, Rewrite, take_over_outputs
 
 ML = "ai.onnx.ml"
 FLOAT = 1  # onnx.TensorProto.FLOAT
+NORMS = ("MAX", "L1", "L2")
+REDUCE_AXES_AS_INPUT = 18  # the opset from which every Reduce op takes `axes` as an input
 
 
 class ScalerAsSubMul(Rewrite):
@@ -54,3 +62,48 @@ def _values(node: gs.Node, name: str) -> list[float]:
     return [float(v) for v in given] if given else [0.0 if name == "offset" else 1.0]
 
 
+
+
+# --- Normalizer ---------------------------------------------------------------------------------------------------
+
+def _norm(node: gs.Node) -> str:
+    given = attr(node, "norm", "MAX")
+    return given.decode() if isinstance(given, bytes) else str(given)
+
+
+def _reduce(b: Builder, op: str, x: gs.Tensor, opset: int) -> gs.Variable:
+    """`op` over the last axis, keepdims."""
+    if opset >= REDUCE_AXES_AS_INPUT:
+        return b.op(op, [x, b.const([-1], np.int64, what="axes")], {"keepdims": 1}, dtype=np.float32)
+    return b.op(op, [x], {"axes": [-1], "keepdims": 1}, dtype=np.float32)
+
+
+def _row_norm(b: Builder, norm: str, x: gs.Tensor, opset: int) -> gs.Variable:
+    if norm == "MAX":
+        return _reduce(b, "ReduceMax", x, opset)
+    if norm == "L1":
+        return _reduce(b, "ReduceL1", x, opset)
+    return b.op("Sqrt", [_reduce(b, "ReduceSumSquare", x, opset)], dtype=np.float32)
+
+
+class NormalizerAsReduceDiv(Rewrite):
+    name = "normalizer-reduce-div"
+    op = OpKey("Normalizer", ML)
+    summary = "x / norm over the last axis (ReduceMax, ReduceL1 or Sqrt of ReduceSumSquare), a 0 norm taken as 1"
+
+    def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
+        if _norm(node) not in NORMS:
+            return f"norm {_norm(node)!r} is none of {', '.join(NORMS)}"
+        if rank(node.inputs[0]) not in (1, 2):
+            return "needs the input's rank, 1 or 2 ([C] or [N, C])"
+        return None
+
+    def replace(self, node: gs.Node, graph: gs.Graph) -> None:
+        b = Builder(graph, node)
+        x = node.inputs[0]
+        if dtype_of(x) != np.dtype(np.float32):
+            x = b.op("Cast", [x], {"to": FLOAT}, dtype=np.float32)
+        norm = _row_norm(b, _norm(node), x, graph.opset)
+        is_zero = b.op("Equal", [norm, b.const(0.0, np.float32, "zero")], dtype=np.bool_)
+        safe = b.op("Where", [is_zero, b.const(1.0, np.float32, "one"), norm], dtype=np.float32)
+        take_over_outputs(node, [b.op("Div", [x, safe], dtype=np.float32)], b)
