@@ -208,7 +208,7 @@ class Runner:
         spec = self.graph.nodes[name].spec
         code = {ref: source_digest(ref) for ref in spec.code_refs()}
         # the pipeline's TensorRT plugins, like a user's code: an edited plugin re-keys every stage that loads it
-        code.update({f"plugin {p.label}": p.digest for p in self.plugins_for(impl)})
+        code.update({f"plugin {p.label}": p.digest for p in self.plugins_for(spec, impl)})
         parts = keys.key_parts(
             spec.kind, impl.version, spec.key_params(),
             {slot: ([a.digest for a in v] if isinstance(v, list) else v.digest) for slot, v in inputs.items()
@@ -216,18 +216,19 @@ class Runner:
             fingerprint(impl.env_facets), code, impl.code)
         return keys.stage_key(parts), keys.KeyParts.model_validate(parts)
 
-    def plugins_for(self, impl: implementation.StageImpl) -> list[plugins.PluginLoad]:
+    def plugins_for(self, spec: Any, impl: implementation.StageImpl) -> list[plugins.PluginLoad]:
         """The pipeline's `plugins:` as found on disk, for a stage whose kind parses or builds with TensorRT (the
-        `tensorrt` facet of its key); none for the others."""
-        if "tensorrt" not in impl.env_facets or not self.pipeline.spec.plugins:
+        `tensorrt` facet of its key) or ships them (its row's `ships_plugins`); none for the others."""
+        takes = "tensorrt" in impl.env_facets or kind_of(spec).ships_plugins
+        if not takes or not self.pipeline.spec.plugins:
             return []
         if self._plugins is None:
             self._plugins = plugins.found(self.pipeline, self.digests.sha256)
         return self._plugins
 
-    def _stage_function(self, impl: implementation.StageImpl) -> Callable[..., Any]:
+    def _stage_function(self, spec: Any, impl: implementation.StageImpl) -> Callable[..., Any]:
         """The stage's function, with the plugins it loads declared to the children it starts that parse or build."""
-        loads = self.plugins_for(impl)
+        loads = self.plugins_for(spec, impl)
         return plugins.Declaring(tuple(loads), impl.run) if loads else impl.run
 
     # --- resolve: one stage's inputs, key, and whether it is reused or runs, and why ------------------------------
@@ -392,7 +393,7 @@ class Runner:
             ran.began = datetime.now(timezone.utc)
             t0 = time.perf_counter()
             try:
-                ran.result = call_stage(self._stage_function(r.impl), (spec, inputs, ran.staging), spec.timeout,
+                ran.result = call_stage(self._stage_function(spec, r.impl), (spec, inputs, ran.staging), spec.timeout,
                                         name, output=log, keep=ran.staging / STAGE_LOG)
             except StageFailed as exc:
                 ran.failed, ran.result = exc, exc.result

@@ -70,6 +70,9 @@ class Kind:
     claimed: tuple[str, ...] = ()
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
+    # it copies the pipeline's TensorRT plugins into what it releases: they reach its stage process, and its key, as
+    # they reach a kind with the `tensorrt` facet (flows/runner.py `plugins_for`)
+    ships_plugins: bool = False
     # the libraries its stage process imports only once it works (beyond its stage module's own imports): when a
     # stage of this kind is about to run, the fork server imports them and the stage module ahead (flows/isolate.py)
     preload: tuple[str, ...] = ()

@@ -162,4 +162,5 @@ KIND = Kind("release", ReleaseStage,
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),
             synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once
+            ships_plugins=True,  # their libraries go into the Triton repository (stages/release/stage.py)
             wiring=_wiring)

@@ -140,7 +140,7 @@ def _chosen_md(t: TargetRelease, c: Option, fp32: Labelled | None) -> list[str]:
 
 def _serving_md(t: TargetRelease) -> list[str]:
     """The target's Triton configs, the preprocessing model's packages and the request example."""
-    lines: list[str] = []
+    lines: list[str] = _plugins_md(t)
     if t.config:
         lines += ["", "`config.pbtxt`:", ""] + md.block(t.config, "protobuf")
     for name, text in t.configs.items():
@@ -155,6 +155,44 @@ def _serving_md(t: TargetRelease) -> list[str]:
                   + ("; give an image file to send it through the ensemble" if len(t.models) > 1 else "") + ":", ""]
         lines += md.block(t.request_example, "python")
     return lines
+
+
+def plugin_text(t: TargetRelease) -> list[str]:
+    """What the card says of the TensorRT plugins the engine was built with (none: nothing), one sentence each:
+    the libraries shipped and how Triton loads them, a Python plugin stock Triton cannot load."""
+    out = []
+    for p in t.plugins:
+        if p.file is not None:
+            out.append(f"{p.key} ({p.label}): {p.file}, sha256 {p.sha256}. Triton only loads it (dlopen): its "
+                       f"creators must register themselves as it loads (REGISTER_TENSORRT_PLUGIN)"
+                       + (f"; {p.entry}('{p.namespace}') is not called" if p.entry else "") + ".")
+        else:
+            out.append(f"{p.key} ({p.label}): a Python plugin. Triton's TensorRT backend loads plugin libraries "
+                       f"only: the engine is not servable by stock Triton with it; the serving process must import "
+                       f"{p.python} (registering its creators) before it deserializes the engine.")
+    return out
+
+
+SERVE_PLUGINS = ("Start Triton with the libraries loaded by its TensorRT backend, `--backend-config=tensorrt,plugins="
+                 "\"<path>;<path>\"` (`LD_PRELOAD` of them works too), from the release's output folder:")
+
+
+def _plugins_md(t: TargetRelease) -> list[str]:
+    said = plugin_text(t)
+    if not said:
+        return []
+    lines = ["", "### TensorRT plugins", "", "The engine needs these plugins wherever it is deserialized:", ""]
+    lines += [f"- {md.text(line)}" for line in said]
+    return lines + (["", SERVE_PLUGINS, ""] + md.block(t.server, "sh") if t.server else [])
+
+
+def _plugins_html(t: TargetRelease) -> list[str]:
+    said = plugin_text(t)
+    if not said:
+        return []
+    server = f'<p>{_e(SERVE_PLUGINS)}</p><pre data-field="server">{_e(t.server)}</pre>' if t.server else ""
+    return ['<h3>TensorRT plugins</h3><p>The engine needs these plugins wherever it is deserialized:</p>'
+            '<ul data-field="plugins">' + "".join(f"<li>{_e(line)}</li>" for line in said) + "</ul>" + server]
 
 
 # how to give Triton's Python backend the packages (Triton's python_backend README: "Using Custom Python Execution
@@ -330,7 +368,7 @@ def _chosen_html(t: TargetRelease, c: Option, fp32: Labelled | None) -> list[str
 
 
 def _serving_html(t: TargetRelease) -> list[str]:
-    body = []
+    body = _plugins_html(t)
     if t.config:
         body.append(f"<details open><summary><code>config.pbtxt</code></summary><pre>{_e(t.config)}</pre>"
                     f"</details>")

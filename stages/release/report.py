@@ -92,6 +92,19 @@ class ValidFor(BuiltOn):
     validity_here: str | None = None  # "VALID" | "INVALID" | "SUBOPTIMAL" | None: not checked
 
 
+class ShippedPlugin(BaseModel):
+    """A TensorRT plugin the shipped engine was built with, as the release ships it: a library copied beside the
+    Triton repository, or a Python module the serving process must import (stock Triton cannot)."""
+    key: str  # its key path in the pipeline file: "plugins[0]"
+    label: str  # as declared
+    file: str | None = None  # the library's copy, relative to the stage's output directory (None: a Python module)
+    sha256: str  # the declared file's digest (the library, or the module's source)
+    entry: str | None = None  # the library's function that registers its creators (Triton does not call it)
+    namespace: str = ""
+    python: str | None = None  # the module that registers the creators when imported
+    loaded_by: str  # how the serving process loads it
+
+
 class TargetRelease(BaseModel):
     target: str
     chosen: Option | None
@@ -116,6 +129,8 @@ class TargetRelease(BaseModel):
     request_example: str = ""  # a Python script (tritonclient) that sends the model a request
     configs: dict[str, str] = {}  # the preprocessing and ensemble models' config.pbtxt, by model name
     requirements: list[str] = []  # the Python packages the preprocessing model needs in Triton's Python backend
+    plugins: list[ShippedPlugin] = []  # the TensorRT plugins the engine needs wherever it is deserialized
+    server: str = ""  # the command that starts Triton on the repository, where the plugins need saying
 
 
 class ParitySummary(BaseModel):

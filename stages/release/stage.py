@@ -6,7 +6,7 @@ valid for, the preprocessing as declared, the provenance chain and the pictures 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtflow import files, names
@@ -21,11 +21,12 @@ from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.prepare.report import PrepareReport, RewriteRecord
 from trtflow.stages.release import card, selection
-from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, TargetRelease, ValidFor
+from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, ShippedPlugin, TargetRelease, ValidFor
 from trtflow.stages.release.triton import client_example, contract, versions
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import preprocess as triton_preprocess
 from trtflow.stages.release.triton.contract import Contract
+from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engines import Engine, built_engines
 from trtflow.stages.validate.report import ValidateReport
 
@@ -51,6 +52,7 @@ class _Job:
     kept: dict[str, tuple[int, int | None]]  # variant -> (nodes left in higher precision, nodes)
     steps: list[dict] | None  # the declared preprocessing
     shared: Artifact | None  # the store's shared/ (the versions released so far)
+    plugins: list[trt_plugins.PluginLoad] = field(default_factory=list)  # the pipeline's, where declared to it
 
 
 def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -64,7 +66,8 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
                ValidateReport.read(inputs.one("validation").path) if "validation" in inputs else None,
                BenchmarkReport.model_validate_json(inputs.one("benchmark").path.read_text())
                if "benchmark" in inputs else None,
-               _higher_precision(inputs), _preprocessing(inputs), inputs.optional("releases"))
+               _higher_precision(inputs), _preprocessing(inputs), inputs.optional("releases"),
+               trt_plugins.declared())
     targets: dict[str, list[Engine]] = {}
     for eng in engines:
         targets.setdefault(eng.cell.target, []).append(eng)
@@ -133,6 +136,7 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     eng = next(e for e in found if e.cell.name == chosen.name)
     warnings = _repository(release, eng, params, job.model_name, job.out_dir, job.steps,
                            _warmup_sample(params, job.inputs, eng), ledger)
+    warnings += ship_plugins(release, job.plugins, job.out_dir)
     release.environment = _environment(eng)
     if eng.cell.backend.flavour == "tensorrt-rtx":
         warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
@@ -423,6 +427,63 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)[2] or (
         "set by triton.max_batch_size" if params.triton.max_batch_size is not None else "")
     return notes
+
+
+# beside the target's repository, never in it (Triton polls every folder of a repository as a model, and a model may
+# be named "plugins"); a target's name has no dot, so `<target>.plugins` is no other target's repository
+PLUGINS_SUFFIX = ".plugins"
+TRITON_LOADS = "Triton's TensorRT backend: --backend-config=tensorrt,plugins=<its path> (or LD_PRELOAD)"
+
+
+def ship_plugins(release: TargetRelease, loads: list[trt_plugins.PluginLoad], out_dir: Path) -> list[str]:
+    """The pipeline's plugins the shipped engine was built with (every engine of the pipeline's build is), recorded
+    in `release.plugins`: each library copied to `triton/<target>.plugins/<file name>` (checked against its digest
+    in the stage's key) with the command that starts Triton with them loaded; a Python plugin's one-line warning
+    (Triton's TensorRT backend loads libraries only)."""
+    if not loads or release.chosen is None or release.repository is None:
+        return []
+    folder = out_dir / "triton" / f"{release.target}{PLUGINS_SUFFIX}"
+    release.plugins = [_python_plugin(p) if p.python else _library_copy(p, folder, out_dir) for p in loads]
+    copies = [p.file for p in release.plugins if p.file]
+    if copies:
+        release.server = server_command(release.repository, copies)
+        release.request_example = client_example.started_by(release.request_example, release.server)
+    return [f"{release.target}: `{release.chosen.name}` was built with the Python plugin {p.python} ({p.key}): "
+            f"the serving process must import it (registering its creators) before it loads the engine; Triton's "
+            f"TensorRT backend loads plugin libraries only, so stock Triton cannot serve it"
+            for p in release.plugins if p.python]
+
+
+def server_command(repository: str, copies: list[str]) -> str:
+    """`tritonserver` on the repository with the libraries loaded by its TensorRT backend, run from the stage's
+    output directory (Triton resolves the paths from its working directory; `$PWD` makes them absolute)."""
+    paths = ";".join(f"$PWD/{c}" for c in copies)
+    return f'tritonserver --model-repository=$PWD/{repository} --backend-config=tensorrt,plugins="{paths}"'
+
+
+def _library_copy(plugin: trt_plugins.PluginLoad, folder: Path, out_dir: Path) -> ShippedPlugin:
+    source = Path(plugin.file)
+    wrong = names.problem(source.name, names.DOTTED, names.MODEL_MAX_LENGTH)
+    if wrong:
+        raise StageError(f"release: {plugin.key} ({plugin.label}): its file name cannot be shipped: {wrong}",
+                         hint="rename the library")
+    copy = folder / source.name
+    if copy.exists():
+        raise StageError(f"release: {plugin.key} ({plugin.label}): another declared plugin library is also named "
+                         f"{source.name}", hint="give the libraries different file names")
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source, copy)
+    digest = files.sha256(copy)
+    if digest != plugin.digest:
+        raise StageError(f"release: {plugin.key} ({plugin.label}) changed since the engines were keyed "
+                         f"(sha256 {digest[:12]}, not {plugin.digest[:12]})", hint="run the pipeline again")
+    return ShippedPlugin(key=plugin.key, label=plugin.label, file=copy.relative_to(out_dir).as_posix(),
+                         sha256=digest, entry=plugin.entry, namespace=plugin.namespace, loaded_by=TRITON_LOADS)
+
+
+def _python_plugin(plugin: trt_plugins.PluginLoad) -> ShippedPlugin:
+    return ShippedPlugin(key=plugin.key, label=plugin.label, sha256=plugin.digest, python=plugin.python,
+                         loaded_by=f"import {plugin.python} in the serving process (not Triton's TensorRT backend)")
 
 
 def _environment(eng: Engine) -> ValidFor:

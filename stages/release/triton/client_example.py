@@ -77,3 +77,11 @@ def script(model: str, contract: Contract, ensemble: str | None = None) -> str:
                   "    for name in OUTPUTS:",
                   "        print(name, result.as_numpy(name).shape)"]
     return "\n".join(lines) + "\n"
+
+
+def started_by(script: str, command: str) -> str:
+    """`script` headed by the command that starts the server it talks to, where the model needs one said (plugin
+    libraries its engine was built with, loaded by Triton's TensorRT backend)."""
+    head = ["# start the server with the engine's TensorRT plugin libraries loaded (from the release's output folder;",
+            "# Triton's TensorRT backend loads them, or set LD_PRELOAD to them instead):", f"#   {command}", ""]
+    return "\n".join(head) + "\n" + script
