@@ -13,7 +13,6 @@ inputs and initializers.
 from __future__ import annotations
 
 import heapq
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -22,6 +21,7 @@ import onnx
 from onnx import helper
 from pydantic import BaseModel
 
+from trtflow import files
 from trtflow.errors import StageError
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers, graph_inputs, name_nodes, subgraphs
@@ -78,7 +78,7 @@ class Chain(BaseModel):
 
 def read_chain(folder: Path) -> Chain:
     """The chain `split` wrote into `folder` (moved or not: its pieces are found beside it)."""
-    text = json.loads((Path(folder) / CHAIN_FILE).read_text())
+    text = files.read_json(Path(folder) / CHAIN_FILE, files.RECORD_BYTES)
     return Chain.model_validate({**text, "folder": str(folder)})
 
 
