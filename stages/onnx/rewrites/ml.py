@@ -48,9 +48,7 @@ class ScalerAsSubMul(Rewrite):
 
     def replace(self, node: gs.Node, graph: gs.Graph) -> None:
         b = Builder(graph, node)
-        x = node.inputs[0]
-        if dtype_of(x) != np.dtype(np.float32):
-            x = b.op("Cast", [x], {"to": FLOAT}, dtype=np.float32)
+        x = _as_float(b, node.inputs[0])
         shifted = b.op("Sub", [x, b.const(_values(node, "offset"), np.float32, "offset")], dtype=np.float32)
         scaled = b.op("Mul", [shifted, b.const(_values(node, "scale"), np.float32, "scale")], dtype=np.float32)
         take_over_outputs(node, [scaled], b)
@@ -100,10 +98,13 @@ class NormalizerAsReduceDiv(Rewrite):
 
     def replace(self, node: gs.Node, graph: gs.Graph) -> None:
         b = Builder(graph, node)
-        x = node.inputs[0]
-        if dtype_of(x) != np.dtype(np.float32):
-            x = b.op("Cast", [x], {"to": FLOAT}, dtype=np.float32)
+        x = _as_float(b, node.inputs[0])
         norm = _row_norm(b, _norm(node), x, graph.opset)
         is_zero = b.op("Equal", [norm, b.const(0.0, np.float32, "zero")], dtype=np.bool_)
         safe = b.op("Where", [is_zero, b.const(1.0, np.float32, "one"), norm], dtype=np.float32)
         take_over_outputs(node, [b.op("Div", [x, safe], dtype=np.float32)], b)
+
+
+def _as_float(b: Builder, x: gs.Tensor) -> gs.Tensor:
+    """`x` in float32, as ONNX Runtime computes the ml ops (a Cast where it is another type)."""
+    return x if dtype_of(x) == np.dtype(np.float32) else b.op("Cast", [x], {"to": FLOAT}, dtype=np.float32)
