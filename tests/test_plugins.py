@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -138,14 +139,19 @@ def declared(repo: Path) -> list[plugins.PluginLoad]:
     return found(load_pipeline(pipeline(repo)))
 
 
-def run_all(path: Path) -> dict[str, Path]:
+def run_outcomes(path: Path) -> dict[str, Any]:
+    """Every stage of the pipeline run by the runner (no Prefect): its outcome, by stage."""
     runner = Runner(load_pipeline(path))
     runner.store.ensure_writable()
     produced, out = {}, {}
     for name in runner.select(None):
-        outcome = runner.run_stage(name, produced)
-        produced[name], out[name] = outcome.manifest, outcome.directory
+        out[name] = runner.run_stage(name, produced)
+        produced[name] = out[name].manifest
     return out
+
+
+def run_all(path: Path) -> dict[str, Path]:
+    return {name: outcome.directory for name, outcome in run_outcomes(path).items()}
 
 
 # --- the pre-flight -----------------------------------------------------------------------------------------------

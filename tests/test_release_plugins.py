@@ -16,14 +16,12 @@ from pathlib import Path
 import pytest
 
 from trtflow.errors import StageError
-from trtflow.flows.runner import Runner
-from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.release import Select
 from trtflow.stages.release import card
 from trtflow.stages.release.report import Option, ReleaseReport, TargetRelease
 from trtflow.stages.release.stage import ship_plugins
 from trtflow.stages.trt import plugins
-from tests.test_plugins import PLUGIN, SHAPE, clip_model, pipeline, run_all
+from tests.test_plugins import PLUGIN, SHAPE, clip_model, pipeline, run_all, run_outcomes
 
 RELEASE = (f"  prepare: {{kind: prepare, input_shapes: {{x: {SHAPE}}}}}\n"
            "  build: {kind: build}\n"
@@ -128,20 +126,10 @@ def test_a_python_plugin_release_warns_in_one_line_and_the_card_says_stock_trito
 
 @pytest.mark.tensorrt
 def test_an_edited_plugin_releases_again(repo):
-    """With the runner as it is (the release is not declared the plugins), the release's key still moves with an
-    edited plugin: the engines are rebuilt, and the engines input with them."""
+    """An edited plugin moves the release's key: its own plugins' digests (its row ships them), and the engines
+    rebuilt with the plugin."""
     path = pipeline(repo, stages=RELEASE)
-    first = keys_of_run(path)
+    first = {name: o.key for name, o in run_outcomes(path).items()}
     (repo / "clip_plugin.py").write_text(PLUGIN + "\n# edited\n")
-    second = keys_of_run(path)
+    second = {name: o.key for name, o in run_outcomes(path).items()}
     assert first["build"] != second["build"] and first["release"] != second["release"]
-
-
-def keys_of_run(path: Path) -> dict[str, str]:
-    runner = Runner(load_pipeline(path))
-    runner.store.ensure_writable()
-    produced, keys = {}, {}
-    for name in runner.select(None):
-        outcome = runner.run_stage(name, produced)
-        produced[name], keys[name] = outcome.manifest, outcome.key
-    return keys

@@ -122,7 +122,6 @@ def _sanitized(model: Path, folder: Path) -> Path:
 def _trial(p: Proposal, model: Path) -> ProfileTrial:
     from trtflow.errors import SpecError, TransientStageError
     from trtflow.pipelines.init.write import ProfileTrial
-    from trtflow.stages.onnx.rewrites import rules_for
     from trtflow.stages.trt.preflight import run_preflight
 
     low, opt, high = (p.profile.point(i) for i in range(3))
@@ -134,8 +133,7 @@ def _trial(p: Proposal, model: Path) -> ProfileTrial:
     if not report.ran:
         return ProfileTrial(runtime, None, why=report.reason or "")
     if not report.parsed or report.trial_build is None:
-        every_one_rewritten = report.failures and all(rules_for(f.op_type, f.domain) for f in report.failures)
-        return ProfileTrial(runtime, None if every_one_rewritten else False, why=_refused(report.failures))
+        return _refused(runtime, report.failures)
     trial = report.trial_build
     if trial.ok:
         return ProfileTrial(runtime, True, trial.seconds)
@@ -151,21 +149,26 @@ def _trial(p: Proposal, model: Path) -> ProfileTrial:
                          f"{p.profile.flags()}")
 
 
-def _refused(failures: list) -> str:
+def _refused(runtime: str | None, failures: list) -> ProfileTrial:
     """What prepare will do with the nodes the parser rejects: the rule that rewrites each one it covers (checked
-    when prepare runs), and what to do about the first it does not."""
+    when prepare runs: the trial is 'not checked' where every node is covered), and what to do about the first it
+    does not (then it failed)."""
+    from trtflow.pipelines.init.write import ProfileTrial
     from trtflow.stages.onnx.rewrites import rules_for
 
-    covered = {f.node: [r.name for r in rules_for(f.op_type, f.domain)] for f in failures}
-    rewritten = [f"{f.node} ({f.op_type}) by {', '.join(covered[f.node])}" for f in failures if covered[f.node]]
-    left = [f for f in failures if not covered[f.node]]
+    if not failures:
+        return ProfileTrial(runtime, False, why="the parser rejects the model; see prepare's report")
+    rules = [[r.name for r in rules_for(f.op_type, f.domain)] for f in failures]
+    rewritten = [f"{f.node or f.op_type} ({f.op_type}) by {', '.join(names)}" for f, names in zip(failures, rules)
+                 if names]
+    left = [f for f, names in zip(failures, rules) if not names]
     said = f"the parser rejects {len(failures)} node(s) of the model"
     if rewritten:
         said += f"; prepare rewrites {len(rewritten)} of them (rewrites: auto, checked when it runs): " + \
             ", ".join(rewritten[:3]) + (f", and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
     if left:
         said += f"; the prepare stage will stop on {left[0].node} ({left[0].op_type}): {left[0].hint}"
-    return said if failures else "the parser rejects the model; see prepare's report"
+    return ProfileTrial(runtime, False if left else None, why=said)
 
 
 def _failing_point(model: Path, points: tuple[dict, dict, dict]) -> tuple[str, str] | None:

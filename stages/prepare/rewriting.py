@@ -11,18 +11,16 @@ from typing import Any
 import onnx
 
 from trtflow.errors import StageError
+from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.rewrites import rules_for
 from trtflow.stages.onnx.rewrites.apply import Refused, apply
-from trtflow.stages.onnx.rewrites.rule import Rewrite
+from trtflow.stages.onnx.rewrites.rule import Rewrite, added_for
 from trtflow.stages.prepare.report import RewriteRecord
 from trtflow.stages.trt.parse import ParseFailure
 from trtflow.stages.trt.preflight import PreflightReport, cause_of, no_rewrite, run_preflight
 from trtflow.text import first_line
 from trtflow.usercode import import_callable
-
-REPLACED_BY = "/rw/"  # the rules name the nodes they add "<node>/rw/<op>_<n>" (rule.Builder)
-
 
 Check = Callable[[Path, Path], Any]  # the stage's ModelCheck of a new model against the one before
 
@@ -54,7 +52,7 @@ class Rewriter:
     def refused(self, failures: list[ParseFailure]) -> None:
         """The built-in rules for each node the parser refused, the first that passes its checks kept. A refusal
         that names no node (the parser's ScatterElements importer) stands for every node of its op."""
-        _name_nodes(self.model)
+        onnx_graph.name_nodes(self.model)  # a rewrite finds its node by name; exporters leave some unnamed
         tried: set[str] = set()
         for failure in failures:
             rules = rules_for(failure.op_type, failure.domain)
@@ -107,22 +105,8 @@ def _parser_refuses(path: Path, node: str) -> str | None:
     report: PreflightReport = run_preflight(path)
     if not report.ran:
         return f"the parser could not be asked ({report.reason})"
-    mine = [f for f in report.failures if f.node.startswith(node + REPLACED_BY)]
+    mine = [f for f in report.failures if added_for(node, f.node)]
     return None if not mine else f"the parser refuses its replacement: {mine[0].op_type}: {mine[0].reason}"
-
-
-def _name_nodes(model: onnx.ModelProto) -> None:
-    """Every node named (a rewrite finds its node by name; exporters leave some unnamed)."""
-    taken = {n.name for n in model.graph.node}
-    for i, node in enumerate(model.graph.node):
-        if node.name:
-            continue
-        name, k = f"{node.op_type}_{i}", 0
-        while name in taken:
-            k += 1
-            name = f"{node.op_type}_{i}_{k}"
-        node.name = name
-        taken.add(name)
 
 
 def explain(failure: ParseFailure, records: list[RewriteRecord], enabled: bool) -> str:

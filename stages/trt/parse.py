@@ -50,6 +50,14 @@ class Parsed:
 
 def parse(backend: Backend, model: Path, severity: str = "WARNING") -> Parsed:
     """Log lines at `severity` or worse are kept in `Parsed.log`."""
+    parsed = open_parser(backend, severity)
+    parsed.ok = bool(parsed.parser.parse_from_file(str(model)))
+    return parsed
+
+
+def open_parser(backend: Backend, severity: str = "WARNING") -> Parsed:
+    """A builder, an empty network and the ONNX parser on it, nothing parsed yet (`ok` False), for a caller that asks
+    the parser something else (the partition's `supports_model_v2`)."""
     trt = importlib.import_module(backend.module)
     lines: list[str] = []
     threshold = getattr(trt.ILogger.Severity, severity)
@@ -70,8 +78,7 @@ def parse(backend: Backend, model: Path, severity: str = "WARNING") -> Parsed:
         flags = 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    ok = bool(parser.parse_from_file(str(model)))
-    return Parsed(trt, builder, network, parser, ok, logger, lines)
+    return Parsed(trt, builder, network, parser, False, logger, lines)
 
 
 def failures(parser: Any, model: Path) -> list[ParseFailure]:

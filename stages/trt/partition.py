@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import importlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -109,16 +108,11 @@ def _supports(request: PartitionRequest, folder: Path) -> ParserPartition:
 
     backend = find_tensorrt()
     assert backend is not None
-    trt = importlib.import_module(backend.module)
-    logger = trt.Logger(trt.Logger.ERROR)
-    builder = trt.Builder(logger)
-    explicit = backend.flavour == "tensorrt" and backend.major < 10  # the only mode from 10 on
-    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH) if explicit else 0)
-    parser = trt.OnnxParser(network, logger)
+    parsed = trt_parse.open_parser(backend)  # kept whole: the parser needs its builder, network and logger alive
     model = Path(request.model)
-    supported, subgraphs = _ask(parser, model.read_bytes(), str(model))
+    supported, subgraphs = _ask(parsed.parser, model.read_bytes(), str(model))
     return ParserPartition(ran=True, runtime=_label(backend), supported=supported, subgraphs=subgraphs,
-                           failures=trt_parse.failures(parser, model))
+                           failures=trt_parse.failures(parsed.parser, model))
 
 
 def _ask(parser: Any, data: bytes, path: str) -> tuple[bool, list[ParserSubgraph]]:

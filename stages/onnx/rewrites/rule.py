@@ -44,11 +44,19 @@ class Rewrite(ABC):
 
 # --- helpers every rule uses --------------------------------------------------------------------------------------
 
+ADDED = "/rw"  # what follows a replaced node's name in the names of the nodes its rule adds ("<node>/rw/<op>_<n>")
+
+
+def added_for(node: str, name: str) -> bool:
+    """`name` is one of the nodes a rule added in place of `node` (Builder names them)."""
+    return name.startswith(f"{node}{ADDED}/")
+
+
 class Builder:
     """Adds nodes and constants to a graph with unique names derived from the node being replaced."""
 
     def __init__(self, graph: gs.Graph, node: gs.Node):
-        self.graph, self.prefix, self.count = graph, f"{node.name or node.op}/rw", 0
+        self.graph, self.prefix, self.count = graph, f"{node.name or node.op}{ADDED}", 0
 
     def name(self, what: str) -> str:
         self.count += 1

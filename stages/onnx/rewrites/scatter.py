@@ -13,6 +13,8 @@ attribute before: the form follows the model's opset.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -66,7 +68,10 @@ def _combine(b: Builder, node: gs.Node, data: gs.Tensor, reduced: gs.Tensor) -> 
     take_over_outputs(node, [y], b)
 
 
-def _refuses_common(node: gs.Node, graph: gs.Graph) -> str | None:
+def _refusal(node: gs.Node, graph: gs.Graph, one_hot_size: Callable[[gs.Node, list[int], list[int]], int]) -> \
+        str | None:
+    """Why a scatter rule does not apply to `node`: a reduction it does not cover, an opset without reductions,
+    shapes it needs static, or a one-hot mask (`one_hot_size` of the node, data's and indices' shapes) too large."""
     reduction = attr(node, "reduction", "none")
     if reduction not in REDUCE:
         return f"covers reduction add/mul/max/min only, not '{reduction}' (the parser takes 'none' as is)"
@@ -74,7 +79,18 @@ def _refuses_common(node: gs.Node, graph: gs.Graph) -> str | None:
         return f"needs opset >= 16 (scatter reductions; the model's is {graph.opset})"
     if any(static_shape(t) is None for t in node.inputs[:3]):
         return "needs static shapes for data, indices and updates"
+    size = one_hot_size(node, static_shape(node.inputs[0]), static_shape(node.inputs[1]))
+    if size > MAX_ONE_HOT:
+        return f"the one-hot mask would hold {size} elements (at most {MAX_ONE_HOT})"
     return None
+
+
+def _elements_one_hot(node: gs.Node, data: list[int], indices: list[int]) -> int:
+    return int(np.prod(indices)) * data[attr(node, "axis", 0) % len(data)]
+
+
+def _nd_one_hot(node: gs.Node, data: list[int], indices: list[int]) -> int:
+    return int(np.prod(indices[:-1])) * int(np.prod(data[:indices[-1]])) * int(np.prod(data[indices[-1]:]))
 
 
 class ScatterElementsReduction(Rewrite):
@@ -83,15 +99,7 @@ class ScatterElementsReduction(Rewrite):
     summary = "one-hot Equal + Where + Reduce* over the updates, combined with the data"
 
     def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
-        why = _refuses_common(node, graph)
-        if why is not None:
-            return why
-        data, indices, _ = (static_shape(t) for t in node.inputs[:3])
-        axis = attr(node, "axis", 0) % len(data)
-        size = int(np.prod(indices)) * data[axis]
-        if size > MAX_ONE_HOT:
-            return f"the one-hot mask would hold {size} elements (at most {MAX_ONE_HOT})"
-        return None
+        return _refusal(node, graph, _elements_one_hot)
 
     def replace(self, node: gs.Node, graph: gs.Graph) -> None:
         b = Builder(graph, node)
@@ -119,14 +127,7 @@ class ScatterNDReduction(Rewrite):
     summary = "index tuples flattened, one-hot Equal + Where + Reduce* over the updates, combined with the data"
 
     def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
-        why = _refuses_common(node, graph)
-        if why is not None:
-            return why
-        data, indices, _ = (static_shape(t) for t in node.inputs[:3])
-        size = int(np.prod(indices[:-1])) * int(np.prod(data[:indices[-1]])) * int(np.prod(data[indices[-1]:]))
-        if size > MAX_ONE_HOT:
-            return f"the one-hot mask would hold {size} elements (at most {MAX_ONE_HOT})"
-        return None
+        return _refusal(node, graph, _nd_one_hot)
 
     def replace(self, node: gs.Node, graph: gs.Graph) -> None:
         b = Builder(graph, node)
