@@ -216,7 +216,9 @@ def test_segments_are_few_runs_in_a_topological_order(tmp_path):
 def test_a_tensorrt_piece_that_fails_its_trial_goes_back_to_onnxruntime(tmp_path, monkeypatch, how):
     """The parser's partition is a claim, the trial build the proof. A piece the parser then refuses a node of
     gives ONNX Runtime that node only (and is cut again); a piece that parses and does not build gives it all its
-    nodes. Here the trial of any piece holding the box head fails that way."""
+    nodes. Here the trial of any piece holding the box head fails that way: a made-up answer (TensorRT-RTX takes
+    this Gemm, and every other piece is tried for real), so this proves what the partition does with a failed trial,
+    not which pieces a real TensorRT refuses (the tests above build those)."""
     from trtflow.stages.trt import partition as partitioning
     from trtflow.stages.trt.parse import ParseFailure
     from trtflow.stages.trt.preflight import PreflightReport, TrialBuild
