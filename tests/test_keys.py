@@ -68,7 +68,7 @@ def test_key_of_a_real_stage_is_pinned(tmp_path, monkeypatch):
 
 
 PINNED_RECIPE = "fcf8e3fd1226bfa097843fbc303f91c4"  # KEY_FORMAT 3
-PINNED_PREPARE = "1bd024e5fc8636213d21104f511a290d"  # prepare v4, KEY_FORMAT 3: defaults left out, the code lock's part
+PINNED_PREPARE = "334fea0e392980b1b0b9da8240f2af78"  # prepare v5, KEY_FORMAT 3: defaults left out, the code lock's part
 
 
 # the smallest valid parameters of every kind, and parameters set to something else than their defaults
@@ -126,7 +126,7 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 3 (wi
     "calibrate": ("c4e5552e699559d27cb3e65af01541ad", "a7edea2a31a2598a3e316772a1dd996c"),  # VERSION 11
     "parity": ("9dbbf3de7cb568ddde9a6bf6e154b109", "0a3fd4c8b2654ab1e664e6cb909d9616"),
     "precision": ("0d4d5049ba426b38f394fe131d661c0f", "4cc1330e5cb4f7f2f37466b165692249"),
-    "prepare": ("6117386b5ae0ba095d57c3617559dbcb", "af2374ee70d3640d0dc598143a2e581a"),  # VERSION 4
+    "prepare": ("a0ddb1c051c3329556331cc55e51a134", "7a4930f318f43485dc7a5dfba3b869a6"),  # VERSION 5
     "release": ("5af7d72946b4e4feafa82f054dc54216", "2eb4550bc153290fba4e74ca641afac2"),  # VERSION 5
     "validate": ("59fff6e91c418efc614c85b6eb7c3f91", "c6cb48c1aa83efe3c833756d6ee34431"),
 }

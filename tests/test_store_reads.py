@@ -51,7 +51,7 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("stages/release/stage.py", "run"): INPUT,
     ("stages/release/stage.py", "_higher_precision"): INPUT,
     ("stages/release/stage.py", "_parity"): INPUT,
-    ("stages/release/stage.py", "_rewrites"): INPUT,  # prepare's report
+    ("stages/release/stage.py", "_prepared"): INPUT,  # prepare's report
     ("stages/trt/partition.py", "_supports"): OWN,  # the model the partition's caller wrote in its work folder
     ("stages/release/report.py", "ReleaseReport.read"): INPUT,
     ("stages/validate/report.py", "ValidateReport.read"): INPUT,

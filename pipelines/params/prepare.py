@@ -51,6 +51,11 @@ class PrepareStage(StageBase):
                             "list of your functions (package.module:function, an onnx.ModelProto in and out), "
                             "applied first and checked the same way, then trtflow's rules",
         examples=["auto", ["mymodels.fix:drop_nms"]])
+    offload: Literal["none", "onnxruntime"] = Field(
+        "none", description="what runs the nodes TensorRT still refuses after rewrites and plugins: none: the stage "
+                            "fails naming them; onnxruntime: the model is cut at the parser's partition, each "
+                            "TensorRT piece proved by a trial build, and ONNX Runtime runs the rest in FP32 "
+                            "(validate and benchmark run the chain; the release serves it as a Triton ensemble)")
 
     def code_refs(self) -> list[str]:
         return list(self.rewrites) if isinstance(self.rewrites, list) else []

@@ -185,6 +185,9 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
 
 def _engine_runs_here(cand: Candidate) -> tuple[bool, str]:
     """Whether this machine can execute the candidate's engine (the engine's own validity verdict), and why not."""
+    if cand.chain is not None:
+        return False, (f"'{cand.name}' is a chain of TensorRT and ONNX Runtime pieces (prepare: offload), which "
+                       f"trtflow times on ONNX Runtime only: timing its engines with trtexec is not built")
     if cand.engine is None:
         return False, f"'{cand.name}' has no engine (no build stage)"
     from trtflow.stages.trt.runtime import can_run
@@ -212,7 +215,8 @@ def _builtin(params: BenchmarkStage, cand: Candidate, profile: Profile | None, f
 
     with tempfile.TemporaryDirectory(prefix="trtflow-harness-") as folder:
         result = harness.benchmark(cand.model, feeds, params.warmup, params.duration, params.iterations,
-                                   params.min_iterations, Path(folder), stem.with_suffix(".harness.log"), announce)
+                                   params.min_iterations, Path(folder), stem.with_suffix(".harness.log"), announce,
+                                   cand.chain)
     if result.error:
         result.error = f"variant '{cand.variant}': {result.error}"
     return result

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import importlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from trtflow.artifact import Artifact, Inputs, StageResult
+from trtflow import files
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
 from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
+from trtflow.stages.onnx import offload
 from trtflow.stages.onnx.graph import graph_inputs, precision
+from trtflow.stages.onnx.split import Chain
 from trtflow.stages.ort import qdq
 from trtflow.stages.trt import building, config
 from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
-from trtflow.stages.trt.engines import LOG, SPEC, Backend, Built, Cell, Profile
+from trtflow.stages.trt.engines import CHAIN_SUFFIX, LOG, SPEC, Backend, Built, Cell, Profile, piece_suffix
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt, gpus
 from trtflow.text import did_you_mean
 
@@ -100,15 +104,15 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     if params.timing_cache and "timing_cache" in inputs:
         cache = inputs.one("timing_cache").path / f"timing-{be.flavour}-{be.version}.cache"
     # every profile is checked against every model before anything builds
-    cells = plan_cells(params, inputs.many("models"), be, str(cache) if cache else None)
-    engines = out_dir / "engines"
-    engines.mkdir()
+    engines = out_dir / "engines"  # made by the first chain cut into it, else here once every profile checked
+    cells = plan_cells(params, inputs.many("models"), be, str(cache) if cache else None, engines)
+    engines.mkdir(exist_ok=True)
     t0 = time.perf_counter()
     results = _build_or_reuse(cells, engines, params, inputs)
     wall = time.perf_counter() - t0
 
     rows = [CellRow.of(cell, built) for cell, built in zip(cells, results)]
-    warnings = size_warnings(rows, be.flavour, {c.variant: Path(c.model) for c in cells}) + \
+    warnings = size_warnings(rows, be.flavour, {c.variant: c.model_file(engines) for c in cells}) + \
         [f"{r.name}: {w}" for r in rows if not r.reused for w in r.warnings]
     report = BuildReport(backend=be, environment=BuildEnvironment(tensorrt=be, gpu=gpus() or None), cells=rows,
                          wall_seconds=round(wall, 3), parallel=params.parallel,
@@ -133,7 +137,8 @@ def _build_or_reuse(cells: list[Cell], engines: Path, params: BuildStage, inputs
     digests = {str(a.path): a.digest for a in inputs.many("models")}
     machine = gpus()
     plugins = trt_plugins.fingerprint(trt_plugins.declared())  # "" without plugins: the keys as before
-    keys = [cell_key(c, digests[c.model] + plugins, machine) for c in cells]
+    keys = [cell_key(c, (digests.get(c.model) or files.sha256(c.model_file(engines))) + plugins, machine)
+            for c in cells]
     results: list[Built | None] = []
     for cell, key in zip(cells, keys):
         built = cache.take(key, engines / cell.name)
@@ -148,8 +153,10 @@ def _build_or_reuse(cells: list[Cell], engines: Path, params: BuildStage, inputs
     return [r for r in results if r is not None]
 
 
-def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_cache: str | None) -> list[Cell]:
-    """The build matrix: model variant x profile (or all profiles, combined) x target."""
+def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_cache: str | None,
+               engines: Path) -> list[Cell]:
+    """The build matrix: model variant x profile (or all profiles, combined) x target; for a variant prepare
+    offloaded in part to ONNX Runtime, one cell per TensorRT piece of its chain (cut into `engines`)."""
     cells = []
     options = params.builder_options().model_dump(mode="json")
     for art in models:
@@ -158,12 +165,40 @@ def plan_cells(params: BuildStage, models: list[Artifact], be: Backend, timing_c
         kind = precision(graph)
         profiles = resolve_profiles(params, model_inputs(graph), variant)
         groups = [[p] for p in profiles] if params.profile_mode == "separate" else [profiles]
+        pieces = _pieces(art.path, engines / f"{variant}{CHAIN_SUFFIX}", profiles)
         for group in groups:
             for target in params.targets:
-                cells.append(Cell(name=f"{variant}.{'+'.join(p.name for p in group)}.{target}", variant=variant,
-                                  precision=kind, model=str(art.path), profiles=group, target=target, backend=be,
-                                  options=options, log_severity=params.log_severity, timing_cache=timing_cache))
+                cell = Cell(name=f"{variant}.{'+'.join(p.name for p in group)}.{target}", variant=variant,
+                            precision=kind, model=str(art.path), profiles=group, target=target, backend=be,
+                            options=options, log_severity=params.log_severity, timing_cache=timing_cache)
+                cells += [cell] if pieces is None else [_piece_cell(cell, piece, pieces) for piece in pieces.cells]
     return cells
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """An offloaded variant's chain and each TensorRT piece's profile for each of the model's profiles."""
+    chain: Chain
+    profiles: dict[str, dict[int, Profile]]  # the model's profile name -> piece index -> the piece's profile
+
+    @property
+    def cells(self) -> list[int]:
+        return [i for i, p in enumerate(self.chain.pieces) if p.runtime == "tensorrt"]
+
+
+def _pieces(model: Path, folder: Path, profiles: list[Profile]) -> _Pieces | None:
+    chain = offload.cut(model, folder)
+    if chain is None:
+        return None
+    return _Pieces(chain, {p.name: offload.piece_profiles(chain, p) for p in profiles})
+
+
+def _piece_cell(cell: Cell, index: int, pieces: _Pieces) -> Cell:
+    piece = pieces.chain.pieces[index]
+    return cell.model_copy(update={
+        "name": cell.name + piece_suffix(index), "model": piece.file, "chain": Path(pieces.chain.folder).name,
+        "piece": index, "model_profiles": cell.profiles,
+        "profiles": [pieces.profiles[p.name][index] for p in cell.profiles]})
 
 
 def size_warnings(cells: list[CellRow], flavour: str, models: dict[str, Path]) -> list[str]:

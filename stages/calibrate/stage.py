@@ -32,7 +32,7 @@ from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.task_metrics import declared
-from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx import model_io, offload
 from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.fp16_emulation import emulated
 from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_floors, require_op_types
@@ -152,7 +152,7 @@ def _fp16_safeguards(pre: Path, data: SampleSource, probe: range, work: Path,
     model = model_io.load(pre)
     fallback = FallbackSpec()
     seen = magnitudes(model, work, data.feeds(probe), reference)
-    return fp16_fallback.out_of_range(model, seen, fallback.data_max, fallback.init_max, {})
+    return fp16_fallback.out_of_range(model, seen, fallback.data_max, fallback.init_max, offload.kept_float(model))
 
 
 def _fp16_remainder(job: _Job, probe_on: range, out: Path) -> dict[str, str] | None:
@@ -372,7 +372,7 @@ def _excluded_nodes(model: Any, params: CalibrateStage, small: bool, depthwise: 
                          and max((sizes.get(t, 0) for t in n.input[:2]), default=0) < params.min_weight_params})
     excluded.update({n.name: f"exclude_ops: {n.op_type}" for n in model.graph.node if n.op_type in params.exclude_ops})
     excluded.update({name: "exclude_nodes" for name in params.exclude_nodes})
-    return excluded
+    return excluded | offload.kept_float(model)
 
 
 # the recipe's own exclusions and the setting that turns each off

@@ -46,6 +46,12 @@ class TensorSpec(BaseModel):
     dtype: str
     shape: list[int | str | None] | None = None  # None: the rank is unknown
 
+    def dims(self) -> str:
+        """"[1, K, ?]": a size, a symbol, or ? where only the data decides it."""
+        if self.shape is None:
+            return "(rank unknown)"
+        return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
+
     @property
     def numpy(self) -> np.dtype:
         return np.dtype(helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, self.dtype)))
@@ -271,11 +277,11 @@ def _check_outputs(model: onnx.ModelProto, chain: Chain) -> None:
 class ChainSession:
     """A chain on ONNX Runtime (every piece, the TensorRT ones included, on its CPU): one session per piece."""
 
-    def __init__(self, chain: Chain) -> None:
+    def __init__(self, chain: Chain, spin: bool = False) -> None:
         from trtflow.stages.ort.runner import session
 
         self.chain = chain
-        self.sessions = [session(chain.path(p)) for p in chain.pieces]
+        self.sessions = [session(chain.path(p), spin) for p in chain.pieces]
 
     def values(self, feeds: Feeds) -> Feeds:
         """The model's inputs and every tensor handed between pieces or output."""

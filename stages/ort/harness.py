@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,12 +76,14 @@ class HarnessRequest(BaseModel):
     duration_s: float
     iterations: int | None = None
     min_iterations: int = 1
+    chain: str | None = None  # an offloaded model: the folder of its chain, whose pieces are timed one after another
 
 
 class HarnessResponse(BaseModel):
     samples_ms: list[float]
     wall_s: float
     onnxruntime: str
+    pieces: int = 1  # the sessions timed together (a chain's pieces)
 
 
 ESTIMATE = "first_call.json"  # the child's one call's seconds, for the parent to say what the whole will take
@@ -103,15 +106,17 @@ def _write_first(path: Path, seconds: float) -> None:
 
 def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, duration_s: float,
               iterations: int | None, min_iterations: int, folder: Path, log: Path,
-              on_first: Callable[[float], None] | None = None) -> PerfResult:
-    """`model` timed on ONNX Runtime in a child process (files in `folder`, the child's stderr in `log`); a
+              on_first: Callable[[float], None] | None = None, chain: Path | None = None) -> PerfResult:
+    """`model` (or the pieces of its `chain`, in order, what crosses each cut handed on) timed on ONNX Runtime in a
+    child process (files in `folder`, the child's stderr in `log`); a
     child that fails or crashes gives a failed result saying so, in the harness's words (one killed from outside
     raises child.Killed: no measurement at all). `on_first` hears the seconds of one call while the child runs
     (`time_calls`)."""
     folder.mkdir(parents=True, exist_ok=True)
     np.savez(folder / "feeds.npz", **feeds)
     request = HarnessRequest(model=str(model), feeds=str(folder / "feeds.npz"), warmup_s=warmup_s,
-                             duration_s=duration_s, iterations=iterations, min_iterations=min_iterations)
+                             duration_s=duration_s, iterations=iterations, min_iterations=min_iterations,
+                             chain=str(chain) if chain else None)
     (folder / ESTIMATE).unlink(missing_ok=True)
     done = threading.Event()
     if on_first is not None:  # the listeners of progress live in this context: the watcher runs in a copy of it
@@ -132,9 +137,10 @@ def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, durati
                           error=f"the built-in harness (ONNX Runtime on CPU) {how} (log: {log})")
     answer = outcome.response
     samples = answer.samples_ms
+    pieces = f", its chain's {answer.pieces} pieces one after another" if chain else ""
     return PerfResult(status="passed", throughput_qps=len(samples) / answer.wall_s, latency_ms=latency_stats(samples),
                       total_host_walltime_s=answer.wall_s, layout="built-in harness",
-                      runtime=f"{RUNTIME}, onnxruntime {answer.onnxruntime}, graph optimizations off",
+                      runtime=f"{RUNTIME}, onnxruntime {answer.onnxruntime}, graph optimizations off{pieces}",
                       samples_ms=samples)
 
 
@@ -143,12 +149,17 @@ def _serve(request: HarnessRequest, folder: Path) -> HarnessResponse:
 
     from trtflow.stages.ort.runner import session
 
-    sess = session(Path(request.model), spin=True)
     feeds = dict(np.load(request.feeds))
-    samples, wall = time_calls(lambda: sess.run(None, feeds), request.warmup_s, request.duration_s,
-                               request.iterations, request.min_iterations,
-                               lambda seconds: _write_first(folder / ESTIMATE, seconds))
-    return HarnessResponse(samples_ms=samples, wall_s=wall, onnxruntime=ort.__version__)
+    if request.chain is not None:
+        from trtflow.stages.onnx.split import ChainSession, read_chain
+
+        chain = ChainSession(read_chain(Path(request.chain)), spin=True)
+        call, pieces = partial(chain.run, feeds), len(chain.sessions)
+    else:
+        call, pieces = partial(session(Path(request.model), spin=True).run, None, feeds), 1
+    samples, wall = time_calls(call, request.warmup_s, request.duration_s, request.iterations,
+                               request.min_iterations, lambda seconds: _write_first(folder / ESTIMATE, seconds))
+    return HarnessResponse(samples_ms=samples, wall_s=wall, onnxruntime=ort.__version__, pieces=pieces)
 
 
 if __name__ == "__main__":

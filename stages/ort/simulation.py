@@ -40,14 +40,18 @@ class Simulation:
     graph: str
     path: Path | None = None
 
-    def session(self, work: Path, stem: str = "simulation") -> Any:
-        """An ONNX Runtime session of the simulated model (written under `work` unless it is the variant's file)."""
+    def file(self, work: Path, stem: str = "simulation") -> Path:
+        """The simulated model's file (written under `work` unless it is the variant's own)."""
         path = self.path
         if path is None:
             path = work / f"{stem}.sim.onnx"
             if not path.exists():
                 model_io.save(self.model, path)
-        return session(path)
+        return path
+
+    def session(self, work: Path, stem: str = "simulation") -> Any:
+        """An ONNX Runtime session of the simulated model."""
+        return session(self.file(work, stem))
 
 
 def simulate(variant: Path, reference: onnx.ModelProto, precision: Precision) -> Simulation:

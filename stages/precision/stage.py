@@ -18,7 +18,7 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages.compare import gate
-from trtflow.stages.onnx import fp16, model_io
+from trtflow.stages.onnx import fp16, model_io, offload
 from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.fp16_emulation import emulate
 from trtflow.stages.onnx.graph import (
@@ -34,6 +34,7 @@ from trtflow.stages.ort.ranges import Magnitudes, magnitudes
 from trtflow.stages.ort.runner import session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.precision.report import PrecisionReport
+from trtflow.stages.trt import partition
 from trtflow.stages.trt.env import find_tensorrt
 from trtflow.stages.trt.preflight import VariantTrial, run_preflight
 from trtflow.text import first_line, pattern_hint
@@ -69,7 +70,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     fp16_model, assignment, island = _convert(model, blocked, params, work, next(data.feeds(hold)))
     out = out_dir / "model.onnx"
     model_io.save(fp16_model, out)
-    trial = _trial_build(params.preflight, out, ref_path, next(data.feeds(hold)), model)
+    trial = _trial_build(params.preflight, out, ref_path, next(data.feeds(hold)), model, work)
     made = composition(fp16_model, {k: list(v.shape) for k, v in next(data.feeds(hold)).items()})
     # the FP16 variant simulated and measured as validate simulates and measures it (simulation.py)
     sim = simulation.simulate(out, model, "fp16")
@@ -118,7 +119,7 @@ def _convert(model: onnx.ModelProto, blocked: dict[str, str], params: PrecisionS
 
 
 def _trial_build(mode: str, variant: Path, fp32: Path, feed: dict[str, np.ndarray],
-                 model: onnx.ModelProto) -> VariantTrial:
+                 model: onnx.ModelProto, work: Path) -> VariantTrial:
     """Build the FP16 variant with TensorRT at a profile from half the sample's dynamic dimensions up to the
     sample's shapes (some FP16 graphs fail only with dynamic dimensions: a Myelin type clash in a YOLO head's
     anchor grid). A variant that does not build where the FP32 model does fails the stage."""
@@ -126,6 +127,8 @@ def _trial_build(mode: str, variant: Path, fp32: Path, feed: dict[str, np.ndarra
         return VariantTrial(reason="disabled (preflight: off)")
     if find_tensorrt() is None:
         return VariantTrial(reason="no TensorRT flavour is installed")
+    if offload.read(model) is not None:
+        return _chain_trial(variant, feed, work)
     shapes = {name: list(x.shape) for name, x in feed.items()}
     dynamic = {vi.name: [not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim]
                for vi in graph_inputs(model)}
@@ -149,6 +152,25 @@ def _trial_build(mode: str, variant: Path, fp32: Path, feed: dict[str, np.ndarra
     return result
 
 
+def _chain_trial(variant: Path, feed: dict[str, np.ndarray], work: Path) -> VariantTrial:
+    """An offloaded variant's trial: each of its TensorRT pieces built on its own (`partition.trials`); a piece
+    that does not build fails the stage, naming its nodes."""
+    chain = offload.cut(variant, work / "chain")
+    assert chain is not None
+    built = partition.trials(chain, feed)
+    failed = next((t for t in built if not t.ok), None)
+    if failed is not None:
+        error = failed.build.error if failed.build else failed.reason or "it did not parse"
+        raise StageError(f"precision: a TensorRT piece of the FP16 variant does not build ({len(failed.nodes)} "
+                         f"nodes, from {failed.nodes[0]}): {error}; keep its nodes in FP32 with block_nodes, or set "
+                         f"preflight: off to go on")
+    builds = [t.build for t in built if t.build is not None]
+    return VariantTrial(ran=True, ok=True, runtime="TensorRT pieces of the chain (partial offload)",
+                        shapes={n: list(x.shape) for n, x in feed.items()},
+                        seconds=round(sum(b.seconds or 0 for b in builds), 3),
+                        engine_bytes=sum(b.engine_bytes or 0 for b in builds))
+
+
 def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes | None) -> dict[str, str]:
     """node name -> why it stays FP32 (`seen`: the activations on the sample data, with `fallback.auto`)."""
     names = [n.name for n in model.graph.node]
@@ -156,7 +178,7 @@ def block_list(model: onnx.ModelProto, params: PrecisionStage, seen: Magnitudes 
         if not any(re.fullmatch(pattern, n) for n in names):
             raise StageError(f"precision: block_nodes: no node matches '{pattern}'{pattern_hint(pattern, names)}")
     require_op_types(model, params.block_ops, "precision: block_ops")
-    blocked: dict[str, str] = {}
+    blocked = offload.kept_float(model)
     for node in model.graph.node:
         if node.op_type in params.block_ops:
             blocked[node.name] = f"op type {node.op_type} in block_ops"

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtflow import markdown as md
 from trtflow.stages.onnx.graph import DynamicDim, GraphTensor, Inventory, RenamedDim
+from trtflow.stages.onnx.split import Piece, TensorSpec
 from trtflow.stages.ort.runner import OutputDiff
 from trtflow.stages.trt.preflight import PreflightReport
 
@@ -90,6 +91,39 @@ class RewriteRecord(BaseModel):
                 f"{md.text(self.summary)} | {diff} | {'kept' if self.kept else md.text(self.reason)} |")
 
 
+class OffloadedNode(BaseModel):
+    name: str
+    op_type: str
+    why: str
+
+
+class OffloadRecord(BaseModel):
+    """What `offload: onnxruntime` gave ONNX Runtime: the nodes and why, and the chain they cut the model into
+    (each TensorRT piece proved by a trial build; `rounds` of cutting until every one built)."""
+    parser: str | None  # the parser whose partition it started from
+    nodes: list[OffloadedNode]  # the nodes ONNX Runtime runs
+    tensorrt_nodes: int
+    pieces: list[Piece]
+    rounds: int
+    trials: int
+
+    def lines(self) -> list[str]:
+        out = ["", (f"**Offloaded to ONNX Runtime**: {len(self.nodes)} node(s) run on ONNX Runtime in FP32, "
+                    f"{self.tensorrt_nodes} on TensorRT, in {len(self.pieces)} pieces (from the partition of "
+                    f"{md.text(self.parser or 'no parser')}, {self.trials} trial build(s) in {self.rounds} "
+                    f"round(s))"), "",
+               "| piece | runtime | nodes | reads | hands on |", "|---|---|---|---|---|"]
+        out += [f"| {i} | {p.runtime} | {len(p.nodes)} | {_specs(p.inputs)} | {_specs(p.outputs)} |"
+                for i, p in enumerate(self.pieces)]
+        out += ["", "| node on ONNX Runtime | op | why |", "|---|---|---|"]
+        out += [f"| {md.code(n.name, cell=True)} | {md.text(n.op_type)} | {md.text(n.why)} |" for n in self.nodes]
+        return out
+
+
+def _specs(specs: list[TensorSpec]) -> str:
+    return "<br>".join(f"{md.code(t.name, cell=True)} {md.text(t.dtype)} {md.text(t.dims())}" for t in specs)
+
+
 class PrepareReport(BaseModel):
     source: Source
     before: Inventory  # the model as given
@@ -102,6 +136,7 @@ class PrepareReport(BaseModel):
     constants_to_initializers: int
     rewrites: list[RewriteRecord] = []  # each rewrite tried, kept or not (issue #68)
     preflight: PreflightReport  # or why it did not run (of the model as rewritten)
+    offload: OffloadRecord | None = None  # what ONNX Runtime runs (`offload: onnxruntime`, where needed)
     timings: dict[str, float]
     warnings: list[str]
 
@@ -139,6 +174,8 @@ class PrepareReport(BaseModel):
                       "| node | op | rule | replaced by | max abs diff | |", "|---|---|---|---|---|---|"]
             lines += [r.row() for r in self.rewrites] + [""]
         lines += _preflight_lines(self.preflight)
+        if self.offload:
+            lines += self.offload.lines()
         if self.warnings:
             lines += ["", "**Warnings**", ""] + [f"- {md.text(w)}" for w in self.warnings]
         lines += ["", "Top ops after: " + ", ".join(f"{md.text(op)} ×{n}" for op, n in sorted(

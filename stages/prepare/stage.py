@@ -18,17 +18,19 @@ from trtflow.errors import StageError
 from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.pipelines.schema import SampleData
 from trtflow.stages.onnx import graph as onnx_graph
-from trtflow.stages.onnx import model_io, simplifier
+from trtflow.stages.onnx import model_io, offload, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.prepare.report import Conversion, ModelCheck, PrepareReport, Simplification, Source
+from trtflow.stages.prepare.report import (Conversion, ModelCheck, OffloadedNode, OffloadRecord, PrepareReport,
+                                           Simplification, Source)
 from trtflow.stages.prepare.rewriting import Rewriter, explain
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
+from trtflow.stages.trt.partition import partition
 from trtflow.stages.trt.preflight import PreflightReport, run_preflight
 from trtflow.text import first_line
 
-VERSION = "4"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
-# with all its fields (typed). 4: nodes the parser refuses are rewritten (`rewrites`)
+VERSION = "5"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
+# with all its fields (typed). 4: nodes the parser refuses are rewritten (`rewrites`). 5: `offload`
 REPORT = PrepareReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
@@ -83,6 +85,11 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
         model_io.save(model, final, external=external or None)
     for failure in preflight.failures:
         failure.hint = explain(failure, rewriter.records, params.rewrites != "none")
+    offloaded = None
+    if params.offload == "onnxruntime" and _refused(preflight):
+        model, offloaded = _offload(final, check, work)
+        model_io.save(model, final, external=external or None)
+        lap("offload")
     after, dynamic = onnx_graph.inventory(model), onnx_graph.dynamic_dims(model)
     lap("preflight")
     shutil.rmtree(work)
@@ -91,14 +98,19 @@ def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
         source=Source(path=str(src), digest=inputs.one("model").digest, external_data=external),
         before=before, after=after, full_check=full_check, sanitized_dims=sanitized, conversion=conversion,
         simplification=simplification, dynamic_dims=dynamic, constants_to_initializers=constants_moved,
-        rewrites=rewriter.records, preflight=preflight, timings=lap.timings, warnings=warnings)
+        rewrites=rewriter.records, preflight=preflight, offload=offloaded, timings=lap.timings, warnings=warnings)
     (out_dir / "report.json").write_text(json.dumps(report.model_dump(), indent=2, default=str) + "\n")
     metrics = {"nodes_before": before.nodes, "nodes_after": after.nodes,
                "opset": onnx_graph.default_opset(model), "dynamic_dims": len(dynamic),
                "simplified": simplification.applied, "rewrites": sum(r.kept for r in rewriter.records),
                "preflight_failures": len(preflight.failures) if preflight.ran else None,
+               "offloaded_nodes": len(offloaded.nodes) if offloaded else 0,
                "seconds": lap.timings}
-    _verdict(preflight, params.fail_on_unsupported, src.name, warnings)
+    if offloaded is None:
+        _verdict(preflight, params.fail_on_unsupported, src.name, warnings)
+    else:
+        warnings.append(f"{len(offloaded.nodes)} node(s) run on ONNX Runtime (offload: onnxruntime): "
+                        + ", ".join(f"{n.name} ({n.op_type})" for n in offloaded.nodes[:5]))
     outputs = {"model": final, "report": out_dir / "report.json"}
     return StageResult(outputs=outputs, summary=report.summary(src.name), metrics=metrics, warnings=warnings)
 
@@ -176,7 +188,8 @@ def _verdict(preflight: PreflightReport, fail_on_unsupported: bool, name: str, w
                           for f in failures[:3])
         more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
         raise StageError(f"TensorRT pre-flight ({preflight.runtime}): {len(failures)} node(s) of {name} "
-                         f"cannot be parsed: {shown}{more} (set fail_on_unsupported: false to continue)")
+                         f"cannot be parsed: {shown}{more} (set offload: onnxruntime to run them on ONNX Runtime, "
+                         f"or fail_on_unsupported: false to continue)")
     for f in failures:
         warnings.append(f"TensorRT cannot parse node {f.node} ({f.op_type}): {f.hint}")
     trial = preflight.failed_build()
@@ -186,6 +199,31 @@ def _verdict(preflight: PreflightReport, fail_on_unsupported: bool, name: str, w
         if fail_on_unsupported and not trial.needs_gpu:
             raise StageError(msg + "; set fail_on_unsupported: false to continue")
         warnings.append(msg)
+
+
+def _refused(preflight: PreflightReport) -> bool:
+    """Whether TensorRT refuses part of the model here: a node it cannot parse, or a trial build that fails for a
+    reason other than wanting a GPU."""
+    trial = preflight.failed_build()
+    return bool(preflight.failures) or trial is not None and not trial.needs_gpu
+
+
+def _offload(final: Path, check: "_Checker", work: Path) -> tuple[onnx.ModelProto, OffloadRecord | None]:
+    """The model with its refused nodes marked for ONNX Runtime (`onnx/offload.py`), cut where the parser's
+    partition and trial builds say (`trt/partition.py`); None where no node had to move after all."""
+    if check.source is None:
+        raise StageError(f"offload: onnxruntime needs ONNX Runtime to run the model, and it cannot: "
+                         f"{check.unavailable}", hint="make the model run on ONNX Runtime's CPU kernels first")
+    found = partition(final, next(check.source.feeds(range(1))), work / "offload")
+    model = model_io.load(work / "offload" / "model.onnx")  # Constants made initializers, every node named
+    moved = [OffloadedNode(name=n.name, op_type=n.op_type, why=n.why) for n in found.nodes
+             if n.runtime == "onnxruntime"]
+    if not moved:
+        return model, None
+    offload.mark(model, offload.Offload(nodes=[n.name for n in moved]))
+    return model, OffloadRecord(parser=found.parser.runtime, nodes=moved,
+                                tensorrt_nodes=len(found.nodes) - len(moved), pieces=found.chain.pieces,
+                                rounds=found.rounds, trials=len(found.trials))
 
 
 def _infer_shapes(model: onnx.ModelProto, work: Path, warnings: list[str]) -> onnx.ModelProto:

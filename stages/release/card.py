@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from trtflow import markdown as md
 from trtflow.stages.compare.labels import Labelled
+from trtflow.stages.prepare.report import OffloadRecord
 from trtflow.stages.release.report import HEADER, Option, ReleaseReport, TargetRelease, ValidFor, rule_text
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.validate.report import SHAPE_HEADER, shape_table
@@ -46,6 +47,10 @@ def write(report: ReleaseReport, plots: dict[str, Path], out_dir: Path) -> tuple
     return md, page
 
 
+OFFLOAD_NOTE = ("TensorRT refuses part of this model, so prepare cut it into pieces (offload: onnxruntime): the "
+                "TensorRT pieces are engines, the others run on ONNX Runtime in FP32, and the Triton ensemble under "
+                "the model's name runs them in order, handing each piece's outputs to the next. Validate and "
+                "benchmark measured the chain, boundaries included.")
 REWRITES_NOTE = ("Nodes TensorRT's parser refused, replaced by prepare with nodes it takes; each replacement was "
                  "checked on ONNX Runtime (largest difference over the outputs, FP32) and by the parser before it "
                  "was kept. Every engine here was built from the model so changed.")
@@ -70,6 +75,8 @@ def markdown(report: ReleaseReport, plots: dict[str, str]) -> str:
         lines += ["## What was changed in the model", "", REWRITES_NOTE, "",
                   "| node | op | rule | replaced by | max abs diff | |", "|---|---|---|---|---|---|"]
         lines += [r.row() for r in report.rewrites] + [""]
+    if report.offload:
+        lines += ["## Where each node runs", "", OFFLOAD_NOTE, ""] + report.offload.lines()[1:] + [""]
     lines += ["## Provenance", "", "Every result this release was made from, down to the source model:", "",
               "| stage | kind | key | outputs (sha256) |", "|---|---|---|---|"]
     lines += [f"| {md.text(p.stage)} | {md.text(p.kind)} | {md.code(p.key or '-', cell=True)} | "
@@ -400,6 +407,21 @@ def _preprocessing_html(report: ReleaseReport) -> str:
     return html
 
 
+def _offload_html(offload: OffloadRecord) -> str:
+    def specs(tensors: list) -> str:
+        return "<br>".join(f"<code>{_e(t.name)}</code> {_e(t.dtype)} {_e(t.dims())}" for t in tensors)
+    pieces = "".join(f'<tr data-piece="{i}"><td>{i}</td><td data-field="runtime">{_e(p.runtime)}</td>'
+                     f"<td>{len(p.nodes)}</td><td>{specs(p.inputs)}</td><td>{specs(p.outputs)}</td></tr>"
+                     for i, p in enumerate(offload.pieces))
+    nodes = "".join(f'<tr data-offloaded="{_e(n.name)}"><td><code>{_e(n.name)}</code></td><td>{_e(n.op_type)}</td>'
+                    f"<td>{_e(n.why)}</td></tr>" for n in offload.nodes)
+    return ("<h2>Where each node runs</h2>" f"<p>{_e(OFFLOAD_NOTE)}</p>"
+            "<table><thead><tr><th>piece</th><th>runtime</th><th>nodes</th><th>reads</th><th>hands on</th></tr>"
+            f"</thead><tbody>{pieces}</tbody></table>"
+            "<table><thead><tr><th>node on ONNX Runtime</th><th>op</th><th>why</th></tr></thead>"
+            f"<tbody>{nodes}</tbody></table>")
+
+
 def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
     body = [f"<h1>Model card: <code>{_e(report.model_name)}</code></h1>",
             f'<p class="muted">Released by trtflow\'s release stage. Rule: {_e(rule_text(report.rule))}.</p>']
@@ -418,6 +440,8 @@ def to_html(report: ReleaseReport, plots: dict[str, Path]) -> str:
                         f"<td><code>{_e(r.rule)}</code></td><td>{_e(r.summary)}</td>"
                         f'<td data-field="max-abs">{(r.max_abs or 0.0):.3g}</td></tr>' for r in report.rewrites)
                     + "</tbody></table>")
+    if report.offload:
+        body.append(_offload_html(report.offload))
     body.append("<h2>Provenance</h2><p>Every result this release was made from, down to the source model:</p>"
                 "<table><thead><tr><th>stage</th><th>kind</th><th>key</th><th>outputs (sha256)</th></tr></thead>"
                 "<tbody>" + "".join(

@@ -14,7 +14,7 @@ from trtflow.precisions import Precision
 from trtflow.stages.benchmark.report import RunSpread
 from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.onnx.composition import Composition
-from trtflow.stages.prepare.report import RewriteRecord
+from trtflow.stages.prepare.report import OffloadRecord, RewriteRecord
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
@@ -150,6 +150,7 @@ class ReleaseReport(BaseModel):
     parity: ParitySummary | None = None  # parity's verdict on them
     labelled: Labelled | None = None  # the FP32 reference's accuracy against the data's labels
     rewrites: list[RewriteRecord] = []  # what prepare changed in the model: the rewrites it kept
+    offload: OffloadRecord | None = None  # what prepare gave ONNX Runtime (`offload: onnxruntime`)
     numbers_note: str = ""  # which runtime measured the numbers, where it was not TensorRT
     warnings: list[str] = []
 

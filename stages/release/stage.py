@@ -17,11 +17,13 @@ from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement, RunSpread
 from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.onnx.composition import Composition, composition
+from trtflow.stages.onnx.split import read_chain
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
-from trtflow.stages.prepare.report import PrepareReport, RewriteRecord
+from trtflow.stages.prepare.report import OffloadRecord, PrepareReport, RewriteRecord
 from trtflow.stages.release import card, selection
 from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, ShippedPlugin, TargetRelease, ValidFor
+from trtflow.stages.release.triton import chain as triton_chain
 from trtflow.stages.release.triton import client_example, contract, versions
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton import preprocess as triton_preprocess
@@ -159,6 +161,7 @@ def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> Re
         model_name=job.model_name, rule=job.params.select.model_dump(mode="json"), targets=released,
         lineage=list(job.inputs.lineage), warnings=warnings, preprocessing=job.steps, parity=_parity(job.inputs),
         labelled=job.verdict.labelled if job.verdict is not None else None, rewrites=_rewrites(job.inputs),
+        offload=_offload(job.inputs),
         numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
                       "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
 
@@ -240,7 +243,7 @@ def _keep_contract(job: _Job, found: list[Engine], options: list[Option], publis
         if option.refused is not None:
             continue
         try:
-            mine = Contract.of(triton_config.make(job.model_name, eng, job.params.triton), eng.cell.profiles)
+            mine = _contract(job.model_name, eng, job.params)
         except triton_config.ConfigError as exc:
             option.refused = f"no Triton config: {exc}"
             continue
@@ -248,6 +251,13 @@ def _keep_contract(job: _Job, found: list[Engine], options: list[Option], publis
         if option.contract_changes:
             option.refused = (f"its serving contract is not version {published.version}'s: "
                               f"{'; '.join(option.contract_changes)} (select.contract: fixed)")
+
+
+def _contract(model_name: str, eng: Engine, params: ReleaseStage) -> Contract:
+    """What the engine's clients call: its own config's inputs and outputs, or a chain's ensemble's."""
+    config = triton_chain.make(read_chain(eng.directory), model_name)[-1] if eng.chain else \
+        triton_config.make(model_name, eng, params.triton)
+    return Contract.of(config, eng.cell.profiles)
 
 
 def _compared(options: list[Option]) -> str:
@@ -264,8 +274,8 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
             kept: dict[str, tuple[int, int | None]]) -> Option:
     cell = eng.cell
     option = Option(name=cell.name, variant=cell.variant, precision=cell.precision, target=cell.target,
-                    profiles=[p.name for p in cell.profiles], engine_bytes=eng.plan.stat().st_size,
-                    engine_sha256=files.sha256(eng.plan),
+                    profiles=[p.name for p in cell.profiles], engine_bytes=sum(p.stat().st_size for p in eng.plans),
+                    engine_sha256=eng.sha256(),
                     repaired_from=names.unrepaired(cell.name) if names.is_repaired(cell.variant) else None)
     why, checked, result = None, False, None
     if verdict is not None:
@@ -303,7 +313,8 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
         if option.repaired_from and verdict is not None and verdict.repair is not None:
             option.higher_precision_nodes += len(verdict.repair.nodes)
     # validate counted it at the same shapes (its profile's opt point); counted here for engines it did not check
-    option.composition = result.composition if result is not None and result.composition else _composition(eng)
+    option.composition = result.composition if result is not None and result.composition else \
+        None if eng.chain else _composition(eng)
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
 
@@ -364,7 +375,7 @@ def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
 def _warmup_sample(params: ReleaseStage, inputs: Inputs, eng: Engine) -> dict | None:
     """The first of the release's samples for the engine's model (validation images or tensors), for Triton's
     warmup; None where they are random (Triton makes its own)."""
-    if not params.triton.warmup or params.data.random:
+    if not params.triton.warmup or params.data.random or eng.chain:  # a chain's pieces warm up on their own
         return None
     from trtflow.stages.onnx.model_io import load
     from trtflow.stages.ort import runner as ort_runner
@@ -382,6 +393,8 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     version's; the version is the latest's where it holds this engine under the contract it was claimed with, else
     the next."""
     repo = out_dir / "triton" / release.target  # a checked name (trtflow.names)
+    if eng.chain is not None:
+        return _chain_repository(release, eng, params, model_name, repo, ledger)
     model_dir = repo / model_name
     model_dir.mkdir(parents=True)
     try:
@@ -426,6 +439,38 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     inputs, outputs = triton_config.engine_io(eng)
     release.batch_note = triton_config.batch_limits(inputs, outputs, eng.cell.profiles)[2] or (
         "set by triton.max_batch_size" if params.triton.max_batch_size is not None else "")
+    return notes
+
+
+def _chain_repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, repo: Path,
+                      ledger: versions.Ledger) -> list[str]:
+    """An offloaded candidate's repository: one model per piece of its chain and the ensemble under the model's
+    name (`triton/chain.py`), checked before anything is written."""
+    chain = read_chain(eng.directory)
+    engines = {i: triton_chain.PieceEngine(p.plan, p.cell.profiles) for i, p in eng.pieces.items()}
+    try:
+        release.contract = _contract(model_name, eng, params)
+        published, latest = ledger.last_published(), ledger.latest()
+        if published is not None and published.contract is not None:
+            release.contract_changes = release.contract.changes(published.contract)
+        claimed_with = latest.contract if latest is not None else None
+        release.version, release.new_version = ledger.version_for(
+            release.chosen.engine_sha256, claimed_with is not None and bool(release.contract.changes(claimed_with)))
+        written = triton_chain.write(chain, engines, repo, model_name, release.version)
+    except triton_config.ConfigError as exc:
+        raise StageError(f"release: {exc}") from None
+    release.repository = repo.relative_to(repo.parent.parent).as_posix()
+    release.config = written.configs[written.ensemble]
+    release.models = written.models
+    release.max_batch_size = 0
+    release.request_example = client_example.script(model_name, release.contract)
+    release.batch_note = "a chain of TensorRT and ONNX Runtime pieces: no batching across it (max_batch_size 0)"
+    (repo / model_name / contract.FILE).write_text(release.contract.model_dump_json(indent=2) + "\n")
+    notes = [f"{release.target}: `{eng.cell.name}` is a chain: {len(eng.pieces)} TensorRT piece(s) and "
+             f"{len(chain.pieces) - len(eng.pieces)} ONNX Runtime piece(s) under the ensemble '{model_name}'"]
+    if params.triton.preprocess:
+        notes.append(f"{release.target}: triton.preprocess is not written for a chain: its preprocessing model "
+                     f"would need a second ensemble around this one")
     return notes
 
 
@@ -518,12 +563,21 @@ def _parity(inputs: Inputs) -> ParitySummary | None:
                          tolerances=p.tolerances)
 
 
+def _prepared(inputs: Inputs) -> PrepareReport | None:
+    art = inputs.optional("preparation")
+    return None if art is None else PrepareReport.model_validate_json(art.path.read_text())
+
+
 def _rewrites(inputs: Inputs) -> list[RewriteRecord]:
     """The rewrites prepare kept in the model (none without a prepare stage)."""
-    art = inputs.optional("preparation")
-    if art is None:
-        return []
-    return [r for r in PrepareReport.model_validate_json(art.path.read_text()).rewrites if r.kept]
+    prepared = _prepared(inputs)
+    return [] if prepared is None else [r for r in prepared.rewrites if r.kept]
+
+
+def _offload(inputs: Inputs) -> OffloadRecord | None:
+    """What prepare gave ONNX Runtime, where it did."""
+    prepared = _prepared(inputs)
+    return None if prepared is None else prepared.offload
 
 
 def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[TargetRelease]) -> dict[str, Path]:

@@ -35,12 +35,13 @@ def build(spec: BuildRequest, cell: Path) -> Built:
     be = spec.backend
     t0 = time.perf_counter()
     trt_plugins.load(spec.plugins, be.module)
-    parsed = trt_parse.parse(be, Path(spec.model), SEVERITY[spec.log_severity])
+    model = spec.model_file(cell.parent)
+    parsed = trt_parse.parse(be, model, SEVERITY[spec.log_severity])
     trt, builder, network, log_lines = parsed.trt, parsed.builder, parsed.network, parsed.log
     warnings: list[str] = []
     try:
         if not parsed.ok:
-            found = trt_parse.failures(parsed.parser, Path(spec.model))
+            found = trt_parse.failures(parsed.parser, model)
             raise BuildError("parse failed: " + "; ".join(f"{f.node} ({f.op_type}): {f.reason}" for f in found[:5]),
                              failures=found)
         options = BuilderOptions.model_validate(spec.options)  # typed again on this side of the process

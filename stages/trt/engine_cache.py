@@ -45,7 +45,8 @@ RECORD_BYTES = 256  # an index record: 64 hex digits
 
 def cell_key(cell: Cell, model_digest: str, machine: list[Gpu]) -> str:
     """The key of `cell` built from the model of `model_digest` on a machine with the GPUs `machine`."""
-    spec = cell.model_dump(mode="json", exclude={"name", "model", "timing_cache", "variant"})
+    whole = {"piece", "model_profiles"} if cell.piece is None else set()  # a whole model's key as before pieces
+    spec = cell.model_dump(mode="json", exclude={"name", "model", "timing_cache", "variant", "chain"} | whole)
     gpus = [g.model_dump(mode="json") for g in machine] or None
     blob = json.dumps({"format": FORMAT, "cell": spec, "model": model_digest, "machine": gpus}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]

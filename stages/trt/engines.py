@@ -26,6 +26,7 @@ from trtflow.stages.trt.parse import ParseFailure, TensorInfo
 
 SPEC, BUILT, PLAN, LOG = "spec.json", "build.json", "engine.plan", "build.log"
 VARIANT = "variant.onnx"  # a cell's own ONNX variant, where it carries one
+CHAIN_SUFFIX = ".chain"  # an offloaded variant's chain: `<variant>.chain/` beside the cells (split.CHAIN_FILE in it)
 
 
 class Profile(BaseModel):
@@ -65,10 +66,28 @@ class Cell(BaseModel):
     options: dict[str, Any]  # BuilderOptions as JSON: the worker validates it again on its side
     log_severity: str = "warning"
     timing_cache: str | None = None
+    # an offloaded variant (issue #68): the folder of its chain in the engines output, and the TensorRT piece of it
+    # this cell builds (`model` is the piece's file name there: `model_file`); one candidate's cells differ in `piece`
+    chain: str | None = None
+    piece: int | None = None
+    model_profiles: list[Profile] | None = None  # a piece's: the whole model's profiles it was derived from
+
+    def model_file(self, engines: Path) -> Path:
+        """The ONNX the cell builds (`engines`: the folder of the cells): a piece's lies in its chain's folder."""
+        return engines / self.chain / self.model if self.chain else Path(self.model)
+
+    @property
+    def candidate(self) -> str:
+        """The name of the candidate this cell's engine serves: its own, or its chain's for a piece."""
+        return self.name if self.piece is None else self.name.removesuffix(piece_suffix(self.piece))
 
     @classmethod
     def read(cls, cell_dir: Path) -> "Cell":
         return cls.model_validate_json(files.read_bounded(cell_dir / SPEC, files.RECORD_BYTES, follow=False))
+
+
+def piece_suffix(index: int) -> str:
+    return f".p{index:02d}"
 
 
 class AppliedOptions(Recorded):
@@ -139,14 +158,42 @@ class Built(BaseModel):
 
 @dataclass(frozen=True)
 class Engine:
-    """A cell that built, as found in an engines directory."""
+    """A cell that built, as found in an engines directory; or an offloaded variant's chain whose TensorRT pieces
+    all built (`pieces`: their engines by piece index; `directory`: the chain's folder, `split.CHAIN_FILE` in it;
+    `cell` and `built` the first piece's, named for the whole)."""
     cell: Cell
     built: Built
     directory: Path
+    pieces: dict[int, "Engine"] = field(default_factory=dict)
 
     @property
     def plan(self) -> Path:
         return self.directory / PLAN
+
+    @property
+    def chain(self) -> Path | None:
+        """The chain's folder, for an offloaded candidate."""
+        return self.directory if self.pieces else None
+
+    @property
+    def plans(self) -> list[Path]:
+        """Its engine files: its own, or its pieces' in the chain's order."""
+        return [self.pieces[i].plan for i in sorted(self.pieces)] if self.pieces else [self.plan]
+
+    def sha256(self) -> str:
+        """The engine's digest; a chain's covers its pieces' engines and the chain itself (an ONNX Runtime piece
+        changed is another release)."""
+        if not self.pieces:
+            return files.sha256(self.plan)
+        import hashlib
+
+        from trtflow.stages.onnx.split import CHAIN_FILE, read_chain
+
+        chain = read_chain(self.directory)
+        parts = [files.sha256(self.directory / CHAIN_FILE)] + [files.sha256(self.directory / p.file)
+                                                               for p in chain.pieces if p.runtime == "onnxruntime"]
+        parts += [files.sha256(plan) for plan in self.plans]
+        return hashlib.sha256(" ".join(parts).encode()).hexdigest()
 
     @property
     def own_variant(self) -> Path | None:
@@ -156,15 +203,40 @@ class Engine:
 
 
 def built_engines(engines: Path) -> list[Engine]:
-    """Every cell of an engines directory that built, in name order (cells that failed are left out)."""
-    found = []
+    """Every cell of an engines directory that built, in name order (cells that failed are left out); the pieces
+    of an offloaded variant's chain as one engine, where every TensorRT piece built."""
+    found: list[Engine] = []
+    pieces: dict[str, list[Engine]] = {}
     for cell_dir in sorted(p for p in engines.iterdir() if p.is_dir()):
         if not (cell_dir / SPEC).exists():
             continue
         built = Built.read(cell_dir)
         if built is not None and built.ok:
-            found.append(Engine(Cell.read(cell_dir), built, cell_dir))
-    return found
+            eng = Engine(Cell.read(cell_dir), built, cell_dir)
+            if eng.cell.piece is None:
+                found.append(eng)
+            else:
+                pieces.setdefault(eng.cell.candidate, []).append(eng)
+    found += [e for group in pieces.values() if (e := _chain_engine(engines, group)) is not None]
+    return sorted(found, key=lambda e: e.cell.name)
+
+
+def _chain_engine(engines: Path, group: list[Engine]) -> Engine | None:
+    """One candidate of the engines of its chain's TensorRT pieces; None where one of them did not build."""
+    from trtflow.stages.onnx.split import read_chain
+
+    first = group[0].cell
+    folder = engines / (first.chain or "")
+    wanted = [i for i, p in enumerate(read_chain(folder).pieces) if p.runtime == "tensorrt"]
+    by_index = {e.cell.piece: e for e in group}
+    if sorted(by_index) != wanted:
+        return None
+    built = group[0].built.model_copy(update={
+        "seconds": round(sum(e.built.seconds for e in group), 3),
+        "engine_bytes": sum(e.built.engine_bytes for e in group), "inputs": None, "outputs": None})
+    cell = first.model_copy(update={"name": first.candidate, "piece": None, "profiles": first.model_profiles or [],
+                                    "model_profiles": None})
+    return Engine(cell, built, folder, {i: e for i, e in by_index.items() if i is not None})
 
 
 @dataclass
@@ -177,6 +249,7 @@ class Candidate:
     module: str = ""  # TensorRT module that built the engine
     profiles: list[Profile] = field(default_factory=list)
     replaces: str | None = None  # a repaired candidate: the failing candidate it was made from
+    chain: Path | None = None  # an offloaded candidate: its chain's folder (no `engine`: one per TensorRT piece)
 
 
 def engine_candidates(engines: Artifact | None, models: list[Artifact], stage: str,
@@ -203,8 +276,8 @@ def engine_candidates(engines: Artifact | None, models: list[Artifact], stage: s
             raise StageError(f"{stage}: engine '{cell.name}' was built from model variant '{cell.variant}', which "
                              f"is not among this stage's models ({', '.join(by_variant) or 'none'}): add "
                              f"'{cell.variant}' to inputs.models")
-        found.append(Candidate(cell.name, cell.variant, cell.precision, model, eng.plan, cell.backend.module,
-                               cell.profiles))
+        found.append(Candidate(cell.name, cell.variant, cell.precision, model,
+                               None if eng.chain else eng.plan, cell.backend.module, cell.profiles, chain=eng.chain))
     if not found:
         raise StageError(f"{stage}: the build output {engines.path} holds no built engine")
     return found

@@ -209,6 +209,14 @@ def partition(model_path: Path, feeds: Feeds, work: Path, timeout: float = TIMEO
                      chain=chain, rounds=rounds)
 
 
+def trials(chain: Chain, feeds: Feeds, timeout: float = TIMEOUT_S) -> list[PieceTrial]:
+    """Each TensorRT piece of `chain` parsed and built on its own, at the shapes `feeds` (the model's inputs) give
+    it when the chain runs on ONNX Runtime."""
+    proved: dict[tuple[str, ...], PieceTrial] = {}
+    _prove(chain, feeds, proved, timeout)
+    return list(proved.values())
+
+
 def _prove(chain: Chain, feeds: Feeds, proved: dict[tuple[str, ...], PieceTrial], timeout: float) -> list[PieceTrial]:
     """Build each TensorRT piece not built before; the trials that failed."""
     pending = [p for p in chain.pieces if p.runtime == "tensorrt" and tuple(p.nodes) not in proved]

@@ -28,8 +28,9 @@ from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate
 from trtflow.stages.compare import labels as labels_mod
 from trtflow.stages.compare.plots import error_histograms, layer_drift
-from trtflow.stages.onnx import model_io
+from trtflow.stages.onnx import model_io, offload
 from trtflow.stages.onnx.composition import Composition, composition
+from trtflow.stages.onnx.split import ChainSession
 from trtflow.stages.ort import layerwise, qdq, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
@@ -280,6 +281,13 @@ def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], di
             raise StageError(f"validate: runtime: tensorrt, but engine '{cand.name}' cannot run here: {reason}; "
                              f"use runtime: auto to simulate it on ONNX Runtime")
         why = reason
+    if cand.chain is not None:  # offloaded: its pieces run one after another, what crosses each cut handed on
+        chain = offload.cut(sim.file(job.work, cand.variant), job.work / f"{cand.variant}.chain")
+        assert chain is not None
+        pieces = ChainSession(chain)
+        return (f"{label}, as its chain of {len(chain.pieces)} pieces", lambda f, p: pieces.run(f),
+                why or "an offloaded chain's TensorRT pieces are not run by validate yet: it runs the chain on "
+                       "ONNX Runtime", sim_model)
     sess = sim.session(job.work, cand.variant)
     return label, lambda f, p: ort_runner.run(sess, f), why, sim_model
 
