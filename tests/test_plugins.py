@@ -386,3 +386,19 @@ def test_an_edited_plugin_builds_its_engines_again_not_from_the_engine_cache(rep
     out = run_all(path)
     build = json.loads((out["build"] / "report.json").read_text())
     assert [c.get("reused") for c in build["cells"]] == [None]
+
+
+def test_trtexec_loads_the_pipelines_plugin_libraries_before_the_engine(tmp_path):
+    """Build 3: benchmark's trtexec gets the libraries the engines were built with (TensorRT 10's flag, and 8.x's)."""
+    from trtflow.pipelines.params.benchmark import BenchmarkStage
+    from trtflow.stages.trtexec import command, exports
+
+    params = BenchmarkStage(kind="benchmark")
+    written = exports.ExportFiles.beside(tmp_path / "cell")
+    libraries = ["/opt/p/libfirst.so", "/opt/p/libsecond.so"]
+    ten = command.compose(Path("trtexec"), Path("e.plan"), {}, params, written, "10.16.1", libraries)
+    eight = command.compose(Path("trtexec"), Path("e.plan"), {}, params, written, "8.6.1", libraries)
+    assert [a for a in ten if "Plugins=" in a] == [f"--dynamicPlugins={lib}" for lib in libraries]
+    assert [a for a in eight if a.startswith("--plugins=")] == [f"--plugins={lib}" for lib in libraries]
+    assert not [a for a in command.compose(Path("trtexec"), Path("e.plan"), {}, params, written, "10.16.1")
+                if "lugins" in a]

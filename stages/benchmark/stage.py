@@ -23,6 +23,7 @@ from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkR
 from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
+from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
 from trtflow.stages.trt.telemetry import Telemetry
@@ -48,6 +49,7 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
         if trtexec is None and params.tool == "trtexec":
             raise StageError(f"benchmark: tool: trtexec, but no trtexec was found (looked in: {', '.join(looked)}); "
                              f"give its path as 'trtexec:' or use tool: auto for the built-in harness")
+    trtexec = _without_python_plugins(trtexec, params.tool)
     version = trtexec_version(trtexec) if trtexec else None
     warnings = command.check_args(params.trtexec_args, version) if trtexec else []
     if trtexec is None and params.trtexec_args:
@@ -166,7 +168,8 @@ def _measure(params: BenchmarkStage, inputs: Inputs, cand: Candidate, profile: P
 def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int]], trtexec: Path, version: str | None,
              stem: Path) -> tuple[PerfResult, list[Layer]]:
     written = exports.ExportFiles.beside(stem)
-    cmd = command.compose(trtexec, cand.engine, shapes, params, written, version)
+    libraries = [p.file for p in trt_plugins.declared()]  # Python plugins left trtexec out (_without_python_plugins)
+    cmd = command.compose(trtexec, cand.engine, shapes, params, written, version, libraries)
     log = stem.with_suffix(".log")
     ended = child.run(cmd, TRTEXEC_TIMEOUT_S, log=log,  # killed from outside: no measurement, no result (retried)
                       what=f"benchmark: trtexec timing {cand.name} (log: {log})")
@@ -181,6 +184,18 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
     if written.times.exists():
         result.samples_ms = exports.read_times(written.times).gpu_compute_ms or None
     return result, slowest
+
+
+def _without_python_plugins(trtexec: Path | None, tool: str) -> Path | None:
+    """trtexec, unless the engines were built with a Python plugin, which trtexec cannot load (it loads libraries):
+    then the built-in harness times them (tool: auto), or the stage refuses in one line (tool: trtexec)."""
+    python = [p.label for p in trt_plugins.declared() if p.python]
+    if trtexec is None or not python:
+        return trtexec
+    if tool == "trtexec":
+        raise StageError(f"benchmark: trtexec cannot load the Python plugin {python[0]} the engines were built with",
+                         hint="use tool: auto (the built-in harness imports it), or declare the plugin as a library")
+    return None
 
 
 def _engine_runs_here(cand: Candidate) -> tuple[bool, str]:

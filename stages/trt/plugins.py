@@ -248,15 +248,18 @@ def child_env(backend: Backend, plugins: list[PluginLoad]) -> dict[str, str]:
 
 # --- in the child, before the parse -----------------------------------------------------------------------------
 
-_KEPT: list[Any] = []  # what was loaded: it must outlive every network and engine of the process
+_KEPT: dict[tuple[str, str], Any] = {}  # what was loaded, by (file, module): it outlives every engine of the process
 
 
 def load(plugins: list[PluginLoad], module: str) -> None:
-    """Each plugin loaded into this process (`module`: the TensorRT module that parses here), in the declared order;
-    the first that fails raises its one-line PluginError."""
+    """Each plugin loaded into this process (`module`: the TensorRT module that parses or runs here), in the declared
+    order, once (a process that runs several engines registers its creators once); the first that fails raises its
+    one-line PluginError."""
     for plugin in plugins:
+        if (plugin.file, module) in _KEPT:
+            continue
         try:
-            _KEPT.append(_import(plugin) if plugin.python else _load_library(plugin, module))
+            _KEPT[plugin.file, module] = _import(plugin) if plugin.python else _load_library(plugin, module)
         except PluginError:
             raise
         except Exception as exc:  # noqa: BLE001 - the user's module failing at import, a library that will not load

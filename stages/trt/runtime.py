@@ -4,7 +4,9 @@ its outputs for a feed.
 UNVERIFIED: no engine executes on any machine this project is tested on (no GPU). `can_run` is exercised (it
 answers "no" here, with TensorRT-RTX's reason); `EngineRunner` is written against TensorRT's Python API
 (named I/O tensors, `set_input_shape`, `set_tensor_address`, `execute_async_v3`, as TensorRT 10/11 and
-TensorRT-RTX define them) with device buffers from PyTorch's CUDA allocator, and has never run.
+TensorRT-RTX define them) with device buffers from PyTorch's CUDA allocator, and has never run. Both load the
+pipeline's `plugins:` into the process first (`trt/plugins.py`): an engine with plugin layers deserializes only once
+their creators are registered.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from trtflow.stages.trt import plugins
 from trtflow.stages.trt.env import gpus
 
 
@@ -29,6 +32,7 @@ def can_run(module: str, plan: Path) -> tuple[bool, str]:
     if not gpus():
         return False, "no NVIDIA GPU on this machine (nvidia-smi finds none)"
     trt = importlib.import_module(module)
+    plugins.load(plugins.declared(), module)  # an engine with plugin layers deserializes only with their creators
     lines: list[str] = []
 
     class Logger(trt.ILogger):
@@ -57,6 +61,7 @@ class EngineRunner:
 
         self.torch = torch
         self.trt = trt = importlib.import_module(module)
+        plugins.load(plugins.declared(), module)
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.engine = trt.Runtime(self.logger).deserialize_cuda_engine(plan.read_bytes())
         if self.engine is None:

@@ -51,9 +51,13 @@ def shapes_arg(shapes: dict[str, list[int]]) -> str:
 
 
 def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: BenchmarkStage, exports: ExportFiles,
-            version: str | None) -> list[str]:
+            version: str | None, libraries: list[str] = ()) -> list[str]:
+    """The command that times `engine`; `libraries`: the plugin libraries it loads first (the pipeline's `plugins:`,
+    `--dynamicPlugins` from TensorRT 10 on, `--plugins` before)."""
     cmd = [str(trtexec), f"--loadEngine={engine}", f"--warmUp={int(params.warmup * 1000)}"]
     rel = release(version)
+    flag = "--plugins" if rel is not None and rel < (10, 0) else "--dynamicPlugins"
+    cmd += [f"{flag}={library}" for library in libraries]
     if rel is not None:  # a list of percentiles from 8.5 on ("Percentiles: 90,95,99" in its logs), one before
         cmd.append("--percentile=90,95,99" if rel >= (8, 5) else "--percentile=99")
     if shapes:
