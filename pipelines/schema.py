@@ -144,6 +144,8 @@ class CTCMetric(Strict):
     """Text recognition: both sides greedily CTC-decoded and compared (gives text_exact, cer)."""
     blank: int = Field(0, ge=0, description="the CTC blank's class index")
     axis: int = Field(-1, description="the class axis; the other non-batch axis is time")
+    batch_axis: int = Field(0, description="the batch axis: 1 for time-major scores [T, N, C] (an LSTM or GRU "
+                                           "exported without batch_first)")
 
 
 class MapMetric(Strict):

@@ -187,3 +187,24 @@ def test_sentence_embeddings_pool_over_real_tokens_only():
     plain = Comparison(ValidateStage(kind="validate", metrics={"y": {"embedding": {"pool": "mean"}}}).metrics)
     plain.add({"y": ref}, {"y": got}, {"attention_mask": mask})
     assert plain.result("test").outputs["y"].task_values["embedding_cosine"] < 0.99
+
+
+def test_time_major_ctc_scores_decode_per_batch_row():
+    """An LSTM exported without batch_first gives [T, N, C] (ddddocr's captcha model: [20, 1, 8210]): with
+    batch_axis 1 each batch row decodes along time, as with [N, T, C]."""
+    import numpy as np
+
+    from trtflow.stages.compare.task_metrics import CTC, ctc_greedy
+
+    batch_first = np.zeros((2, 6, 4), np.float32)
+    for row, labels in enumerate(([1, 1, 0, 2, 2, 3], [3, 0, 3, 0, 0, 1])):
+        batch_first[row, np.arange(6), labels] = 1.0
+    time_major = batch_first.transpose(1, 0, 2)
+    assert ctc_greedy(batch_first) == [[1, 2, 3], [3, 3, 1]]
+    assert ctc_greedy(time_major, batch_axis=1) == [[1, 2, 3], [3, 3, 1]]
+    assert ctc_greedy(time_major) != [[1, 2, 3], [3, 3, 1]]  # read batch-first, the rows are time steps
+    got = time_major.copy()
+    got[:, 1] = time_major[:, 0]  # the second row now reads as the first
+    metric = CTC(batch_axis=1)
+    metric.add(time_major, got)
+    assert metric.result()["text_exact"] == 0.5

@@ -54,10 +54,11 @@ class TopK:
         return out
 
 
-def ctc_greedy(scores: np.ndarray, blank: int = 0, axis: int = -1) -> list[list[int]]:
-    """Greedy CTC decoding of (batch, time, classes) scores, classes along `axis`: the best class per step,
-    repeats collapsed, blanks dropped. One label sequence per batch row."""
-    s = np.moveaxis(np.nan_to_num(scores.astype(np.float64), nan=-np.inf), axis, -1)
+def ctc_greedy(scores: np.ndarray, blank: int = 0, axis: int = -1, batch_axis: int = 0) -> list[list[int]]:
+    """Greedy CTC decoding of (batch, time, classes) scores, classes along `axis`, the batch along `batch_axis`: the
+    best class per step, repeats collapsed, blanks dropped. One label sequence per batch row."""
+    s = np.nan_to_num(scores.astype(np.float64), nan=-np.inf)
+    s = np.moveaxis(s, [batch_axis % s.ndim, axis % s.ndim], [0, -1])
     best = s.reshape(s.shape[0], -1, s.shape[-1]).argmax(-1)
     out = []
     for row in best:
@@ -82,12 +83,13 @@ class CTC:
     """A CTC text recognizer's decoded text: the share of samples decoded exactly as the reference decodes them
     (`text_exact`) and the character error rate against the reference's text (`cer`: edits / characters)."""
 
-    def __init__(self, blank: int = 0, axis: int = -1) -> None:
-        self.blank, self.axis = blank, axis
+    def __init__(self, blank: int = 0, axis: int = -1, batch_axis: int = 0) -> None:
+        self.blank, self.axis, self.batch_axis = blank, axis, batch_axis
         self.exact = self.samples = self.edits = self.chars = 0
 
     def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
-        for want, have in zip(ctc_greedy(ref, self.blank, self.axis), ctc_greedy(got, self.blank, self.axis)):
+        for want, have in zip(ctc_greedy(ref, self.blank, self.axis, self.batch_axis),
+                              ctc_greedy(got, self.blank, self.axis, self.batch_axis)):
             self.samples += 1
             self.exact += want == have
             self.edits += edit_distance(want, have)
@@ -291,7 +293,7 @@ def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
         if m.topk:
             made.append(TopK(m.topk.k, m.topk.axis))
         if m.ctc:
-            made.append(CTC(m.ctc.blank, m.ctc.axis))
+            made.append(CTC(m.ctc.blank, m.ctc.axis, m.ctc.batch_axis))
         if m.map_iou:
             made.append(MapIoU(m.map_iou.threshold, m.map_iou.channel, m.map_iou.classes, m.map_iou.axis,
                                f"{where}.map_iou"))
