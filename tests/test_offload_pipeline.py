@@ -167,3 +167,17 @@ def test_precision_and_calibrate_leave_the_offloaded_nodes_in_float():
     assert "conv2" in fp16.plan(model, blocked, set()).fp32 and "conv1" not in fp16.plan(model, blocked, set()).fp32
     excluded = _excluded_nodes(model, CalibrateStage(kind="calibrate", data={"random": True}), False, False)
     assert excluded["conv2"] == offload.WHY and "conv1" not in excluded
+
+
+@needs_trt
+def test_init_offloads_what_no_rule_rewrites_in_the_file_it_writes(tmp_path, tensorrt_backend):
+    """Issue #68 Build 1: `trtflow init` on the detector names the NonZero no rule rewrites and writes
+    `offload: onnxruntime` into prepare; the file it writes is one `trtflow validate` takes."""
+    onnx.save(detector(), str(tmp_path / "detector.onnx"))
+    done = trtflow("init", "detector.onnx", "--task", "other", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = (tmp_path / "pipeline.yaml").read_text()
+    assert any(line.split("#")[0].strip() == "offload: onnxruntime" for line in written.splitlines()), written
+    text = " ".join(line.strip().lstrip("#").strip() for line in written.splitlines())
+    assert "no rule rewrites select (NonZero)" in text and "FAILS" not in text, text
+    assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0

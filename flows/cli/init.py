@@ -150,9 +150,9 @@ def _trial(p: Proposal, model: Path) -> ProfileTrial:
 
 
 def _refused(runtime: str | None, failures: list) -> ProfileTrial:
-    """What prepare will do with the nodes the parser rejects: the rule that rewrites each one it covers (checked
-    when prepare runs: the trial is 'not checked' where every node is covered), and what to do about the first it
-    does not (then it failed)."""
+    """What prepare will do with the nodes the parser rejects: the rule that rewrites each one it covers, and
+    offload to ONNX Runtime for those none covers (the file then sets `offload: onnxruntime`); both are checked when
+    prepare runs, so the trial is 'not checked'."""
     from trtflow.pipelines.init.write import ProfileTrial
     from trtflow.stages.onnx.rewrites import rules_for
 
@@ -167,8 +167,10 @@ def _refused(runtime: str | None, failures: list) -> ProfileTrial:
         said += f"; prepare rewrites {len(rewritten)} of them (rewrites: auto, checked when it runs): " + \
             ", ".join(rewritten[:3]) + (f", and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
     if left:
-        said += f"; the prepare stage will stop on {left[0].node} ({left[0].op_type}): {left[0].hint}"
-    return ProfileTrial(runtime, False if left else None, why=said)
+        said += (f"; no rule rewrites {left[0].node} ({left[0].op_type})" + (f" and {len(left) - 1} more" if
+                 len(left) > 1 else "") + ": prepare offloads them to ONNX Runtime (offload: onnxruntime), and cuts "
+                 "the model where its partition says, checked when it runs")
+    return ProfileTrial(runtime, None, why=said, offload=bool(left))
 
 
 def _failing_point(model: Path, points: tuple[dict, dict, dict]) -> tuple[str, str] | None:

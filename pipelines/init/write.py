@@ -25,6 +25,7 @@ class ProfileTrial:
     passed: bool | None  # None: not checked (`why` says why)
     seconds: float | None = None
     why: str = ""  # not checked, or failed: why (a failure init does not refuse: no flag of init's changes it)
+    offload: bool = False  # the parser rejects nodes no rule rewrites: the pipeline offloads them to ONNX Runtime
 
     def said(self) -> str:
         where = f"TensorRT's trial build ({self.runtime})" if self.runtime else "TensorRT's trial build"
@@ -140,6 +141,9 @@ def _prepare(w: YamlLines, p: Proposal) -> None:
               f"the model ships at opset {p.model.opset}; INT8's per-channel Q/DQ needs {QDQ_OPSET}")
     shapes = {ip.tensor.name: ip.shape(1) for ip in p.profile.inputs}
     w.add(f"    input_shapes: {value(shapes)}", "the profile's opt shapes, for the random-input checks")
+    if p.trial is not None and p.trial.offload:
+        w.add("    offload: onnxruntime", "TensorRT rejects nodes no rule rewrites (the build's profile says which): "
+                                        "ONNX Runtime runs them, TensorRT the rest, served as one Triton ensemble")
 
 
 def _parity(w: YamlLines, p: Proposal, samples: _Samples) -> None:
