@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +182,101 @@ def test_init_offloads_what_no_rule_rewrites_in_the_file_it_writes(tmp_path, ten
     text = " ".join(line.strip().lstrip("#").strip() for line in written.splitlines())
     assert "no rule rewrites select (NonZero)" in text and "FAILS" not in text, text
     assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
+
+
+# --- a real trained model: ddddocr's captcha reader, dynamically quantized, its LSTM offloaded ------------------
+
+DDDDOCR = "ddddocr==1.6.1"  # MIT; `common_old.onnx` is what `ddddocr.DdddOcr()` loads by default
+CAPTCHA_PIPELINE = """
+version: 1
+name: captcha
+model: models/captcha.onnx
+stages:
+  prepare:
+    kind: prepare
+    offload: onnxruntime
+    input_shapes: {input1: [1, 1, 64, 160]}
+    check: {data: {tensors: "data/*.npy"}}
+  build:
+    kind: build
+    profiles: {line: {input1: {min: [1, 1, 64, 96], opt: [1, 1, 64, 160], max: [1, 1, 64, 256]}}}
+  validate:
+    kind: validate
+    data: {tensors: "data/*.npy"}
+    metrics: {"387": {ctc: {blank: 0, batch_axis: 1}}}   # [T, 1, 8210]: time-major
+    tolerances: {"387": {text_exact: 1.0}}
+  benchmark: {kind: benchmark, iterations: 5}
+  release: {kind: release, select: {require: validated, prefer: size}}
+"""
+
+
+def _captchas(folder: Path) -> dict[str, str]:
+    """Captchas as the package reads them (grey, height 64, /255): five letters and digits drawn with OpenCV over two
+    stray lines, at the profile's min, opt and max widths. File stem -> the text drawn."""
+    import cv2
+
+    rng = np.random.default_rng(0)
+    drawn = {}
+    for i, width in enumerate((96, 96, 160, 160, 256, 256)):
+        text = "".join(rng.choice(list("abcdefghijkmnpqrstuvwxyz23456789"), 4 if width == 96 else 5))
+        image = np.full((64, width), 255, np.uint8)
+        cv2.putText(image, text, (6, 46), cv2.FONT_HERSHEY_SIMPLEX, 1.3 if width > 96 else 1.0, 0, 3, cv2.LINE_AA)
+        for _ in range(2):
+            ends = rng.integers(0, [width, 64], size=(2, 2))
+            cv2.line(image, tuple(int(v) for v in ends[0]), tuple(int(v) for v in ends[1]), 120, 1)
+        np.save(folder / f"{i}.npy", (image.astype(np.float32) / 255)[None, None])
+        drawn[str(i)] = text
+    return drawn
+
+
+def _read(scores: np.ndarray, charset: list[str]) -> str:
+    from trtflow.stages.compare.task_metrics import ctc_greedy
+
+    (labels,) = ctc_greedy(scores, 0, -1, 1)
+    return "".join(charset[i] for i in labels)
+
+
+@needs_trt
+def test_a_dynamically_quantized_captcha_reader_ships_with_its_lstm_on_onnx_runtime(
+        workdir, prefect_api, tensorrt_backend, triton):
+    """Issue #68 Build 5, fixed by offload: ddddocr's trained captcha reader (a CRNN quantized by ONNX Runtime's
+    dynamic quantizer) is refused by the parser at 45 nodes. Prepare rewrites the 22 DynamicQuantizeLinear with the
+    21 ConvInteger and the MatMulInteger they feed into float ops (exact), offloads the DynamicQuantizeLSTM no rule
+    covers, and the release's ensemble (TensorRT: the convolutions; ONNX Runtime: the LSTM; TensorRT: the classifier)
+    reads every captcha, at the profile's three widths, as the whole model does."""
+    import importlib.util
+
+    from tests.assets import wheel_file
+
+    shutil.copy(wheel_file(DDDDOCR, "ddddocr/common_old.onnx"), workdir / "models" / "captcha.onnx")
+    spec = importlib.util.spec_from_file_location("ddddocr_charsets", wheel_file(DDDDOCR, "ddddocr/charsets.py"))
+    charsets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(charsets)
+    (workdir / "data").mkdir()
+    drawn = _captchas(workdir / "data")
+    (workdir / "pipeline.yaml").write_text(CAPTCHA_PIPELINE.lstrip())
+    done = trtflow("run", "pipeline.yaml", cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    prepared = last_report(workdir / ".trtflow", "prepare")
+    kept = Counter(r["op_type"] for r in prepared["rewrites"] if r["kept"])
+    assert kept == {"DynamicQuantizeLinear": 22}, kept  # each takes the ConvInteger/MatMulInteger it feeds along
+    assert max(r["max_abs"] for r in prepared["rewrites"] if r["kept"]) == 0.0
+    assert [n["op_type"] for n in prepared["offload"]["nodes"]] == ["DynamicQuantizeLSTM"]
+    assert [p["runtime"] for p in prepared["offload"]["pieces"]] == ["tensorrt", "onnxruntime", "tensorrt"]
+    (checked,) = last_report(workdir / ".trtflow", "validate")["candidates"]
+    assert "as its chain of 3 pieces" in checked["runtime"]
+
+    name = "captcha"
+    _, chain_file, chosen = _served_release(workdir, triton, name)
+    source = workdir / "models" / "captcha.onnx"
+    read = {}
+    for stem in sorted(drawn):
+        feeds = {"input1": np.load(workdir / "data" / f"{stem}.npy")}
+        served = _ask(triton, name, read_chain(chain_file.parent), feeds)["387"]
+        whole = _whole(source, feeds)["387"]
+        assert served.shape == whole.shape and float(np.abs(served - whole).max()) <= 1e-4
+        read[stem] = _read(served, charsets.CHARSET_OLD)
+        assert read[stem] == _read(whole, charsets.CHARSET_OLD)
+    right = sum(read[s] == drawn[s] for s in drawn)
+    assert right >= 4, (read, drawn)  # the reader reads the captchas: what it returns is text, not noise

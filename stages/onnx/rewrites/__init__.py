@@ -7,6 +7,7 @@ from trtflow.stages.onnx.rewrites.deformconv import DeformConvGridSample
 from trtflow.stages.onnx.rewrites.dft import DftMatMul
 from trtflow.stages.onnx.rewrites.elementwise import DropoutWithoutRatio, ModFloorOnFloats
 from trtflow.stages.onnx.rewrites.geometry import AffineGridAsMatMul, CenterCropPadAsSlicePad, Col2ImAsConvTranspose
+from trtflow.stages.onnx.rewrites.integer import ConvIntegerAsConv, DynamicQuantizeLinearAsFloat, MatMulIntegerAsMatMul
 from trtflow.stages.onnx.rewrites.linalg import DetByCofactors
 from trtflow.stages.onnx.rewrites.microsoft import (
     BiasGeluAsGelu,
@@ -28,7 +29,8 @@ RULES: tuple[Rewrite, ...] = (
     ModFloorOnFloats(), DropoutWithoutRatio(), LpPoolAsConv(), CenterCropPadAsSlicePad(), AffineGridAsMatMul(),
     Col2ImAsConvTranspose(), DetByCofactors(), MelWeightMatrixAsConstant(), SkipLayerNormalizationAsLayerNorm(),
     FusedMatMulAsMatMul(), BiasGeluAsGelu(), FastGeluAsGelu(), QuickGeluAsSigmoid(), ScalerAsSubMul(),
-    NormalizerAsReduceDiv(), CompressAsGather(), MaxUnpoolAsScatter(),
+    NormalizerAsReduceDiv(), CompressAsGather(), MaxUnpoolAsScatter(), DynamicQuantizeLinearAsFloat(),
+    ConvIntegerAsConv(), MatMulIntegerAsMatMul(),
 )
 
 
