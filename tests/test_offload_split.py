@@ -246,3 +246,26 @@ def test_a_tensorrt_piece_that_fails_its_trial_goes_back_to_onnxruntime(tmp_path
     assert found.rounds == 2 and [t.ok for t in found.trials].count(False) == 1
     assert "made up by the test" in next(n.why for n in found.nodes if n.name == "box_head")
     _same(run_chain(found.chain, _feeds()), _whole(model, tmp_path))
+
+
+@needs_trt
+def test_a_piece_that_parses_but_does_not_build_gives_onnx_runtime_only_the_node_the_builder_names(tmp_path):
+    """TopK with K over TensorRT's 3840 parses and fails the build naming its layer ('ITopKLayer topk0'): only the
+    TopK moves to ONNX Runtime, the Relu before it and the Mul after it stay TensorRT pieces that build."""
+    from trtflow.stages.trt.partition import partition
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+             helper.make_node("TopK", ["r", "k"], ["v", "i"], name="topk0"),
+             helper.make_node("Mul", ["v", "two"], ["y"], name="mul0")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [1, 5000])],
+                   [helper.make_tensor_value_info("y", TP.FLOAT, [1, 4000])],
+                   [_i64("k", [4000]), numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    model_io.save(model, tmp_path / "topk.onnx")
+    feeds = {"x": np.random.default_rng(0).random((1, 5000), np.float32)}
+    cut = partition(tmp_path / "topk.onnx", feeds, tmp_path / "work")
+    assert [(n.name, n.runtime) for n in cut.nodes] == [("relu0", "tensorrt"), ("topk0", "onnxruntime"),
+                                                        ("mul0", "tensorrt")]
+    assert "the builder named it" in cut.nodes[1].why and "3840" in cut.nodes[1].why
+    assert all(t.ok for t in cut.trials if t.nodes != ["relu0", "topk0", "mul0"])
+    whole = run(session(tmp_path / "topk.onnx"), feeds)
+    assert np.array_equal(run_chain(cut.chain, feeds)["y"], whole["y"])

@@ -7,12 +7,13 @@
 2. `split.segments` orders the nodes into few runs of one runtime; `split.split` cuts the model into those pieces.
 3. Each TensorRT piece is parsed and built on its own (`preflight.run_preflight`, at the shapes its inputs have
    when the chain runs `feeds` on ONNX Runtime). A piece that fails gives ONNX Runtime the nodes the parser
-   refused in it, or, when it parsed and did not build, all its nodes; then it is cut again, until every TensorRT
-   piece builds. Each round moves at least one node to ONNX Runtime, so this ends; a piece already proved is
+   refused in it, or, when it parsed and did not build, the nodes the builder's error names (TopK's K, a layer with
+   no runner, an FP8 tensor), else all its nodes; then it is cut again, until every TensorRT piece builds. Each round moves at least one node to ONNX Runtime, so this ends; a piece already proved is
    not built again.
 """
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -169,14 +170,29 @@ def _trial_of(piece: Piece, report: PreflightReport) -> PieceTrial:
                       failures=report.failures, build=build, reason=report.reason)
 
 
-def _failed(t: PieceTrial) -> tuple[list[str], str]:
+def _failed(t: PieceTrial, outputs: dict[str, list[str]]) -> tuple[list[str], str]:
     """The nodes a failed trial gives to ONNX Runtime, and why: those the parser refused in the piece (when it
-    names them), else the whole piece."""
+    names them); where it parsed and did not build, those the builder's error names (a layer is named after its node,
+    a tensor after the node's output: `outputs`); else the whole piece."""
     named = [f.node for f in t.failures if f.node in t.nodes]
     if not t.parsed and named:
         return named, f"the parser refused it in its piece: {t.failures[0].reason}"
     error = t.build.error if t.build is not None else t.reason or "the piece did not parse"
+    blamed = _blamed(t, outputs)
+    if blamed:
+        return blamed, f"the builder named it when its piece did not build: {error}"
     return t.nodes, f"its piece did not build with TensorRT: {error}"
+
+
+def _blamed(t: PieceTrial, outputs: dict[str, list[str]]) -> list[str]:
+    """The piece's nodes the builder's error names, by the node's name (TensorRT names a layer after it, with a
+    `_<n>` suffix where it makes several) or one of its outputs' names (a tensor); none where the error names none."""
+    if not t.parsed or t.build is None:
+        return []
+    text = " ".join(x for x in (t.build.error, t.build.detail) if x)
+    def said(name: str) -> bool:
+        return bool(name) and re.search(rf"(?<![\w.]){re.escape(name)}(?:_\d+)?(?![\w.])", text) is not None
+    return [n for n in t.nodes if said(n) or any(said(o) for o in outputs.get(n, []))]
 
 
 # --- the whole ----------------------------------------------------------------------------------------------------
@@ -202,8 +218,9 @@ def partition(model_path: Path, feeds: Feeds, work: Path, timeout: float = TIMEO
         failed = _prove(chain, feeds, proved, timeout)
         if not failed:
             break
+        outputs = {n.name: [o for o in n.output if o] for n in model.graph.node}
         for t in failed:
-            _relabel(labels, *_failed(t))
+            _relabel(labels, *_failed(t, outputs))
     order = [i for seg in cut for i in seg.nodes]
     return Partition(parser=found, nodes=[labels[i] for i in order], segments=cut, trials=list(proved.values()),
                      chain=chain, rounds=rounds)
