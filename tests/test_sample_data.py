@@ -126,3 +126,22 @@ def test_sample_files_that_are_not_finite_arrays_are_bad_input(tmp_path, write, 
     with pytest.raises(StageError) as info:
         calibrate.run(params, inputs, tmp_path / "out")
     assert type(info.value) is StageError and str(info.value).startswith(expected), str(info.value)
+
+
+def test_given_tensors_keep_the_models_unsigned_and_16_bit_integer_types():
+    """A uint32 (or uint16, int16, uint64) input given as saved tensors reaches ONNX Runtime in its own type, not
+    cast to float32 (found by bench/unsupported_ops.py: a uint32 Add refused 'expected tensor(uint32)'), and a
+    random one is made in that type."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from trtflow.stages.ort.runner import fit_to_input, random_input
+
+    for onnx_type, dtype in (("tensor(uint32)", np.uint32), ("tensor(uint16)", np.uint16),
+                             ("tensor(int16)", np.int16), ("tensor(uint64)", np.uint64)):
+        spec = SimpleNamespace(name="x", shape=[1, 4], type=onnx_type)
+        assert fit_to_input(np.arange(4, dtype=dtype), spec).dtype == dtype
+        assert random_input(spec, {}, np.random.default_rng(0)).dtype == dtype
+    unknown = SimpleNamespace(name="x", shape=[4], type="tensor(float8e4m3fn)")
+    assert fit_to_input(np.arange(4, dtype=np.int8), unknown).dtype == np.int8  # as given, never made float32

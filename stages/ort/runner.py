@@ -29,7 +29,8 @@ def session(path: Path, spin: bool = False):
 
 NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
             "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-            "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+            "tensor(uint8)": np.uint8, "tensor(int16)": np.int16, "tensor(uint16)": np.uint16,
+            "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64, "tensor(bool)": np.bool_}
 
 
 def concrete_shapes(inputs: list[tuple[str, list[Any]]], given: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -103,7 +104,7 @@ def fit_to_input(x: np.ndarray, inp: Any) -> np.ndarray | None:
         x = x[None]
     if x.ndim != len(want) or any(isinstance(w, int) and w > 0 and w != s for w, s in zip(want, x.shape)):
         return None
-    return x.astype(NP_TYPES.get(inp.type, np.float32))
+    return x.astype(NP_TYPES.get(inp.type, x.dtype))  # a type not listed: as given (ONNX Runtime says if it is wrong)
 
 
 def run(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
