@@ -269,3 +269,17 @@ def test_a_piece_that_parses_but_does_not_build_gives_onnx_runtime_only_the_node
     assert all(t.ok for t in cut.trials if t.nodes != ["relu0", "topk0", "mul0"])
     whole = run(session(tmp_path / "topk.onnx"), feeds)
     assert np.array_equal(run_chain(cut.chain, feeds)["y"], whole["y"])
+
+
+def test_an_fp8_tensor_crosses_a_cut_in_its_own_type(tmp_path):
+    """ONNX Runtime hands an FP8 output back to NumPy as uint8; fed to the next piece so, it is refused
+    ('expected tensor(Float8E4M3FN)'). The chain hands ONNX Runtime's own values on."""
+    nodes = [helper.make_node("Cast", ["x"], ["q"], name="to_fp8", to=TP.FLOAT8E4M3FN),
+             helper.make_node("Cast", ["q"], ["y"], name="to_float", to=TP.FLOAT)]
+    model = prepared(_model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+                            [helper.make_tensor_value_info("y", TP.FLOAT, [2, 3])], []))
+    chain = split(model, segments(model, ["onnxruntime", "tensorrt"]), tmp_path / "cut")
+    assert [t.dtype for t in chain.pieces[0].outputs] == ["FLOAT8E4M3FN"]
+    feeds = {"x": np.array([[0.1, 1.5, -3.0], [448.0, 0.0, 7.25]], np.float32)}
+    model_io.save(model, tmp_path / "whole.onnx")
+    assert np.array_equal(run_chain(chain, feeds)["y"], run(session(tmp_path / "whole.onnx"), feeds)["y"])

@@ -284,12 +284,15 @@ class ChainSession:
         self.sessions = [session(chain.path(p), spin) for p in chain.pieces]
 
     def values(self, feeds: Feeds) -> Feeds:
-        """The model's inputs and every tensor handed between pieces or output."""
-        env = dict(feeds)
+        """The model's inputs and every tensor handed between pieces or output. Tensors cross as ONNX Runtime's own
+        values: a type NumPy has no name for (FP8, handed back as uint8) keeps its ONNX type."""
+        import onnxruntime as ort
+
+        env = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in feeds.items()}
         for piece, sess in zip(self.chain.pieces, self.sessions):
             names = [t.name for t in piece.outputs]
-            env.update(zip(names, sess.run(names, {t.name: env[t.name] for t in piece.inputs})))
-        return env
+            env.update(zip(names, sess.run_with_ort_values(names, {t.name: env[t.name] for t in piece.inputs})))
+        return {name: value.numpy() for name, value in env.items()}
 
     def run(self, feeds: Feeds) -> Feeds:
         """The model's outputs, by name."""
