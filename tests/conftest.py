@@ -240,12 +240,35 @@ def triton(tmp_path_factory):
 
 
 
+NOBODY = 65534  # the uid and gid of `nobody`: the other user a test running as root turns into
+
+
+def closed_to_others(path: Path) -> Path | None:
+    """The first of `path` (a folder) and the folders above it that a user other than its owner and group cannot
+    enter, or None: every user reaches what is in it."""
+    path = Path(path).resolve()
+    for folder in [path, *path.parents]:
+        if not folder.stat().st_mode & 0o001:
+            return folder
+    return None
+
+
 def reachable_tmp(prefix: str) -> Path:
-    """A temporary folder PostgreSQL's server can reach when the tests run as root (it then runs as another user:
-    pytest's own tmp_path lives under a folder only root may enter)."""
+    """A temporary folder (0755) every user can reach, for what another user must read: PostgreSQL's server when
+    the tests run as root (it then runs as another user), a test's reader turned into `nobody`. pytest's own
+    tmp_path lives under a folder only its user may enter, and so may the clone and its virtual environment: what
+    the other user needs goes in here. In the temporary folder (TMPDIR), or in /tmp or /var/tmp where TMPDIR is
+    closed to others; where none is open, the test cannot run (`need`: skipped here, failed in CI)."""
     import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    from tests.assets import need
+
+    roots = [tempfile.gettempdir(), "/tmp", "/var/tmp"]
+    root = next((r for r in roots if os.path.isdir(r) and closed_to_others(Path(r)) is None), None)
+    if root is None:
+        need(f"a temporary folder every user can enter (for another user's process): {roots[0]} is closed to "
+             f"others at {closed_to_others(Path(roots[0]))}")
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     folder.chmod(0o755)
     return folder
 

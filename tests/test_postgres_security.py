@@ -114,6 +114,10 @@ def test_another_user_cannot_reach_the_database_trtflow_started(postgres):
                 return type(exc).__name__
         return "connected"
 
+    # up front: the other user reaches the folder the cluster is in (a world-traversable temporary one, not the
+    # checkout's), so that the refusals below are the cluster's own folders', not a closed folder above them
+    above = _as_another_user(lambda: os.listdir(postgres.directory.parent))
+    assert isinstance(above, list), f"the other user cannot reach {postgres.directory.parent}: {above!r}"
     # (no TCP listener to try: the test above)
     assert _as_another_user(reach) == "PermissionError"
     assert isinstance(_as_another_user(lambda: list(postgres.directory.iterdir())), PermissionError)

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests import stage_fns
+from tests.assets import need
+from tests.conftest import NOBODY, closed_to_others, reachable_tmp
 from tests.test_runner import plan_of, run_all
 from trtflow.flows import cli
 from trtflow.flows.manifest import Manifest
@@ -357,25 +359,53 @@ def test_published_results_respect_the_umask(pipe):
         assert published(store, stage).stat().st_mode & 0o777 == 0o777 & ~mask
 
 
-def _as_reader(fn):
+def _refused(path: str) -> bool:
+    """This user may not read `path`: a folder above it it cannot enter, or the file's own mode (not: absent)."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return not os.access(path, os.R_OK)
+
+
+def _as_reader(fn, folder: Path):
     """fn() where the store cannot be written: as user nobody when we are root (permissions do not bind root),
-    else after removing write permission. Returns fn's result or the exception it raised."""
+    else after removing write permission. Returns (fn's result or the exception it raised, what the reader was
+    refused outside `folder`).
+
+    The reader is this process forked and turned into nobody: it runs the interpreter and the modules already
+    loaded, and needs on disk only what fn reads. Each file it opened outside `folder` that nobody may not read
+    (the checkout, the virtual environment or the interpreter under a folder only their owner enters) is
+    returned: the test then says which, instead of a refusal that looks like the store's."""
     import multiprocessing
     if os.geteuid() != 0:
         try:
-            return fn()
+            return fn(), []
         except Exception as exc:  # noqa: BLE001 - returned for the test to inspect
-            return exc
+            return exc, []
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
+    inside = str(folder) + os.sep
 
     def target():
-        os.setgid(65534)
-        os.setuid(65534)
+        os.setgroups([])  # root's groups too: the reader is nobody and nothing else
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        refused: list[str] = []
+
+        def audit(event: str, args: tuple) -> None:
+            if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+                path = os.path.abspath(os.fsdecode(args[0]))
+                if not path.startswith(inside) and _refused(path):
+                    refused.append(path)
+        sys.addaudithook(audit)  # this process only: it ends when fn returns
         try:
-            child.send(fn())
+            result = fn()
         except Exception as exc:  # noqa: BLE001
-            child.send(exc)
+            result = exc
+        child.send((result, refused))
     proc = ctx.Process(target=target)
     proc.start()
     result = parent.recv()
@@ -384,26 +414,38 @@ def _as_reader(fn):
 
 
 def test_a_read_only_store_serves_a_fully_cached_run(write_yaml, workdir, tmp_path):
+    """A store others may read but not write (as root: the run is repeated as user nobody) serves a fully cached
+    run, and says it is read-only where a stage must run. Everything the reader reads is in a folder of the test's
+    own that every user can enter (`reachable_tmp`): the model repo, its store and the stage functions, copied
+    beside the pipeline (where a user's own code lives), not read from the checkout, which may sit under a folder
+    only its owner enters (a 0700 home, a `mktemp -d` folder)."""
     import shutil
     import stat
-    import tempfile
-    shared = Path(tempfile.mkdtemp(prefix="trtflow-shared-"))  # outside pytest's 0700 directory, for `nobody`
+    shared = reachable_tmp("trtflow-shared-")  # outside pytest's 0700 directory, for `nobody`
     try:
-        shared.chmod(0o755)
         repo = shared / "repo"
         shutil.copytree(workdir, repo)
+        shutil.copy(stage_fns.__file__, repo / "reader_stage_fns.py")
         path = repo / "pipeline.yaml"
-        path.write_text(PIPE)
+        path.write_text(PIPE.replace("tests.stage_fns:", "reader_stage_fns:"))
         for p in [repo, *repo.rglob("*")]:
             p.chmod(p.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if p.is_dir() else 0))
+        if os.geteuid() == 0 and closed_to_others(repo) is not None:
+            need(f"user nobody cannot enter {closed_to_others(repo)}, above the test's folder {repo}")
         assert set(run_all(path).values()) == {"ran"}
         store = repo / ".trtflow"
         if os.geteuid() != 0:
             for p in [store, *store.rglob("*")]:
                 p.chmod(p.stat().st_mode & ~0o222)
         before = sorted(str(p) for p in store.rglob("*"))
-        assert _as_reader(lambda: run_all(path)) == {"a": "reused", "build": "reused", "c": "reused"}
-        error = _as_reader(lambda: run_all(path, overrides=["stages.c.params.x=1"]))
+
+        def as_reader(fn):
+            result, refused = _as_reader(fn, shared)
+            if refused:
+                need(f"user nobody, the store's reader, could not read {refused[0]} (outside the test's folder)")
+            return result
+        assert as_reader(lambda: run_all(path)) == {"a": "reused", "build": "reused", "c": "reused"}
+        error = as_reader(lambda: run_all(path, overrides=["stages.c.params.x=1"]))
         assert str(error) == (f"stage 'c' must run but the artifact store at {store} is read-only; give a "
                               f"writable one with --store")
         assert sorted(str(p) for p in store.rglob("*")) == before
