@@ -149,10 +149,14 @@ def _trial(p: Proposal, model: Path) -> ProfileTrial:
                          f"{p.profile.flags()}")
 
 
+ONNX_RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")  # ops ONNX Runtime's CPU kernels define
+
+
 def _refused(runtime: str | None, failures: list) -> ProfileTrial:
     """What prepare will do with the nodes the parser rejects: the rule that rewrites each one it covers, and
     offload to ONNX Runtime for those none covers (the file then sets `offload: onnxruntime`); both are checked when
-    prepare runs, so the trial is 'not checked'."""
+    prepare runs, so the trial is 'not checked'. An op of a domain ONNX Runtime does not define fails the trial:
+    only a plugin fixes it."""
     from trtflow.pipelines.init.write import ProfileTrial
     from trtflow.stages.onnx.rewrites import rules_for
 
@@ -166,6 +170,10 @@ def _refused(runtime: str | None, failures: list) -> ProfileTrial:
     if rewritten:
         said += f"; prepare rewrites {len(rewritten)} of them (rewrites: auto, checked when it runs): " + \
             ", ".join(rewritten[:3]) + (f", and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
+    alien = [f for f in left if f.domain not in ONNX_RUNTIME_DOMAINS]
+    if alien:  # an op of a domain of its own: ONNX Runtime has no kernel for it either, only a plugin helps
+        said += f"; the prepare stage will stop on {alien[0].node} ({alien[0].op_type}): {alien[0].hint}"
+        return ProfileTrial(runtime, False, why=said)
     if left:
         said += (f"; no rule rewrites {left[0].node} ({left[0].op_type})" + (f" and {len(left) - 1} more" if
                  len(left) > 1 else "") + ": prepare offloads them to ONNX Runtime (offload: onnxruntime), and cuts "
