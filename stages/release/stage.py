@@ -412,12 +412,7 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     if wrong:
         raise StageError(f"release: Triton would refuse the config.pbtxt for {eng.cell.name}: {'; '.join(wrong)}")
     release.contract = Contract.of(parsed, eng.cell.profiles)
-    published, latest = ledger.last_published(), ledger.latest()
-    if published is not None and published.contract is not None:
-        release.contract_changes = release.contract.changes(published.contract)
-    claimed_with = latest.contract if latest is not None else None
-    release.version, release.new_version = ledger.version_for(
-        release.chosen.engine_sha256, claimed_with is not None and bool(release.contract.changes(claimed_with)))
+    _version(release, ledger)
     (model_dir / str(release.version)).mkdir()
     (model_dir / "config.pbtxt").write_text(text)
     shutil.copyfile(eng.plan, model_dir / str(release.version) / triton_config.PLAN_FILE)
@@ -442,6 +437,18 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
     return notes
 
 
+def _version(release: TargetRelease, ledger: versions.Ledger) -> None:
+    """The release's contract changes against the latest published version's, and its version: the latest's where it
+    holds this engine under the contract it was claimed with, else the next."""
+    assert release.chosen is not None and release.contract is not None
+    published, latest = ledger.last_published(), ledger.latest()
+    if published is not None and published.contract is not None:
+        release.contract_changes = release.contract.changes(published.contract)
+    claimed_with = latest.contract if latest is not None else None
+    release.version, release.new_version = ledger.version_for(
+        release.chosen.engine_sha256, claimed_with is not None and bool(release.contract.changes(claimed_with)))
+
+
 def _chain_repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, repo: Path,
                       ledger: versions.Ledger) -> list[str]:
     """An offloaded candidate's repository: one model per piece of its chain and the ensemble under the model's
@@ -450,12 +457,7 @@ def _chain_repository(release: TargetRelease, eng: Engine, params: ReleaseStage,
     engines = {i: triton_chain.PieceEngine(p.plan, p.cell.profiles) for i, p in eng.pieces.items()}
     try:
         release.contract = _contract(model_name, eng, params)
-        published, latest = ledger.last_published(), ledger.latest()
-        if published is not None and published.contract is not None:
-            release.contract_changes = release.contract.changes(published.contract)
-        claimed_with = latest.contract if latest is not None else None
-        release.version, release.new_version = ledger.version_for(
-            release.chosen.engine_sha256, claimed_with is not None and bool(release.contract.changes(claimed_with)))
+        _version(release, ledger)
         written = triton_chain.write(chain, engines, repo, model_name, release.version)
     except triton_config.ConfigError as exc:
         raise StageError(f"release: {exc}") from None

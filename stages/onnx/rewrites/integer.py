@@ -219,32 +219,29 @@ def integer_as_float(b: Builder, node: gs.Node, floats: Floats) -> gs.Variable:
     return b.op("Cast", [out], {"to": INT32}, dtype=np.int32)
 
 
-class ConvIntegerAsConv(Rewrite):
+class _IntegerAsFloat(Rewrite):
+    """ConvInteger or MatMulInteger alone (its uint8 input not made by another node): `integer_as_float`."""
+
+    def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
+        return integer_refusal(node, set())
+
+    def replace(self, node: gs.Node, graph: gs.Graph) -> None:
+        b = Builder(graph, node)
+        take_over_outputs(node, [integer_as_float(b, node, {})], b)
+
+
+class ConvIntegerAsConv(_IntegerAsFloat):
     name = "convinteger-conv"
     op = CONV
     summary = ("Conv in float32 of x - x_zero_point and w - w_zero_point, Round, Cast to int32: exact (refused "
                "where the sums could pass 2^24)")
 
-    def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
-        return integer_refusal(node, set())
 
-    def replace(self, node: gs.Node, graph: gs.Graph) -> None:
-        b = Builder(graph, node)
-        take_over_outputs(node, [integer_as_float(b, node, {})], b)
-
-
-class MatMulIntegerAsMatMul(Rewrite):
+class MatMulIntegerAsMatMul(_IntegerAsFloat):
     name = "matmulinteger-matmul"
     op = MATMUL
     summary = ("MatMul in float32 of a - a_zero_point and b - b_zero_point, Round, Cast to int32: exact (refused "
                "where the sums could pass 2^24)")
-
-    def refuses(self, node: gs.Node, graph: gs.Graph) -> str | None:
-        return integer_refusal(node, set())
-
-    def replace(self, node: gs.Node, graph: gs.Graph) -> None:
-        b = Builder(graph, node)
-        take_over_outputs(node, [integer_as_float(b, node, {})], b)
 
 
 # --- DynamicQuantizeLinear ----------------------------------------------------------------------------------------
