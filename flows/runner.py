@@ -26,7 +26,8 @@ from trtflow.flows.digest import DigestCache
 from trtflow.flows.isolate import STAGE_LOG, call_stage
 from trtflow.flows.keys import describe, fingerprint
 from trtflow.flows.manifest import InputRecord, Manifest, OutputRecord, PipelineRef, RunEnvironment, Timings
-from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records, open_store
+from trtflow.flows.store import SHARED, ArtifactStore, claim_all, file_records
+from trtflow.flows.stores import open_store
 from trtflow.pipelines.graph import SOURCE, StageGraph, build_graph, outputs_of
 from trtflow.pipelines.kinds import kind_of
 from trtflow.pipelines.loader import LoadedPipeline

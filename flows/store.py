@@ -507,15 +507,3 @@ class LocalStore:
         except OSError as exc:  # only the explanation `plan` gives: a full disk is said by what could not be written
             if disk_cause(exc) is None:
                 raise
-
-
-def open_store(location: str | Path) -> ArtifactStore:
-    """The store a location names: a directory (`LocalStore`) or an fsspec URL (`RemoteStore`, which builds on this
-    module: imported only then)."""
-    from trtflow.pipelines.loader import is_url
-
-    if is_url(location):
-        from trtflow.flows.remote_store import RemoteStore
-
-        return RemoteStore(str(location))
-    return LocalStore(Path(location))

@@ -201,6 +201,26 @@ class ImageMetric(Strict):
         return self
 
 
+class RegressionMetric(Strict):
+    """Values with no class semantics (quality scores, a box, a pose, a price): the candidate's errors against the
+    reference's in the output's own units. Gives abs_err_max (the worst element's absolute error: the worst
+    sample's too), abs_err_mean (over every element), sample_err_mean (each sample's worst element, the mean over
+    samples) and spread_err_max (abs_err_max over the reference's spread: its largest value less its smallest over
+    every sample), all better lower; with relative_above, rel_err_max and rel_err_mean."""
+    within: float | None = Field(None, gt=0, description=(
+        "the largest absolute error your users accept, in the output's units: a candidate passes where its "
+        "abs_err_max is at most this (replacing the default bound on spread_err_max)"), examples=[0.1])
+    relative_above: float | None = Field(None, ge=0, description=(
+        "also the relative error |error| / |reference| (rel_err_max, rel_err_mean), over the elements whose "
+        "|reference| is above this, in the output's units (0: every nonzero element)"), examples=[1.0])
+
+
+class DecisionMetric(Strict):
+    """A score decided at a threshold (a one-class Sigmoid, a binary logit, multi-label scores): the share of
+    elements the candidate decides as the reference does, above the threshold or not (gives decision_agree)."""
+    threshold: float = Field(0.5, description="a score above this is a positive decision (a logit's: 0)")
+
+
 class CallableMetric(Strict):
     """The user's metric function, and which of the names it returns are better higher or lower (what
     `select.max_accuracy_drop` needs to weigh them; a tolerance's {min: x} / {max: x} says it too). Written as
@@ -211,8 +231,10 @@ class CallableMetric(Strict):
                                                            "value's mean is reported")
     higher: list[str] = Field(default_factory=list, description="names it returns that are better higher: shares "
                                                                 "in [0, 1] such as an IoU or an agreement")
-    lower: list[str] = Field(default_factory=list, description="names it returns that are better lower: rates in "
-                                                               "[0, 1] such as an error rate")
+    lower: list[str] = Field(default_factory=list, description="names it returns that are better lower: errors, in "
+                                                               "the output's units or any (shown as values, not "
+                                                               "weighed as a share by select.max_accuracy_drop: "
+                                                               "bound them with {max: x})")
 
     @model_validator(mode="before")
     @classmethod
@@ -280,14 +302,17 @@ class OutputMetrics(Strict):
     """How one output's users judge it, beside the elementwise metrics. Names each gives (which tolerances may
     bound): topk -> top1, top<k>; ctc -> text_exact, cer; map_iou -> iou, iou_min (iou_class_min with classes);
     embedding -> embedding_cosine (worst sample), embedding_cosine_mean; detections -> det_recall,
-    det_precision, det_iou, det_f1_min; image -> psnr, pixels_within, ssim; callable -> the names its function
-    returns."""
+    det_precision, det_iou, det_f1_min; image -> psnr, pixels_within, ssim; regression -> abs_err_max,
+    abs_err_mean, sample_err_mean, spread_err_max (rel_err_max, rel_err_mean with relative_above); decision ->
+    decision_agree; callable -> the names its function returns."""
     topk: TopKMetric | None = None
     ctc: CTCMetric | None = None
     map_iou: MapMetric | None = None
     embedding: EmbeddingMetric | None = None
     detections: DetectionsMetric | None = None
     image: ImageMetric | None = None
+    regression: RegressionMetric | None = None
+    decision: DecisionMetric | None = None
     callable: CallableMetric | None = Field(None, description=(
         "package.module:function, or {function: package.module:function, higher: [names], lower: [names]}"))
 
@@ -306,6 +331,11 @@ class OutputMetrics(Strict):
             out |= set(DETECTION_NAMES)
         if self.image:
             out |= set(IMAGE_NAMES)
+        if self.regression:
+            relative = self.regression.relative_above is not None
+            out |= set(REGRESSION_NAMES) | (set(RELATIVE_NAMES) if relative else set())
+        if self.decision:
+            out.add("decision_agree")
         if self.callable:
             out |= set(self.callable.directions())
         return out
@@ -319,13 +349,18 @@ class OutputMetrics(Strict):
 # the direction of each metric name trtflow gives: a candidate must reach at least these, and at most the others
 DETECTION_NAMES = ("det_recall", "det_precision", "det_iou", "det_f1_min")
 IMAGE_NAMES = ("psnr", "pixels_within", "ssim")
+REGRESSION_NAMES = ("abs_err_max", "abs_err_mean", "sample_err_mean", "spread_err_max")
+RELATIVE_NAMES = ("rel_err_max", "rel_err_mean")
 HIGHER_IS_BETTER = frozenset({"cosine", "text_exact", "iou", "iou_min", "iou_class_min", "embedding_cosine",
-                              "embedding_cosine_mean", "top1", "top5", *DETECTION_NAMES, *IMAGE_NAMES})
-LOWER_IS_BETTER = frozenset({"cer", "max_abs", "mean_abs", "max_rel", "rtol"})
+                              "embedding_cosine_mean", "top1", "top5", "decision_agree", *DETECTION_NAMES,
+                              *IMAGE_NAMES})
+LOWER_IS_BETTER = frozenset({"cer", "max_abs", "mean_abs", "max_rel", "rtol", *REGRESSION_NAMES, *RELATIVE_NAMES})
 # the worst sample's, image's or class's value: bounded by validate's tolerances, not weighed by the release's
 # max_accuracy_drop (it moves in steps of one item: a detector's worst image's F1 by ~1/30 on a 30-box image)
 WORST_CASE = frozenset({"iou_min", "iou_class_min", "embedding_cosine", "det_f1_min"})
-NOT_A_SHARE = frozenset({"psnr"})  # decibels: bounded by validate's tolerances, not weighed as a share lost
+# decibels, and errors in an output's own units or relative to its values: bounded by validate's tolerances, not
+# weighed as a share lost (a regression's 0.33 is no 33% of anything)
+NOT_A_SHARE = frozenset({"psnr", *REGRESSION_NAMES, *RELATIVE_NAMES})
 
 
 def higher_is_better(metric: str) -> bool:

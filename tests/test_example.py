@@ -198,6 +198,9 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
     release = last_report(store, "release")
     target = release["targets"][0]
     assert target["chosen"]["name"] in checked["shipped"] and target["version"] == 1
+    # issue #69: the CPU stand-in times FP32 fastest; across precisions the estimate on the GPU class ranks
+    assert target["chosen"]["precision"] in ("fp16", "int8"), target["options"]
+    assert target["precision_order"].startswith("estimated, not measured: "), target["precision_order"]
     # each variant's nodes left in higher precision, read from its own kind's report (issue #52: no trial parsing)
     counted = {o["variant"]: o["higher_precision_nodes"] for o in target["options"]}
     assert set(counted) == {"prepare", "fp16", "int8"} and counted["prepare"] is None, counted
@@ -235,7 +238,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
             "p99_ms": min(mine, key=lambda m: m["batch"])["result"]["latency_ms"]["p99"],
             "metric": accuracy[engine].get((v["metric"] or "/").split("/")[0], {}).get((v["metric"] or "/")
                                                                                        .split("/")[1]),
-            "accuracy_drop": 1 - min(accuracy[engine]["logits"][m] for m in ("top1", "top5")),
+            "accuracy_drop": 1 - accuracy[engine]["logits"]["top1"],  # the metric validate bounds (its tolerance)
             "fp32_mac_share": made[engine]["mac_share"]["fp32"],
         }.get(field)
         if expected is not None:
@@ -245,6 +248,7 @@ def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
     for stage in ("prepare", "parity", "fp16", "int8", "build", "validate", "benchmark"):
         assert seen["keys"][stage] == json.loads((store / stage / "last.json").read_text())["key"], stage
     assert "Triton's TensorRT backend loads engines of full TensorRT" in seen["text"]
+    assert "Order across precisions: estimated, not measured" in seen["text"]
 
     # issue #50: the benchmark measured again, twice, nothing else changed, on a machine whose load comes and goes
     # (the suite's other workers beside it, and for the third run a CPU burner too where a core would be idle: the

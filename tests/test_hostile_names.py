@@ -126,8 +126,8 @@ def test_a_parser_verdict_naming_a_hostile_node_adds_no_stage_through_the_cli(tm
     marker = tmp_path / "evilmod-ran"
     (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef run(*a): pass\n")
     proc = trtflow("init", "m.onnx", "--task", "other", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "FAILS at this profile" in proc.stdout and "\\u2028" in proc.stdout and "\u2028" not in proc.stdout
+    assert proc.returncode == 1, proc.stderr  # written, but its trial build fails (issue #69 item 7)
+    assert "FAILS at this profile" in proc.stderr and "\\u2028" in proc.stderr and "\u2028" not in proc.stderr
     text = (tmp_path / "pipeline.yaml").read_text()
     assert "\\u2028  pwn:" in text  # the verdict is there, escaped
     assert "pwn" not in yaml.safe_load(text)["stages"]

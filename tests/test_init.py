@@ -277,7 +277,8 @@ def test_a_build_failure_no_size_of_inits_explains_is_written_down_not_refused(t
                                                                                monkeypatch):
     """A model whose only dynamic dimension is the batch, with a Reshape that bakes batch 1 in: TensorRT's trial
     build fails at the profile, but no --shape of init's would mend it. The file is written, saying so (prepare
-    stops on it, with its hints); without TensorRT, the file says the profile was not checked."""
+    stops on it, with its hints), and init exits 1 saying why in one line; without TensorRT, the file says the
+    profile was not checked."""
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -287,11 +288,12 @@ def test_a_build_failure_no_size_of_inits_explains_is_written_down_not_refused(t
         [helper.make_tensor("shape", TensorProto.INT64, [2], [1, 4])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "baked.onnx"))
     proc = trtflow("init", "baked.onnx", "--task", "other", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stdout + proc.stderr
     said = " ".join(line.lstrip("# ").strip() for line in (tmp_path / "pipeline.yaml").read_text().splitlines())
     assert f"TensorRT's trial build ({tensorrt_backend.flavour} {tensorrt_backend.version}) FAILS at this " \
            f"profile: " in said and "the prepare stage will stop on it" in said
-    assert "FAILS at this profile" in proc.stdout
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: wrote pipeline.yaml, but it does not run: ") and "FAILS at this profile" in line
     assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
 
     from trtflow.flows.cli.init import trial_build
@@ -301,6 +303,56 @@ def test_a_build_failure_no_size_of_inits_explains_is_written_down_not_refused(t
     monkeypatch.setattr(env, "find_tensorrt", lambda only=None: None)
     trial = trial_build(propose(tmp_path / "baked.onnx", out=tmp_path / "p.yaml", command="", task="other"))
     assert trial.said().startswith("not checked by TensorRT's trial build: no TensorRT flavour is installed")
+
+
+def _relu_then(path: Path, op: str, domain: str = "", **attrs) -> Path:
+    """x -> Relu -> `op` (named after it, in lower case) -> y, float [batch, 4]."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node(op, ["r"], ["y"], name=op.lower(), domain=domain, **attrs)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(graph, opset_imports=opsets), str(path))
+    return path
+
+
+def test_init_exits_1_when_the_file_it_wrote_does_not_run_and_no_fix_is_proposed(tmp_path, tensorrt_backend):
+    """Issue #69 item 7: init exited 0 after writing a file whose trial build it said fails, and a script checking
+    the exit code ran into the failure at prepare. An op of a domain of its own (no rule rewrites it, and ONNX
+    Runtime, which offload would run it on, does not define it) is exit 1: the file written, the reason in one
+    line naming the node and the op. A model that builds, and one whose refused op offload runs, are exit 0."""
+    alien = tmp_path / "alien"
+    alien.mkdir()
+    _relu_then(alien / "m.onnx", "Mystery", "com.example")
+    proc = trtflow("init", "m.onnx", "--task", "other", cwd=alien)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "" and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: wrote pipeline.yaml, but it does not run: TensorRT's trial build "
+                           f"({tensorrt_backend.flavour} {tensorrt_backend.version}) FAILS at this profile: "), line
+    assert "will stop on mystery (Mystery: no rule rewrites it, and ONNX Runtime, which offload would run it on, " \
+           "does not define com.example)" in line and "plugins:" in line, line
+    written = (alien / "pipeline.yaml").read_text()
+    assert "offload" not in yaml.safe_load(written)["stages"]["prepare"]
+    assert "FAILS at this profile" in written
+    assert trtflow("validate", "pipeline.yaml", cwd=alien).returncode == 0
+
+    builds = tmp_path / "builds"
+    builds.mkdir()
+    _relu_then(builds / "m.onnx", "Neg")
+    proc = trtflow("init", "m.onnx", "--task", "other", cwd=builds)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "passed at this profile's min / opt / max" in proc.stdout and proc.stderr.strip() == ""
+
+    offloaded = tmp_path / "offloaded"
+    offloaded.mkdir()
+    _relu_then(offloaded / "m.onnx", "Binarizer", "ai.onnx.ml", threshold=0.5)  # ONNX Runtime runs it; no rule
+    proc = trtflow("init", "m.onnx", "--task", "other", cwd=offloaded)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no rule rewrites binarizer (Binarizer)" in proc.stdout and "FAILS" not in proc.stdout
+    assert yaml.safe_load((offloaded / "pipeline.yaml").read_text())["stages"]["prepare"]["offload"] == "onnxruntime"
 
 
 def test_refused_dynamic_spatial_dims_without_data_or_shape(tmp_path):

@@ -127,6 +127,6 @@ PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 3 (wi
     "parity": ("9dbbf3de7cb568ddde9a6bf6e154b109", "0a3fd4c8b2654ab1e664e6cb909d9616"),
     "precision": ("0d4d5049ba426b38f394fe131d661c0f", "4cc1330e5cb4f7f2f37466b165692249"),
     "prepare": ("a0ddb1c051c3329556331cc55e51a134", "7a4930f318f43485dc7a5dfba3b869a6"),  # VERSION 5
-    "release": ("5af7d72946b4e4feafa82f054dc54216", "2eb4550bc153290fba4e74ca641afac2"),  # VERSION 5
-    "validate": ("59fff6e91c418efc614c85b6eb7c3f91", "c6cb48c1aa83efe3c833756d6ee34431"),
+    "release": ("856037ac6197e5acd91fc64e962e9d9e", "e58e9fc827fa2f9fb38eb8915bec75db"),  # VERSION 6
+    "validate": ("2057d01d96af89d0e7026c908385686e", "124a3fcb24c1383e9d6c9273c5031a1d"),  # VERSION 10
 }

@@ -10,6 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.assets import PPOCR, ROOT
 from trtflow.pipelines.kinds import KINDS
 
@@ -99,6 +101,20 @@ def test_imports_run_downward_only():
             elif own and other != own and not mod.startswith(f"{other}.report"):
                 bad.append(f"{name} (the {own.rsplit('.', 1)[1]} kind) imports another kind's {mod}")
     assert not bad, bad
+
+
+def test_no_import_circles_even_through_imports_inside_functions():
+    """Issue #70: a circle hidden by an import inside a function (store <-> remote_store, task_metrics <->
+    detections) is still two modules that cannot be read, or changed, one without the other."""
+    import graphlib
+
+    modules = {name.removesuffix(".py").removesuffix("/__init__").replace("/", "."): path
+               for name, path in _sources().items()}
+    graph = {m: {i for i in _imports(path) if i in modules and i != m} for m, path in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as circle:
+        pytest.fail(f"an import circle: {' -> '.join(circle.args[1])}", pytrace=False)
 
 
 def test_stages_top_level_is_the_kinds_folders_and_the_map_names_every_folder():

@@ -125,11 +125,15 @@ def test_a_metric_without_a_direction_is_an_error_where_it_would_be_weighed():
     # without max_accuracy_drop it is shown, not weighed: the drop is the cosine's, and says so
     shown, _, where = selection.accuracy_drop(acc, weigh=False)
     assert shown["faces"] == {"face_iou": pytest.approx(823 / 900)} and where == "embedding/cosine"
-    # a function's value outside [0, 1] is no share: it cannot be weighed against the others
+    # a function's value better higher outside [0, 1] is no share: it cannot be weighed against the others
     acc.outputs["faces"].task_values["face_iou"] = 3.5
-    acc.directions["faces"] = {"face_iou": False}
+    acc.directions["faces"] = {"face_iou": True}
     with pytest.raises(StageError, match=r"'faces/face_iou' is 3.5, outside \[0, 1\]: return a share"):
         selection.accuracy_drop(acc, weigh=True)
+    # better lower, it is an error in its own units (issue #69): shown as it is, never weighed as a share
+    acc.directions["faces"] = {"face_iou": False}
+    shown, _, where = selection.accuracy_drop(acc, weigh=True)
+    assert shown["faces"] == {"face_iou": 3.5} and where == "embedding/cosine"
 
 
 def test_a_declared_direction_that_contradicts_its_bound_or_trtflow_s_is_refused():

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from tests.assets import EXAMPLES
-from trtflow.errors import SpecError
+from trtflow.errors import SpecError, StageError
 from trtflow.pipelines.graph import build_graph
 from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.validate import ValidateStage
@@ -99,9 +99,13 @@ def test_top_k_on_any_class_axis():
     ref = rng.normal(size=(2, 5, 4, 4)).astype(np.float32)  # segmentation scores, classes on axis 1
     got = ref.copy()
     got[0, :, 0, 0] = -got[0, :, 0, 0]  # one pixel's best class changes
-    res = judge([ref], [got], "fp16", {"y": {"topk": {"k": 5, "axis": 1}}})
+    res = judge([ref], [got], "fp16", {"y": {"topk": {"k": 2, "axis": 1}}})
     assert res.outputs["y"].task_values["top1"] == pytest.approx(31 / 32)
-    assert res.outputs["y"].task_values["top5"] == 1.0  # every class is in the top 5 of 5
+    assert res.outputs["y"].task_values["top2"] == pytest.approx(31 / 32)  # its best class is now its worst
+    # issue #69, item 3: a top-5 of 5 classes holds every class whatever the candidate gives: refused, not 1.0
+    with pytest.raises(StageError, match=r"^validate: metrics.y.topk.k: 5, and the output has 5 classes along its "
+                                         r"axis: .* agrees whatever the candidate gives; give k below 5$"):
+        judge([ref], [got], "fp16", {"y": {"topk": {"k": 5, "axis": 1}}})
 
 
 def test_a_user_metric_with_its_own_bound():

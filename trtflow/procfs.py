@@ -1,10 +1,11 @@
-"""What Linux's /proc says of a process: its parent, its state (a zombie?), its CPU time and when it started (None
-where /proc has no answer: the process is gone, or the system has no /proc)."""
+"""What Linux's /proc says of a process: its parent, its state (a zombie?), its CPU time and when it started, its
+memory and the machine's (None where /proc has no answer: the process is gone, or the system has no /proc)."""
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def _fields(pid: int | str) -> list[bytes] | None:
@@ -52,3 +53,41 @@ def now_ticks() -> int:
 
 def seconds(ticks: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def status_bytes(field_name: str, path: str = "/proc/self/status") -> int | None:
+    """A `<field>: <n> kB` line of a /proc file, in bytes (None where there is none)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def resident() -> int:
+    """This process's resident memory now (VmRSS), in bytes (0 where /proc does not say)."""
+    return status_bytes("VmRSS") or 0
+
+
+def peak_resident() -> int:
+    """This process's largest resident memory so far (VmHWM), in bytes."""
+    return status_bytes("VmHWM") or 0
+
+
+def _cgroup_room() -> int | None:
+    """What this process's cgroup (v2) may still take, where it has a limit."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
+
+
+def available() -> int | None:
+    """The memory this machine (or this process's cgroup, where smaller) has available now: MemAvailable."""
+    found = [v for v in (status_bytes("MemAvailable", "/proc/meminfo"), _cgroup_room()) if v is not None]
+    return min(found) if found else None

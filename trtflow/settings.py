@@ -178,6 +178,50 @@ class Database(Setting):
                          f"hold a password)", hint=f"correct it, or unset {self.name} for sqlite")
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A memory budget: `size` bytes the process's resident memory stays under, or a `share` of the memory available
+    when a run starts, for the run to add (one of the two)."""
+    size: int | None = None
+    share: float | None = None
+
+
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+MIN_BUDGET = 2**26  # 64 MiB: less does not hold ONNX Runtime itself
+PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
+
+
+@dataclass(frozen=True)
+class Memory(Setting):
+    """A memory budget (`Budget`): a size such as 8GiB or 512MiB (binary units: 1G is 1GiB), or a share of the
+    available memory such as 50%."""
+    default_share: float
+
+    @property
+    def accepts(self) -> str:
+        return (f"a size such as 8GiB or 512MiB (at least 64MiB), or a share of the available memory from 1% to 100% "
+                f"(default {self.default_share:.0%})")
+
+    def get(self) -> Budget:
+        raw = self._raw()
+        if raw is None:
+            return Budget(share=self.default_share)
+        text = raw.strip()
+        if share := PERCENT.fullmatch(text):
+            value = float(share.group(1))
+            if not 1 <= value <= 100:
+                raise self._bad(raw)
+            return Budget(share=value / 100)
+        size = SIZE.fullmatch(text)
+        if size is None:
+            raise self._bad(raw)
+        value = float(size.group(1)) * SIZE_UNITS[size.group(2).upper()]
+        if not (math.isfinite(value) and value >= MIN_BUDGET):
+            raise self._bad(raw)
+        return Budget(size=int(value))
+
+
 # at least one of `trtflow run`'s health checks, which come every 3 s (flows/cli/run.py SERVER_CHECK_S)
 SERVER_PATIENCE = Number("TRTFLOW_SERVER_PATIENCE", default=300.0, low=3.0, high=86400.0, unit="seconds")
 PREFECT_SERVER = Choice("TRTFLOW_PREFECT_SERVER", choices=("background", "ephemeral"))
@@ -189,9 +233,12 @@ CACHE_DIR = Directory("TRTFLOW_CACHE_DIR")
 STORE_CREDENTIALS = Block("TRTFLOW_STORE_CREDENTIALS", kinds=("secret", "aws-credentials"))
 SERVER_DATABASE = Database("TRTFLOW_SERVER_DATABASE")
 POSTGRES_BIN = Directory("TRTFLOW_POSTGRES_BIN")
+# what a stage's ONNX Runtime run may take (stages/ort/memory.py): half the available memory leaves room for the
+# stages beside it and for the stage's own Python work around the run
+MEMORY_BUDGET = Memory("TRTFLOW_MEMORY_BUDGET", default_share=0.5)
 
 ALL: tuple[Setting, ...] = (SERVER_PATIENCE, PREFECT_SERVER, IN_PROCESS, MACHINE, GPU_KIND, STATE_DIR, CACHE_DIR,
-                            STORE_CREDENTIALS, SERVER_DATABASE, POSTGRES_BIN)
+                            STORE_CREDENTIALS, SERVER_DATABASE, POSTGRES_BIN, MEMORY_BUDGET)
 
 
 def check_all() -> None:

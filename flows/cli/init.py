@@ -15,6 +15,7 @@ from trtflow.flows.cli.base import Command, out, write_file
 from trtflow.pipelines.init import LAYOUTS, TASKS
 
 if TYPE_CHECKING:
+    from trtflow.pipelines.init.cost import ProfileCost
     from trtflow.pipelines.init.write import ProfileTrial, Proposal
 
 TRIAL_TIMEOUT_S = 300  # init's trial build takes seconds; a model whose build takes longer is left unchecked
@@ -31,8 +32,8 @@ class Init(Command):
                                  "feed every stage and calibrate an INT8 variant")
         parser.add_argument("--task", choices=TASKS,
                             help="how the outputs are judged, where their shapes do not say (image: outputs that "
-                                 "are images, by PSNR, pixels within a level and SSIM; other: element by element, "
-                                 "by cosine)")
+                                 "are images, by PSNR, pixels within a level and SSIM; regress: values by their "
+                                 "errors in the output's own units; other: by one cosine pooled over every sample)")
         parser.add_argument("--layout", choices=LAYOUTS, help="a detection head's layout, where its shape does not "
                                                               "say")
         parser.add_argument("--shape", dest="shapes", action="append", default=[], metavar="NAME=DIMS",
@@ -55,15 +56,29 @@ class Init(Command):
             raise SpecError(f"{target} exists: init never overwrites a file", hint=exists)
         proposal = propose(model, out=target, command=_command(args), data=args.data, task=args.task,
                            layout=args.layout, shapes=args.shapes, name=args.name)
-        proposal = dataclasses.replace(proposal, trial=trial_build(proposal))
+        proposal = dataclasses.replace(proposal, trial=trial_build(proposal), cost=profile_cost(proposal))
         text = render(proposal)
         validated(text, target)
         write_file(target, text, exists_hint=exists)
-        tasks = ", ".join(proposal.task.tasks()) or "none (outputs compared element by element)"
+        if proposal.trial.passed is False:
+            raise fails_to_run(target, proposal.trial)
+        tasks = ", ".join(proposal.task.tasks()) or "none (each output judged by one cosine pooled over every sample)"
         said = escape(comment_text(f"wrote {target}: task {tasks}; {proposal.trial.said()}"))  # a model's names
         out.print(f"{said}; check it with `trtflow validate {escape(str(target))}`, run it with `trtflow run "
                   f"{escape(str(target))}`")
+        if proposal.cost is not None and (warning := proposal.cost.warning()):
+            out.print(f"[yellow]warning:[/] {escape(comment_text(warning))}")
         return 0
+
+
+def fails_to_run(target: Path, trial: ProfileTrial) -> Exception:
+    """A written file whose trial build fails, with no fix of trtflow's proposed (a rewrite, `offload:
+    onnxruntime`): exit 1, so that a script checking init's exit code stops here rather than at prepare. Its one
+    line names the file and the reason, which says what to do (a model's names in it escaped)."""
+    from trtflow.errors import TrtflowError
+    from trtflow.yaml_text import comment_text
+
+    return TrtflowError(comment_text(f"wrote {target}, but it does not run: {trial.said()}"))
 
 
 def validated(text: str, target: Path) -> None:
@@ -172,7 +187,8 @@ def _refused(runtime: str | None, failures: list) -> ProfileTrial:
             ", ".join(rewritten[:3]) + (f", and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
     alien = [f for f in left if f.domain not in ONNX_RUNTIME_DOMAINS]
     if alien:  # an op of a domain of its own: ONNX Runtime has no kernel for it either, only a plugin helps
-        said += f"; the prepare stage will stop on {alien[0].node} ({alien[0].op_type}): {alien[0].hint}"
+        said += (f"; the prepare stage will stop on {alien[0].node} ({alien[0].op_type}: no rule rewrites it, and "
+                 f"ONNX Runtime, which offload would run it on, does not define {alien[0].domain}): {alien[0].hint}")
         return ProfileTrial(runtime, False, why=said)
     if left:
         said += (f"; no rule rewrites {left[0].node} ({left[0].op_type})" + (f" and {len(left) - 1} more" if
@@ -195,6 +211,43 @@ def _failing_point(model: Path, points: tuple[dict, dict, dict]) -> tuple[str, s
         if trial is not None and not trial.ok:
             return f"{', '.join(f'{n} {s}' for n, s in shapes.items())}, the profile's {label}", trial.error or ""
     return None
+
+
+def profile_cost(p: Proposal) -> ProfileCost | None:
+    """What the profile costs on ONNX Runtime (pipelines/init/cost.py): the memory at its max, whole batch and one
+    sample, predicted from the graph (stages/ort/memory.py) against the machine's and the budget's; one FP32 pass
+    timed at its opt shape (one row of the batch, after one untimed), the stages' run time extrapolated from it.
+    None where the graph cannot be copied or inferred; no time where ONNX Runtime does not run the model."""
+    import time
+
+    import numpy as np
+
+    from trtflow import procfs
+    from trtflow.pipelines.init.cost import ProfileCost, one_row, seconds
+    from trtflow.pipelines.init.write import sample_counts
+    from trtflow.stages.ort import memory
+    from trtflow.stages.ort.runner import random_input, session, whole
+
+    high, rows, timed = p.profile.point(2), one_row(p.profile, 2), one_row(p.profile, 1)
+    try:
+        graph = memory.Graph.of(p.model.path)
+        at_max, one = graph.estimate(high), graph.estimate(rows)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot copy or infer: the file says nothing of its cost
+        return None
+    cost = ProfileCost(at_max.shown(), at_max.peak, one.peak, one.run, at_max.weights, procfs.available(),
+                       memory.total(), memory.room().bytes)
+    try:
+        sess = session(p.model.path)
+        rng = np.random.default_rng(0)
+        feed = {i.name: random_input(i, timed, rng) for i in sess.get_inputs()}
+        whole(sess, feed)  # the first run pays for the arena's allocations: the one timed is the next
+        start = time.perf_counter()
+        whole(sess, feed)
+        took = time.perf_counter() - start
+    except Exception:  # noqa: BLE001 - ONNX Runtime's own types, or a type random inputs do not cover
+        return cost
+    return dataclasses.replace(cost, timed_shape=", ".join(f"{n} {s}" for n, s in timed.items()), pass_s=took,
+                               stages_s=seconds(p.profile, sample_counts(p.data), took, len(graph.model.graph.node)))
 
 
 COMMAND = Init()

@@ -20,7 +20,7 @@ class Output(Command):
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.flows.results import Verdict
         from trtflow.flows.runner import Runner
-        from trtflow.flows.store import open_store
+        from trtflow.flows.stores import open_store
         from trtflow.pipelines.loader import load_pipeline
 
         loaded = load_pipeline(args.pipeline, args.overrides)

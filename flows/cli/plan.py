@@ -35,7 +35,7 @@ class Plan(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.flows.runner import Runner
-        from trtflow.flows.store import open_store
+        from trtflow.flows.stores import open_store
         from trtflow.pipelines.loader import load_pipeline
 
         loaded = load_pipeline(args.pipeline, args.overrides)

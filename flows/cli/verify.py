@@ -22,7 +22,8 @@ class Verify(Command):
                             "dead runs (the next run recomputes)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from trtflow.flows.store import VerifyStatus, open_store
+        from trtflow.flows.store import VerifyStatus
+        from trtflow.flows.stores import open_store
         from trtflow.pipelines.loader import is_url
 
         if args.store:

@@ -7,5 +7,5 @@ that says it (a SpecError: exit 2)."""
 from __future__ import annotations
 
 # the values of --task and --layout (the CLI lists them without importing the rest)
-TASKS = ("classify", "detect", "segment", "ocr-det", "ocr-rec", "embed", "image", "other")
+TASKS = ("classify", "detect", "segment", "ocr-det", "ocr-rec", "embed", "image", "regress", "other")
 LAYOUTS = ("yolov5", "yolov8", "end2end")

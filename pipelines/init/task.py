@@ -9,11 +9,13 @@ from trtflow.pipelines.init import LAYOUTS, TASKS
 from trtflow.pipelines.init.model import ModelFacts, Tensor
 from trtflow.pipelines.schema import (
     CTCMetric,
+    DecisionMetric,
     DetectionsMetric,
     EmbeddingMetric,
     ImageMetric,
     MapMetric,
     OutputMetrics,
+    RegressionMetric,
     TopKMetric,
 )
 
@@ -21,11 +23,17 @@ PROBABILITIES = ("Softmax", "LogSoftmax", "Sigmoid")
 CLASS_WORDS = ("logit", "prob", "class", "cls", "score", "pred")
 EMBEDDING_WORDS = ("embed", "feat", "vector", "descriptor", "pooler", "hidden")
 MAP_THRESHOLD = {"segment": 0.5, "ocr-det": 0.3}  # ocr-det: PaddleOCR's DB box threshold
+# values per sample up to which a float output with no class semantics (no Softmax or Sigmoid, not named as classes
+# or an embedding) is taken for a regression: MOS scores, a box, a pose; more are class logits or an embedding
+SMALL = 8
+OTHER = "other: no task metric, each output judged by one cosine with FP32's pooled over every sample"
+REGRESS = "regress: values judged by their errors against FP32's, in the output's own units"
 
 
 @dataclass(frozen=True)
 class Judgement:
-    """One output: its task and metrics (None: judged element by element, by cosine), and why, for the comment."""
+    """One output: its task and metrics (None: judged by one cosine pooled over every sample), and why, for the
+    comment."""
     output: Tensor
     task: str | None
     metrics: OutputMetrics | None
@@ -68,7 +76,7 @@ def guess(model: ModelFacts, task: str | None, layout: str | None) -> TaskPlan:
             flags[amb.flag] += [c for c in choices if c not in flags[amb.flag]]
         hint = ", and ".join(" or ".join(f"{flag} {c}" for c in choices) for flag, choices in flags.items())
         if "--task" in flags:
-            hint += "; other: outputs judged element by element"
+            hint += f"; {REGRESS}; {OTHER}"
         if "--layout" in flags:
             hint += "; a head of another layout: metrics.<output>.detections.decode: package.module:function"
         lead = "cannot tell the task" if "--task" in flags else "cannot tell the layout"
@@ -80,12 +88,11 @@ def guess(model: ModelFacts, task: str | None, layout: str | None) -> TaskPlan:
                  if task == "detect" else "")
         raise SpecError(f"--task {task} fits no output of the model ("
                         + "; ".join(f"'{o.name}' {o.shown()}" for o in model.outputs) + ")",
-                        hint=f"give another --task ({', '.join(TASKS)}); other: outputs judged element by element"
-                             + extra)
+                        hint=f"give another --task ({', '.join(TASKS)}); {OTHER}" + extra)
     if task is None and not plan.metrics():
         raise SpecError("cannot tell the task from the model's outputs ("
                         + "; ".join(f"'{j.output.name}' {j.output.shown()}: {j.why}" for j in judged) + ")",
-                        hint=f"give --task ({', '.join(TASKS)}); other: outputs judged element by element")
+                        hint=f"give --task ({', '.join(TASKS)}); {REGRESS}; {OTHER}")
     return plan
 
 
@@ -94,10 +101,32 @@ def _named(out: Tensor, words: tuple[str, ...]) -> bool:
 
 
 def _classify(out: Tensor, why: str) -> Judgement:
-    classes = out.dims[-1]
+    classes = out.dims[-1] if out.rank > 1 else 1
+    if classes == 1:
+        return _score(out)
     k = 5 if isinstance(classes, int) and classes > 5 else 1
     what = "top-1 and top-5 agreement" if k == 5 else "top-1 agreement"
     return Judgement(out, "classify", OutputMetrics(topk=TopKMetric(k=k)), f"{why}: {what} with FP32")
+
+
+def _score(out: Tensor) -> Judgement:
+    """One score per sample: a top-1 over one class agrees whatever the candidate gives, so its decision at a
+    threshold (a probability's 0.5, a logit's 0) and its error."""
+    threshold = 0.5 if out.producer == "Sigmoid" or _named(out, ("prob",)) else 0.0
+    said = f"a probability{' from a Sigmoid' if out.producer == 'Sigmoid' else ''}" if threshold else "a logit"
+    return Judgement(out, "classify", OutputMetrics(decision=DecisionMetric(threshold=threshold),
+                                                    regression=RegressionMetric()),
+                     f"{out.shown()} one score per sample, {said}: the share of samples decided as FP32 decides "
+                     f"them at {threshold} (set decision.threshold to yours), and the score's error against FP32's "
+                     f"(regression)")
+
+
+def _regress(out: Tensor, why: str) -> Judgement:
+    return Judgement(out, "regress", OutputMetrics(regression=RegressionMetric()),
+                     f"{why}: a regression, judged by its errors against FP32's in the output's own units (worst and "
+                     f"mean absolute error, per element and per sample); set regression.within to the largest error "
+                     f"its users accept, in those units (unset: at most 0.1% / 1% / 5% of the reference's spread "
+                     f"over the samples for FP32 / FP16 / INT8)")
 
 
 def _embed(out: Tensor, why: str, pool: str = "none") -> Judgement:
@@ -119,18 +148,20 @@ def _image(out: Tensor, why: str) -> Judgement:
 
 
 def _judge(out: Tensor, task: str | None, layout: str | None, images_in: bool = False) -> Judgement:
-    plain = Judgement(out, None, None, "compared element by element (cosine)")
+    plain = Judgement(out, None, None, "no task metric: judged by one cosine with FP32's, pooled over every sample")
     if task == "image":
         return _image(out, f"{out.shown()} an image (--task image)") if _image_shaped(out) else plain
     if task == "other" or not out.is_float():
-        return plain if task == "other" else Judgement(out, None, None, f"{out.dtype}: compared element by element")
-    if out.rank == 2:
+        return plain if task == "other" else Judgement(out, None, None, f"{out.dtype}: {plain.why}")
+    if task == "regress":
+        return _regress(out, f"{out.shown()} values (--task regress)")
+    if out.rank in (1, 2):
         return _rank2(out, task) or plain
     if out.rank == 3:
         return _rank3(out, task, layout) or plain
     if out.rank == 4:
         return _rank4(out, task, images_in) or plain
-    return Judgement(out, None, None, f"rank {out.rank}: compared element by element (cosine)")
+    return Judgement(out, None, None, f"rank {out.rank}: {plain.why}")
 
 
 def _rank2(out: Tensor, task: str | None) -> Judgement | None:
@@ -149,6 +180,10 @@ def _rank2(out: Tensor, task: str | None) -> Judgement | None:
         return _classify(out, f"[N, C] class scores (named so){made}")
     if _named(out, EMBEDDING_WORDS):
         return _embed(out, f"[N, D] vectors (named so){made}")
+    values = out.dims[1] if out.rank == 2 else 1
+    if isinstance(values, int) and values <= SMALL:
+        return _regress(out, f"{out.shown()} values{made}, no class semantics (no Softmax or Sigmoid, not named as "
+                             f"classes; class logits: --task classify)")
     raise _Ambiguous(f"[N, C] values{made}, class logits or an embedding", ("classify", "embed"))
 
 

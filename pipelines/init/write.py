@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtflow.pipelines.init.cost import Counts, ProfileCost
 from trtflow.pipelines.init.data import DataFacts
 from trtflow.pipelines.init.model import ModelFacts
 from trtflow.pipelines.init.profile import ProfilePlan
@@ -47,6 +48,7 @@ class Proposal:
     task: TaskPlan
     profile: ProfilePlan
     trial: ProfileTrial | None = None  # set by the CLI once TensorRT was asked
+    cost: ProfileCost | None = None  # set by the CLI once ONNX Runtime was asked (memory at the max, one timed pass)
 
 
 def value(v: object) -> str:
@@ -67,6 +69,14 @@ def data_glob(data: DataFacts, base: Path) -> str:
 
 def _holdout(samples: int) -> int:
     return min(8, samples // 4) if samples >= 4 else (1 if samples >= 2 else 0)
+
+
+def sample_counts(data: DataFacts | None) -> Counts | None:
+    """The samples each stage of the file takes, as `render` writes them (for the run time init estimates)."""
+    if data is None:
+        return None
+    n = data.count
+    return Counts(min(16, n), _holdout(min(16, n)), min(128, n), _holdout(min(128, n)), min(16, n))
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,8 @@ def render(p: Proposal) -> str:
     for t in p.model.outputs:
         w.comment(f"  output {t.name}: {t.shown()}")
     w.comment("Task" + ("s" if len(p.task.tasks()) > 1 else "") + ": "
-              + (", ".join(p.task.tasks()) or "none given (every output compared element by element)"))
+              + (", ".join(p.task.tasks()) or "none given (each output judged by one cosine with FP32's, pooled "
+                                                 "over every sample)"))
     for j in p.task.judged:
         w.comment(f"  {j.output.name}: {j.why}")
     if p.data is not None and p.data.kind == "images":
@@ -126,7 +137,8 @@ def render(p: Proposal) -> str:
     w.add("")
     w.add("  release:")
     w.add("    kind: release", "the engine to deploy: a Triton model repository and a model card")
-    w.comment("the fastest engine validate passed, losing at most 1% on the task metrics", 4)
+    w.comment("the fastest engine validate passed, losing at most 1% on the task metrics that are shares (errors in "
+              "an output's units are validate's bounds)", 4)
     w.add("    select: {require: validated, prefer: throughput, max_accuracy_drop: 1%}")
     if samples is not None:
         w.add(f"    data: {samples.block(1)}", "Triton warms the engine up with a real sample")
@@ -216,6 +228,8 @@ def _build(w: YamlLines, p: Proposal) -> None:
             w.comment(f"{ip.tensor.name}: {note}", 6)
     if p.trial is not None:
         w.comment(p.trial.said(), 6)
+    for line in p.cost.lines() if p.cost is not None else ():
+        w.comment(line, 6)
     ranges = {ip.tensor.name: {"min": ip.shape(0), "opt": ip.shape(1), "max": ip.shape(2)} for ip in p.profile.inputs}
     w.add(f"      default: {value(ranges)}")
 

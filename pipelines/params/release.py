@@ -26,12 +26,13 @@ class Select(Strict):
                                   "engines at batch 1); size: the smallest engine")
     max_accuracy_drop: Fraction | None = Field(
         None, ge=0, le=1, description="the most a candidate may lose against the FP32 reference on any task metric "
-                                      "validate measured over all samples (top-1/top-5 agreement, text exact, CER, "
-                                      "IoU, mean embedding cosine, detections' recall, precision and IoU, your "
-                                      "function's by their declared direction; the cosine where an output has "
-                                      "none). The worst item's metrics (iou_min, iou_class_min, embedding_cosine, "
-                                      "det_f1_min) move in steps of one image and are not weighed: validate's "
-                                      "tolerances bound them", examples=["1%"])
+                                      "declared and measured by validate over all samples (top-1/top-5 agreement, "
+                                      "text exact, CER, IoU, mean embedding cosine, detections' recall, precision "
+                                      "and IoU, a decision's agreement, your function's better higher; the cosine "
+                                      "where an output has none). The worst item's metrics (iou_min, iou_class_min, "
+                                      "embedding_cosine, det_f1_min) move in steps of one image, and errors in an "
+                                      "output's units (a regression's, your function's better lower) are no share: "
+                                      "they are not weighed, validate's tolerances bound them", examples=["1%"])
     accuracy: Literal["fp32", "labels"] = Field(
         "fp32", description="what max_accuracy_drop weighs: fp32: the agreement with the FP32 reference on the task "
                             "metrics; labels: top-1 accuracy against validate's labels, below FP32's own (an "
@@ -108,6 +109,21 @@ class ReleaseStage(StageBase):
                                          "validation images or tensors; default random")
 
 
+def _unbounded_errors(upstream: Mapping[str, StageBase]) -> tuple[str, tuple[str, ...], str] | None:
+    """A function's metrics better lower that nothing bounds: max_accuracy_drop weighs shares lost, and they are
+    errors in their own units."""
+    for name, up in upstream.items():
+        found = up.unbounded_errors() if isinstance(up, ValidateStage) else None
+        if found is not None:
+            output, errors = found
+            return (f"select.max_accuracy_drop weighs shares lost, and stages.{name}.metrics.{output}.callable "
+                    f"declares {', '.join(errors)} better lower: errors in their own units, which it does not weigh "
+                    f"(a MOS error of 0.33 is no 33% drop) and nothing bounds", ("select", "max_accuracy_drop"),
+                    f"bound them in stages.{name}.tolerances.{output} with {{max: x}}, x in their units (e.g. "
+                    f"{errors[0]}: {{max: 0.1}})")
+    return None
+
+
 def _wiring(spec: ReleaseStage, upstream: Mapping[str, StageBase]) -> tuple[str, tuple[str, ...], str] | None:
     kinds = {up.kind for up in upstream.values()}
     if "build" not in kinds:
@@ -129,6 +145,9 @@ def _wiring(spec: ReleaseStage, upstream: Mapping[str, StageBase]) -> tuple[str,
                         ("select", "max_accuracy_drop"),
                         f"declare them there: callable: {{function: {ref}, higher: [...], lower: [...]}}, or bound "
                         f"them in stages.{name}.tolerances with {{min: x}} / {{max: x}}")
+        unbounded = _unbounded_errors(upstream)
+        if unbounded is not None:
+            return unbounded
     makers = [n for n, up in upstream.items() if up.kind in MODEL_MAKERS] + ["source"]
     unknown = [v for v in spec.select.variants if names.unrepaired(v) not in makers]
     if unknown:

@@ -9,6 +9,8 @@ from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import (
     DETECTION_NAMES,
+    REGRESSION_NAMES,
+    RELATIVE_NAMES,
     BoxDecoding,
     Metrics,
     SampleData,
@@ -22,8 +24,9 @@ Number = int | float  # not float alone: a bound written as an integer stays one
 TaskBound = Annotated[Number | dict[Literal["min", "max"], Number], Field(
     description="a bound on any other metric a declared metric gives (`metrics:`): a number for trtflow's own "
                 "(text_exact, cer, iou, iou_min, iou_class_min, embedding_cosine, embedding_cosine_mean, top<k>, "
-                "det_recall, det_precision, det_iou, det_f1_min), {min: x} (at least) or {max: x} (at most) for "
-                "your function's", examples=[0.95, {"min": 0.9}])]
+                "det_recall, det_precision, det_iou, det_f1_min, decision_agree; a regression's abs_err_max, "
+                "abs_err_mean, sample_err_mean in the output's units, spread_err_max, rel_err_max, rel_err_mean), "
+                "{min: x} (at least) or {max: x} (at most) for your function's", examples=[0.95, {"min": 0.9}])]
 
 
 class OutputTolerance(Strict):
@@ -72,7 +75,10 @@ _EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "m
             "iou_min": "map_iou: {threshold: 0.3}", "iou_class_min": "map_iou: {classes: [1, 2]}",
             "embedding_cosine": "embedding: {pool: mean}",
             "embedding_cosine_mean": "embedding: {pool: mean}",
-            **{n: "detections: {layout: yolov8}" for n in DETECTION_NAMES}}
+            **{n: "detections: {layout: yolov8}" for n in DETECTION_NAMES},
+            **{n: "regression: {within: 0.1}" for n in REGRESSION_NAMES},
+            **{n: "regression: {relative_above: 1.0}" for n in RELATIVE_NAMES},
+            "decision_agree": "decision: {threshold: 0.5}"}
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
 class TextLabels(Strict):
@@ -237,6 +243,18 @@ class ValidateStage(StageBase):
                        for name in tol.model_extra or {} if metric_direction(name) is None]
             if not bounded:
                 return output
+        return None
+
+    def unbounded_errors(self) -> tuple[str, list[str]] | None:
+        """The output (its `metrics:` key) and the names its function returns better lower that no {max: x}
+        tolerance bounds: errors in their own units, which release's max_accuracy_drop does not weigh as a share
+        (0.33 MOS is no 33% drop), so nothing would bound them."""
+        for output, m in self.metrics.items():
+            bounded = {name for key, tol in self.tolerances.items() if key in ("*", output) or output == "*"
+                       for name in tol.model_extra or {}}
+            unbounded = [name for name in (m.callable.lower if m.callable else []) if name not in bounded]
+            if unbounded:
+                return output, unbounded
         return None
 
 

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import default_opset
 from trtflow.stages.ort import qdq
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort.runner import parts, session
 
 PASSES = 2  # the second pass measures each node with the corrections upstream of it applied
 MAX_SAMPLES = 32  # calibration samples the means are taken on (a per-channel mean needs few)
@@ -59,10 +59,14 @@ def corrections(model: Path, pre: Path, feeds: Callable[[], Iterable[Feeds]], wo
         sums: dict[str, np.ndarray] = {}
         count = 0
         for feed in feeds():
-            for name, value in zip(means, sess.run(list(means.values()), feed)):
-                v = np.asarray(value, np.float64)
-                v = np.where(np.isfinite(v), v, 0.0)  # a non-finite sample mean says nothing about the shift
-                sums[name] = sums[name] + v if name in sums else v
+            rows = next(iter(feed.values())).shape[0] if feed else 1
+            # the batch in parts that fit the memory budget, each part's means weighed by its rows
+            for part, values in parts(sess, feed, list(means.values())):
+                share = next(iter(part.values())).shape[0] / rows if len(part) and rows else 1.0
+                for name, value in zip(means, values.values()):
+                    v = np.asarray(value, np.float64) * share
+                    v = np.where(np.isfinite(v), v, 0.0)  # a non-finite sample mean says nothing about the shift
+                    sums[name] = sums[name] + v if name in sums else v
             count += 1
         del sess
         for f in (path, path.with_name(path.name + ".data")):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from trtflow import markdown
 from trtflow.stages.compare import task_metrics
+from trtflow.stages.compare.sample import Sample
 
 REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
 
@@ -40,7 +41,7 @@ class OutputStats:
         self.first_shape: tuple[int, ...] = ()
         self.spread = 0.0
 
-    def add(self, ref: np.ndarray, got: np.ndarray, sample: task_metrics.Sample | None = None) -> None:
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         """One batch of this output; `sample`: what it came from (a task metric may read the inputs or the other
         outputs)."""
         r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
@@ -97,14 +98,16 @@ class OutputStats:
             "max_abs": self.max_abs, "mean_abs": self.sum_abs / max(self.count, 1), "max_rel": self.max_rel,
             "cosine": float(cosine), "nan": self.nan, "inf": self.inf, "reference_nan": self.ref_nan,
             "reference_inf": self.ref_inf, "scale": self.ref_max, **values,
-            **({"task": True} if self.declared else {})})
+            "task": self.declared})
 
 
 class OutputAccuracy(BaseModel):
     """One output's metrics over a comparison's samples: elementwise (errors, cosine, NaN/Inf in the candidate
     and in its reference, `scale`: the largest |reference| value, at least the output's floor) and its task
     metrics' values (`task_values`; `reference_boxes`: how many boxes a detection reference has). `task`: True
-    where task metrics were declared for the output (None: not recorded).
+    where task metrics were declared for the output, False where none was (its task values are the top-1/top-k
+    every (batch, classes) output gets: the release weighs them only where a tolerance bounds them), None: not
+    recorded.
 
     Stored flat, as reports always stored it: the task metrics beside the elementwise ones, and only the fields
     the record has (a report from before `max_rel`, `scale` or the reference's NaN/Inf reads back as written)."""
@@ -214,7 +217,7 @@ class Comparison:
             digest = _feed_digest(feed)
             self._first_feed = self._first_feed or digest
             self._distinct = self._distinct or digest != self._first_feed
-        sample = task_metrics.Sample(feed or {}, ref, got)
+        sample = Sample(feed or {}, ref, got)
         for name, r in ref.items():
             if name not in self.outputs:
                 task = task_metrics.make(task_metrics.declared(self.metrics, name), self.what, name) or None

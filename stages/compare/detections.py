@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from trtflow.errors import StageError
-from trtflow.stages.compare.task_metrics import Sample
+from trtflow.stages.compare.sample import Sample
 
 if TYPE_CHECKING:
     from trtflow.pipelines.schema import BoxDecoding

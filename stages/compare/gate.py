@@ -12,7 +12,7 @@ from trtflow.errors import StageError
 from trtflow.pipelines.schema import higher_is_better, metric_direction
 from trtflow.precisions import Precision
 from trtflow.stages.compare.accuracy import Accuracy
-from trtflow.stages.compare.task_metrics import declared
+from trtflow.stages.compare.task_metrics import constant_topk, declared
 from trtflow.text import did_you_mean, distinct
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (docs/pipeline.md: validate).
@@ -25,15 +25,18 @@ DEFAULTS: dict[Precision, dict[str, float]] = {
 TASK_DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999,
              "det_recall": 0.99, "det_precision": 0.99, "det_iou": 0.98, "pixels_within": 0.999, "ssim": 0.999,
-             "psnr": 50.0},
+             "psnr": 50.0, "decision_agree": 0.99, "spread_err_max": 0.001},
     "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995,
              "det_recall": 0.95, "det_precision": 0.95, "det_iou": 0.95, "pixels_within": 0.99, "ssim": 0.995,
-             "psnr": 40.0},
+             "psnr": 40.0, "decision_agree": 0.98, "spread_err_max": 0.01},
     # an image: 95% of pixel values within one level (8-bit) of FP32's; waifu2x's INT8 moved a third by two or more
     "int8": {"top1": 0.95, "text_exact": 0.9, "cer": 0.02, "iou": 0.9, "embedding_cosine": 0.98,
              "det_recall": 0.9, "det_precision": 0.9, "det_iou": 0.9, "pixels_within": 0.95, "ssim": 0.98,
-             "psnr": 35.0},
+             "psnr": 35.0, "decision_agree": 0.95, "spread_err_max": 0.05},
 }
+# a regression's `within:` (its users' bound, in the output's units) bounds this, in place of the default on the
+# error over the reference's spread
+WITHIN, SPREAD = "abs_err_max", "spread_err_max"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,22 @@ def check_metrics(stage: str, metrics: dict[str, Any], session: Any) -> None:
         if mask is not None and mask not in inputs:
             raise StageError(f"{stage}: metrics.{output}.embedding.mask: the model has no input '{mask}'"
                              f"{did_you_mean(mask, inputs) or '; inputs: ' + ', '.join(inputs)}")
+        if m.topk:
+            _check_topk(stage, output, m.topk, session)
+
+
+def _check_topk(stage: str, output: str, topk: Any, session: Any) -> None:
+    """A declared top-k that cannot fail (k at least the classes along its axis, where the model fixes them),
+    refused before anything runs; a dynamic class axis is checked on the first outputs (TopK.add)."""
+    for o in session.get_outputs():
+        shape = list(o.shape or [])
+        if output not in ("*", o.name) or not -len(shape) <= topk.axis < len(shape):
+            continue
+        classes = shape[topk.axis]
+        refused = constant_topk(topk.k, classes, f"{stage}: metrics.{output}.topk") if isinstance(classes, int) \
+            else None
+        if refused is not None:
+            raise refused
 
 
 def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], metrics: dict[str, Any] | None = None,
@@ -80,6 +99,9 @@ def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], me
     if task:
         names = set().union(*(m.names() for m in mine))
         bounds = {m: (v, higher_is_better(m)) for m, v in TASK_DEFAULTS[precision].items() if m in names}
+        within = _within(output, metrics or {})
+        if within is not None:
+            bounds = {m: b for m, b in bounds.items() if m != SPREAD} | {WITHIN: (within, False)}
     else:
         bounds = {m: (v, True) for m, v in DEFAULTS[precision].items()}
     for key in ("*", output):
@@ -87,6 +109,13 @@ def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], me
         if given is not None:
             bounds.update(given.given())
     return bounds
+
+
+def _within(output: str, metrics: dict[str, Any]) -> float | None:
+    """The regression's `within:` that applies to `output`: its own entry's over '*'."""
+    given = [spec.regression.within for key in ("*", output)
+             if (spec := metrics.get(key)) is not None and spec.regression and spec.regression.within is not None]
+    return given[-1] if given else None
 
 
 def directions(output: str, names: list[str], tolerances: dict[str, Any],
@@ -116,9 +145,19 @@ def judge(result: Accuracy, precision: Precision, tolerances: dict[str, Any], na
 
 def with_directions(result: Accuracy, tolerances: dict[str, Any], metrics: dict[str, Any] | None = None) -> Accuracy:
     """`result` with the direction of each task metric it knows (what `select.max_accuracy_drop` weighs)."""
-    result.directions = {o: directions(o, list(m.task_values), tolerances, metrics)
+    result.directions = {o: directions(o, _declared_names(o, m, tolerances), tolerances, metrics)
                          for o, m in result.outputs.items()}
     return result
+
+
+def _declared_names(output: str, m: Any, tolerances: dict[str, Any]) -> list[str]:
+    """An output's task metrics someone declared: every one where `metrics:` declares some (or the record does not
+    say); else those a tolerance bounds (the top-1 every (batch, classes) output gets is nobody's metric until a
+    tolerance names it: a regressor's three scores have no class)."""
+    if m.task is not False:
+        return list(m.task_values)
+    bounded = {name for key in ("*", output) if (given := tolerances.get(key)) is not None for name in given.given()}
+    return [name for name in m.task_values if name in bounded]
 
 
 def layer_bound(precision: Precision, tolerances: dict[str, Any]) -> float:

@@ -1,42 +1,51 @@
 """Accuracy the way a model's users judge it, per output: classification top-k agreement, the text a CTC
 recognizer decodes, the regions a probability map or a segmentation marks, each sample's embedding, a detector's
-boxes after decoding and NMS, an image's pixels (PSNR, within N levels, SSIM), or the user's own function.
+boxes after decoding and NMS, an image's pixels (PSNR, within N levels, SSIM), a regression's errors in its own
+units, a score's decision at a threshold, or the user's own function.
 
 Each metric folds in one batch at a time (`add(reference, candidate, sample)`: arrays of one output, batch first,
 and the `Sample` they came from: the inputs, and every output of both sides by name) and gives named values
 (`result()`), the names tolerances bound. Every value is a share in [0, 1] or a rate, so a bound reads the same on
-any model (PSNR, in decibels, is the exception image users expect).
+any model, but for PSNR (in decibels, as image users expect) and a regression's errors (in the output's units: a
+MOS error of 0.33 is what its users bound, not a share of anything).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from trtflow.errors import StageError
+from trtflow.stages.compare.sample import Sample
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One comparison step: the inputs fed, and every output of the reference and of the candidate by name (a
-    metric of one output may need the others: a detector's scores and boxes in separate outputs)."""
-    feed: dict[str, np.ndarray]
-    reference: dict[str, np.ndarray]
-    candidate: dict[str, np.ndarray]
+def constant_topk(k: int, classes: int, where: str) -> StageError | None:
+    """The refusal of a declared top-k that agrees whatever the candidate gives (k at least the classes along its
+    axis; `where`: its key path, "validate: metrics.y.topk"), else None."""
+    if k < classes:
+        return None
+    instead = ("a one-class score: declare decision: {threshold: 0.5} (its agreement at a threshold) and "
+               "regression: {} (its error) instead" if classes == 1 else f"give k below {classes}")
+    return StageError(f"{where}.k: {k}, and the output has {classes} class{'es' if classes > 1 else ''} along its "
+                      f"axis: its top-{k} holds every class, so it agrees whatever the candidate gives; {instead}")
 
 
 class TopK:
-    """Share of rows whose reference class (argmax along `axis`) is among the candidate's top `k`, and top-1."""
+    """Share of rows whose reference class (argmax along `axis`) is among the candidate's top `k`, and top-1.
+    `where`: the declaration's key path ("validate: metrics.y.topk"): a declared top-k that cannot fail (k at least
+    the classes) is refused; the one every (batch, classes) output gets undeclared gives top<k> only below k."""
 
-    def __init__(self, k: int = 5, axis: int = -1) -> None:
-        self.k, self.axis = k, axis
-        self.top1 = self.topk = self.rows = 0
+    def __init__(self, k: int = 5, axis: int = -1, where: str | None = None) -> None:
+        self.k, self.axis, self.where = k, axis, where
+        self.top1 = self.topk = self.rows = self.classes = 0
 
     def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
         r = np.moveaxis(ref, self.axis, -1)
         g = np.nan_to_num(np.moveaxis(got, self.axis, -1).astype(np.float64), nan=-np.inf)
-        classes = r.shape[-1]
+        classes = self.classes = r.shape[-1]
+        refused = constant_topk(self.k, classes, self.where) if self.where is not None else None
+        if refused is not None:
+            raise refused
         r, g = r.reshape(-1, classes), g.reshape(-1, classes)
         want = r.argmax(1)
         self.top1 += int((g.argmax(1) == want).sum())
@@ -49,7 +58,7 @@ class TopK:
         if not self.rows:
             return {}
         out = {"top1": self.top1 / self.rows}
-        if self.k != 1:
+        if 1 < self.k < self.classes:
             out[f"top{self.k}"] = self.topk / self.rows
         return out
 
@@ -253,6 +262,75 @@ class ImagePixels:
         return out
 
 
+class Regression:
+    """Values with no class semantics against the reference's, in the output's own units (batch first): the worst
+    element's absolute error (`abs_err_max`, the worst sample's too), the mean over elements (`abs_err_mean`), each
+    sample's worst element averaged over samples (`sample_err_mean`), and the worst error over the reference's
+    spread (`spread_err_max`: its largest value less its smallest over every sample; its largest magnitude where
+    it takes one value). `relative_above`: also |error| / |reference| over the elements whose |reference| is above
+    it (`rel_err_max`, `rel_err_mean`). A non-finite candidate value where the reference's is finite is an
+    infinite error; elements where the reference is not finite are left out (validate reports those apart)."""
+
+    def __init__(self, relative_above: float | None = None) -> None:
+        self.relative_above = relative_above
+        self.worst = self.total = self.sample_total = self.rel_worst = self.rel_total = 0.0
+        self.count = self.samples = self.rel_count = 0
+        self.low, self.high = np.inf, -np.inf
+
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
+        rows = ref.shape[0] if ref.ndim else 1
+        r, g = ref.astype(np.float64).reshape(rows, -1), got.astype(np.float64).reshape(rows, -1)
+        ok = np.isfinite(r)
+        with np.errstate(invalid="ignore"):
+            err = np.abs(r - g)
+        err = np.where(ok, np.where(np.isfinite(err), err, np.inf), 0.0)
+        if not ok.any():
+            return
+        self.worst = max(self.worst, float(err.max()))
+        self.total += float(err.sum())
+        self.count += int(ok.sum())
+        self.sample_total += float(err.max(1).sum())
+        self.samples += rows
+        self.low, self.high = min(self.low, float(r[ok].min())), max(self.high, float(r[ok].max()))
+        if self.relative_above is not None:
+            big = ok & (np.abs(r) > self.relative_above)
+            rel = err[big] / np.abs(r[big])
+            self.rel_worst = max(self.rel_worst, float(rel.max(initial=0.0)))
+            self.rel_total += float(rel.sum())
+            self.rel_count += int(big.sum())
+
+    def result(self) -> dict[str, float]:
+        if not self.count:
+            return {}
+        spread = (self.high - self.low) or max(abs(self.low), abs(self.high))
+        out = {"abs_err_max": self.worst, "abs_err_mean": self.total / self.count,
+               "sample_err_mean": self.sample_total / self.samples,
+               "spread_err_max": self.worst / spread if spread else (0.0 if self.worst == 0 else np.inf)}
+        if self.rel_count:
+            out.update(rel_err_max=self.rel_worst, rel_err_mean=self.rel_total / self.rel_count)
+        return out
+
+
+class Decision:
+    """Scores decided at `threshold` (a one-class Sigmoid, a binary logit, multi-label scores): the share of
+    elements the candidate decides as the reference does, above the threshold or not (`decision_agree`). A
+    non-finite candidate score decides nothing: a disagreement."""
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        self.threshold = threshold
+        self.agree = self.count = 0
+
+    def add(self, ref: np.ndarray, got: np.ndarray, sample: Sample | None = None) -> None:
+        r, g = ref.astype(np.float64).ravel(), got.astype(np.float64).ravel()
+        ok = np.isfinite(r)
+        same = ((r > self.threshold) == (g > self.threshold)) & np.isfinite(g)
+        self.agree += int((same & ok).sum())
+        self.count += int(ok.sum())
+
+    def result(self) -> dict[str, float]:
+        return {"decision_agree": self.agree / self.count} if self.count else {}
+
+
 class UserMetric:
     """The user's `package.module:function(reference, candidate) -> {name: value}`, called per batch; each name's
     mean over batches."""
@@ -291,7 +369,7 @@ def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
     for m in specs:
         where = f"{what}: metrics.{output}"
         if m.topk:
-            made.append(TopK(m.topk.k, m.topk.axis))
+            made.append(TopK(m.topk.k, m.topk.axis, f"{where}.topk"))
         if m.ctc:
             made.append(CTC(m.ctc.blank, m.ctc.axis, m.ctc.batch_axis))
         if m.map_iou:
@@ -304,6 +382,10 @@ def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
         if m.image:
             made.append(ImagePixels(m.image.range[0], m.image.range[1], m.image.layout, m.image.levels,
                                     m.image.within))
+        if m.regression:
+            made.append(Regression(m.regression.relative_above))
+        if m.decision:
+            made.append(Decision(m.decision.threshold))
         if m.callable:
             ref = m.callable.function
             made.append(UserMetric(import_callable(ref, f"{what}: metrics callable", 2), ref))

@@ -20,6 +20,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from trtflow import progress
+from trtflow.stages.ort import memory
+from trtflow.stages.ort.runner import session
 
 HISTOGRAM_BINS = 2048  # TensorRT's
 # below this many values a 2048-bin histogram is too sparse for the KL search to mean anything (a squeeze-excite
@@ -28,6 +30,7 @@ MIN_VALUES_FOR_KL = 16 * HISTOGRAM_BINS
 START_BIN = 128  # the smallest threshold TensorRT considers, in bins
 QUANTIZED_LEVELS = 128  # int8, signed: 0..127 on |x|
 KL_TIE = 1e-12  # divergences closer than this are equal (float rounding of the prefix-sum form)
+COLLECTOR_COPIES = 3  # ONNX Runtime's histogram collector copies a tensor's held samples: asarray, flatten, absolute
 
 Feeds = dict[str, np.ndarray]
 
@@ -118,12 +121,14 @@ class StreamedCalibration:
             (CalibrationMethod.Percentile, {"symmetric": True, "num_bins": HISTOGRAM_BINS})
         self.calibrator = create_calibrator(model, op_types, augmented_model_path=str(work / "augmented.onnx"),
                                             calibrate_method=collector, extra_options=options)
+        # the augmented model run as every stage runs a model (runner.session: its graph known to the budget)
+        self.calibrator.infer_session = session(work / "augmented.onnx")
         self.samples = 0
         self.full_range: list[str] = []  # tensors whose histogram was too sparse for the KL search
 
     def add(self, chunk: list[Feeds]) -> None:
+        """Fold a chunk (of one shape) into the statistics (`samples` counts the samples the caller fed)."""
         self.calibrator.collect_data(_Reader(chunk))
-        self.samples += len(chunk)
 
     def ranges(self, rule: Rule | None = None) -> Any:
         """ONNX Runtime's `TensorsData`: per tensor, the symmetric range [-t, t] and, for histogram methods,
@@ -208,23 +213,77 @@ class _Reader:
 
 def calibrate(model: Path, op_types: list[str], rule: Rule, samples: Iterator[Feeds], total: int, work: Path,
               chunk: int) -> StreamedCalibration:
-    """Collect statistics over `samples` (`total` of them, for the progress reports), `chunk` at a time (samples
-    of one shape per chunk); its `ranges()` are ONNX Runtime's `TensorsData`."""
+    """Collect statistics over `samples` (`total` of them, for the progress reports), at most `chunk` at a time
+    (of one shape per chunk, as many as the memory budget holds: `held`; a sample whose batch does not fit, in parts
+    of it that do: `fitting`); its `ranges()` are ONNX Runtime's `TensorsData`."""
     cal = StreamedCalibration(model, op_types, rule, work)
+    sess = cal.calibrator.infer_session
     batch: list[Feeds] = []
+    most = chunk
     for feed in samples:
-        if batch and _shapes(feed) != _shapes(batch[0]):  # ONNX Runtime stacks a chunk's outputs: one shape each
-            cal.add(batch)
-            batch = []
-        batch.append(feed)
-        if len(batch) == chunk:
-            cal.add(batch)
-            batch = []
-            progress.report("calibrating", cal.samples, total)
+        for part in fitting(sess, feed):
+            # ONNX Runtime stacks a chunk's outputs: one shape each
+            if batch and (len(batch) >= most or _shapes(part) != _shapes(batch[0])):
+                _fold(cal, batch)
+                batch = []
+                progress.report("calibrating", cal.samples, total)
+            if not batch:
+                most = held(sess, part, chunk)
+            batch.append(part)
+        cal.samples += 1
     if batch:
-        cal.add(batch)
+        _fold(cal, batch)
         progress.report("calibrating", cal.samples, total)
     return cal
+
+
+def _fold(cal: StreamedCalibration, batch: list[Feeds]) -> None:
+    """`cal.add(batch)`, noted for the memory budget's record: the run with what the calibrator holds beside it."""
+    graph, budget = memory.graph_of(cal.calibrator.infer_session), memory.room()
+    if graph is not None:
+        e = graph.estimate({k: list(v.shape) for k, v in batch[0].items()})
+        memory.note(graph, e, budget, len(batch) * (e.outputs + COLLECTOR_COPIES * e.largest))
+    cal.add(batch)
+
+
+def _room_for(graph: memory.Graph, shapes: dict[str, list[int]], budget: memory.Room) -> tuple[int, memory.Estimate]:
+    """How many samples of these shapes the calibrator may hold within `budget` beside a run, and their estimate:
+    it holds every calibrated tensor of each, and its histogram copies the largest of them three times over the
+    samples held (np.asarray of the list, flatten, absolute)."""
+    e = graph.estimate(shapes)
+    return int((budget.bytes - e.run) // max(e.outputs + COLLECTOR_COPIES * e.largest, 1)), e
+
+
+def held(sess: Any, feed: Feeds, most: int) -> int:
+    """How many samples of `feed`'s shapes the calibrator may hold before folding them in: at most `most`, as many
+    as fit the memory budget (`_room_for`). A single one that does not fit is refused naming its shape and the
+    estimate (memory.py)."""
+    graph, budget = memory.graph_of(sess), memory.room()
+    if graph is None or budget.bytes is None:
+        return most
+    fit, e = _room_for(graph, {k: list(v.shape) for k, v in feed.items()}, budget)
+    if fit < 1:
+        raise memory.refusal(graph, e, budget, "calibration holds every calibrated tensor of a sample, and one "
+                                               "sample's do not fit")
+    return min(most, fit)
+
+
+def fitting(sess: Any, feed: Feeds) -> Iterator[Feeds]:
+    """`feed` whole where the calibrator can hold it within the memory budget, else in parts of its batch that it
+    can (the statistics of the parts are the statistics of the whole; the histogram's bins, which widen as larger
+    values arrive, may fall apart as they would over more samples)."""
+    graph, budget = memory.graph_of(sess), memory.room()
+    rows = {v.shape[0] if v.ndim else None for v in feed.values()}
+    n = next(iter(rows)) if len(rows) == 1 else None
+    if graph is None or budget.bytes is None or not graph.batched() or not n or n < 2:
+        yield feed
+        return
+    shapes = {k: list(v.shape) for k, v in feed.items()}
+    size = n
+    while size > 1 and _room_for(graph, {k: [size, *s[1:]] for k, s in shapes.items()}, budget)[0] < 1:
+        size = -(-size // 2)
+    for start in range(0, n, size):
+        yield {k: v[start:start + size] for k, v in feed.items()}
 
 
 def _shapes(feed: Feeds) -> dict[str, tuple[int, ...]]:

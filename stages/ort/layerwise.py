@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import subgraphs
+from trtflow.stages.ort import memory
 from trtflow.stages.ort.ranges import expose_all, float_outputs
 from trtflow.stages.ort.runner import session
 
@@ -101,8 +102,13 @@ def _items(feed: dict[str, np.ndarray]) -> Iterable[dict[str, np.ndarray]]:
 
 
 def _run(sess: Any, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """`sess.run` without copying every output: OrtValue.numpy() is a view that keeps the tensor alive."""
+    """`sess.run` without copying every output: OrtValue.numpy() is a view that keeps the tensor alive. One item
+    whose every tensor does not fit the memory budget is refused naming its shape and the estimate (memory.py)."""
     from onnxruntime import OrtValue
+
+    graph = memory.graph_of(sess)
+    if graph is not None:
+        memory.plan(graph, feed)
 
     values = sess.run_with_ort_values(names, {k: OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
                                               for k, v in feed.items()})

@@ -46,7 +46,8 @@ def probe(model: Path, feed: dict[str, np.ndarray], work: Path) -> None:
 
 
 def _main(request: ProbeRequest, folder: Path) -> ProbeResponse:
-    from trtflow.stages.ort.runner import run, session
+    from trtflow.stages.ort.runner import session
+    from trtflow.stages.ort.runner import whole as run  # one run in a process of its own: no budget to plan by
 
     try:
         sess = session(Path(request.model))

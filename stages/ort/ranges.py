@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 
 from trtflow.stages.onnx import model_io
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort import memory
+from trtflow.stages.ort.runner import parts, session
 
 FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
@@ -68,11 +69,16 @@ def magnitudes(model: onnx.ModelProto, work: Path, feeds: Iterable[dict[str, np.
         for name, value in feed.items():
             if np.issubdtype(value.dtype, np.floating) and value.size:
                 seen.add(name, value)
-        values = dict(zip(outs, sess.run(outs, feed)))
-        for name, value in values.items():
-            if np.issubdtype(value.dtype, np.floating) and value.size:
-                seen.add(name, value)
+        held, rows = [], []
+        for part, values in parts(sess, feed, outs):  # every tensor of the model: the batch in parts that fit
+            for name, value in values.items():
+                if np.issubdtype(value.dtype, np.floating) and value.size:
+                    seen.add(name, value)
+            if outputs is not None:
+                held.append({name: values[name] for name in graph_outputs})
+                rows.append(next(iter(part.values())).shape[0])
+            del values
         if outputs is not None:
-            outputs.append((feed, {name: values[name] for name in graph_outputs}))
+            outputs.append((feed, memory.join(held, rows, model.graph.name or "the model")))
     path.unlink()
     return seen

@@ -173,6 +173,8 @@ class SampleSource:
             feed = self.sample(0)
             try:
                 run(sess, feed)
+            except StageError:  # the memory budget's refusal (memory.py): one line naming the shape already
+                raise
             except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
                 raise self.failure(exc) from None
 

@@ -29,6 +29,7 @@ from trtflow.stages.onnx.graph import (
     require_op_types,
 )
 from trtflow.stages.ort import fp16_fallback, simulation
+from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import Magnitudes, magnitudes
 from trtflow.stages.ort.runner import session
@@ -202,11 +203,14 @@ def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, dat
     ref, cand = session(ref_path), session(cand_path)
     worst: dict[str, float] = {}
     for feed in data.feeds(calib[:4]):
-        r = dict(zip(common, ref.run(common, feed)))
-        c = dict(zip(common, cand.run(common, feed)))
+        diff, scale = dict.fromkeys(common, 0.0), dict.fromkeys(common, 0.0)
+        for part, c in ort_runner.parts(cand, feed, common):  # the batch in parts that fit the memory budget (the
+            r = ort_runner.whole(ref, part, common)  # emulation, more tensors than the reference, sizes them)
+            for name in common:
+                a, b = r[name].astype(np.float64), c[name].astype(np.float64)
+                scale[name] = max(scale[name], float(np.abs(a).max(initial=0.0)))
+                diff[name] = max(diff[name], float(np.abs(a - b).max(initial=0.0)))
         for name in common:
-            a, b = r[name].astype(np.float64), c[name].astype(np.float64)
-            scale = float(np.abs(a).max(initial=0.0)) or 1.0
-            worst[name] = max(worst.get(name, 0.0), float(np.abs(a - b).max(initial=0.0)) / scale)
+            worst[name] = max(worst.get(name, 0.0), diff[name] / (scale[name] or 1.0))
     producer = {o: n.name for n in model.graph.node for o in n.output}
     return sorted({producer[t] for t, e in worst.items() if e > limit and producer.get(t) not in blocked})

@@ -116,7 +116,7 @@ def _target_md(t: TargetRelease, fp32: Labelled | None = None) -> list[str]:
     if t.stability:
         lines += ["", f"Selection: {md.text(t.stability)}."]
     if t.precision_order:
-        lines += ["", f"INT8 against FP16: {md.text(t.precision_order)}."]
+        lines += ["", f"Order across precisions: {md.text(t.precision_order)}."]
     if t.contract is not None:
         lines += ["", "### Serving contract", ""] + _contract_md(t)
     return lines + _serving_md(t) + [""]
@@ -340,7 +340,7 @@ def _target_html(t: TargetRelease, fp32: Labelled | None) -> list[str]:
     if t.stability:
         body.append(f'<p data-field="stability">Selection: {_e(t.stability)}.</p>')
     if t.precision_order:
-        body.append(f'<p data-field="precision_order">INT8 against FP16: {_e(t.precision_order)}.</p>')
+        body.append(f'<p data-field="precision_order">Order across precisions: {_e(t.precision_order)}.</p>')
     if t.contract is not None:
         body.append(_contract_html(t))
     return body + _serving_html(t)

@@ -15,6 +15,7 @@ from trtflow.stages.benchmark.report import RunSpread
 from trtflow.stages.compare.labels import Labelled
 from trtflow.stages.onnx.composition import Composition
 from trtflow.stages.prepare.report import OffloadRecord, RewriteRecord
+from trtflow.stages.release.estimate import Estimate
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt.engines import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
@@ -50,6 +51,7 @@ class Option(BaseModel):
     rank: int | None = None  # 1 = shipped; eligible engines ranked by the rule
     labelled: Labelled | None = None  # its accuracy against the data's labels (validate's `labels:`)
     composition: Composition | None = None  # its variant's compute by precision, as TensorRT builds it
+    estimate: Estimate | None = None  # its speed on its target's GPU class, from the composition (not measured)
 
     def cells(self) -> list[str]:
         """Its row in the card's and summary's table, unescaped (the HTML card escapes it; `md_row()` is its
@@ -124,7 +126,7 @@ class TargetRelease(BaseModel):
     previous_version: int | None = None  # that version: the latest one published before this release
     previous: str | None = None  # the engine the previous version shipped, where it is still an option
     stability: str = ""  # why the previous choice was kept, or replaced, and the margin weighed
-    precision_order: str = ""  # what put an INT8 engine above or below an FP16 one (composition, a GPU measurement)
+    precision_order: str = ""  # what ordered engines of different precisions (an estimate, a GPU measurement)
     rolls_back_to: int | None = None  # the earlier version whose engine this new version ships again
     request_example: str = ""  # a Python script (tritonclient) that sends the model a request
     configs: dict[str, str] = {}  # the preprocessing and ensemble models' config.pbtxt, by model name
@@ -184,6 +186,8 @@ class ReleaseReport(BaseModel):
                           ""]
             lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
             lines += [o.md_row() for o in t.options] + [""]
+            if t.precision_order:
+                lines += [f"Order across precisions: {markdown.text(t.precision_order)}", ""]
         if self.numbers_note:
             lines += [markdown.text(self.numbers_note), ""]
         lines += [f"**warning**: {markdown.text(w)}" for w in self.warnings]
@@ -196,7 +200,8 @@ def rule_text(rule: dict[str, Any], name: Callable[[Any], str] = str) -> str:
     if rule.get("max_accuracy_drop") is not None:
         on = ("accuracy against the labels, top-1 or text read exactly, below FP32's" if rule.get("accuracy") ==
               "labels" else "on the metrics pooled over every sample; the worst image's, region's or sample's are "
-                            "held by validate's bounds")
+                            "held by validate's bounds, as are errors in an output's own units (a regression's, a "
+                            "function's better lower), shown as values")
         parts.append(f"max accuracy drop {rule['max_accuracy_drop']:.2%} ({on})")
     for key in ("variants", "profiles"):
         if rule.get(key):

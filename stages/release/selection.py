@@ -17,43 +17,57 @@ from trtflow.stages.release.report import Option
 
 
 def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float]], float | None, str | None]:
-    """Per output, the task metrics validate measured (the cosine where an output has none), and the largest
-    loss against the FP32 reference among them with where it is ("output/metric"): 1 - the value of a metric
-    better higher (an agreement, an IoU: a share), the value of one better lower (an error rate). A metric that
-    did not come out finite lost everything (1). The worst item's metrics (`WORST_CASE`: the worst image's F1,
-    the worst region's IoU, the worst sample's embedding cosine) and PSNR (decibels, not a share) are shown, not
-    weighed: validate's tolerances bound them. `weigh` (select.max_accuracy_drop is set): every other metric must
-    be weighed, so one whose direction nothing declares, or a function's value that is no share in [0, 1], is an
-    error; otherwise such a metric is shown and not weighed."""
+    """Per output, the task metrics declared for it that validate measured (the cosine where an output has none:
+    the top-1/top-k every (batch, classes) output gets is nobody's metric until a tolerance of validate's bounds it,
+    which `acc.directions` records), and the largest loss against the FP32 reference among them with where it is
+    ("output/metric"): 1 - the value of a metric better higher (an agreement, an IoU: a share), the value of one
+    better lower (an error rate). A metric that did not come out finite lost everything (1). What is no share lost
+    (`_a_share`) is shown, not weighed: validate's tolerances bound it. `weigh` (select.max_accuracy_drop is set):
+    every other metric must be weighed, so one whose direction nothing declares, or a function's value better
+    higher that is no share in [0, 1], is an error; otherwise such a metric is shown and not weighed."""
     shown: dict[str, dict[str, float]] = {}
     worst, where = None, None
     for output, metrics in acc.outputs.items():
-        task = {m: float(v) for m, v in metrics.task_values.items() if v is not None}
-        if not task:
-            task = {"cosine": metrics.cosine}
-        shown[output] = task
         known = acc.directions.get(output, {})
+        task = {m: float(v) for m, v in metrics.task_values.items()
+                if v is not None and (metrics.task is not False or m in known)}
+        shown[output] = task = task or {"cosine": metrics.cosine}
         for metric, value in task.items():
-            if metric in WORST_CASE or metric in NOT_A_SHARE:
-                continue
-            direction = known.get(metric, metric_direction(metric))
-            if direction is None:
-                if weigh:
-                    raise StageError(
-                        f"release: select.max_accuracy_drop weighs every metric validate measured, and nothing says "
-                        f"whether '{output}/{metric}' is better higher or lower: declare it in validate's "
-                        f"metrics.{output}.callable ({{function: ..., higher: [{metric}]}} or lower: [{metric}]), "
-                        f"or bound it in validate's tolerances.{output} with {{min: x}} / {{max: x}}")
-                continue
-            if weigh and metric_direction(metric) is None and math.isfinite(value) and not 0.0 <= value <= 1.0:
-                raise StageError(
-                    f"release: select.max_accuracy_drop weighs losses as shares, and your function's metric "
-                    f"'{output}/{metric}' is {value:.4g}, outside [0, 1]: return a share (e.g. 1 - error / scale) "
-                    f"to weigh it, or leave max_accuracy_drop out and bound it in validate's tolerances")
-            drop = (1.0 - value if direction else value) if math.isfinite(value) else 1.0
-            if worst is None or drop > worst:
+            drop = _loss(output, metric, value, known.get(metric, metric_direction(metric)), weigh)
+            if drop is not None and (worst is None or drop > worst):
                 worst, where = drop, f"{output}/{metric}"
     return shown, worst, where
+
+
+def _a_share(metric: str, higher: bool) -> bool:
+    """Whether what `metric` loses is a share the release may weigh: trtflow's metrics pooled over every sample, and
+    a function's metrics better higher (shares, as declared). Not the worst item's (`WORST_CASE`: the worst image's
+    F1 moves in steps of one image), nor decibels or a regression's errors (`NOT_A_SHARE`), nor a function's
+    metrics better lower: errors in the output's units as often as rates (0.33 MOS is no 33% drop), shown as they
+    are and bounded by validate's {max: x}."""
+    if metric in WORST_CASE or metric in NOT_A_SHARE:
+        return False
+    return metric_direction(metric) is not None or higher
+
+
+def _loss(output: str, metric: str, value: float, direction: bool | None, weigh: bool) -> float | None:
+    """The share `metric` lost (None: not weighed); an error where `weigh` and it cannot be weighed."""
+    if direction is None:
+        if weigh and metric not in WORST_CASE and metric not in NOT_A_SHARE:
+            raise StageError(
+                f"release: select.max_accuracy_drop weighs every metric validate measured, and nothing says "
+                f"whether '{output}/{metric}' is better higher or lower: declare it in validate's "
+                f"metrics.{output}.callable ({{function: ..., higher: [{metric}]}} or lower: [{metric}]), "
+                f"or bound it in validate's tolerances.{output} with {{min: x}} / {{max: x}}")
+        return None
+    if not _a_share(metric, direction):
+        return None
+    if weigh and metric_direction(metric) is None and math.isfinite(value) and not 0.0 <= value <= 1.0:
+        raise StageError(
+            f"release: select.max_accuracy_drop weighs losses as shares, and your function's metric "
+            f"'{output}/{metric}' is {value:.4g}, outside [0, 1]: return a share (e.g. 1 - error / scale) "
+            f"to weigh it, or leave max_accuracy_drop out and bound it in validate's tolerances")
+    return (1.0 - value if direction else value) if math.isfinite(value) else 1.0
 
 
 def labelled_drop(candidate: Labelled | None, fp32: Labelled | None) -> tuple[float | None, str | None]:
@@ -118,64 +132,40 @@ def rank(options: list[Option], rule: Select) -> list[Option]:
     return eligible + [o for o in options if o.refused is not None]
 
 
-# how much more of its compute an INT8 engine may do in FP32 than the FP16 engine and still be ranked above it on
-# numbers no GPU measured (points of the MAC share, and of the other ops' share)
-FP32_ALLOWANCE = 0.05
-
-
 def on_gpu(measured_by: str | None) -> bool:
     """Numbers from TensorRT on a GPU (trtexec, or an engine timed with CUDA events), not a CPU stand-in's."""
     return bool(measured_by) and (measured_by.startswith("trtexec") or "CUDA events" in measured_by)
 
 
-def int8_over_fp16(ranked: list[Option], rule: Select) -> tuple[list[Option], str]:
-    """Where the rule ranks by speed, an INT8 engine ranked above the best FP16 engine stays there only when a GPU
-    measured both, or when its composition computes no more in FP32 than the FP16 engine's (its MACs and its other
-    ops, within FP32_ALLOWANCE): TensorRT runs an INT8 variant's unquantized remainder in the precision the ONNX
-    gives it, and an INT8 engine with an FP32 remainder can be slower than FP16 on a GPU, however a CPU stand-in
-    timed it. Others move just below the FP16 engine. Returns the options and what decided ("" when nothing was
-    weighed)."""
-    if rule.prefer == "size":
-        return ranked, ""
+def across_precisions(ranked: list[Option], rule: Select) -> tuple[list[Option], str]:
+    """Where the rule ranks by speed among engines of several precisions, their order across precisions: by the
+    numbers where a GPU measured every one of them, else by each precision's best estimate on the target's GPU
+    class (`estimate.py`). A CPU stand-in runs FP32 fastest and emulates FP16 and INT8, so its numbers keep
+    ordering the engines of one precision only. Returns the options and what decided ("" when nothing was)."""
     eligible = [o for o in ranked if o.refused is None]
-    fp16 = next((o for o in eligible if o.precision == "fp16"), None)
-    if fp16 is None:
+    if rule.prefer == "size" or len({o.precision for o in eligible}) < 2:
         return ranked, ""
-    said, below = [], []
-    for o in eligible[:eligible.index(fp16)]:
-        if o.precision != "int8":
-            continue
-        if on_gpu(o.measured_by) and on_gpu(fp16.measured_by):
-            said.append(f"{o.name} above {fp16.name}: measured on a GPU ({o.measured_by})")
-        elif (why := _composition_against(o, fp16)) is None:
-            said.append(f"{o.name} above {fp16.name}: supported by its composition ({_fp32(o)} in FP32, against "
-                        f"{_fp32(fp16)}); not measured on a GPU")
-        else:
-            below.append(o)
-            said.append(f"{o.name} ranked below {fp16.name}: {why}, and no GPU measured them"
-                        + (f" ({o.measured_by} did)" if o.measured_by else ""))
-    if below:
-        rest = [o for o in ranked if o not in below]
-        at = rest.index(fp16) + 1
-        ranked = _rerank(rest[:at] + below + rest[at:])
-    return ranked, "; ".join(said)
+    if all(on_gpu(o.measured_by) for o in eligible):
+        return ranked, f"by the numbers a GPU measured ({eligible[0].measured_by})"
+    best: dict[str, float] = {}
+    for o in eligible:
+        best[o.precision] = max(best.get(o.precision, 0.0), o.estimate.samples_per_s if o.estimate else 0.0)
+    order = sorted(eligible, key=lambda o: (-best[o.precision], ranked.index(o)))
+    return _rerank(order + [o for o in ranked if o.refused is not None]), _estimated(eligible, best)
 
 
-def _composition_against(int8: Option, fp16: Option) -> str | None:
-    """Why `int8`'s composition does not support ranking it above `fp16` (None: it does)."""
-    a, b = int8.composition, fp16.composition
-    if a is None or b is None:
-        return "the composition of one of them is unknown"
-    if a.mac_share.fp32 > b.mac_share.fp32 + FP32_ALLOWANCE or \
-            a.other_share.fp32 > b.other_share.fp32 + FP32_ALLOWANCE:
-        return f"it computes more in FP32 ({_fp32(int8)}, against {_fp32(fp16)})"
-    return None
-
-
-def _fp32(o: Option) -> str:
-    c = o.composition
-    assert c is not None
-    return f"{c.mac_share.fp32:.0%} of MACs and {c.other_share.fp32:.0%} of other ops"
+def _estimated(eligible: list[Option], best: dict[str, float]) -> str:
+    """The line saying the order across precisions is an estimate, of what, and what would confirm it."""
+    gpu = next((o.estimate.gpu for o in eligible if o.estimate), None)
+    ranked = sorted(best, key=lambda p: -best[p])
+    rates = ", ".join(f"{p.upper()} ~{best[p]:,.0f}/s" if best[p] else f"{p.upper()} unknown (no composition)"
+                      for p in ranked)
+    stand_in = next((o.measured_by for o in eligible if o.measured_by and not on_gpu(o.measured_by)), None)
+    within = f"; {stand_in}'s numbers order the engines of one precision" if stand_in else ""
+    return (f"estimated, not measured: {rates} on {gpu or 'its GPU class'} (compute "
+            f"and memory time of each variant's composition at the class's peak rates){within}; a benchmark on "
+            f"such a GPU (the pipeline's benchmark stage run there: trtflow run <pipeline> --stage <benchmark>) "
+            f"replaces the estimate")
 
 
 def _rerank(order: list[Option]) -> list[Option]:
@@ -202,6 +192,8 @@ def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> t
     if prev.refused is not None:
         return ranked, f"the previous version's engine {previous} may not ship now: {prev.refused}"
     best = ranked[0]
+    if best.precision != prev.precision and not (on_gpu(best.measured_by) and on_gpu(prev.measured_by)):
+        return _estimated_challenge(ranked, best, prev, rule)
     runs = [o.run_spread.runs if o.run_spread is not None else 1 for o in (best, prev)]
     medians = [None if o.run_spread is None else
                o.run_spread.median_samples_per_s if prefer == "throughput" else o.run_spread.median_p99_ms
@@ -222,6 +214,19 @@ def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> t
                       f"margin {how}; it replaces the shipped engine once the median of {rule.min_runs} runs of "
                       f"both on this machine says so (now {runs[0]} and {runs[1]}; select.min_runs)")
     return kept, f"{previous} kept: {best.name} is {gain:.1%} better on {on}, within the margin {how}"
+
+
+def _estimated_challenge(ranked: list[Option], best: Option, prev: Option, rule: Select) -> tuple[list[Option], str]:
+    """An engine of another precision than the shipped one, ranked first by the estimate: it replaces the shipped
+    engine when its estimate is better by more than select.min_gain (an estimate does not move between runs)."""
+    new, old = (o.estimate.samples_per_s if o.estimate else 0.0 for o in (best, prev))
+    gain = new / old - 1 if old else 0.0
+    if gain > rule.min_gain:
+        return ranked, (f"{best.name} replaces {prev.name}: {gain:.1%} faster by the estimate on its GPU class, "
+                        f"more than select.min_gain {rule.min_gain:.1%} (no GPU measured both)")
+    kept = _rerank([prev] + [o for o in ranked if o is not prev])
+    return kept, (f"{prev.name} kept: {best.name} is {gain:.1%} faster by the estimate, within select.min_gain "
+                  f"{rule.min_gain:.1%} (no GPU measured both)")
 
 
 def _margin(best: Option, prev: Option, rule: Select) -> tuple[float, str]:

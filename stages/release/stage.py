@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtflow import files, names
 from trtflow.artifact import Artifact, Claim, Inputs, StageResult
@@ -21,7 +22,7 @@ from trtflow.stages.onnx.split import read_chain
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.prepare.report import OffloadRecord, PrepareReport, RewriteRecord
-from trtflow.stages.release import card, selection
+from trtflow.stages.release import card, estimate, selection
 from trtflow.stages.release.report import Option, ParitySummary, ReleaseReport, ShippedPlugin, TargetRelease, ValidFor
 from trtflow.stages.release.triton import chain as triton_chain
 from trtflow.stages.release.triton import client_example, contract, versions
@@ -32,10 +33,15 @@ from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engines import Engine, built_engines
 from trtflow.stages.validate.report import ValidateReport
 
-VERSION = "5"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
+if TYPE_CHECKING:
+    from trtflow.stages.ort.samples import SampleSource
+
+VERSION = "6"  # 2: select.max_accuracy_drop weighs every task metric (a function's by its declared direction); 3: the
 # shipped engine's accuracy per profile shape on the card; a target whose previous version's variant was lost is held;
 # 4: the card's request example is also a file beside it (request-<target>.py), and waits for the model to be ready;
-# 5: only contract-compatible engines compete, a margin across runs, rollbacks refused or said
+# 5: only contract-compatible engines compete, a margin across runs, rollbacks refused or said; 6: the warmup is made
+# at each profile's opt shape as validate makes its batches, integer inputs never Triton's random data; and
+# max_accuracy_drop weighs declared metrics only, no error in an output's units (a regression's, a function's lower)
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
 REPORT = ReleaseReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 EVENTS = versions.announce  # the Prefect events the flow sends after a stage of it ran: each new version
@@ -108,7 +114,7 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     if published is not None and published.contract is not None and params.select.contract == "fixed":
         _keep_contract(job, found, options, published)
     options = selection.rank(options, params.select)
-    options, precision_order = selection.int8_over_fp16(options, params.select)
+    options, precision_order = selection.across_precisions(options, params.select)
     held = _held(published, options, job.verdict, params) if published is not None else None
     if held is not None:
         return (TargetRelease(target=target, chosen=None, options=options, held=held, version=published.version,
@@ -137,7 +143,7 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
         return release, [], ([], [])
     eng = next(e for e in found if e.cell.name == chosen.name)
     warnings = _repository(release, eng, params, job.model_name, job.out_dir, job.steps,
-                           _warmup_sample(params, job.inputs, eng), ledger)
+                           _warmup_source(params, job.inputs, eng), ledger)
     warnings += ship_plugins(release, job.plugins, job.out_dir)
     release.environment = _environment(eng)
     if eng.cell.backend.flavour == "tensorrt-rtx":
@@ -162,8 +168,10 @@ def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> Re
         lineage=list(job.inputs.lineage), warnings=warnings, preprocessing=job.steps, parity=_parity(job.inputs),
         labelled=job.verdict.labelled if job.verdict is not None else None, rewrites=_rewrites(job.inputs),
         offload=_offload(job.inputs),
-        numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ": the ranking of engines "
-                      "on a GPU may differ." if any(NOT_TENSORRT in n for n in numbers) else ""))
+        numbers_note=("Latency and throughput were measured by " + "; ".join(numbers) + ", not on the target GPU: "
+                      "they order engines of one precision only, and engines of different precisions are ordered "
+                      "by an estimate (each target's order across precisions)"
+                      if any(NOT_TENSORRT in n for n in numbers) else ""))
 
 
 def _metrics(job: _Job, released: list[TargetRelease]) -> dict:
@@ -315,8 +323,16 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     # validate counted it at the same shapes (its profile's opt point); counted here for engines it did not check
     option.composition = result.composition if result is not None and result.composition else \
         None if eng.chain else _composition(eng)
+    option.estimate = _estimate(eng, option.composition) if option.composition is not None else None
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
+
+
+def _estimate(eng: Engine, made: Composition) -> estimate.Estimate:
+    """The engine's speed on its target's GPU class (a target named sm86, or the GPU a native build ran on)."""
+    env = eng.built.environment
+    gpu, said = estimate.gpu_class(eng.cell.target, [g.compute_capability for g in (env.gpu or [])] if env else [])
+    return estimate.estimate(made, gpu, said)
 
 
 def _composition(eng: Engine) -> Composition:
@@ -372,21 +388,22 @@ def _higher_precision(inputs: Inputs) -> dict[str, tuple[int, int | None]]:
 
 # ---------------------------------------------------------------------------------------------- Triton
 
-def _warmup_sample(params: ReleaseStage, inputs: Inputs, eng: Engine) -> dict | None:
-    """The first of the release's samples for the engine's model (validation images or tensors), for Triton's
-    warmup; None where they are random (Triton makes its own)."""
-    if not params.triton.warmup or params.data.random or eng.chain:  # a chain's pieces warm up on their own
+def _warmup_source(params: ReleaseStage, inputs: Inputs, eng: Engine) -> SampleSource | None:
+    """The release's samples for the engine's model (validation images or tensors, or seeded random data), which
+    Triton's warmup is made from at each profile's opt shape as validate makes its batches (`add_warmup`). None
+    without warmup, or for a chain: its pieces' configs have no warmup (a later piece's inputs are an earlier one's
+    outputs), so nothing random reaches them."""
+    if not params.triton.warmup or eng.chain:
         return None
     from trtflow.stages.onnx.model_io import load
     from trtflow.stages.ort import runner as ort_runner
     from trtflow.stages.ort.samples import SampleSource
     model = load(eng.own_variant or Path(eng.cell.model), with_data=False)
-    source = SampleSource(params.data, inputs, ort_runner.model_inputs(model), "release", model)
-    return source.sample(0) if len(source) else None
+    return SampleSource(params.data, inputs, ort_runner.model_inputs(model), "release", model)
 
 
 def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model_name: str, out_dir: Path,
-                steps: list[dict] | None, sample: dict | None, ledger: versions.Ledger) -> list[str]:
+                steps: list[dict] | None, source: SampleSource | None, ledger: versions.Ledger) -> list[str]:
     """`triton/<target>/<model>/config.pbtxt` and `<version>/model.plan` (and, asked for, the preprocessing and
     ensemble models); the config is written, read back with Triton's schema and checked against the engine: a
     config Triton would refuse fails the stage here. The serving contract is compared with the latest published
@@ -401,7 +418,7 @@ def _repository(release: TargetRelease, eng: Engine, params: ReleaseStage, model
         config = triton_config.make(model_name, eng, params.triton)
     except triton_config.ConfigError as exc:
         raise StageError(f"release: {exc}") from None
-    notes = triton_config.add_warmup(config, eng.cell.profiles, sample, model_dir) if params.triton.warmup else []
+    notes = triton_config.add_warmup(config, eng.cell.profiles, source, model_dir) if params.triton.warmup else []
     text = triton_config.to_text(config)
     try:
         parsed = triton_config.parse(text)

@@ -31,7 +31,7 @@ from trtflow.stages.compare.plots import error_histograms, layer_drift
 from trtflow.stages.onnx import model_io, offload
 from trtflow.stages.onnx.composition import Composition, composition
 from trtflow.stages.onnx.split import ChainSession
-from trtflow.stages.ort import layerwise, qdq, simulation
+from trtflow.stages.ort import layerwise, memory, qdq, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
@@ -42,7 +42,7 @@ from trtflow.stages.validate.repair import Repair
 from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
 from trtflow.text import did_you_mean
 
-VERSION = "9"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
+VERSION = "10"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
 # on the samples whose outputs are off the most. 4: repair grows by doubling, then bisects; INT8 rebuilt from the
 # variant's recipe; RMS error per node. 5: task metrics; a failing candidate fails the stage unless its repaired
 # engine (built here) passes; a repair past repair_max_giveback is none; negligible errors on an output's scale.
@@ -51,6 +51,8 @@ VERSION = "9"  # 2: layerwise statistics from the squared difference (exact 1 - 
 # 8: the graph measured named; a reference that does not vary with its input warned of; first node past its bound
 # and largest drift apart; masks and sentinels apart from FP16 overflow. 9: the candidate's total accuracy (what the
 # report keeps) carries its metrics' directions too (issue #51, item 1: a release weighing a function's metric failed)
+# 10: regression and decision metrics; a declared top-k that cannot fail refused; an output records that it has no
+# declared task metric (task: false: release weighs its cosine, not the top-1 every (batch, classes) output gets)
 REPORT = ValidateReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
@@ -284,8 +286,9 @@ def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], di
     if cand.chain is not None:  # offloaded: its pieces run one after another, what crosses each cut handed on
         chain = offload.cut(sim.file(job.work, cand.variant), job.work / f"{cand.variant}.chain")
         assert chain is not None
-        pieces = ChainSession(chain)
-        return (f"{label}, as its chain of {len(chain.pieces)} pieces", lambda f, p: pieces.run(f),
+        pieces, whole = ChainSession(chain), memory.Graph.of(sim.model)  # the chain's batch sized as the whole's
+        return (f"{label}, as its chain of {len(chain.pieces)} pieces",
+                lambda f, p: memory.chunked(pieces.run, f, whole),
                 why or "an offloaded chain's TensorRT pieces are not run by validate yet: it runs the chain on "
                        "ONNX Runtime", sim_model)
     sess = sim.session(job.work, cand.variant)

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import TritonSpec
 from trtflow.stages.trt.engines import Engine, Profile
+
+if TYPE_CHECKING:
+    from trtflow.stages.ort.samples import SampleSource
 
 PLAN_FILE = "model.plan"
 PLATFORM = "tensorrt_plan"
@@ -281,41 +284,148 @@ def to_text(config: Any) -> str:
     return text_format.MessageToString(config)
 
 
-def add_warmup(config: Any, profiles: list[Profile], sample: dict[str, np.ndarray] | None,
-               model_dir: Path) -> list[str]:
+def add_warmup(config: Any, profiles: list[Profile], source: SampleSource | None, model_dir: Path) -> list[str]:
     """`config.model_warmup`: one request per optimization profile at its opt shape, run by Triton before the model
     is ready (the first real request would otherwise pay for CUDA graphs, tactics and memory). The data is the
-    release's own samples (the validation images or tensors, `data:`), one sample per input written raw under
-    `model_dir/warmup/`, which Triton duplicates up to the request's batch size; where no sample has the opt shape
-    (or the samples are random), Triton's `random_data` instead. File names are numbers (profile, input): a tensor
-    name never becomes a path. Returns a note per input warmed with random data although samples were given."""
-    pb = model_config_pb2()
+    release's own (`data:`) made into the opt shape as validate makes its batches (`SampleSource.at`: files cut or
+    padded, `data.pad` honoured; random data drawn within `data.ranges` or the table an input indexes), the batch's
+    first row per input written raw under `model_dir/warmup/`, which Triton duplicates up to the request's batch
+    size. Integer and boolean inputs never get Triton's `random_data` (random ids far outside a vocabulary, fed to
+    an embedding's gather at load): a random one nothing bounds is zeros, and where the data cannot make a shape
+    the values are drawn from the range the data holds. Float inputs of random data get Triton's random data.
+    File names are numbers (profile, input): a tensor name never becomes a path. Returns the warnings: per profile,
+    the inputs the data had to be padded or cropped into its opt shape, or could not make; random integers, once."""
     batched = config.max_batch_size > 0
     notes: list[str] = []
+    random_ints: dict[str, str] = {}  # random data: integer input -> where its values come from
     for pi, prof in enumerate(profiles or [Profile(name="default", shapes={})]):
         warm = config.model_warmup.add(name=f"opt-{prof.name}", batch_size=1)
+        opts = {t.name: _opt(t, prof, batched) for t in config.input}
+        if batched:
+            warm.batch_size = max([1] + [min(o[0], config.max_batch_size) for o in opts.values()])
+        made = _Made.at(source, opts, config)
         for ii, tensor in enumerate(config.input):
-            rng = prof.shapes.get(tensor.name)
-            opt = list(rng[1]) if rng is not None else ([1] if batched else []) + [max(d, 1) for d in tensor.dims]
-            if batched:
-                warm.batch_size = max(warm.batch_size, min(opt[0], config.max_batch_size))
-            dims = list(tensor.dims) if tensor.HasField("reshape") else (opt[1:] if batched else opt)
             item = warm.inputs[tensor.name]
             item.data_type = tensor.data_type
-            item.dims.extend(dims)
-            data = _one(sample, tensor.name, dims, batched)
-            dtype = NUMPY.get(pb.DataType.Name(tensor.data_type))
-            if data is None or dtype is None:
+            item.dims.extend(_warm_dims(tensor, opts[tensor.name], batched))
+            data = made.value(tensor, batched)
+            if data is None:
                 item.random_data = True
-                if sample is not None:
-                    notes.append(f"warmup of profile '{prof.name}': no sample of input '{tensor.name}' has its opt "
-                                 f"shape {opt}: Triton's random data instead")
                 continue
             (model_dir / "warmup").mkdir(exist_ok=True)
-            name = f"{pi}-{ii}.bin"
-            (model_dir / "warmup" / name).write_bytes(np.ascontiguousarray(data, dtype=dtype).tobytes())
-            item.input_data_file = name
+            item.input_data_file = f"{pi}-{ii}.bin"
+            (model_dir / "warmup" / item.input_data_file).write_bytes(np.ascontiguousarray(data).tobytes())
+        notes += made.warnings(prof.name)
+        random_ints.update(made.random_ints)
+    if random_ints:
+        notes.append("warmup: the release's data is random: integer input(s) " + "; ".join(
+            f"'{n}' {how}" for n, how in random_ints.items()) + ", never Triton's random data (give data.tensors, "
+            "or declare data.ranges, for realistic values)")
     return notes
+
+
+def _opt(tensor: Any, prof: Profile, batched: bool) -> list[int]:
+    """The engine's shape of an input at the profile's opt (its batch dimension included)."""
+    rng = prof.shapes.get(tensor.name)
+    return list(rng[1]) if rng is not None else ([1] if batched else []) + [max(d, 1) for d in tensor.dims]
+
+
+def _warm_dims(tensor: Any, opt: list[int], batched: bool) -> list[int]:
+    """An input's dims in the warmup request: the config's where Triton reshapes it, else the opt shape without
+    the batch dimension."""
+    return list(tensor.dims) if tensor.HasField("reshape") else (opt[1:] if batched else opt)
+
+
+@dataclass
+class _Made:
+    """One profile's warmup data: the release's samples made at its opt shapes (None where there are none or none
+    is needed), and what making them did, for the warnings."""
+    source: SampleSource | None
+    opts: dict[str, list[int]]
+    feeds: dict[str, np.ndarray] | None = None
+    reshaped: dict[str, list[str]] = field(default_factory=dict)  # input -> how its files were cut or padded
+    cannot: dict[str, str] = field(default_factory=dict)  # input -> its shape and the values drawn instead
+    random_ints: dict[str, str] = field(default_factory=dict)  # input -> the range of its random values
+
+    @property
+    def random(self) -> bool:
+        return self.source is None or not self.source.from_files
+
+    @classmethod
+    def at(cls, source: SampleSource | None, opts: dict[str, list[int]], config: Any) -> "_Made":
+        made = cls(source, opts)
+        if source is None or not len(source) or made.random and not any(made.drawn_here(t) for t in config.input):
+            return made  # no data, or random floats only (Triton's random data is as good)
+        shaped = source.at(opts)
+        made.feeds = shaped.sample(0)
+        for (name, axis, how), (was, now) in sorted(shaped.target.notes.made.items() if shaped.target else []):
+            start = f"{min(was)}" if len(was) == 1 else f"{min(was)}..{max(was)}"
+            made.reshaped.setdefault(name, []).append(f"{how} along dim {axis} from {start} to {now}")
+        return made
+
+    def drawn_here(self, tensor: Any) -> bool:
+        """Whether random data's input is drawn here rather than by Triton: every integer or boolean input, and a
+        float input whose range `data.ranges` declares."""
+        dtype = _numpy(tensor)
+        declared = self.source is not None and tensor.name in self.source.data.ranges
+        return dtype is not None and (np.dtype(dtype).kind != "f" or declared)
+
+    def value(self, tensor: Any, batched: bool) -> np.ndarray | None:
+        """An input's warmup tensor (one batch row where batched), or None for Triton's random data: a float input
+        of random data whose range is not declared, or a type numpy has not (BF16)."""
+        dtype = _numpy(tensor)
+        if dtype is None or self.random and not self.drawn_here(tensor):
+            return None
+        dims = _warm_dims(tensor, self.opts[tensor.name], batched)
+        if self.random:
+            return self._random(tensor.name, dims, dtype, batched)
+        data = _one(self.feeds, tensor.name, dims, batched)
+        return data.astype(dtype) if data is not None else self._drawn(tensor.name, dims, dtype)
+
+    def _random(self, name: str, dims: list[int], dtype: str, batched: bool) -> np.ndarray:
+        """Random data's input drawn here: the random sample's values where a range bounds them (declared in
+        `data.ranges`, or the rows of the table an integer input indexes) or they are booleans, else zeros."""
+        bounds = self.source.ranges.get(name) if self.source is not None else None
+        kind = np.dtype(dtype).kind
+        data = _one(self.feeds, name, dims, batched) if bounds is not None or kind == "b" else None
+        if data is None:
+            self.random_ints[name] = "zeros (nothing bounds its values)"
+            return np.zeros(dims, dtype)
+        assert self.source is not None
+        if kind == "b":
+            self.random_ints[name] = "random 0 or 1"
+        elif kind != "f":  # a float input in its declared range needs no word
+            self.random_ints[name] = f"within [{bounds[0]:g}, {bounds[1]:g}] (" + (
+                "data.ranges" if name in self.source.data.ranges else "the rows of the table it indexes") + ")"
+        return data.astype(dtype)
+
+    def _drawn(self, name: str, dims: list[int], dtype: str) -> np.ndarray:
+        """An input whose data cannot be made its warmup shape: values drawn from the range its data holds (zeros
+        without data)."""
+        seen = self.feeds.get(name) if self.feeds is not None else None
+        if seen is None or not seen.size:
+            self.cannot[name] = f"'{name}' {self.opts[name]} (no sample of it): zeros"
+            return np.zeros(dims, dtype)
+        lo, hi = float(seen.min()), float(seen.max())
+        self.cannot[name] = f"'{name}' {self.opts[name]}: values drawn from the range its data holds ({lo:g}..{hi:g})"
+        rng = np.random.default_rng(0)
+        drawn = rng.uniform(lo, hi, dims) if np.dtype(dtype).kind == "f" else rng.integers(int(lo), int(hi) + 1, dims)
+        return drawn.astype(dtype)
+
+    def warnings(self, profile: str) -> list[str]:
+        out = []
+        if self.reshaped:
+            out.append(f"warmup of profile '{profile}': no sample has its opt shape, so it is made as validate makes "
+                       f"its batches: " + "; ".join(f"'{n}' {self.opts.get(n)} " + ", ".join(how)
+                                                    for n, how in self.reshaped.items()))
+        if self.cannot:
+            out.append(f"warmup of profile '{profile}': the data cannot make " + "; ".join(self.cannot.values()))
+        return out
+
+
+def _numpy(tensor: Any) -> str | None:
+    """numpy's name of a config tensor's data type (None where numpy has none)."""
+    return NUMPY.get(model_config_pb2().DataType.Name(tensor.data_type))
 
 
 def _one(sample: dict[str, np.ndarray] | None, name: str, dims: list[int], batched: bool) -> np.ndarray | None:
