@@ -17,6 +17,10 @@ TENSORRT = find_tensorrt()
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "tensorrt: needs a TensorRT flavour (pip install tensorrt-rtx-cu13)")
+    # the fast tier (`-m "not slow"`) leaves out every test that took 2 s or more, its fixtures included (whole
+    # pipelines, servers, real Triton, the browser, TensorRT builds): a new test that takes that long is marked so
+    config.addinivalue_line("markers", "slow: takes 2 s or more (a pipeline run, a server, a build): out of the "
+                                       "fast tier, pytest -m 'not slow'")
     _cache_bytecode()
     _teardown_on_sigterm()
     _start_prefect_server(config)

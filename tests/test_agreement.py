@@ -54,6 +54,7 @@ def _scenes(folder: Path, n: int, strokes: bool, seed: int) -> list[Artifact]:
     return out
 
 
+@pytest.mark.slow
 def test_calibrate_preflight_and_validate_agree_on_the_same_samples(tmp_path):
     """The PP-OCRv4 detector's case, planted: calibrated and held out on scenes without text, where the map is
     sigmoid(-12) everywhere, the pre-flight passed its INT8 variant quietly while validate, on scenes with text,

@@ -114,6 +114,7 @@ def _plant(models, location: str):
     return models / "ext.onnx"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["plan", "run"])
 @pytest.mark.parametrize("location", EXTERNAL)
 def test_external_data_is_read_only_inside_the_models_directory(write_yaml, workdir, capsys, location, command):
@@ -124,6 +125,7 @@ def test_external_data_is_read_only_inside_the_models_directory(write_yaml, work
     assert line.startswith(f"error: {model}: tensor 'w' keeps its data in '{location}', {EXTERNAL[location]}"), line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("location", EXTERNAL)
 def test_init_refuses_external_data_outside_the_models_directory_reading_none(workdir, location):
     """`trtflow init` on the model: exit 2, one line naming the model, the tensor and the location, and what to do;

@@ -38,6 +38,7 @@ def test_the_sandwich_puts_the_bare_model_between_a_relu_and_a_sigmoid():
     assert {o.type.tensor_type.elem_type for o in made.graph.output} == {onnx.TensorProto.FLOAT}
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_the_case_runner_reports_the_rule_its_difference_and_the_reason(tmp_path):
     bench = load_bench("unsupported_ops")

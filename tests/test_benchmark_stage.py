@@ -37,6 +37,7 @@ def report_of(workdir) -> dict:
     return last_report(workdir / ".trtflow", "benchmark")
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_the_harness_times_every_engine_and_names_its_runtime(write_yaml, workdir, monkeypatch):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no trtexec
@@ -62,6 +63,7 @@ def test_the_harness_times_every_engine_and_names_its_runtime(write_yaml, workdi
     assert "not a TensorRT number" in (directory / "summary.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_the_gate_fails_on_a_planted_regression_and_skips_other_machines(write_yaml, workdir):
     path = write_yaml(PIPE)
@@ -95,6 +97,7 @@ def test_the_gate_fails_on_a_planted_regression_and_skips_other_machines(write_y
         "prepare.lines.native.max: the baseline was measured elsewhere (host differ)"]
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_baseline_previous_is_the_last_accepted_run(write_yaml, workdir):
     path = write_yaml(PIPE + "    gate: {baseline: previous, throughput_regression: 95%}\n")
@@ -120,6 +123,7 @@ def test_no_trtexec_when_it_is_required_is_one_line(write_yaml, workdir, tmp_pat
                                "give its path as 'trtexec:' or use tool: auto for the built-in harness")
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_an_engine_this_machine_cannot_run_is_not_given_to_trtexec(write_yaml, workdir, tmp_path):
     stub = tmp_path / "trtexec"
@@ -179,6 +183,7 @@ def stand_in_setup(monkeypatch):
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path, stand_in_setup):
     stub = _stand_in(tmp_path, stand_in_setup, "hackathon-trt10.16.1-onnx-default.log")
@@ -197,6 +202,7 @@ def test_the_trtexec_path_with_a_stand_in(write_yaml, workdir, tmp_path, stand_i
     assert "--separateProfileRun" in call and "--percentile=90,95,99" in call and call[-1] == "--useSpinWait"
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_trtexec_failing_is_one_line_quoting_its_error(write_yaml, workdir, tmp_path, stand_in_setup):
     stub = _stand_in(tmp_path, stand_in_setup, "trt861_yolov8s_wrong_shape_failed.log", code=1)
@@ -208,6 +214,7 @@ def test_trtexec_failing_is_one_line_quoting_its_error(write_yaml, workdir, tmp_
                               "performance summary") and "trtexec says 'Error[3]: " in message and "\n" not in message
 
 
+@pytest.mark.slow
 def test_the_harness_feeds_valid_inputs_and_a_failing_cell_fails_alone(tmp_path):
     """A BERT-style embedding table: random integers reached past its two rows in every cell (`idx=6 must be
     within the inclusive range [-2,1]`); the harness now keeps them within the table, or within `data.ranges`.
@@ -263,6 +270,7 @@ def test_a_harness_process_that_dies_is_one_failed_cell(tmp_path, monkeypatch):
     assert result.to_json()["note"] == result.error
 
 
+@pytest.mark.slow
 def test_min_iterations_overruling_duration_is_said_before_and_after(tmp_path, monkeypatch):
     """`duration: 1s` took 117.8 s on ViT-B/16 (20 min_iterations of ~1.7 s on the CPU harness), and nothing said
     why. Now the estimate is on the status line before the timed runs, when it is long (LONG_S, lowered here), and

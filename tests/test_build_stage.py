@@ -52,6 +52,7 @@ def variants(tmp_path_factory) -> list[Artifact]:
     return [fp32, Artifact(fp16, "onnx", "b", "fp16"), Artifact(int8, "onnx", "c", "int8")]
 
 
+@pytest.mark.slow
 def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants, tensorrt_backend):
     result = run_build(variants, tmp_path / "out", profiles=PROFILES)
     report = json.loads(result.outputs["report"].read_text())
@@ -73,6 +74,7 @@ def test_full_matrix_with_two_dynamic_profiles(tmp_path, variants, tensorrt_back
     assert "6/6 engines" in result.summary
 
 
+@pytest.mark.slow
 def test_combined_profiles_and_targets(tmp_path, variants):
     result = run_build(variants[:1], tmp_path / "out", profiles=PROFILES, profile_mode="combined",
                        targets=["sm86", "sm120"])
@@ -127,6 +129,7 @@ def test_ppocr_dynamic_height_and_width(tmp_path):
     assert json.loads(result.outputs["report"].read_text())["cells"][0]["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_options_the_backend_lacks(tmp_path, variants, monkeypatch, tensorrt_backend):
     if tensorrt_backend.flavour == "tensorrt-rtx":
         with pytest.raises(StageError, match=r"legacy_precision \(fp16\) needs TensorRT 10's builder flags"):
@@ -139,6 +142,7 @@ def test_options_the_backend_lacks(tmp_path, variants, monkeypatch, tensorrt_bac
         run_build(variants[:1], tmp_path / "c", profiles=PROFILES)
 
 
+@pytest.mark.slow
 def test_builder_options_and_timing_cache(tmp_path, variants):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -159,6 +163,7 @@ def test_strip_plan_without_a_gpu_fails_the_cell_not_the_pipeline(tmp_path, vari
         run_build(variants[:1], tmp_path / "out", profiles={"bs1": PROFILES["bs1"]}, strip_plan=True)
 
 
+@pytest.mark.slow
 def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend):
     """PP-OCR's classifier (small convs): TensorRT-RTX's INT8 engine is larger than its FP32 engine. The warning
     names the causes that apply: every engine carries its JIT kernels' CUDA source, INT8 adds an epilogue kernel
@@ -204,6 +209,7 @@ def test_an_int8_engine_larger_than_fp32_is_not_quiet(tmp_path, tensorrt_backend
     assert "depthwise" not in warning, "with a dynamic dimension, no zeros are stored"
 
 
+@pytest.mark.slow
 def test_a_changed_variant_rebuilds_only_its_own_engines(tmp_path, variants):
     """The stage's key covers all its models, so a new FP16 block list gave a new build stage result; with the
     engine cache (keyed per cell: model digest, profiles, target, TensorRT, options, GPU) the FP32 and INT8

@@ -37,6 +37,7 @@ def assert_trt_ready(model: Path, shape: dict[str, list[int]], build_dir: Path, 
         assert engine_size(model, shape, build_dir) > 100_000
 
 
+@pytest.mark.slow
 def test_real_photos_through_the_parity_preprocessing(tmp_path, tensorrt_available, engine_size):
     pre = preprocess.save(preprocess.canonical(IMAGENET), tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
@@ -57,6 +58,7 @@ def test_real_photos_through_the_parity_preprocessing(tmp_path, tensorrt_availab
     assert name in ranges and 0 < scale < 10
 
 
+@pytest.mark.slow
 def test_prepared_ppocr_with_random_data_builds(tmp_path, tensorrt_available, engine_size):
     from onnx import version_converter
 
@@ -86,6 +88,7 @@ def _tensors(tmp_path: Path, n: int, shape=(1, 3, 224, 224)) -> list[Artifact]:
     return arts
 
 
+@pytest.mark.slow
 def test_bad_input(tmp_path):
     tensors = {"tensors": _tensors(tmp_path, 4)}
     data = {"tensors": "*.npy", "samples": 100}
@@ -114,6 +117,7 @@ def test_nothing_to_quantize(tmp_path):
         run_calibrate(model, tmp_path / "out", data={"random": True})
 
 
+@pytest.mark.slow
 def test_ranges_are_reused_until_the_data_changes(write_yaml, workdir):
     from trtflow.flows.runner import Runner
     from trtflow.pipelines.loader import load_pipeline
@@ -168,6 +172,7 @@ def _nvidia_entropy_reference(calib_hist, calib_bin_edges, num_bits=8, start_bin
     return calib_bin_edges[len(divergences) - 1 - np.argmin(divergences[::-1]) + start_bin]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["laplace with outliers", "relu with outliers"])
 def test_entropy_threshold_is_tensorrts_kl_rule(kind):
     from trtflow.stages.ort.calibration import entropy_threshold
@@ -194,6 +199,7 @@ def test_percentile_threshold_is_taken_on_absolute_values():
     assert abs(percentile_threshold(hist, edges, 99.9) - np.percentile(np.abs(x), 99.9)) <= width
 
 
+@pytest.mark.slow
 def test_entropy_is_not_minmax_on_real_photos(tmp_path):
     """Seen before: ONNX Runtime's defaults made `entropy` give MinMax's scales exactly (0 of 70 differed)."""
     from onnxruntime.quantization.calibrate import load_tensors_data
@@ -226,6 +232,7 @@ def test_entropy_is_not_minmax_on_real_photos(tmp_path):
     assert all(scales["entropy"][k] <= scales["minmax"][k] * 1.0001 for k in common)
 
 
+@pytest.mark.slow
 def test_nothing_is_written_outside_the_output_directory(tmp_path, monkeypatch):
     """Seen before: every calibrate run left sym_shape_infer_temp.onnx and a <uuid>.data weight copy in the
     directory trtflow was started from."""
@@ -240,6 +247,7 @@ def test_nothing_is_written_outside_the_output_directory(tmp_path, monkeypatch):
     assert result.metrics["quantize_linear_nodes"] >= 2  # the Convs' inputs (their outputs stay float)
 
 
+@pytest.mark.slow
 def test_control_flow_is_named(tmp_path):
     """Seen before: "the model has no Conv/ConvTranspose/Gemm/MatMul node" when they sat inside If branches."""
     onnx.save(only_inside_if(), str(tmp_path / "inside.onnx"))
@@ -252,6 +260,7 @@ def test_control_flow_is_named(tmp_path):
     assert any("1 MatMul node(s) inside the subgraphs of branch are not quantized" in w for w in result.warnings)
 
 
+@pytest.mark.slow
 def test_the_range_rules_are_checked_against_each_other(tmp_path):
     """The KL rule can clip rare large activations a model needs (PP-OCR's detector: cosine 0.89 against 0.975 with
     MinMax), and a worst-sample cosine picked the full ranges on PP-OCRv4 rec where percentile and entropy do far
@@ -316,6 +325,7 @@ def test_full_ranges_are_exactly_minmax(tmp_path):
     assert float(entropy.ranges().data["r"].highest) <= seen
 
 
+@pytest.mark.slow
 def test_the_range_check_says_the_task_metric_that_decided(tmp_path):
     """Issue #39: with `metrics:` declared the task metric picks the ranges, but the warning quoted the mean
     relative errors as the reason even where they said the opposite. PP-OCRv4's recognizer on 7 of the example's
@@ -394,6 +404,7 @@ def _piled_up(tmp_path: Path, n: int, seed: int) -> list[Artifact]:
     return out
 
 
+@pytest.mark.slow
 def test_bias_correction_takes_out_the_roundings_mean_error(tmp_path):
     """Issue #51 (bench/int8.py: trtflow's INT8 trailed ModelOpt's on YOLOX's boxes): rounding activations piled up
     near one value is biased, and a convolution sums that bias into a shift of each output channel. The corrected

@@ -103,6 +103,7 @@ PREFECT_DOWN = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(PREFECT_DOWN))
 def test_prefect_unreachable_is_one_line(write_yaml, workdir, case):
     import os
@@ -264,6 +265,7 @@ def test_validate_names_data_read_from_outside_the_pipelines_directory(write_yam
     assert "fp16" not in listed, "data/ is inside the pipeline's directory"
 
 
+@pytest.mark.slow
 def test_a_user_stage_beside_the_pipeline_file_is_importable(write_yaml, workdir, tmp_path, prefect_api):
     """`kind: userstages.slow:run` in the model repo validated, then failed at plan and run with "cannot import"
     unless PYTHONPATH was set by hand. The pipeline file's directory is importable (never shadowing an installed

@@ -116,6 +116,7 @@ def _lock(*args: str) -> int:
     return code_lock.main([*args, "--lock", str(code_lock.LOCK)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(IMPORTED_BY))
 def test_a_module_edited_and_rerun_rekeys_exactly_the_kinds_that_import_it(tree, module, capsys):
     assert sorted(k for k, entry in code_lock.load().kinds.items() if module in entry.files) \
@@ -132,6 +133,7 @@ def test_a_module_edited_and_rerun_rekeys_exactly_the_kinds_that_import_it(tree,
     assert _lock() == 0
 
 
+@pytest.mark.slow
 def test_same_outputs_keeps_every_key_and_rerun_of_a_named_file_moves_its_kinds(tree, capsys):
     before = _keys()
     for module in ("stages/ort/calibration.py", "stages/trt/env.py"):
@@ -153,6 +155,7 @@ def test_same_outputs_keeps_every_key_and_rerun_of_a_named_file_moves_its_kinds(
     assert _lock("--rerun", "stages/nowhere.py") == 2
 
 
+@pytest.mark.slow
 def test_a_module_a_kind_starts_importing_enters_its_key_on_a_rerun_only(tree, capsys):
     before = _keys()
     with open(tree / "stages/parity/stage.py", "a") as f:

@@ -153,6 +153,7 @@ def _lstm_encoder(path) -> onnx.ModelProto:
     return onnx.load(path)
 
 
+@pytest.mark.slow
 def test_the_recurrent_layers_of_an_int8_variant_count_in_fp32(tmp_path):
     """Issue #69 item 4: an LSTM encoder whose Linear is quantized was shown "100% INT8" (LSTMs not counted)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static

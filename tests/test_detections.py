@@ -198,6 +198,7 @@ def weights(path, bits: int | None) -> onnx.ModelProto:
     return model
 
 
+@pytest.mark.slow
 def test_a_detector_is_judged_by_its_boxes_not_its_raw_head(ddddocr, tmp_path):
     """Scenes of real photos with words drawn (bench/int8_models.py's text_scenes): the FP16-rounded weights keep
     every box but at most one near the score threshold; 6-bit weights keep the raw head's cosine at 0.998 (past

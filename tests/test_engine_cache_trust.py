@@ -149,6 +149,7 @@ def test_where_a_link_fails_the_engine_is_copied(run, tmp_path, monkeypatch):
     assert second["engine_sha256"] == first["engine_sha256"] == files.sha256(taken)
 
 
+@pytest.mark.slow
 def test_a_placed_copy_removed_or_replaced_leaves_the_cache_whole_written_through_is_never_served(run, tmp_path):
     """A release placing the build's engine in a Triton repository with `files.place` shares its bytes with the cache:
     deleting the repository or replacing its file leaves the cache's engine as it was; bytes written into it

@@ -87,6 +87,7 @@ def example(tmp_path: Path) -> Path:
     return tmp_path / "ppocr-cls"
 
 
+@pytest.mark.slow
 def test_example_end_to_end(example: Path, triton):
     first = trtflow("run", "pipeline.yaml", cwd=example)
     assert first.returncode == 0, first.stderr + first.stdout
@@ -165,6 +166,7 @@ def squeezenet(tmp_path: Path) -> Path:
     return tmp_path / "squeezenet-cls"
 
 
+@pytest.mark.slow
 def test_parity_example_and_a_planted_bgr_mistake(squeezenet: Path, triton):
     pytest.importorskip("torchvision")
     bad = trtflow("run", "pipeline.yaml", "--set", "stages.parity.deploy.0.read=bgr", cwd=squeezenet)

@@ -6,11 +6,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.assets import last_report, trtflow
 from tests.task_checks import card_shows_composition, never_ships_a_failure
 from tests.test_example import ROOT, served_by_triton
 
 
+@pytest.mark.slow
 def test_detector_example_released_and_served_by_triton(tmp_path: Path, triton):
     """The text detector example as its README line promises (INT8 judged by the regions it finds), ending with
     its release served by the real Triton: the only example whose profile is one fixed shape (max_batch_size 1)."""
@@ -89,6 +92,7 @@ def optional_int8_of_a_detector(example: Path) -> None:
     assert stages["release"]["held"][0]["version"] == int8["version"]
 
 
+@pytest.mark.slow
 def test_recognizer_example_leaves_out_int8_that_misreads_and_serves_fp32(tmp_path: Path, triton):
     """The text recognizer example: its INT8 misreads lines even repaired, and is declared optional, so it is left
     out (said on the console, named in the card) and the FP32 engine is released and served by the real Triton."""

@@ -10,6 +10,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from tests.test_layout import ROOT
 from trtflow import markdown as md
@@ -62,6 +63,7 @@ def _artifact(key: str):
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 def test_a_crash_says_one_line_on_the_console_in_its_artifact_and_in_its_event(workdir, prefect_api):
     from trtflow.flows.pipeline_flow import FAILED_EVENT, artifact_key
     from trtflow.flows.runner import make_runner

@@ -87,6 +87,7 @@ def test_a_user_exception_is_one_line_naming_the_stage(write_yaml, timeout):
     assert "raise ValueError" in info.value.failure.traceback
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("detach", [False, True], ids=["its group", "detached with setsid"])
 def test_a_timeout_kills_what_the_stage_started(write_yaml, tmp_path, detach):
     pidfile = tmp_path / "pid"
@@ -109,6 +110,7 @@ def test_a_process_a_stage_detached_ends_with_the_stage(write_yaml, tmp_path):
     assert wait_gone([int(pidfile.read_text())], 1) == []
 
 
+@pytest.mark.slow
 def test_sigterm_is_one_line_and_leaves_no_process(write_yaml, tmp_path):
     pidfile = tmp_path / "pid"
     path = write_yaml(ONE.format(fn="spawn_and_sleep", params=f"{{pidfile: '{pidfile}'}}", extra=""))
@@ -136,6 +138,7 @@ def test_sigterm_is_one_line_and_leaves_no_process(write_yaml, tmp_path):
     assert [t["state_type"] for t in tasks] == ["CANCELLED"], [t["state"] for t in tasks]
 
 
+@pytest.mark.slow
 def test_a_truncated_jpeg_is_one_line_and_libjpeg_stays_off_the_console(workdir, capfd):
     import cv2
     import yaml
@@ -176,6 +179,7 @@ def test_a_model_that_is_not_onnx_is_one_line_naming_the_stage(write_yaml, workd
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_onnx_runtime_error_lines_stay_off_the_console(write_yaml, workdir, capfd):
     import numpy as np
     import onnx
@@ -218,6 +222,7 @@ def fill(disk: Path, leave: int) -> Path:
     return filler
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("leave, expected", [
     (300_000, "error: stage 's': no space left on the device writing its output in {store}/s; {free} free there "
               "(free some space, or give a store elsewhere with --store)"),

@@ -337,6 +337,7 @@ def fleet_server(postgres, tmp_path):
         _kill_recorded(record)
 
 
+@pytest.mark.slow
 def test_four_machines_two_gpu_kinds_one_fleet_on_postgresql(tmp_path, fleet_server):
     import s3fs
 

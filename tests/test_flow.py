@@ -59,6 +59,7 @@ def _task_runs(path: Path):
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     path = write_yaml(PIPE)
     stage_fns.CALLS.clear()
@@ -89,6 +90,7 @@ def test_run_twice_through_prefect(prefect_server, write_yaml, capsys):
     assert "2 stages (2 ran, 0 reused)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_run_loads_the_pipeline_once(prefect_server, write_yaml, capsys, monkeypatch):
     """`trtflow run` checks the pipeline and the store before Prefect starts; the flow it then starts runs on that
     same runner: the pipeline file is loaded (read, interpolated, validated) once per command, whether the stages
@@ -113,6 +115,7 @@ def test_run_loads_the_pipeline_once(prefect_server, write_yaml, capsys, monkeyp
     assert loads == [str(path)]
 
 
+@pytest.mark.slow
 def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, write_yaml, capsys):
     path = write_yaml(PIPE.replace("tests.stage_fns:count_bytes", "tests.stage_fns:fail")
                       .replace("outputs: {report: json}", "outputs: {model: onnx}"))
@@ -135,6 +138,7 @@ def test_stage_error_fails_flow_with_one_line_and_no_retries(prefect_server, wri
     assert b_runs and all(t.run_count == 1 for t in b_runs), "a StageError is not retried"
 
 
+@pytest.mark.slow
 def test_a_crash_is_retried_and_a_user_exception_is_one_line(prefect_server, write_yaml, tmp_path, capsys):
     marker = tmp_path / "crashed-once"
     path = write_yaml(f"""
@@ -156,6 +160,7 @@ def test_a_crash_is_retried_and_a_user_exception_is_one_line(prefect_server, wri
         "traceback)"], err
 
 
+@pytest.mark.slow
 def test_independent_stages_run_side_by_side_and_a_failure_stops_only_its_dependents(prefect_server, write_yaml,
                                                                                      tmp_path, capsys):
     log = tmp_path / "intervals.txt"
@@ -183,6 +188,7 @@ def test_independent_stages_run_side_by_side_and_a_failure_stops_only_its_depend
     assert a0 < b1 and b0 < a1, "the two independent stages overlapped in time"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["corrupt model", "opset too low"])
 def test_bad_model_through_the_cli(prefect_server, write_yaml, workdir, capsys, case):
     if case == "corrupt model":
@@ -201,6 +207,7 @@ def test_bad_model_through_the_cli(prefect_server, write_yaml, workdir, capsys, 
     assert not [d for d in stage_dir.iterdir() if d.name != "last.json"], "nothing half-written is left"
 
 
+@pytest.mark.slow
 def test_calibration_progress_artifact(prefect_server, write_yaml, workdir, capsys):
     import shutil
 
@@ -234,6 +241,7 @@ def test_flow_runs_are_named_and_tagged_after_the_pipeline(prefect_server, write
     assert runs and {"trtflow", "pipeline:flowdemo", f"repo:{path.parent.name}"} <= set(runs[0].tags)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_watcher_rebuilds_once_and_names_each_engine(prefect_server, tmp_path_factory):
     """The watcher flow on a directory of model repos: the first pass builds the real TensorRT-RTX engines and
@@ -290,6 +298,7 @@ def test_watcher_names_the_working_directory_of_a_missing_pipeline(prefect_serve
         find_pipelines(["repo/pipeline.yaml"], tmp_path)
 
 
+@pytest.mark.slow
 def test_a_python_call_is_tagged_draws_true_edges_and_does_not_poll(prefect_server, write_yaml, tmp_path,
                                                                   monkeypatch):
     """Called from Python (no CLI, no tags context), the flow run still carries the pipeline's tags. A task that
@@ -340,6 +349,7 @@ def test_a_python_call_is_tagged_draws_true_edges_and_does_not_poll(prefect_serv
     assert {"trtflow", "pipeline:edges", f"repo:{path.parent.name}"} <= set(asyncio.run(flow_tags()))
 
 
+@pytest.mark.slow
 def test_a_benchmark_never_shares_its_gpu_with_another_stage(prefect_server, write_yaml, tmp_path, monkeypatch):
     """A benchmark times the GPU: while it runs, no other stage uses that GPU, and it does not start while one does.
     Here a GPU stage (a user stage whose key holds the GPU) is running when the benchmark becomes ready, and another
@@ -388,6 +398,7 @@ def test_a_benchmark_never_shares_its_gpu_with_another_stage(prefect_server, wri
     assert span["cpu_side"][0] < span["build_like"][1]
 
 
+@pytest.mark.slow
 def test_a_stages_own_output_reaches_prefects_task_log_and_its_directory(prefect_server, write_yaml):
     """What a stage's libraries print (TensorRT, ONNX Runtime) goes to its Prefect task's log line by line, at most
     isolate.OUTPUT_LINES of them, and whole into `stage.log` in its directory; a stage that crashes leaves its
@@ -441,6 +452,7 @@ def outcome_dir(path: Path, stage: str) -> Path:
     return store / json.loads((store / "last.json").read_text())["key"]
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_runs_its_pipeline_once(write_yaml, tmp_path):
     """multiprocessing imports the caller's main script again in each child it starts: a script calling
     pipeline_flow at top level ran its pipeline again inside every stage's process."""
@@ -499,6 +511,7 @@ def test_a_stages_artifacts_are_posted_on_their_own_thread_and_a_failed_post_is_
     assert [d[0] for d in done[1:]] == ["under way"]
 
 
+@pytest.mark.slow
 def test_a_plot_the_summary_shows_inline_is_not_posted_again(prefect_server, write_yaml, capsys):
     """A stage's plots become image artifacts beside its summary, but for one the summary already shows inline (a
     data: URL, as parity's picture): that one is in Prefect once, inside the summary."""

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PROBE = """
 import json, os, sys
 from trtflow.flows import isolate
@@ -43,6 +45,7 @@ def test_a_stage_process_starts_with_what_warm_up_named_and_nothing_else(tmp_pat
     assert _stage_sees(tmp_path) == {"tabnanny": False, "mailbox": False, "variable": False, "caller": False}
 
 
+@pytest.mark.slow
 def test_a_run_preloads_the_kinds_of_the_stages_it_will_run(workdir):
     """Cold: every stage's kind. After a change to the last stage only: that stage's kind alone."""
     from tests.test_runner import run_all

@@ -98,6 +98,7 @@ def test_bounded(monkeypatch):
     assert len(calls) <= 3
 
 
+@pytest.mark.slow
 def test_an_error_naming_no_node_is_narrowed_to_its_op_type(tmp_path):
     """A crash names no node. Seen here: ONNX Runtime 1.32 with its graph optimizations on (not as trtflow runs
     it) dies with SIGSEGV loading an FP16 MatMul after an LSTM. A stand-in for such a crash ("the LSTM in FP16
@@ -123,6 +124,7 @@ def test_an_error_naming_no_node_is_narrowed_to_its_op_type(tmp_path):
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_yolov8_head_builds_in_fp16_with_dynamic_height_and_width(tmp_path):
     """A YOLOv8-style head exported from torch (bench/zoo_models: its anchor grids are `torch.arange(end=w,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.assets import IMAGENET, PHOTOS, SQUEEZENET
@@ -21,6 +22,7 @@ from trtflow.stages.ort import fp16_remainder, qdq
 from trtflow.stages.ort.runner import session
 
 
+@pytest.mark.slow
 def test_squeezenet_on_real_photos(tmp_path, tensorrt_available, engine_size):
     pre = preprocess.save(preprocess.canonical(IMAGENET), tmp_path / "preprocess.json")
     inputs = {"preprocess": Artifact(pre, "preprocess", "p"), "images": [Artifact(p, "file", p.name) for p in PHOTOS]}
@@ -83,6 +85,7 @@ def _tensors(folder: Path, n: int) -> list[Artifact]:
     return out
 
 
+@pytest.mark.slow
 def test_an_activation_fp16_cannot_hold_stays_fp32_and_the_simulation_shows_why(tmp_path):
     src = tmp_path / "overflow.onnx"
     _overflowing(src)
@@ -118,6 +121,7 @@ def test_an_activation_fp16_cannot_hold_stays_fp32_and_the_simulation_shows_why(
     assert error["kept"][1] is True and error["kept"][0] < 0.05
 
 
+@pytest.mark.slow
 def test_validates_repair_rebuilds_the_fp16_remainder(tmp_path):
     from trtflow.stages.validate.repair import int8_variant
 
@@ -139,6 +143,7 @@ def test_validates_repair_rebuilds_the_fp16_remainder(tmp_path):
     assert qdq.recipe(rebuilt).fp16_remainder == qdq.recipe(variant).fp16_remainder
 
 
+@pytest.mark.slow
 def test_a_dead_weight_channel_keeps_a_scale_fp16_holds(tmp_path, tensorrt_available, engine_size):
     """Trained models have dead channels (PP-OCRv4 rec: weights of 1e-38): their per-channel scale rounds to 0 in
     FP16, which TensorRT refuses ("Scale coefficients must all be positive"). The channel is requantized at the

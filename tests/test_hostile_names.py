@@ -104,6 +104,7 @@ def test_each_hostile_name_is_written_as_a_value(tmp_path, name):
     _reads_back(text, tmp_path, [name])
 
 
+@pytest.mark.slow
 def test_random_names_from_every_class_read_back_as_written(tmp_path):
     names = _random_names(96, seed=49)
     for i in range(0, len(names), 4):
@@ -113,6 +114,7 @@ def test_random_names_from_every_class_read_back_as_written(tmp_path):
         _reads_back(_written(folder, inputs), folder, inputs)
 
 
+@pytest.mark.slow
 def test_a_parser_verdict_naming_a_hostile_node_adds_no_stage_through_the_cli(tmp_path, tensorrt_backend):
     """Issue 49, item 1, as reported: the trial build's verdict quotes the node the parser rejects; the name's
     U+2028 used to end the comment and define a stage importing evilmod.py from the pipeline's folder."""
@@ -137,6 +139,7 @@ def test_a_parser_verdict_naming_a_hostile_node_adds_no_stage_through_the_cli(tm
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_input_name_cannot_pick_the_store_through_the_cli(tmp_path):
     """Issue 49, item 2: an input name with U+0085 used to add a top-level `artifacts:`."""
     _model(tmp_path / "m.onnx", [ATTACK_STORE])
@@ -157,6 +160,7 @@ def _one_line(proc, *words: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_init_never_writes_a_file_validate_refuses(tmp_path):
     """Issue 49, item 3: 40 inputs of 10k-character names (over the 1 MiB a pipeline file may be) and a 2**40
     dimension were written, then refused by validate; init refuses first, and writes nothing (the file by
@@ -173,6 +177,7 @@ def test_init_never_writes_a_file_validate_refuses(tmp_path):
     assert not (tmp_path / "pipeline.yaml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output", ["prefect-x\u2028evil: 1.yaml", "prefect-x\x85deployments: []\x85.yaml",
                                     "prefect-\u202egnp.yaml", "it's \"q\" #.yaml"])
 def test_init_deploy_keeps_its_structure_whatever_the_file_is_called(tmp_path, output):

@@ -58,6 +58,7 @@ def run_stage(module, schema, out: Path, inputs: dict, **kw):
                       Inputs(inputs), out)
 
 
+@pytest.mark.slow
 def test_an_upscaler_s_variants_are_judged_by_their_pixels(tmp_path, upscaler):
     """FP16 keeps waifu2x's pixels; INT8 fails on how many pixel values moved by more than a level, where its
     cosine (0.9998) passes; init proposes the same metrics for this model."""

@@ -108,6 +108,7 @@ def initialized(tmp_path_factory) -> Initialized:
     return Initialized(pipelines, refusal, left, shape)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(EXAMPLE_MODELS))
 def test_init_on_each_example_writes_a_pipeline_validate_accepts(example, initialized, tensorrt_backend):
     pipeline = initialized.pipelines[example]
@@ -151,6 +152,7 @@ SIZES = {"ppocr-cls": [[20, 22, 32], [60, 85, 195]], "ppocr-det": [[256] * 3, [2
          "ppocr-rec": [[REC_TRAINED_HEIGHT] * 3, [124, 160, 384]]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(SIZES))
 def test_dynamic_height_and_width_come_from_the_images(example, initialized):
     text = initialized.pipelines[example].read_text()
@@ -164,6 +166,7 @@ def test_dynamic_height_and_width_come_from_the_images(example, initialized):
         assert "images' heights: smallest / median / largest" in text  # and the file says so
 
 
+@pytest.mark.slow
 def test_a_profile_tensorrt_does_not_build_is_refused_naming_the_shape_to_give(initialized, tensorrt_backend):
     """PP-OCRv4's recognizer at its data's own heights (22..32, lines cut from pages): ONNX Runtime runs it there,
     TensorRT's build does not. One line: the shape that fails, TensorRT's reason, the --shape to edit."""
@@ -185,6 +188,7 @@ def test_a_profile_tensorrt_does_not_build_is_refused_naming_the_shape_to_give(i
 # above (validate, the profile the build accepts, TensorRT's trial build), and their models run to a release in
 # tests/test_example_ocr.py and tests/test_example.py. The benchmark stage times each engine 3 times, without a
 # warm-up (duration 0): how long it measures is not what init proposes.
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["ppocr-det"])
 def test_init_then_run_with_no_edit_ends_with_a_release(example, initialized, tensorrt_backend):
     pipeline = initialized.pipelines[example]
@@ -216,6 +220,7 @@ def _dynamic_squeezenet(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_dynamic_batch_and_spatial_dims_get_profiles_from_the_photos(tmp_path):
     model = _dynamic_squeezenet(tmp_path / "models" / "squeezenet-hw.onnx")
     shutil.copytree(EXAMPLES / "squeezenet-cls" / "data", tmp_path / "photos")
@@ -230,6 +235,7 @@ def test_dynamic_batch_and_spatial_dims_get_profiles_from_the_photos(tmp_path):
     assert yaml.safe_load(text)["stages"]["parity"]["images"] == "photos/*.[jp][np]g"  # the photos, not the README
 
 
+@pytest.mark.slow
 def test_a_detector_fed_odd_sizes_gets_them_rounded_to_what_it_runs_at(tmp_path):
     """PP-OCRv4's detector runs only at multiples of 32 (its feature pyramid adds maps of halved sizes): scenes of
     odd sizes are rounded up to the smallest multiple at which ONNX Runtime runs it at min, opt and max."""
@@ -245,6 +251,7 @@ def test_a_detector_fed_odd_sizes_gets_them_rounded_to_what_it_runs_at(tmp_path)
         in " ".join(line.lstrip("# ").strip() for line in (project / "p.yaml").read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_refused_an_existing_file(tmp_path):
     project = _copy("ppocr-cls", tmp_path)
     (project / "pipeline.yaml").write_text("# mine\n")
@@ -254,6 +261,7 @@ def test_refused_an_existing_file(tmp_path):
     assert (project / "pipeline.yaml").read_text() == "# mine\n"
 
 
+@pytest.mark.slow
 def test_refused_an_ambiguous_task(tmp_path):
     """SqueezeNet's [N, 1000] output under a name that says nothing: class logits or an embedding."""
     model = onnx.load(str(EXAMPLES / "squeezenet-cls" / "models" / EXAMPLE_MODELS["squeezenet-cls"]))
@@ -273,6 +281,7 @@ def test_refused_an_ambiguous_task(tmp_path):
     assert trtflow("validate", "pipeline.yaml", cwd=tmp_path).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_build_failure_no_size_of_inits_explains_is_written_down_not_refused(tmp_path, tensorrt_backend,
                                                                                monkeypatch):
     """A model whose only dynamic dimension is the batch, with a Reshape that bakes batch 1 in: TensorRT's trial
@@ -318,6 +327,7 @@ def _relu_then(path: Path, op: str, domain: str = "", **attrs) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_init_exits_1_when_the_file_it_wrote_does_not_run_and_no_fix_is_proposed(tmp_path, tensorrt_backend):
     """Issue #69 item 7: init exited 0 after writing a file whose trial build it said fails, and a script checking
     the exit code ran into the failure at prepare. An op of a domain of its own (no rule rewrites it, and ONNX
@@ -355,6 +365,7 @@ def test_init_exits_1_when_the_file_it_wrote_does_not_run_and_no_fix_is_proposed
     assert yaml.safe_load((offloaded / "pipeline.yaml").read_text())["stages"]["prepare"]["offload"] == "onnxruntime"
 
 
+@pytest.mark.slow
 def test_refused_dynamic_spatial_dims_without_data_or_shape(tmp_path):
     project = _copy("ppocr-cls", tmp_path)
     model = f"models/{EXAMPLE_MODELS['ppocr-cls']}"
@@ -369,6 +380,7 @@ def test_refused_dynamic_spatial_dims_without_data_or_shape(tmp_path):
     assert trtflow("validate", "pipeline.yaml", cwd=project / "models").returncode == 0
 
 
+@pytest.mark.slow
 def test_saved_tensors_size_the_profile_and_feed_every_stage(tmp_path):
     """--data of .npy tensors: the model takes them as they are (no parity stage), their shapes give the dynamic
     dimensions."""
@@ -425,6 +437,7 @@ def test_the_task_metrics_of_other_heads(dims, producer, axis, normalized, task,
     assert metric.model_dump(mode="json", exclude_unset=True) == expected
 
 
+@pytest.mark.slow
 def test_tensor_names_are_yaml_values_never_yaml(tmp_path):
     """A model's tensor names are anyone's text: a line break, ': ', '#', quotes and an anchor stay inside their value
     (the written file reads back with the name exactly, and no key the name spells), and validate accepts it."""
@@ -469,6 +482,7 @@ def test_one_refusal_names_every_flag_it_needs_and_the_ways_out():
     assert "metrics.<output>.detections.decode: package.module:function" in str(err.value.hint), err.value.hint
 
 
+@pytest.mark.slow
 def test_a_model_pinned_to_a_batch_above_one_is_refused_with_images(tmp_path):
     """Issue #51: CenterFace as shipped takes [10, 3, 32, 32]; init wrote a batch-10 profile and a preprocessing
     that makes a batch of 1 from each photo (exit 0, no warning), and the run failed at parity. Now one line says

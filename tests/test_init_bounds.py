@@ -75,6 +75,7 @@ def test_a_png_declaring_60000x60000_is_refused_in_one_line_naming_the_file_and_
     assert not (tmp_path / "p.yaml").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", [32000, 12000])
 def test_an_image_over_the_pixel_limit_is_refused_from_its_header(tmp_path, side):
     """32000x32000 (decoded whole before, 1 GB, to learn its size) and 12000x12000 (under Pillow's own refusal, so

@@ -44,6 +44,7 @@ def ppocr_cls(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_only_the_inputs_of_quantized_ops_are_quantized(ppocr_cls, tmp_path):
     """Seen before: ONNX Runtime's default also quantized every Conv/Gemm/MatMul output, a second rounding of each
     pre-activation value (ddddocr OCR text exact 0.61 against ModelOpt's 0.87; MiniLM cosine 0.82 against 0.97)."""
@@ -127,6 +128,7 @@ def attention_block(path: Path, d: int = 16, seq: int = 8) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_attention_matmuls_stay_in_float(tmp_path):
     """ModelOpt leaves attention (MatMul of two activations) in float; ONNX Runtime quantizes both inputs."""
     model = attention_block(tmp_path / "attention.onnx")
@@ -176,6 +178,7 @@ def gemm_with_2d_bias(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_quantizer_crash_is_one_permanent_line_with_the_fix(tmp_path):
     """Seen before: ONNX Runtime's weight-scale adjustment for INT32 biases raised "The truth value of an array
     ... is ambiguous" on magika's Gemm with a 2-D bias; calibrate failed with a traceback and was retried as
@@ -194,6 +197,7 @@ def test_a_quantizer_crash_is_one_permanent_line_with_the_fix(tmp_path):
                          per_channel=False).metrics["quantize_linear_nodes"] >= 1
 
 
+@pytest.mark.slow
 def test_too_few_calibration_samples_warn(ppocr_cls, tmp_path):
     rng = np.random.default_rng(0)
     files = []
@@ -211,6 +215,7 @@ def test_too_few_calibration_samples_warn(ppocr_cls, tmp_path):
 REC = EXAMPLES / "ppocr-rec" / "models" / "ch_PP-OCRv4_rec_infer.onnx"  # PP-OCRv4 rec: 14 depthwise Convs
 
 
+@pytest.mark.slow
 def test_int8_with_depthwise_convs_is_not_larger_than_fp32_on_tensorrt_rtx(tmp_path, tensorrt_backend, engine_size):
     """Issue #39: INT8 engines larger than FP32. TensorRT-RTX zero-pads an INT8 Conv's input to 4 channels per group
     and, for static shapes, stores the zeros in the engine: 3 bytes per input value of each depthwise Conv. With

@@ -54,6 +54,7 @@ def final_state(store: Path) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_sigkill_at_random_moments_never_leaves_a_result_that_is_reused_broken(workdir):
     path = workdir / "pipeline.yaml"

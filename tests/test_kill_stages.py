@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_faults import descendants
 from trtflow import procfs
 
@@ -24,6 +26,7 @@ stages:
 MOMENTS = 20
 
 
+@pytest.mark.slow
 def test_sigkill_of_stage_processes_and_probes_never_changes_a_served_result(workdir):
     """Issue #27: a stage's process or its ONNX Runtime probe killed at a random moment (the OOM killer) once let
     the run publish an FP16 variant with nodes kept in FP32 "because ONNX Runtime rejected them", under the key of

@@ -142,6 +142,7 @@ def _validate(tmp_path: Path, scenes, labels: dict, name: str):
     return json.loads(result.outputs["report"].read_text()), result
 
 
+@pytest.mark.slow
 def test_a_text_detector_is_scored_against_its_boxes(tmp_path, scenes):
     """FP32's boxes (db_boxes, taken back through the letterbox) find every rendered word at IoU 0.5 (mAP@0.5:0.95
     is lower: DB's grown regions are not the font's boxes), and the FP16 variant's within 5 points of it."""
@@ -156,6 +157,7 @@ def test_a_text_detector_is_scored_against_its_boxes(tmp_path, scenes):
     assert "against the labels" in result.summary and "map50" in result.summary
 
 
+@pytest.mark.slow
 def test_a_text_detector_is_scored_against_its_masks(tmp_path, scenes):
     """The probability map above PaddleOCR's 0.3, taken back through the letterbox onto each scene's mask: the
     text class's IoU well above chance and FP16's within 2 points of FP32's."""

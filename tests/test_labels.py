@@ -119,6 +119,7 @@ def fp16_beside(tmp_path: Path, model: Path, images: list[Path], steps: list, me
     return inputs, reference, Artifact(fp16.outputs["model"], "onnx", "fp16", "fp16")
 
 
+@pytest.mark.slow
 def test_a_recognizer_is_scored_against_the_text_its_lines_hold(tmp_path):
     """PP-OCRv4's recognizer (its charset in the model's metadata, as RapidOCR ships it) reads lines rendered from
     known strings: FP32's and the FP16 variant's exact-read share and character error rate against the strings,

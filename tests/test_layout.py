@@ -25,6 +25,7 @@ def _sources() -> dict[str, Path]:
             for folder in FOLDERS for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts}
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_module_under_trtflow(tmp_path):
     src = tmp_path / "src"  # build from a copy: an in-tree build would write build/ and *.egg-info here
     src.mkdir()
@@ -46,6 +47,7 @@ def test_the_wheel_holds_every_module_under_trtflow(tmp_path):
     assert "trtflow = trtflow.flows.cli:main" in text
 
 
+@pytest.mark.slow
 def test_no_module_imports_the_repository_folders_by_their_own_names():
     """`import stages` works in this checkout only by accident (the repository root is on sys.path)."""
     bad = []
@@ -81,6 +83,7 @@ def _package(module: str) -> str | None:
     return next((p for p in KIND_PACKAGES if module == p or module.startswith(p + ".")), None)
 
 
+@pytest.mark.slow
 def test_imports_run_downward_only():
     """Layers import downward; shared technology (`stages/ort/`, `trt/`, ...) imports no kind; a kind imports
     another kind only for the report that kind writes (the contract a stage reads its inputs by)."""
@@ -103,6 +106,7 @@ def test_imports_run_downward_only():
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_no_import_circles_even_through_imports_inside_functions():
     """Issue #70: a circle hidden by an import inside a function (store <-> remote_store, task_metrics <->
     detections) is still two modules that cannot be read, or changed, one without the other."""
@@ -130,6 +134,7 @@ def test_stages_top_level_is_the_kinds_folders_and_the_map_names_every_folder():
     assert not missing, f"the map (docs/layout.md) does not name {missing}"
 
 
+@pytest.mark.slow
 def test_a_model_repo_with_its_own_flows_pipelines_and_stages(tmp_path):
     repo = tmp_path / "repo"
     for pkg in ("flows", "pipelines", "stages"):
@@ -178,6 +183,7 @@ def _literal_key_reads(path: Path) -> int:
 LITERAL_KEY_READS = 100  # 840 before records became models (#40); what is left reads JSON, YAML, os.environ
 
 
+@pytest.mark.slow
 def test_records_are_read_through_their_models_not_by_literal_key():
     counts = {name: n for name, path in _sources().items() if (n := _literal_key_reads(path))}
     assert sum(counts.values()) <= LITERAL_KEY_READS, sorted(counts.items(), key=lambda kv: -kv[1])[:15]
@@ -192,6 +198,7 @@ def test_no_function_is_more_complex_than_twelve():
     assert found.returncode == 0, found.stdout + found.stderr
 
 
+@pytest.mark.slow
 def test_nothing_edits_an_errors_message():
     """Issue #52: the layers above a stage add typed fields to its error (`TrtflowError.tell`, rendered by
     `Failure`); none rewrites the message the error was made with (only unpickling rebuilds one, in errors.py)."""

@@ -141,6 +141,7 @@ def _validate(tmp_path: Path, name: str) -> tuple[Path, Path, dict]:
     return reference, candidate, json.loads(result.outputs["report"].read_text())
 
 
+@pytest.mark.slow
 def test_validate_runs_a_max_batch_within_a_low_budget_with_the_same_verdict(tmp_path):
     """The budget set low through the setting: validate's process stays under it (its peak measured: VmHWM), the
     max batch run in parts, and the report's numbers are the ones the whole batch gives. The budget is 160 MiB over

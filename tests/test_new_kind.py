@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.test_shared_store import bucket, s3_server  # noqa: F401 - fixtures: moto's S3 server, a bucket
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +75,7 @@ def _changed(old: Path, new: Path) -> tuple[list[str], list[str]]:
     return added, differ
 
 
+@pytest.mark.slow
 def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
     pristine = _copy_source(tmp_path / "pristine")
     src = _copy_source(tmp_path / "src")
@@ -172,6 +175,7 @@ def run(params: NoteStage, inputs: Inputs, out_dir: Path) -> StageResult:
 '''
 
 
+@pytest.mark.slow
 def test_a_new_kind_declares_its_events_in_its_stage_and_its_shared_folder_on_its_row(tmp_path, workdir, bucket, prefect_api):
     """A kind whose stage emits an event after it ran and writes a shared folder that a remote store keeps for
     every machine: still its params file (the row declares the folder), its stage module (exporting its events

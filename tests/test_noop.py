@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 PIPE = """
 version: 1
@@ -57,6 +58,7 @@ def _cached_runs(url: str, name: str) -> list:
     return [r for r in asyncio.run(read()) if r.state and r.state.name == "Cached" and "cached" in r.tags]
 
 
+@pytest.mark.slow
 def test_a_run_where_nothing_changed_answers_from_its_record_and_anything_a_key_reads_sends_it_the_full_way(
         workdir, tmp_path, prefect_api):
     (workdir / "pipeline.yaml").write_text(PIPE.lstrip())

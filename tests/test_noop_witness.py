@@ -229,6 +229,7 @@ def _sound(seen: dict, changes: list[Change]) -> None:
     assert bool(seen["runs"]) == any(c.runs for c in changes), (what, seen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", CHANGES, ids=[c.name for c in CHANGES])
 def test_the_no_op_stands_aside_for_every_change_a_key_sees(project, change):
     seen = _apply(project, [change], 1)
@@ -238,6 +239,7 @@ def test_the_no_op_stands_aside_for_every_change_a_key_sees(project, change):
     assert project.check() == {"changed": None, "runs": []}, "undone and recorded again: the record holds"
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(changes=st.lists(st.sampled_from(CHANGES), min_size=1, max_size=3, unique_by=lambda c: c.name),
@@ -246,6 +248,7 @@ def test_any_mix_of_changes_the_no_op_answers_only_when_plan_runs_nothing(projec
     _sound(_apply(project, changes, n), changes)
 
 
+@pytest.mark.slow
 def test_a_variable_the_pipeline_reads_is_in_the_record(project):
     """The witness holds the value (or absence) of each variable interpolated, as read."""
     from trtflow.flows import noop

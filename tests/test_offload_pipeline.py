@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from tests.assets import last_report, trtflow
 from tests.test_offload_split import detector, needs_trt
@@ -72,6 +73,7 @@ def _served_release(workdir: Path, triton, name: str) -> tuple[dict, Path, str]:
     return released, chain_dir / "chain.json", chosen
 
 
+@pytest.mark.slow
 @needs_trt
 def test_a_detector_with_nonzero_ships_as_a_triton_ensemble_that_answers_as_the_whole_model(
         workdir, prefect_api, tensorrt_backend, triton):
@@ -117,6 +119,7 @@ def test_a_detector_with_nonzero_ships_as_a_triton_ensemble_that_answers_as_the_
                          _whole(source, INPUTS["noise"])) <= 1e-5
 
 
+@pytest.mark.slow
 @needs_trt
 def test_without_offload_prepare_refuses_in_one_line_naming_the_option(workdir, prefect_api, tensorrt_backend):
     onnx.save(detector(), str(workdir / "models" / "detector.onnx"))
@@ -170,6 +173,7 @@ def test_precision_and_calibrate_leave_the_offloaded_nodes_in_float():
     assert excluded["conv2"] == offload.WHY and "conv1" not in excluded
 
 
+@pytest.mark.slow
 @needs_trt
 def test_init_offloads_what_no_rule_rewrites_in_the_file_it_writes(tmp_path, tensorrt_backend):
     """Issue #68 Build 1: `trtflow init` on the detector names the NonZero no rule rewrites and writes
@@ -236,6 +240,7 @@ def _read(scores: np.ndarray, charset: list[str]) -> str:
     return "".join(charset[i] for i in labels)
 
 
+@pytest.mark.slow
 @needs_trt
 def test_a_dynamically_quantized_captcha_reader_ships_with_its_lstm_on_onnx_runtime(
         workdir, prefect_api, tensorrt_backend, triton):

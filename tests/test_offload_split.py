@@ -143,6 +143,7 @@ def _same(chain_outputs: dict[str, np.ndarray], whole: dict[str, np.ndarray]) ->
         assert np.array_equal(got, ref), f"{name}: max |diff| {np.abs(got - ref).max()}"
 
 
+@pytest.mark.slow
 @needs_trt
 def test_a_detector_with_nonzero_is_cut_into_tensorrt_onnxruntime_tensorrt(tmp_path):
     model = detector()
@@ -160,6 +161,7 @@ def test_a_detector_with_nonzero_is_cut_into_tensorrt_onnxruntime_tensorrt(tmp_p
     _same(run_chain(found.chain, _feeds()), whole)
 
 
+@pytest.mark.slow
 @needs_trt
 def test_a_deformconv_in_the_middle_is_left_to_onnxruntime(tmp_path):
     model = deformable()
@@ -180,6 +182,7 @@ def test_a_model_the_parser_takes_whole_is_one_tensorrt_piece(tmp_path):
     _same(run_chain(found.chain, _feeds()), _whole(model, tmp_path))
 
 
+@pytest.mark.slow
 @needs_trt
 def test_outputs_made_in_the_middle_and_read_later_leave_their_piece(tmp_path):
     model = vocabulary()
@@ -211,6 +214,7 @@ def test_segments_are_few_runs_in_a_topological_order(tmp_path):
     _same(run_chain(chain, feeds), _whole(model, tmp_path, feeds))
 
 
+@pytest.mark.slow
 @needs_trt
 @pytest.mark.parametrize("how", ["refused", "unbuilt"])
 def test_a_tensorrt_piece_that_fails_its_trial_goes_back_to_onnxruntime(tmp_path, monkeypatch, how):
@@ -248,6 +252,7 @@ def test_a_tensorrt_piece_that_fails_its_trial_goes_back_to_onnxruntime(tmp_path
     _same(run_chain(found.chain, _feeds()), _whole(model, tmp_path))
 
 
+@pytest.mark.slow
 @needs_trt
 def test_a_piece_that_parses_but_does_not_build_gives_onnx_runtime_only_the_node_the_builder_names(tmp_path):
     """TopK with K over TensorRT's 3840 parses and fails the build naming its layer ('ITopKLayer topk0'): only the

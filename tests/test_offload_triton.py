@@ -117,6 +117,7 @@ def _served_equals_whole(triton, model_name: str, path: Path, chain: Chain) -> l
     return answers
 
 
+@pytest.mark.slow
 @needs_trt
 def test_a_detector_cut_around_nonzero_is_served_as_an_ensemble(tmp_path, triton):
     path, chain, written = _served(detector(), "offload_detector", tmp_path, triton)
@@ -130,6 +131,7 @@ def test_a_detector_cut_around_nonzero_is_served_as_an_ensemble(tmp_path, triton
     assert (len(first["scores"]), len(second["scores"])) == (241, 256)  # NonZero's count follows the data
 
 
+@pytest.mark.slow
 @needs_trt
 def test_unique_in_the_middle_with_outputs_from_every_piece_is_served(tmp_path, triton):
     path, chain, written = _served(vocabulary(), "offload_vocabulary", tmp_path, triton)

@@ -153,12 +153,14 @@ def _check(spec: dict, images: list[Path], causes: dict, pair: tuple, tmp_path: 
     assert json.loads(result.outputs["report"].read_text())["verdict"] == "pass"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", _pairs(IMAGENET_CAUSES), ids=" + ".join)
 def test_pair_on_imagenet_preprocessing(pair, photos, tmp_path):
     pytest.importorskip("torchvision")
     _check(IMAGENET, photos, IMAGENET_CAUSES, pair, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", _pairs(PPOCR_CAUSES), ids=" + ".join)
 def test_pair_on_ppocr_preprocessing(pair, tmp_path):
     # one line padded on the right (its width rounds up), one squeezed to 192: every cause shows on them
@@ -171,6 +173,7 @@ def test_pair_on_letterbox_preprocessing(pair, photos, tmp_path):
     _check(LETTERBOX, photos, LETTERBOX_CAUSES, pair, tmp_path)
 
 
+@pytest.mark.slow
 def test_every_cause_shows_alone(photos, tmp_path):
     """The planted causes each fail parity on these images (else a pair would test one cause)."""
     pytest.importorskip("torchvision")

@@ -108,6 +108,7 @@ def test_gray_read_with_the_model_names_the_diagnosed_fix(tmp_path):
         _run(planted, tmp_path / "gray")
 
 
+@pytest.mark.slow
 def test_mirror_matches_rapidocr(rapidocr):
     """trtflow's copy of PaddleOCR's resize_norm_img against RapidOCR's own, array for array."""
     import cv2

@@ -80,6 +80,7 @@ CAUSES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CAUSES))
 def test_planted_difference_is_diagnosed(tmp_path, case):
     change, cause, fix = CAUSES[case]
@@ -97,11 +98,13 @@ def test_planted_difference_is_diagnosed(tmp_path, case):
     assert json.loads(out.outputs["report"].read_text())["verdict"] == "pass"
 
 
+@pytest.mark.slow
 def test_mismatch_as_warning(tmp_path):
     result = run(stage(deploy=_variant(CAUSES["bgr"][0]), on_mismatch="warn"), tmp_path)
     assert result.warnings and "R and B swapped" in result.warnings[0]
 
 
+@pytest.mark.slow
 def test_model_predictions_reported_on_mismatch(tmp_path):
     with pytest.raises(StageFailed) as info:
         run(stage(deploy=_variant(CAUSES["bgr"][0])), tmp_path, model=MODEL)
@@ -120,6 +123,7 @@ def test_corrupt_image(tmp_path):
         parity.run(stage(), Inputs({"images": images([bad])}), out)
 
 
+@pytest.mark.slow
 def test_grayscale_where_model_wants_three_channels(tmp_path):
     gray = _variant(lambda s: s.__setitem__(0, {"read": "gray"}))
     gray[4] = {"normalize": {"mean": [0.5], "std": [0.25]}}

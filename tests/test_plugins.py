@@ -199,6 +199,7 @@ def test_a_plugin_module_that_fails_to_import_is_one_line_naming_its_key_path(re
 
 # --- the pipeline: prepare and build with the plugin, keys -----------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_prepare_and_build_load_the_plugin_and_an_edit_of_it_rebuilds(repo):
     path = pipeline(repo)
@@ -220,6 +221,7 @@ def test_prepare_and_build_load_the_plugin_and_an_edit_of_it_rebuilds(repo):
     assert plan["build"].action == "run"
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_a_pipeline_without_the_plugin_fails_prepare_naming_the_plugin(repo):
     with pytest.raises(StageError) as caught:
@@ -378,6 +380,7 @@ def test_the_plugins_in_the_guide_are_valid_entries():
     assert entries and all(Plugin.model_validate(e) for e in entries)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_an_edited_plugin_builds_its_engines_again_not_from_the_engine_cache(repo):
     path = pipeline(repo)

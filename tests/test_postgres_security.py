@@ -65,6 +65,7 @@ def _tcp_listeners(pid: int) -> list[str]:
             if fields[3] == "0A" and fields[9] in inodes]  # 0A: LISTEN
 
 
+@pytest.mark.slow
 def test_the_cluster_listens_on_no_tcp_port_and_its_folders_are_closed_to_others(postgres):
     pid = int((postgres.data / "postmaster.pid").read_text().split()[0])
     assert _tcp_listeners(pid) == [], "no TCP listener, loopback included"
@@ -101,6 +102,7 @@ def _as_another_user(fn):
     return result
 
 
+@pytest.mark.slow
 @AS_ROOT
 def test_another_user_cannot_reach_the_database_trtflow_started(postgres):
     lines = (postgres.data / "postmaster.pid").read_text().splitlines()  # its pid, data, start, port, socket dir
@@ -138,6 +140,7 @@ def test_prefects_role_owns_its_database_and_is_no_superuser(postgres):
         == [("pg_trgm",)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["port", "run", "data", "."])  # port: an earlier trtflow's record
 def test_a_link_planted_where_the_cluster_writes_is_never_followed(where):
     folder = reachable_tmp("trtflow-test-link-")
@@ -191,6 +194,7 @@ def test_no_secret_in_a_database_url_is_said(url, secrets):
     assert "application_name=trtflow" in shown or "application_name" not in url
 
 
+@pytest.mark.slow
 def test_a_query_password_is_neither_printed_nor_recorded_by_server_start_and_status(postgres, tmp_path):
     env = _isolated(tmp_path)
     url = postgres.database(f"secret_{os.getpid()}") + "&password=s3cret-query-pw"

@@ -51,6 +51,7 @@ def run_precision(model: Path, out: Path, extra_inputs=None, **kw):
     return precision.run(params, Inputs({"model": Artifact(model, "onnx", "m"), **(extra_inputs or {})}), out)
 
 
+@pytest.mark.slow
 def test_planted_fp16_overflow_is_kept_in_fp32(tmp_path, tensorrt_available, engine_size):
     model = overflow_model(tmp_path / "overflow.onnx")
     data = {"tensors": tensors_dir(tmp_path)}
@@ -101,6 +102,7 @@ def signed_tensors(tmp_path: Path) -> list[Artifact]:
     return tensors_dir(tmp_path, low=-0.5, high=0.5, seed=1)
 
 
+@pytest.mark.slow
 def test_values_fp16_rounds_to_zero_are_kept_in_fp32(tmp_path):
     """Issue #51: basic-pitch adds 1e-10 before a Log; FP16 makes it 0 and every output NaN, while the precision
     stage kept nothing in FP32 (it guarded only the high end). Now a small constant FP16 would lose to 0 keeps its
@@ -171,6 +173,7 @@ def test_a_block_nodes_pattern_that_matches_part_of_a_name_says_how_to_match_it(
     assert pattern_hint("big_matmull", ["big_matmul", "head"]) == " (did you mean 'big_matmul'?)"
 
 
+@pytest.mark.slow
 def test_max_rel_error_refinement(tmp_path):
     model = overflow_model(tmp_path / "m.onnx")
     data = {"tensors": tensors_dir(tmp_path)}
@@ -182,6 +185,7 @@ def test_max_rel_error_refinement(tmp_path):
     assert result.metrics["nan_inf"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,shapes", [(SQUEEZENET, {"input": [1, 3, 224, 224]}),
                                           (PPOCR, {"x": [1, 3, 48, 192]})])
 def test_real_models_fp16_and_tensorrt_rtx_builds_them(tmp_path, model, shapes, tensorrt_available, engine_size):
@@ -255,6 +259,7 @@ def test_a_killed_probe_is_a_crash_never_evidence_about_the_model(tmp_path, monk
                       holdout=4)
 
 
+@pytest.mark.slow
 def test_a_variant_with_no_fp16_compute_is_a_warning(tmp_path):
     """Everything inside an If (control flow is not converted): the "FP16" variant is the FP32 model under another
     name, and the stage says so instead of passing silently (validate's repair then has nothing to do)."""

@@ -35,6 +35,7 @@ def _text_within(tab, wanted: list[str], seconds: float = 60) -> str:
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_the_background_servers_ui_shows_the_flow_run_trtflow_printed(workdir, tmp_path):
     playwright = pytest.importorskip("playwright.sync_api")
     browser_path = chromium()

@@ -125,6 +125,7 @@ def _text_lines(folder: Path) -> None:
         np.save(folder / f"{i}.npy", small.repeat(2, axis=1).repeat(2, axis=2)[None].astype(np.float32))
 
 
+@pytest.mark.slow
 def test_a_model_whose_only_problem_is_an_antialiased_resize_ships_with_the_rewrite_named(workdir, prefect_api,
                                                                                          tensorrt_backend):
     """Done when (issue #68): no change to the pipeline file beyond what the model needs; prepare rewrites the
@@ -186,6 +187,7 @@ def _hyperparameters(folder: Path) -> None:
         np.save(folder / f"{i}.npy", batch.astype(np.float32))
 
 
+@pytest.mark.slow
 def test_a_trained_scikit_learn_model_whose_scaler_the_parser_refuses_ships(workdir, prefect_api, tensorrt_backend):
     """Issue #68 Build 5: a real trained model from a wheel, refused by the parser (ai.onnx.ml Scaler: no
     importer), runs to a release with the Scaler rewritten into a Sub and a Mul, its predictions unchanged."""
@@ -206,6 +208,7 @@ def test_a_trained_scikit_learn_model_whose_scaler_the_parser_refuses_ships(work
     assert [r["rule"] for r in released["rewrites"]] == ["scaler-sub-mul"]
 
 
+@pytest.mark.slow
 def test_init_says_which_rewrite_prepare_will_apply(tmp_path, tensorrt_backend):
     """Issue #68 Build 1: `trtflow init` reads the same diagnosis: a node the parser rejects that a rule covers is
     said in the file it writes, with the rule, and the trial is 'not checked' rather than failed."""

@@ -35,6 +35,7 @@ def tiny_model(path: Path, nodes, inputs, outputs, opset=17, domains=(), initial
     return path
 
 
+@pytest.mark.slow
 def test_real_classifier(tmp_path, tensorrt_available):
     result = run_prepare(PPOCR, tmp_path / "out", target_opset=17, input_shapes={"x": [1, 3, 48, 192]})
     report = json.loads(result.outputs["report"].read_text())
@@ -62,6 +63,7 @@ def test_real_classifier(tmp_path, tensorrt_available):
     assert not (tmp_path / "out" / "work").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_preflight_lists_every_unsupported_node(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
@@ -135,6 +137,7 @@ def test_an_opset_no_installed_tool_knows_is_refused(tmp_path):
                               f"supports)"
 
 
+@pytest.mark.slow
 def test_external_data_in_and_out(tmp_path):
     src = tmp_path / "ext" / "model.onnx"
     src.parent.mkdir()
@@ -168,6 +171,7 @@ def test_simplification_that_cannot_be_verified_is_not_applied(tmp_path):
     assert any("not simplified" in w for w in result.warnings)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_a_model_that_parses_but_does_not_build(tmp_path):
     """Parsing is not building: the trial build at the check shapes catches what the build stage would hit."""

@@ -12,6 +12,7 @@ from trtflow.stages.image import preprocess, resample
 from trtflow.stages.image.steps import CenterCrop, Pad, Read, Resize, apply, dump, parse
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("interp,pil", [("linear", Image.BILINEAR), ("cubic", Image.BICUBIC),
                                         ("lanczos", Image.LANCZOS), ("area", Image.BOX)])
 def test_antialiased_resize_is_pils_pixel_for_pixel(interp, pil):

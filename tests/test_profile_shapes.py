@@ -96,6 +96,7 @@ def validate_pooler(pooler: dict, out: Path, max_frames: int, **kw):
                                                     **pooler["tensors"]}, data=SEQ, **kw)
 
 
+@pytest.mark.slow
 def test_an_fp16_overflow_at_the_longest_sequence_fails_validate_naming_that_shape(tmp_path, pooler,
                                                                                     tensorrt_backend):
     with pytest.raises(StageFailed) as failed:
@@ -127,6 +128,7 @@ def test_an_fp16_overflow_at_the_longest_sequence_fails_validate_naming_that_sha
     assert [r["shapes"] for r in report["candidates"][0]["per_shape"]][-1] == [{"x": [2, 32, 8]}]
 
 
+@pytest.mark.slow
 def test_repair_works_on_the_shape_that_fails(tmp_path, pooler, tensorrt_backend):
     fixed = validate_pooler(pooler, tmp_path / "r", 256, repair=True, repair_max_giveback=0.5)
     report = json.loads(fixed.outputs["report"].read_text())
@@ -142,6 +144,7 @@ REC_STEPS = [{"read": {"color": "bgr", "depth": 8}}, {"resize": {"height": 48, "
              {"pad": {"size": [48, 320], "value": 0}}, {"batch": True}]  # the ppocr-rec example's, declared
 
 
+@pytest.mark.slow
 def test_text_lines_are_read_at_each_width_through_the_declared_preprocessing(tmp_path, tensorrt_backend):
     """PP-OCRv4's recognizer (a real model, real text lines), its width dynamic 64..512: each width's rows are the
     lines through the example's preprocessing with its resize and pad set for that width."""
@@ -228,6 +231,7 @@ def token_model(path: Path) -> Path:
                    numpy_helper.from_array(np.array([-1], np.int64), "last")])
 
 
+@pytest.mark.slow
 def test_token_ids_are_padded_with_the_pad_id_and_their_mask_with_zero(tmp_path, tensorrt_backend):
     model = token_model(tmp_path / "tokens.onnx")
     ids = np.array([[2, 17, 9, 23, 5, 3]], np.int64)
@@ -262,6 +266,7 @@ def test_token_ids_are_padded_with_the_pad_id_and_their_mask_with_zero(tmp_path,
         "saved tensors: as given", longest.made()]
 
 
+@pytest.mark.slow
 def test_the_model_card_shows_the_shipped_engine_at_each_shape(tmp_path, pooler, tensorrt_backend):
     from tests.test_release import release_of
 

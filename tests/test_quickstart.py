@@ -123,6 +123,7 @@ def serve(argv: list[str], store: str, log: str) -> None:
                        "--allow-metrics", "false"], variables)
 
 
+@pytest.mark.slow
 def test_the_readme_quickstart_runs_as_written(tmp_path):
     blocks = quickstart_blocks((ROOT / "README.md").read_text())
     # install, init, run, card, serve, rebuild: each block is unpacked below into exactly its lines, so a command

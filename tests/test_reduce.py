@@ -44,6 +44,7 @@ def _reduce(capsys, *argv: str) -> dict:
     return json.loads(captured.out)
 
 
+@pytest.mark.slow
 def test_fp16_overflow_is_reduced_to_the_planted_conv(effnet, tmp_path, capsys, monkeypatch):
     model, data = effnet
     defects = assets.load_bench("defects")
@@ -68,6 +69,7 @@ def test_fp16_overflow_is_reduced_to_the_planted_conv(effnet, tmp_path, capsys, 
     assert code == 1 and "the whole model passes this check" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_int8_range_ruined_is_reduced_to_the_conv_reading_it(effnet, tmp_path, capsys):
     model, data = effnet
     defects = assets.load_bench("defects")
@@ -95,6 +97,7 @@ def test_int8_range_ruined_is_reduced_to_the_conv_reading_it(effnet, tmp_path, c
     assert rd.int8_check(0.5, onnx.load(qdq))(sub, feeds, tmp_path) is None, "with the good ranges it passes"
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_parser_rejection_is_reduced_to_the_rejected_op(effnet, tmp_path, capsys):
     model, data = effnet
@@ -106,6 +109,7 @@ def test_parser_rejection_is_reduced_to_the_rejected_op(effnet, tmp_path, capsys
     assert "rejects Unique" in result["failure"]
 
 
+@pytest.mark.slow
 def test_a_users_command_decides(effnet, tmp_path, capsys):
     model, _ = effnet
     script = tmp_path / "repro.py"
@@ -117,6 +121,7 @@ def test_a_users_command_decides(effnet, tmp_path, capsys):
     assert result["nodes"] == [f"Conv '{PLANT}'"] and "exited with code 3" in result["failure"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["missing.onnx", "--check", "fp16"], "missing.onnx: no such file"),
     (["{model}", "--check", "command"], "--check command needs --command CMD"),

@@ -3,6 +3,7 @@
 examples' pipeline files use is in it (issue #41)."""
 from __future__ import annotations
 
+import pytest
 import yaml
 from markdown_it import MarkdownIt
 
@@ -53,6 +54,7 @@ def _row(section: str, key: str) -> reference.Option:
     return found
 
 
+@pytest.mark.slow
 def test_types_units_defaults_and_examples():
     assert _row("build", "workspace").type == "size (bytes)"
     assert _row("build", "workspace").examples == ("2GiB",)

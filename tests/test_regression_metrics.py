@@ -185,6 +185,7 @@ def card_of(o: Option) -> str:
 
 # ------------------------------------------------------------------------------------------------------ init
 
+@pytest.mark.slow
 def test_init_proposes_a_regression_for_small_values_and_a_decision_for_a_one_class_score(models, tmp_path):
     """Before: the MOS model's [N, 3] from a Gemm was refused as "class logits or an embedding" (--task other then
     wrote no metric), and the [N, 1] Sigmoid got topk: {k: 1}."""
@@ -231,6 +232,7 @@ def test_the_refusal_names_regress_and_says_what_other_does():
 
 # ------------------------------------------------------------------------------------------------------ validate
 
+@pytest.mark.slow
 def test_validate_bounds_a_regression_in_the_output_s_units(models, tmp_path):
     """The price-scaled network's FP16 variant (trtflow's converter) rounds outputs in the thousands by whole
     units: its cosine is 0.99999999 and its error 0.02% of the outputs' spread, which the default bounds pass; the

@@ -102,6 +102,7 @@ def cls(tmp_path_factory) -> Artifact:
     return Artifact(path, "onnx", "p", "prepare")
 
 
+@pytest.mark.slow
 def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     report, out = release_of(tmp_path, engines(tmp_path, [cls], profiles={"lines": LINES}),
                              select=ANY_CONTRACT)
@@ -148,6 +149,7 @@ def test_config_follows_the_profiles(tmp_path, cls, tensorrt_backend):
     assert [list(g.profile) for g in c.instance_group] == [["0"], ["1"]]
 
 
+@pytest.mark.slow
 def test_triton_settings_pass_through_checked_by_its_schema_and_warmup_per_profile(tmp_path, cls, tensorrt_backend):
     """optimization, response_cache and parameters reach config.pbtxt as given (a key Triton's schema has not got
     is refused with the key named); model_warmup runs each profile at its opt shape (random data: the release
@@ -166,6 +168,7 @@ def test_triton_settings_pass_through_checked_by_its_schema_and_warmup_per_profi
         release_of(tmp_path, built, select=ANY_CONTRACT, triton={"optimization": {"cuda": {"graph": True}}})
 
 
+@pytest.mark.slow
 def test_the_same_engine_under_another_contract_is_a_new_version(tmp_path, cls, tensorrt_backend):
     """The engine of version 1 released again with a smaller batch cap: clients of version 1 could send 32, so it
     is refused by default, and with allow_change it ships as version 2, never as version 1 with another config."""
@@ -182,6 +185,7 @@ def test_the_same_engine_under_another_contract_is_a_new_version(tmp_path, cls, 
     assert (out / "triton" / "native" / "cls" / "2" / "model.plan").is_file()
 
 
+@pytest.mark.slow
 def test_a_version_claimed_by_a_run_that_died_is_announced_by_the_run_that_publishes_it(tmp_path, cls,
                                                                                         tensorrt_backend):
     """Issue #49 item 7, on a local store: version 2 (a smaller batch cap) claimed by a run that died before its
@@ -222,6 +226,7 @@ def test_a_version_claimed_by_a_run_that_died_is_announced_by_the_run_that_publi
     assert [(r["version"], r["new"]) for r in legacy.metrics["releases"]] == [(2, False)]
 
 
+@pytest.mark.slow
 def test_a_config_triton_would_refuse_is_caught(tmp_path, cls, tensorrt_backend):
     """The checks mirror Triton's load rules: each mistake a hand-written config makes is named."""
     eng = built_engines(engines(tmp_path, [cls], profiles={"lines": LINES}))[0]
@@ -278,6 +283,7 @@ def overflow(tmp_path_factory) -> dict:
             "inputs": inputs}
 
 
+@pytest.mark.slow
 def test_an_engine_that_failed_validation_is_never_shipped(tmp_path, tensorrt_backend, overflow):
     verdict = json.loads(overflow["validation"].read_text())
     assert verdict["not_shipped"] and all(n.startswith("fp16.") for n in verdict["not_shipped"])
@@ -301,6 +307,7 @@ def test_an_engine_that_failed_validation_is_never_shipped(tmp_path, tensorrt_ba
                    select={"prefer": "size", "variants": ["fp16"]})
 
 
+@pytest.mark.slow
 def test_the_declared_preprocessing_ships_as_a_python_backend_model_and_an_ensemble(tmp_path, tensorrt_backend,
                                                                                    overflow, monkeypatch):
     """triton.preprocess: the parity stage's steps run by trtflow's own Preprocessor in a Python-backend model, and an
@@ -341,6 +348,7 @@ def test_the_declared_preprocessing_ships_as_a_python_backend_model_and_an_ensem
     assert outputs == [] and "cannot decode the image" in error
 
 
+@pytest.mark.slow
 def test_an_optional_variant_that_fails_is_left_out_and_the_rest_ships(tmp_path, tensorrt_backend, overflow):
     """FP16 fails validation (a planted overflow): declared optional, validate passes with FP16 excluded and says
     why; the release ships the FP32 engine and its card names why FP16 may not ship. Without the declaration the
@@ -363,6 +371,7 @@ def test_an_optional_variant_that_fails_is_left_out_and_the_rest_ships(tmp_path,
     assert "optional variant: excluded" in (out / "card" / "model-card.html").read_text()
 
 
+@pytest.mark.slow
 def test_a_rebuild_that_loses_the_shipped_variant_keeps_the_previous_version(tmp_path, tensorrt_backend, overflow):
     """A fleet rebuild: version 1 shipped the FP16 engine; the rebuild's FP16 fails validation (declared optional,
     left out). The target keeps version 1 (no new version, no repository written, the card and the stage's result
@@ -400,6 +409,7 @@ def test_a_rebuild_that_loses_the_shipped_variant_keeps_the_previous_version(tmp
     assert replaced["targets"][0]["version"] == 2 and replaced["targets"][0]["held"] is None
 
 
+@pytest.mark.slow
 def test_versions_increase_with_each_engine_released(tmp_path, tensorrt_backend, overflow):
     shared = tmp_path / "shared"
     first, _ = release_of(tmp_path, overflow["engines"], shared, select={"prefer": "size", "require": "built"})
@@ -555,6 +565,7 @@ def test_numbers_that_move_within_their_noise_do_not_change_the_shipped_engine(t
                                                                           f"throughput, more than the margin")
 
 
+@pytest.mark.slow
 def test_an_engine_that_would_change_the_contract_does_not_compete(tmp_path, cls, tensorrt_backend):
     """Issue #50: the dynamic-batch engine shipped as version 1; a re-measured benchmark ranked a batch-1 engine
     first and the release then refused its own choice ("would change its serving contract"): exit 1 on a run where
@@ -677,6 +688,7 @@ stages:
 """
 
 
+@pytest.mark.slow
 def test_each_new_release_is_an_event_a_deployment_can_act_on(workdir, prefect_api, tensorrt_backend):
     """`trtflow run` through the test run's Prefect server: a release emits trtflow.release.created with its
     version; an engine changed by a new profile is released as version 2 with the batch limit that follows; a run
@@ -762,6 +774,7 @@ stages:
 """
 
 
+@pytest.mark.slow
 def test_a_forced_release_keeps_the_provenance_chain(write_yaml, workdir, tensorrt_backend):
     """Issue #39: `--force release` wrote a card with no provenance: the runner rebuilt a forced stage's inputs
     without their lineage. The forced release's report and card name the same chain as the first run's."""

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_plugins import PLUGIN, SHAPE, clip_model, pipeline, run_all, run_outcomes
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.stages.release import card
 from trtflow.stages.release.report import Option, ReleaseReport, TargetRelease
 from trtflow.stages.release.stage import ship_plugins
 from trtflow.stages.trt import plugins
-from tests.test_plugins import PLUGIN, SHAPE, clip_model, pipeline, run_all, run_outcomes
 
 RELEASE = (f"  prepare: {{kind: prepare, input_shapes: {{x: {SHAPE}}}}}\n"
            "  build: {kind: build}\n"
@@ -105,6 +105,7 @@ def test_a_library_changed_since_the_key_or_two_of_one_name_fail_in_one_line(tmp
 
 # --- the pipeline: prepare -> build -> release with the Python plugin ----------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_a_python_plugin_release_warns_in_one_line_and_the_card_says_stock_triton_cannot_serve_it(repo):
     """The runner declares the plugins to the release (its row ships them) as to the stages that build."""
@@ -124,6 +125,7 @@ def test_a_python_plugin_release_warns_in_one_line_and_the_card_says_stock_trito
     assert "the serving process must import clip_plugin (registering its creators)" in page
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_an_edited_plugin_releases_again(repo):
     """An edited plugin moves the release's key: its own plugins' digests (its row ships them), and the engines

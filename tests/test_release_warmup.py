@@ -139,6 +139,7 @@ def test_random_release_data_keeps_ids_within_the_embedding_and_no_data_is_zeros
                                   for w in said), said
 
 
+@pytest.mark.slow
 def test_real_triton_loads_the_model_warmed_with_its_data(tmp_path, tokens, built, triton):
     """The released repository loaded into the real Triton (tests/triton_server.py), its engine served by the
     STAND-IN `tensorrt` backend (tests/triton_backend/model.py: the model's ONNX on ONNX Runtime, no engine runs),

@@ -82,6 +82,7 @@ def _remote_files(bucket: Bucket, key: str) -> dict[str, bytes]:
             for rel in manifest["files"]}
 
 
+@pytest.mark.slow
 def test_a_result_the_bucket_holds_is_served_from_the_cache_for_one_read(bucket, tmp_path):
     key = "a1" * 16
     store = _store(bucket.url, tmp_path / "m1")
@@ -96,6 +97,7 @@ def test_a_result_the_bucket_holds_is_served_from_the_cache_for_one_read(bucket,
     assert store.notes == []
 
 
+@pytest.mark.slow
 def test_a_result_the_bucket_lost_is_published_again_from_the_verified_copy(bucket, tmp_path):
     key = "b2" * 16
     store = _store(bucket.url, tmp_path / "m1")
@@ -150,6 +152,7 @@ def test_an_altered_cached_copy_is_discarded_not_published(bucket, tmp_path):
     assert store.lookup("s", key).manifest is not None
 
 
+@pytest.mark.slow
 def test_a_read_only_store_does_not_serve_what_only_the_cache_holds(bucket, tmp_path):
     key = "d4" * 16
     _published(_store(bucket.url, tmp_path / "m1"), key, b"engine bytes")
@@ -187,6 +190,7 @@ def test_another_result_of_the_key_in_the_bucket_replaces_the_cached_copy(bucket
     assert (mine.path("s", key) / "model.onnx").read_bytes() == b"forced engine"
 
 
+@pytest.mark.slow
 def test_a_failed_result_in_the_bucket_is_not_served_and_a_rerun_replaces_it(bucket, tmp_path):
     key = "f6" * 16
     mine = _store(bucket.url, tmp_path / "m1")
@@ -222,6 +226,7 @@ def test_an_unreachable_bucket_is_an_error_not_the_cached_copy(bucket, tmp_path,
     assert os.path.exists(store.path("s", key) / "model.onnx")
 
 
+@pytest.mark.slow
 def test_a_republish_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path):
     """The bucket lost the result; while this machine checks, another one publishes its own result of the key:
     this machine's upload loses the conditional create, is removed, and the winner's result replaces the cached

@@ -80,6 +80,7 @@ DEFORMCONV = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", DEFORMCONV)
 def test_deformconv_becomes_gridsample_and_conv(case, tmp_path):
@@ -153,6 +154,7 @@ SCATTER = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", SCATTER)
 def test_scatter_reduction_becomes_one_hot_where_reduce(case, tmp_path):
@@ -209,6 +211,7 @@ RESIZE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", RESIZE)
 def test_resize_becomes_two_matmuls(case, tmp_path):
@@ -262,6 +265,7 @@ DFT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", DFT)
 def test_dft_becomes_a_matmul(case, tmp_path):
@@ -373,6 +377,7 @@ def test_dft_rewrite_keeps_wespeakers_features(wespeaker, seconds, batch):
     assert span > 5 and diff <= 5e-5 * span, (diff, span)
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_dft_rewrite_makes_wespeaker_parse_and_build(wespeaker, tmp_path):
     """The parser refuses the shipped model's DFT and takes the rewritten one, Scan and all; a trial engine builds

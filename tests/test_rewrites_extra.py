@@ -58,6 +58,7 @@ COMPRESS = {"axis-0": ([3, 2], [True, False, True], 0), "axis-negative": ([2, 3,
             "no-axis-flattened": ([2, 3], [False, True, False, True, True], None)}
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", COMPRESS)
 def test_compress_becomes_a_gather_of_constant_indices(case, tmp_path):
@@ -104,6 +105,7 @@ MAXUNPOOL = {"2d-k2-s2": ([2, 3, 4, 4], None, {"kernel_shape": [2, 2], "strides"
              "3d": ([1, 1, 4, 4, 4], None, {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]})}
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", MAXUNPOOL)
 def test_maxunpool_becomes_a_scatter_into_zeros(case, tmp_path):
@@ -133,6 +135,7 @@ DET4 = {"4x4-batched": {"shape": [3, 4, 4]}, "4x4-single": {"shape": [4, 4]},
         "4x4-dynamic-batch": {"shape": [5, 4, 4], "declared": ["b", 4, 4], "seed": 12}}
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", DET4)
 def test_det_4x4_becomes_a_laplace_expansion(case, tmp_path):
@@ -162,6 +165,7 @@ NORMALIZER = {f"{norm}-{tag}": (norm, kwargs) for norm in ("MAX", "L1", "L2") fo
                "dynamic-batch": {"declared": ["n", 4]}}.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", NORMALIZER)
 def test_normalizer_becomes_a_reduce_and_a_div(case, tmp_path):

@@ -105,6 +105,7 @@ def test_dynamicquantizelinear_equals_onnxruntimes_on_many_draws():
         assert _diff(run_ort(model, {"x": x}), run_ort(new, {"x": x})) == 0.0, i
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_dynamicquantizelinear_parses_and_builds(tmp_path):
     """y and the zero point are the network's outputs: a Cast to uint8 straight into a network output parses."""
@@ -143,6 +144,7 @@ CONV_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", CONV_CASES)
 def test_convinteger_becomes_conv(case, tmp_path):
@@ -184,6 +186,7 @@ MATMUL_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", MATMUL_CASES)
 def test_matmulinteger_becomes_matmul(case, tmp_path):
@@ -317,6 +320,7 @@ def decode(logits: np.ndarray) -> list[int]:
     return [int(c) for i, c in enumerate(best) if c != 0 and (i == 0 or c != best[i - 1])]
 
 
+@pytest.mark.slow
 def test_crnn_rewritten_keeps_ddddocrs_outputs(crnn):
     """All 22 DynamicQuantizeLinear, 21 ConvInteger and the MatMulInteger replaced (the DynamicQuantizeLSTM left to
     ONNX Runtime); the logits equal the original's (max abs diff measured 0.0: the rewrite is exact) and so does the
@@ -333,6 +337,7 @@ def test_crnn_rewritten_keeps_ddddocrs_outputs(crnn):
         assert decode(logits) == decode(logits_new) and len(decode(logits)) >= 3
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_crnn_rewritten_parses_but_for_its_lstm_and_builds(crnn, tmp_path):
     """The parser refuses only the DynamicQuantizeLSTM of the rewritten model; with that node cut out (its input a

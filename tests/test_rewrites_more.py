@@ -84,6 +84,7 @@ MOD = {"float32-broadcast": ({}, 1e-5), "float16": ({"elem": FLOAT16, "b_shape":
        "double-scalar-divisor": ({"elem": DOUBLE, "b_shape": ()}, 1e-12)}
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("case", MOD)
 def test_float_mod_becomes_floor_division(case, tmp_path):

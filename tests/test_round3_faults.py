@@ -169,6 +169,7 @@ stages:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_a_sigkilled_preflight_in_a_real_run_publishes_nothing(workdir):
     """The run as the issue saw it: the FP16 stage in its own process, its pre-flight child SIGKILLed by pid. The
@@ -285,6 +286,7 @@ def test_init_deploy_still_writes_a_new_file_and_overwrites_only_with_force(caps
 
 # ------------------------------------------------------------------- item 15: check-env against no server
 
+@pytest.mark.slow
 def test_check_env_with_an_unreachable_server_prints_one_line(tmp_path):
     """Issue #37 item 15: Prefect's own "Unable to connect ..." warning came before trtflow's `error:` line."""
     with socket.socket() as s:  # a loopback port nothing listens on

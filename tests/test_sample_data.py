@@ -73,6 +73,7 @@ def test_ranges_name_real_inputs(tmp_path):
                     check={"data": {"random": True, "ranges": {"token_types": [0, 1]}}})
 
 
+@pytest.mark.slow
 def test_calibrate_with_random_token_ids(tmp_path):
     model = tmp_path / "m.onnx"
     bert_like(model, opset=17)
@@ -86,6 +87,7 @@ def test_calibrate_with_random_token_ids(tmp_path):
     assert any(w.startswith("calibrated on random inputs") for w in result.warnings)
 
 
+@pytest.mark.slow
 def test_poor_int8_accuracy_is_not_quiet(tmp_path):
     """A threshold at the 20th percentile clips most activations: the pre-flight falls below the bar and says so."""
     model = tmp_path / "m.onnx"

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.assets import PPOCR
 from tests.processes import _cli, _started, _until
@@ -63,6 +64,7 @@ def _api(api: str, method: str, path: str, body: dict | None = None):
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_a_scheduled_pipeline_reuses_rebuilds_and_reruns_exactly_what_changed(tmp_path, prefect_api,
                                                                              tensorrt_backend):
     import s3fs

@@ -28,11 +28,10 @@ def test_a_store_url_without_one_is_taken(tmp_path):
 
 
 def test_store_option_holding_a_secret_is_exit_2_in_one_line(tmp_path, capsys):
-    from trtflow.flows.cli import main
-
     import shutil
 
     from tests.assets import PPOCR
+    from trtflow.flows.cli import main
 
     shutil.copy(PPOCR, tmp_path / "m.onnx")
     (tmp_path / "pipeline.yaml").write_text(PIPE.format(url="s3://models/trtflow"))

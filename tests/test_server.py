@@ -39,6 +39,7 @@ def _isolated(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
     (workdir / "pipeline.yaml").write_text(PIPE.format(name="bg"))
     env = _isolated(tmp_path)
@@ -84,6 +85,7 @@ def test_background_server_started_once_reused_and_stopped(workdir, tmp_path):
         _kill_recorded(record)
 
 
+@pytest.mark.slow
 def test_a_paused_server_is_waited_for_and_a_killed_one_is_gone(workdir, tmp_path):
     """trtflow's background server stopped (SIGSTOP) in the middle of a run, longer than the three unanswered
     checks (about 18 s) that used to end the run with exit 3, then resumed: the run says once that it waits, goes
@@ -200,6 +202,7 @@ def _impostor(port: int) -> subprocess.Popen:
                              "--port", str(port)], start_new_session=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("proof", ["none", "another"])
 def test_a_record_without_proof_is_refused_and_nothing_is_signalled(tmp_path, proof):
     """`trtflow server stop` SIGTERMed the process group of any process whose command line held `prefect`,

@@ -59,6 +59,7 @@ def fleet_server_block(guide: str) -> list[str]:
     return [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
 
 
+@pytest.mark.slow
 def test_the_fleet_guides_server_commands_as_written_start_prefect_on_a_postgresql_of_trtflows_own(workdir, tmp_path):
     lines = fleet_server_block((ROOT / "docs" / "guides" / "fleet.md").read_text())
     assert lines[0].startswith("trtflow server start --database local"), lines
@@ -134,6 +135,7 @@ stages:
 """
 
 
+@pytest.mark.slow
 def test_a_database_lost_under_the_server_is_said_by_status_and_ends_a_run_with_exit_3(workdir, tmp_path):
     """PostgreSQL killed (SIGKILL to its postmaster) while a run talks to the server trtflow started on it: the run
     ends with exit 3 and one line (not Prefect's 500 as an unexpected error), `server status` says the database is

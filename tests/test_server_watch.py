@@ -13,6 +13,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 WATCHED = textwrap.dedent("""
     import sys, time
     from trtflow.flows.cli import _fail
@@ -35,6 +37,7 @@ def _start(url: str, seconds: float, patience: str) -> subprocess.Popen:
                             env={**os.environ, "TRTFLOW_SERVER_PATIENCE": patience})
 
 
+@pytest.mark.slow
 def test_a_silent_server_past_its_patience_and_a_refusing_one_are_gone():
     """Two runs side by side: one whose server takes connections and says nothing beyond
     TRTFLOW_SERVER_PATIENCE=4 ends with exit 3; one whose server refuses connections ends with exit 3 within seconds.

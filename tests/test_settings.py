@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import one_error_line, run_cli
 from tests.processes import PIPE
+from tests.test_cli import one_error_line, run_cli
 from tests.test_server import _isolated, _kill_recorded
 from trtflow import settings
 

@@ -118,6 +118,7 @@ def _manifest(key: str, content: bytes) -> Manifest:
         "path": "model.onnx", "type": "onnx", "digest": hashlib.sha256(content).hexdigest()}}})
 
 
+@pytest.mark.slow
 def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path):
     """Two machines publish one key: the second checks before the first commits, uploads its own files, and loses
     the conditional create; it adopts the first one's files, and nothing of its own remains."""
@@ -147,6 +148,7 @@ def test_a_writer_that_loses_the_race_adopts_the_winners_result(bucket, tmp_path
     assert (third.path("s", key) / "model.onnx").read_bytes() == b"first machine's engine"
 
 
+@pytest.mark.slow
 def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     name, fs = bucket
     url = f"s3://{name}/store"
@@ -171,6 +173,7 @@ def test_verify_finds_a_corrupted_upload_and_leftovers(bucket, tmp_path):
     assert not fs.exists(f"{name}/store/s/{key}")
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 def test_two_workers_run_one_pipeline_at_once_on_one_s3_store(bucket, tmp_path):
     """Two `trtflow run` processes (two machines: each its own cache directory) run the same pipeline on one S3 store
@@ -297,6 +300,7 @@ def test_a_missing_bucket_is_one_line(s3_server, workdir, capsys, monkeypatch):
     assert "s3://no-such-bucket/models" in line and "bucket does not exist" in line
 
 
+@pytest.mark.slow
 def test_permission_denied_is_one_line(workdir, tmp_path, capsys, monkeypatch):
     """A server that authenticates every request, and keys it does not know: reads and writes are denied."""
     with _moto_server(tmp_path, INITIAL_NO_AUTH_ACTION_COUNT="0") as env:
@@ -312,6 +316,7 @@ def test_permission_denied_is_one_line(workdir, tmp_path, capsys, monkeypatch):
 
 # --- nothing outside what trtflow owns is deleted or written (issue #27, data loss and security) ------------------
 
+@pytest.mark.slow
 def test_verify_repair_on_s3_removes_only_trtflow_results(bucket, tmp_path, capsys, monkeypatch):
     from trtflow.flows import cli
     name, fs = bucket
@@ -336,6 +341,7 @@ def test_verify_repair_on_s3_removes_only_trtflow_results(bucket, tmp_path, caps
     assert not fs.exists(f"{name}/data/s/{key}/manifest.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad_path", ["/tmp/PWNED-abs", "../../PWNED-rel"], ids=["absolute", "relative"])
 def test_a_poisoned_remote_manifest_writes_nothing_outside_the_cache(bucket, tmp_path, bad_path):
     name, fs = bucket
@@ -386,6 +392,7 @@ def _run_on(machine: str, repo: Path, tmp_path: Path, report: str, *extra: str) 
     return json.loads(found.read_text())
 
 
+@pytest.mark.slow
 def test_a_benchmark_baseline_accepted_on_one_machine_gates_another(bucket, tmp_path):
     """`shared/` (benchmark baselines, timing caches) lives in the remote store too: the baseline a run accepts on
     one machine is the one the next machine's gate compares with (it said "no baseline" on every cold machine)."""
@@ -435,6 +442,7 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_version_claimed_by_a_killed_run_is_announced_once_when_published(bucket, tmp_path, prefect_api):
     """The versions released so far live in the shared store: a machine that releases another engine of the same
     model after another machine did gets the next version, not 1 again. Issue #49 item 7: `trtflow run`
@@ -496,6 +504,7 @@ def test_a_version_claimed_by_a_killed_run_is_announced_once_when_published(buck
     assert events[1]["payload"]["previous_version"] == 1
 
 
+@pytest.mark.slow
 def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path, monkeypatch, prefect_api):
     """The store's credentials from a Prefect Secret block (TRTFLOW_STORE_CREDENTIALS=secret/<name>), with no AWS_*
     variable set: the store works; a wrong endpoint in the block fails on one line that does not carry the
@@ -536,6 +545,7 @@ def test_credentials_from_a_prefect_secret_block_never_printed(bucket, tmp_path,
         _store(url, tmp_path / "m4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["releases/" + "../" * 20 + "{outside}/PWNED", "benchmark/../../{outside}/PWNED",
                                  "releases/x/..", "timing-../../PWNED"],
                          ids=["releases-absolute", "benchmark-relative", "dotdot-end", "timing"])
@@ -595,6 +605,7 @@ def _release_rounds(url: str, cache: str, digest: str, rounds: int, barrier, out
     out.put(got)
 
 
+@pytest.mark.slow
 def test_two_machines_releasing_at_once_never_share_a_version(bucket, tmp_path):
     """Two processes, each its own cache of one S3 store (moto), release a new engine of one model and target at
     once, 20 rounds: the conditional create gives each version to one engine; the loser counts again and takes

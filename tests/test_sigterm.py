@@ -9,11 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_faults import alive, wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_sigterm_runs_the_teardowns(tmp_path):
     """In an xdist worker, as the suite runs (`-n 0`, one process, takes the same handler)."""
     pid_file = tmp_path / "pid"

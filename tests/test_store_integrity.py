@@ -552,6 +552,7 @@ def test_a_manifest_naming_a_path_outside_its_result_is_not_a_manifest(pipe, bad
     assert plan_of(path)["a"][0] == "run"
 
 
+@pytest.mark.slow
 def test_a_stage_that_outputs_a_symlink_is_one_line_and_publishes_nothing(write_yaml, workdir):
     from trtflow.errors import StageError
     path = write_yaml("""

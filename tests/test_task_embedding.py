@@ -85,6 +85,7 @@ stages:
 """
 
 
+@pytest.mark.slow
 def test_an_int8_sentence_embedding_model_is_judged_per_sentence(minilm, tmp_path):
     """all-MiniLM-L6-v2 to INT8, judged by each sentence's embedding (sentence-transformers' masked mean pooling),
     worst sentence first: it passes with only passing variants measured, or exits 1 naming the output and

@@ -66,6 +66,7 @@ def assert_nothing_left(sid: int, repository: Path, stubs: list[int]) -> None:
     assert not running & set(stubs), running & set(stubs)
 
 
+@pytest.mark.slow
 def test_a_failing_test_leaves_no_triton_process(tmp_path: Path, backend_env: Path):
     repository = tmp_path / "models"
     echo_model(repository)
@@ -79,6 +80,7 @@ def test_a_failing_test_leaves_no_triton_process(tmp_path: Path, backend_env: Pa
     assert_nothing_left(server.proc.pid, repository, [p.pid for p in started])
 
 
+@pytest.mark.slow
 def test_a_server_hung_loading_a_model_is_killed_with_its_stub(tmp_path: Path, backend_env: Path):
     """A test failing while Triton loads a Python model: Triton waits for the load to finish before it exits on
     SIGTERM (here, never): after `grace` the session is killed, the stub (ignoring SIGTERM) with it."""
@@ -134,6 +136,7 @@ def test_leaves_its_own_server_running(tmp_path):
 '''
 
 
+@pytest.mark.slow
 def test_no_triton_process_outlives_pytest(tmp_path: Path, backend_env: Path):
     """A pytest run (its own process, as a user's is) whose test fails using the `triton` fixture, and whose other test
     leaves a server it started running: when pytest has exited, neither server nor any of their stubs is left."""

@@ -69,6 +69,7 @@ def overflowing_squeezenet(tmp_path: Path) -> Path:
     return with_scale_pair(SQUEEZENET, tmp_path / "overflow.onnx", tensor, 4 * 65504 / peak)
 
 
+@pytest.mark.slow
 def test_fp16_overflow_is_caught_localized_and_repaired(tmp_path):
     model = overflowing_squeezenet(tmp_path)
     inputs = photos(tmp_path)
@@ -122,6 +123,7 @@ def test_bad_input(tmp_path):
     assert report["passed"] and "nothing to repair" in report["repair"]["note"]
 
 
+@pytest.mark.slow
 def test_int8_range_ruined_is_caught_localized_and_repaired(tmp_path):
     """One activation's INT8 range made 2000x too wide (as one huge outlier in the calibration data does): its
     values all round to zero; validate names the node that reads it and leaves that node unquantized."""
@@ -214,6 +216,7 @@ def test_localization_runs_a_batch_one_item_at_a_time_with_the_same_statistics(t
         (pytest.approx(r.cosine, rel=1e-5), pytest.approx(r.rms_rel, rel=1e-5)) for r in one_by_one.rows]
 
 
+@pytest.mark.slow
 def test_int8_rebuild_keeps_the_range_of_a_quantized_graph_output(tmp_path):
     """A model whose last quantized node writes the graph output (a classifier's final Gemm, here SqueezeNet cut
     after a Conv): ONNX Runtime renames that tensor for its Q/DQ pair. Repair's rebuild must find its range under
@@ -291,6 +294,7 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
     assert not short.passed and len(short.nodes) == 7 and len(short.rounds) == 3
 
 
+@pytest.mark.slow
 def test_a_nan_is_repaired_at_its_source(tmp_path):
     """Issue #51: on basic-pitch, repair gave back 63 of 179 nodes, never the Add of 1e-10 and the Log that make
     the NaN (the Add's output drifts by nothing a cosine sees), and concluded FP16 was not viable. Now the search

@@ -23,6 +23,7 @@ from trtflow.stages.trt.engines import VARIANT, built_engines
 from trtflow.stages.validate import stage as validate
 
 
+@pytest.mark.slow
 def test_failing_engine_is_replaced_by_its_repair_or_fails_the_stage(tmp_path, tensorrt_backend):
     model = overflowing_squeezenet(tmp_path)
     inputs = photos(tmp_path)

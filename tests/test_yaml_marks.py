@@ -28,6 +28,7 @@ def test_every_character_the_loader_refuses_outside_quotes_is_one_the_writer_esc
         assert ch not in quoted(ch), f"U+{ord(ch):04X}"
 
 
+@pytest.mark.slow
 def test_a_mark_inside_a_quoted_value_is_data_and_a_leading_bom_is_an_editors(tmp_path):
     loaded = load_text('\ufeffversion: 1\nname: ab\nmodel: "m\u200e.onnx"\nstages:\n  p: {kind: prepare}\n',
                        tmp_path / "pipeline.yaml", check_files=False)

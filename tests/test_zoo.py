@@ -18,6 +18,7 @@ def zoo(tmp_path_factory):
         yield models, assets.load_bench("zoo")
 
 
+@pytest.mark.slow
 @pytest.mark.tensorrt
 @pytest.mark.parametrize("name", FAST)
 def test_through_every_stage(zoo, name, tmp_path):
