@@ -41,11 +41,16 @@ class Notes:
     def say(self, sentence: str) -> None:
         self.said[sentence] = None
 
-    def text(self) -> str:
-        parts = list(self.said)
+    def by_input(self) -> dict[str, list[str]]:
+        """Per input, what was done to it ("padded along dim 1 from 5..7 to 16"), in input and dimension order."""
+        done: dict[str, list[str]] = {}
         for (name, axis, how), (was, now) in sorted(self.made.items()):
             start = f"{min(was)}" if len(was) == 1 else f"{min(was)}..{max(was)}"
-            parts.append(f"{name} {how} along dim {axis} from {start} to {now}")
+            done.setdefault(name, []).append(f"{how} along dim {axis} from {start} to {now}")
+        return done
+
+    def text(self) -> str:
+        parts = list(self.said) + [f"{name} {what}" for name, done in self.by_input().items() for what in done]
         return "; ".join(parts) or "as given"
 
 

@@ -358,9 +358,7 @@ class _Made:
             return made  # no data, or random floats only (Triton's random data is as good)
         shaped = source.at(opts)
         made.feeds = shaped.sample(0)
-        for (name, axis, how), (was, now) in sorted(shaped.target.notes.made.items() if shaped.target else []):
-            start = f"{min(was)}" if len(was) == 1 else f"{min(was)}..{max(was)}"
-            made.reshaped.setdefault(name, []).append(f"{how} along dim {axis} from {start} to {now}")
+        made.reshaped = shaped.target.notes.by_input() if shaped.target else {}
         return made
 
     def drawn_here(self, tensor: Any) -> bool:
