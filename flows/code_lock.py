@@ -14,8 +14,8 @@ kind's folder is in the closure as far as it is imported (the release reads `sta
 
 What is left out, and why: trtflow's core helpers (`trtflow/*.py`: files, child processes, progress, paths, errors,
 markdown) move bytes and report, they decide no result; the parameter models (`pipelines/params/<kind>.py`) enter
-the key through the parameters themselves, and a changed default comes with a bump of the kind's `VERSION`
-(`pipelines/schema.py` `StageBase.key_params`), which stays the semantic override it always was. Libraries whose
+the key through the parameters themselves, defaults included (`pipelines/schema.py` `StageBase.key_params`), and the
+kind's `VERSION` stays the semantic override it always was. Libraries whose
 arithmetic every kind shares and which decide no method (numpy, scipy) are left out too, see `DECIDING`; the
 TensorRT flavour and version are the environment facet `tensorrt` of the kinds whose row asks for it.
 

@@ -4,8 +4,8 @@
 of its input artifacts, the environment fingerprint where the kind's row says it matters, the source digests
 of user code named in the parameters and, for a built-in kind, the digests of trtflow's code that decides its
 output and the versions of the libraries its row declares (`flows/code_lock.py`, pinned by `code.lock.json`).
-Parameters left at their default stay out of the key (see `StageBase.key_params`): adding an option re-keys
-nothing. `tests/test_keys.py` pins the hash of a fixed stage and
+Parameters enter with their defaults (`StageBase.key_params`): a changed default re-keys exactly the stages that
+leave it unset. `tests/test_keys.py` pins the hash of a fixed stage and
 the key of every kind, so a change of this recipe is deliberate: then bump `KEY_FORMAT`, so no old result is
 mistaken for a new one.
 
@@ -37,8 +37,9 @@ from trtflow.stages.trt.env import (
     probe,
 )
 
-# 2: parameters at their default are left out; 3: a built-in kind's code and library versions (the part `trtflow`)
-KEY_FORMAT = 3
+# 2: parameters at their default are left out; 3: a built-in kind's code and library versions (the part `trtflow`);
+# 4: parameters with their defaults (issue #70)
+KEY_FORMAT = 4
 SHOWN_CHANGES = 8  # 'params changed' names at most this many key paths, then says how many more
 SHOWN_FILES = 3  # 'code changed' names at most this many files, then says how many more
 VALUE_WIDTH = 60  # characters of an old or new value shown, past which it is cut
@@ -155,8 +156,8 @@ class KeyParts(Recorded):
 
 
 class LastRun(BaseModel):
-    """`last.json`: the key of the stage's last run, its parts, every parameter (for `plan`'s why; absent in records
-    of older trtflow versions) and, for a failed run, `status` ("failed") and `error` (its first line)."""
+    """`last.json`: the key of the stage's last run, its parts (`params` beside them only in records of key format 3,
+    whose key left defaults out) and, for a failed run, `status` ("failed") and `error` (its first line)."""
     model_config = ConfigDict(extra="allow")
 
     key: str
@@ -184,10 +185,10 @@ def stage_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
-def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env, params: dict[str, Any]) -> str:
-    """Why a stage whose key is not published must run, from the record of its last run (`last.json`). `params`
-    (every parameter, defaults included) is compared with the ones the last run recorded (a record written before
-    they were: its key's parameters)."""
+def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env) -> str:
+    """Why a stage whose key is not published must run, from the record of its last run (`last.json`): its key's
+    parameters (defaults included) against the ones the last run's key held (a record of key format 3 kept every
+    parameter beside its key's, which left defaults out: those are compared)."""
     if not last:
         return "never run"
     old = last.parts
@@ -200,7 +201,7 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env, par
         reasons.append("trtflow's key format changed")  # (an older record lacks the parts a newer key has)
     if old.version != parts.version or old.kind != parts.kind:
         reasons.append(f"stage implementation changed ({old.kind} v{old.version} -> {parts.kind} v{parts.version})")
-    changed = diff(last.params if last.params is not None else old.params, params)
+    changed = diff(last.params if last.params is not None else old.params, parts.params)
     if changed:
         more = f", and {len(changed) - SHOWN_CHANGES} more" if len(changed) > SHOWN_CHANGES else ""
         reasons.append("params changed: " + ", ".join(changed[:SHOWN_CHANGES]) + more)

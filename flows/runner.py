@@ -252,7 +252,7 @@ class Runner:
                 return Resolution(name, spec.kind, impl, inputs, key, parts, found.manifest,
                                   f"nothing changed; {found.note}" if found.note else "nothing changed")
             return Resolution(name, spec.kind, impl, inputs, key, parts, None, stale, outdated=True)
-        reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe, spec.all_params())
+        reason = found.rejected or keys.why_stale(self.store.last(name), key, parts, describe)
         return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
 
     def _outdated(self, impl: implementation.StageImpl, manifest: Manifest) -> str | None:
@@ -304,8 +304,7 @@ class Runner:
 
     def _mark_last(self, name: str, key: str, parts: keys.KeyParts, **outcome: str) -> None:
         """`last.json` (keys.LastRun); `outcome` is a failed run's `status` and `error`."""
-        self.store.mark_last(name, keys.LastRun(key=key, parts=parts, params=self.graph.nodes[name].spec.all_params(),
-                                                **outcome))
+        self.store.mark_last(name, keys.LastRun(key=key, parts=parts, **outcome))
 
     # --- run --------------------------------------------------------------------------------------------------
 

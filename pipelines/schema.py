@@ -86,13 +86,9 @@ class StageBase(Strict):
         return [f"{ref} (a function of yours)" for ref in self.code_refs() if not ref.startswith("trtflow.")]
 
     def key_params(self) -> dict[str, Any]:
-        """The parameters that enter the cache key: those not left at their default, so a trtflow release that adds
-        an option with a default re-keys nothing already stored. A changed default changes the work of everyone
-        who left it: bump the kind's VERSION with it (tests/test_keys.py pins every kind's key)."""
-        return self.model_dump(mode="json", exclude=set(self.EXECUTION_FIELDS), exclude_defaults=True)
-
-    def all_params(self) -> dict[str, Any]:
-        """Every parameter that defines the work, defaults included: what `plan` shows when it explains a change."""
+        """The parameters that define the work, defaults included: the cache key's, the last run's record and what
+        `plan` compares, one definition (a changed default re-keys exactly the stages that leave it unset; an
+        option a trtflow release adds re-keys its kind once, which is right: its code changed too)."""
         return self.model_dump(mode="json", exclude=set(self.EXECUTION_FIELDS))
 
 

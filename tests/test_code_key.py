@@ -210,7 +210,7 @@ def test_upgrading_a_declared_library_rekeys_the_kinds_that_declare_it(versions,
         == sorted(k for k, r in KINDS.items() if library in r.libraries)
     new_parts = keys.key_parts(row.name, "1", {}, {}, None, None, code_lock.key_facts(row))
     last = keys.LastRun(key=before[row.name], parts=old_parts, params={})
-    assert keys.why_stale(last, keys.stage_key(new_parts), keys.KeyParts.model_validate(new_parts), str, {}) \
+    assert keys.why_stale(last, keys.stage_key(new_parts), keys.KeyParts.model_validate(new_parts), str) \
         == f"{library} {old} -> 1.33.0"
 
 
@@ -230,14 +230,14 @@ def test_why_stale_names_the_files_and_libraries_that_moved():
     new = _parts({**files, "stages/ort/m1.py": "1" * 16, "stages/ort/m4.py": "1" * 16},
                  {"onnx": "1.23.2", "onnxruntime": "1.33.0"})
     last = keys.LastRun(key="a" * 32, parts=old, params={})
-    assert keys.why_stale(last, "b" * 32, new, str, {}) \
+    assert keys.why_stale(last, "b" * 32, new, str) \
         == "code changed (stages/ort/m1.py, stages/ort/m4.py); onnxruntime 1.32.0 -> 1.33.0"
     many = _parts({f: "2" * 16 for f in list(files)[1:]} | {"stages/ort/new.py": "2" * 16}, {"onnx": "1.23.2"})
-    assert keys.why_stale(last, "b" * 32, many, str, {}) == (
+    assert keys.why_stale(last, "b" * 32, many, str) == (
         "code changed (stages/ort/m0.py, stages/ort/m1.py, stages/ort/m2.py, and 4 more); onnxruntime left the key")
     # a record of KEY_FORMAT 2 has no code part: the format is the reason, not every file
     older = keys.LastRun(key="a" * 32, parts=_parts({}, {}, fmt=2), params={})
-    assert keys.why_stale(older, "b" * 32, new, str, {}) == "trtflow's key format changed"
+    assert keys.why_stale(older, "b" * 32, new, str) == "trtflow's key format changed"
 
 
 @pytest.fixture
@@ -254,8 +254,7 @@ def test_plan_names_the_code_and_the_library_that_changed(pipeline, tmp_path, mo
     runner = Runner(load_pipeline(pipeline), store=LocalStore(tmp_path / "store"))
     r = runner.resolve("prepare", {}, fetch=False)
     assert r.parts.trtflow is not None and "stages/ort/runner.py" in r.parts.trtflow.files
-    runner.store.mark_last("prepare", keys.LastRun(key=r.key, parts=r.parts,
-                                                   params=runner.graph.nodes["prepare"].spec.all_params()))
+    runner.store.mark_last("prepare", keys.LastRun(key=r.key, parts=r.parts))
     lock = code_lock.load().model_copy(deep=True)
     for entry in lock.kinds.values():
         if "stages/ort/runner.py" in entry.keyed:

@@ -169,7 +169,7 @@ def test_the_version_probe_is_asked_again_only_when_what_it_depends_on_moves(fre
 PINNED_JSON = ('{"tensorrt": {"flavour": "tensorrt-rtx", "version": "1.7.1.116"}, "cuda": {"runtime": "13.0", '
                '"driver": "12.6"}, "platform": {"os": "Linux", "arch": "x86_64"}, "gpu": {"0": {"name": '
                '"NVIDIA GeForce RTX 4090", "compute_capability": "8.9", "memory_mb": 24564}}, "driver": "560.35.03"}')
-PINNED_KEY = "100e17d6aafa6e4155a82fdc013bc0b1"  # of keys.key_parts("build", "1", {}, {}, <that>)
+PINNED_KEY = "d48c60b1d335dc0104e21057f440f581"  # of keys.key_parts("build", "1", {}, {}, <that>), KEY_FORMAT 4
 # a record of trtflow before the CUDA versions were in it (commit 7c66961): GPUs listed, each with its driver
 OLD_JSON = ('{"tensorrt": {"flavour": "tensorrt", "version": "10.3.0"}, "gpu": [{"name": "NVIDIA A100-SXM4-80GB", '
             '"compute_capability": "8.0", "driver": "550.54.15"}]}')

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
-from pydantic import create_model
 
 from tests.assets import PPOCR
 from trtflow.flows import code_lock, keys
@@ -27,7 +29,7 @@ PARTS = keys.key_parts("prepare", "1", {"simplify": True, "target_opset": 17},
 
 
 def test_recipe_is_pinned():
-    assert PARTS["format"] == keys.KEY_FORMAT == 3
+    assert PARTS["format"] == keys.KEY_FORMAT == 4
     assert keys.stage_key(PARTS) == PINNED_RECIPE
 
 
@@ -52,7 +54,7 @@ FIXED_LIBRARIES = {"onnx": "1.23.2", "onnxruntime": "1.32.0", "onnxsim": "0.8.1"
 
 
 def test_key_of_a_real_stage_is_pinned(tmp_path, monkeypatch):
-    """Everything that feeds a real stage's key: the parameters not at their default, its VERSION, the digest of
+    """Everything that feeds a real stage's key: the parameters with their defaults, its VERSION, the digest of
     the model file, its code's digests from the code lock and its libraries' versions (both fixed here). The
     pre-flight is off, so no environment fact enters (the key is the same on every machine)."""
     (tmp_path / "code.lock.json").write_text(json.dumps(FIXED_LOCK))
@@ -67,8 +69,8 @@ def test_key_of_a_real_stage_is_pinned(tmp_path, monkeypatch):
     assert item.key == PINNED_PREPARE
 
 
-PINNED_RECIPE = "fcf8e3fd1226bfa097843fbc303f91c4"  # KEY_FORMAT 3
-PINNED_PREPARE = "334fea0e392980b1b0b9da8240f2af78"  # prepare v5, KEY_FORMAT 3: defaults left out, the code lock's part
+PINNED_RECIPE = "f2fd73d2d59487fa572cee98912d5af0"  # KEY_FORMAT 4
+PINNED_PREPARE = "fd224ff44bdd7c7124830d7e3e57d462"  # prepare v5, KEY_FORMAT 4: defaults in, the code lock's part
 
 
 # the smallest valid parameters of every kind, and parameters set to something else than their defaults
@@ -102,31 +104,64 @@ def test_the_key_of_every_kind_is_pinned(kind):
     assert (_key(kind, MINIMAL[kind]), _key(kind, {**MINIMAL[kind], **SET[kind]})) == PINNED_KINDS[kind]
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_a_new_option_with_a_default_changes_no_key(kind, monkeypatch):
-    """What a trtflow release adds to a kind (an option, a nested option) must not re-key its stored results."""
-    for params in (MINIMAL[kind], {**MINIMAL[kind], **SET[kind]}):
-        before = _key(kind, params)
-        model = KINDS[kind].params
-        grown = create_model(f"Grown{model.__name__}", __base__=model, new_option=(int, 3),
-                             new_block=(dict[str, float], {"bound": 0.5}))
-        monkeypatch.setitem(KINDS, kind, type(KINDS[kind])(**{**KINDS[kind].__dict__, "params": grown}))
-        assert _key(kind, params) == before, params
-        assert _key(kind, {**params, "new_option": 4}) != before, "an option set to something else does count"
-        monkeypatch.undo()
+KEYS_OF_A_TREE = """
+import json, sys
+from trtflow.flows import keys
+from trtflow.pipelines.kinds import KINDS
+params = json.loads(sys.argv[1])
+print(json.dumps({kind: keys.stage_key(keys.key_parts(
+    kind, "1", KINDS[kind].params.model_validate({"kind": kind, **params[kind]}).key_params(), {"model": "ab" * 32},
+    None)) for kind in sorted(KINDS)}))
+"""
+
+
+def _keys_with_default(tmp_path, file: str, old: str, new: str) -> dict[str, str]:
+    """Every kind's key, MINIMAL and SET, computed by a copy of trtflow's source whose `file` has `old` replaced
+    by `new` (once: the default as written)."""
+    from tests.test_new_kind import _copy_source
+    src = _copy_source(tmp_path / f"tree{len(list(tmp_path.iterdir()))}")  # (a ':' would split PYTHONPATH)
+    path = src / "trtflow" / file
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not once in {file}"
+    path.write_text(text.replace(old, new))
+    out = {}
+    for label, params in (("minimal", MINIMAL), ("set", {k: {**MINIMAL[k], **SET[k]} for k in MINIMAL})):
+        done = subprocess.run([sys.executable, "-c", KEYS_OF_A_TREE, json.dumps(params)], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(src)}, cwd=tmp_path, timeout=300)
+        assert done.returncode == 0, done.stderr
+        out.update({f"{kind} {label}": key for kind, key in json.loads(done.stdout).items()})
+    return out
+
+
+@pytest.mark.slow
+def test_a_changed_default_rekeys_exactly_the_stages_that_leave_it_unset(tmp_path):
+    """Defaults are in the key (KEY_FORMAT 4): a trtflow release that changes a default re-keys the stages that
+    use it and no other, without anyone bumping a VERSION. SampleData's `samples` (8) is left unset by precision,
+    validate and calibrate; benchmark and release default to one sample, set in their own defaults."""
+    same = _keys_with_default(tmp_path, "pipelines/schema.py", "samples: int = Field(8,", "samples: int = Field(8,")
+    samples = _keys_with_default(tmp_path, "pipelines/schema.py", "samples: int = Field(8,", "samples: int = Field(9,")
+    percentile = _keys_with_default(tmp_path, "pipelines/params/calibrate.py", "Field(99.999,", "Field(99.99,")
+
+    def moved(keys_: dict[str, str]) -> set[str]:
+        return {label for label, key in keys_.items() if key != same[label]}
+
+    assert moved(samples) == {f"{kind} {label}" for kind in ("precision", "validate", "calibrate")
+                              for label in ("minimal", "set")}
+    # calibrate alone reads it (its key holds it under SET's `method: minmax` too: a parameter is keyed by kind)
+    assert moved(percentile) == {"calibrate minimal", "calibrate set"}
 
 
 def test_a_value_equal_to_the_default_is_the_default():
     assert _key("prepare", {"simplify": True}) == _key("prepare", {}) != _key("prepare", {"simplify": False})
 
 
-PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 3 (without the part `trtflow`)
-    "benchmark": ("49d8c36de6b1f4c3451f9693481e7f45", "bfcf42e3bc64ddd8a0620267544634d2"),  # VERSION 5
-    "build": ("cecbb673e7ec3c4fca353aab24e652cc", "00cccd241b64e52c4581596b00ef26d8"),
-    "calibrate": ("c4e5552e699559d27cb3e65af01541ad", "a7edea2a31a2598a3e316772a1dd996c"),  # VERSION 11
-    "parity": ("9dbbf3de7cb568ddde9a6bf6e154b109", "0a3fd4c8b2654ab1e664e6cb909d9616"),
-    "precision": ("0d4d5049ba426b38f394fe131d661c0f", "4cc1330e5cb4f7f2f37466b165692249"),
-    "prepare": ("a0ddb1c051c3329556331cc55e51a134", "7a4930f318f43485dc7a5dfba3b869a6"),  # VERSION 5
-    "release": ("856037ac6197e5acd91fc64e962e9d9e", "e58e9fc827fa2f9fb38eb8915bec75db"),  # VERSION 6
-    "validate": ("2057d01d96af89d0e7026c908385686e", "124a3fcb24c1383e9d6c9273c5031a1d"),  # VERSION 10
+PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 4 (without the part `trtflow`)
+    "benchmark": ("3c18863520e4d0b2b0b913c0f750583e", "b0f89f2fe5bbdc2a4060018f7684bb83"),  # VERSION 5
+    "build": ("11ac08d41d836f746f58d5eeb8e41038", "7b014a7302459a39cf9072460a4e10fa"),
+    "calibrate": ("0ba73ea3c7892407313902aeea8f1665", "b1b9fb797875e4424352133340c863d2"),  # VERSION 11
+    "parity": ("deb28cbc94f2d5f0a44a9dc41e169683", "44c23030f22b1bf5ccef7df177377cf7"),
+    "precision": ("5320f36c19fa0d68797934d47a736f6d", "89781a8072dab1594c10daf243d21b76"),
+    "prepare": ("8ad17ff6fc137146c25b9ccce0c1181f", "ff5dd4d99f0b97aa19f1cf11dd62a583"),  # VERSION 5
+    "release": ("98ebf2e5d36170bf278d5f462b826d30", "30a47fff29552fcdea7dc7eca63baae8"),  # VERSION 6
+    "validate": ("dd05565304674bb6817eb5d00c8a4d75", "f57f84d4af3d01fc1f6f45f192479ce1"),  # VERSION 10
 }
