@@ -7,10 +7,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import BaseModel
-
 from trtflow.flows import code_lock
 from trtflow.pipelines.kinds import USER, kind_of
+from trtflow.stage_code import StageCode
 from trtflow.usercode import import_callable, source_digest
 
 
@@ -26,32 +25,34 @@ class StageImpl:
     def run(self) -> Callable[..., Any]:
         return self.func if self.func is not None else _StageRun(self.module or "")
 
-    # what its stage module exports beside `run` for the flow (pipelines/row.py): its report's class, the events
-    # after it ran (StageRan -> [Event]), why a published result no longer holds ((metrics, shared/) -> why | None)
-    @property
-    def report(self) -> type[BaseModel] | None:
-        return self._export("REPORT")
-
+    # the rest of what its stage module's CODE gives the flow (trtflow/stage_code.py): the events after a stage of
+    # it ran (StageRan -> [Event]), why a published result no longer holds ((metrics, shared/) -> why | None)
     @property
     def events(self) -> Callable[..., Any] | None:
-        return self._export("EVENTS")
+        return stage_code(self.module).events if self.module else None
 
     @property
     def outdated(self) -> Callable[..., Any] | None:
-        return self._export("OUTDATED")
+        return stage_code(self.module).outdated if self.module else None
 
-    def _export(self, name: str) -> Any:
-        return getattr(importlib.import_module(self.module), name, None) if self.module else None
+
+def stage_code(module: str) -> StageCode:
+    """A built-in kind's `CODE`: a module without one, or with something else under that name, is an error."""
+    loaded = importlib.import_module(module)
+    code = loaded.CODE if hasattr(loaded, "CODE") else None
+    if not isinstance(code, StageCode):
+        raise TypeError(f"{module} has no CODE = StageCode(run, ...) (trtflow/stage_code.py): its kind cannot run")
+    return code
 
 
 @dataclass(frozen=True)
 class _StageRun:
     """A built-in kind's `run`, by its module's name: pickled to the stage process as that name, imported there
-    (the command that keys the stages never imports their modules)."""
+    (the command that keys the stages never imports their modules), its report checked there."""
     module: str
 
     def __call__(self, *args: Any) -> Any:
-        return importlib.import_module(self.module).run(*args)
+        return stage_code(self.module)(*args)
 
 
 def resolve(spec: Any) -> StageImpl:

@@ -221,7 +221,7 @@ def emit(event: Event) -> None:
 
 
 def announced(runner: Runner, outcome: StageOutcome) -> list[Event]:
-    """What a stage's kind announces for a run of it (its stage module's `EVENTS`)."""
+    """What a stage's kind announces for a run of it (its stage module's `CODE.events`)."""
     announce = implementation.resolve(runner.graph.nodes[outcome.name].spec).events
     if announce is None:
         return []

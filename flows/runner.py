@@ -14,9 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import ValidationError
-
-from trtflow import depends, files, phases
+from trtflow import depends, phases
 from trtflow.artifact import Artifact, Inputs, Provenance, StageResult
 from trtflow.decisions import Decision
 from trtflow.disk import DiskError, disk_error
@@ -256,7 +254,7 @@ class Runner:
         return Resolution(name, spec.kind, impl, inputs, key, parts, None, reason)
 
     def _outdated(self, impl: implementation.StageImpl, manifest: Manifest) -> str | None:
-        """Why a published result of a kind that checks it (its stage module's `OUTDATED`) no longer holds, read
+        """Why a published result of a kind that checks it (its stage module's `CODE.outdated`) no longer holds, read
         against the store's shared records (fetched once per run from a remote store); None: reuse it."""
         if impl.outdated is None:
             return None
@@ -359,8 +357,7 @@ class Runner:
         ran = _Attempt(self.store.staging(name, key), self._make_shared_caches(inputs, log))
         try:
             self._run_claiming(name, r, inputs, ran, log)
-            with phases.phase("reports checked, hashing, publishing"):
-                self._check_report(name, r.impl, ran.result)
+            with phases.phase("hashing, publishing"):
                 manifest = self._manifest(name, key, parts, inputs, ran.result, ran.staging, ran.began, ran.work,
                                           status="failed" if ran.failed else "ok")
                 directory, manifest = self.store.publish(name, key, ran.staging, manifest,
@@ -452,21 +449,6 @@ class Runner:
                 self._noted.add(note)
                 log(f"warning: {note}")
         return before
-
-    @staticmethod
-    def _check_report(name: str, impl: implementation.StageImpl, result: Any) -> None:
-        """A built-in kind's report is what its class says (what the stages after it read it as), or the stage that
-        wrote it fails, before anything is published."""
-        path = result.outputs.get("report") if isinstance(result, StageResult) else None
-        if impl.report is None or path is None:
-            return
-        try:
-            impl.report.model_validate_json(files.read_bounded(path, files.RECORD_BYTES))
-        except (ValidationError, OSError, ValueError) as exc:
-            where = exc.errors()[0] if isinstance(exc, ValidationError) else None
-            what = f"{'.'.join(map(str, where['loc']))}: {where['msg']}" if where else first_line(exc)
-            raise StageError(f"stage '{name}' wrote a report its kind's {impl.report.__name__} refuses ({what})",
-                             hint="a bug in trtflow: please report it with the stage's log") from None
 
     def _manifest(self, name: str, key: str, parts: keys.KeyParts, inputs: Inputs, result: Any,
                   staging: Path, began: datetime, work: float, status: str = "ok") -> Manifest:

@@ -60,9 +60,9 @@ class Kind:
     shared_caches: Callable[[Any], tuple[str, ...]] = _nothing  # params -> input slots of caches outside the key
     result_caches: tuple[str, ...] = ()  # those of them holding results (not only speed): a forced run goes without
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
-    # what the flow does for this kind, so that flows/ names no kind (its stage module exports the functions it
-    # calls beside `run`: `EVENTS`, the Prefect events after a stage of it ran; `OUTDATED`, why a result about to
-    # be reused no longer holds; `REPORT`, its report's class): the parts of the store's shared/ a remote store keeps
+    # what the flow does for this kind, so that flows/ names no kind (its stage module's `CODE`, a
+    # trtflow.stage_code.StageCode, gives the functions it calls: `run`, its report's class, its events, why a
+    # result about to be reused no longer holds): the parts of the store's shared/ a remote store keeps
     # for every machine (a prefix ending in '/' is a folder, another a file name's start) and how large a file
     # there may be, ...
     synced: Mapping[str, int] = field(default_factory=dict)

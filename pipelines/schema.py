@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from trtflow.pipelines.units import Duration
+from trtflow.pipelines.units import Duration, Size
 
 CUSTOM_KIND = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # package.module:function
 ARTIFACT_TYPES = ("onnx", "preprocess", "ranges", "engines", "json", "file", "dir")
@@ -373,3 +373,26 @@ def metric_direction(name: str) -> bool | None:
 Metrics = Annotated[dict[str, OutputMetrics], Field(
     default_factory=dict, description="task-level metrics per output name, or '*' for every output",
     examples=[{"logits": {"topk": {"k": 5}}}, {"*": {"ctc": {"blank": 0}}}, {"maps": {"map_iou": {"threshold": 0.3}}}])]
+
+
+# --- the TensorRT builder's options (build, and the trial builds of prepare and precision) ---------------------
+
+class BuilderOptions(Strict):
+    """The TensorRT builder's options, typed once: this object travels from the YAML to the build worker, which
+    validates it again; `trtflow.stages.trt.config` checks it against the installed TensorRT and applies it."""
+    optimization_level: int | None = Field(None, ge=0, le=5, description="the builder's optimization level (more: "
+                                                                       "longer builds, maybe faster engines); "
+                                                                       "default: TensorRT's")
+    workspace: Size | None = Field(None, description="the builder's workspace memory limit; default: TensorRT's",
+                                   examples=["2GiB"])
+    aux_streams: int | None = Field(None, ge=0, description="most auxiliary CUDA streams an engine may use; "
+                                                            "default: TensorRT's")
+    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = Field(
+        None, description="engines that run on other GPUs than the one they were built on (full TensorRT; "
+                          "refused by TensorRT-RTX, which chooses GPUs with targets)")
+    version_compatible: bool = Field(False, description="engines that later TensorRT versions can run (the lean "
+                                                        "runtime)")
+    strip_plan: bool = Field(False, description="engines without their weights (refitted before use)")
+    weight_streaming: bool = Field(False, description="engines whose weights may stream from host memory")
+    legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
+        default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")

@@ -57,7 +57,8 @@ imported = sorted(m for m in sys.modules if m.startswith("trtflow.stages.") and 
 versions = {{k: i.version for k, i in impls.items()}}
 modules = {{k: str(importlib.import_module(row.module).VERSION) for k, row in KINDS.items()}}
 print(json.dumps({{"imported": imported, "versions": versions, "modules": modules,
-                  "report": impls["build"].report.__name__, "run": impls["build"].run.module}}))
+                  "report": implementation.stage_code(impls["build"].module).report.__name__,
+                  "run": impls["build"].run.module}}))
 """
     out = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                                     cwd=tmp_path).stdout)

@@ -85,8 +85,9 @@ def _package(module: str) -> str | None:
 
 @pytest.mark.slow
 def test_imports_run_downward_only():
-    """Layers import downward; shared technology (`stages/ort/`, `trt/`, ...) imports no kind; a kind imports
-    another kind only for the report that kind writes (the contract a stage reads its inputs by)."""
+    """Layers import downward; shared technology (`stages/ort/`, `trt/`, ...) imports no kind, not even its
+    parameters (issue #70: trtexec's command line took the benchmark's); a kind imports another kind only for the
+    report that kind writes (the contract a stage reads its inputs by)."""
     bad = []
     for name, path in _sources().items():
         layer = next((lay for lay in sorted(FORBIDDEN, key=len, reverse=True)
@@ -96,6 +97,8 @@ def test_imports_run_downward_only():
         for mod in _imports(path):
             if layer and mod.startswith(FORBIDDEN[layer]):
                 bad.append(f"{name} imports {mod}")
+            if technology and mod.startswith("trtflow.pipelines.params"):
+                bad.append(f"{name} (shared technology) imports a kind's parameters {mod}")
             other = _package(mod)
             if other is None:
                 continue
@@ -221,3 +224,26 @@ def test_flows_import_no_kind():
     bad = [f"{name} imports {mod}" for name, path in _sources().items() if name.startswith("trtflow/flows/")
            for mod in _imports(path) if _package(mod) is not None]
     assert bad == []
+
+
+def test_flows_reach_a_stage_module_only_through_its_code():
+    """Issue #70: the flow layer takes what a kind's stage module gives it from one typed object (its `CODE`, a
+    StageCode): no `getattr` on a module there, where a misspelled name silently turned a check off."""
+    bad = []
+    for name, path in _sources().items():
+        if not name.startswith("trtflow/flows/"):
+            continue
+        tree = ast.parse(path.read_text())
+        modules = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and _imports_a_module(node.value)
+                   for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and node.args:
+                target = node.args[0]
+                if _imports_a_module(target) or (isinstance(target, ast.Name) and target.id in modules):
+                    bad.append(f"{name}:{node.lineno}")
+    assert bad == []
+
+
+def _imports_a_module(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in (
+        "import_module", "__import__")

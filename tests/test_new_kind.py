@@ -44,6 +44,7 @@ import onnx
 
 from trtflow.artifact import Inputs, StageResult
 from trtflow.pipelines.params.count import CountStage
+from trtflow.stage_code import StageCode
 
 VERSION = "1"
 
@@ -53,6 +54,9 @@ def run(params: CountStage, inputs: Inputs, out_dir: Path) -> StageResult:
     counts = {op: sum(n.op_type == op for n in graph.node) for op in params.op_types}
     (out_dir / "report.json").write_text(json.dumps(counts))
     return StageResult(outputs={"report": out_dir / "report.json"}, summary=f"counted {counts}")
+
+
+CODE = StageCode(run)
 '''
 
 
@@ -153,6 +157,7 @@ from pathlib import Path
 from trtflow.artifact import Inputs, StageResult
 from trtflow.events import Event, StageRan
 from trtflow.pipelines.params.note import NoteStage
+from trtflow.stage_code import StageCode
 
 VERSION = "1"
 
@@ -163,15 +168,15 @@ def announce(ran: StageRan) -> list[Event]:
                   say=f"noted {ran.metrics.get('text')}")]
 
 
-EVENTS = announce  # what the flow announces after a stage of it ran
-
-
 def run(params: NoteStage, inputs: Inputs, out_dir: Path) -> StageResult:
     (out_dir / "note.txt").write_text(params.text)
     shared = inputs.one("notes").path / "notes"
     shared.mkdir(exist_ok=True)
     (shared / "latest.txt").write_text(params.text)
     return StageResult(outputs={"note": out_dir / "note.txt"}, summary=params.text, metrics={"text": params.text})
+
+
+CODE = StageCode(run, events=announce)  # what the flow announces after a stage of it ran
 '''
 
 

@@ -203,7 +203,7 @@ def test_a_version_claimed_by_a_run_that_died_is_announced_by_the_run_that_publi
     assert (shared / "releases" / "cls" / "native" / "2.json").is_file()
 
     result = released(tmp_path, built, shared, **smaller)
-    (shipped,) = result.metrics["releases"]
+    (shipped,) = result.metrics["versions"]["released"]
     assert (shipped["version"], shipped["new"]) == (2, True)
     assert shipped["previous_version"] == 1
     assert shipped["contract_changes"] == ["max_batch_size 32 -> 16"]
@@ -213,7 +213,7 @@ def test_a_version_claimed_by_a_run_that_died_is_announced_by_the_run_that_publi
     assert event.payload["previous_version"] == 1
 
     again = released(tmp_path, built, shared, **smaller)
-    assert [(r["version"], r["new"], r["contract_changes"]) for r in again.metrics["releases"]] == [(2, False, [])]
+    assert [(r["version"], r["new"], r["contract_changes"]) for r in again.metrics["versions"]["released"]] == [(2, False, [])]
     assert versions.announce(StageRan(tmp_path / "pipeline.yaml", "release", "k", tmp_path, again.metrics)) == []
 
     marks = shared / "releases" / "cls" / "native.published"
@@ -223,7 +223,7 @@ def test_a_version_claimed_by_a_run_that_died_is_announced_by_the_run_that_publi
         released(tmp_path, built, shared, **smaller)
     shutil.rmtree(marks)  # the ledger as a trtflow that marks nothing wrote it
     legacy = released(tmp_path, built, shared, **smaller)
-    assert [(r["version"], r["new"]) for r in legacy.metrics["releases"]] == [(2, False)]
+    assert [(r["version"], r["new"]) for r in legacy.metrics["versions"]["released"]] == [(2, False)]
 
 
 @pytest.mark.slow
@@ -397,8 +397,8 @@ def test_a_rebuild_that_loses_the_shipped_variant_keeps_the_previous_version(tmp
     assert target["chosen"] is None and target["version"] == 1 and target["previous"] == "fp16.b4.native"
     assert "optional variant 'fp16', which this run left out" in target["held"]
     assert "prepare.b4.native passed and would replace it" in target["held"], target["held"]
-    assert result.claims == [] and result.metrics["releases"] == []
-    assert result.metrics["held"] == [{"model": "cls", "target": "native", "version": 1, "engine": "fp16.b4.native",
+    assert result.claims == [] and result.metrics["versions"]["released"] == []
+    assert result.metrics["versions"]["held"] == [{"model": "cls", "target": "native", "version": 1, "engine": "fp16.b4.native",
                                        "why": target["held"]}]
     assert not (out / "triton" / "native").exists()
     assert "Previous version 1 kept" in (out / "card" / "model-card.md").read_text()
@@ -634,7 +634,8 @@ def test_an_older_engine_never_comes_back_as_current_silently(tmp_path, tensorrt
     (event,) = versions.announce(StageRan(tmp_path / "pipeline.yaml", "release", "k", tmp_path, result.metrics))
     assert event.version == 3 and event.payload["rolls_back_to"] == 1 and "rolling back to version 1" in event.say
     assert versions.outdated(result.metrics, shared) is None
-    older = {**result.metrics, "releases": [{**result.metrics["releases"][0], "version": 2}]}
+    made = result.metrics["versions"]
+    older = {"versions": {**made, "released": [{**made["released"][0], "version": 2}]}}
     assert versions.outdated(older, shared) == "version 3 of 'cls' for target 'native' was released since this " \
                                                "result (version 2)"
 

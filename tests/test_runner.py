@@ -294,20 +294,22 @@ def test_the_store_in_a_model_repo_is_ignored_by_git(write_yaml, workdir):
 
 
 def test_a_report_its_kinds_class_refuses_fails_the_stage_that_wrote_it(tmp_path):
-    """Issue #52: reports pass between kinds as JSON; a built-in kind's report is checked against its class
-    (`REPORT` beside `run`) before it is published, so a bad one fails its own stage, not a later one."""
+    """Issue #52: reports pass between kinds as JSON; a built-in kind's report is checked against its class (its
+    stage module's CODE, in the stage's own process) before it returns, so a bad one fails its own stage, not a
+    later one, and the command never imports a stage module to check a report."""
     from trtflow.artifact import StageResult
     from trtflow.errors import StageError
-    from trtflow.flows.implementation import resolve
-    from trtflow.flows.runner import Runner
-    from trtflow.pipelines.params.benchmark import BenchmarkStage
+    from trtflow.flows.implementation import _StageRun, stage_code
+    from trtflow.stage_code import StageCode
     from trtflow.stages.benchmark.report import BenchmarkReport
 
-    impl = resolve(BenchmarkStage.model_validate({"kind": "benchmark"}))
-    assert impl.report is BenchmarkReport
+    assert stage_code("trtflow.stages.benchmark.stage").report is BenchmarkReport
     (tmp_path / "report.json").write_text('{"cells": "not a list"}')
-    with pytest.raises(StageError, match=r"stage 'bench' wrote a report its kind's BenchmarkReport refuses \("):
-        Runner._check_report("bench", impl, StageResult(outputs={"report": tmp_path / "report.json"}))
+    wrote = StageCode(lambda *a: StageResult(outputs={"report": tmp_path / "report.json"}), report=BenchmarkReport)
+    with pytest.raises(StageError, match=r"wrote a report its kind's BenchmarkReport refuses \(tool: Field required"):
+        wrote(None, None, tmp_path)
+    with pytest.raises(TypeError, match=r"trtflow.flows.runner has no CODE = StageCode\(run, ...\)"):
+        _StageRun("trtflow.flows.runner")(None, None, tmp_path)  # a module without one is an error, not no check
 
 
 def test_a_run_that_loses_a_claim_runs_again_and_gives_up_in_the_end(write_yaml, monkeypatch):

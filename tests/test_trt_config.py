@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtflow.errors import StageError
-from trtflow.pipelines.params.build import BuilderOptions
+from trtflow.pipelines.schema import BuilderOptions
 from trtflow.stages.trt import config, parse
 from trtflow.stages.trt.env import Backend
 

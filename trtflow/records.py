@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 
 class Recorded(BaseModel):
@@ -29,3 +36,9 @@ class Recorded(BaseModel):
             elif info.exclude_none and name not in excluded and getattr(self, name) is None:
                 given[name] = None
         return given
+
+
+def first_problem(exc: ValidationError, *root: str) -> str:
+    """'where: what' for the first thing a record's model refused (`root`: the names above the model's own)."""
+    err = exc.errors()[0]
+    return f"{'.'.join(map(str, (*root, *err['loc']))) or 'the record'}: {err['msg']}"

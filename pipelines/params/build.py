@@ -7,8 +7,7 @@ from pydantic import Field, model_validator
 
 from trtflow.names import Name
 from trtflow.pipelines.row import MODEL_MAKERS, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import Shape, StageBase, Strict
-from trtflow.pipelines.units import Size
+from trtflow.pipelines.schema import BuilderOptions, Shape, StageBase, Strict
 
 
 class ShapeRange(Strict):
@@ -25,27 +24,6 @@ class ShapeRange(Strict):
             if not a <= b <= c:
                 raise ValueError(f"dimension {i}: need min <= opt <= max, got {a}, {b}, {c}")
         return self
-
-
-class BuilderOptions(Strict):
-    """The TensorRT builder's options, typed once: this object travels from the YAML to the build worker, which
-    validates it again; `trtflow.stages.trt.config` checks it against the installed TensorRT and applies it."""
-    optimization_level: int | None = Field(None, ge=0, le=5, description="the builder's optimization level (more: "
-                                                                       "longer builds, maybe faster engines); "
-                                                                       "default: TensorRT's")
-    workspace: Size | None = Field(None, description="the builder's workspace memory limit; default: TensorRT's",
-                                   examples=["2GiB"])
-    aux_streams: int | None = Field(None, ge=0, description="most auxiliary CUDA streams an engine may use; "
-                                                            "default: TensorRT's")
-    hardware_compatibility: Literal["none", "ampere_plus", "same_compute_capability"] | None = Field(
-        None, description="engines that run on other GPUs than the one they were built on (full TensorRT; "
-                          "refused by TensorRT-RTX, which chooses GPUs with targets)")
-    version_compatible: bool = Field(False, description="engines that later TensorRT versions can run (the lean "
-                                                        "runtime)")
-    strip_plan: bool = Field(False, description="engines without their weights (refitted before use)")
-    weight_streaming: bool = Field(False, description="engines whose weights may stream from host memory")
-    legacy_precision: list[Literal["fp16", "int8", "tf32"]] = Field(
-        default_factory=list, description="TensorRT 10 builder flags; rejected on TensorRT 11 and TensorRT-RTX")
 
 
 class BuildStage(StageBase, BuilderOptions):

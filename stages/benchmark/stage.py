@@ -18,6 +18,7 @@ from trtflow import child, files, progress
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.benchmark import BenchmarkStage
+from trtflow.stage_code import StageCode
 from trtflow.stages.benchmark import history, perf_gate
 from trtflow.stages.benchmark.report import Baseline, BaselineReport, BenchmarkReport, Gate, MeasuredOn, Measurement
 from trtflow.stages.ort import harness
@@ -38,7 +39,6 @@ VERSION = "5"  # 2: only what validate passed, and its repaired engines. 3: data
 # (and passed to trtexec as --iterations). 5: each cell's spread across this machine's runs (history.py)
 TRTEXEC_TIMEOUT_S = 1800
 _BASELINES = TypeAdapter(dict[str, Baseline])  # a baseline file: cell -> what the gate compares
-REPORT = BenchmarkReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -169,7 +169,9 @@ def _trtexec(params: BenchmarkStage, cand: Candidate, shapes: dict[str, list[int
              stem: Path) -> tuple[PerfResult, list[Layer]]:
     written = exports.ExportFiles.beside(stem)
     libraries = [p.file for p in trt_plugins.declared()]  # Python plugins left trtexec out (_without_python_plugins)
-    cmd = command.compose(trtexec, cand.engine, shapes, params, written, version, libraries)
+    timing = command.Timing(params.warmup, params.duration, params.iterations, params.min_iterations,
+                            tuple(params.trtexec_args))
+    cmd = command.compose(trtexec, cand.engine, shapes, timing, written, version, libraries)
     log = stem.with_suffix(".log")
     ended = child.run(cmd, TRTEXEC_TIMEOUT_S, log=log,  # killed from outside: no measurement, no result (retried)
                       what=f"benchmark: trtexec timing {cand.name} (log: {log})")
@@ -352,3 +354,6 @@ def _plot(cells: list[Measurement], out_dir: Path) -> list[str]:
     (out_dir / "plots").mkdir(exist_ok=True)
     path = latency_histograms(samples, out_dir / "plots" / "latency.png", "latency per iteration")
     return [path.relative_to(out_dir).as_posix()]
+
+
+CODE = StageCode(run, report=BenchmarkReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

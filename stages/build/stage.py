@@ -14,10 +14,11 @@ from typing import Any
 
 import onnx
 
-from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow import files
+from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.build import BuildStage
+from trtflow.stage_code import StageCode
 from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
 from trtflow.stages.onnx import offload
 from trtflow.stages.onnx.graph import graph_inputs, precision
@@ -31,7 +32,6 @@ from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt, gpus
 from trtflow.text import did_you_mean
 
 VERSION = "2"  # 2: precision per cell, size warnings
-REPORT = BuildReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def backend(requested: str) -> Backend:
@@ -235,3 +235,6 @@ def _rtx_size_causes(int8: CellRow, model: Path) -> str:
     return (f"{len(padded)} of its INT8 Convs{which} have input channels per group not a multiple of 4, whose zero "
             f"padding TensorRT-RTX stores in an engine of static shapes (3 bytes per input value of a depthwise Conv, "
             f"1 per pixel of an RGB stem): give the profile a dynamic dimension{also}; and {kernels}")
+
+
+CODE = StageCode(run, report=BuildReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

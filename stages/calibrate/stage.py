@@ -27,6 +27,7 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import FallbackSpec
+from trtflow.stage_code import StageCode
 from trtflow.stages.calibrate import bias
 from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.stages.compare import gate
@@ -63,7 +64,6 @@ FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held bef
 # 0.859 / 0.870 / 0.860 / 0.862 on 48 scenes) but its worst scene did (IoU 0.09 at 4-16, 0.42 at 32); and the range
 # check (ENTROPY_CHECK_SAMPLES) judges on fewer than its 8 samples below 8
 RECOMMENDED_SAMPLES = 8
-REPORT = CalibrateReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -409,3 +409,6 @@ def write_trt_cache(ranges: Path, out: Path, version: str | None = None) -> Path
         lines.append(f"{name}: {struct.pack('>f', scale).hex()}")
     out.write_text("\n".join(lines) + "\n")
     return out
+
+
+CODE = StageCode(run, report=CalibrateReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

@@ -17,6 +17,7 @@ import numpy as np
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
+from trtflow.stage_code import StageCode
 from trtflow.stages.compare.accuracy import OutputStats
 from trtflow.stages.compare.task_metrics import TopK
 from trtflow.stages.image import preprocess
@@ -30,7 +31,6 @@ from trtflow.stages.parity.report import ParityReport
 VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
 # metrics with all their fields (typed)
 DIAGNOSIS_SAMPLES = 4
-REPORT = ParityReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -169,3 +169,6 @@ def _json(o: Any) -> Any:
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     return str(o)
+
+
+CODE = StageCode(run, report=ParityReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

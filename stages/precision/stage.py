@@ -17,6 +17,7 @@ import onnx
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.precision import PrecisionStage
+from trtflow.stage_code import StageCode
 from trtflow.stages.compare import gate
 from trtflow.stages.onnx import fp16, model_io, offload
 from trtflow.stages.onnx.composition import composition
@@ -43,7 +44,6 @@ from trtflow.text import first_line, pattern_hint
 VERSION = "6"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.
 # 3: emulation rounds values entering FP16 nodes. 4: shape arithmetic stays FP32; the variant is trial-built.
 # 5: the trial build with all its fields (typed). 6: the pre-flight simulated and measured by validate's code
-REPORT = PrecisionReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -214,3 +214,6 @@ def too_inaccurate(model: onnx.ModelProto, sim: onnx.ModelProto, work: Path, dat
             worst[name] = max(worst.get(name, 0.0), diff[name] / (scale[name] or 1.0))
     producer = {o: n.name for n in model.graph.node for o in n.output}
     return sorted({producer[t] for t, e in worst.items() if e > limit and producer.get(t) not in blocked})
+
+
+CODE = StageCode(run, report=PrecisionReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

@@ -17,12 +17,20 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
 from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.pipelines.schema import SampleData
+from trtflow.stage_code import StageCode
 from trtflow.stages.onnx import graph as onnx_graph
 from trtflow.stages.onnx import model_io, offload, simplifier
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
-from trtflow.stages.prepare.report import (Conversion, ModelCheck, OffloadedNode, OffloadRecord, PrepareReport,
-                                           Simplification, Source)
+from trtflow.stages.prepare.report import (
+    Conversion,
+    ModelCheck,
+    OffloadedNode,
+    OffloadRecord,
+    PrepareReport,
+    Simplification,
+    Source,
+)
 from trtflow.stages.prepare.rewriting import Rewriter, explain
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
 from trtflow.stages.trt.partition import partition
@@ -31,7 +39,6 @@ from trtflow.text import first_line
 
 VERSION = "5"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
 # with all its fields (typed). 4: nodes the parser refuses are rewritten (`rewrites`). 5: `offload`
-REPORT = PrepareReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 def run(params: PrepareStage, inputs: Inputs, out_dir: Path) -> StageResult:
@@ -334,3 +341,6 @@ def _preflight(mode: str, model: Path, trial: dict[str, list[int]] | None) -> Pr
     if not report.ran and mode == "required":
         raise StageError(f"TensorRT pre-flight could not run: {report.reason}")
     return report
+
+
+CODE = StageCode(run, report=PrepareReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

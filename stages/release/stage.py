@@ -15,6 +15,7 @@ from trtflow.artifact import Artifact, Claim, Inputs, StageResult
 from trtflow.decisions import Decision
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
+from trtflow.stage_code import StageCode
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement, RunSpread
 from trtflow.stages.calibrate.report import CalibrateReport
 from trtflow.stages.onnx.composition import Composition, composition
@@ -43,9 +44,6 @@ VERSION = "6"  # 2: select.max_accuracy_drop weighs every task metric (a functio
 # at each profile's opt shape as validate makes its batches, integer inputs never Triton's random data; and
 # max_accuracy_drop weighs declared metrics only, no error in an output's units (a regression's, a function's lower)
 NOT_TENSORRT = "not a TensorRT number"  # how the benchmark labels numbers of the ONNX Runtime harness
-REPORT = ReleaseReport  # what output 'report' holds: checked against it when published (flows/runner.py)
-EVENTS = versions.announce  # the Prefect events the flow sends after a stage of it ran: each new version
-OUTDATED = versions.outdated  # why a result about to be reused no longer holds: a later version was released
 
 
 @dataclass
@@ -90,10 +88,11 @@ def run(params: ReleaseStage, inputs: Inputs, out_dir: Path) -> StageResult:
     card.write(report, _plots(inputs, job.verdict, released), out_dir / "card")
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
     (out_dir / "triton").mkdir(exist_ok=True)
+    made = _versions(job, released)
     result = StageResult(outputs={"triton": out_dir / "triton", "card": out_dir / "card",
                                   "report": out_dir / "report.json"},
-                         summary=report.summary(), warnings=warnings, metrics=_metrics(job, released), claims=claims,
-                         after_publish=marks, decisions=_decisions(job, released))
+                         summary=report.summary(), warnings=warnings, metrics=made.metrics(), claims=claims,
+                         after_publish=marks, decisions=made.decisions())
     why_not = _failure(job, released)
     if why_not:
         raise StageFailed(why_not, result)
@@ -174,31 +173,17 @@ def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> Re
                       if any(NOT_TENSORRT in n for n in numbers) else ""))
 
 
-def _metrics(job: _Job, released: list[TargetRelease]) -> dict:
-    """The stage result's metrics: the versions made or kept (what the flow announces), and the targets whose
-    previous version stays (an optional variant it shipped was lost)."""
-    return {"releases": [versions.Release(model=job.model_name, target=t.target, version=t.version,
-                                          new=t.new_version, engine=t.chosen.name,
-                                          engine_sha256=t.chosen.engine_sha256, repository=t.repository or "",
-                                          previous_version=t.previous_version, contract_changes=t.contract_changes,
-                                          rolls_back_to=t.rolls_back_to)
-                         .model_dump() for t in released if t.chosen is not None and t.version is not None],
-            "held": [versions.Held(model=job.model_name, target=t.target, version=t.version, engine=t.previous,
-                                   why=t.held).model_dump()
-                     for t in released if t.held is not None and t.version is not None]}
-
-
-def _decisions(job: _Job, released: list[TargetRelease]) -> list[Decision]:
-    """Per target: the version released, or the previous version held."""
-    out = []
-    for t in released:
-        if t.chosen is not None and t.version is not None:
-            out.append(Decision(action="released", subject=t.target, model=job.model_name, version=t.version,
-                                engine=t.chosen.name))
-        elif t.held is not None and t.version is not None:
-            out.append(Decision(action="held", subject=t.target, model=job.model_name, version=t.version,
-                                engine=t.previous, why=t.held))
-    return out
+def _versions(job: _Job, released: list[TargetRelease]) -> versions.Versions:
+    """The versions made or kept per target (what the flow announces and the command line prints), and the targets
+    whose previous version stays (an optional variant it shipped was lost)."""
+    return versions.Versions(
+        released=[versions.Release(model=job.model_name, target=t.target, version=t.version, new=t.new_version,
+                                   engine=t.chosen.name, engine_sha256=t.chosen.engine_sha256,
+                                   repository=t.repository or "", previous_version=t.previous_version,
+                                   contract_changes=t.contract_changes, rolls_back_to=t.rolls_back_to)
+                  for t in released if t.chosen is not None and t.version is not None],
+        held=[versions.Held(model=job.model_name, target=t.target, version=t.version, engine=t.previous, why=t.held)
+              for t in released if t.held is not None and t.version is not None])
 
 
 def _failure(job: _Job, released: list[TargetRelease]) -> str | None:
@@ -616,3 +601,8 @@ def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[Target
         for path in sorted((bench.path.parent / "plots").glob("*.png")):
             out[f"benchmark: {path.stem.replace('_', ' ')}"] = path
     return out
+
+
+CODE = StageCode(run, report=ReleaseReport,
+                 events=versions.announce,  # each new version: what deployments roll out on
+                 outdated=versions.outdated)  # a later version was released since this result

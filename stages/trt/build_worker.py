@@ -28,7 +28,7 @@ class BuildRequest(Cell):
 
 
 def build(spec: BuildRequest, cell: Path) -> Built:
-    from trtflow.pipelines.params.build import BuilderOptions
+    from trtflow.pipelines.schema import BuilderOptions
     from trtflow.stages.trt import config as trt_config
     from trtflow.stages.trt import parse as trt_parse
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.pipelines.params.build import BuilderOptions
+from trtflow.pipelines.schema import BuilderOptions
 from trtflow.stages.trt.engines import AppliedOptions
 from trtflow.stages.trt.env import Backend
 from trtflow.text import did_you_mean

@@ -2,10 +2,10 @@
 TensorRT version accepts."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtflow.errors import StageError
-from trtflow.pipelines.params.benchmark import BenchmarkStage
 from trtflow.stages.trtexec.exports import ExportFiles
 
 # options a version's trtexec no longer has, and why
@@ -50,7 +50,17 @@ def shapes_arg(shapes: dict[str, list[int]]) -> str:
     return ",".join(f"{name}:{'x'.join(str(d) for d in dims)}" for name, dims in shapes.items())
 
 
-def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: BenchmarkStage, exports: ExportFiles,
+@dataclass(frozen=True)
+class Timing:
+    """How long trtexec times an engine (seconds), and the user's own arguments, appended last."""
+    warmup: float
+    duration: float
+    iterations: int | None
+    min_iterations: int
+    trtexec_args: tuple[str, ...] = ()
+
+
+def compose(trtexec: Path, engine: Path, shapes: dict[str, list[int]], params: Timing, exports: ExportFiles,
             version: str | None, libraries: list[str] = ()) -> list[str]:
     """The command that times `engine`; `libraries`: the plugin libraries it loads first (the pipeline's `plugins:`,
     `--dynamicPlugins` from TensorRT 10 on, `--plugins` before)."""

@@ -25,6 +25,7 @@ from trtflow.artifact import Inputs, StageResult
 from trtflow.decisions import Decision
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
+from trtflow.stage_code import StageCode
 from trtflow.stages.compare import gate
 from trtflow.stages.compare import labels as labels_mod
 from trtflow.stages.compare.plots import error_histograms, layer_drift
@@ -53,7 +54,6 @@ VERSION = "10"  # 2: layerwise statistics from the squared difference (exact 1 -
 # report keeps) carries its metrics' directions too (issue #51, item 1: a release weighing a function's metric failed)
 # 10: regression and decision metrics; a declared top-k that cannot fail refused; an output records that it has no
 # declared task metric (task: false: release weighs its cosine, not the top-1 every (batch, classes) output gets)
-REPORT = ValidateReport  # what output 'report' holds: checked against it when published (flows/runner.py)
 
 
 @dataclass
@@ -360,3 +360,4 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate],
 # ------------------------------------------------------------------------------------------------ data
 
 
+CODE = StageCode(run, report=ValidateReport)  # what the flow reaches the kind through (trtflow/stage_code.py)

@@ -31,8 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtflow import files, paths
 from trtflow.artifact import CLAIM_BYTES, Claim
+from trtflow.decisions import Decision
 from trtflow.errors import StageError
 from trtflow.events import Event, StageRan
+from trtflow.records import first_problem
 from trtflow.stages.release.triton.contract import Contract
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -178,8 +180,7 @@ def _entry(model: type[_M], path: Path, version: int | None) -> _M:
 
 def _why(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        return f"{'.'.join(map(str, err['loc'])) or 'the record'}: {err['msg']}"
+        return first_problem(exc)
     return (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__
 
 
@@ -226,45 +227,80 @@ def _now() -> str:
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="allow")  # what a later stage version adds survives
+    # every field is written, so a field renamed on one side is missing on the other: an error, not a silent null;
+    # what a later stage version adds survives
+    model_config = ConfigDict(extra="allow")
 
 
 class Release(_Record):
-    """A version a release stage shipped for one target (`new`: no release of it was published before): an entry of
-    its metrics' `releases`. `contract_changes`: what clients of `previous_version` (the latest one published
-    before it) find different."""
+    """A version a release stage shipped for one target (`new`: no release of it was published before).
+    `contract_changes`: what clients of `previous_version` (the latest one published before it) find different."""
     model: str
     target: str
     version: int
-    new: bool = False
-    engine: str | None = None
-    engine_sha256: str | None = None
-    repository: str = ""
-    previous_version: int | None = None
-    contract_changes: list[str] = []
-    rolls_back_to: int | None = None  # the earlier version whose engine this one ships again (select.rollback)
+    new: bool
+    engine: str
+    engine_sha256: str
+    repository: str
+    previous_version: int | None
+    contract_changes: list[str]
+    rolls_back_to: int | None  # the earlier version whose engine this one ships again (select.rollback)
 
 
 class Held(_Record):
-    """A target whose previous version stays the one served, the variant it shipped left out: an entry of the
-    release stage's metrics' `held`."""
+    """A target whose previous version stays the one served, the variant it shipped left out."""
     model: str
     target: str
     version: int
-    engine: str | None = None
-    why: str = ""
+    engine: str | None
+    why: str
+
+
+class RecordError(StageError):
+    """A release result's record of its versions does not read: nothing is announced or reused from it."""
+
+    def __init__(self, why: str):
+        super().__init__(f"release: the result's record of the versions it released does not read ({why})",
+                         hint="run the release stage again with --force (the record was written by another "
+                              "trtflow, or the store's copy was changed)")
+
+
+class Versions(BaseModel):
+    """The one record of what a release result made or kept, per target (its metrics' `versions`): what the flow
+    announces (EVENTS), what a reuse is checked against (OUTDATED), the decisions the command line prints."""
+    model_config = ConfigDict(extra="forbid")
+
+    released: list[Release] = []
+    held: list[Held] = []
+
+    @classmethod
+    def of(cls, metrics: dict) -> Versions:
+        """The record in a release result's metrics; a result without one, or with one that does not read, is an
+        error naming the field."""
+        try:
+            return cls.model_validate(metrics["versions"])
+        except KeyError:
+            raise RecordError("no 'versions'") from None
+        except ValidationError as exc:
+            raise RecordError(first_problem(exc, "versions")) from None
+
+    def metrics(self) -> dict:
+        return {"versions": self.model_dump(mode="json")}
+
+    def decisions(self) -> list[Decision]:
+        """Per target: the version released, or the previous version held."""
+        return ([Decision(action="released", subject=r.target, model=r.model, version=r.version, engine=r.engine)
+                 for r in self.released]
+                + [Decision(action="held", subject=h.target, model=h.model, version=h.version, engine=h.engine,
+                            why=h.why) for h in self.held])
 
 
 RELEASE_EVENT = "trtflow.release.created"
 
 
 def announce(ran: StageRan) -> list[Event]:
-    """The release kind's events (its row's `events`): one per new version a release stage published (a version
-    published before makes none): what a deployment that rolls engines out to Triton acts on."""
-    try:
-        made = [Release.model_validate(r) for r in ran.metrics.get("releases") or []]
-    except ValidationError:
-        return []
+    """The release kind's events: one per new version a release stage published (a version published before makes
+    none): what a deployment that rolls engines out to Triton acts on."""
     return [Event(RELEASE_EVENT, f"trtflow.release.{ran.pipeline.parent.name}.{ran.stage}.{r.target}",
                   {"trtflow.pipeline": str(ran.pipeline), "trtflow.stage": ran.stage, "trtflow.model": r.model,
                    "trtflow.target": r.target},
@@ -274,20 +310,16 @@ def announce(ran: StageRan) -> list[Event]:
                    "rolls_back_to": r.rolls_back_to},
                   version=r.version, say=f"released {r.model} version {r.version} for {r.target}" + (
                       f", rolling back to version {r.rolls_back_to}'s engine" if r.rolls_back_to else ""))
-            for r in made if r.new]
+            for r in Versions.of(ran.metrics).released if r.new]
 
 
 def outdated(metrics: dict, shared: Path) -> str | None:
-    """The release kind's check of a result about to be reused (its row's `outdated`): why it is no longer
-    current, or None. A result presents the versions it released or kept; where a later version of the same model
-    and target was published since (by another configuration of the pipeline), reusing it would present an older
-    version as current: the stage runs again, and the release decides (select.rollback)."""
-    try:
-        shown = [(r.model, r.target, r.version) for r in (Release.model_validate(x) for x in
-                                                           metrics.get("releases") or [])]
-        shown += [(h.model, h.target, h.version) for h in (Held.model_validate(x) for x in metrics.get("held") or [])]
-    except ValidationError:
-        return "its record of the versions it released is not readable"
+    """The release kind's check of a result about to be reused: why it is no longer current, or None. A result
+    presents the versions it released or kept; where a later version of the same model and target was published
+    since (by another configuration of the pipeline), reusing it would present an older version as current: the
+    stage runs again, and the release decides (select.rollback)."""
+    record = Versions.of(metrics)
+    shown = [(r.model, r.target, r.version) for r in [*record.released, *record.held]]
     for model, target, version in shown:
         try:
             latest = read(shared, model, target).last_published()
