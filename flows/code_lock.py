@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict
 
 import trtflow.stages
 from trtflow import depends
-from trtflow.pipelines.kinds import KINDS
+from trtflow.pipelines.kinds import BUILT_IN_KINDS
 from trtflow.pipelines.row import Kind
 
 PACKAGE = "trtflow.stages"
@@ -211,7 +211,7 @@ class Tree:
 
 
 def scan(kinds: dict[str, Kind] | None = None) -> Tree:
-    kinds = KINDS if kinds is None else kinds
+    kinds = BUILT_IN_KINDS if kinds is None else kinds
     closures = {name: closure(row) for name, row in sorted(kinds.items())}
     files = {f: file_digest(STAGES.parent / f) for c in closures.values() for f in c.files}
     return Tree(dict(sorted(files.items())), closures,

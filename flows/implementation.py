@@ -7,10 +7,11 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from trtflow import depends
 from trtflow.flows import code_lock
-from trtflow.pipelines.kinds import USER, kind_of
+from trtflow.pipelines.kinds import USER, is_built_in, kind_of
 from trtflow.stage_code import StageCode
-from trtflow.usercode import import_callable, source_digest
+from trtflow.usercode import import_callable, package_sources, source_digest
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,13 @@ def resolve(spec: Any) -> StageImpl:
     if kind is USER:
         func = import_callable(spec.kind, f"stage kind '{spec.kind}'", 3)  # run(params, inputs, out_dir)
         return StageImpl(f"{spec.version}+{source_digest(spec.kind)}", kind.env(spec), func=func)
+    if not is_built_in(kind):  # an installed package's kind: its whole package and its libraries in its key
+        depends.READ.import_path()
+        libraries = sorted({*kind.libraries, "trtflow"})  # (trtflow's own code it may import: by its version)
+        facts = {"files": package_sources(kind.module or ""),
+                 "libraries": {name: code_lock.library_version(name) for name in libraries}}
+        return StageImpl(str(importlib.import_module(kind.module or "").VERSION), kind.env(spec), facts,
+                         module=kind.module)
     version = code_lock.locked_version(kind)
     if version is None:  # a kind the lock does not know yet (a refresh adds it): its module says
         version = str(importlib.import_module(kind.module).VERSION)

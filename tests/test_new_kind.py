@@ -240,3 +240,141 @@ def test_flows_name_no_kind():
             if isinstance(node, ast.Constant) and node.value in BUILT_IN and (rel, node.value) not in words:
                 found.append(f"flows/{rel}:{node.lineno}: {node.value!r}")
     assert found == []
+
+
+# --- a kind from a package of yours: three files, installed, and nothing of trtflow's touched -------------------
+
+PACKAGE_CONTRACT = '''
+"""The count kind: its contract (parameters, slots, outputs, where its code is)."""
+from typing import Literal
+
+from pydantic import Field
+
+from trtflow.pipelines.row import Kind, Slot
+from trtflow.pipelines.schema import StageBase
+
+
+class CountStage(StageBase):
+    kind: Literal["count"]
+    op_types: list[str] = Field(default_factory=lambda: ["Conv"], description="the op types to count")
+
+
+KIND = Kind("count", CountStage, slots={"model": Slot("onnx", prefer=("prepare",), source_ok=True)},
+            outputs={"report": "json"}, module="countkind.stage", libraries=("onnx",))
+'''
+
+PACKAGE_REPORT = '''
+"""What the count kind writes, as later stages read it."""
+from pydantic import BaseModel, ConfigDict
+
+
+class CountReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    counts: dict[str, int]
+    nodes: int
+'''
+
+PACKAGE_STAGE = '''
+"""The count kind's work."""
+import json
+from pathlib import Path
+
+import onnx
+
+from countkind import CountStage
+from countkind.report import CountReport
+from trtflow import Inputs, StageResult
+from trtflow.stage_code import StageCode
+
+VERSION = "1"
+
+
+def run(params: CountStage, inputs: Inputs, out_dir: Path) -> StageResult:
+    graph = onnx.load(str(inputs.one("model").path), load_external_data=False).graph
+    counts = {op: sum(n.op_type == op for n in graph.node) for op in params.op_types}
+    report = {"counts": counts, "nodes": len(graph.node)} if "Bad" not in counts else {"counts": counts}
+    (out_dir / "report.json").write_text(json.dumps(report))
+    return StageResult(outputs={"report": out_dir / "report.json"}, summary=f"counted {counts}")
+
+
+CODE = StageCode(run, report=CountReport)
+'''
+
+PACKAGING = '''
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "countkind"
+version = "0.1"
+
+[project.entry-points."trtflow.kinds"]
+count = "countkind:KIND"
+
+[tool.setuptools]
+packages = ["countkind"]
+'''
+
+
+@pytest.mark.slow
+def test_a_kind_from_a_package_of_yours_is_three_files_and_its_entry_point(tmp_path, workdir):
+    """Issue #70: a kind is one contract. A package of the user's adds one with its contract (`__init__.py`: the
+    parameters and the row), its stage module (`run` and CODE) and its report's class, and declares it as an
+    entry point of `trtflow.kinds` in its own packaging; installed with pip beside the installed trtflow, whose
+    source is not touched, it runs as a built-in kind does: keyed by its code, its report checked, reused."""
+    package = tmp_path / "countkind-src"
+    (package / "countkind").mkdir(parents=True)
+    for name, text in (("__init__.py", PACKAGE_CONTRACT), ("stage.py", PACKAGE_STAGE), ("report.py", PACKAGE_REPORT)):
+        (package / "countkind" / name).write_text(textwrap.dedent(text).lstrip())
+    (package / "pyproject.toml").write_text(PACKAGING.lstrip())
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                                "--no-build-isolation", "--target", str(site), str(package)],
+                               capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr
+    assert sorted(p.name for p in (site / "countkind").glob("*.py")) == ["__init__.py", "report.py", "stage.py"]
+
+    pipeline = workdir / "pipeline.yaml"
+    pipeline.write_text("version: 1\nname: counted\nmodel: models/cls.onnx\nstages:\n"
+                        "  convs: {kind: count, op_types: [Conv, Relu]}\n")
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def trtflow(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    assert "CountStage" in json.loads(trtflow("schema").stdout)["$defs"]
+    checked = trtflow("validate", str(pipeline))
+    assert checked.returncode == 0 and "count" in checked.stdout, checked.stderr
+    first = trtflow("run", str(pipeline))
+    assert first.returncode == 0, first.stderr
+    assert "(1 ran, 0 reused)" in first.stdout, first.stdout
+    (report,) = (workdir / ".trtflow" / "convs").glob("*/report.json")
+    assert json.loads(report.read_text())["counts"]["Conv"] > 10  # the PP-OCR classifier is a small CNN
+    assert "0 ran, 1 reused" in trtflow("run", str(pipeline)).stdout
+
+    stage = site / "countkind" / "stage.py"  # the installed package's code edited: its stages run again
+    stage.write_text(stage.read_text() + "\n# a comment\n")
+    planned = trtflow("plan", str(pipeline))
+    assert "1 to run, 0 reused" in planned.stdout and "countkind/stage.py" in planned.stdout, planned.stdout
+
+    bad = trtflow("run", str(pipeline), "--set", "stages.convs.op_types=[Bad]")  # a report its class refuses
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "wrote a report its kind's CountReport refuses (nodes: Field required)" in bad.stderr, bad.stderr
+
+    without = subprocess.run([sys.executable, "-m", "trtflow.flows.cli", "validate", str(pipeline)], cwd=workdir,
+                             capture_output=True, text=True, timeout=600)  # the package not installed
+    assert without.returncode == 2 and "unknown stage kind 'count'" in without.stderr, without.stderr
+
+
+def test_an_entry_point_that_is_no_kind_or_takes_a_built_in_name_is_one_line():
+    from trtflow.errors import SpecError
+    from trtflow.pipelines.kinds import BUILT_IN_KINDS, _checked
+
+    with pytest.raises(SpecError, match=r"^w is a function, not a trtflow.pipelines.row.Kind$"):
+        _checked(lambda: None, "count", "w")
+    with pytest.raises(SpecError, match=r"its row is named 'validate'"):
+        _checked(BUILT_IN_KINDS["validate"], "validate", "w")
+    with pytest.raises(SpecError, match=r"give its row module='yourpackage.stage'"):
+        _checked(type(BUILT_IN_KINDS["validate"])("count", BUILT_IN_KINDS["validate"].params, {}, {}), "count", "w")

@@ -17,6 +17,7 @@ INPUT = ("a file of a published result given to the stage (or shown from one), v
 PACKAGE = "trtflow's own package data"
 
 ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read is no read of the store's own files
+    ("trtflow/usercode.py", "package_sources"): USER,  # the source of an installed kind of the user's, to key it
     ("trtflow/child.py", "call"): OWN,  # the child's response, in the folder the caller made for it
     ("trtflow/child.py", "serve"): OWN,  # the request the parent wrote just before starting this child
     ("flows/isolate.py", "_Tail.run"): OWN,

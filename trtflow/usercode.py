@@ -79,3 +79,17 @@ def _resolve(ref: str, what: str) -> Callable[..., Any]:
     if not callable(func):
         raise StageError(f"'{module_name}' has no function '{func_name}' ({what})")
     return func
+
+
+def package_sources(module: str) -> dict[str, str]:
+    """An installed kind's code in its key: every `.py` file of the top-level package holding `module` (its
+    contract, stage module, report and helpers), path within the package -> sha256 (16 hex digits); each read
+    into the keys' ledger, the package's folders by their listing (a file added is a change)."""
+    loaded = importlib.import_module(module.partition(".")[0])
+    out: dict[str, str] = {}
+    for folder in map(Path, getattr(loaded, "__path__", [])):
+        depends.READ.tree(folder)
+        for path in sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts):
+            depends.READ.file(path)
+            out[path.relative_to(folder.parent).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return out
