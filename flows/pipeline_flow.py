@@ -326,13 +326,13 @@ def limited_tags(tags: set[str]) -> set[str]:
 
 
 def stage_gpu(runner: Runner, name: str) -> str | None:
-    """For a stage that uses the GPU (its key holds the GPU): `machine.gpu_tag` of this machine and the device its
-    stages use (CUDA_VISIBLE_DEVICES' first entry, else 0; `trtflow init-deploy --limits` creates the limit).
-    None for a stage without a GPU."""
+    """For a stage whose kind says it uses the GPU (`Kind.gpu`: trial builds too): `machine.gpu_tag` of this machine
+    and the device its stages use (CUDA_VISIBLE_DEVICES' first entry, else 0; `trtflow init-deploy --limits`
+    creates the limit). None for a stage without a GPU."""
     from trtflow.flows.machine import gpu_tag, machine_name
 
     spec = runner.graph.nodes[name].spec
-    if "gpu" not in kind_of(spec).env(spec):
+    if not kind_of(spec).gpu(spec):
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
     return gpu_tag(machine_name(), visible or "0")

@@ -38,6 +38,10 @@ def _nothing(spec: Any) -> tuple:
     return ()
 
 
+def _no_gpu(spec: Any) -> bool:
+    return False
+
+
 def _no_outputs(spec: Any) -> Mapping[str, str]:
     return {}
 
@@ -69,7 +73,10 @@ class Kind:
     # ... those of them holding records created once by a claim (StageResult.claims), never sent otherwise, ...
     claimed: tuple[str, ...] = ()
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
-    gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs (flows/pipeline_flow.py)
+    # params -> it uses the GPU (a build, a trial build, an engine run): the flow runs it on the machine's GPU tag
+    # and keeps it off a GPU a `gpu_alone` stage is timing (flows/pipeline_flow.py)
+    gpu: Callable[[Any], bool] = _no_gpu
+    gpu_alone: bool = False  # it times the GPU: no other stage uses that GPU while it runs
     # it copies the pipeline's TensorRT plugins into what it releases: they reach its stage process, and its key, as
     # they reach a kind with the `tensorrt` facet (flows/runner.py `plugins_for`)
     ships_plugins: bool = False

@@ -68,6 +68,7 @@ KIND = Kind("benchmark", BenchmarkStage,
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
             preload=("onnxruntime", "cv2", "matplotlib.pyplot"),
             env=lambda p: TENSORRT_AND_GPU,
+            gpu=lambda p: True,
             gpu_alone=True,  # a build or validate beside it on the same GPU would be in its numbers
             # the accepted results a `baseline: previous` gate compares with, and each engine's measurements on
             # each machine (the noise across runs the release weighs): outside the key, like timing caches

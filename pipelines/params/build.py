@@ -63,6 +63,7 @@ KIND = Kind("build", BuildStage,
             libraries=("onnx", "onnxruntime"),
             preload=("onnxruntime",),
             env=lambda p: TENSORRT_AND_GPU,
+            gpu=lambda p: True,
             shared_caches=lambda p: (("timing_cache",) if p.timing_cache else ())
             + (("engine_cache",) if p.engine_cache else ()),
             result_caches=("engine_cache",),  # --force builds every engine again

@@ -40,4 +40,4 @@ class UserKind(Kind):
 
 
 KIND = UserKind("user", CustomStage, slots={}, outputs={}, module=None,
-                env=lambda p: TENSORRT_AND_GPU if p.env_dependent else ())
+                env=lambda p: TENSORRT_AND_GPU if p.env_dependent else (), gpu=lambda p: p.env_dependent)

@@ -46,4 +46,5 @@ KIND = Kind("precision", PrecisionStage,
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
             preload=("onnxruntime", "cv2"),
             env=lambda p: () if p.preflight == "off" else TENSORRT,  # the trial build's verdict
+            gpu=lambda p: p.preflight != "off",
             keeps_input_names=True)

@@ -72,4 +72,5 @@ KIND = Kind("prepare", PrepareStage,
             preload=("onnxsim", "onnxruntime", "cv2"),
             # the pre-flight's verdict depends on the TensorRT parser's version
             env=lambda p: () if p.preflight == "off" else TENSORRT,
+            gpu=lambda p: p.preflight != "off",  # the trial build, on the GPU where there is one
             keeps_input_names=True)

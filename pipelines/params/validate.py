@@ -290,5 +290,6 @@ KIND = Kind("validate", ValidateStage,
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,
+            gpu=lambda p: True,
             # the candidates that pass, those never to deploy, optional variants left out
             wiring=_wiring)
