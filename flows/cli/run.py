@@ -308,11 +308,18 @@ def _quiet_prefect_console() -> None:
                                        if isinstance(lg, logging.Logger)]
     for lg in loggers:
         for h in lg.handlers:
-            # prefect._internal has a plain stream handler of its own (logging.yml's `debug`), not propagated: its
-            # services print each event they could not send when the server went away
-            if isinstance(h, PrefectConsoleHandler) or (lg.name.startswith("prefect.")
-                                                        and type(h).__name__ == "_SafeStreamHandler"):
+            if _prints_to_console(lg, h, PrefectConsoleHandler):
                 h.setLevel(logging.CRITICAL)
+
+
+def _prints_to_console(logger: Any, handler: Any, console: type) -> bool:
+    """Prefect's console handler, wherever it is; and any stream handler of Prefect's own loggers: prefect._internal
+    has one of its own (logging.yml's `debug`), not propagated, whose services print each event they could not send
+    when the server went away. (Public types only: tests/test_prefect_pins.py pins what they find.)"""
+    import logging
+
+    own = logger.name.startswith("prefect.") and isinstance(handler, logging.StreamHandler)
+    return isinstance(handler, console) or own
 
 
 def _prefect_unavailable(exc: RuntimeError) -> PrefectUnavailable | None:
