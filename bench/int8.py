@@ -10,7 +10,7 @@ quantizers start from that file. ModelOpt runs in its own process (it patches ON
 modules) with `high_precision_dtype="fp32"` (what is left unquantized stays FP32, as in trtflow's output),
 `calibration_eps=["cpu"]` and `calibration_shapes` set to the samples' shape.
 
-Needs ModelOpt 0.47 without its [onnx] extra (see shared FIELD_NOTES: `pip install --no-deps
+Needs ModelOpt 0.47 without its [onnx] extra (`pip install --no-deps
 nvidia-modelopt==0.47.*` plus its listed dependencies and antlr4-python3-runtime); scikit-image (more photos)
 is used when installed.
 
