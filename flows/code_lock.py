@@ -8,8 +8,8 @@ The closure of a kind, found statically (AST, no import): every `.py` file of it
 transitively, every module under `trtflow.stages` those files name: `import` and `from ... import` statements
 anywhere in a file (inside functions too; relative ones resolved; `from package import module` names the module), a
 string constant that is a module's dotted name (`child.call("trtflow.stages.trt.build_worker", ...)` runs a module
-in a child process without importing it), the `__init__.py` of every package on the way, and the modules a module
-copies into its output as text (`SHIPPED`: the release ships the image preprocessing's source to Triton). Another
+in a child process without importing it), the `__init__.py` of every package on the way (unless it is nothing but
+its docstring), and the modules a module copies into its output as text (`SHIPPED`: the release ships the image preprocessing's source to Triton). Another
 kind's folder is in the closure as far as it is imported (the release reads `stages/benchmark/report.py`).
 
 What is left out, and why: trtflow's core helpers (`trtflow/*.py`: files, child processes, progress, paths, errors,
@@ -199,7 +199,15 @@ def closure(row: Kind) -> Closure:
         for module in ours:
             todo += _with_packages(module)
         todo += [STAGES.parent / f for f in SHIPPED.get(rel(path), ())]
-    return Closure(sorted(rel(p) for p in seen), imports, stage_version(row))
+    return Closure(sorted(rel(p) for p in seen if not _docstring_only(p)), imports, stage_version(row))
+
+
+def _docstring_only(path: Path) -> bool:
+    """A module of nothing but its docstring (a package's `__init__.py`, mostly) decides no output: editing it
+    re-keys nothing. Once it holds a statement, it is in the closure again."""
+    body = ast.parse(path.read_bytes(), str(path)).body
+    said = body[:1] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else []
+    return len(body) == len(said)
 
 
 @dataclass

@@ -614,15 +614,15 @@ class _Listing:
 
 
 def _synced_limits() -> dict[str, int]:
-    """The parts of `shared/` a remote store keeps for every machine, as the kinds' rows declare them (`synced`:
+    """The parts of `shared/` a remote store keeps for every machine, as the kinds' rows declare them (`shared`:
     benchmark baselines, timing caches, the versions released so far): prefix -> how large a file there may be."""
-    return {prefix: limit for row in KINDS.values() for prefix, limit in row.synced.items()}
+    return {area.prefix: area.max_bytes for row in KINDS.values() for area in row.shared}
 
 
 def _claimed(rel: str) -> bool:
     """A record created once by `claim` (a kind's row says which prefixes: the versions released), never sent by
     `push_shared`."""
-    return any(rel.startswith(prefix) for row in KINDS.values() for prefix in row.claimed)
+    return any(area.claimed and rel.startswith(area.prefix) for row in KINDS.values() for area in row.shared)
 
 
 def _synced(rel: str) -> int | None:

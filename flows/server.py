@@ -29,9 +29,9 @@ from urllib.parse import quote
 from pydantic import BaseModel, ValidationError
 
 from trtflow import files, procfs, settings
-from trtflow.secrets import secret_key
 from trtflow.errors import PrefectUnavailable, SpecError, TrtflowError
 from trtflow.flows.machine import state_file
+from trtflow.secrets import secret_key
 
 START_TIMEOUT_S = 120  # Prefect's own 20 s run out on a busy two-core machine
 MODE = settings.PREFECT_SERVER.name

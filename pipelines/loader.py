@@ -19,10 +19,10 @@ from pydantic import BaseModel, ValidationError
 
 from trtflow import depends
 from trtflow.errors import SpecError
-from trtflow.secrets import holds_secret
 from trtflow.pipelines.kinds import KINDS, kind_named
 from trtflow.pipelines.pipeline import Pipeline
 from trtflow.pipelines.schema import StageBase
+from trtflow.secrets import holds_secret
 from trtflow.text import first_line, suggestion
 from trtflow.usercode import code_beside
 from trtflow.yaml_text import LINE_BREAKS, UNSAFE_OUTSIDE_QUOTES

@@ -5,7 +5,7 @@ caches outside the key it reads and updates. Each built-in kind's row sits besid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, get_args
 
 from trtflow.pipelines.schema import StageBase
@@ -20,6 +20,21 @@ class Slot:
     required: bool = True
     prefer: tuple[str, ...] = ()  # kinds a default is taken from, nearest first; () = no default
     source_ok: bool = False  # fall back to the pipeline's model when no preferred stage exists
+
+
+@dataclass(frozen=True)
+class SharedArea:
+    """A part of the store's `shared/` a kind reads and updates outside its key, declared once: its stage names its
+    files from `prefix` (a folder: 'releases/'; a file name's start: 'timing-'); a remote store keeps it for every
+    machine (files up to `max_bytes`); `claimed`: its records are created once by a claim (StageResult.claims),
+    never sent otherwise."""
+    prefix: str
+    max_bytes: int
+    claimed: bool = False
+
+    def path(self, *parts: str) -> str:
+        """A file or folder of the area, relative to `shared/`."""
+        return self.prefix + "/".join(parts)
 
 
 ANY_KIND = "*"
@@ -66,12 +81,8 @@ class Kind:
     more_outputs: Callable[[Any], Mapping[str, str]] = _no_outputs  # params -> outputs some settings add
     # what the flow does for this kind, so that flows/ names no kind (its stage module's `CODE`, a
     # trtflow.stage_code.StageCode, gives the functions it calls: `run`, its report's class, its events, why a
-    # result about to be reused no longer holds): the parts of the store's shared/ a remote store keeps
-    # for every machine (a prefix ending in '/' is a folder, another a file name's start) and how large a file
-    # there may be, ...
-    synced: Mapping[str, int] = field(default_factory=dict)
-    # ... those of them holding records created once by a claim (StageResult.claims), never sent otherwise, ...
-    claimed: tuple[str, ...] = ()
+    # result about to be reused no longer holds): the parts of the store's shared/ it keeps, ...
+    shared: tuple[SharedArea, ...] = ()
     keeps_input_names: bool = False  # the ONNX model it writes has the input names of the one it read
     # params -> it uses the GPU (a build, a trial build, an engine run): the flow runs it on the machine's GPU tag
     # and keeps it off a GPU a `gpu_alone` stage is timing (flows/pipeline_flow.py)

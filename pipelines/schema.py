@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_seriali
 from trtflow.pipelines.units import Duration, Size
 
 CUSTOM_KIND = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # package.module:function
-ARTIFACT_TYPES = ("onnx", "preprocess", "ranges", "engines", "json", "file", "dir")
+ARTIFACT_TYPES = ("onnx", "preprocess", "ranges", "engines", "json", "plots", "file", "dir")  # plots: a folder of PNGs
 
 Ref = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)?$",
                            description="'stage' or 'stage.output', or 'source' for the pipeline's model")]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.assets import PPOCR, in_ci
-from trtflow.stages.trt.env import Backend, find_tensorrt
+from trtflow.stages.trt.env import find_tensorrt
+from trtflow.stages.trt.records import Backend
 
 TENSORRT = find_tensorrt()
 

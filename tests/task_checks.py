@@ -67,7 +67,7 @@ def card_shows_composition(store: Path) -> dict[str, dict]:
     builds the variant), as its report holds it; returns engine -> composition."""
     import json
 
-    from trtflow.stages.onnx.composition import Shares
+    from trtflow.stages.onnx.records import Shares
 
     made = {}
     key = json.loads((store / "release" / "last.json").read_text())["key"]

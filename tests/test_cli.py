@@ -127,7 +127,7 @@ def test_plan_check_and_json_for_schedulers(capsys, write_yaml, monkeypatch):
     fields that changed (here a TensorRT upgrade, simulated by the fingerprint: no second TensorRT installs here)."""
     from tests.test_runner import run_all
     from trtflow.flows import runner as runner_module
-    from trtflow.stages.trt.env import TensorRT
+    from trtflow.stages.trt.records import TensorRT
     path = write_yaml("version: 1\nname: x\nmodel: models/cls.onnx\nstages:\n"
                       "  mine: {kind: 'tests.stage_fns:copy_model', outputs: {model: onnx}, env_dependent: true}\n")
     code, _, _ = run_cli(capsys, "plan", str(path), "--check")

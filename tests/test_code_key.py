@@ -78,8 +78,9 @@ IMPORTED_BY = {
     "stages/ort/calibration.py": ["calibrate"],
     "stages/onnx/simplifier.py": ["prepare"],
     "stages/trtexec/log.py": ["benchmark"],
-    "stages/compare/plots.py": ["benchmark", "validate"],  # benchmark through validate's report and repair
-    "stages/onnx/fp16.py": ["benchmark", "calibrate", "precision", "release", "validate"],  # calibrate: FP16 remainder
+    "stages/compare/plots.py": ["benchmark", "validate"],  # each draws its own plots
+    # calibrate: its FP16 remainder; no kind through another's report (reports import only record types)
+    "stages/onnx/fp16.py": ["calibrate", "precision", "validate"],
     # run in a child process (`child.call("trtflow.stages.trt.build_worker", ...)`), never imported
     "stages/trt/build_worker.py": ["build", "validate"],
     # every kind that reads sample data through the declared preprocessing; the release also ships its source

@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtflow.pipelines.params.release import Select
-from trtflow.stages.onnx.composition import Composition, Shares, composition
+from trtflow.stages.onnx.composition import composition
+from trtflow.stages.onnx.records import Composition, Shares
 from trtflow.stages.release import estimate, selection
 from trtflow.stages.release.report import Option
 

@@ -19,7 +19,7 @@ from trtflow.flows.runner import Runner
 from trtflow.flows.store import LocalStore
 from trtflow.pipelines.kinds import KINDS
 from trtflow.pipelines.loader import load_pipeline
-from trtflow.stages.trt.env import TensorRT
+from trtflow.stages.trt.records import TensorRT
 
 PARTS = keys.key_parts("prepare", "1", {"simplify": True, "target_opset": 17},
                        {"model": "ab" * 32},

@@ -55,7 +55,7 @@ def test_the_release_can_weigh_accuracy_against_the_labels():
     """select.accuracy: labels: max_accuracy_drop weighs the top-1 accuracy against the labels below FP32's; an
     engine validate scored against no labels may not ship; the card's line shows FP32 and the shipped engine."""
     from trtflow.pipelines.params.release import Select
-    from trtflow.stages.compare.labels import Labelled
+    from trtflow.stages.compare.records import Labelled
     from trtflow.stages.release import selection
     from trtflow.stages.release.card import labelled_line
     from trtflow.stages.release.report import Option

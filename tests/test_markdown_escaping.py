@@ -16,15 +16,14 @@ from trtflow.artifact import Provenance
 from trtflow.stages.benchmark.report import BenchmarkReport, Gate, Measurement
 from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
 from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
-from trtflow.stages.ort.layerwise import LayerRow, Layerwise
+from trtflow.stages.compare.records import LayerRow, Layerwise
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.prepare.report import PrepareReport, Source
 from trtflow.stages.release import card
 from trtflow.stages.release.report import Option, ReleaseReport, TargetRelease
-from trtflow.stages.trt.engines import Backend
-from trtflow.stages.validate.repair import Repair, Round
-from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
+from trtflow.stages.trt.records import Backend
+from trtflow.stages.validate.report import CandidateResult, Reference, Repair, Round, ValidateReport
 
 IMG = "<img src=x onerror=alert(1)>"
 VALUES = [IMG, "a|b", "a`b", "``a|b`", "a\nb", f"x\n{IMG}", f"x\n| {IMG} |", "[x](javascript:y)", "**b**",

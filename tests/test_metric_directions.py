@@ -15,7 +15,8 @@ from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate
-from trtflow.stages.compare.accuracy import Accuracy, Comparison, OutputAccuracy
+from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare.records import Accuracy, OutputAccuracy
 from trtflow.stages.release import selection
 from trtflow.stages.release.report import Option
 from trtflow.stages.validate.report import CandidateResult

@@ -137,7 +137,7 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
 NOTE_PARAMS = '''
 from typing import Literal
 
-from trtflow.pipelines.row import Kind
+from trtflow.pipelines.row import Kind, SharedArea
 from trtflow.pipelines.schema import StageBase
 
 
@@ -148,7 +148,7 @@ class NoteStage(StageBase):
 
 KIND = Kind("note", NoteStage, slots={}, outputs={"note": "file"},
             shared_caches=lambda p: ("notes",),  # the store's shared/ folder, outside the key
-            synced={"notes/": 1 << 16})  # kept for every machine of a remote store
+            shared=(SharedArea("notes/", 1 << 16),))  # kept for every machine of a remote store
 '''
 
 NOTE_STAGE = '''

@@ -23,7 +23,7 @@ import pytest
 from tests.assets import last_report, trtflow
 from tests.test_offload_split import detector, needs_trt
 from tests.test_offload_triton import INPUTS, _ask, _max_diff, _whole
-from trtflow.stages.onnx.split import read_chain
+from trtflow.stages.onnx.records import read_chain
 
 PIPELINE = """
 version: 1
@@ -136,7 +136,7 @@ def test_piece_profiles_bound_a_size_only_the_data_decides(tmp_path):
     location passing), whatever count the sample inputs happened to give."""
     from trtflow.stages.onnx import offload
     from trtflow.stages.onnx.split import prepared
-    from trtflow.stages.trt.engines import Profile
+    from trtflow.stages.trt.records import Profile
 
     model = prepared(detector())
     offload.mark(model, offload.Offload(nodes=["select"]))

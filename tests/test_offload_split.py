@@ -11,7 +11,8 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 from trtflow.stages.onnx import model_io
-from trtflow.stages.onnx.split import Segment, prepared, read_chain, run_chain, segments, split
+from trtflow.stages.onnx.records import read_chain
+from trtflow.stages.onnx.split import Segment, prepared, run_chain, segments, split
 from trtflow.stages.ort.runner import run, session
 from trtflow.stages.trt.env import find_tensorrt
 
@@ -224,8 +225,7 @@ def test_a_tensorrt_piece_that_fails_its_trial_goes_back_to_onnxruntime(tmp_path
     this Gemm, and every other piece is tried for real), so this proves what the partition does with a failed trial,
     not which pieces a real TensorRT refuses (the tests above build those)."""
     from trtflow.stages.trt import partition as partitioning
-    from trtflow.stages.trt.parse import ParseFailure
-    from trtflow.stages.trt.preflight import PreflightReport, TrialBuild
+    from trtflow.stages.trt.records import ParseFailure, PreflightReport, TrialBuild
 
     real = partitioning.run_preflight
 

@@ -21,10 +21,11 @@ import pytest
 
 from tests.test_offload_split import detector, needs_trt, vocabulary
 from trtflow.stages.onnx import model_io
-from trtflow.stages.onnx.split import Chain, Piece, prepared, segments, split
+from trtflow.stages.onnx.records import Chain, Piece
+from trtflow.stages.onnx.split import prepared, segments, split
 from trtflow.stages.release.triton import chain as triton_chain
 from trtflow.stages.release.triton.config import ConfigError, model_config_pb2, parse
-from trtflow.stages.trt.engines import Profile
+from trtflow.stages.trt.records import Profile
 
 LARGEST = 256  # what a size the data decides may reach in these models (16 x 16 locations)
 

@@ -293,7 +293,7 @@ def test_the_model_card_shows_the_shipped_engine_at_each_shape(tmp_path, pooler,
 def test_the_accuracy_drop_release_weighs_is_the_worst_shapes():
     """Pooled over every shape, top-1 agreement lost 2%; at the max shape alone it lost 12%: max_accuracy_drop
     weighs 12%, and says where."""
-    from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
+    from trtflow.stages.compare.records import Accuracy, OutputAccuracy
     from trtflow.stages.release.selection import worst_drop
     from trtflow.stages.validate.report import ShapeResult
 

@@ -28,7 +28,8 @@ from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate
-from trtflow.stages.compare.accuracy import Accuracy, Comparison
+from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare.records import Accuracy
 from trtflow.stages.ort.runner import session
 from trtflow.stages.precision import stage as precision
 from trtflow.stages.release import card, selection

@@ -133,7 +133,7 @@ def _quant_prep(tmp_path: Path) -> None:
 
 def _build_cell(tmp_path: Path) -> None:
     from trtflow.stages.trt.building import build_cells
-    from trtflow.stages.trt.engines import Backend, Cell
+    from trtflow.stages.trt.records import Backend, Cell
 
     cell = Cell(name="m.p.native", variant="m", precision="fp32", model=str(tmp_path / "m.onnx"), profiles=[],
                 target="native", backend=Backend(flavour="tensorrt-rtx", module="tensorrt_rtx", version="1"),

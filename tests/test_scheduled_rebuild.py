@@ -45,7 +45,7 @@ stages:
     profiles: {lines: {x: {min: [1, 3, 48, 48], opt: [8, 3, 48, 192], max: [32, 3, 48, 640]}}}
   release: {kind: release, select: {require: built, prefer: size}}
 """
-EDITED = "stages/onnx/fp16.py"  # the issue's example: a fix to the FP16 converter ships
+EDITED = "stages/onnx/composition.py"  # a fix to the compute count by precision, which the release orders by
 
 
 def _api(api: str, method: str, path: str, body: dict | None = None):
@@ -166,12 +166,12 @@ def _scenario(tmp: Path, api: str, s3: dict[str, str]) -> None:
         assert second[1]["previous_version"] == 1
         assert second[1]["contract_changes"] == [] and second[1]["engine_sha256"] != second[0]["engine_sha256"]
 
-        # 5. trtflow's code changed: a fix to the FP16 converter, its lock refreshed as a re-run
+        # 5. trtflow's code changed: a fix to the compute count, its lock refreshed as a re-run
         from trtflow.flows import code_lock
         importers = {k for k, entry in code_lock.load().kinds.items() if EDITED in entry.files}
         assert importers & {"prepare", "build", "release"} == {"release"}, importers
         edited = package / "trtflow" / EDITED
-        edited.write_text(edited.read_text() + "\n# a fix that changes what the converter writes\n")
+        edited.write_text(edited.read_text() + "\n# a fix that changes what the count gives\n")
         done = _cli([sys.executable, "-m", "trtflow.flows.code_lock", "--rerun", EDITED], env, repos)
         assert done.returncode == 0 and done.stdout.strip().endswith(f"re-keys {', '.join(sorted(importers))}"), \
             done.stdout + done.stderr

@@ -12,9 +12,7 @@ from trtflow.stages.build.report import BuildEnvironment, CellRow
 from trtflow.stages.release.card import _environment_text
 from trtflow.stages.release.report import TargetRelease
 from trtflow.stages.trt import engine_cache
-from trtflow.stages.trt.engines import Built, Cell
-from trtflow.stages.trt.env import Backend, Gpu
-from trtflow.stages.trt.telemetry import TelemetrySummary
+from trtflow.stages.trt.records import Backend, Built, Cell, Gpu, TelemetrySummary
 
 # this machine's (no GPU: TensorRT-RTX's verdict with the log line that says why), as `Built.write` wrote it
 BUILT_HERE = """{

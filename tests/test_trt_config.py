@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import BuilderOptions
 from trtflow.stages.trt import config, parse
-from trtflow.stages.trt.env import Backend
+from trtflow.stages.trt.records import Backend
 
 pytestmark = pytest.mark.tensorrt
 
@@ -182,7 +182,7 @@ def test_a_build_record_keeps_its_io_tensors_typed_and_an_older_one_says_build_a
     """The engine's IO tensors are declared fields of its build record (they travelled as undeclared extras);
     a record from before they were kept reads, and the Triton config asks for the build again."""
     from trtflow.stages.release.triton.config import ConfigError, engine_io
-    from trtflow.stages.trt.engines import Built
+    from trtflow.stages.trt.records import Built
 
     io = {"inputs": [{"name": "x", "shape": [-1, 3, 48, 192], "dtype": "FLOAT"}],
           "outputs": [{"name": "y", "shape": [-1, 2], "dtype": "FLOAT"}]}

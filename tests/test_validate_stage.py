@@ -250,7 +250,7 @@ def test_repair_search_reaches_an_error_spread_over_many_nodes_and_keeps_only_wh
     """The search's own logic, on a stand-in variant whose gate passes only when every node of `needed` is given
     back (an error spread over layers, as INT8 on MobileNetV3 has it). Growing one node per round could not get
     there in 8 rounds; doubling does, and shrinking takes the extra nodes back."""
-    from trtflow.stages.ort.layerwise import LayerRow, Layerwise
+    from trtflow.stages.compare.records import LayerRow, Layerwise
     from trtflow.stages.validate import repair
 
     order = [f"n{i}" for i in range(40)]  # how localization ranks them, worst first

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
+from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, SharedArea, Slot
 from trtflow.pipelines.schema import SampleData, StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
 
@@ -57,6 +57,8 @@ class BenchmarkStage(StageBase):
         return globs
 
 
+HISTORY = SharedArea("benchmark/", 16 * 2**20)  # the accepted runs the gate compares with, on every machine
+
 KIND = Kind("benchmark", BenchmarkStage,
             slots={"engines": Slot("engines", required=False, prefer=("build",)),
                    "models": Slot("onnx", many=True, required=False, prefer=MODEL_MAKERS),
@@ -64,8 +66,8 @@ KIND = Kind("benchmark", BenchmarkStage,
                    "validation": Slot("json", required=False, prefer=("validate",)),
                    "repaired": Slot("engines", required=False, prefer=("validate",)),
                    "preprocess": PREPROCESS_SLOT},
-            outputs={"report": "json"},
-            libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            outputs={"report": "json", "plots": "plots"},  # plots: the latency distributions
+            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
             preload=("onnxruntime", "cv2", "matplotlib.pyplot"),
             env=lambda p: TENSORRT_AND_GPU,
             gpu=lambda p: True,
@@ -73,4 +75,4 @@ KIND = Kind("benchmark", BenchmarkStage,
             # the accepted results a `baseline: previous` gate compares with, and each engine's measurements on
             # each machine (the noise across runs the release weighs): outside the key, like timing caches
             shared_caches=lambda p: ("baselines",),
-            synced={"benchmark/": 16 * 2**20})  # on every machine of the store
+            shared=(HISTORY,))

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from trtflow.names import Name
-from trtflow.pipelines.row import MODEL_MAKERS, TENSORRT_AND_GPU, Kind, Slot
+from trtflow.pipelines.row import MODEL_MAKERS, TENSORRT_AND_GPU, Kind, SharedArea, Slot
 from trtflow.pipelines.schema import BuilderOptions, Shape, StageBase, Strict
 
 
@@ -57,6 +57,8 @@ class BuildStage(StageBase, BuilderOptions):
         return BuilderOptions.model_validate(self.model_dump(include=set(BuilderOptions.model_fields)))
 
 
+TIMING_CACHES = SharedArea("timing-", 1 << 30)  # a TensorRT timing cache per flavour and version, on every machine
+
 KIND = Kind("build", BuildStage,
             slots={"models": Slot("onnx", many=True, prefer=MODEL_MAKERS, source_ok=True)},
             outputs={"engines": "engines", "report": "json"},
@@ -67,4 +69,4 @@ KIND = Kind("build", BuildStage,
             shared_caches=lambda p: (("timing_cache",) if p.timing_cache else ())
             + (("engine_cache",) if p.engine_cache else ()),
             result_caches=("engine_cache",),  # --force builds every engine again
-            synced={"timing-": 1 << 30})  # a timing cache per TensorRT version, on every machine of the store
+            shared=(TIMING_CACHES,))

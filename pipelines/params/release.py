@@ -10,7 +10,7 @@ from trtflow import names
 from trtflow.artifact import CLAIM_BYTES
 from trtflow.names import ModelName, Name
 from trtflow.pipelines.params.validate import ValidateStage
-from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, Slot
+from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, SharedArea, Slot
 from trtflow.pipelines.schema import SampleData, StageBase, Strict
 from trtflow.pipelines.units import Duration, Fraction
 
@@ -162,12 +162,19 @@ def _wiring(spec: ReleaseStage, upstream: Mapping[str, StageBase]) -> tuple[str,
     return None
 
 
+# the versions released so far, per model and target: a record per version, created once by a claim, kept for
+# every machine of a remote store
+RELEASES = SharedArea("releases/", CLAIM_BYTES, claimed=True)
+
 KIND = Kind("release", ReleaseStage,
             slots={"engines": Slot("engines", prefer=("build",)),
                    # validate's verdict and accuracy, and its repaired engines (candidates like the others)
                    "validation": Slot("json", required=False, prefer=("validate",)),
                    "repaired": Slot("engines", required=False, prefer=("validate",)),
                    "benchmark": Slot("json", required=False, prefer=("benchmark",)),
+                   # the pictures the card shows: validate's of each shipped engine, benchmark's latencies
+                   "validation_plots": Slot("plots", required=False, prefer=("validate",)),
+                   "benchmark_plots": Slot("plots", required=False, prefer=("benchmark",)),
                    # what the card shows: the variants' own reports (nodes left in higher precision), the
                    # preprocessing as declared and parity's verdict on it
                    "variant_reports": Slot("json", many=True, required=False, prefer=("precision", "calibrate")),
@@ -176,10 +183,10 @@ KIND = Kind("release", ReleaseStage,
                    "preparation": Slot("json", required=False, prefer=("prepare",)),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"triton": "dir", "card": "file", "report": "json"},
-            libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
+            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
             preload=("cv2",),
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),
-            synced={"releases/": CLAIM_BYTES}, claimed=("releases/",),  # a record per version, created once
+            shared=(RELEASES,),
             ships_plugins=True,  # their libraries go into the Triton repository (stages/release/stage.py)
             wiring=_wiring)

@@ -284,7 +284,7 @@ KIND = Kind("validate", ValidateStage,
                    "models": Slot("onnx", many=True, required=False, prefer=MODEL_MAKERS),
                    "reference": Slot("onnx", prefer=("prepare",), source_ok=True),
                    "preprocess": PREPROCESS_SLOT},
-            outputs={"report": "json"},
+            outputs={"report": "json", "plots": "plots"},  # plots: each candidate's errors and first bad layers
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image", "pycocotools"),
             preload=("onnxruntime", "cv2", "matplotlib.pyplot"),
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)

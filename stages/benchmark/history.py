@@ -22,10 +22,11 @@ from pathlib import Path
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from trtflow import files, settings
+from trtflow.pipelines.params.benchmark import HISTORY
 from trtflow.stages.benchmark.report import MeasuredOn, Measurement, RunSpread
 
 RUNS = 10  # runs kept per cell and machine: the spread is of these
-FOLDER = "benchmark/history"
+FOLDER = HISTORY.path("history")
 
 
 class Past(BaseModel):

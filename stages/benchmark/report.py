@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 from trtflow import markdown as md
 from trtflow.precisions import Precision
 from trtflow.records import Recorded
-from trtflow.stages.trt.telemetry import TelemetrySummary
+from trtflow.stages.trt.records import TelemetrySummary
 from trtflow.stages.trtexec.result import Layer, PerfRecord
 
 

@@ -25,8 +25,9 @@ from trtflow.stages.ort import harness
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.trt import plugins as trt_plugins
-from trtflow.stages.trt.engines import Candidate, Profile, built_engines, engine_candidates
+from trtflow.stages.trt.engines import Candidate, built_engines, engine_candidates
 from trtflow.stages.trt.env import gpus
+from trtflow.stages.trt.records import Profile
 from trtflow.stages.trt.telemetry import Telemetry
 from trtflow.stages.trtexec import command, exports
 from trtflow.stages.trtexec.find import find_trtexec, trtexec_version
@@ -77,7 +78,9 @@ def run(params: BenchmarkStage, inputs: Inputs, out_dir: Path) -> StageResult:
                              not_measured=not_measured,
                              plots=_plot(results, out_dir))
     (out_dir / "report.json").write_text(report.model_dump_json(indent=2) + "\n")
-    result = StageResult(outputs={"report": out_dir / "report.json"}, summary=report.summary(),
+    (out_dir / "plots").mkdir(exist_ok=True)
+    result = StageResult(outputs={"report": out_dir / "report.json", "plots": out_dir / "plots"},
+                         summary=report.summary(),
                          warnings=warnings + gate.skipped_lines,
                          metrics={"cells": len(results), "best_throughput_qps": max(
                              (c.result.throughput_qps or 0 for c in results), default=None)})

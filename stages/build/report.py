@@ -8,8 +8,7 @@ from pydantic import BaseModel
 from trtflow import markdown as md
 from trtflow.precisions import Precision
 from trtflow.records import Recorded
-from trtflow.stages.trt.engines import Backend, Built, Cell, Validity
-from trtflow.stages.trt.env import Gpu
+from trtflow.stages.trt.records import Backend, Built, Cell, Gpu, Validity
 
 
 class CellRow(Built):

@@ -17,18 +17,19 @@ import onnx
 from trtflow import files
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
-from trtflow.pipelines.params.build import BuildStage
+from trtflow.pipelines.params.build import TIMING_CACHES, BuildStage
 from trtflow.stage_code import StageCode
 from trtflow.stages.build.report import BuildEnvironment, BuildReport, CellRow
 from trtflow.stages.onnx import offload
 from trtflow.stages.onnx.graph import graph_inputs, precision
-from trtflow.stages.onnx.split import Chain
+from trtflow.stages.onnx.records import Chain
 from trtflow.stages.ort import qdq
 from trtflow.stages.trt import building, config
 from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engine_cache import EngineCache, cell_key
-from trtflow.stages.trt.engines import CHAIN_SUFFIX, LOG, SPEC, Backend, Built, Cell, Profile, piece_suffix
+from trtflow.stages.trt.engines import CHAIN_SUFFIX, LOG
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt, gpus
+from trtflow.stages.trt.records import SPEC, Backend, Built, Cell, Profile, piece_suffix
 from trtflow.text import did_you_mean
 
 VERSION = "2"  # 2: precision per cell, size warnings
@@ -102,7 +103,7 @@ def run(params: BuildStage, inputs: Inputs, out_dir: Path) -> StageResult:
     config.check(options, importlib.import_module(be.module), be, params.targets)
     cache = None
     if params.timing_cache and "timing_cache" in inputs:
-        cache = inputs.one("timing_cache").path / f"timing-{be.flavour}-{be.version}.cache"
+        cache = inputs.one("timing_cache").path / TIMING_CACHES.path(f"{be.flavour}-{be.version}.cache")
     # every profile is checked against every model before anything builds
     engines = out_dir / "engines"  # made by the first chain cut into it, else here once every profile checked
     cells = plan_cells(params, inputs.many("models"), be, str(cache) if cache else None, engines)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from trtflow import markdown as md
-from trtflow.stages.compare.accuracy import Accuracy
-from trtflow.stages.onnx.composition import Composition
+from trtflow.stages.compare.records import Accuracy
+from trtflow.stages.onnx.records import Composition
 from trtflow.text import distinct
 
 

@@ -1,25 +1,21 @@
 """Comparing a model variant's outputs with a reference over many samples (the comparators, apart from the
-runners), and the one result every comparison gives: `Accuracy` (per output metrics, the bounds missed, true when
-none was). `Comparison` accumulates per output max/mean absolute error, max relative error, cosine similarity,
-NaN/Inf counts in the candidate and in the reference, top-1 and top-5 agreement for classifier scores (an
-`OutputAccuracy` per output); validate, the precision and calibrate pre-flights and parity's model check use it."""
+runners), giving the one result every comparison gives: `Accuracy` (per output metrics, the bounds missed, true
+when none was; its records are in `records.py`). `Comparison` accumulates per output max/mean absolute error, max
+relative error, cosine similarity, NaN/Inf counts in the candidate and in the reference, top-1 and top-5 agreement
+for classifier scores (an `OutputAccuracy` per output); validate, the precision and calibrate pre-flights and
+parity's model check use it."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field, model_serializer, model_validator
 
-from trtflow import markdown
 from trtflow.stages.compare import task_metrics
+from trtflow.stages.compare.records import NEGLIGIBLE, Accuracy, OutputAccuracy
 from trtflow.stages.compare.sample import Sample
 
 REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
-
-
-NEGLIGIBLE = 1e-4  # an error below this share of an output's scale is not a difference, whatever the cosine
 
 
 class OutputStats:
@@ -99,102 +95,6 @@ class OutputStats:
             "cosine": float(cosine), "nan": self.nan, "inf": self.inf, "reference_nan": self.ref_nan,
             "reference_inf": self.ref_inf, "scale": self.ref_max, **values,
             "task": self.declared})
-
-
-class OutputAccuracy(BaseModel):
-    """One output's metrics over a comparison's samples: elementwise (errors, cosine, NaN/Inf in the candidate
-    and in its reference, `scale`: the largest |reference| value, at least the output's floor) and its task
-    metrics' values (`task_values`; `reference_boxes`: how many boxes a detection reference has). `task`: True
-    where task metrics were declared for the output, False where none was (its task values are the top-1/top-k
-    every (batch, classes) output gets: the release weighs them only where a tolerance bounds them), None: not
-    recorded.
-
-    Stored flat, as reports always stored it: the task metrics beside the elementwise ones, and only the fields
-    the record has (a report from before `max_rel`, `scale` or the reference's NaN/Inf reads back as written)."""
-
-    max_abs: float = 0.0
-    mean_abs: float = 0.0
-    max_rel: float = 0.0
-    cosine: float = 0.0
-    nan: int = 0
-    inf: int = 0
-    reference_nan: int = 0
-    reference_inf: int = 0
-    scale: float = 0.0
-    reference_boxes: int | None = None
-    task: bool | None = None
-    # metric -> value (None: it did not come out finite and the report stored null)
-    task_values: dict[str, float | None] = Field(default_factory=dict, exclude=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_flat(cls, data: Any) -> Any:
-        """A stored record (or a comparator's): every key that is no field is a task metric's value."""
-        if isinstance(data, dict):
-            values = {k: v for k, v in data.items() if k not in cls.model_fields}
-            if values:
-                return {**{k: v for k, v in data.items() if k in cls.model_fields}, "task_values": values}
-        return data
-
-    @model_serializer(mode="wrap")
-    def _to_flat(self, handler: Any) -> dict[str, Any]:
-        return {**{k: v for k, v in handler(self).items() if k in self.model_fields_set}, **self.task_values}
-
-    def value(self, metric: str) -> float | None:
-        """A metric by name (a bound's, a tolerance's): an elementwise field or a task metric; None where this
-        output has no such metric (top-k on an output that is not (batch, classes))."""
-        if metric in self.task_values:
-            return self.task_values[metric]
-        return getattr(self, metric) if metric in MEASURED else None
-
-    def added_nonfinite(self) -> int:
-        """NaN/Inf values in the candidate beyond those its reference has itself."""
-        return self.nan + self.inf - self.reference_nan - self.reference_inf
-
-    def negligible(self) -> bool:
-        """The largest error is below NEGLIGIBLE of the output's scale: no difference, whatever the cosine."""
-        return self.scale > 0 and self.max_abs <= NEGLIGIBLE * self.scale
-
-
-MEASURED = ("max_abs", "mean_abs", "max_rel", "cosine", "nan", "inf", "reference_nan", "reference_inf", "scale",
-            "reference_boxes")  # the fields of OutputAccuracy a bound may name
-
-
-@dataclass
-class Accuracy:
-    """What comparing a candidate with its reference found: metrics per output over `samples`, measured on
-    `runtime`, and the bounds it missed (one line each). True when it missed none."""
-
-    runtime: str
-    samples: int
-    outputs: dict[str, OutputAccuracy]
-    # a report's field of this type stores runtime, samples, outputs and directions (not violations)
-    violations: Annotated[list[str], Field(exclude=True)] = field(default_factory=list)
-    # output -> task metric -> whether higher is better, where it is known (gate.judge records it: trtflow's own
-    # metrics, a callable's declared names, a tolerance's {min: x} / {max: x})
-    directions: dict[str, dict[str, bool]] = field(default_factory=dict)
-    # the graph the candidate ran (simulation.graph_name: file name and sha256), where known (stored only then)
-    graph: Annotated[str, Field(exclude_if=lambda v: not v)] = ""
-    # why this comparison cannot catch errors (the reference's outputs do not vary with its inputs, or the samples
-    # are one and the same), else None (not stored)
-    blind: Annotated[str | None, Field(exclude_if=lambda v: v is None)] = None
-
-    def __bool__(self) -> bool:
-        return not self.violations
-
-    def nonfinite(self) -> int:
-        """NaN and Inf values in the candidate's outputs."""
-        return sum(o.nan + o.inf for o in self.outputs.values())
-
-    def table(self) -> list[str]:
-        lines = ["| output | max abs | mean abs | cosine | NaN/Inf | task metrics |", "|---|---|---|---|---|---|"]
-        for name, r in self.outputs.items():
-            task = ", ".join([f"{markdown.text(k)} {v:.4g}" for k, v in r.task_values.items()]
-                             + ([f"reference boxes {r.reference_boxes}"] if r.reference_boxes is not None else [])
-                             ) or "-"
-            lines.append(f"| {markdown.code(name, cell=True)} | {r.max_abs:.4g} | {r.mean_abs:.4g} | "
-                         f"{r.cosine:.6f} | {r.nan}/{r.inf} | {task} |")
-        return lines
 
 
 class Comparison:

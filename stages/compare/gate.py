@@ -1,4 +1,4 @@
-"""The accuracy gate: per output bounds checked against a comparison's metrics (an `accuracy.Accuracy`).
+"""The accuracy gate: per output bounds checked against a comparison's metrics (an `Accuracy`, `records.py`).
 
 An output's bounds: the precision's defaults, overridden by `'*'`, overridden by the output's own entry. The
 defaults are elementwise (cosine) for an output with no declared task metric, and the task metrics' own for one
@@ -11,7 +11,7 @@ from typing import Any
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import higher_is_better, metric_direction
 from trtflow.precisions import Precision
-from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.compare.records import Accuracy
 from trtflow.stages.compare.task_metrics import constant_topk, declared
 from trtflow.text import did_you_mean, distinct
 

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from trtflow.errors import StageError
 from trtflow.stages.compare.detections import BoxDecoder
-from trtflow.stages.compare.labels import LABELS_BYTES, Labelled, PerFile, Scored, read_json
+from trtflow.stages.compare.labels import LABELS_BYTES, PerFile, Scored, read_json
+from trtflow.stages.compare.records import Labelled
 
 
 class _Loose(BaseModel):

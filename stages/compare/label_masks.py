@@ -12,7 +12,8 @@ import numpy as np
 
 from trtflow.errors import StageError
 from trtflow.image_header import Refusal, read_header
-from trtflow.stages.compare.labels import Labelled, PerFile, Scored
+from trtflow.stages.compare.labels import PerFile, Scored
+from trtflow.stages.compare.records import Labelled
 from trtflow.text import first_line
 
 

@@ -1,7 +1,8 @@
 """Accuracy against ground truth (validate's `labels:`): each sample file's true class, scored on the class scores
 an output gives (top-1, top-k), or its true text, read from a CTC recognizer's output through its charset (exact
 share, character error rate); for the FP32 reference and each candidate alike, beside their agreement with FP32.
-Boxes (`label_boxes.py`) and masks (`label_masks.py`) count the same way.
+Boxes (`label_boxes.py`) and masks (`label_masks.py`) count the same way. The result is a `Labelled`
+(`records.py`).
 
 Rows of a batch belong to the files the sample was made of (`SampleSource.files_of`); a file counted once, however
 many shape sets or batch fills repeat it."""
@@ -15,24 +16,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-from pydantic import BaseModel
 
 from trtflow.errors import StageError
 from trtflow.files import read_bounded
+from trtflow.stages.compare.records import Labelled
 from trtflow.stages.compare.task_metrics import ctc_greedy, edit_distance
-
-
-class Labelled(BaseModel):
-    """Accuracy against the labels over `samples` labelled files: `values` by metric (top1, top<k>; or text_exact,
-    cer), `main` the one the release weighs (better higher)."""
-    samples: int
-    values: dict[str, float]
-    main: str
-
-    def text(self) -> str:
-        shown = ", ".join(f"{m} {v:.2%}" for m, v in self.values.items())
-        return f"{shown} on {self.samples} labelled samples"
-
 
 LABELS_BYTES = 64 * 2**20  # a labels file: ImageNet's 50 000 validation labels are 2 MB, COCO's val2017 boxes 25 MB
 _BOM = b"\xef\xbb\xbf"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtflow.stages.ort.layerwise import LayerRow
+from trtflow.stages.compare.records import LayerRow
 
 
 def _pyplot():

@@ -4,7 +4,8 @@ TensorRT 10/11 and TensorRT-RTX build Q/DQ and FP16 ONNX strongly typed: a Conv 
 inputs are dequantized INT8 (the Q/DQ pair fuses into it), else in the type of its inputs. So an "INT8" variant whose
 unquantized remainder is FP32 does that remainder in FP32 on the GPU, and an "FP16" variant with large FP32 islands
 is in part an FP32 engine; the variant's name says neither. The multiply-accumulates (Conv, ConvTranspose, Gemm,
-MatMul, attention) are counted at given input shapes; every other op by the elements it writes.
+MatMul, attention) are counted at given input shapes; every other op by the elements it writes. The result, a
+`Composition`, is a record of `records.py`.
 """
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto, numpy_helper
-from pydantic import BaseModel
 
-from trtflow import markdown as md
-from trtflow.precisions import Precision
+from trtflow.stages.onnx.records import Composition, Shares
 
 MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "MatMulInteger", "Attention", "MultiHeadAttention", "Einsum",
            "LSTM", "GRU", "RNN", "ConvInteger", "QLinearConv", "QLinearMatMul", "MatMulIntegerToFloat",
@@ -36,52 +35,6 @@ _FREE = {"QuantizeLinear", "DequantizeLinear", "Cast", "Shape", "Constant", "Ide
          "Unsqueeze", "Flatten"}  # fused or free in TensorRT: not counted among the other ops
 _HALF = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 _FLOAT = _HALF | {TensorProto.FLOAT, TensorProto.DOUBLE}
-MOSTLY_FP32 = 0.5  # a variant named FP16 or INT8 doing more than this share of its MACs in FP32 is warned about
-
-
-class Shares(BaseModel):
-    """Fractions of a total (summing to 1 where the total is not 0)."""
-    int8: float = 0.0
-    fp16: float = 0.0
-    fp32: float = 0.0
-
-    def text(self) -> str:
-        parts = [(f"{getattr(self, p):.0%}", p.upper()) for p in ("int8", "fp16", "fp32") if getattr(self, p) > 0]
-        return " · ".join(f"{v} {p}" for v, p in parts) or "none"
-
-
-class Composition(BaseModel):
-    """A variant's compute by precision: its multiply-accumulates and its other ops' output elements."""
-    macs: int  # multiply-accumulates of one inference at `shapes`
-    mac_share: Shares
-    other_share: Shares  # the other ops (activations, pooling, resize, concat, ...), by the elements they write
-    shapes: dict[str, list[int]]  # the input shapes counted at
-    unsized: int = 0  # MAC ops whose shapes shape inference could not tell (counted as 0 MACs)
-    untimed: int = 0  # loop bodies whose trip count the graph does not fix (counted once)
-    elements: int = 0  # the other ops' output elements, all precisions
-    weight_bytes: int = 0  # the weights as stored (INT8 one byte, FP16 two)
-
-    def line(self) -> str:
-        """One line: "MACs 92% INT8 · 8% FP32 (4.1 GMAC); other ops 100% FP32"."""
-        unsized = f", {self.unsized} unsized" if self.unsized else ""
-        unsized += f", {self.untimed} loop bodies counted once (trip count unknown)" if self.untimed else ""
-        return (f"MACs {self.mac_share.text()} ({_si(self.macs)}MAC{unsized}); other ops "
-                f"{self.other_share.text()}")
-
-    def markdown(self) -> str:
-        shapes = ", ".join(f"{k} {'x'.join(map(str, v))}" for k, v in self.shapes.items())
-        return (f"**compute by precision** (as TensorRT builds the graph, strongly typed; at {md.text(shapes)}): "
-                f"{md.text(self.line())}")
-
-    def mostly_fp32(self, named: Precision) -> str | None:
-        """The warning when a variant named FP16 or INT8 does most of its MACs in FP32, else None."""
-        if named == "fp32" or self.macs == 0 or self.mac_share.fp32 <= MOSTLY_FP32:
-            return None
-        return (f"the {named.upper()} variant does {self.mac_share.fp32:.0%} of its multiply-accumulates in FP32 "
-                f"(more than {MOSTLY_FP32:.0%}): on TensorRT it runs mostly as an FP32 engine, and may be no faster "
-                f"than one")
-
-
 def composition(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> Composition:
     """`model`'s composition with its inputs at `shapes` (name -> dims; inputs not named keep their static dims,
     a dynamic one counted as 1). Ops inside `If`, `Loop` and `Scan` bodies count: a loop's body times its trip
@@ -333,10 +286,3 @@ def _other_precision(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], 
 def _shares(counts: dict[str, int]) -> Shares:
     total = sum(counts.values())
     return Shares(**{k: v / total for k, v in counts.items()}) if total else Shares()
-
-
-def _si(n: int) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} "

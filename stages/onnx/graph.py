@@ -1,4 +1,5 @@
-"""What a model is: opsets, ops per domain, inputs/outputs, dynamic dimensions; and sanitizing odd dims."""
+"""What a model is: opsets, ops per domain, inputs/outputs, dynamic dimensions; and sanitizing odd dims. The
+records it gives (`Inventory`, `DynamicDim`, `RenamedDim`) are in `records.py`."""
 from __future__ import annotations
 
 import re
@@ -7,10 +8,10 @@ from typing import Any
 
 import onnx
 from onnx import helper
-from pydantic import BaseModel
 
 from trtflow.errors import StageError
 from trtflow.precisions import Precision
+from trtflow.stages.onnx.records import DynamicDim, GraphTensor, Inventory, RenamedDim
 from trtflow.text import did_you_mean
 
 
@@ -27,40 +28,6 @@ def _dims(vi: onnx.ValueInfoProto) -> list[Any] | None:
     if not t.HasField("shape"):
         return None
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
-
-
-class GraphTensor(BaseModel):
-    """A graph input or output: its NumPy dtype and its dimensions (a size, a symbol, "?"; None: no shape)."""
-    name: str
-    dtype: str
-    shape: list[int | str] | None
-
-
-class Inventory(BaseModel):
-    """What a model holds: opsets, node and op counts, weights, IO."""
-    ir_version: int | None = None
-    producer: str = ""
-    opsets: dict[str, int]
-    nodes: int
-    ops: dict[str, dict[str, int]]  # domain -> op type -> count
-    initializers: int
-    initializer_bytes: int
-    inputs: list[GraphTensor]
-    outputs: list[GraphTensor]
-
-
-class DynamicDim(BaseModel):
-    input: str
-    axis: int
-    name: str | None  # its symbol
-
-
-class RenamedDim(BaseModel):
-    """A dimension `sanitize_dims` named: it was anonymous ("?", "", -1)."""
-    tensor: str
-    axis: int
-    was: int | str
-    now: str
 
 
 def tensor_info(vi: onnx.ValueInfoProto) -> GraphTensor:

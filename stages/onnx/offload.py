@@ -17,8 +17,9 @@ import onnx
 from pydantic import BaseModel
 
 from trtflow.errors import StageError
-from trtflow.stages.onnx.split import Chain, ChainSession, Feeds, Runtime, TensorSpec, prepared, segments, split
-from trtflow.stages.trt.engines import Profile
+from trtflow.stages.onnx.records import Chain, Runtime, TensorSpec
+from trtflow.stages.onnx.split import ChainSession, Feeds, prepared, segments, split
+from trtflow.stages.trt.records import Profile
 
 KEY = "trtflow.offload"
 POINTS = ("min", "opt", "max")

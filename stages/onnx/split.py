@@ -4,7 +4,8 @@ middle TensorRT cannot take (issue #68, partial offload): the pieces, run in ord
 A `Segment` is a run of nodes given to one runtime; `segments` orders a labelled model's nodes so that as few runs
 as possible result; `split` writes one model per segment and the `Chain` that says how they connect (each piece's
 file, runtime, inputs and outputs with their dtypes and shapes: what a runner executes in order and a release turns
-into a Triton ensemble); `run_chain` runs a chain on ONNX Runtime.
+into a Triton ensemble: `Chain`, `Piece`, `TensorSpec` and their reader `read_chain` are in `records.py`);
+`run_chain` runs a chain on ONNX Runtime.
 
 A piece is built from its segment's nodes directly rather than by `onnx.utils.Extractor`'s search back from the
 outputs: that search does not see what an If/Loop body reads from the enclosing graph, so it would drop those
@@ -14,21 +15,18 @@ from __future__ import annotations
 
 import heapq
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import onnx
 from onnx import helper
 from pydantic import BaseModel
 
-from trtflow import files
 from trtflow.errors import StageError
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import constants_to_initializers, graph_inputs, name_nodes, subgraphs
+from trtflow.stages.onnx.records import Chain, Piece, Runtime, TensorSpec
 
-Runtime = Literal["tensorrt", "onnxruntime"]
 RUNTIMES: tuple[Runtime, Runtime] = ("tensorrt", "onnxruntime")
-CHAIN_FILE = "chain.json"
 Feeds = dict[str, np.ndarray]
 
 
@@ -36,56 +34,6 @@ class Segment(BaseModel):
     """Nodes given to one runtime: indices into the model's `graph.node`, in the order they run."""
     runtime: Runtime
     nodes: list[int]
-
-
-class TensorSpec(BaseModel):
-    """A tensor handed between pieces (or a model input/output): `dtype` is ONNX's name for its element type
-    ("FLOAT", "INT64", "FLOAT16", ...); a dimension is a size, a symbol, or None where nothing names it (a size
-    only the data decides, as a NonZero's count)."""
-    name: str
-    dtype: str
-    shape: list[int | str | None] | None = None  # None: the rank is unknown
-
-    def dims(self) -> str:
-        """"[1, K, ?]": a size, a symbol, or ? where only the data decides it."""
-        if self.shape is None:
-            return "(rank unknown)"
-        return "[" + ", ".join("?" if d is None else str(d) for d in self.shape) + "]"
-
-    @property
-    def numpy(self) -> np.dtype:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(getattr(onnx.TensorProto, self.dtype)))
-
-
-class Piece(BaseModel):
-    """One model of the chain: its file (in the chain's folder), the runtime meant to run it, its nodes' names."""
-    runtime: Runtime
-    file: str
-    nodes: list[str]
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-
-
-class Chain(BaseModel):
-    """The pieces in the order they run: each reads the model's inputs and what earlier pieces produced."""
-    folder: str
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
-    pieces: list[Piece]
-
-    def path(self, piece: Piece) -> Path:
-        return Path(self.folder) / piece.file
-
-    def write(self) -> Path:
-        path = Path(self.folder) / CHAIN_FILE
-        path.write_text(self.model_dump_json(indent=2, exclude={"folder"}) + "\n")
-        return path
-
-
-def read_chain(folder: Path) -> Chain:
-    """The chain `split` wrote into `folder` (moved or not: its pieces are found beside it)."""
-    text = files.read_json(Path(folder) / CHAIN_FILE, files.RECORD_BYTES)
-    return Chain.model_validate({**text, "folder": str(folder)})
 
 
 def prepared(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -151,7 +151,8 @@ def _serve(request: HarnessRequest, folder: Path) -> HarnessResponse:
 
     feeds = dict(np.load(request.feeds))
     if request.chain is not None:
-        from trtflow.stages.onnx.split import ChainSession, read_chain
+        from trtflow.stages.onnx.records import read_chain
+        from trtflow.stages.onnx.split import ChainSession
 
         chain = ChainSession(read_chain(Path(request.chain)), spin=True)
         call, pieces = partial(chain.run, feeds), len(chain.sessions)

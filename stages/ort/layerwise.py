@@ -1,5 +1,6 @@
 """Where a variant first drifts from the reference: every intermediate tensor of both, on the same inputs, compared
-in the reference's topological order (Polygraphy's "compare layerwise", on ONNX Runtime).
+in the reference's topological order (Polygraphy's "compare layerwise", on ONNX Runtime). What it finds, `Layerwise`
+(a `LayerRow` per tensor), is a record of `compare/records.py`.
 
 One sample at a time, and a batched sample one item at a time (where every input's first dimension is dynamic: the
 statistics are sums, the same either way), and only per-tensor statistics are kept, so memory grows neither with
@@ -15,8 +16,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import onnx
 from onnx import helper
-from pydantic import BaseModel, Field
 
+from trtflow.stages.compare.records import LayerRow, Layerwise
 from trtflow.stages.compare.tensor_stats import TensorStats
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import subgraphs
@@ -123,41 +124,6 @@ def _rename_outer_refs(graph: onnx.GraphProto, renamed: Callable[[str], str]) ->
         node.input[:] = [t if t in local else renamed(t) for t in node.input]
         for sub in subgraphs(node):
             _rename_outer_refs(sub, lambda t, local=local: t if t in local else renamed(t))
-
-
-class LayerRow(BaseModel):
-    """One tensor both models produce: how far the candidate's is from the reference's."""
-    node: str
-    op: str
-    tensor: str
-    cosine: float
-    rms_rel: float
-    nonfinite: int  # non-finite in the candidate where the reference is finite
-    reference_nonfinite: int
-    reference_max: float
-    drift: float  # 1 - cosine (1 where the candidate turned finite values non-finite)
-    added: float  # drift beyond the worst of the node's inputs
-    over_fp16: int  # reference values beyond FP16's range
-    sentinel: bool = False  # those values are one or two finite constants: a mask or sentinel, not an overflow
-    range: list[float] | None = None  # the candidate's quantized range, for a Q/DQ candidate
-    clipped: float | None = None  # share of the reference outside that range
-    range_use: float | None = None  # the reference's largest |value| over the range's
-
-
-class Layerwise(BaseModel):
-    """Where a candidate goes wrong, node by node (`rows`, in the reference's order: not written to reports)."""
-    samples: int
-    tensors: int
-    bound: float
-    first_bad: LayerRow | None  # the first node (in the reference's order) whose output is past the bound
-    # the first node whose output is non-finite where the reference's is finite: where a NaN or Inf is made
-    first_nonfinite: LayerRow | None = None
-    worst: list[LayerRow]  # the nodes adding the most drift over their inputs, the largest first
-    overflow: list[LayerRow]  # reference activations beyond FP16's range
-    clipping: list[LayerRow]
-    sentinels: list[LayerRow] = Field(default_factory=list)  # beyond FP16's range too, but masks or sentinels
-    on: str = ""  # the runtime the search ran on
-    rows: list[LayerRow] = Field(default_factory=list, exclude=True)
 
 
 def compare(reference: onnx.ModelProto, candidate: onnx.ModelProto, feeds: Iterable[dict[str, np.ndarray]],

@@ -1,4 +1,5 @@
-"""Run ONNX models with ONNX Runtime on CPU and compare their outputs (a runner and a comparator, kept apart)."""
+"""Run ONNX models with ONNX Runtime on CPU and compare their outputs (a runner and a comparator, kept apart; the
+comparator's record, `OutputDiff`, is in `compare/records.py`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,9 +7,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
-from pydantic import BaseModel, Field
 
 from trtflow.errors import StageError
+from trtflow.stages.compare.records import OutputDiff
 from trtflow.stages.ort import memory
 
 RUNTIME = "onnxruntime-cpu"
@@ -164,21 +165,6 @@ def relative_errors(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> l
         norm = float(np.linalg.norm(r64))
         errors.append(float(np.linalg.norm(g64 - r64)) / norm if norm > 0 else float(np.abs(g64).max(initial=0)))
     return errors
-
-
-class OutputDiff(BaseModel):
-    """One output of a model against the model before it (`compare`): whether every element is within
-    atol + rtol * |reference|, the largest absolute and relative difference, how many elements are NaN on one
-    side only; `error` where it could not be compared (missing, another shape). Stored with the fields it has."""
-    ok: bool = True
-    max_abs: float | None = Field(None, exclude_if=lambda v: v is None)
-    max_rel: float | None = Field(None, exclude_if=lambda v: v is None)
-    nan_mismatch: int | None = Field(None, exclude_if=lambda v: v is None)
-    error: str | None = Field(None, exclude_if=lambda v: v is None)
-
-    def problem(self, rtol: float, atol: float) -> str:
-        return self.error or (f"max abs {self.max_abs:.4g}, max rel {self.max_rel:.4g} beyond atol {atol:g} + "
-                              f"rtol {rtol:g} * |ref|")
 
 
 def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray], rtol: float, atol: float

@@ -13,7 +13,8 @@ import onnx
 
 from trtflow import files
 from trtflow.precisions import Precision
-from trtflow.stages.compare.accuracy import Accuracy, Comparison
+from trtflow.stages.compare.accuracy import Comparison
+from trtflow.stages.compare.records import Accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, emulated, half_nodes, holds_fp16, keeps_io_types
 from trtflow.stages.ort.runner import RUNTIME, run, session

@@ -5,43 +5,30 @@ set of steps, keeps the `BEAM` results with the smallest difference, and stops a
 brings every sample within tolerance, after at most `ROUNDS` rounds. A single cause is found in round one; two
 mistakes at once (a deploy pipeline written from memory) in round two. Cost: at most ROUNDS x BEAM x (changes that
 apply, about 30) runs of the steps on the few worst images, intermediate images shared between runs. The fix is the
-chain of changes, with the difference after each, and the full corrected `deploy:` YAML.
+chain of changes, with the difference after each, and the full corrected `deploy:` YAML. What it finds is a
+`Diagnosis`, a record of the report's (`report.py`).
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
 import cv2
 import numpy as np
-from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator, WithJsonSchema
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.stages.image.preprocess import read_image
-from trtflow.stages.image.steps import Normalize, Read, Scale, Step, Steps, apply, dump, parse
+from trtflow.stages.image.steps import Normalize, Read, Scale, Step, Steps, apply
 from trtflow.stages.parity.causes import candidates
+from trtflow.stages.parity.report import ChainStep, Declared, Diagnosis, PixelMetrics, Search, Tried, passes
 from trtflow.yaml_text import YamlLines, scalar
 
 ROUNDS = 3  # at most this many changes combined
 BEAM = 3  # sets of steps kept from one round to the next
 CACHE_BYTES = 256 << 20  # intermediate images kept while searching
-
-
-def _typed_steps(value: Any) -> Steps:
-    if all(isinstance(step, Step) for step in value):
-        return list(value)
-    try:
-        return parse(value)
-    except StageError as exc:  # a validation error of the model that holds them
-        raise ValueError(str(exc)) from None
-
-
-# canonical steps in a report: typed in Python, their canonical JSON in the file
-StepList = Annotated[Steps, PlainValidator(_typed_steps), PlainSerializer(dump),
-                     WithJsonSchema({"type": "array", "items": {"type": "object"}})]
 
 
 def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -56,104 +43,6 @@ def align(deploy: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return deploy, train
 
 
-class ChannelStats(BaseModel):
-    deploy_mean: float
-    training_mean: float
-    deploy_std: float
-    training_std: float
-
-
-class PixelMetrics(BaseModel):
-    """One image's deploy tensor against its training tensor (inf apart where the shapes differ)."""
-    model_config = ConfigDict(ser_json_inf_nan="constants")  # as Python's json writes them: inf stays inf
-
-    shape_ok: bool
-    shape: list[int] | None = None  # where they agree
-    deploy_shape: list[int] | None = None  # where they do not
-    training_shape: list[int] | None = None
-    max_abs: float
-    mean_abs: float
-    psnr: float
-    image: str | None = None  # parity's rows: which image, and its channels' statistics
-    channels: list[ChannelStats] | None = None
-
-
-class Prediction(BaseModel):
-    """A classifier's top-1 class (and its score) on one image's training tensor and on its deploy tensor."""
-    image: str
-    training: int
-    deploy: int
-    training_score: float
-    deploy_score: float
-
-
-class ModelParity(BaseModel):
-    """The model's outputs on the deploy tensors against those on the training tensors (ONNX Runtime)."""
-    ran: bool
-    reason: str | None = None  # why it did not run
-    runtime: str | None = None
-    output: str | None = None
-    max_abs_diff: float | None = None
-    top1: float | None = None  # a classifier's agreement
-    top5: float | None = None
-    predictions: list[Prediction] = []
-    ok: bool = True  # within the tolerances' top1
-
-
-class Tried(BaseModel):
-    """One single change the search tried (its first round)."""
-    cause: str = ""
-    fix: str
-    ok: bool = False
-    mean_abs: float | None = None
-    max_abs: float | None = None
-    error: str | None = None  # the change does not run on these images
-
-
-class ChainStep(BaseModel):
-    cause: str
-    fix: str  # as YAML
-    mean_abs: float
-    max_abs: float
-
-
-class Declared(BaseModel):
-    mean_abs: float | None = None
-    max_abs: float | None = None
-
-
-class Search(BaseModel):
-    rounds: int
-    max_rounds: int
-    beam: int
-    evaluations: int
-    images: int
-    seconds: float
-
-
-class AfterFix(BaseModel):
-    """The fix run on every image, and the model on its tensors (when all pass)."""
-    images: int
-    passing: int
-    worst_mean_abs: float | None = None
-    worst_max_abs: float | None = None
-    model: ModelParity | None = None
-
-
-class Diagnosis(BaseModel):
-    """What the search found: the shortest chain of changes that brings the images within tolerance (`fix`,
-    `steps`, `yaml`), or none and the closest single changes (`tried`)."""
-    declared: Declared = Declared()
-    tried: list[Tried] = []
-    search: Search
-    chain: list[ChainStep] = []
-    cause: str | None = None
-    fix: str | None = None
-    steps: StepList | None = None  # the fixed deploy steps
-    yaml: str | None = None
-    after_fix: AfterFix | None = None
-
-
 def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> PixelMetrics:
     d, t = align(np.asarray(deploy, np.float64), np.asarray(train, np.float64))
     if d.shape != t.shape:
@@ -165,16 +54,6 @@ def pixel_metrics(deploy: np.ndarray, train: np.ndarray) -> PixelMetrics:
     psnr = float("inf") if mse == 0 else 10 * np.log10(data_range ** 2 / mse)
     return PixelMetrics(shape_ok=True, shape=list(d.shape), max_abs=float(diff.max()), mean_abs=float(diff.mean()),
                         psnr=psnr)
-
-
-def passes(m: PixelMetrics, tol: ParityTolerances) -> bool:
-    """Whether one image's metrics are within the tolerances."""
-    if not m.shape_ok:
-        return False
-    ok = m.max_abs <= tol.max_abs and m.mean_abs <= tol.mean_abs
-    if tol.min_psnr is not None:
-        ok &= m.psnr >= tol.min_psnr
-    return ok
 
 
 class PrefixRunner:

@@ -26,7 +26,15 @@ from trtflow.stages.image.steps import Steps
 from trtflow.stages.parity import diagnosis as dx
 from trtflow.stages.parity import training_ref
 from trtflow.stages.parity.picture import worst_picture
-from trtflow.stages.parity.report import ParityReport
+from trtflow.stages.parity.report import (
+    AfterFix,
+    ChannelStats,
+    Diagnosis,
+    ModelParity,
+    ParityReport,
+    Prediction,
+    passes,
+)
 
 VERSION = "3"  # 2: combined diagnosis, per-image predictions, the fix checked on every image. 3: every image's
 # metrics with all their fields (typed)
@@ -49,7 +57,7 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
         rows.append(m)
         tensors.append((art.path, d, t))
     tol = params.tolerances
-    passed = [dx.passes(m, tol) for m in rows]
+    passed = [passes(m, tol) for m in rows]
 
     pixel_ok = all(passed)
     diagnosis = None
@@ -94,7 +102,7 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
     raise StageFailed(message, result)
 
 
-def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dx.ChannelStats]:
+def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[ChannelStats]:
     d, t = dx.align(d, t)
     axis = 0 if d.ndim == 3 and d.shape[0] <= 4 else -1
     n = d.shape[axis] if d.ndim == 3 else 1
@@ -102,28 +110,28 @@ def _channel_stats(d: np.ndarray, t: np.ndarray) -> list[dx.ChannelStats]:
     for c in range(n):
         dc = np.take(d, c, axis=axis) if d.ndim == 3 else d
         tc = np.take(t, c, axis=axis) if t.ndim == 3 else t
-        stats.append(dx.ChannelStats(deploy_mean=float(dc.mean()), training_mean=float(tc.mean()),
+        stats.append(ChannelStats(deploy_mean=float(dc.mean()), training_mean=float(tc.mean()),
                                      deploy_std=float(dc.std()), training_std=float(tc.std())))
     return stats
 
 
-def _after_fix(steps: Steps, tensors: list, model: Artifact | None, tol: ParityTolerances) -> dx.AfterFix:
+def _after_fix(steps: Steps, tensors: list, model: Artifact | None, tol: ParityTolerances) -> AfterFix:
     """The suggested fix run on every image (the search looked at the worst few), and the model on its tensors."""
     pre = preprocess.Preprocessor(steps)
     fixed = [(path, pre(path), t) for path, _, t in tensors]
     rows = [dx.pixel_metrics(d, t) for _, d, t in fixed]
-    out = dx.AfterFix(images=len(rows), passing=sum(dx.passes(m, tol) for m in rows),
+    out = AfterFix(images=len(rows), passing=sum(passes(m, tol) for m in rows),
                       worst_mean_abs=max(m.mean_abs for m in rows), worst_max_abs=max(m.max_abs for m in rows))
     if model is not None and out.passing == out.images:
         try:
             out.model = _model_check(model.path, fixed, rows, tol)
         except StageError as exc:  # the training tensors themselves do not fit the model: said, not raised here
-            out.model = dx.ModelParity(ran=False, reason=str(exc))
+            out.model = ModelParity(ran=False, reason=str(exc))
     return out
 
 
 def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
-                 diagnosis: dx.Diagnosis | None = None) -> dx.ModelParity:
+                 diagnosis: Diagnosis | None = None) -> ModelParity:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
     from trtflow.stages.ort.runner import RUNTIME, fit_to_input, session
 
@@ -149,15 +157,15 @@ def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
     for (path, _, t), d_in in zip(tensors, deploy_in):
         t_in = fit_to_input(t, inp)
         if t_in is None or t_in.shape != d_in.shape:
-            return dx.ModelParity(ran=False, reason="deploy and training tensors have different shapes", ok=False)
+            return ModelParity(ran=False, reason="deploy and training tensors have different shapes", ok=False)
         a = sess.run([out_name], {inp.name: d_in})[0]
         b = sess.run([out_name], {inp.name: t_in})[0]
         stats.add(b, a)
         if a.ndim == 2 and a.shape[1] > 1 and a.shape[0] == 1:  # per image: what a trained model makes of each side
-            predictions.append(dx.Prediction(image=Path(path).name, training=int(b[0].argmax()),
+            predictions.append(Prediction(image=Path(path).name, training=int(b[0].argmax()),
                                              deploy=int(a[0].argmax()), training_score=float(b[0].max()),
                                              deploy_score=float(a[0].max())))
-    result = dx.ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=stats.max_abs)
+    result = ModelParity(ran=True, runtime=RUNTIME, output=out_name, max_abs_diff=stats.max_abs)
     top = next((m for m in stats.task or [] if isinstance(m, TopK) and m.rows), None)
     if top is not None:  # a classifier's scores: top-1 and top-5 agreement
         result.top1, result.top5, result.predictions = top.top1 / top.rows, top.topk / top.rows, predictions

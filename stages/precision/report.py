@@ -6,9 +6,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtflow import markdown as md
-from trtflow.stages.compare.accuracy import Accuracy
-from trtflow.stages.onnx.composition import Composition
-from trtflow.stages.trt.preflight import VariantTrial
+from trtflow.stages.compare.records import Accuracy
+from trtflow.stages.onnx.records import Composition
+from trtflow.stages.trt.records import VariantTrial
 
 
 class PrecisionReport(BaseModel):

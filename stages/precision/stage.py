@@ -38,7 +38,8 @@ from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.trt import partition
 from trtflow.stages.trt.env import find_tensorrt
-from trtflow.stages.trt.preflight import VariantTrial, run_preflight
+from trtflow.stages.trt.preflight import run_preflight
+from trtflow.stages.trt.records import VariantTrial
 from trtflow.text import first_line, pattern_hint
 
 VERSION = "6"  # 2: trtflow's own FP16 conversion (precision assignment, FP32 islands); sample ranges.

@@ -7,10 +7,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtflow import markdown as md
-from trtflow.stages.onnx.graph import DynamicDim, GraphTensor, Inventory, RenamedDim
-from trtflow.stages.onnx.split import Piece, TensorSpec
-from trtflow.stages.ort.runner import OutputDiff
-from trtflow.stages.trt.preflight import PreflightReport
+from trtflow.stages.compare.records import OutputDiff
+from trtflow.stages.onnx.records import DynamicDim, GraphTensor, Inventory, Piece, RenamedDim, TensorSpec
+from trtflow.stages.trt.records import PreflightReport
 
 ONNX_DOMAIN = "ai.onnx"
 

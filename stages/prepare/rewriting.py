@@ -17,8 +17,8 @@ from trtflow.stages.onnx.rewrites import rules_for
 from trtflow.stages.onnx.rewrites.apply import Refused, apply
 from trtflow.stages.onnx.rewrites.rule import Rewrite, added_for
 from trtflow.stages.prepare.report import RewriteRecord
-from trtflow.stages.trt.parse import ParseFailure
-from trtflow.stages.trt.preflight import PreflightReport, cause_of, no_rewrite, run_preflight
+from trtflow.stages.trt.preflight import cause_of, no_rewrite, run_preflight
+from trtflow.stages.trt.records import ParseFailure, PreflightReport
 from trtflow.text import first_line
 from trtflow.usercode import import_callable
 

@@ -34,7 +34,8 @@ from trtflow.stages.prepare.report import (
 from trtflow.stages.prepare.rewriting import Rewriter, explain
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
 from trtflow.stages.trt.partition import partition
-from trtflow.stages.trt.preflight import PreflightReport, run_preflight
+from trtflow.stages.trt.preflight import run_preflight
+from trtflow.stages.trt.records import PreflightReport
 from trtflow.text import first_line
 
 VERSION = "5"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtflow import markdown as md
-from trtflow.stages.compare.labels import Labelled
+from trtflow.stages.compare.records import Labelled
 from trtflow.stages.prepare.report import OffloadRecord
 from trtflow.stages.release.report import HEADER, Option, ReleaseReport, TargetRelease, ValidFor, rule_text
 from trtflow.stages.release.triton.contract import Contract

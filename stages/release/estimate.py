@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from trtflow.stages.onnx.composition import Composition
+from trtflow.stages.onnx.records import Composition
 
 MAC = 2  # floating-point operations per multiply-accumulate, as peak TFLOPS count them
 _BYTES = {"int8": 1, "fp16": 2, "fp32": 4}

@@ -12,12 +12,12 @@ from trtflow.artifact import Provenance
 from trtflow.pipelines.params.parity import ParityTolerances
 from trtflow.precisions import Precision
 from trtflow.stages.benchmark.report import RunSpread
-from trtflow.stages.compare.labels import Labelled
-from trtflow.stages.onnx.composition import Composition
+from trtflow.stages.compare.records import Labelled
+from trtflow.stages.onnx.records import Composition
 from trtflow.stages.prepare.report import OffloadRecord, RewriteRecord
 from trtflow.stages.release.estimate import Estimate
 from trtflow.stages.release.triton.contract import Contract
-from trtflow.stages.trt.engines import BuiltOn
+from trtflow.stages.trt.records import BuiltOn
 from trtflow.stages.validate.report import ShapeResult
 
 

@@ -11,8 +11,7 @@ from trtflow import names
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
 from trtflow.pipelines.schema import NOT_A_SHARE, WORST_CASE, metric_direction
-from trtflow.stages.compare.accuracy import Accuracy
-from trtflow.stages.compare.labels import Labelled
+from trtflow.stages.compare.records import Accuracy, Labelled
 from trtflow.stages.release.report import Option
 
 

@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING
 
 from trtflow import files, names
 from trtflow.artifact import Artifact, Claim, Inputs, StageResult
-from trtflow.decisions import Decision
 from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.release import ReleaseStage
 from trtflow.stage_code import StageCode
 from trtflow.stages.benchmark.report import BenchmarkReport, Measurement, RunSpread
 from trtflow.stages.calibrate.report import CalibrateReport
-from trtflow.stages.onnx.composition import Composition, composition
-from trtflow.stages.onnx.split import read_chain
+from trtflow.stages.onnx.composition import composition
+from trtflow.stages.onnx.records import Composition, read_chain
 from trtflow.stages.parity.report import ParityReport
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.prepare.report import OffloadRecord, PrepareReport, RewriteRecord
@@ -587,18 +586,18 @@ def _offload(inputs: Inputs) -> OffloadRecord | None:
 def _plots(inputs: Inputs, verdict: ValidateReport | None, released: list[TargetRelease]) -> dict[str, Path]:
     """The pictures the card shows: validate's of each shipped engine, and benchmark's latency distributions."""
     out: dict[str, Path] = {}
-    validation = inputs.optional("validation")
+    validation = inputs.optional("validation_plots")  # declared outputs of theirs, not files beside their reports
     if verdict is not None and validation is not None:
         chosen = {t.chosen.name for t in released if t.chosen}
         for c in verdict.candidates:
             if c.name in chosen:
                 for rel in c.plots:
-                    path = validation.path.parent / rel
+                    path = validation.path / Path(rel).name
                     if path.is_file():
                         out[f"validate: {c.name} ({Path(rel).stem.split('.')[-1]})"] = path
-    bench = inputs.optional("benchmark")
+    bench = inputs.optional("benchmark_plots")
     if bench is not None:
-        for path in sorted((bench.path.parent / "plots").glob("*.png")):
+        for path in sorted(bench.path.glob("*.png")):
             out[f"benchmark: {path.stem.replace('_', ' ')}"] = path
     return out
 

@@ -2,8 +2,8 @@
 `python -m trtflow.stages.trt.build_worker spec.json build.json`).
 
 A crash inside the TensorRT library ends this process only; the build stage reports that cell as failed.
-Reads the cell's `spec.json` (`engines.Cell`), or where the pipeline declares plugins a `BuildRequest` beside it;
-writes `engine.plan`, `build.log` and `build.json` (`engines.Built`) beside it.
+Reads the cell's `spec.json` (`records.Cell`), or where the pipeline declares plugins a `BuildRequest` beside it;
+writes `engine.plan`, `build.log` and `build.json` (`records.Built`) beside it.
 """
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from typing import Any
 from trtflow import files
 from trtflow.child import serve
 from trtflow.stages.trt import plugins as trt_plugins
-from trtflow.stages.trt.engines import PLAN, Built, BuiltOn, Cell, Validity
+from trtflow.stages.trt.engines import PLAN
 from trtflow.stages.trt.log_errors import first_error, shorten
+from trtflow.stages.trt.records import Built, BuiltOn, Cell, Validity
 
 SEVERITY = {"error": "ERROR", "warning": "WARNING", "info": "INFO", "verbose": "VERBOSE"}
 REQUEST = ".request.json"  # a BuildRequest, in the cell's folder while its worker runs (spec.json stays the Cell)
@@ -71,7 +72,8 @@ def build(spec: BuildRequest, cell: Path) -> Built:
             out.write(data)
         if cache is not None:
             files.write_atomic(spec.timing_cache, bytes(config.get_timing_cache().serialize()))
-        from trtflow.stages.trt.env import TensorRT, gpus
+        from trtflow.stages.trt.env import gpus
+        from trtflow.stages.trt.records import TensorRT
         return Built(status="ok", runtime=f"{spec.backend.flavour} {spec.backend.version}", seconds=round(seconds, 3),
                      engine_bytes=len(data), engine_sha256=files.sha256(cell / PLAN),
                      layers=network.num_layers, options=applied, warnings=warnings,

@@ -9,8 +9,8 @@ from pathlib import Path
 from trtflow import child, progress
 from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.build_worker import REQUEST, BuildRequest
-from trtflow.stages.trt.engines import BUILT, SPEC, Built, Cell
 from trtflow.stages.trt.preflight import hint_for
+from trtflow.stages.trt.records import BUILT, SPEC, Built, Cell
 
 CELL_TIMEOUT_S = 3600
 

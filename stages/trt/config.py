@@ -10,8 +10,7 @@ from typing import Any
 
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import BuilderOptions
-from trtflow.stages.trt.engines import AppliedOptions
-from trtflow.stages.trt.env import Backend
+from trtflow.stages.trt.records import AppliedOptions, Backend
 from trtflow.text import did_you_mean
 
 # option -> the IBuilderConfig attribute it sets

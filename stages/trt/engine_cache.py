@@ -2,7 +2,7 @@
 cell): a new FP16 block list rebuilds the FP16 engines, the FP32 and INT8 cells are taken from here.
 
     <root>/<cell key>/engine.plan   the engine
-                      build.json    what building it gave (engines.Built)
+                      build.json    what building it gave (records.Built)
                       build.log     TensorRT's log
     <root>/index/<cell key>         the engine's sha256 as its builder reported it, checked before every reuse
 
@@ -35,8 +35,8 @@ import tempfile
 from pathlib import Path
 
 from trtflow import files
-from trtflow.stages.trt.engines import LOG, PLAN, Built, Cell
-from trtflow.stages.trt.env import Gpu
+from trtflow.stages.trt.engines import LOG, PLAN
+from trtflow.stages.trt.records import Built, Cell, Gpu
 
 FORMAT = 1
 INDEX = "index"  # <root>/index/<key>: the digest the entry <root>/<key> must match (keys are hex: no entry is named so)

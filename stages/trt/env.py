@@ -1,6 +1,7 @@
 """What TensorRT runs on here: the installed flavour (found without importing it: importing TensorRT loads its
 libraries for good), its version as the module reports it (in a child process), the CUDA runtime and driver,
-the GPUs, the OS and the CPU architecture."""
+the GPUs, the OS and the CPU architecture. The records builds keep of them (`Backend`, `TensorRT`, `Gpu`) are in
+`records.py`."""
 from __future__ import annotations
 
 import functools
@@ -21,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from trtflow import child, files
 from trtflow.records import Recorded
+from trtflow.stages.trt.records import Backend, Gpu
+from trtflow.stages.trt.records import TensorRT as TensorRT  # re-exported: flows/keys.py's fingerprint reads it here
 from trtflow.state import state_dir
 
 # (module, flavour, distributions that may carry its version); full TensorRT first: it is what users deploy
@@ -30,17 +33,6 @@ FLAVOURS = (
     ("tensorrt_rtx", "tensorrt-rtx", ("tensorrt-rtx-cu13", "tensorrt-rtx-cu12", "tensorrt_rtx_cu13_bindings",
                                       "tensorrt_rtx_cu12_bindings", "tensorrt-rtx")),
 )
-
-class Backend(BaseModel):
-    """An installed TensorRT flavour: what builds and parses here."""
-    flavour: str  # "tensorrt" | "tensorrt-rtx"
-    module: str  # its Python module: "tensorrt" | "tensorrt_rtx"
-    version: str  # from the pip metadata ("unknown" where none says)
-
-    @property
-    def major(self) -> int:
-        return int(self.version.split(".")[0]) if self.version[:1].isdigit() else 0
-
 
 INSTALL_HINT = "pip install tensorrt-rtx-cu13 (parses and builds without a GPU), or install TensorRT"
 
@@ -67,27 +59,10 @@ def find_tensorrt(only: str | None = None) -> Backend | None:
     return None
 
 
-class TensorRT(Recorded):
-    """A TensorRT flavour ("tensorrt" | "tensorrt-rtx") and its version: what an engine is built with."""
-    flavour: str
-    version: str
-
-
 class Platform(Recorded):
     """What an engine is built for besides the GPU: the OS and the CPU architecture."""
     os: str
     arch: str
-
-
-class Gpu(Recorded):
-    """A GPU as NVML or nvidia-smi describes it. The fingerprint leaves `driver` out (the machine's driver is one
-    fact of its own there); records of builds carry it."""
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    compute_capability: str  # "8.9"
-    memory_mb: int | None = None  # None where nvidia-smi does not say
-    driver: str | None = None
 
 
 class NvidiaSystem(BaseModel):

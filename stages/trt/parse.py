@@ -1,5 +1,6 @@
 """Parsing ONNX with the installed TensorRT flavour: shared by the pre-flight and the engine builds, so both see
-the same network and report failures the same way. Call only in a child process (a parser crash is native)."""
+the same network and report failures the same way. Call only in a child process (a parser crash is native).
+What it reports (`ParseFailure`, `TensorInfo`, `IoTensors`) is in `records.py`."""
 from __future__ import annotations
 
 import importlib
@@ -7,34 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from trtflow.stages.trt.env import Backend
-
-
-class ParseFailure(BaseModel):
-    """A node the parser rejected (`hint`: what to do about it, added by the pre-flight or the build)."""
-    node: str = ""
-    op_type: str = ""
-    node_index: int | None = None
-    domain: str = ""
-    code: str = ""
-    reason: str = ""
-    where: str = ""  # in the parser's source
-    importer: bool | None = None  # the parser's own `supports_operator(op_type)`: it has an importer for the op
-    hint: str | None = None
-
-
-class TensorInfo(BaseModel):
-    """A network's (or engine's) input or output as TensorRT reports it."""
-    name: str
-    shape: list[int]
-    dtype: str
-
-
-class IoTensors(BaseModel):
-    inputs: list[TensorInfo] = []
-    outputs: list[TensorInfo] = []
+from trtflow.stages.trt.records import Backend, IoTensors, ParseFailure, TensorInfo
 
 
 @dataclass

@@ -24,10 +24,11 @@ from pydantic import BaseModel
 from trtflow import child
 from trtflow.errors import TransientStageError
 from trtflow.stages.onnx import model_io
-from trtflow.stages.onnx.split import Chain, ChainSession, Feeds, Piece, Runtime, Segment, prepared, segments, split
-from trtflow.stages.trt.env import INSTALL_HINT, Backend, find_tensorrt
-from trtflow.stages.trt.parse import ParseFailure
-from trtflow.stages.trt.preflight import TIMEOUT_S, PreflightReport, TrialBuild, run_preflight
+from trtflow.stages.onnx.records import Chain, Piece, Runtime
+from trtflow.stages.onnx.split import ChainSession, Feeds, Segment, prepared, segments, split
+from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
+from trtflow.stages.trt.preflight import TIMEOUT_S, run_preflight
+from trtflow.stages.trt.records import Backend, ParseFailure, PreflightReport, TrialBuild
 
 
 class PartitionRequest(BaseModel):

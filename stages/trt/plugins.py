@@ -39,7 +39,7 @@ from trtflow.text import first_line
 
 if TYPE_CHECKING:
     from trtflow.pipelines.loader import LoadedPipeline
-    from trtflow.stages.trt.env import Backend
+    from trtflow.stages.trt.records import Backend
 
 # flavour -> (the wheel's package of native libraries, the unversioned name the library is dlopened by)
 UNVERSIONED = {"tensorrt-rtx": ("tensorrt_rtx_libs", "libtensorrt_rtx.so")}

@@ -2,7 +2,8 @@
 
 The parse runs in a child process (`trtflow.child`'s convention), so a crash inside the native parser fails the
 pre-flight with a message instead of taking the pipeline down. A child killed from outside, or at the time limit,
-gave no answer: that is a crash of the stage (retried), never a report.
+gave no answer: that is a crash of the stage (retried), never a report. The report and its trial builds
+(`PreflightReport`, `TrialBuild`, `VariantTrial`) are records of `records.py`.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from pydantic import BaseModel
 from trtflow import child
 from trtflow.errors import TransientStageError
 from trtflow.stages.trt import plugins as trt_plugins
-from trtflow.stages.trt.env import INSTALL_HINT, Backend, find_tensorrt
+from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
 from trtflow.stages.trt.log_errors import first_error, shorten
-from trtflow.stages.trt.parse import PLUGIN_LOOKUP, IoTensors, ParseFailure
+from trtflow.stages.trt.parse import PLUGIN_LOOKUP
+from trtflow.stages.trt.records import Backend, ParseFailure, PreflightReport, TrialBuild
 
 TIMEOUT_S = 900
 
@@ -82,45 +84,6 @@ class PreflightRequest(BaseModel):
     shapes: dict[str, list[int]] | None = None  # build a trial engine at these shapes
     min_shapes: dict[str, list[int]] | None = None  # ... with a profile from these up to `shapes` (dynamic dims)
     opt_shapes: dict[str, list[int]] | None = None  # ... and this opt (default: `shapes`)
-
-
-class TrialBuild(BaseModel):
-    """A trial engine build at fixed shapes (or a profile from `min_shapes` up to them)."""
-    ok: bool = False
-    shapes: dict[str, list[int]] = {}
-    min_shapes: dict[str, list[int]] | None = None
-    opt_shapes: dict[str, list[int]] | None = None
-    seconds: float | None = None
-    engine_bytes: int | None = None
-    needs_gpu: bool | None = None  # it failed only for want of a GPU at build time
-    error: str | None = None
-    detail: str | None = None  # the builder's first error line, whole
-    log: list[str] | None = None
-    hint: str | None = None
-
-
-class VariantTrial(TrialBuild):
-    """A precision variant's trial build as the precision stage reports it (`ran`: whether TensorRT was asked)."""
-    ran: bool = False
-    reason: str | None = None  # why it did not run
-    runtime: str | None = None
-    warning: str | None = None  # neither the variant nor the FP32 model builds
-
-
-class PreflightReport(IoTensors):
-    """What the pre-flight found (`inputs`/`outputs`: the network's, as the parser reports them)."""
-    ran: bool
-    runtime: str | None = None
-    reason: str | None = None  # why no parser ran
-    parsed: bool = False
-    failures: list[ParseFailure] = []
-    log: list[str] = []
-    layers: int | None = None
-    trial_build: TrialBuild | None = None
-
-    def failed_build(self) -> TrialBuild | None:
-        trial = self.trial_build
-        return trial if trial is not None and not trial.ok else None
 
 
 class PreflightAnswer(BaseModel):

@@ -1,5 +1,6 @@
 """GPU telemetry while a benchmark runs, through NVML (`nvidia-ml-py`): utilization, SM and memory clocks, memory
-used, power and throttle reasons, sampled on a thread. Without a GPU driver the report says so.
+used, power and throttle reasons, sampled on a thread. Without a GPU driver the report says so. What the report
+keeps of it, a `TelemetrySummary`, is in `records.py`.
 
 UNVERIFIED on a GPU: no NVIDIA GPU on the machines this project is tested on; the NVML calls are the documented
 ones (`nvmlDeviceGetUtilizationRates`, `nvmlDeviceGetClockInfo`, `nvmlDeviceGetMemoryInfo`,
@@ -10,9 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
-
-from trtflow.records import Recorded
+from trtflow.stages.trt.records import Spread, TelemetrySummary
 
 # throttle reasons that mean the measurement is not the GPU's best (idle and application-clock settings are not)
 THROTTLING = {0x2: "software power cap", 0x4: "hardware slowdown", 0x8: "sync boost", 0x20: "software thermal",
@@ -31,27 +30,6 @@ class Sample:
 
 
 SPREAD = ("gpu_util", "mem_util", "sm_clock_mhz", "mem_clock_mhz", "mem_used_mb", "power_w")  # summarised
-
-
-class Spread(BaseModel):
-    min: int | float
-    max: int | float
-    mean: float
-
-
-class TelemetrySummary(Recorded):
-    """What the benchmark report says of the GPU during the run: unavailable (and why), or the samples' spread of
-    each quantity and the throttle reasons seen."""
-    available: bool = False
-    why: str | None = None  # why there is no telemetry
-    samples: int | None = None
-    gpu_util: Spread | None = None
-    mem_util: Spread | None = None
-    sm_clock_mhz: Spread | None = None
-    mem_clock_mhz: Spread | None = None
-    mem_used_mb: Spread | None = None
-    power_w: Spread | None = None
-    throttled: list[str] | None = None
 
 
 class Telemetry:

@@ -9,11 +9,10 @@ from trtflow import names
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.precisions import Precision
 from trtflow.stages.compare import gate
-from trtflow.stages.compare.accuracy import Accuracy
+from trtflow.stages.compare.records import Accuracy
 from trtflow.stages.trt.engines import Candidate
 from trtflow.stages.validate import measure
-from trtflow.stages.validate.repair import Repair
-from trtflow.stages.validate.report import CandidateResult, ShapeResult, shapes_text
+from trtflow.stages.validate.report import CandidateResult, Repair, ShapeResult, shapes_text
 
 
 @dataclass

@@ -7,7 +7,7 @@ of them), rebuild, check the gate, localize again. Where the variant makes a NaN
 output turns non-finite and the nodes feeding it (nearest first) are given back before anything else: the value
 that breaks is often made one node earlier (FP16 rounding `x + 1e-10` to `x`, then `log(0)`), with no drift to
 rank. Once it passes, the last batch is bisected and chunks of the set are tried without (while rounds last), so
-the set stays small.
+the set stays small. What it found is a `Repair` of the report's (`report.py`).
 """
 from __future__ import annotations
 
@@ -15,44 +15,20 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import onnx
-from pydantic import BaseModel, Field
 
+from trtflow.stages.compare.records import Layerwise
 from trtflow.stages.onnx import fp16, model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, emulated, half_nodes, keeps_io_types
 from trtflow.stages.ort import fp16_remainder, qdq, quant_prep
-from trtflow.stages.ort.layerwise import Layerwise
 from trtflow.stages.ort.probe import probe
+from trtflow.stages.validate.report import Repair, Round
 from trtflow.yaml_text import YamlLines, scalar
 
 Check = Callable[[onnx.ModelProto], list[str]]  # simulated model -> gate violations ([] = passes)
 Locate = Callable[[onnx.ModelProto], Layerwise]  # simulated model -> where it goes wrong
-
-
-class Round(BaseModel):
-    """One rebuild-and-check: the nodes given back (or tried without), the set checked, what still failed."""
-    give_back: list[str] | None = None
-    without: list[str] | None = None
-    nodes: list[str]
-    violations: list[str]
-
-
-class Repair(BaseModel):
-    """What the search found for one variant; `model` (not written to reports) is the repaired variant."""
-
-    variant: str
-    precision: str
-    passed: bool
-    nodes: list[str] = []
-    of: int | None = None  # the variant's FP16 / quantized nodes
-    rounds: list[Round] = []
-    note: str | None = None
-    yaml: str | None = None
-    warnings: list[str] = []
-    shapes: list[str] = []  # the shapes (validate's shape sets) each round was checked at: those that failed
-    model: Any = Field(None, exclude=True)  # an onnx.ModelProto (whatever Variant.rebuild makes)
 
 
 @dataclass

@@ -1,18 +1,17 @@
 """Stage `validate`'s report: per candidate its accuracy against the reference, the bounds it missed, where it
-goes wrong and the pictures; the repair of the variant; the verdict."""
+goes wrong and the pictures; the repair of the variant (`Repair`, its `Round`s: `repair.py` finds it); the
+verdict."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from trtflow import markdown as md
 from trtflow.precisions import Precision
-from trtflow.stages.compare.accuracy import Accuracy, OutputAccuracy
-from trtflow.stages.compare.labels import Labelled
-from trtflow.stages.onnx.composition import Composition
-from trtflow.stages.ort.layerwise import Layerwise
-from trtflow.stages.validate.repair import Repair, Round
+from trtflow.stages.compare.records import Accuracy, Labelled, Layerwise, OutputAccuracy
+from trtflow.stages.onnx.records import Composition
 
 
 class Reference(BaseModel):
@@ -134,6 +133,30 @@ def shape_table(rows: list[ShapeResult]) -> list[str]:
             cells[7] = f"**{cells[7]}**"
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+class Round(BaseModel):
+    """One rebuild-and-check: the nodes given back (or tried without), the set checked, what still failed."""
+    give_back: list[str] | None = None
+    without: list[str] | None = None
+    nodes: list[str]
+    violations: list[str]
+
+
+class Repair(BaseModel):
+    """What the search found for one variant; `model` (not written to reports) is the repaired variant."""
+
+    variant: str
+    precision: str
+    passed: bool
+    nodes: list[str] = []
+    of: int | None = None  # the variant's FP16 / quantized nodes
+    rounds: list[Round] = []
+    note: str | None = None
+    yaml: str | None = None
+    warnings: list[str] = []
+    shapes: list[str] = []  # the shapes (validate's shape sets) each round was checked at: those that failed
+    model: Any = Field(None, exclude=True)  # an onnx.ModelProto (whatever Variant.rebuild makes)
 
 
 class ValidateReport(BaseModel):

@@ -27,20 +27,21 @@ from trtflow.errors import StageError, StageFailed
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stage_code import StageCode
 from trtflow.stages.compare import gate
-from trtflow.stages.compare import labels as labels_mod
 from trtflow.stages.compare.plots import error_histograms, layer_drift
+from trtflow.stages.compare.records import Labelled, Layerwise
 from trtflow.stages.onnx import model_io, offload
-from trtflow.stages.onnx.composition import Composition, composition
+from trtflow.stages.onnx.composition import composition
+from trtflow.stages.onnx.records import Composition
 from trtflow.stages.onnx.split import ChainSession
 from trtflow.stages.ort import layerwise, memory, qdq, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.runner import RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.trt import building
-from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, Cell, engine_candidates
+from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, engine_candidates
+from trtflow.stages.trt.records import Cell
 from trtflow.stages.validate import judge, labelling, measure, repair
-from trtflow.stages.validate.repair import Repair
-from trtflow.stages.validate.report import CandidateResult, Reference, ValidateReport
+from trtflow.stages.validate.report import CandidateResult, Reference, Repair, ValidateReport
 from trtflow.text import did_you_mean
 
 VERSION = "10"  # 2: layerwise statistics from the squared difference (exact 1 - cosine near 1); 3: localized
@@ -66,7 +67,7 @@ class _Job:
     out_dir: Path
     sims: dict[str, simulation.Simulation] = field(default_factory=dict)  # variant -> its simulation
     labels: labelling.LabelSet | None = None  # the data's ground truth (`labels:`)
-    reference_labelled: labels_mod.Labelled | None = None  # FP32's accuracy against them
+    reference_labelled: Labelled | None = None  # FP32's accuracy against them
     compositions: dict[Path, Composition] = field(default_factory=dict)  # a variant's ONNX -> its compute by precision
 
 
@@ -89,7 +90,7 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
         progress.report("validating candidates", n - 1, len(candidates))
         results.append(_validate(job, cand))
     progress.report("validating candidates", len(candidates), len(candidates))
-    outputs = _Outputs(out_dir / "report.json")
+    outputs = _Outputs(out_dir / "report.json", out_dir / "plots")
     checked = [r for r, _ in results]
     repaired, fixes, warnings = None, [], []
     if params.repair:
@@ -155,8 +156,9 @@ def _repair_and_recheck(job: _Job, target: Candidate | None, candidates: list[Ca
 
 @dataclass
 class _Outputs:
-    """The stage's outputs: its report; with `repair: true`, the repaired model and its engines."""
+    """The stage's outputs: its report and its plots; with `repair: true`, the repaired model and its engines."""
     report: Path
+    plots: Path
     repaired: Path | None = None
     engines: Path | None = None
 
@@ -340,7 +342,7 @@ def _repair(job: _Job, target: Candidate, candidates: list[Candidate],
         measured = measure.measure(lambda f, p: ort_runner.run(sess, f), sets, job.reference, params.metrics)
         return judge.judged(measured, sets, RUNTIME, target.precision, params)[0].violations
 
-    def locate(sim: onnx.ModelProto) -> layerwise.Layerwise:
+    def locate(sim: onnx.ModelProto) -> Layerwise:
         qranges = qdq.representable_ranges(sim) if target.precision == "int8" else None
         return layerwise.compare(reference, sim, iter(locate_feeds), work, bound, qranges)
 

@@ -1,5 +1,5 @@
 """An offloaded model (issue #68, partial offload) as a Triton model repository: one model per piece of its chain
-(`split.Chain`) and an ensemble that runs them in order.
+(`onnx.records.Chain`) and an ensemble that runs them in order.
 
 - Piece `i` is the model `<model>_p<ii>_<runtime>`: a TensorRT piece `platform: "tensorrt_plan"` with its engine as
   `<version>/model.plan` (and `contract.json` beside its config, as the release writes for an engine: its
@@ -30,12 +30,12 @@ from typing import Any
 from trtflow import names
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import graph_inputs
-from trtflow.stages.onnx.split import Chain, Piece, Runtime, TensorSpec
+from trtflow.stages.onnx.records import Chain, Piece, Runtime, TensorSpec
 from trtflow.stages.release.triton import config as triton_config
 from trtflow.stages.release.triton.config import ConfigError
 from trtflow.stages.release.triton.contract import FILE as CONTRACT_FILE
 from trtflow.stages.release.triton.contract import Contract
-from trtflow.stages.trt.engines import Profile
+from trtflow.stages.trt.records import Profile
 
 ENSEMBLE = "ensemble"
 PLATFORMS: dict[Runtime, str] = {"tensorrt": triton_config.PLATFORM, "onnxruntime": "onnxruntime_onnx"}

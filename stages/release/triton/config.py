@@ -32,7 +32,8 @@ import numpy as np
 
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import TritonSpec
-from trtflow.stages.trt.engines import Engine, Profile
+from trtflow.stages.trt.engines import Engine
+from trtflow.stages.trt.records import Profile
 
 if TYPE_CHECKING:
     from trtflow.stages.ort.samples import SampleSource

@@ -38,7 +38,7 @@ class Contract(BaseModel):
 
     @classmethod
     def of(cls, config: Any, profiles: list[Any]) -> "Contract":
-        """From the parsed config.pbtxt and the engine's profiles (`engines.Profile`)."""
+        """From the parsed config.pbtxt and the engine's profiles (`trt.records.Profile`)."""
         from trtflow.stages.release.triton.config import model_config_pb2
         pb = model_config_pb2()
 

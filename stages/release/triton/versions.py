@@ -34,6 +34,7 @@ from trtflow.artifact import CLAIM_BYTES, Claim
 from trtflow.decisions import Decision
 from trtflow.errors import StageError
 from trtflow.events import Event, StageRan
+from trtflow.pipelines.params.release import RELEASES
 from trtflow.records import first_problem
 from trtflow.stages.release.triton.contract import Contract
 
@@ -120,7 +121,7 @@ class Ledger(BaseModel):
 
 def folder(model: str, target: str) -> str:
     """The ledger's directory, relative to the store's `shared/` (both names are checked names)."""
-    return f"releases/{model}/{target}"
+    return RELEASES.path(model, target)
 
 
 def marks(model: str, target: str) -> str:
