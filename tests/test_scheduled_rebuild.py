@@ -10,7 +10,7 @@ from the deployment), five times:
 4. the driver changed (a stand-in `nvidia-smi` reports another version: it moves the environment fingerprint as an
    upgrade would): the build runs again, its new engine ships as version 2 with the same serving contract, one
    event;
-5. trtflow's code changed (the worker runs a copy of the package in which `stages/onnx/fp16.py` was edited, its
+5. trtflow's code changed (the worker runs a copy of the package in which `stages/onnx/composition.py` was edited, its
    lock refreshed with `--rerun`): exactly the stages whose kind imports that module run again (release, here),
    and `plan` names the file.
 
