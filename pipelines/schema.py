@@ -5,7 +5,9 @@ everything else a stage model declares is a parameter of the stage's work and en
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_serializer, model_validator
 
@@ -129,24 +131,68 @@ class SampleData(Strict):
 
 
 # --- task-level accuracy (validate's gate, the precision/calibrate pre-flights) -------------------------
+#
+# A built-in metric is declared once, here: its parameters (the YAML block), the names it gives and how each is read
+# (`Gives`), its default bounds; its computation is the class of stages/compare/task_metrics.py that `MAKERS` names
+# by its field in `OutputMetrics` (tests/test_metric_definitions.py checks the two give the same names).
 
-class TopKMetric(Strict):
+def _per_precision(fp32: float, fp16: float, int8: float) -> dict[str, float]:
+    return {"fp32": fp32, "fp16": fp16, "int8": int8}
+
+
+@dataclass(frozen=True)
+class Gives:
+    """A metric name, and how it is read: better `higher` or lower; `weighed`: a share the release's
+    max_accuracy_drop weighs (not the worst item's value, which moves in steps of one item, nor decibels or an error
+    in the output's units); `bounds`: validate's default bound per precision where the metric is declared;
+    `example`: the declaration that gives it, for a hint."""
+    higher: bool
+    weighed: bool = True
+    bounds: dict[str, float] | None = None
+    example: str = ""
+
+
+class BuiltInMetric(Strict):
+    """A built-in metric's declaration: what it gives (`GIVES`, every name it may give; `gives()`, those this
+    declaration gives)."""
+    GIVES: ClassVar[dict[str, Gives]] = {}
+    REPORTS: ClassVar[tuple[str, ...]] = ()  # what its computation reports beside its metrics: counts, no bound
+
+    def gives(self) -> dict[str, Gives]:
+        return dict(self.GIVES)
+
+
+class TopKMetric(BuiltInMetric):
     """Classification: does the candidate's top-k hold the reference's top class (gives top1, top<k>)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "top1": Gives(True, bounds=_per_precision(0.99, 0.98, 0.95), example="topk: {k: 5}"),
+        "top5": Gives(True, example="topk: {k: 5}")}
+    NAMED: ClassVar[re.Pattern] = re.compile(r"top[0-9]+")  # top<k>, for any k
     k: int = Field(5, ge=1, le=1000, description="the reference's class must be among the candidate's top k")
     axis: int = Field(-1, description="the class axis")
 
+    def gives(self) -> dict[str, Gives]:
+        return {"top1": self.GIVES["top1"], f"top{self.k}": Gives(True)}
 
-class CTCMetric(Strict):
+
+class CTCMetric(BuiltInMetric):
     """Text recognition: both sides greedily CTC-decoded and compared (gives text_exact, cer)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "text_exact": Gives(True, bounds=_per_precision(0.98, 0.95, 0.9), example="ctc: {blank: 0}"),
+        "cer": Gives(False, bounds=_per_precision(0.005, 0.01, 0.02), example="ctc: {blank: 0}")}
     blank: int = Field(0, ge=0, description="the CTC blank's class index")
     axis: int = Field(-1, description="the class axis; the other non-batch axis is time")
     batch_axis: int = Field(0, description="the batch axis: 1 for time-major scores [T, N, C] (an LSTM or GRU "
                                            "exported without batch_first)")
 
 
-class MapMetric(Strict):
+class MapMetric(BuiltInMetric):
     """A map thresholded into regions (the whole output, or one `channel` of it), or a segmentation's class
     scores whose argmax along `axis` marks each selected class's region (`classes`)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "iou": Gives(True, bounds=_per_precision(0.98, 0.95, 0.9), example="map_iou: {threshold: 0.3}"),
+        "iou_min": Gives(True, weighed=False, example="map_iou: {threshold: 0.3}"),
+        "iou_class_min": Gives(True, weighed=False, example="map_iou: {classes: [1, 2]}")}
     threshold: float = Field(0.5, description="a map value above this marks a region (not with classes)")
     channel: int | None = Field(None, ge=0, description="only this index along axis: one channel's map (e.g. the "
                                                          "face channel of a background/face softmax)")
@@ -165,10 +211,17 @@ class MapMetric(Strict):
             raise ValueError("with classes each region is where its class is the argmax: threshold does not apply")
         return self
 
+    def gives(self) -> dict[str, Gives]:
+        return {n: g for n, g in self.GIVES.items() if n != "iou_class_min" or self.classes}
 
-class EmbeddingMetric(Strict):
+
+class EmbeddingMetric(BuiltInMetric):
     """Embeddings: the cosine of each sample's embedding to the reference's (gives embedding_cosine, its worst
     sample, and embedding_cosine_mean)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "embedding_cosine": Gives(True, weighed=False, bounds=_per_precision(0.999, 0.995, 0.98),
+                                  example="embedding: {pool: mean}"),
+        "embedding_cosine_mean": Gives(True, example="embedding: {pool: mean}")}
     axis: int = Field(-1, description="the embedding axis")
     pool: Literal["none", "mean"] = Field(
         "none", description="mean: average the axes between batch and axis first (token embeddings -> one vector "
@@ -178,11 +231,16 @@ class EmbeddingMetric(Strict):
                                                "sentence-transformers pools")
 
 
-class ImageMetric(Strict):
+class ImageMetric(BuiltInMetric):
     """An output that is an image (super-resolution, restoration, style transfer, depth maps shown as images):
     judged as pixels, after clipping to `range`. Gives psnr (dB over every sample's pixels), pixels_within (the
     share of pixel values within `within` levels of the reference's, a level being 1/`levels` of the range), and
     ssim (scikit-image's structural similarity, the mean over samples), all better higher."""
+    # an image: 95% of pixel values within one level (8-bit) of FP32's; waifu2x's INT8 moved a third by two or more
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "psnr": Gives(True, weighed=False, bounds=_per_precision(50.0, 40.0, 35.0), example="image: {range: [0, 1]}"),
+        "pixels_within": Gives(True, bounds=_per_precision(0.999, 0.99, 0.95), example="image: {range: [0, 1]}"),
+        "ssim": Gives(True, bounds=_per_precision(0.999, 0.995, 0.98), example="image: {range: [0, 1]}")}
     range: tuple[float, float] = Field((0.0, 1.0), description="the values a pixel takes, [black, white] (0..1, "
                                                                "0..255, -1..1)", examples=[[0, 255]])
     layout: Literal["nchw", "nhwc"] = Field("nchw", description="where the channel axis is (a batch first)")
@@ -197,12 +255,20 @@ class ImageMetric(Strict):
         return self
 
 
-class RegressionMetric(Strict):
+class RegressionMetric(BuiltInMetric):
     """Values with no class semantics (quality scores, a box, a pose, a price): the candidate's errors against the
     reference's in the output's own units. Gives abs_err_max (the worst element's absolute error: the worst
     sample's too), abs_err_mean (over every element), sample_err_mean (each sample's worst element, the mean over
     samples) and spread_err_max (abs_err_max over the reference's spread: its largest value less its smallest over
-    every sample), all better lower; with relative_above, rel_err_max and rel_err_mean."""
+    every sample), all better lower; with relative_above, rel_err_max and rel_err_mean. Errors in the output's
+    units: bounded by validate, never weighed as a share (a regression's 0.33 is no 33% of anything)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        **{n: Gives(False, weighed=False, example="regression: {within: 0.1}")
+           for n in ("abs_err_max", "abs_err_mean", "sample_err_mean")},
+        "spread_err_max": Gives(False, weighed=False, bounds=_per_precision(0.001, 0.01, 0.05),
+                                example="regression: {within: 0.1}"),
+        **{n: Gives(False, weighed=False, example="regression: {relative_above: 1.0}")
+           for n in ("rel_err_max", "rel_err_mean")}}
     within: float | None = Field(None, gt=0, description=(
         "the largest absolute error your users accept, in the output's units: a candidate passes where its "
         "abs_err_max is at most this (replacing the default bound on spread_err_max)"), examples=[0.1])
@@ -210,10 +276,15 @@ class RegressionMetric(Strict):
         "also the relative error |error| / |reference| (rel_err_max, rel_err_mean), over the elements whose "
         "|reference| is above this, in the output's units (0: every nonzero element)"), examples=[1.0])
 
+    def gives(self) -> dict[str, Gives]:
+        return {n: g for n, g in self.GIVES.items() if not n.startswith("rel_") or self.relative_above is not None}
 
-class DecisionMetric(Strict):
+
+class DecisionMetric(BuiltInMetric):
     """A score decided at a threshold (a one-class Sigmoid, a binary logit, multi-label scores): the share of
     elements the candidate decides as the reference does, above the threshold or not (gives decision_agree)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "decision_agree": Gives(True, bounds=_per_precision(0.99, 0.98, 0.95), example="decision: {threshold: 0.5}")}
     threshold: float = Field(0.5, description="a score above this is a positive decision (a logit's: 0)")
 
 
@@ -287,9 +358,15 @@ class BoxDecoding(Strict):
         return self
 
 
-class DetectionsMetric(BoxDecoding):
+class DetectionsMetric(BoxDecoding, BuiltInMetric):
     """A detector's boxes, decoded from its outputs, suppressed (class-aware NMS) and matched one-to-one to the
     reference's (same class, IoU at least match_iou, greedily by the candidate's score)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "det_recall": Gives(True, bounds=_per_precision(0.99, 0.95, 0.9), example="detections: {layout: yolov8}"),
+        "det_precision": Gives(True, bounds=_per_precision(0.99, 0.95, 0.9), example="detections: {layout: yolov8}"),
+        "det_iou": Gives(True, bounds=_per_precision(0.98, 0.95, 0.9), example="detections: {layout: yolov8}"),
+        "det_f1_min": Gives(True, weighed=False, example="detections: {layout: yolov8}")}
+    REPORTS: ClassVar[tuple[str, ...]] = ("reference_boxes",)
     match_iou: float = Field(0.5, gt=0, le=1, description="a candidate box matches a reference box of its class "
                                                           "overlapping it by at least this IoU")
 
@@ -314,27 +391,12 @@ class OutputMetrics(Strict):
 
     def names(self) -> set[str]:
         """The metric names the built-in metrics give and the callable declares (it may return others)."""
-        out: set[str] = set()
-        if self.topk:
-            out |= {"top1", f"top{self.topk.k}"}
-        if self.ctc:
-            out |= {"text_exact", "cer"}
-        if self.map_iou:
-            out |= {"iou", "iou_min"} | ({"iou_class_min"} if self.map_iou.classes else set())
-        if self.embedding:
-            out |= {"embedding_cosine", "embedding_cosine_mean"}
-        if self.detections:
-            out |= set(DETECTION_NAMES)
-        if self.image:
-            out |= set(IMAGE_NAMES)
-        if self.regression:
-            relative = self.regression.relative_above is not None
-            out |= set(REGRESSION_NAMES) | (set(RELATIVE_NAMES) if relative else set())
-        if self.decision:
-            out.add("decision_agree")
-        if self.callable:
-            out |= set(self.callable.directions())
-        return out
+        out = {name for spec in self.built_in().values() for name in spec.gives()}
+        return out | set(self.callable.directions()) if self.callable else out
+
+    def built_in(self) -> dict[str, BuiltInMetric]:
+        """The built-in metrics declared: their key here (`topk`) -> their declaration."""
+        return {key: spec for key in BUILT_IN_METRICS if (spec := getattr(self, key)) is not None}
 
     def code_refs(self) -> list[str]:
         """Functions of the user's it names: the metric function, a detections decoder."""
@@ -342,32 +404,46 @@ class OutputMetrics(Strict):
                 if ref]
 
 
-# the direction of each metric name trtflow gives: a candidate must reach at least these, and at most the others
-DETECTION_NAMES = ("det_recall", "det_precision", "det_iou", "det_f1_min")
-IMAGE_NAMES = ("psnr", "pixels_within", "ssim")
-REGRESSION_NAMES = ("abs_err_max", "abs_err_mean", "sample_err_mean", "spread_err_max")
-RELATIVE_NAMES = ("rel_err_max", "rel_err_mean")
-HIGHER_IS_BETTER = frozenset({"cosine", "text_exact", "iou", "iou_min", "iou_class_min", "embedding_cosine",
-                              "embedding_cosine_mean", "top1", "top5", "decision_agree", *DETECTION_NAMES,
-                              *IMAGE_NAMES})
-LOWER_IS_BETTER = frozenset({"cer", "max_abs", "mean_abs", "max_rel", "rtol", *REGRESSION_NAMES, *RELATIVE_NAMES})
-# the worst sample's, image's or class's value: bounded by validate's tolerances, not weighed by the release's
-# max_accuracy_drop (it moves in steps of one item: a detector's worst image's F1 by ~1/30 on a 30-box image)
-WORST_CASE = frozenset({"iou_min", "iou_class_min", "embedding_cosine", "det_f1_min"})
-# decibels, and errors in an output's own units or relative to its values: bounded by validate's tolerances, not
-# weighed as a share lost (a regression's 0.33 is no 33% of anything)
-NOT_A_SHARE = frozenset({"psnr", *REGRESSION_NAMES, *RELATIVE_NAMES})
+# every built-in metric: its key in OutputMetrics -> its declaration's class
+BUILT_IN_METRICS: dict[str, type[BuiltInMetric]] = {
+    key: next(t for t in get_args(info.annotation) if isinstance(t, type) and issubclass(t, BuiltInMetric))
+    for key, info in OutputMetrics.model_fields.items() if key != "callable"}
+# the elementwise metrics every output gets
+ELEMENTWISE: dict[str, Gives] = {"cosine": Gives(True), "max_abs": Gives(False), "mean_abs": Gives(False),
+                                 "max_rel": Gives(False), "rtol": Gives(False)}
+_GIVEN: dict[str, Gives] = {**ELEMENTWISE, **{n: g for cls in BUILT_IN_METRICS.values() for n, g in cls.GIVES.items()}}
+
+
+def gives(name: str) -> Gives | None:
+    """How a metric name trtflow gives is read; None for a name that is not trtflow's (a function's)."""
+    if name in _GIVEN:
+        return _GIVEN[name]
+    return Gives(True) if TopKMetric.NAMED.fullmatch(name) else None
 
 
 def higher_is_better(metric: str) -> bool:
-    return metric in HIGHER_IS_BETTER or (metric.startswith("top") and metric[3:].isdigit())
+    return metric_direction(metric) is True
 
 
 def metric_direction(name: str) -> bool | None:
     """True: a metric of trtflow's that must be at least its bound; False: at most; None: not trtflow's."""
-    if name in LOWER_IS_BETTER:
-        return False
-    return True if higher_is_better(name) else None
+    given = gives(name)
+    return None if given is None else given.higher
+
+
+def not_weighed(name: str) -> bool:
+    """A metric of trtflow's the release's max_accuracy_drop never weighs (a worst item's, decibels, an error in
+    the output's units): validate's tolerances bound it."""
+    given = gives(name)
+    return given is not None and not given.weighed
+
+
+def default_bounds(precision: str) -> dict[str, tuple[float, bool]]:
+    """validate's default bounds on the task metrics for a precision: metric -> (bound, whether at least); the
+    shares first (a failure names the first bound missed: a one-class score's agreement before its error)."""
+    bounded = [n for n, g in _GIVEN.items() if g.bounds is not None]
+    order = sorted(bounded, key=lambda n: not _GIVEN[n].weighed)  # stable: declaration order within each
+    return {n: (_GIVEN[n].bounds[precision], _GIVEN[n].higher) for n in order}
 
 
 Metrics = Annotated[dict[str, OutputMetrics], Field(

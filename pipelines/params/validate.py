@@ -8,9 +8,7 @@ from pydantic import ConfigDict, Field, model_validator
 from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import (
-    DETECTION_NAMES,
-    REGRESSION_NAMES,
-    RELATIVE_NAMES,
+    BUILT_IN_METRICS,
     BoxDecoding,
     Metrics,
     SampleData,
@@ -22,11 +20,10 @@ from trtflow.pipelines.units import Fraction
 
 Number = int | float  # not float alone: a bound written as an integer stays one in the stage's key
 TaskBound = Annotated[Number | dict[Literal["min", "max"], Number], Field(
-    description="a bound on any other metric a declared metric gives (`metrics:`): a number for trtflow's own "
-                "(text_exact, cer, iou, iou_min, iou_class_min, embedding_cosine, embedding_cosine_mean, top<k>, "
-                "det_recall, det_precision, det_iou, det_f1_min, decision_agree; a regression's abs_err_max, "
-                "abs_err_mean, sample_err_mean in the output's units, spread_err_max, rel_err_max, rel_err_mean), "
-                "{min: x} (at least) or {max: x} (at most) for your function's", examples=[0.95, {"min": 0.9}])]
+    description="a bound on any other metric a declared metric gives (`metrics:`): a number for trtflow's own ("
+                + ", ".join(n for cls in BUILT_IN_METRICS.values() for n in cls.GIVES if n not in ("top1", "top5"))
+                + ", top<k>; a regression's errors in the output's units), {min: x} (at least) or {max: x} (at most) "
+                  "for your function's", examples=[0.95, {"min": 0.9}])]
 
 
 class OutputTolerance(Strict):
@@ -71,14 +68,7 @@ class OutputTolerance(Strict):
         return out
 
 
-_EXAMPLE = {"text_exact": "ctc: {blank: 0}", "cer": "ctc: {blank: 0}", "iou": "map_iou: {threshold: 0.3}",
-            "iou_min": "map_iou: {threshold: 0.3}", "iou_class_min": "map_iou: {classes: [1, 2]}",
-            "embedding_cosine": "embedding: {pool: mean}",
-            "embedding_cosine_mean": "embedding: {pool: mean}",
-            **{n: "detections: {layout: yolov8}" for n in DETECTION_NAMES},
-            **{n: "regression: {within: 0.1}" for n in REGRESSION_NAMES},
-            **{n: "regression: {relative_above: 1.0}" for n in RELATIVE_NAMES},
-            "decision_agree": "decision: {threshold: 0.5}"}
+_EXAMPLE = {name: given.example for cls in BUILT_IN_METRICS.values() for name, given in cls.GIVES.items()}
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
 class TextLabels(Strict):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import higher_is_better, metric_direction
+from trtflow.pipelines.schema import default_bounds, metric_direction
 from trtflow.precisions import Precision
 from trtflow.stages.compare.records import Accuracy
 from trtflow.stages.compare.task_metrics import constant_topk, declared
@@ -20,19 +20,6 @@ DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp32": {"cosine": 0.9999},
     "fp16": {"cosine": 0.999},
     "int8": {"cosine": 0.99},
-}
-# ... and for an output with declared task metrics, instead (each applies where its metric is declared)
-TASK_DEFAULTS: dict[Precision, dict[str, float]] = {
-    "fp32": {"top1": 0.99, "text_exact": 0.98, "cer": 0.005, "iou": 0.98, "embedding_cosine": 0.999,
-             "det_recall": 0.99, "det_precision": 0.99, "det_iou": 0.98, "pixels_within": 0.999, "ssim": 0.999,
-             "psnr": 50.0, "decision_agree": 0.99, "spread_err_max": 0.001},
-    "fp16": {"top1": 0.98, "text_exact": 0.95, "cer": 0.01, "iou": 0.95, "embedding_cosine": 0.995,
-             "det_recall": 0.95, "det_precision": 0.95, "det_iou": 0.95, "pixels_within": 0.99, "ssim": 0.995,
-             "psnr": 40.0, "decision_agree": 0.98, "spread_err_max": 0.01},
-    # an image: 95% of pixel values within one level (8-bit) of FP32's; waifu2x's INT8 moved a third by two or more
-    "int8": {"top1": 0.95, "text_exact": 0.9, "cer": 0.02, "iou": 0.9, "embedding_cosine": 0.98,
-             "det_recall": 0.9, "det_precision": 0.9, "det_iou": 0.9, "pixels_within": 0.95, "ssim": 0.98,
-             "psnr": 35.0, "decision_agree": 0.95, "spread_err_max": 0.05},
 }
 # a regression's `within:` (its users' bound, in the output's units) bounds this, in place of the default on the
 # error over the reference's spread
@@ -98,7 +85,8 @@ def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], me
         task = bool(mine)
     if task:
         names = set().union(*(m.names() for m in mine))
-        bounds = {m: (v, higher_is_better(m)) for m, v in TASK_DEFAULTS[precision].items() if m in names}
+        # the task metrics' own defaults (pipelines/schema.py: each metric's `Gives`), where declared
+        bounds = {m: b for m, b in default_bounds(precision).items() if m in names}
         within = _within(output, metrics or {})
         if within is not None:
             bounds = {m: b for m, b in bounds.items() if m != SPREAD} | {WITHIN: (within, False)}

@@ -360,32 +360,34 @@ def declared(metrics: dict[str, Any] | None, output: str) -> list[Any]:
     return [m for key, m in (metrics or {}).items() if key in ("*", output)]
 
 
+def _detections(spec: Any, where: str) -> Any:
+    from trtflow.stages.compare.detections import BoxDecoder, Detections
+
+    return Detections(BoxDecoder.declared(spec, f"{where}.detections"), spec.match_iou)
+
+
+# Each built-in metric's computation, by its key in `OutputMetrics`: (its declaration, the declaration's key path)
+# -> the metric object. What each gives, and how, is declared with its parameters (pipelines/schema.py).
+MAKERS: dict[str, Callable[[Any, str], Any]] = {
+    "topk": lambda spec, where: TopK(spec.k, spec.axis, f"{where}.topk"),
+    "ctc": lambda spec, where: CTC(spec.blank, spec.axis, spec.batch_axis),
+    "map_iou": lambda spec, where: MapIoU(spec.threshold, spec.channel, spec.classes, spec.axis, f"{where}.map_iou"),
+    "embedding": lambda spec, where: Embedding(spec.axis, spec.pool, spec.mask),
+    "detections": _detections,
+    "image": lambda spec, where: ImagePixels(spec.range[0], spec.range[1], spec.layout, spec.levels, spec.within),
+    "regression": lambda spec, where: Regression(spec.relative_above),
+    "decision": lambda spec, where: Decision(spec.threshold),
+}
+
+
 def make(specs: list[Any], what: str, output: str = "*") -> list[Any]:
     """The metric objects the `OutputMetrics` entries `specs` declare for `output`."""
-    from trtflow.stages.compare.detections import BoxDecoder, Detections
     from trtflow.usercode import import_callable
 
     made: list[Any] = []
     for m in specs:
         where = f"{what}: metrics.{output}"
-        if m.topk:
-            made.append(TopK(m.topk.k, m.topk.axis, f"{where}.topk"))
-        if m.ctc:
-            made.append(CTC(m.ctc.blank, m.ctc.axis, m.ctc.batch_axis))
-        if m.map_iou:
-            made.append(MapIoU(m.map_iou.threshold, m.map_iou.channel, m.map_iou.classes, m.map_iou.axis,
-                               f"{where}.map_iou"))
-        if m.embedding:
-            made.append(Embedding(m.embedding.axis, m.embedding.pool, m.embedding.mask))
-        if m.detections:
-            made.append(Detections(BoxDecoder.declared(m.detections, f"{where}.detections"), m.detections.match_iou))
-        if m.image:
-            made.append(ImagePixels(m.image.range[0], m.image.range[1], m.image.layout, m.image.levels,
-                                    m.image.within))
-        if m.regression:
-            made.append(Regression(m.regression.relative_above))
-        if m.decision:
-            made.append(Decision(m.decision.threshold))
+        made += [MAKERS[key](spec, where) for key, spec in m.built_in().items()]
         if m.callable:
             ref = m.callable.function
             made.append(UserMetric(import_callable(ref, f"{what}: metrics callable", 2), ref))

@@ -10,7 +10,7 @@ from typing import Any
 from trtflow import names
 from trtflow.errors import StageError
 from trtflow.pipelines.params.release import Select
-from trtflow.pipelines.schema import NOT_A_SHARE, WORST_CASE, metric_direction
+from trtflow.pipelines.schema import metric_direction, not_weighed
 from trtflow.stages.compare.records import Accuracy, Labelled
 from trtflow.stages.release.report import Option
 
@@ -40,11 +40,11 @@ def accuracy_drop(acc: Accuracy, weigh: bool) -> tuple[dict[str, dict[str, float
 
 def _a_share(metric: str, higher: bool) -> bool:
     """Whether what `metric` loses is a share the release may weigh: trtflow's metrics pooled over every sample, and
-    a function's metrics better higher (shares, as declared). Not the worst item's (`WORST_CASE`: the worst image's
-    F1 moves in steps of one image), nor decibels or a regression's errors (`NOT_A_SHARE`), nor a function's
+    a function's metrics better higher (shares, as declared). Not those trtflow's metrics say are not weighed (the
+    worst item's: the worst image's F1 moves in steps of one image; decibels; a regression's errors), nor a function's
     metrics better lower: errors in the output's units as often as rates (0.33 MOS is no 33% drop), shown as they
     are and bounded by validate's {max: x}."""
-    if metric in WORST_CASE or metric in NOT_A_SHARE:
+    if not_weighed(metric):
         return False
     return metric_direction(metric) is not None or higher
 
@@ -52,7 +52,7 @@ def _a_share(metric: str, higher: bool) -> bool:
 def _loss(output: str, metric: str, value: float, direction: bool | None, weigh: bool) -> float | None:
     """The share `metric` lost (None: not weighed); an error where `weigh` and it cannot be weighed."""
     if direction is None:
-        if weigh and metric not in WORST_CASE and metric not in NOT_A_SHARE:
+        if weigh and not not_weighed(metric):
             raise StageError(
                 f"release: select.max_accuracy_drop weighs every metric validate measured, and nothing says "
                 f"whether '{output}/{metric}' is better higher or lower: declare it in validate's "
