@@ -191,11 +191,9 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env) -> 
     parameter beside its key's, which left defaults out: those are compared)."""
     if not last:
         return "never run"
-    old = last.parts
     if last.key == key:
-        if last.status == "failed":
-            return f"its last run failed: {last.error}" if last.error else "its last run failed"
-        return "its published result is missing or incomplete"
+        return _why_same_key(last)
+    old = last.parts
     reasons = []
     if old.format != parts.format:
         reasons.append("trtflow's key format changed")  # (an older record lacks the parts a newer key has)
@@ -203,11 +201,8 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env) -> 
         reasons.append(f"stage implementation changed ({old.kind} v{old.version} -> {parts.kind} v{parts.version})")
     changed = diff(last.params if last.params is not None else old.params, parts.params)
     if changed:
-        more = f", and {len(changed) - SHOWN_CHANGES} more" if len(changed) > SHOWN_CHANGES else ""
-        reasons.append("params changed: " + ", ".join(changed[:SHOWN_CHANGES]) + more)
-    for slot in sorted(set(old.inputs) | set(parts.inputs)):
-        if old.inputs.get(slot) != parts.inputs.get(slot):
-            reasons.append(f"input '{slot}' changed")
+        reasons.append("params changed: " + _listed(changed, SHOWN_CHANGES))
+    reasons += [f"input '{slot}' changed" for slot in _differing(old.inputs, parts.inputs)]
     if old.env != parts.env:
         reasons.append(f"environment changed: {describe_env(old.env)} -> {describe_env(parts.env)}")
     if old.code != parts.code:
@@ -217,21 +212,43 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env) -> 
     return "; ".join(reasons) or "not in the store"
 
 
+def _why_same_key(last: LastRun) -> str:
+    """Why a stage whose last run had this very key must run again: that run failed, or its result is gone."""
+    if last.status != "failed":
+        return "its published result is missing or incomplete"
+    return f"its last run failed: {last.error}" if last.error else "its last run failed"
+
+
+def _differing(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys, sorted, whose values differ between two mappings (a key on one side only differs)."""
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def _listed(items: list[str], most: int) -> str:
+    """The first `most` items, and how many more."""
+    more = f", and {len(items) - most} more" if len(items) > most else ""
+    return ", ".join(items[:most]) + more
+
+
 def code_changes(old: CodeFacts | None, new: CodeFacts | None) -> list[str]:
     """'code changed (stages/ort/calibration.py, ...)' for the files whose keyed digest differs (or that entered or
     left the key) and 'onnxruntime 1.32.0 -> 1.33.0' for each declared library whose version differs."""
     old, new = old or CodeFacts(), new or CodeFacts()
     out = []
-    files = sorted(f for f in set(old.files) | set(new.files) if old.files.get(f) != new.files.get(f))
+    files = _differing(old.files, new.files)
     if files:
-        more = f", and {len(files) - SHOWN_FILES} more" if len(files) > SHOWN_FILES else ""
-        out.append(f"code changed ({', '.join(files[:SHOWN_FILES])}{more})")
-    for lib in sorted(set(old.libraries) | set(new.libraries)):
-        was, now = old.libraries.get(lib), new.libraries.get(lib)
-        if was != now:
-            out.append(f"{lib} now in the key ({now})" if was is None else f"{lib} left the key" if now is None
-                       else f"{lib} {was} -> {now}")
-    return out
+        out.append(f"code changed ({_listed(files, SHOWN_FILES)})")
+    return out + [_library_change(lib, old.libraries.get(lib), new.libraries.get(lib))
+                  for lib in _differing(old.libraries, new.libraries)]
+
+
+def _library_change(lib: str, was: str | None, now: str | None) -> str:
+    """How a declared library's version in the key changed."""
+    if was is None:
+        return f"{lib} now in the key ({now})"
+    if now is None:
+        return f"{lib} left the key"
+    return f"{lib} {was} -> {now}"
 
 
 _ABSENT = object()

@@ -266,22 +266,31 @@ class RemoteStore:
         if placed is None or placed.blobs == writer:
             return manifest, None
         # another writer's manifest is the one in place
-        adopted = self._fetch(stage, key, placed).manifest if placed.ok else None
+        adopted = self._adoptable(stage, key, placed)
         if adopted is None:  # a failed run's, or its files fail verification (and could not be quarantined): ours
-            try:             # replace it, whole
-                self.fs.pipe_file(target, data)
-            except Exception as exc:  # noqa: BLE001
-                self._remove_blobs(stage, key, writer)
-                raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
-            placed, _ = self._remote_manifest(stage, key)
+            placed = self._replace_whole(stage, key, writer, target, data)  # replace it, whole
             if placed is not None and placed.blobs == writer:
                 return manifest, None
-            adopted = self._fetch(stage, key, placed).manifest if placed is not None and placed.ok else None
+            adopted = self._adoptable(stage, key, placed)
         self._remove_blobs(stage, key, writer)
         if adopted is not None:
             return manifest, adopted
         raise StoreError(f"artifact store {self.location}: {stage}/{key[:12]} was published by another "
                          f"run meanwhile and cannot be fetched; run again")
+
+    def _adoptable(self, stage: str, key: str, placed: Manifest | None) -> Manifest | None:
+        """Another writer's result in place, fetched into the cache, where it is OK and its files verify; else
+        None."""
+        return self._fetch(stage, key, placed).manifest if placed is not None and placed.ok else None
+
+    def _replace_whole(self, stage: str, key: str, writer: str, target: str, data: bytes) -> Manifest | None:
+        """Our manifest written over the one in place, which may not stay; the manifest in place after it."""
+        try:
+            self.fs.pipe_file(target, data)
+        except Exception as exc:  # noqa: BLE001
+            self._remove_blobs(stage, key, writer)
+            raise self._fail(f"publishing {stage}/{key[:12]}", exc) from None
+        return self._remote_manifest(stage, key)[0]
 
     def discard(self, staging: Path) -> None:
         self.cache.discard(staging)

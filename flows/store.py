@@ -282,6 +282,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def _bookkeeping(name: str, link: bool) -> bool:
+    """Whether an entry of a stage's folder is trtflow's own and no result: its `last.json`, and (never a symlink)
+    staging, trash and `last.json`'s temporary files."""
+    return name == LAST or (not link and name.startswith((".tmp-", ".trash-", f".{LAST}.")))
+
+
+def _named(name: str, link: bool) -> str:
+    """How `verify` names what it leaves alone: a symlink says so."""
+    return name + (" (a symlink)" if link else "")
+
+
 class LocalStore:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -337,19 +348,20 @@ class LocalStore:
         """What lies under the root: (stage, directory) of every result (`<stage>/<32 hex>/`, real directories:
         a symlinked stage or result is never followed), and the names of what trtflow did not make (left alone
         by `verify --repair`). trtflow's own files (`last.json`, `digests.json`, staging, the marker) are in neither."""
-        results, foreign = [], []
+        results: list[tuple[str, Path]] = []
+        foreign: list[str] = []
         for stage in sorted(self.root.iterdir()) if self.root.is_dir() else []:
             if stage.name.startswith(".") or stage.name in (SHARED, DIGESTS):
                 continue
             if stage.is_symlink() or not stage.is_dir():
-                foreign.append(stage.name + (" (a symlink)" if stage.is_symlink() else ""))
+                foreign.append(_named(stage.name, stage.is_symlink()))
                 continue
             for d in sorted(stage.iterdir()):
                 link = d.is_symlink()
                 if KEY_NAME.fullmatch(d.name) and d.is_dir() and not link:
                     results.append((stage.name, d))
-                elif d.name != LAST and (link or not d.name.startswith((".tmp-", ".trash-", f".{LAST}."))):
-                    foreign.append(f"{stage.name}/{d.name}" + (" (a symlink)" if link else ""))
+                elif not _bookkeeping(d.name, link):
+                    foreign.append(_named(f"{stage.name}/{d.name}", link))
         return results, foreign
 
     def path(self, stage: str, key: str) -> Path:

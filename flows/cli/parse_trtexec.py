@@ -5,11 +5,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
 
 from trtflow.flows.cli.base import Command, out
+
+if TYPE_CHECKING:
+    from trtflow.stages.trtexec.result import PerfResult
 
 
 class ParseTrtexec(Command):
@@ -25,7 +29,6 @@ class ParseTrtexec(Command):
     def run(self, args: argparse.Namespace) -> int:
         from trtflow.errors import SpecError
         from trtflow.stages.trtexec.log import parse_log
-        from trtflow.stages.trtexec.result import STAT_KEYS
 
         try:
             text = Path(args.log).read_bytes().decode("utf-8", errors="replace")
@@ -38,29 +41,41 @@ class ParseTrtexec(Command):
         if args.json:
             data = [r.to_json() for r in runs] if args.all else {**chosen.to_json(), "runs": len(runs)}
             sys.stdout.write(json.dumps(data, indent=2) + "\n")
-            return 0 if found else 1
-        for r in runs if args.all else [chosen]:
-            head = f"TensorRT {r.tensorrt_version or '(version not printed)'} · {r.status or 'no status line'}"
-            out.print(f"[bold]{escape(head)}[/]" + (f" · {len(runs)} runs, the last with a summary shown" if
-                                                      len(runs) > 1 and not args.all else ""))
-            if not r.has_summary:
-                out.print(f"  [yellow]{escape(r.no_summary_reason())}[/]")
-                continue
-            stats = {k: getattr(r, k) for k in STAT_KEYS if getattr(r, k)}
-            pcts = sorted({k for st in stats.values() for k in st if k.startswith("p")}, key=lambda k: float(k[1:]))
-            columns = ["min", "mean", "median", "max", *pcts]
-            table = Table(show_header=True)
-            table.add_column("ms")
-            for col in columns:
-                table.add_column(col, justify="right")
-            for key, st in stats.items():
-                table.add_row(key.removesuffix("_ms"), *(f"{st[k]:g}" if k in st else "-" for k in columns))
-            out.print(table)
-            if r.throughput_qps is not None:
-                out.print(f"  throughput {r.throughput_qps:g} qps")
-            for w in r.warnings:
-                out.print(f"  [yellow]warning:[/] {escape(w)}")
+        elif args.all:
+            for r in runs:
+                _print_run(r, "")
+        else:
+            _print_run(chosen, f" · {len(runs)} runs, the last with a summary shown" if len(runs) > 1 else "")
         return 0 if found else 1
 
+
+def _print_run(r: PerfResult, note: str) -> None:
+    """One run of the log: its TensorRT and status line (and `note`), its timing table, throughput and warnings."""
+    head = f"TensorRT {r.tensorrt_version or '(version not printed)'} · {r.status or 'no status line'}"
+    out.print(f"[bold]{escape(head)}[/]" + note)
+    if not r.has_summary:
+        out.print(f"  [yellow]{escape(r.no_summary_reason())}[/]")
+        return
+    out.print(_stats_table(r))
+    if r.throughput_qps is not None:
+        out.print(f"  throughput {r.throughput_qps:g} qps")
+    for w in r.warnings:
+        out.print(f"  [yellow]warning:[/] {escape(w)}")
+
+
+def _stats_table(r: PerfResult) -> Table:
+    """The run's timing statistics in milliseconds: a row per statistic trtexec printed, a column per figure."""
+    from trtflow.stages.trtexec.result import STAT_KEYS
+
+    stats = {k: getattr(r, k) for k in STAT_KEYS if getattr(r, k)}
+    pcts = sorted({k for st in stats.values() for k in st if k.startswith("p")}, key=lambda k: float(k[1:]))
+    columns = ["min", "mean", "median", "max", *pcts]
+    table = Table(show_header=True)
+    table.add_column("ms")
+    for col in columns:
+        table.add_column(col, justify="right")
+    for key, st in stats.items():
+        table.add_row(key.removesuffix("_ms"), *(f"{st[k]:g}" if k in st else "-" for k in columns))
+    return table
 
 COMMAND = ParseTrtexec()

@@ -262,34 +262,42 @@ def _server_watch(url: str | None, ours: bool) -> Iterator[None]:
 
 def _watch(url: str, ours: bool, rec: Any, done: threading.Event, give_up: Callable[[str], None]) -> None:
     """The watcher's loop (see _server_watch): `give_up` gets the one line once the server is gone."""
-    import httpx
-
     from trtflow.flows import server
 
     patience = settings.SERVER_PATIENCE.get()
     refused, answered, said = 0, time.monotonic(), False
     while not done.wait(SERVER_CHECK_S):
-        try:
-            ok = server.health(url, SERVER_CHECK_S) == 200
-            gone = False
-        except httpx.ConnectError:  # nobody listens there: the server is gone
-            ok, gone = False, True
-        except httpx.HTTPError:  # it took the connection and did not answer in time: slow, not gone
-            ok, gone = False, False
+        ok, gone = _probe(url)
         if ok:
             refused, answered = 0, time.monotonic()
             continue
         refused = refused + 1 if gone else 0
         ended = rec is not None and not server.alive(rec)
+        lost = ended or refused >= SERVER_LOST_AFTER  # the server is gone, not slow
         silent = time.monotonic() - answered  # since its last answer (or the run's start)
         if not gone and not ended and not said and silent >= SERVER_SLOW_SAY_S:
             said = True
             sys.stderr.write(f"waiting for the Prefect server at {url}: no answer for {silent:.0f} s\n")
             sys.stderr.flush()
-        if (ended or refused >= SERVER_LOST_AFTER or silent >= patience) and not done.is_set():
+        if (lost or silent >= patience) and not done.is_set():
             kept = "the running stages were stopped and nothing they were writing was kept"
-            give_up(_lost(url, ours, None if ended or refused >= SERVER_LOST_AFTER else silent, kept))
+            give_up(_lost(url, ours, None if lost else silent, kept))
             return
+
+
+def _probe(url: str) -> tuple[bool, bool]:
+    """(the server answered healthy, nobody listens at `url`): a connection taken but not answered in time is a slow
+    server, not a gone one."""
+    import httpx
+
+    from trtflow.flows import server
+
+    try:
+        return server.health(url, SERVER_CHECK_S) == 200, False
+    except httpx.ConnectError:
+        return False, True
+    except httpx.HTTPError:
+        return False, False
 
 
 def _quiet_prefect_console() -> None:

@@ -26,35 +26,36 @@ class Verify(Command):
         from trtflow.flows.stores import open_store
         from trtflow.pipelines.loader import is_url
 
-        if args.store:
-            root = store_option(args.store)
-        elif args.pipeline:
-            from trtflow.pipelines.loader import load_pipeline
-
-            root = load_pipeline(args.pipeline, []).store_location
-        else:
-            root = Path(".trtflow")
+        root = _root(args)
         if not is_url(root) and not Path(root).is_dir():
             raise StoreError(f"no artifact store at {root}: give --store DIR or the pipeline file")
         started = time.perf_counter()
         result = open_store(root).verify(repair=args.repair)
         seconds = time.perf_counter() - started
         bad = result.having(VerifyStatus.BAD)
-        stale = result.having(VerifyStatus.STALE_STAGING)
+        dropped = "removed" if args.repair else "bad"  # what became of a result that does not match
         for r in bad:
-            action = "removed" if args.repair else "bad"
-            out.print(f"  [red]{action}[/] {escape(r.stage)}/{escape(r.key[:24])}: {escape(r.problem or '')}")
-        for r in stale:
+            out.print(f"  [red]{dropped}[/] {escape(r.stage)}/{escape(r.key[:24])}: {escape(r.problem or '')}")
+        for r in result.having(VerifyStatus.STALE_STAGING):
             out.print(f"  [yellow]staging[/] {escape(r.stage)}/{escape(r.key)}: {escape(r.problem or '')} "
                       f"({'removed' if args.repair else 'the next run removes it'})")
-        foreign = result.having(VerifyStatus.FOREIGN)
-        for r in foreign:
+        for r in result.having(VerifyStatus.FOREIGN):
             out.print(f"  [dim]left alone[/] {escape(r.stage)}: {escape(r.problem or '')}")
         ok = len(result.having(VerifyStatus.OK))
         mb = result.bytes / 2**20
-        out.print(f"{ok} results verified, {len(bad)} {'removed' if args.repair else 'bad'}; {mb:.1f} MB hashed in "
+        out.print(f"{ok} results verified, {len(bad)} {dropped}; {mb:.1f} MB hashed in "
                   f"{seconds:.2f}s ({mb / max(seconds, 1e-9):.0f} MB/s) in {root}")
         return 0 if not bad or args.repair else 1
 
+
+def _root(args: argparse.Namespace) -> Path | str | None:
+    """The store to verify: --store, else the pipeline file's, else .trtflow/."""
+    if args.store:
+        return store_option(args.store)
+    if args.pipeline:
+        from trtflow.pipelines.loader import load_pipeline
+
+        return load_pipeline(args.pipeline, []).store_location
+    return Path(".trtflow")
 
 COMMAND = Verify()

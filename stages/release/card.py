@@ -249,7 +249,8 @@ def _contract_md(t: TargetRelease) -> list[str]:
 def _environment_text(env: ValidFor, name: Callable[[Any], str] = str) -> str:
     """What the engine is valid for, in words; `name`: how a value is written (`markdown.text` in Markdown)."""
     trt = env.tensorrt
-    parts = [f"{name(trt.flavour if trt else '?')} {name(trt.version if trt else '?')}", f"target {name(env.target)}"]
+    flavour, version = (trt.flavour, trt.version) if trt else ("?", "?")
+    parts = [f"{name(flavour)} {name(version)}", f"target {name(env.target)}"]
     target = env.target or ""
     if target.startswith("sm") and target[2:].isdigit():
         parts.append(f"GPUs of compute capability {name(target[2:-1] + '.' + target[-1])}")

@@ -59,13 +59,11 @@ class Option(BaseModel):
         named = len(self.accuracy) > 1  # several outputs: say which output each number is of
         acc = "; ".join(f"{o + ' ' if named else ''}{m} {v:.4g}" for o, ms in self.accuracy.items()
                         for m, v in ms.items()) or "-"
-        kept = "-" if self.higher_precision_nodes is None else (
-            f"{self.higher_precision_nodes}" + (f" of {self.nodes}" if self.nodes else ""))
-        p99 = "-" if self.p99_ms is None else f"{self.p99_ms:.4g} (batch {self.p99_batch})"
-        drop = "-" if self.accuracy_drop is None else f"{self.accuracy_drop:.2%}" + (
-            f" on {self.drop_metric}" if self.drop_metric else "")
-        rate = "-" if self.samples_per_s is None else f"{self.samples_per_s:.4g}" + (
-            f" (batch {self.samples_per_s_batch})" if self.samples_per_s_batch else "")
+        kept = _number(self.higher_precision_nodes, "", f" of {self.nodes}" if self.nodes else "")
+        p99 = _number(self.p99_ms, ".4g", f" (batch {self.p99_batch})")
+        drop = _number(self.accuracy_drop, ".2%", f" on {self.drop_metric}" if self.drop_metric else "")
+        rate = _number(self.samples_per_s, ".4g",
+                       f" (batch {self.samples_per_s_batch})" if self.samples_per_s_batch else "")
         return [self.name, self.precision, acc, drop, p99, rate,
                 f"{self.engine_bytes / 1e6:.2f}", kept,
                 self.composition.mac_share.text() if self.composition else "-",
@@ -78,6 +76,11 @@ class Option(BaseModel):
         if self.rank != 1:
             cells[9] = markdown.text(cells[9])
         return "| " + " | ".join(cells) + " |"
+
+
+def _number(value: float | None, spec: str, said: str) -> str:
+    """A table cell: the number in format `spec` followed by what is `said` of it, or "-" where it is unknown."""
+    return "-" if value is None else format(value, spec) + said
 
 
 HEADER = ["engine", "precision", "accuracy vs FP32", "drop", "p99 ms", "samples/s", "MB", "nodes in higher precision",

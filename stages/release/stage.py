@@ -31,7 +31,7 @@ from trtflow.stages.release.triton import preprocess as triton_preprocess
 from trtflow.stages.release.triton.contract import Contract
 from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.engines import Engine, built_engines
-from trtflow.stages.validate.report import ValidateReport
+from trtflow.stages.validate.report import CandidateResult, ValidateReport
 
 if TYPE_CHECKING:
     from trtflow.stages.ort.samples import SampleSource
@@ -107,7 +107,6 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     params = job.params
     ledger = versions.read(job.shared.path, job.model_name, target) if job.shared else versions.Ledger()
     published = ledger.last_published()
-    previous = published.candidate if published else None
     options = [_option(e, params, job.verdict, job.bench, job.kept) for e in found]
     if published is not None and published.contract is not None and params.select.contract == "fixed":
         _keep_contract(job, found, options, published)
@@ -115,48 +114,66 @@ def _release_target(job: _Job, target: str, found: list[Engine]) \
     options, precision_order = selection.across_precisions(options, params.select)
     held = _held(published, options, job.verdict, params) if published is not None else None
     if held is not None:
+        assert published is not None
         return (TargetRelease(target=target, chosen=None, options=options, held=held, version=published.version,
-                              previous=previous),
+                              previous=published.candidate),
                 [f"{target}: version {published.version} stays the one served: {held}"], ([], []))
+    release = _choice(target, options, precision_order, ledger, params)
+    if release.chosen is None:
+        return release, [], ([], [])
+    warnings = _ship(job, release, next(e for e in found if e.cell.name == release.chosen.name), ledger)
+    records = versions.records(ledger, job.model_name, target, release.version, release.chosen.engine_sha256,
+                               release.chosen.name, release.contract) \
+        if job.shared is not None and release.new_version else ([], [])
+    return release, warnings, records
+
+
+def _choice(target: str, options: list[Option], precision_order: str, ledger: versions.Ledger,
+            params: ReleaseStage) -> TargetRelease:
+    """The target's release before anything is written: the first-ranked engine once the previous choice was weighed
+    for stability and a rollback for the rule, or none and why."""
+    published = ledger.last_published()
+    previous = published.candidate if published else None
     options, stability = selection.keep_previous(options, previous, params.select)
-    owners = {r.owner: r.version for r in sorted(ledger.releases, key=lambda r: r.version)
-              if ledger.was_published(r)}  # engine -> the last version that shipped it
     options, rolled_back, kept = selection.rollback(
-        options, owners, (published.version, published.owner) if published else None, params.select)
+        options, ledger.owners(), (published.version, published.owner) if published else None, params.select)
     chosen = options[0] if options and options[0].rank == 1 else None
     release = TargetRelease(target=target, chosen=chosen, options=options, previous=previous,
                             stability="; ".join(x for x in (stability, kept, _compared(options)) if x),
                             precision_order=precision_order,
                             previous_version=published.version if published else None, rolls_back_to=rolled_back)
-    if chosen is not None and rolled_back is not None and params.select.rollback == "refuse":
+    if chosen is None:
+        release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
+    elif rolled_back is not None and params.select.rollback == "refuse":
         assert published is not None
         release.chosen, release.rolls_back_to = None, None
         release.why_none = (f"its best engine {chosen.name} is the engine of version {rolled_back}, and version "
                             f"{published.version} ({published.candidate}) was released since: shipping it would "
                             f"roll back (set select.rollback: allow to ship it as a new version that says so, or "
                             f"run the configuration that released version {published.version})")
-        return release, [], ([], [])
-    if chosen is None:
-        release.why_none = "no engine may ship: " + "; ".join(f"{o.name}: {o.refused}" for o in options[:3])
-        return release, [], ([], [])
-    eng = next(e for e in found if e.cell.name == chosen.name)
+    return release
+
+
+def _ship(job: _Job, release: TargetRelease, eng: Engine, ledger: versions.Ledger) -> list[str]:
+    """The chosen engine's Triton repository, its plugins and the environment it is valid for; the warnings a
+    person deploying it must read."""
+    assert release.chosen is not None
+    params, target, name = job.params, release.target, release.chosen.name
     warnings = _repository(release, eng, params, job.model_name, job.out_dir, job.steps,
                            _warmup_source(params, job.inputs, eng), ledger)
     warnings += ship_plugins(release, job.plugins, job.out_dir)
     release.environment = _environment(eng)
     if eng.cell.backend.flavour == "tensorrt-rtx":
-        warnings.append(f"{target}: `{chosen.name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
+        warnings.append(f"{target}: `{name}` was built by TensorRT-RTX {eng.cell.backend.version}: "
                         f"Triton's TensorRT backend loads engines of full TensorRT (libnvinfer) only; build "
                         f"on a machine with TensorRT (the Triton container's version) to serve it there")
-    if rolled_back is not None:
-        warnings.append(f"{target}: version {release.version} rolls back to version {rolled_back}'s engine "
-                        f"{chosen.name} (version {release.previous_version} was the latest)")
+    if release.rolls_back_to is not None:
+        warnings.append(f"{target}: version {release.version} rolls back to version {release.rolls_back_to}'s engine "
+                        f"{name} (version {release.previous_version} was the latest)")
     if release.contract_changes and params.select.contract == "allow_change":
         warnings.append(f"{target}: the serving contract changed since version {release.previous_version}: "
                         + "; ".join(release.contract_changes))
-    records = versions.records(ledger, job.model_name, target, release.version, chosen.engine_sha256, chosen.name,
-                               release.contract) if job.shared is not None and release.new_version else ([], [])
-    return release, warnings, records
+    return warnings
 
 
 def _report(job: _Job, released: list[TargetRelease], warnings: list[str]) -> ReleaseReport:
@@ -271,45 +288,74 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
                     repaired_from=names.unrepaired(cell.name) if names.is_repaired(cell.variant) else None)
     why, checked, result = None, False, None
     if verdict is not None:
-        results = {c.name: c for c in verdict.candidates}
-        result = results.get(cell.name) or (results.get(cell.variant) if cell.variant in results
-                                            and results[cell.variant].engine is None else None)
+        result = _checked_as(verdict, cell.name, cell.variant)
         checked = result is not None
         why = verdict.refuses(cell.name, cell.variant)
         option.validated = checked and why is None
         if result is not None:
-            weigh = params.select.max_accuracy_drop is not None
-            option.accuracy, option.accuracy_drop, option.drop_metric = selection.worst_drop(
-                result.accuracy, result.per_shape, weigh and params.select.accuracy == "fp32")
-            option.accuracy_runtime = result.runtime
-            option.shapes = result.per_shape
-            option.labelled = result.labelled
-            if params.select.accuracy == "labels":
-                option.accuracy_drop, option.drop_metric = selection.labelled_drop(result.labelled,
-                                                                                    verdict.labelled)
+            _take_accuracy(option, result, params, verdict)
     if bench is not None:
-        mine = [m for m in bench.cells if m.candidate == cell.name and m.ok]
-        if mine:
-            rated = [m for m in mine if m.samples_per_s]
-            if rated:
-                fastest = max(rated, key=lambda m: m.samples_per_s or 0.0)
-                option.samples_per_s, option.samples_per_s_batch = fastest.samples_per_s, fastest.batch
-            smallest = min(mine, key=lambda m: m.batch)
-            option.p99_ms, option.p99_batch = smallest.result.latency().p99, smallest.batch
-            option.spread = _spread(mine)
-            option.run_spread = _run_spread(mine)
-            option.measured_by = smallest.result.runtime
-    count = kept.get(names.unrepaired(cell.variant))
-    if count is not None:
-        option.higher_precision_nodes, option.nodes = count
-        if option.repaired_from and verdict is not None and verdict.repair is not None:
-            option.higher_precision_nodes += len(verdict.repair.nodes)
-    # validate counted it at the same shapes (its profile's opt point); counted here for engines it did not check
-    option.composition = result.composition if result is not None and result.composition else \
-        None if eng.chain else _composition(eng)
+        _take_measurements(option, [m for m in bench.cells if m.candidate == cell.name and m.ok])
+    _take_kept(option, kept.get(names.unrepaired(cell.variant)), verdict)
+    option.composition = _composition_of(eng, result)
     option.estimate = _estimate(eng, option.composition) if option.composition is not None else None
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
+
+
+def _checked_as(verdict: ValidateReport, name: str, variant: str) -> CandidateResult | None:
+    """Validate's result for the engine: its own, else its variant's where validate checked the variant rather than
+    engines (a result with no engine)."""
+    results = {c.name: c for c in verdict.candidates}
+    own, of_variant = results.get(name), results.get(variant)
+    if own is not None:
+        return own
+    return of_variant if of_variant is not None and of_variant.engine is None else None
+
+
+def _take_accuracy(option: Option, result: CandidateResult, params: ReleaseStage, verdict: ValidateReport) -> None:
+    """The engine's accuracy as validate measured it, and its drop by the rule's `select.accuracy`."""
+    weigh = params.select.max_accuracy_drop is not None
+    option.accuracy, option.accuracy_drop, option.drop_metric = selection.worst_drop(
+        result.accuracy, result.per_shape, weigh and params.select.accuracy == "fp32")
+    option.accuracy_runtime = result.runtime
+    option.shapes = result.per_shape
+    option.labelled = result.labelled
+    if params.select.accuracy == "labels":
+        option.accuracy_drop, option.drop_metric = selection.labelled_drop(result.labelled, verdict.labelled)
+
+
+def _take_measurements(option: Option, mine: list[Measurement]) -> None:
+    """The benchmark's numbers from the engine's measured cells: the most samples/s at any batch, the p99 at the
+    smallest batch, who measured them and how much they spread."""
+    if not mine:
+        return
+    fastest = max((m for m in mine if m.samples_per_s), key=lambda m: m.samples_per_s or 0.0, default=None)
+    if fastest is not None:
+        option.samples_per_s, option.samples_per_s_batch = fastest.samples_per_s, fastest.batch
+    smallest = min(mine, key=lambda m: m.batch)
+    option.p99_ms, option.p99_batch = smallest.result.latency().p99, smallest.batch
+    option.spread = _spread(mine)
+    option.run_spread = _run_spread(mine)
+    option.measured_by = smallest.result.runtime
+
+
+def _take_kept(option: Option, count: tuple[int, int | None] | None, verdict: ValidateReport | None) -> None:
+    """The nodes the engine's variant left in higher precision, of how many; a repaired engine's repair adds its
+    own."""
+    if count is None:
+        return
+    option.higher_precision_nodes, option.nodes = count
+    if option.repaired_from and verdict is not None and verdict.repair is not None:
+        option.higher_precision_nodes += len(verdict.repair.nodes)
+
+
+def _composition_of(eng: Engine, result: CandidateResult | None) -> Composition | None:
+    """The engine's compute by precision: validate's count where it checked the engine (at the same shapes, its
+    profile's opt point), else counted here; none for a chain."""
+    if result is not None and result.composition is not None:
+        return result.composition
+    return None if eng.chain else _composition(eng)
 
 
 def _estimate(eng: Engine, made: Composition) -> estimate.Estimate:

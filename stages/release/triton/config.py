@@ -91,13 +91,22 @@ def _dims(tensor: Tensor, profiles: list[Profile], batched: bool) -> list[int]:
     for i, d in enumerate(dims):
         if d != -1 or i == 0 and batched:
             continue
-        pinned = {(rng[0][i], rng[2][i]) for p in profiles if (rng := p.shapes.get(tensor.name))
-                  and len(rng[0]) == len(dims)}
-        if len(pinned) == 1 and all(p.shapes.get(tensor.name) for p in profiles):
-            lo, hi = pinned.pop()
-            if lo == hi:
-                dims[i] = lo
+        size = _pinned(tensor, profiles, i, len(dims))
+        if size is not None:
+            dims[i] = size
     return dims[1:] if batched else dims
+
+
+def _pinned(tensor: Tensor, profiles: list[Profile], i: int, rank: int) -> int | None:
+    """The one size every profile gives dynamic dimension `i` of `tensor` (each profile shapes it, and all of those
+    of its rank have min = max, the same), else None."""
+    if not all(p.shapes.get(tensor.name) for p in profiles):
+        return None
+    pinned = {(rng[0][i], rng[2][i]) for p in profiles if len((rng := p.shapes[tensor.name])[0]) == rank}
+    if len(pinned) != 1:
+        return None
+    lo, hi = pinned.pop()
+    return lo if lo == hi else None
 
 
 def _data_type(tensor: Tensor, engine: Engine) -> str:
@@ -193,17 +202,27 @@ def _tensor_problems(pb: Any, d: Any, t: Tensor, what: str, batch: int) -> list[
     dims = list(d.reshape.shape) if d.HasField("reshape") else list(d.dims)
     if not d.dims or any(x < 1 and x != -1 for x in d.dims):
         out.append(f"{what} '{d.name}': dims {list(d.dims)} (each must be -1 or at least 1)")
-    full = [-1] + dims if batch > 0 else dims
+    full = _with_batch(dims, batch)
     if len(full) != len(t.shape):
         out.append(f"{what} '{d.name}': {len(full)} dimensions with the batch, the engine has {len(t.shape)} "
                    f"({t.shape})")
         return out
     out += [f"{what} '{d.name}': dimension {i} is {c}, the engine's is {e}"
-            for i, (c, e) in enumerate(zip(full, t.shape)) if c != -1 and e != -1 and c != e]
+            for i, (c, e) in enumerate(zip(full, t.shape)) if _clash(c, e)]
     if batch > 0 and t.shape[0] != -1:
         out.append(f"{what} '{d.name}': max_batch_size {batch} > 0, but the engine's first dimension is "
                    f"{t.shape[0]}, not a batch")
     return out
+
+
+def _with_batch(dims: list[int], batch: int) -> list[int]:
+    """A config's dims as the engine's shape has them: the batch dimension first where the config batches."""
+    return [-1, *dims] if batch > 0 else dims
+
+
+def _clash(declared: int, engine: int) -> bool:
+    """Whether a dimension the config fixes differs from the engine's fixed one (-1 is dynamic: it never clashes)."""
+    return -1 not in (declared, engine) and declared != engine
 
 
 def _profile_problems(config: Any, profiles: list[Profile], batch: int) -> list[str]:
@@ -226,7 +245,7 @@ def _input_in_profile(d: Any, prof: Profile, batch: int) -> list[str]:
     out = []
     if batch > 0 and not (lo[0] <= 1 and batch <= hi[0]):
         out.append(f"input '{d.name}': profile '{prof.name}' takes batches {lo[0]}..{hi[0]}, Triton sends 1..{batch}")
-    full = ([-1] if batch > 0 else []) + list(d.dims)
+    full = _with_batch(list(d.dims), batch)
     out += [f"input '{d.name}': dimension {j} is {c}, outside profile '{prof.name}' ({lo[j]}..{hi[j]})"
             for j, c in enumerate(full) if c != -1 and j < len(lo) and not lo[j] <= c <= hi[j]]
     return out

@@ -101,6 +101,10 @@ class Ledger(BaseModel):
         """The latest version whose release was published: the one clients know, and the contract's baseline."""
         return max((r for r in self.releases if self.was_published(r)), key=lambda r: r.version, default=None)
 
+    def owners(self) -> dict[str, int]:
+        """Engine digest -> the last published version that shipped it."""
+        return {r.owner: r.version for r in sorted(self.releases, key=lambda r: r.version) if self.was_published(r)}
+
     def version_for(self, engine_digest: str, contract_changed: bool = False) -> tuple[int, bool]:
         """(the version to ship this engine as, whether it is new: no release of it was published before): the
         latest version if it holds this engine and the serving contract it was claimed with did not change (new
