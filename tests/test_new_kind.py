@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -79,6 +80,20 @@ def _changed(old: Path, new: Path) -> tuple[list[str], list[str]]:
     return added, differ
 
 
+def _counting(workdir: Path, pythonpath: Path) -> tuple[Path, Callable[..., subprocess.CompletedProcess]]:
+    """A pipeline of one `count` stage, and the trtflow command run with `pythonpath` first (where the kind is)."""
+    pipeline = workdir / "pipeline.yaml"
+    pipeline.write_text("version: 1\nname: counted\nmodel: models/cls.onnx\nstages:\n"
+                        "  convs: {kind: count, op_types: [Conv, Relu]}\n")
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+
+    def trtflow(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=workdir, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    return pipeline, trtflow
+
+
 @pytest.mark.slow
 def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
     pristine = _copy_source(tmp_path / "pristine")
@@ -100,14 +115,8 @@ def test_a_new_kind_is_two_files_and_one_line(tmp_path, workdir):
                           text=True).stdout
     assert [ln for ln in diff.splitlines() if ln[:1] in "<>"] == ['>     "count",']
 
-    pipeline = workdir / "pipeline.yaml"
-    pipeline.write_text("version: 1\nname: counted\nmodel: models/cls.onnx\nstages:\n"
-                        "  convs: {kind: count, op_types: [Conv, Relu]}\n")
+    pipeline, trtflow = _counting(workdir, src)
     env = {**os.environ, "PYTHONPATH": str(src)}
-
-    def trtflow(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=workdir, env=env,
-                              capture_output=True, text=True, timeout=600)
 
     where = subprocess.run([sys.executable, "-c", "import trtflow.pipelines.kinds as k; print(k.__file__)"],
                            env=env, capture_output=True, text=True, cwd=workdir).stdout.strip()
@@ -335,14 +344,7 @@ def test_a_kind_from_a_package_of_yours_is_three_files_and_its_entry_point(tmp_p
     assert installed.returncode == 0, installed.stderr
     assert sorted(p.name for p in (site / "countkind").glob("*.py")) == ["__init__.py", "report.py", "stage.py"]
 
-    pipeline = workdir / "pipeline.yaml"
-    pipeline.write_text("version: 1\nname: counted\nmodel: models/cls.onnx\nstages:\n"
-                        "  convs: {kind: count, op_types: [Conv, Relu]}\n")
-    env = {**os.environ, "PYTHONPATH": str(site)}
-
-    def trtflow(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "trtflow.flows.cli", *args], cwd=workdir, env=env,
-                              capture_output=True, text=True, timeout=600)
+    pipeline, trtflow = _counting(workdir, site)
 
     assert "CountStage" in json.loads(trtflow("schema").stdout)["$defs"]
     checked = trtflow("validate", str(pipeline))

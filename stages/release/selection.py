@@ -4,7 +4,7 @@ profiles), and the order of the others by the declared preference."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trtflow import names
@@ -183,7 +183,7 @@ def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> t
     which engine was kept or why it was replaced, with the margin and how it was measured ("" when there is
     nothing to weigh)."""
     prefer = rule.prefer
-    if previous is None or not ranked or ranked[0].rank != 1 or ranked[0].name == previous or prefer == "size":
+    if _nothing_to_weigh(ranked, previous, prefer):
         return ranked, ""
     prev = next((o for o in ranked if o.name == previous), None)
     if prev is None:
@@ -191,28 +191,69 @@ def keep_previous(ranked: list[Option], previous: str | None, rule: Select) -> t
     if prev.refused is not None:
         return ranked, f"the previous version's engine {previous} may not ship now: {prev.refused}"
     best = ranked[0]
-    if best.precision != prev.precision and not (on_gpu(best.measured_by) and on_gpu(prev.measured_by)):
+    if _across_precisions(best, prev):
         return _estimated_challenge(ranked, best, prev, rule)
-    runs = [o.run_spread.runs if o.run_spread is not None else 1 for o in (best, prev)]
-    medians = [None if o.run_spread is None else
-               o.run_spread.median_samples_per_s if prefer == "throughput" else o.run_spread.median_p99_ms
-               for o in (best, prev)]
-    over_time = min(runs) >= max(rule.min_runs, 2) and all(medians)
-    new, old = medians if over_time else (
-        (best.samples_per_s, prev.samples_per_s) if prefer == "throughput" else (best.p99_ms, prev.p99_ms))
-    if not new or not old:
+    speeds = _Speeds.of(best, prev, rule)
+    if not speeds.new or not speeds.old:
         return ranked, ""
-    gain = new / old - 1 if prefer == "throughput" else old / new - 1
+    gain = speeds.new / speeds.old - 1 if prefer == "throughput" else speeds.old / speeds.new - 1
     margin, how = _margin(best, prev, rule)
-    on = f"{prefer} (the median of this machine's runs)" if over_time else prefer
-    if gain > margin and (over_time or rule.min_runs == 1):
+    on = f"{prefer} (the median of this machine's runs)" if speeds.over_time else prefer
+    if gain > margin and (speeds.over_time or rule.min_runs == 1):
         return ranked, f"{best.name} replaces {previous}: {gain:.1%} better on {on}, more than the margin {how}"
     kept = _rerank([prev] + [o for o in ranked if o is not prev])
     if gain > margin:
+        runs = speeds.runs
         return kept, (f"{previous} kept: {best.name} is {gain:.1%} better on {prefer} in this run, more than the "
                       f"margin {how}; it replaces the shipped engine once the median of {rule.min_runs} runs of "
                       f"both on this machine says so (now {runs[0]} and {runs[1]}; select.min_runs)")
     return kept, f"{previous} kept: {best.name} is {gain:.1%} better on {on}, within the margin {how}"
+
+
+def _nothing_to_weigh(ranked: list[Option], previous: str | None, prefer: str) -> bool:
+    """No previous engine, none ranked, a tie at the top, the previous engine first already, or size preferred
+    (it does not move between runs)."""
+    if previous is None or not ranked or prefer == "size":
+        return True
+    return ranked[0].rank != 1 or ranked[0].name == previous
+
+
+def _across_precisions(best: Option, prev: Option) -> bool:
+    """Engines of two precisions whose CPU numbers cannot order them: the estimate decides."""
+    return best.precision != prev.precision and not (on_gpu(best.measured_by) and on_gpu(prev.measured_by))
+
+
+@dataclass(frozen=True)
+class _Speeds:
+    """The new best's and the previous engine's numbers compared: the medians of this machine's runs where both
+    have `select.min_runs` (at least two), else this run's."""
+    new: float | None
+    old: float | None
+    over_time: bool
+    runs: tuple[int, int]
+
+    @classmethod
+    def of(cls, best: Option, prev: Option, rule: Select) -> _Speeds:
+        runs = (_runs(best), _runs(prev))
+        medians = (_median(best, rule.prefer), _median(prev, rule.prefer))
+        if min(runs) >= max(rule.min_runs, 2) and all(medians):
+            return cls(medians[0], medians[1], True, runs)
+        return cls(_this_run(best, rule.prefer), _this_run(prev, rule.prefer), False, runs)
+
+
+def _runs(option: Option) -> int:
+    return option.run_spread.runs if option.run_spread is not None else 1
+
+
+def _median(option: Option, prefer: str) -> float | None:
+    spread = option.run_spread
+    if spread is None:
+        return None
+    return spread.median_samples_per_s if prefer == "throughput" else spread.median_p99_ms
+
+
+def _this_run(option: Option, prefer: str) -> float | None:
+    return option.samples_per_s if prefer == "throughput" else option.p99_ms
 
 
 def _estimated_challenge(ranked: list[Option], best: Option, prev: Option, rule: Select) -> tuple[list[Option], str]:
