@@ -48,7 +48,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -123,18 +123,27 @@ def _with_packages(module: str) -> list[Path]:
     return [p for p in found if p is not None]
 
 
-def _references(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(modules under trtflow.stages a file names, top-level names of the other modules it imports)."""
+class _Source(NamedTuple):
+    """What the closure reads of a source file."""
+    ours: tuple[str, ...]  # the modules under trtflow.stages it names
+    theirs: tuple[str, ...]  # the top-level names of the other modules it imports
+    # nothing but its docstring (a package's `__init__.py`, mostly): it decides no output, editing it re-keys
+    # nothing; once it holds a statement, it is in the closure again
+    docstring_only: bool
+
+
+def _references(path: Path) -> _Source:
     st = path.stat()
     return _parsed(path, (st.st_mtime_ns, st.st_size))
 
 
 @functools.cache
-def _parsed(path: Path, stamp: tuple[int, int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _parsed(path: Path, stamp: tuple[int, int]) -> _Source:
     package = ".".join([PACKAGE, *path.relative_to(STAGES).parent.parts])
     ours: set[str] = set()
     theirs: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+    tree = ast.parse(path.read_bytes(), str(path))
+    for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -152,7 +161,9 @@ def _parsed(path: Path, stamp: tuple[int, int]) -> tuple[tuple[str, ...], tuple[
                 ours.add(name)
             elif name and not name.startswith("trtflow") and not (isinstance(node, ast.ImportFrom) and node.level):
                 theirs.add(name.split(".")[0])
-    return tuple(sorted(ours)), tuple(sorted(theirs))
+    said = tree.body[:1] if tree.body and isinstance(tree.body[0], ast.Expr) \
+        and isinstance(tree.body[0].value, ast.Constant) else []
+    return _Source(tuple(sorted(ours)), tuple(sorted(theirs)), len(tree.body) == len(said))
 
 
 def kind_folder(row: Kind) -> Path:
@@ -194,20 +205,12 @@ def closure(row: Kind) -> Closure:
         if path in seen:
             continue
         seen.add(path)
-        ours, theirs = _references(path)
+        ours, theirs, _ = _references(path)
         imports |= set(theirs)
         for module in ours:
             todo += _with_packages(module)
         todo += [STAGES.parent / f for f in SHIPPED.get(rel(path), ())]
-    return Closure(sorted(rel(p) for p in seen if not _docstring_only(p)), imports, stage_version(row))
-
-
-def _docstring_only(path: Path) -> bool:
-    """A module of nothing but its docstring (a package's `__init__.py`, mostly) decides no output: editing it
-    re-keys nothing. Once it holds a statement, it is in the closure again."""
-    body = ast.parse(path.read_bytes(), str(path)).body
-    said = body[:1] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else []
-    return len(body) == len(said)
+    return Closure(sorted(rel(p) for p in seen if not _references(p).docstring_only), imports, stage_version(row))
 
 
 @dataclass

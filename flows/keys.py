@@ -36,6 +36,7 @@ from trtflow.stages.trt.env import (
     platform_facts,
     probe,
 )
+from trtflow.text import listed
 
 # 2: parameters at their default are left out; 3: a built-in kind's code and library versions (the part `trtflow`);
 # 4: parameters with their defaults (issue #70)
@@ -201,7 +202,7 @@ def why_stale(last: LastRun | None, key: str, parts: KeyParts, describe_env) -> 
         reasons.append(f"stage implementation changed ({old.kind} v{old.version} -> {parts.kind} v{parts.version})")
     changed = diff(last.params if last.params is not None else old.params, parts.params)
     if changed:
-        reasons.append("params changed: " + _listed(changed, SHOWN_CHANGES))
+        reasons.append("params changed: " + listed(changed, SHOWN_CHANGES))
     reasons += [f"input '{slot}' changed" for slot in _differing(old.inputs, parts.inputs)]
     if old.env != parts.env:
         reasons.append(f"environment changed: {describe_env(old.env)} -> {describe_env(parts.env)}")
@@ -224,12 +225,6 @@ def _differing(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
 
-def _listed(items: list[str], most: int) -> str:
-    """The first `most` items, and how many more."""
-    more = f", and {len(items) - most} more" if len(items) > most else ""
-    return ", ".join(items[:most]) + more
-
-
 def code_changes(old: CodeFacts | None, new: CodeFacts | None) -> list[str]:
     """'code changed (stages/ort/calibration.py, ...)' for the files whose keyed digest differs (or that entered or
     left the key) and 'onnxruntime 1.32.0 -> 1.33.0' for each declared library whose version differs."""
@@ -237,7 +232,7 @@ def code_changes(old: CodeFacts | None, new: CodeFacts | None) -> list[str]:
     out = []
     files = _differing(old.files, new.files)
     if files:
-        out.append(f"code changed ({_listed(files, SHOWN_FILES)})")
+        out.append(f"code changed ({listed(files, SHOWN_FILES)})")
     return out + [_library_change(lib, old.libraries.get(lib), new.libraries.get(lib))
                   for lib in _differing(old.libraries, new.libraries)]
 

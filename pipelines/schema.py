@@ -421,10 +421,6 @@ def gives(name: str) -> Gives | None:
     return Gives(True) if TopKMetric.NAMED.fullmatch(name) else None
 
 
-def higher_is_better(metric: str) -> bool:
-    return metric_direction(metric) is True
-
-
 def metric_direction(name: str) -> bool | None:
     """True: a metric of trtflow's that must be at least its bound; False: at most; None: not trtflow's."""
     given = gives(name)

@@ -45,7 +45,6 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("flows/code_lock.py", "file_digest"): PACKAGE,  # trtflow's own sources and the lock beside them
     ("flows/code_lock.py", "_parsed"): PACKAGE,
     ("flows/code_lock.py", "stage_version"): PACKAGE,  # a stage module's source, for its VERSION
-    ("flows/code_lock.py", "_docstring_only"): PACKAGE,  # a module of trtflow's, for whether it holds any code
     ("flows/code_lock.py", "_read"): PACKAGE,
     ("flows/code_lock.py", "main"): PACKAGE,
     ("flows/runner.py", "StageOutcome.summary"): INPUT,  # summary.md of a result the runner verified

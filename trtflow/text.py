@@ -45,6 +45,12 @@ def pattern_hint(pattern: str, names: list[str]) -> str:
     return f" ({hint})" if hint else ""
 
 
+def listed(items: list[str], most: int, sep: str = ", ") -> str:
+    """The first `most` items joined by `sep`, and how many more: 'a, b, c, and 2 more'."""
+    more = f"{sep}and {len(items) - most} more" if len(items) > most else ""
+    return sep.join(items[:most]) + more
+
+
 def first_line(message: object) -> str:
     """The first non-empty line of a tool's message or an exception's (its type's name if it says nothing)."""
     line = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")

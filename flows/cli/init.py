@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from trtflow.flows.cli.base import Command, out, write_file
 from trtflow.pipelines.init import LAYOUTS, TASKS
+from trtflow.text import listed
 
 if TYPE_CHECKING:
     from trtflow.pipelines.init.cost import ProfileCost
@@ -184,7 +185,7 @@ def _refused(runtime: str | None, failures: list) -> ProfileTrial:
     said = f"the parser rejects {len(failures)} node(s) of the model"
     if rewritten:
         said += f"; prepare rewrites {len(rewritten)} of them (rewrites: auto, checked when it runs): " + \
-            ", ".join(rewritten[:3]) + (f", and {len(rewritten) - 3} more" if len(rewritten) > 3 else "")
+            listed(rewritten, 3)
     alien = [f for f in left if f.domain not in ONNX_RUNTIME_DOMAINS]
     if alien:  # an op of a domain of its own: ONNX Runtime has no kernel for it either, only a plugin helps
         said += (f"; the prepare stage will stop on {alien[0].node} ({alien[0].op_type}: no rule rewrites it, and "

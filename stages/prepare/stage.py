@@ -36,7 +36,7 @@ from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
 from trtflow.stages.trt.partition import partition
 from trtflow.stages.trt.preflight import run_preflight
 from trtflow.stages.trt.records import PreflightReport
-from trtflow.text import first_line
+from trtflow.text import first_line, listed
 
 VERSION = "5"  # 2: checks on check.data, ranges and table bounds for random inputs. 3: the pre-flight report
 # with all its fields (typed). 4: nodes the parser refuses are rewritten (`rewrites`). 5: `offload`
@@ -192,11 +192,10 @@ def _verdict(preflight: PreflightReport, fail_on_unsupported: bool, name: str, w
     """Nodes TensorRT cannot parse fail the stage (or, if the user chose so, become warnings)."""
     failures = preflight.failures
     if failures and fail_on_unsupported:
-        shown = "; ".join(f"{f.node} ({f.op_type}): {f.hint}" if f.node or f.op_type else f"{f.code}: {f.reason}"
-                          for f in failures[:3])
-        more = f"; and {len(failures) - 3} more" if len(failures) > 3 else ""
+        shown = listed([f"{f.node} ({f.op_type}): {f.hint}" if f.node or f.op_type else f"{f.code}: {f.reason}"
+                        for f in failures], 3, sep="; ")
         raise StageError(f"TensorRT pre-flight ({preflight.runtime}): {len(failures)} node(s) of {name} "
-                         f"cannot be parsed: {shown}{more} (set offload: onnxruntime to run them on ONNX Runtime, "
+                         f"cannot be parsed: {shown} (set offload: onnxruntime to run them on ONNX Runtime, "
                          f"or fail_on_unsupported: false to continue)")
     for f in failures:
         warnings.append(f"TensorRT cannot parse node {f.node} ({f.op_type}): {f.hint}")

@@ -288,7 +288,7 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
                     repaired_from=names.unrepaired(cell.name) if names.is_repaired(cell.variant) else None)
     why, checked, result = None, False, None
     if verdict is not None:
-        result = _checked_as(verdict, cell.name, cell.variant)
+        result = verdict.checked_as(cell.name, cell.variant)
         checked = result is not None
         why = verdict.refuses(cell.name, cell.variant)
         option.validated = checked and why is None
@@ -301,16 +301,6 @@ def _option(eng: Engine, params: ReleaseStage, verdict: ValidateReport | None, b
     option.estimate = _estimate(eng, option.composition) if option.composition is not None else None
     option.refused = selection.refusal(option, params.select, why, checked)
     return option
-
-
-def _checked_as(verdict: ValidateReport, name: str, variant: str) -> CandidateResult | None:
-    """Validate's result for the engine: its own, else its variant's where validate checked the variant rather than
-    engines (a result with no engine)."""
-    results = {c.name: c for c in verdict.candidates}
-    own, of_variant = results.get(name), results.get(variant)
-    if own is not None:
-        return own
-    return of_variant if of_variant is not None and of_variant.engine is None else None
 
 
 def _take_accuracy(option: Option, result: CandidateResult, params: ReleaseStage, verdict: ValidateReport) -> None:

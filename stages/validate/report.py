@@ -12,6 +12,7 @@ from trtflow import markdown as md
 from trtflow.precisions import Precision
 from trtflow.stages.compare.records import Accuracy, Labelled, Layerwise, OutputAccuracy
 from trtflow.stages.onnx.records import Composition
+from trtflow.text import listed
 
 
 class Reference(BaseModel):
@@ -21,8 +22,7 @@ class Reference(BaseModel):
 
 def shapes_text(shapes: list[dict[str, list[int]]], most: int = 3) -> str:
     """Input shapes in words: 'x [1, 3, 48, 512]' (several: '; ' between, the first `most`)."""
-    text = "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in shapes[:most])
-    return text + (f"; and {len(shapes) - most} more" if len(shapes) > most else "")
+    return listed([", ".join(f"{k} {v}" for k, v in s.items()) for s in shapes], most, sep="; ")
 
 
 class ShapeResult(BaseModel):
@@ -175,16 +175,22 @@ class ValidateReport(BaseModel):
     def read(cls, path: Path) -> "ValidateReport":
         return cls.model_validate_json(path.read_text())
 
+    def checked_as(self, name: str, variant: str) -> CandidateResult | None:
+        """The result that judged the engine `name` of `variant`: its own, else its variant's where validate
+        checked the variant rather than engines (a result with no engine); None: validate did not check it."""
+        results = {c.name: c for c in self.candidates}
+        own, of_variant = results.get(name), results.get(variant)
+        if own is not None:
+            return own
+        return of_variant if of_variant is not None and of_variant.engine is None else None
+
     def refuses(self, name: str, variant: str) -> str | None:
         """Why the engine `name` of `variant` must not be deployed, or None: it passed (itself, or as the variant
         when validate checked variants rather than engines)."""
-        checked = {c.name: c for c in self.candidates}
-        if name not in checked:
-            c = checked.get(variant)
-            if c is None or c.engine is not None:
-                return "validate did not check it"
-            name = variant
-        return None if name in self.shipped else self.not_shipped.get(name, "failed validation")
+        checked = self.checked_as(name, variant)
+        if checked is None:
+            return "validate did not check it"
+        return None if checked.name in self.shipped else self.not_shipped.get(checked.name, "failed validation")
 
     def summary(self) -> str:
         ok = sum(c.passed for c in self.candidates)
