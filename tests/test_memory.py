@@ -110,6 +110,10 @@ from trtflow.pipelines.params.validate import ValidateStage
 from trtflow import procfs
 from trtflow.stages.ort import memory
 from trtflow.stages.validate import stage
+from trtflow.pipelines.kinds import KINDS
+import importlib
+for module in KINDS["validate"].preload:  # as the fork server imports them ahead of a validate stage's process
+    importlib.import_module(module)
 reference, candidate, out, room = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 budget = procfs.resident() + room  # what the stage's process may grow to, from here
 os.environ["TRTFLOW_MEMORY_BUDGET"] = str(budget)
