@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 
-from tests.graphs import RNG, celu_in_the_middle, if_with_outer_refs, loop_carried, lstm_model, partly_fp16, yolo_like
+from tests.graphs import seeded, celu_in_the_middle, if_with_outer_refs, loop_carried, lstm_model, partly_fp16, yolo_like
 from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.stages.onnx import fp16
@@ -22,7 +22,7 @@ def _feed(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     feeds = {}
     for vi in model.graph.input:
         shape = [d.dim_value or 5 for d in vi.type.tensor_type.shape.dim]
-        feeds[vi.name] = RNG.uniform(-1, 1, shape).astype(np.float32)
+        feeds[vi.name] = seeded(vi.name).uniform(-1, 1, shape).astype(np.float32)
     return feeds
 
 

@@ -4,6 +4,8 @@ into TensorRT and ONNX Runtime pieces; each TensorRT piece builds with the real 
 does."""
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx
 import pytest
@@ -16,12 +18,13 @@ from trtflow.stages.onnx.split import Segment, prepared, run_chain, segments, sp
 from trtflow.stages.ort.runner import run, session
 from trtflow.stages.trt.env import find_tensorrt
 
-RNG = np.random.default_rng(0)
 needs_trt = pytest.mark.skipif(find_tensorrt() is None, reason="no TensorRT flavour installed")
 
 
 def _w(name: str, *shape: int) -> onnx.TensorProto:
-    return numpy_helper.from_array((RNG.standard_normal(shape) * 0.3).astype(np.float32), name)
+    """A weight seeded by its name: a model is the same whichever tests built models before it in the process."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
 
 
 def _i64(name: str, values: list[int]) -> onnx.TensorProto:
