@@ -48,7 +48,7 @@ LINE = (64, 320)  # text-line images: height, width (PP-OCR rec 48x320 after its
 @dataclass
 class Bench:
     """One trained model and its samples: `samples` feed dicts (the first `calib` calibrate, the rest are held
-    out), `metric()` a fresh task metric from trtflow.stages.compare.task_metrics, `view(output)` the array the
+    out), `metric()` a fresh task metric from trtflow/metrics/builtin/, `view(output)` the array the
     metric reads (batch first), `main` the metric's headline name and whether higher is better. `metric` None:
     judged by the declared metrics (`declare`) as validate judges, each sample's outputs by name (a detector's
     decoder reads every output and the input's size)."""
@@ -206,7 +206,7 @@ def ppocr_cls_input(rgb: np.ndarray) -> np.ndarray:
 
 def ppocr_rec(n: int) -> Bench:
     d = wheel("rapidocr", "rapidocr_onnxruntime/models")
-    from trtflow.stages.compare.task_metrics import CTC
+    from trtflow.metrics.builtin.ctc import CTC
     return Bench("ppocr_rec", d / "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                  "PP-OCRv4 rec (SVTR-LCNet, trained), rapidocr-onnxruntime 1.4.4",
                  f"text lines {LINE[0]}x{LINE[1]}: real words (cv2.putText) on real-photo crops -> 1x3x48x320",
@@ -217,7 +217,7 @@ def ppocr_rec(n: int) -> Bench:
 
 def ppocr_cls(n: int) -> Bench:
     d = wheel("rapidocr", "rapidocr_onnxruntime/models")
-    from trtflow.stages.compare.task_metrics import TopK
+    from trtflow.metrics.builtin.topk import TopK
     lines = text_lines(n, seed=2)
     lines = [im if i % 2 == 0 else np.ascontiguousarray(im[::-1, ::-1]) for i, im in enumerate(lines)]
     return Bench("ppocr_cls", d / "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
@@ -229,7 +229,7 @@ def ppocr_cls(n: int) -> Bench:
 
 def ppocr_det(n: int) -> Bench:
     d = wheel("rapidocr", "rapidocr_onnxruntime/models")
-    from trtflow.stages.compare.task_metrics import MapIoU
+    from trtflow.metrics.builtin.map_iou import MapIoU
 
     def prep(rgb: np.ndarray) -> np.ndarray:  # RapidOCR's det: BGR, (x/255 - 0.5) / 0.5
         return ((rgb[:, :, ::-1].astype(np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)[None].copy()
@@ -243,7 +243,7 @@ def ppocr_det(n: int) -> Bench:
 
 def ddddocr_ocr(n: int) -> Bench:
     d = wheel("ddddocr", "ddddocr/common")
-    from trtflow.stages.compare.task_metrics import CTC
+    from trtflow.metrics.builtin.ctc import CTC
 
     def prep(rgb: np.ndarray) -> np.ndarray:  # ddddocr 1.6.1: 64 high (already), grey (PIL "L"), /255
         grey = rgb.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
@@ -303,7 +303,7 @@ def yolox_decode(outputs: dict[str, np.ndarray], feed: dict[str, np.ndarray]
 
 def ddddocr_text(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     """ddddocr's decoded text, as a user metric (its output is time-first: (time, batch, classes))."""
-    from trtflow.stages.compare.task_metrics import CTC
+    from trtflow.metrics.builtin.ctc import CTC
 
     metric = CTC()
     metric.add(np.transpose(ref, (1, 0, 2)), np.transpose(got, (1, 0, 2)))
@@ -432,7 +432,7 @@ def minilm(n: int) -> Bench:
     for s in sentences(n):
         ids, mask = tok(s, SEQ)
         samples.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
-    from trtflow.stages.compare.task_metrics import Embedding
+    from trtflow.metrics.builtin.embedding import Embedding
 
     def pooled(outs: list[np.ndarray], feed: dict[str, np.ndarray]) -> np.ndarray:
         """sentence-transformers' pooling: the mean over the sentence's real tokens (not the padding)."""

@@ -5,12 +5,14 @@ What a kind's key holds (`keys.key_parts`, the part `trtflow`): a digest per sou
 the version of each library its row declares (`Kind.libraries`, in `pipelines/params/<kind>.py`).
 
 The closure of a kind, found statically (AST, no import): every `.py` file of its own folder (`stages/<kind>/`), then,
-transitively, every module under `trtflow.stages` those files name: `import` and `from ... import` statements
-anywhere in a file (inside functions too; relative ones resolved; `from package import module` names the module), a
-string constant that is a module's dotted name (`child.call("trtflow.stages.trt.build_worker", ...)` runs a module
-in a child process without importing it), the `__init__.py` of every package on the way (unless it is nothing but
-its docstring), and the modules a module copies into its output as text (`SHIPPED`: the release ships the image preprocessing's source to Triton). Another
-kind's folder is in the closure as far as it is imported (the release reads `stages/benchmark/report.py`).
+transitively, every module under `trtflow.stages` or `trtflow.metrics` (the task metrics, `metrics/` in the lock)
+those files name: `import` and `from ... import` statements anywhere in a file (inside functions too; relative ones
+resolved; `from package import module` names the module), a string constant that is a module's dotted name
+(`child.call("trtflow.stages.trt.build_worker", ...)` runs a module in a child process without importing it), the
+`__init__.py` of every package on the way (unless it is nothing but its docstring), every module of a folder whose
+`__init__.py` lists and imports them (`pkgutil.iter_modules`: the built-in metrics), and the modules a module copies
+into its output as text (`SHIPPED`: the release ships the image preprocessing's source to Triton). Another kind's
+folder is in the closure as far as it is imported (the release reads `stages/benchmark/report.py`).
 
 What is left out, and why: trtflow's core helpers (`trtflow/*.py`: files, child processes, progress, paths, errors,
 markdown) move bytes and report, they decide no result; the parameter models (`pipelines/params/<kind>.py`) enter
@@ -52,13 +54,16 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
+import trtflow.metrics
 import trtflow.stages
 from trtflow import depends
 from trtflow.pipelines.kinds import BUILT_IN_KINDS
 from trtflow.pipelines.row import Kind
 
-PACKAGE = "trtflow.stages"
+# The packages whose source decides what a kind produces: import name -> its folder's name in the lock's paths
+KEYED = {"trtflow.stages": "stages", "trtflow.metrics": "metrics"}
 STAGES = Path(trtflow.stages.__file__).resolve().parent  # the folder `stages/` of the lock's paths
+METRICS = Path(trtflow.metrics.__file__).resolve().parent  # `metrics/`: the task metrics validate computes
 LOCK = Path(__file__).resolve().with_name("code.lock.json")  # where the lock is read and written (tests move it)
 LOCK_FORMAT = 1
 REFRESH = "python -m trtflow.flows.code_lock --same-outputs (the same outputs) or --rerun [FILE ...] (re-run)"
@@ -96,9 +101,26 @@ SHIPPED = {
 
 # --- the closure, from the source tree -----------------------------------------------------------------------------
 
+def _folders() -> dict[str, Path]:
+    """The keyed packages' folders by their name in the lock (read when called: tests point them at copies)."""
+    return {"stages": STAGES, "metrics": METRICS}
+
+
 def rel(path: Path) -> str:
-    """A source file's name in the lock: `stages/ort/calibration.py`."""
-    return "stages/" + path.relative_to(STAGES).as_posix()
+    """A source file's name in the lock: `stages/ort/calibration.py`, `metrics/builtin/topk.py`."""
+    name, folder = next((n, f) for n, f in _folders().items() if path.is_relative_to(f))
+    return f"{name}/{path.relative_to(folder).as_posix()}"
+
+
+def source(name: str) -> Path:
+    """The file a lock's name names."""
+    folder, _, rest = name.partition("/")
+    return _folders()[folder] / rest
+
+
+def _keyed(module: str) -> str | None:
+    """The keyed package a module is in, or None."""
+    return next((p for p in KEYED if module == p or module.startswith(p + ".")), None)
 
 
 def file_digest(path: Path) -> str:
@@ -106,11 +128,13 @@ def file_digest(path: Path) -> str:
 
 
 def _module_file(module: str) -> Path | None:
-    """The file of a module under trtflow.stages (a package's `__init__.py`); None for anything else."""
-    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+    """The file of a module under a keyed package (a package's `__init__.py`); None for anything else."""
+    package = _keyed(module)
+    if package is None:
         return None
-    base = STAGES.joinpath(*module.split(".")[2:])
-    for path in (base.with_suffix(".py") if base != STAGES else None, base / "__init__.py"):
+    root = _folders()[KEYED[package]]
+    base = root.joinpath(*module.split(".")[2:])
+    for path in (base.with_suffix(".py") if base != root else None, base / "__init__.py"):
         if path is not None and path.is_file():
             return path
     return None
@@ -125,11 +149,14 @@ def _with_packages(module: str) -> list[Path]:
 
 class _Source(NamedTuple):
     """What the closure reads of a source file."""
-    ours: tuple[str, ...]  # the modules under trtflow.stages it names
+    ours: tuple[str, ...]  # the modules under the keyed packages it names
     theirs: tuple[str, ...]  # the top-level names of the other modules it imports
     # nothing but its docstring (a package's `__init__.py`, mostly): it decides no output, editing it re-keys
     # nothing; once it holds a statement, it is in the closure again
     docstring_only: bool
+    # it lists its own folder's modules and imports them (`pkgutil.iter_modules`: trtflow/metrics/builtin/): every
+    # module of its folder is imported by it
+    lists_its_folder: bool
 
 
 def _references(path: Path) -> _Source:
@@ -139,8 +166,10 @@ def _references(path: Path) -> _Source:
 
 @functools.cache
 def _parsed(path: Path, stamp: tuple[int, int]) -> _Source:
-    package = ".".join([PACKAGE, *path.relative_to(STAGES).parent.parts])
+    folder, _, inside = rel(path).partition("/")
+    package = ".".join([next(p for p, f in KEYED.items() if f == folder), *Path(inside).parent.parts])
     ours: set[str] = set()
+    lists = False
     theirs: set[str] = set()
     tree = ast.parse(path.read_bytes(), str(path))
     for node in ast.walk(tree):
@@ -153,17 +182,19 @@ def _parsed(path: Path, stamp: tuple[int, int]) -> _Source:
                 anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             names = [base] + [f"{base}.{a.name}" for a in node.names if a.name != "*"]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(PACKAGE + "."):
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _keyed(node.value) is not None:
             dotted = node.value.partition(":")[0]  # a module run in a child, or a "module:function"
             names = [dotted] if all(p.isidentifier() for p in dotted.split(".")) else []
+        elif isinstance(node, ast.Attribute) and node.attr == "iter_modules":
+            lists = True
         for name in names:
-            if name == PACKAGE or name.startswith(PACKAGE + "."):
+            if _keyed(name) is not None:
                 ours.add(name)
             elif name and not name.startswith("trtflow") and not (isinstance(node, ast.ImportFrom) and node.level):
                 theirs.add(name.split(".")[0])
     said = tree.body[:1] if tree.body and isinstance(tree.body[0], ast.Expr) \
         and isinstance(tree.body[0].value, ast.Constant) else []
-    return _Source(tuple(sorted(ours)), tuple(sorted(theirs)), len(tree.body) == len(said))
+    return _Source(tuple(sorted(ours)), tuple(sorted(theirs)), len(tree.body) == len(said), lists)
 
 
 def kind_folder(row: Kind) -> Path:
@@ -171,7 +202,7 @@ def kind_folder(row: Kind) -> Path:
     package = (row.module or "").rpartition(".")[0]
     folder = _module_file(package)
     if folder is None or folder.name != "__init__.py":
-        raise ValueError(f"kind '{row.name}': its module {row.module} is not in a package under {PACKAGE}")
+        raise ValueError(f"kind '{row.name}': its module {row.module} is not in a package under trtflow.stages")
     return folder.parent
 
 
@@ -205,11 +236,13 @@ def closure(row: Kind) -> Closure:
         if path in seen:
             continue
         seen.add(path)
-        ours, theirs, _ = _references(path)
-        imports |= set(theirs)
-        for module in ours:
+        read = _references(path)
+        imports |= set(read.theirs)
+        for module in read.ours:
             todo += _with_packages(module)
-        todo += [STAGES.parent / f for f in SHIPPED.get(rel(path), ())]
+        todo += [source(f) for f in SHIPPED.get(rel(path), ())]
+        if read.lists_its_folder:
+            todo += [p for p in sorted(path.parent.glob("*.py")) if p != path]
     return Closure(sorted(rel(p) for p in seen if not _references(p).docstring_only), imports, stage_version(row))
 
 
@@ -224,7 +257,7 @@ class Tree:
 def scan(kinds: dict[str, Kind] | None = None) -> Tree:
     kinds = BUILT_IN_KINDS if kinds is None else kinds
     closures = {name: closure(row) for name, row in sorted(kinds.items())}
-    files = {f: file_digest(STAGES.parent / f) for c in closures.values() for f in c.files}
+    files = {f: file_digest(source(f)) for c in closures.values() for f in c.files}
     return Tree(dict(sorted(files.items())), closures,
                 {name: sorted(row.libraries) for name, row in sorted(kinds.items())})
 

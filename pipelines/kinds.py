@@ -20,7 +20,8 @@ import re
 from trtflow.errors import SpecError
 from trtflow.pipelines.params.custom import KIND as USER
 from trtflow.pipelines.row import Kind
-from trtflow.pipelines.schema import CUSTOM_KIND, StageBase
+from trtflow.pipelines.schema import StageBase
+from trtflow.strict import CUSTOM_KIND
 
 BUILT_IN = (
     "prepare",

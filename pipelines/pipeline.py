@@ -7,7 +7,7 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from trtflow.names import ModelName, StageName
 from trtflow.pipelines.kinds import KINDS, USER
-from trtflow.pipelines.schema import Strict
+from trtflow.strict import Strict
 
 
 def _kind_tag(value: Any) -> str:

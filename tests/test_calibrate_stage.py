@@ -368,7 +368,7 @@ def test_the_range_check_weighs_a_functions_metric_by_its_declared_direction(tmp
     """A function's metric declared better lower counts toward the range check as such: of two candidates the
     one with the smaller error stands higher (it was left out of the check: only trtflow's own names had a
     direction)."""
-    from trtflow.pipelines.schema import OutputMetrics
+    from trtflow.metrics.outputs import OutputMetrics
     from trtflow.stages.ort.runner import session
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])

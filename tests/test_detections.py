@@ -11,10 +11,10 @@ import pytest
 from onnx import numpy_helper
 
 from trtflow.errors import StageError
+from trtflow.metrics.builtin.detections import Boxes, decode, iou_matrix, suppress
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison
-from trtflow.stages.compare.detections import Boxes, decode, iou_matrix, suppress
 
 # five anchors, three classes: (cx, cy, w, h), objectness, class scores
 ANCHORS = [((50, 50, 20, 20), 0.9, (0.9, 0.1, 0.0)),   # class 0, score 0.81

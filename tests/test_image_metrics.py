@@ -13,11 +13,11 @@ from tests import waifu2x
 from tests.assets import PHOTOS
 from trtflow.artifact import Artifact
 from trtflow.errors import StageFailed
+from trtflow.metrics.builtin.image import ImagePixels
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import PrecisionStage
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.calibrate import stage as calibrate
-from trtflow.stages.compare.task_metrics import ImagePixels
 from trtflow.stages.precision import stage as precision
 from trtflow.stages.validate import stage as validate
 

@@ -172,7 +172,7 @@ def test_a_text_detector_is_scored_against_its_masks(tmp_path, scenes):
 def test_boxes_are_scored_where_the_labels_drew_them(scenes):
     """The same detections scored with the preprocessing's frame and without it (left in the letterboxed tensor's
     pixels): only the first finds the words."""
-    from trtflow.stages.compare.detections import BoxDecoder
+    from trtflow.metrics.builtin.detections import BoxDecoder
     from trtflow.stages.compare.label_boxes import BoxTally
     from trtflow.stages.compare.labels import Scored
     from trtflow.stages.image.paddleocr import db_boxes

@@ -234,7 +234,7 @@ def _captchas(folder: Path) -> dict[str, str]:
 
 
 def _read(scores: np.ndarray, charset: list[str]) -> str:
-    from trtflow.stages.compare.task_metrics import ctc_greedy
+    from trtflow.metrics.builtin.ctc import ctc_greedy
 
     (labels,) = ctc_greedy(scores, 0, -1, 1)
     return "".join(charset[i] for i in labels)

@@ -12,12 +12,12 @@ import pytest
 
 from tests.assets import EXAMPLES
 from trtflow.errors import SpecError, StageError
+from trtflow.metrics.builtin.ctc import ctc_greedy
 from trtflow.pipelines.graph import build_graph
 from trtflow.pipelines.loader import load_pipeline
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison
-from trtflow.stages.compare.task_metrics import ctc_greedy
 from trtflow.stages.onnx.graph import output_floors
 from trtflow.stages.ort.runner import session
 
@@ -62,7 +62,7 @@ def test_ctc_agreement_reads_the_decoded_text(rec_outputs):
     # one line read as another: 1 of 8 texts wrong, its edits counted against all the reference's characters
     swapped = outs[:7] + [outs[0]]
     res = judge(outs, swapped, "int8", {"y": {"ctc": {"blank": 0}}})
-    edits = __import__("trtflow.stages.compare.task_metrics", fromlist=["x"]).edit_distance(
+    edits = __import__("trtflow.metrics.builtin.ctc", fromlist=["x"]).edit_distance(
         ctc_greedy(outs[7])[0], ctc_greedy(outs[0])[0])
     assert res.outputs["y"].task_values["text_exact"] == pytest.approx(7 / 8)
     assert res.outputs["y"].task_values["cer"] == pytest.approx(edits / sum(len(t) for t in text))
@@ -198,7 +198,7 @@ def test_time_major_ctc_scores_decode_per_batch_row():
     batch_axis 1 each batch row decodes along time, as with [N, T, C]."""
     import numpy as np
 
-    from trtflow.stages.compare.task_metrics import CTC, ctc_greedy
+    from trtflow.metrics.builtin.ctc import CTC, ctc_greedy
 
     batch_first = np.zeros((2, 6, 4), np.float32)
     for row, labels in enumerate(([1, 1, 0, 2, 2, 3], [3, 0, 3, 0, 0, 1])):

@@ -5,19 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtflow.errors import SpecError
+from trtflow.metrics.builtin.ctc import CTCMetric
+from trtflow.metrics.builtin.decision import DecisionMetric
+from trtflow.metrics.builtin.detections import DetectionsMetric
+from trtflow.metrics.builtin.embedding import EmbeddingMetric
+from trtflow.metrics.builtin.image import ImageMetric
+from trtflow.metrics.builtin.map_iou import MapMetric
+from trtflow.metrics.builtin.regression import RegressionMetric
+from trtflow.metrics.builtin.topk import TopKMetric
+from trtflow.metrics.outputs import OutputMetrics
 from trtflow.pipelines.init import LAYOUTS, TASKS
 from trtflow.pipelines.init.model import ModelFacts, Tensor
-from trtflow.pipelines.schema import (
-    CTCMetric,
-    DecisionMetric,
-    DetectionsMetric,
-    EmbeddingMetric,
-    ImageMetric,
-    MapMetric,
-    OutputMetrics,
-    RegressionMetric,
-    TopKMetric,
-)
 
 PROBABILITIES = ("Softmax", "LogSoftmax", "Sigmoid")
 CLASS_WORDS = ("logit", "prob", "class", "cls", "score", "pred")

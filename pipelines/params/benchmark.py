@@ -6,8 +6,9 @@ from typing import Literal
 from pydantic import Field
 
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, SharedArea, Slot
-from trtflow.pipelines.schema import SampleData, StageBase, Strict
+from trtflow.pipelines.schema import SampleData, StageBase
 from trtflow.pipelines.units import Duration, Fraction
+from trtflow.strict import Strict
 
 
 class GateSpec(Strict):

@@ -7,7 +7,8 @@ from pydantic import Field, model_validator
 
 from trtflow.names import Name
 from trtflow.pipelines.row import MODEL_MAKERS, TENSORRT_AND_GPU, Kind, SharedArea, Slot
-from trtflow.pipelines.schema import BuilderOptions, Shape, StageBase, Strict
+from trtflow.pipelines.schema import BuilderOptions, Shape, StageBase
+from trtflow.strict import Strict
 
 
 class ShapeRange(Strict):

@@ -5,8 +5,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from trtflow.metrics.outputs import Metrics
 from trtflow.pipelines.row import PREPROCESS_SLOT, TENSORRT, Kind, Slot
-from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase
+from trtflow.pipelines.schema import MAX_SAMPLES, SampleData, StageBase
 
 
 class CalibrateStage(StageBase):

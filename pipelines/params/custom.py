@@ -7,7 +7,8 @@ from pydantic import Field
 
 from trtflow.names import Name
 from trtflow.pipelines.row import ANY_KIND, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import ARTIFACT_TYPES, CUSTOM_KIND, StageBase
+from trtflow.pipelines.schema import ARTIFACT_TYPES, StageBase
+from trtflow.strict import CUSTOM_KIND
 
 
 class CustomStage(StageBase):

@@ -6,8 +6,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from trtflow.pipelines.row import Kind, Slot
-from trtflow.pipelines.schema import CUSTOM_KIND, MAX_SAMPLES, Dim, StageBase, Strict
+from trtflow.pipelines.schema import MAX_SAMPLES, Dim, StageBase
 from trtflow.pipelines.units import Fraction
+from trtflow.strict import CUSTOM_KIND, Strict
 
 Interp = Literal["nearest", "linear", "cubic", "area", "lanczos"]
 

@@ -5,8 +5,10 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
+from trtflow.metrics.outputs import Metrics
 from trtflow.pipelines.row import PREPROCESS_SLOT, TENSORRT, Kind, Slot
-from trtflow.pipelines.schema import MAX_SAMPLES, Metrics, SampleData, StageBase, Strict, yaml_off
+from trtflow.pipelines.schema import MAX_SAMPLES, SampleData, StageBase, yaml_off
+from trtflow.strict import Strict
 
 
 class FallbackSpec(Strict):

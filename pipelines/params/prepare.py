@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from trtflow.pipelines.row import TENSORRT, Kind, Slot
-from trtflow.pipelines.schema import CUSTOM_KIND, SampleData, Shape, StageBase, Strict, yaml_off
+from trtflow.pipelines.schema import SampleData, Shape, StageBase, yaml_off
+from trtflow.strict import CUSTOM_KIND, Strict
 
 
 class CheckSpec(Strict):

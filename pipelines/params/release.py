@@ -11,8 +11,9 @@ from trtflow.artifact import CLAIM_BYTES
 from trtflow.names import ModelName, Name
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, Kind, SharedArea, Slot
-from trtflow.pipelines.schema import SampleData, StageBase, Strict
+from trtflow.pipelines.schema import SampleData, StageBase
 from trtflow.pipelines.units import Duration, Fraction
+from trtflow.strict import Strict
 
 
 class Select(Strict):
@@ -183,7 +184,9 @@ KIND = Kind("release", ReleaseStage,
                    "preparation": Slot("json", required=False, prefer=("prepare",)),
                    "preprocess": PREPROCESS_SLOT},
             outputs={"triton": "dir", "card": "file", "report": "json"},
-            libraries=("onnx", "onnxruntime", "opencv-python-headless"),
+            # scikit-image: the selection reads how each metric is weighed from its declaration, which shares its
+            # module with its computation (trtflow/metrics/builtin/image.py computes SSIM)
+            libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
             preload=("cv2",),
             # the versions released so far, per model and target: outside the key, like benchmark baselines
             shared_caches=lambda p: ("releases",),

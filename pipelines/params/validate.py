@@ -5,23 +5,20 @@ from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import ConfigDict, Field, model_validator
 
+from trtflow.metrics.builtin import BUILT_IN
+from trtflow.metrics.builtin.detections import BoxDecoding
+from trtflow.metrics.names import examples, metric_direction
+from trtflow.metrics.outputs import Metrics
 from trtflow.names import StageName
 from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
-from trtflow.pipelines.schema import (
-    BUILT_IN_METRICS,
-    BoxDecoding,
-    Metrics,
-    SampleData,
-    StageBase,
-    Strict,
-    metric_direction,
-)
+from trtflow.pipelines.schema import SampleData, StageBase
 from trtflow.pipelines.units import Fraction
+from trtflow.strict import Strict
 
 Number = int | float  # not float alone: a bound written as an integer stays one in the stage's key
 TaskBound = Annotated[Number | dict[Literal["min", "max"], Number], Field(
     description="a bound on any other metric a declared metric gives (`metrics:`): a number for trtflow's own ("
-                + ", ".join(n for cls in BUILT_IN_METRICS.values() for n in cls.GIVES if n not in ("top1", "top5"))
+                + ", ".join(n for cls in BUILT_IN.values() for n in cls.GIVES if n not in ("top1", "top5"))
                 + ", top<k>; a regression's errors in the output's units), {min: x} (at least) or {max: x} (at most) "
                   "for your function's", examples=[0.95, {"min": 0.9}])]
 
@@ -68,7 +65,7 @@ class OutputTolerance(Strict):
         return out
 
 
-_EXAMPLE = {name: given.example for cls in BUILT_IN_METRICS.values() for name, given in cls.GIVES.items()}
+_EXAMPLE = examples()
 METRIC_OF = {"rtol": "max_rel"}  # tolerance key -> metric it bounds, where the names differ
 
 class TextLabels(Strict):

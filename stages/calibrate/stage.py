@@ -25,6 +25,7 @@ import onnx
 
 from trtflow.artifact import Inputs, StageResult
 from trtflow.errors import StageError
+from trtflow.metrics.outputs import declared
 from trtflow.pipelines.params.calibrate import CalibrateStage
 from trtflow.pipelines.params.precision import FallbackSpec
 from trtflow.stage_code import StageCode
@@ -32,7 +33,6 @@ from trtflow.stages.calibrate import bias
 from trtflow.stages.calibrate.report import CalibrateReport, RangeCheck
 from trtflow.stages.compare import gate
 from trtflow.stages.compare.accuracy import Comparison
-from trtflow.stages.compare.task_metrics import declared
 from trtflow.stages.onnx import model_io, offload
 from trtflow.stages.onnx.composition import composition
 from trtflow.stages.onnx.fp16_emulation import emulated

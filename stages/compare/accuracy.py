@@ -11,15 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from trtflow.stages.compare import task_metrics
+from trtflow.metrics import outputs
+from trtflow.metrics.builtin.topk import TopK
+from trtflow.metrics.contract import Sample
 from trtflow.stages.compare.records import NEGLIGIBLE, Accuracy, OutputAccuracy
-from trtflow.stages.compare.sample import Sample
 
 REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
 
 
 class OutputStats:
-    """One output's elementwise metrics, and the task metrics declared for it (`task`: see task_metrics; with
+    """One output's elementwise metrics, and the task metrics declared for it (`task`: see trtflow/metrics/; with
     none declared, a (batch, classes) output gets top-1/top-5 agreement). `floor`: the least scale the output
     has (1 for a probability), below which an error is negligible however its cosine comes out."""
 
@@ -63,7 +64,7 @@ class OutputStats:
         self.ref_sq += float(np.dot(r[ok], r[ok]))
         self.got_sq += float(np.dot(g[ok], g[ok]))
         if self.task is None:
-            self.task = [task_metrics.TopK(5, 1)] if ref.ndim == 2 and ref.shape[1] > 1 else []
+            self.task = [TopK(5, 1)] if ref.ndim == 2 and ref.shape[1] > 1 else []
         for metric in self.task:
             metric.add(ref, got, sample)
 
@@ -120,7 +121,7 @@ class Comparison:
         sample = Sample(feed or {}, ref, got)
         for name, r in ref.items():
             if name not in self.outputs:
-                task = task_metrics.make(task_metrics.declared(self.metrics, name), self.what, name) or None
+                task = outputs.measures(outputs.declared(self.metrics, name), self.what, name) or None
                 self.outputs[name] = OutputStats(task, self.floors.get(name, 0.0))
             self.outputs[name].add(r, got[name], sample)
 

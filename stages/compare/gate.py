@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtflow.errors import StageError
-from trtflow.pipelines.schema import default_bounds, metric_direction
+from trtflow.metrics.builtin.topk import constant_topk
+from trtflow.metrics.names import metric_direction, shares_first
+from trtflow.metrics.outputs import declared
 from trtflow.precisions import Precision
 from trtflow.stages.compare.records import Accuracy
-from trtflow.stages.compare.task_metrics import constant_topk, declared
 from trtflow.text import did_you_mean, distinct
 
 # What a variant must reach against the FP32 reference unless the YAML says otherwise (docs/pipeline.md: validate).
@@ -21,9 +22,6 @@ DEFAULTS: dict[Precision, dict[str, float]] = {
     "fp16": {"cosine": 0.999},
     "int8": {"cosine": 0.99},
 }
-# a regression's `within:` (its users' bound, in the output's units) bounds this, in place of the default on the
-# error over the reference's spread
-WITHIN, SPREAD = "abs_err_max", "spread_err_max"
 
 
 @dataclass(frozen=True)
@@ -80,16 +78,10 @@ def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], me
                task: bool | None = None) -> dict[str, tuple[float, bool]]:
     """The bounds of one output: metric -> (bound, whether the metric must be at least the bound). `task`: the
     output has declared task metrics (default: read off `metrics`)."""
-    mine = declared(metrics, output)
     if task is None:
-        task = bool(mine)
+        task = bool(declared(metrics, output))
     if task:
-        names = set().union(*(m.names() for m in mine))
-        # the task metrics' own defaults (pipelines/schema.py: each metric's `Gives`), where declared
-        bounds = {m: b for m, b in default_bounds(precision).items() if m in names}
-        within = _within(output, metrics or {})
-        if within is not None:
-            bounds = {m: b for m, b in bounds.items() if m != SPREAD} | {WITHIN: (within, False)}
+        bounds = _task_defaults(precision, output, metrics or {})
     else:
         bounds = {m: (v, True) for m, v in DEFAULTS[precision].items()}
     for key in ("*", output):
@@ -99,11 +91,14 @@ def bounds_for(precision: Precision, output: str, tolerances: dict[str, Any], me
     return bounds
 
 
-def _within(output: str, metrics: dict[str, Any]) -> float | None:
-    """The regression's `within:` that applies to `output`: its own entry's over '*'."""
-    given = [spec.regression.within for key in ("*", output)
-             if (spec := metrics.get(key)) is not None and spec.regression and spec.regression.within is not None]
-    return given[-1] if given else None
+def _task_defaults(precision: Precision, output: str, metrics: dict[str, Any]) -> dict[str, tuple[float, bool]]:
+    """The default bounds of the task metrics declared for `output` (each declaration's own), its entry's over
+    '*''s."""
+    bounds: dict[str, tuple[float, bool]] = {}
+    for key in dict.fromkeys(("*", output)):
+        for declaration in metrics[key].built_in().values() if key in metrics else ():
+            bounds.update(declaration.default_bounds(precision))
+    return shares_first(bounds)
 
 
 def directions(output: str, names: list[str], tolerances: dict[str, Any],

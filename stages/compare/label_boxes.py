@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from trtflow.errors import StageError
-from trtflow.stages.compare.detections import BoxDecoder
+from trtflow.metrics.builtin.detections import BoxDecoder
 from trtflow.stages.compare.labels import LABELS_BYTES, PerFile, Scored, read_json
 from trtflow.stages.compare.records import Labelled
 

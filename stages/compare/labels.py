@@ -19,8 +19,8 @@ import numpy as np
 
 from trtflow.errors import StageError
 from trtflow.files import read_bounded
+from trtflow.metrics.builtin.ctc import ctc_greedy, edit_distance
 from trtflow.stages.compare.records import Labelled
-from trtflow.stages.compare.task_metrics import ctc_greedy, edit_distance
 
 LABELS_BYTES = 64 * 2**20  # a labels file: ImageNet's 50 000 validation labels are 2 MB, COCO's val2017 boxes 25 MB
 _BOM = b"\xef\xbb\xbf"

@@ -16,10 +16,10 @@ import numpy as np
 
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
+from trtflow.metrics.builtin.topk import TopK
 from trtflow.pipelines.params.parity import ParityStage, ParityTolerances
 from trtflow.stage_code import StageCode
 from trtflow.stages.compare.accuracy import OutputStats
-from trtflow.stages.compare.task_metrics import TopK
 from trtflow.stages.image import preprocess
 from trtflow.stages.image.headers import check_images
 from trtflow.stages.image.steps import Steps

@@ -9,8 +9,8 @@ from typing import Any
 
 from trtflow import names
 from trtflow.errors import StageError
+from trtflow.metrics.names import metric_direction, not_weighed
 from trtflow.pipelines.params.release import Select
-from trtflow.pipelines.schema import metric_direction, not_weighed
 from trtflow.stages.compare.records import Accuracy, Labelled
 from trtflow.stages.release.report import Option
 

@@ -9,9 +9,9 @@ import onnx
 
 from trtflow.artifact import Inputs
 from trtflow.errors import StageError
+from trtflow.metrics.builtin.detections import BoxDecoder
 from trtflow.pipelines.params.validate import ValidateStage
 from trtflow.stages.compare import labels as labels_mod
-from trtflow.stages.compare.detections import BoxDecoder
 from trtflow.stages.compare.label_boxes import BoxTally, read_coco
 from trtflow.stages.compare.label_masks import MaskTally, mask_files
 from trtflow.text import did_you_mean

@@ -6,16 +6,14 @@ candidate's boxes the reference has), `det_iou` (mean IoU of the matched pairs) 
 image's 2 x matched / (reference + candidate boxes)); two images without boxes agree."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, Literal, NamedTuple
 
-import cv2
 import numpy as np
+from pydantic import Field, model_validator
 
 from trtflow.errors import StageError
-from trtflow.stages.compare.sample import Sample
-
-if TYPE_CHECKING:
-    from trtflow.pipelines.schema import BoxDecoding
+from trtflow.metrics.contract import BuiltInMetric, Gives, Sample, per_precision
+from trtflow.strict import CUSTOM_KIND, Strict
 
 
 class Boxes(NamedTuple):
@@ -82,6 +80,8 @@ def decode(x: np.ndarray, layout: str, where: str) -> Boxes:
 def suppress(found: Boxes, score_threshold: float, nms_iou: float | None, most: int) -> Boxes:
     """The boxes scoring above the threshold (finite ones), class-aware non-maximum suppression (OpenCV's; None:
     none, the model did it), at most `most` by score."""
+    import cv2  # here: a pipeline's schema reads this module's declarations
+
     b, s = found.boxes, found.scores
     ok = np.isfinite(b).all(1) & np.isfinite(s) & (s > score_threshold) & (b[:, 2] >= b[:, 0]) & (b[:, 3] >= b[:, 1])
     found = found.take(ok)
@@ -221,3 +221,50 @@ class Detections:
                 "det_iou": float(np.mean(self.ious)) if matched else (0.0 if self.ref_boxes or self.got_boxes
                                                                       else 1.0),
                 "det_f1_min": self.worst, "reference_boxes": self.ref_boxes}
+
+
+class BoxDecoding(Strict):
+    """How a detector's outputs become boxes: a built-in decoder for a head layout, or the user's function, and
+    which of them are kept (score, class-aware NMS, how many)."""
+    layout: Literal["auto", "yolov5", "yolov8", "end2end"] = Field(
+        "auto", description="yolov5: [N, A, 5+C] (cx, cy, w, h, objectness, C class scores); yolov8: [N, 4+C, A] "
+                            "or [N, A, 4+C] (cx, cy, w, h, C class scores); end2end: [N, K, 6] after the model's "
+                            "own NMS (x1, y1, x2, y2, score, class); auto: yolov8 where the output is [N, 4+C, A] "
+                            "(channels first), else give it")
+    decode: str | None = Field(None, pattern=CUSTOM_KIND, description=(
+        "instead of a layout, package.module:function(outputs, feed) -> one (boxes [K, 4] x1 y1 x2 y2, scores "
+        "[K], classes [K]) per image of the batch; outputs: every output of the model by name (heads spread "
+        "over several outputs), feed: the inputs"))
+    score_threshold: float = Field(0.25, description="a box scoring at most this is no detection")
+    nms_iou: float = Field(0.45, ge=0, le=1, description="non-maximum suppression: a box overlapping a better one "
+                                                          "of its class by more than this IoU is dropped (not for "
+                                                          "end2end)")
+    max_detections: int = Field(300, ge=1, le=100_000, description="per image, the best-scoring boxes kept")
+
+    @model_validator(mode="after")
+    def _layout_or_decoder(self) -> "BoxDecoding":
+        if self.decode is not None and self.layout != "auto":
+            raise ValueError("give layout (a built-in decoder) or decode (your function), not both")
+        return self
+
+
+class DetectionsMetric(BoxDecoding, BuiltInMetric):
+    """A detector's boxes, decoded from its outputs, suppressed (class-aware NMS) and matched one-to-one to the
+    reference's (same class, IoU at least match_iou, greedily by the candidate's score)."""
+    GIVES: ClassVar[dict[str, Gives]] = {
+        "det_recall": Gives(True, bounds=per_precision(0.99, 0.95, 0.9), example="detections: {layout: yolov8}"),
+        "det_precision": Gives(True, bounds=per_precision(0.99, 0.95, 0.9), example="detections: {layout: yolov8}"),
+        "det_iou": Gives(True, bounds=per_precision(0.98, 0.95, 0.9), example="detections: {layout: yolov8}"),
+        "det_f1_min": Gives(True, weighed=False, example="detections: {layout: yolov8}")}
+    REPORTS: ClassVar[tuple[str, ...]] = ("reference_boxes",)
+    match_iou: float = Field(0.5, gt=0, le=1, description="a candidate box matches a reference box of its class "
+                                                          "overlapping it by at least this IoU")
+
+    def code_refs(self) -> list[str]:
+        return [self.decode] if self.decode else []
+
+    def measure(self, where: str) -> Detections:
+        return Detections(BoxDecoder.declared(self, where), self.match_iou)
+
+
+METRIC = DetectionsMetric
