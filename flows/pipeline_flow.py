@@ -70,19 +70,20 @@ def artifact_key(runner: Runner, stage: str) -> str:
 
 
 def _progress_artifact(key: str, stage: str) -> Callable[[str, int, int], None]:
-    """A Prefect progress artifact for a stage's long work, updated every 5%."""
+    """A Prefect progress artifact for a stage's long work, updated every 5% with the time left."""
     artifact: Any = None  # its id, once made
     shown = 0.0  # the progress it shows
+    eta = progress.Eta()
 
     def on_progress(what: str, done: int, total: int) -> None:
         nonlocal artifact, shown
         pct = 100.0 * done / max(total, 1)
+        said = md.text(f"trtflow stage {stage}: {eta.said(what, done, total)}")
         if artifact is None:
-            artifact = create_progress_artifact(progress=pct, key=f"{key}-progress",
-                                                description=f"trtflow stage {stage}: {what}")
+            artifact = create_progress_artifact(progress=pct, key=f"{key}-progress", description=said)
             shown = pct
         elif pct - shown >= 5 or done == total:
-            update_progress_artifact(artifact, progress=pct)
+            update_progress_artifact(artifact, progress=pct, description=said)
             shown = pct
 
     return on_progress

@@ -38,6 +38,9 @@ class SharedArea:
 
 
 ANY_KIND = "*"
+# the input slot of the store's shared/ where the FP32 reference outputs are kept (stages/ort/references.py), for the
+# kinds that compare a model with its FP32 reference
+REFERENCE_CACHE = "reference_cache"
 MODEL_MAKERS = ("prepare", "precision", "calibrate")
 PREPROCESS_SLOT = Slot("preprocess", required=False, prefer=("parity",))
 

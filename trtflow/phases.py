@@ -1,15 +1,18 @@
-"""Where a run's time goes, for bench/overhead.py: with `TRTFLOW_PHASES=<file>` set, each trtflow process adds up
-the seconds it spends per phase and appends them to the file as one JSON line when it exits. Unset (always, but for
-the bench), `phase` and `add` cost a dictionary update."""
+"""Where a run's time goes, for bench/overhead.py and bench/floor.py: with `TRTFLOW_PHASES=<file>` set, each trtflow
+process adds up the seconds it spends per phase and appends them to the file as one JSON line when it exits, and
+each ONNX Runtime inference pass of a stage is appended as it ends (`timed_passes`: its role, such as the FP32
+reference, the shapes fed and its seconds). Unset (always, but for the benches and the tests that count passes),
+`phase` and `add` cost a dictionary update and sessions run untouched."""
 from __future__ import annotations
 
 import atexit
 import contextlib
 import json
+import multiprocessing
 import os
 import threading
 import time
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from trtflow import procfs
 
@@ -36,6 +39,27 @@ def since_process_start() -> float:
     """Seconds since this process started (Linux: /proc/self/stat's start time), 0 where unknown."""
     ticks = procfs.started()
     return max(0.0, procfs.seconds(procfs.now_ticks() - ticks)) if ticks is not None else 0.0
+
+
+def recording() -> bool:
+    return bool(os.environ.get(VARIABLE))
+
+
+def timed_passes(run: Callable[..., Any], role: str) -> Callable[..., Any]:
+    """`run` (an ONNX Runtime session's), each call appended to the file as it ends (a stage's process may end
+    without running exit handlers): {"pass": role, "shapes": the inputs', "seconds", "process": its name, which
+    for a stage's process is `trtflow-<stage>`}."""
+    def timed(output_names: Any, feed: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        out = run(output_names, feed, *args, **kwargs)
+        line = {"pid": os.getpid(), "process": multiprocessing.current_process().name, "pass": role,
+                "seconds": time.perf_counter() - started,
+                "shapes": {k: list(getattr(v, "shape", ())) for k, v in feed.items()}}
+        with open(os.environ[VARIABLE], "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+        return out
+
+    return timed
 
 
 def _write() -> None:

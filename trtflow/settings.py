@@ -222,6 +222,28 @@ class Memory(Setting):
         return Budget(size=int(value))
 
 
+@dataclass(frozen=True)
+class Bytes(Setting):
+    """A size such as 2GiB or 512MiB (binary units, as the memory budget reads them); 0 turns the thing off."""
+    default: int
+
+    @property
+    def accepts(self) -> str:
+        return f"a size such as 2GiB or 512MiB, or 0 for none (default {self.default / 2**30:g}GiB)"
+
+    def get(self) -> int:
+        raw = self._raw()
+        if raw is None:
+            return self.default
+        size = SIZE.fullmatch(raw.strip())
+        if size is None:
+            raise self._bad(raw)
+        value = float(size.group(1)) * SIZE_UNITS[size.group(2).upper()]
+        if not math.isfinite(value):
+            raise self._bad(raw)
+        return int(value)
+
+
 # at least one of `trtflow run`'s health checks, which come every 3 s (flows/cli/run.py SERVER_CHECK_S)
 SERVER_PATIENCE = Number("TRTFLOW_SERVER_PATIENCE", default=300.0, low=3.0, high=86400.0, unit="seconds")
 PREFECT_SERVER = Choice("TRTFLOW_PREFECT_SERVER", choices=("background", "ephemeral"))
@@ -236,9 +258,12 @@ POSTGRES_BIN = Directory("TRTFLOW_POSTGRES_BIN")
 # what a stage's ONNX Runtime run may take (stages/ort/memory.py): half the available memory leaves room for the
 # stages beside it and for the stage's own Python work around the run
 MEMORY_BUDGET = Memory("TRTFLOW_MEMORY_BUDGET", default_share=0.5)
+# how much of the store's shared/references/ the FP32 reference outputs may fill (stages/ort/references.py): the
+# least used are removed beyond it
+REFERENCE_CACHE = Bytes("TRTFLOW_REFERENCE_CACHE", default=2 * 2**30)
 
 ALL: tuple[Setting, ...] = (SERVER_PATIENCE, PREFECT_SERVER, IN_PROCESS, MACHINE, GPU_KIND, STATE_DIR, CACHE_DIR,
-                            STORE_CREDENTIALS, SERVER_DATABASE, POSTGRES_BIN, MEMORY_BUDGET)
+                            STORE_CREDENTIALS, SERVER_DATABASE, POSTGRES_BIN, MEMORY_BUDGET, REFERENCE_CACHE)
 
 
 def check_all() -> None:

@@ -121,8 +121,10 @@ def _flow_run(args: argparse.Namespace, runner: Any, api_url: str | None, status
     from trtflow.flows import pipeline_flow as pf
     from trtflow.flows.results import StageReport
 
+    eta = progress.Eta()
+
     def on_progress(what: str, done: int, total: int) -> None:
-        status.update(f"{what} {done}/{total} ...")
+        status.update(f"{escape(eta.said(what, done, total))} ...")
 
     watched = api_url or PREFECT_API_URL.value()
     try:

@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import Field
 
 from trtflow.metrics.outputs import Metrics
-from trtflow.pipelines.row import PREPROCESS_SLOT, TENSORRT, Kind, Slot
+from trtflow.pipelines.row import PREPROCESS_SLOT, REFERENCE_CACHE, TENSORRT, Kind, Slot
 from trtflow.pipelines.schema import MAX_SAMPLES, SampleData, StageBase
 
 
@@ -80,5 +80,6 @@ KIND = Kind("calibrate", CalibrateStage,
             outputs={"model": "onnx", "ranges": "ranges", "report": "json"},  # (+ trt_calibration_cache)
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
             preload=("onnxruntime", "onnxruntime.quantization", "cv2"),
+            shared_caches=lambda p: (REFERENCE_CACHE,),
             env=lambda p: TENSORRT if p.trt_calibration_cache else (),  # the cache's header names TensorRT's version
             keeps_input_names=True)

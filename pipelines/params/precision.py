@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field
 
 from trtflow.metrics.outputs import Metrics
-from trtflow.pipelines.row import PREPROCESS_SLOT, TENSORRT, Kind, Slot
+from trtflow.pipelines.row import PREPROCESS_SLOT, REFERENCE_CACHE, TENSORRT, Kind, Slot
 from trtflow.pipelines.schema import MAX_SAMPLES, SampleData, StageBase, yaml_off
 from trtflow.strict import Strict
 
@@ -47,6 +47,7 @@ KIND = Kind("precision", PrecisionStage,
             outputs={"model": "onnx", "report": "json"},
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image"),
             preload=("onnxruntime", "cv2"),
+            shared_caches=lambda p: (REFERENCE_CACHE,),
             env=lambda p: () if p.preflight == "off" else TENSORRT,  # the trial build's verdict
             gpu=lambda p: p.preflight != "off",
             keeps_input_names=True)

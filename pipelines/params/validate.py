@@ -10,7 +10,7 @@ from trtflow.metrics.builtin.detections import BoxDecoding
 from trtflow.metrics.names import examples, metric_direction
 from trtflow.metrics.outputs import Metrics
 from trtflow.names import StageName
-from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, TENSORRT_AND_GPU, Kind, Slot
+from trtflow.pipelines.row import MODEL_MAKERS, PREPROCESS_SLOT, REFERENCE_CACHE, TENSORRT_AND_GPU, Kind, Slot
 from trtflow.pipelines.schema import SampleData, StageBase
 from trtflow.pipelines.units import Fraction
 from trtflow.strict import Strict
@@ -274,6 +274,7 @@ KIND = Kind("validate", ValidateStage,
             outputs={"report": "json", "plots": "plots"},  # plots: each candidate's errors and first bad layers
             libraries=("onnx", "onnxruntime", "opencv-python-headless", "scikit-image", "pycocotools"),
             preload=("onnxruntime", "cv2", "matplotlib.pyplot"),
+            shared_caches=lambda p: (REFERENCE_CACHE,),
             # the repaired variant, and its engines (built at the failing engines' profiles and targets)
             more_outputs=lambda p: {"repaired": "onnx", "engines": "engines"} if p.repair else {},
             env=lambda p: TENSORRT_AND_GPU,

@@ -18,7 +18,7 @@ import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -40,7 +40,8 @@ from trtflow.stages.onnx.graph import default_opset, nodes_in_subgraphs, output_
 from trtflow.stages.ort import calibration, fp16_fallback, fp16_remainder, qdq, quant_prep, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.ranges import magnitudes
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort.references import References
+from trtflow.stages.ort.runner import FP32, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean, first_line
 
@@ -71,11 +72,12 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work.mkdir()
     src = inputs.one("model").path
     model = model_io.load(src)
-    ref = session(src)
+    ref = session(src, role=FP32)
+    fp32 = References.of(inputs, inputs.one("model")).of_session(ref)
     data = SampleSource(params.data, inputs, ref.get_inputs(), "calibrate", model)
     warnings: list[str] = []
     calib, hold = _split(data, params, warnings)
-    data.check_reference(ref)
+    data.check_reference(fp32)
     gate.check_metrics("calibrate", params.metrics, ref)
     left, applied = _check_model(model, params, warnings)
     excluded = set(left)
@@ -92,7 +94,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     reference: list[tuple[Any, Any]] = []  # the range check's FP32 outputs, from the safeguards' pass when it runs
     keep_fp32 = _fp16_safeguards(pre, data, calib[:ENTROPY_CHECK_SAMPLES], work, reference) \
         if params.remainder == "fp16" else None
-    job = _Job(params, data, ref, pre, excluded, work, warnings, keep_fp32, reference)
+    job = _Job(params, data, ref, fp32, pre, excluded, work, warnings, keep_fp32, reference)
     calibrated, full_range, check = _quantize(job, calib, out, ranges)
     if check and (chosen := check.warning()):
         warnings.append(chosen)
@@ -104,7 +106,7 @@ def run(params: CalibrateStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
     # the INT8 variant simulated and measured as validate simulates and measures it (simulation.py)
     sim = simulation.simulate(out, model, "int8")
-    acc = simulation.measure(ref, sim.session(work), data.feeds(hold), sim, params.metrics, output_floors(model),
+    acc = simulation.measure(fp32, sim.session(work), data.feeds(hold), sim, params.metrics, output_floors(model),
                              "calibrate")
     if not hold:
         warnings.append("no held-out samples: the accuracy pre-flight did not run (set holdout, add data)")
@@ -235,6 +237,7 @@ class _Job:
     params: CalibrateStage
     data: SampleSource
     ref: Any  # the FP32 model's session
+    fp32: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]  # its outputs on a feed (references.py)
     pre: Path  # the model after ONNX Runtime's quantization pre-processing
     excluded: set[str]  # nodes left in float
     work: Path
@@ -296,7 +299,7 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
                   "full_range": calibration.Rule("minmax")}
     probe = calib[:ENTROPY_CHECK_SAMPLES]
     task, errors, sparse, tensors, higher = {}, {}, {}, {}, {}
-    reference = job.reference or [(feed, ort_runner.run(ref, feed)) for feed in data.feeds(probe)]
+    reference = job.reference or [(feed, job.fp32(feed)) for feed in data.feeds(probe)]
     for label, candidate in candidates.items():
         model, ranges_out = work / f"{label}.onnx", work / f"{label}.json"
         tensors[label], sparse[label] = write(candidate, model, ranges_out, histograms=False)

@@ -8,15 +8,17 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from trtflow import phases
 from trtflow.errors import StageError
 from trtflow.stages.compare.records import OutputDiff
 from trtflow.stages.ort import memory
 
 RUNTIME = "onnxruntime-cpu"
+FP32 = "fp32 reference"  # the role of a session running the FP32 model for its outputs (trtflow/phases.py passes)
 DEFAULT_DYNAMIC = 64  # size used for a dynamic non-batch dimension when no shape is given
 
 
-def session(path: Path, spin: bool = False):
+def session(path: Path, spin: bool = False, role: str = ""):
     """An ONNX Runtime CPU session of the model as written. Its threads do not spin waiting for work unless `spin`
     (the benchmark harness, which times it): stages run side by side, and on a shared machine spinning threads take
     the cores the others need (three squeezenet loops on two cores: 2.85 s spinning, 1.89 s not; alone, spinning
@@ -34,6 +36,8 @@ def session(path: Path, spin: bool = False):
         opts.enable_mem_pattern = False
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     memory.register(sess, Path(path))
+    if phases.recording():  # (bench/floor.py, and the tests that count passes): each run, timed, by `role`
+        sess.run = phases.timed_passes(sess.run, role or Path(path).name)
     return sess
 
 

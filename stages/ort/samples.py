@@ -6,7 +6,7 @@ import copy
 import re
 import zipfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import onnx
@@ -17,7 +17,7 @@ from trtflow.pipelines.schema import SampleData
 from trtflow.stages.image import preprocess
 from trtflow.stages.image.headers import check_images
 from trtflow.stages.onnx.graph import index_bounds, inputs_upstream_of
-from trtflow.stages.ort.runner import fit_to_input, random_input, run, session_shapes
+from trtflow.stages.ort.runner import fit_to_input, random_input, session_shapes
 from trtflow.stages.ort.shaping import Target
 from trtflow.text import did_you_mean, first_line
 
@@ -167,12 +167,13 @@ class SampleSource:
         except ValueError as exc:
             raise StageError(f"{self.stage}: {exc}; give {self.key}.tensors instead") from None
 
-    def check_reference(self, sess: Any) -> None:
-        """Run the reference model on the first sample: inputs it cannot run on are named, with the fix."""
+    def check_reference(self, reference: Callable[[Feeds], dict[str, np.ndarray]]) -> None:
+        """The reference's outputs on the first sample (`reference`: a feed -> its outputs, computed or read): inputs
+        it cannot run on are named, with the fix."""
         if len(self):
             feed = self.sample(0)
             try:
-                run(sess, feed)
+                reference(feed)
             except StageError:  # the memory budget's refusal (memory.py): one line naming the shape already
                 raise
             except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import onnx
@@ -72,13 +72,15 @@ def simulate(variant: Path, reference: onnx.ModelProto, precision: Precision) ->
     return Simulation(SIMULATION["fp16"], emulate(reference, half, keeps_io_types(model)), graph)
 
 
-def measure(reference: Any, candidate: Any, feeds: Iterable[dict[str, np.ndarray]], sim: Simulation,
-            metrics: dict[str, Any] | None, floors: dict[str, float] | None, what: str) -> Accuracy:
-    """The simulated candidate against the reference session over `feeds`: validate's comparison (`Comparison`,
-    per output, with the declared task metrics), labelled with the simulation's runtime and graph."""
+def measure(reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], candidate: Any,
+            feeds: Iterable[dict[str, np.ndarray]], sim: Simulation, metrics: dict[str, Any] | None,
+            floors: dict[str, float] | None, what: str) -> Accuracy:
+    """The simulated candidate against the FP32 reference's outputs (`reference`: a feed -> its outputs) over
+    `feeds`: validate's comparison (`Comparison`, per output, with the declared task metrics), labelled with the
+    simulation's runtime and graph."""
     cmp = Comparison(metrics, floors, what)
     for feed in feeds:
-        cmp.add(run(reference, feed), run(candidate, feed), feed)
+        cmp.add(reference(feed), run(candidate, feed), feed)
     acc = cmp.result(sim.label)
     acc.graph = sim.graph
     return acc

@@ -33,7 +33,8 @@ from trtflow.stages.ort import fp16_fallback, simulation
 from trtflow.stages.ort import runner as ort_runner
 from trtflow.stages.ort.probe import probe
 from trtflow.stages.ort.ranges import Magnitudes, magnitudes
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort.references import References
+from trtflow.stages.ort.runner import FP32, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.stages.precision.report import PrecisionReport
 from trtflow.stages.trt import partition
@@ -56,11 +57,12 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     name_nodes(model)
     ref_path = work / "fp32.onnx"
     model_io.save(model, ref_path)
-    ref = session(ref_path)
+    ref = session(ref_path, role=FP32)
+    fp32 = References.of(inputs, inputs.one("model"))
     data = SampleSource(params.data, inputs, ref.get_inputs(), "precision", model)
     calib, hold = data.split(params.holdout)
     hold = hold or calib  # nothing to hold out: check accuracy on the samples used for the analysis
-    data.check_reference(ref)
+    data.check_reference(fp32.of_session(ref))
     gate.check_metrics("precision", params.metrics, ref)
 
     blocked = block_list(model, params, magnitudes(model, work, data.feeds(calib)) if params.fallback.auto else None)
@@ -76,7 +78,7 @@ def run(params: PrecisionStage, inputs: Inputs, out_dir: Path) -> StageResult:
     made = composition(fp16_model, {k: list(v.shape) for k, v in next(data.feeds(hold)).items()})
     # the FP16 variant simulated and measured as validate simulates and measures it (simulation.py)
     sim = simulation.simulate(out, model, "fp16")
-    acc = simulation.measure(ref, sim.session(work, "fp16"), data.feeds(hold), sim, params.metrics,
+    acc = simulation.measure(fp32.of_session(ref), sim.session(work, "fp16"), data.feeds(hold), sim, params.metrics,
                              output_floors(model), "precision")
     shutil.rmtree(work)
     warnings = gate.preflight_warnings(acc, "fp16", params.metrics, "the FP16 variant")

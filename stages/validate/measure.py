@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from trtflow import progress
 from trtflow.artifact import Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.params.validate import ValidateStage
@@ -22,7 +23,8 @@ from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.graph import name_nodes, output_floors
 from trtflow.stages.ort import memory
 from trtflow.stages.ort import runner as ort_runner
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort.references import References
+from trtflow.stages.ort.runner import FP32, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.trt.engines import Candidate
 from trtflow.stages.validate import labelling
@@ -38,12 +40,13 @@ class ReferenceModel:
     path: Path
     session: Any
     floors: dict[str, float]  # output -> its least scale (onnx.graph.output_floors)
+    kept: References  # its outputs on a feed, computed once across stages and runs
     outputs: dict[tuple[str, str, int], dict[str, np.ndarray]] = field(default_factory=dict)
 
     def run(self, feed: Feeds, source: SampleSource) -> dict[str, np.ndarray]:
         """The reference's outputs on `feed`; inputs it cannot run on named with the fix (`source.failure`)."""
         try:
-            return ort_runner.run(self.session, feed)
+            return self.kept.outputs(feed, lambda f: ort_runner.run(self.session, f))
         except StageError:  # the memory budget's refusal (memory.py): one line naming the shape already
             raise
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
@@ -55,12 +58,13 @@ class ReferenceModel:
         return memory.COMPARISON * graph.bound(shapes).outputs if graph is not None else 0
 
     @classmethod
-    def load(cls, source: Path, work: Path) -> "ReferenceModel":
-        model = model_io.load(source)
+    def load(cls, inputs: Inputs, work: Path) -> "ReferenceModel":
+        source = inputs.one("reference")
+        model = model_io.load(source.path)
         name_nodes(model)
         path = work / "reference.onnx"
         model_io.save(model, path)
-        return cls(model, path, session(path), output_floors(model))
+        return cls(model, path, session(path, role=FP32), output_floors(model), References.of(inputs, source))
 
 
 @dataclass
@@ -83,12 +87,13 @@ class Measured:
 
 def measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[ShapeSet], reference: ReferenceModel,
              metrics: dict[str, Any], ranked: list | None = None,
-             scoring: Scoring | None = None) -> Measured:
+             scoring: Scoring | None = None, what: str = "") -> Measured:
     """The candidate against the reference over every sample of every shape set (one comparison serves both where
     there is one set). `ranked`, when given, receives (how far the sample's outputs are off, its source, its index)
     per sample; `scoring` counts each sample file's class or text against its label, each file once, at one shape
-    set."""
+    set. `what`, when given, is reported as progress per sample (a long input's samples take seconds each)."""
     measured = Measured(Comparison(metrics, reference.floors))
+    total, done = sum(len(s.source) for s in sets), 0
     # the labels are scored at one shape: the profile's opt point where there is one (a dynamic profile's min may
     # squeeze a text line to 48 pixels), else the first
     scored = next((s for s in sets if s.name.endswith(".opt")), sets[0])
@@ -116,6 +121,9 @@ def measure(runner: Callable[[Feeds, int], dict[str, np.ndarray]], sets: list[Sh
                 measured.total.add(ref_cache[key], got, feed)
             if ranked is not None:
                 ranked.append((how_far_off(ref_cache[key], got), source, i))
+            done += 1
+            if what:
+                progress.report(what, done, total)
             for name, r in ref_cache[key].items():
                 kept = measured.errors.setdefault(name, [])
                 left = ERROR_SAMPLE - sum(map(len, kept))

@@ -74,7 +74,7 @@ class _Job:
 def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
     work = out_dir / "work"
     work.mkdir()
-    job = _Job(params, inputs, measure.ReferenceModel.load(inputs.one("reference").path, work), work, out_dir)
+    job = _Job(params, inputs, measure.ReferenceModel.load(inputs, work), work, out_dir)
     gate.check_names("validate", "tolerances", params.tolerances,
                      [o.name for o in job.reference.session.get_outputs()])
     gate.check_metrics("validate", params.metrics, job.reference.session)
@@ -120,7 +120,10 @@ def run(params: ValidateStage, inputs: Inputs, out_dir: Path) -> StageResult:
                                   "not_shipped": sorted(verdict.not_shipped), "excluded": excluded,
                                   "left_out": sorted(verdict.optional),
                                   "worst_cosine": min((o.cosine for r in checked
-                                                       for o in r.accuracy.outputs.values()), default=None)})
+                                                       for o in r.accuracy.outputs.values()), default=None),
+                                  # the FP32 reference's outputs: samples computed, and read from the store
+                                  "fp32_computed": job.reference.kept.computed,
+                                  "fp32_reused": job.reference.kept.reused})
     if failed:
         raise StageFailed(judge.failure_line(failed, checked, repaired, params), result)
     return result
@@ -226,7 +229,8 @@ def _validate(job: _Job, cand: Candidate) -> tuple[CandidateResult, _Checked]:
     scoring = None
     if job.labels is not None:
         scoring = measure.Scoring(job.labels.tally(), job.labels.tally() if job.reference_labelled is None else None)
-    measured = measure.measure(runner, sets, job.reference, params.metrics, ranked, scoring)
+    measured = measure.measure(runner, sets, job.reference, params.metrics, ranked, scoring,
+                               what=f"validating {cand.name}")
     if scoring is not None and scoring.reference is not None:
         job.reference_labelled = scoring.reference.result()
     acc, rows = judge.judged(measured, sets, runtime, cand.precision, params)

@@ -1,0 +1,152 @@
+"""FP32 reference outputs computed once (issue #71): a model's outputs on a feed are the same whichever stage or run
+asks, so precision's check, calibrate's pre-flight and validate read them from the store's shared area instead of
+running the FP32 model again. A re-run where one variant changed runs no FP32 pass.
+
+    <root>/<key[:2]>/<key>.npz   the outputs, one array per output name (numpy's .npz, no pickles)
+    <root>/index/<key>           the .npz's sha256, checked before every read
+
+The key is the hash of what the outputs depend on: the model's digest (the store's digest of the artifact, not its
+path), the runtime (ONNX Runtime's version, its CPU provider, the graph as written), and each input's name, dtype,
+shape and bytes. An entry is written whole and renamed into place after its index record; an entry that does not
+match its record is dropped, never read. The area holds at most `TRTFLOW_REFERENCE_CACHE` bytes (2 GiB unless set,
+0 keeps none): after each write the least recently used entries beyond it are removed. A reader that loses an entry
+to a concurrent removal computes it again: the area saves time, it never decides a result.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from trtflow import files, settings
+from trtflow.artifact import Artifact, Inputs
+from trtflow.pipelines.row import REFERENCE_CACHE
+from trtflow.stages.ort.runner import run
+
+FORMAT = 1
+AREA = "references"  # the folder of the store's shared/ (local to each machine: a remote store does not sync it)
+INDEX = "index"
+RECORD_BYTES = 128
+ENTRY_BYTES = 8 << 30  # one sample's outputs: a detector's maps at a profile's max batch are hundreds of MB
+
+Outputs = dict[str, np.ndarray]
+Feed = dict[str, np.ndarray]
+
+
+def _feed_digest(feed: Feed) -> list[list[str]]:
+    return [[name, str(x.dtype), json.dumps(list(x.shape)), hashlib.sha256(np.ascontiguousarray(x).data).hexdigest()]
+            for name, x in sorted(feed.items())]
+
+
+def _runtime() -> str:
+    import onnxruntime as ort
+
+    return f"onnxruntime {ort.__version__} CPUExecutionProvider as-written"
+
+
+@dataclass
+class References:
+    """The FP32 outputs of the model whose store digest is `model`, kept under `root` (None: kept nowhere, every
+    output computed). `computed` and `reused` count the feeds of each kind, for the stage's report."""
+    root: Path | None
+    model: str
+    limit: int = field(default_factory=settings.REFERENCE_CACHE.get)
+    computed: int = 0
+    reused: int = 0
+
+    @classmethod
+    def of(cls, inputs: Inputs, model: Artifact) -> "References":
+        """The references of `model` (one of the stage's inputs), kept in the store's shared area where the stage
+        was given it (a stage run outside a store keeps none)."""
+        shared = inputs.optional(REFERENCE_CACHE)
+        return cls(shared.path / AREA if shared is not None else None, model.digest)
+
+    def of_session(self, sess: object) -> Callable[[Feed], Outputs]:
+        """The outputs on a feed of the model `sess` runs (the one whose digest this holds)."""
+        return lambda feed: self.outputs(feed, lambda f: run(sess, f))
+
+    def key(self, feed: Feed) -> str:
+        blob = json.dumps({"format": FORMAT, "model": self.model, "runtime": _runtime(), "feed": _feed_digest(feed)})
+        return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+    def outputs(self, feed: Feed, compute: Callable[[Feed], Outputs]) -> Outputs:
+        """The model's outputs on `feed`: read where kept and whole, else `compute(feed)` (and kept)."""
+        kept = self._enabled() and self._read(self.key(feed))
+        if kept:
+            self.reused += 1
+            return kept
+        out = compute(feed)
+        self.computed += 1
+        if self._enabled():
+            self._write(self.key(feed), out)
+        return out
+
+    def summary(self) -> str:
+        return f"FP32 reference: {self.computed} sample(s) computed, {self.reused} read from the store's " \
+               f"shared/{AREA}/"
+
+    def _enabled(self) -> bool:
+        return self.root is not None and self.limit > 0 and bool(self.model)
+
+    def _entry(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.npz"
+
+    def _read(self, key: str) -> Outputs | None:
+        entry = self._entry(key)
+        try:
+            record = files.read_bounded(self.root / INDEX / key, RECORD_BYTES, follow=False).decode("ascii").strip()
+            data = files.read_bounded(entry, ENTRY_BYTES, follow=False)
+        except (OSError, UnicodeDecodeError):
+            return None
+        if not re.fullmatch(r"[0-9a-f]{64}", record) or hashlib.sha256(data).hexdigest() != record:
+            self._drop(key)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(entry)  # used: the last to go
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+
+    def _write(self, key: str, outputs: Outputs) -> None:
+        """Best effort: an area that cannot be written costs a recomputation, nothing else."""
+        buffer = io.BytesIO()
+        np.savez(buffer, **outputs)
+        data = buffer.getvalue()
+        if len(data) > min(self.limit, ENTRY_BYTES):
+            return
+        try:
+            for folder in (self.root / INDEX, self._entry(key).parent):
+                folder.mkdir(parents=True, exist_ok=True)
+                if folder.is_symlink():  # entries are written into the store, never where a link leads
+                    return
+            files.write_atomic(self.root / INDEX / key, (hashlib.sha256(data).hexdigest() + "\n").encode())
+            files.write_atomic(self._entry(key), data)
+        except OSError:
+            return
+        self._evict()
+
+    def _drop(self, key: str) -> None:
+        for path in (self._entry(key), self.root / INDEX / key):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _evict(self) -> None:
+        """The least recently used entries removed until the area is within its limit."""
+        entries = []
+        for path in self.root.glob("??/*.npz"):
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                entries.append((st.st_mtime_ns, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.limit:
+                break
+            self._drop(path.stem)
+            total -= size
