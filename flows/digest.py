@@ -71,12 +71,7 @@ class DigestCache:
             return h.hexdigest()
         own = self.sha256(path)
         if type_ == "onnx":
-            extra = self._external_files(path)
-            if extra:
-                h = hashlib.sha256(own.encode())
-                for f in extra:
-                    h.update(f"{f.name}\0{self.sha256(f)}\n".encode())
-                return h.hexdigest()
+            return external_data.combined(own, [(f.name, self.sha256(f)) for f in self._external_files(path)])
         return own
 
     def _external_files(self, path: Path) -> list[Path]:

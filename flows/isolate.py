@@ -215,6 +215,7 @@ def _child(conn, call: bytes, sys_path: list[str], log: str, environ: dict[str, 
         text = traceback.format_exc()
         conn.send_bytes(raised(exc, text))
     finally:
+        phases.flush()
         conn.close()
 
 

@@ -1,6 +1,7 @@
 """Issue #71 Build 2: the FP32 reference is computed once. PP-OCR's trained direction classifier on real text
 lines, made FP16 and INT8 and validated; then the INT8 variant's calibration method changed: calibrate and validate
-run again and read every FP32 output from the store (stages/ort/references.py), running the FP32 model not once.
+run again and read every FP32 output from the store (stages/ort/references.py), running the FP32 model not once,
+and validate runs the changed variant only.
 The passes are counted by ONNX Runtime's own runs (trtflow/phases.py records each, with its role), not by the
 cache."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tests.assets import trtflow
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ppocr-cls"
-FP32 = "fp32 reference"  # stages/ort/runner.py FP32: the role of the FP32 model's sessions
+FP32, CANDIDATE = "fp32 reference", "candidate"  # stages/ort/runner.py: the roles of the sessions counted
 
 PIPELINE = """
 version: 1
@@ -47,11 +48,13 @@ def _lines(folder: Path) -> None:
         np.save(folder / f"{png.stem}.npy", padded[None])
 
 
-def _passes(ledger: Path) -> dict[str, int]:
+def _passes(ledger: Path, stage: str | None = None) -> dict[str, int]:
+    """Passes per role, of every stage's process or of `stage`'s."""
     counts: dict[str, int] = {}
     for line in ledger.read_text().splitlines() if ledger.exists() else []:
-        role = json.loads(line).get("pass")
-        if role is not None:
+        entry = json.loads(line)
+        role = entry.get("pass")
+        if role is not None and stage in (None, entry["process"].removeprefix("trtflow-")):
             counts[role] = counts.get(role, 0) + 1
     return counts
 
@@ -85,6 +88,9 @@ def test_a_rerun_where_one_variant_changed_runs_the_fp32_model_not_once(tmp_path
     again = _passes(tmp_path / "second.jsonl")
     assert again.get(FP32, 0) == 0, again
     assert sum(again.values()) > 0, again  # the INT8 variant was calibrated and compared: passes were recorded
+    # validate ran the changed INT8 variant only: the FP16 variant's outputs were kept from the first run
+    both, one = _passes(tmp_path / "first.jsonl", "validate"), _passes(tmp_path / "second.jsonl", "validate")
+    assert one[CANDIDATE] * 2 == both[CANDIDATE], (both, one)
 
     # the area turned off: the same change runs the FP32 model again (what the store saved is real)
     monkeypatch.setenv("TRTFLOW_PHASES", str(tmp_path / "third.jsonl"))

@@ -6,6 +6,7 @@ the model, the tensor and the location. `trtflow init`, the source model's diges
 loading a model with its data (`stages/onnx/model_io.py`) check through here."""
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -32,6 +33,27 @@ def locations(model: onnx.ModelProto) -> list[tuple[str, str]]:
 def files(model_file: Path, model: onnx.ModelProto) -> list[Path]:
     """The external-data files `model` (read from `model_file` without its data) refers to, each checked."""
     return sorted({checked(model_file, tensor, location) for tensor, location in locations(model)})
+
+
+def combined(own: str, extra: list[tuple[str, str]]) -> str:
+    """An ONNX model's digest as the store records it: its file's sha256 (`own`), or, with external data, that
+    combined with each external file's (name, sha256)."""
+    if not extra:
+        return own
+    h = hashlib.sha256(own.encode())
+    for name, digest in extra:
+        h.update(f"{name}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
+def model_digest(model_file: Path) -> str:
+    """The digest the store gives an ONNX model file (flows/digest.py), computed here without its cache."""
+    import onnx
+
+    from trtflow.files import sha256
+
+    model = onnx.load(str(model_file), load_external_data=False)
+    return combined(sha256(model_file), [(f.name, sha256(f)) for f in files(model_file, model)])
 
 
 def checked(model_file: Path, tensor: str, location: str) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -41,6 +42,17 @@ def since_process_start() -> float:
     return max(0.0, procfs.seconds(procfs.now_ticks() - ticks)) if ticks is not None else 0.0
 
 
+def timed(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A function whose calls add up as the phase `name` (a leaf of the work: nothing timed inside it)."""
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            with phase(name):
+                return func(*args, **kwargs)
+        return timed_call
+    return wrap
+
+
 def recording() -> bool:
     return bool(os.environ.get(VARIABLE))
 
@@ -66,7 +78,15 @@ def _write() -> None:
     target = os.environ.get(VARIABLE)
     if target and _totals:
         with open(target, "a") as fh:
-            fh.write(json.dumps({"pid": os.getpid(), "phases": _totals}) + "\n")
+            fh.write(json.dumps({"pid": os.getpid(), "process": multiprocessing.current_process().name,
+                                 "phases": _totals}) + "\n")
+
+
+def flush() -> None:
+    """The phases so far written now, and counted afresh (a stage's process, which may end without exit handlers)."""
+    with _lock:
+        _write()
+        _totals.clear()
 
 
 atexit.register(_write)

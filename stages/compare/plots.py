@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtflow import phases
 from trtflow.stages.compare.records import LayerRow
 
 
@@ -17,6 +18,7 @@ def _pyplot():
     return plt
 
 
+@phases.timed("plots")
 def error_histograms(errors: dict[str, list[np.ndarray]], path: Path, title: str) -> Path:
     """One histogram of |candidate - reference| per output (log-spaced bins: errors span decades)."""
     plt = _pyplot()
@@ -41,6 +43,7 @@ def error_histograms(errors: dict[str, list[np.ndarray]], path: Path, title: str
     return path
 
 
+@phases.timed("plots")
 def layer_drift(rows: list[LayerRow], first: LayerRow | None, path: Path, title: str) -> Path:
     """1 - cosine of every compared tensor in graph order, the first bad node marked."""
     plt = _pyplot()
@@ -64,6 +67,7 @@ def layer_drift(rows: list[LayerRow], first: LayerRow | None, path: Path, title:
     return path
 
 
+@phases.timed("plots")
 def latency_histograms(samples: dict[str, list[float]], path: Path, title: str) -> Path:
     """One histogram of per-iteration latency per cell, with its median and p99 marked."""
     plt = _pyplot()

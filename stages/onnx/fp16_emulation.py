@@ -12,9 +12,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtflow import phases
+
 FLOAT = TensorProto.FLOAT
 
 
+@phases.timed("FP16 emulation graphs")
 def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx.ModelProto:
     """`half`: the nodes the FP16 variant runs in FP16 (`fp16.plan(...).half`), so both agree node by node. A
     DequantizeLinear read only by ops TensorRT fuses it into (Conv, Gemm, MatMul: the INT8 kernel takes the INT8

@@ -7,7 +7,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx.external_data_helper import load_external_data_for_model
 
-from trtflow import external_data
+from trtflow import external_data, phases
 from trtflow.errors import StageError
 from trtflow.text import first_line
 
@@ -19,6 +19,7 @@ def has_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in _get_all_tensors(model))
 
 
+@phases.timed("ONNX files: load and save")
 def load(path: Path, with_data: bool = True) -> onnx.ModelProto:
     """The model at `path`, its external data with it (`with_data`) once every location is checked (SpecError)."""
     path = Path(path)
@@ -39,6 +40,7 @@ def load(path: Path, with_data: bool = True) -> onnx.ModelProto:
         raise StageError(f"cannot read {path}: {exc}") from None
 
 
+@phases.timed("ONNX files: load and save")
 def save(model: onnx.ModelProto, path: Path, external: bool | None = None) -> list[Path]:
     """Save; external data when asked, or when the model would not fit in one protobuf. Returns files written."""
     path = Path(path)

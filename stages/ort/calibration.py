@@ -21,7 +21,7 @@ import numpy as np
 
 from trtflow import progress
 from trtflow.stages.ort import memory
-from trtflow.stages.ort.runner import session
+from trtflow.stages.ort.runner import CALIBRATION, session
 
 HISTOGRAM_BINS = 2048  # TensorRT's
 # below this many values a 2048-bin histogram is too sparse for the KL search to mean anything (a squeeze-excite
@@ -122,7 +122,7 @@ class StreamedCalibration:
         self.calibrator = create_calibrator(model, op_types, augmented_model_path=str(work / "augmented.onnx"),
                                             calibrate_method=collector, extra_options=options)
         # the augmented model run as every stage runs a model (runner.session: its graph known to the budget)
-        self.calibrator.infer_session = session(work / "augmented.onnx")
+        self.calibrator.infer_session = session(work / "augmented.onnx", role=CALIBRATION)
         self.samples = 0
         self.full_range: list[str] = []  # tensors whose histogram was too sparse for the KL search
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from trtflow import child
+from trtflow import child, phases
 from trtflow.errors import TransientStageError
 from trtflow.no_torch import torch_hidden
 from trtflow.text import first_line
@@ -28,6 +28,7 @@ class PrepResponse(BaseModel):
     warnings: list[str] = []
 
 
+@phases.timed("quantization pre-processing (ONNX Runtime's, shape inference)")
 def pre_process(src: Path, dst: Path, work: Path) -> list[str]:
     """Write the pre-processed model to `dst` (the source as is when every attempt fails); returns warnings."""
     outcome = child.call("trtflow.stages.ort.quant_prep", PrepRequest(src=str(src), dst=str(dst)), PrepResponse,

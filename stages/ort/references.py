@@ -1,6 +1,8 @@
 """FP32 reference outputs computed once (issue #71): a model's outputs on a feed are the same whichever stage or run
 asks, so precision's check, calibrate's pre-flight and validate read them from the store's shared area instead of
-running the FP32 model again. A re-run where one variant changed runs no FP32 pass.
+running the FP32 model again. A re-run where one variant changed runs no FP32 pass. Validate keeps its candidates'
+outputs on ONNX Runtime the same way (`of_file`): an FP32 candidate's are the reference's, and a variant that did
+not change is not run again when another did.
 
     <root>/<key[:2]>/<key>.npz   the outputs, one array per output name (numpy's .npz, no pickles)
     <root>/index/<key>           the .npz's sha256, checked before every read
@@ -28,8 +30,9 @@ import numpy as np
 
 from trtflow import files, settings
 from trtflow.artifact import Artifact, Inputs
+from trtflow.external_data import model_digest
 from trtflow.pipelines.row import REFERENCE_CACHE
-from trtflow.stages.ort.runner import run
+from trtflow.stages.ort.runner import run, session
 
 FORMAT = 1
 AREA = "references"  # the folder of the store's shared/ (local to each machine: a remote store does not sync it)
@@ -72,6 +75,19 @@ class References:
     def of_session(self, sess: object) -> Callable[[Feed], Outputs]:
         """The outputs on a feed of the model `sess` runs (the one whose digest this holds)."""
         return lambda feed: self.outputs(feed, lambda f: run(sess, f))
+
+    def of_file(self, model_file: Path, role: str) -> Callable[[Feed], Outputs]:
+        """The outputs on a feed of another model run as written (a candidate's emulation), kept in the same area
+        under its own digest; its session made at the first feed not kept (`role`: trtflow/phases.py's passes)."""
+        kept = References(self.root, model_digest(model_file) if self._enabled() else "", self.limit)
+        made: list[object] = []
+
+        def compute(feed: Feed) -> Outputs:
+            if not made:
+                made.append(session(model_file, role=role))
+            return run(made[0], feed)
+
+        return lambda feed: kept.outputs(feed, compute)
 
     def key(self, feed: Feed) -> str:
         blob = json.dumps({"format": FORMAT, "model": self.model, "runtime": _runtime(), "feed": _feed_digest(feed)})

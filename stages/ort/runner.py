@@ -14,10 +14,15 @@ from trtflow.stages.compare.records import OutputDiff
 from trtflow.stages.ort import memory
 
 RUNTIME = "onnxruntime-cpu"
-FP32 = "fp32 reference"  # the role of a session running the FP32 model for its outputs (trtflow/phases.py passes)
+# the roles of sessions whose passes bench/floor.py counts as work a stage cannot skip (trtflow/phases.py passes):
+FP32 = "fp32 reference"  # the FP32 model run for its outputs
+CANDIDATE = "candidate"  # a variant (or its emulation) run to be compared with them
+CALIBRATION = "calibration"  # the model with its activations exposed, run for their ranges
+PARITY = "parity comparison"  # the model on deploy-time and on training inputs
 DEFAULT_DYNAMIC = 64  # size used for a dynamic non-batch dimension when no shape is given
 
 
+@phases.timed("ONNX Runtime sessions: made")
 def session(path: Path, spin: bool = False, role: str = ""):
     """An ONNX Runtime CPU session of the model as written. Its threads do not spin waiting for work unless `spin`
     (the benchmark harness, which times it): stages run side by side, and on a shared machine spinning threads take

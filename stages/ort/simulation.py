@@ -17,7 +17,7 @@ from trtflow.stages.compare.accuracy import Comparison
 from trtflow.stages.compare.records import Accuracy
 from trtflow.stages.onnx import model_io
 from trtflow.stages.onnx.fp16_emulation import emulate, emulated, half_nodes, holds_fp16, keeps_io_types
-from trtflow.stages.ort.runner import RUNTIME, run, session
+from trtflow.stages.ort.runner import CANDIDATE, RUNTIME, run, session
 
 SIMULATION = {"fp32": f"{RUNTIME} (FP32 variant)",
               "fp16": f"{RUNTIME} (simulated FP16: storage rounded per node, FP32 accumulation)",
@@ -52,7 +52,7 @@ class Simulation:
 
     def session(self, work: Path, stem: str = "simulation") -> Any:
         """An ONNX Runtime session of the simulated model."""
-        return session(self.file(work, stem))
+        return session(self.file(work, stem), role=CANDIDATE)
 
 
 def simulate(variant: Path, reference: onnx.ModelProto, precision: Precision) -> Simulation:

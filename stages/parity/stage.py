@@ -133,9 +133,9 @@ def _after_fix(steps: Steps, tensors: list, model: Artifact | None, tol: ParityT
 def _model_check(model: Path, tensors: list, rows: list, tol: ParityTolerances,
                  diagnosis: Diagnosis | None = None) -> ModelParity:
     """The model's outputs on the deploy tensors vs on the training tensors (ONNX Runtime, CPU)."""
-    from trtflow.stages.ort.runner import RUNTIME, fit_to_input, session
+    from trtflow.stages.ort.runner import PARITY, RUNTIME, fit_to_input, session
 
-    sess = session(model)
+    sess = session(model, role=PARITY)
     inp = sess.get_inputs()[0]
     want = list(inp.shape)
     first = tensors[0][1]

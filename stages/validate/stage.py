@@ -35,7 +35,7 @@ from trtflow.stages.onnx.records import Composition
 from trtflow.stages.onnx.split import ChainSession
 from trtflow.stages.ort import layerwise, memory, qdq, simulation
 from trtflow.stages.ort import runner as ort_runner
-from trtflow.stages.ort.runner import RUNTIME, session
+from trtflow.stages.ort.runner import CANDIDATE, RUNTIME, session
 from trtflow.stages.ort.samples import Feeds, SampleSource
 from trtflow.stages.trt import building
 from trtflow.stages.trt.engines import PLAN, VARIANT, Candidate, engine_candidates
@@ -297,8 +297,8 @@ def _runtime(job: _Job, cand: Candidate) -> tuple[str, Callable[[Feeds, int], di
                 lambda f, p: memory.chunked(pieces.run, f, whole),
                 why or "an offloaded chain's TensorRT pieces are not run by validate yet: it runs the chain on "
                        "ONNX Runtime", sim_model)
-    sess = sim.session(job.work, cand.variant)
-    return label, lambda f, p: ort_runner.run(sess, f), why, sim_model
+    outputs = job.reference.kept.of_file(sim.file(job.work, cand.variant), CANDIDATE)
+    return label, lambda f, p: outputs(f), why, sim_model
 
 
 # ---------------------------------------------------------------------------------------------- repair
