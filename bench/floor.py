@@ -137,29 +137,14 @@ class Stage:
                       key=lambda item: -item[1])
 
 
-def _builder_seconds(report: dict) -> float:
-    """The seconds of every engine build (records.Built) and trial build (records.TrialBuild) in a report."""
-    total = 0.0
-    stack = [report]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if isinstance(item.get("seconds"), (int, float)) and "engine_bytes" in item:  # a build's record
-                total += float(item["seconds"])
-            stack += list(item.values())
-        elif isinstance(item, list):
-            stack += item
-    return total
-
-
-def _measured_seconds(report: dict) -> float:
-    """The timed part of every benchmark measurement in a report (`total_host_walltime_s`)."""
+def _summed(report: dict, key: str, marker: str) -> float:
+    """The sum of every number under `key` in the dicts of a report that also hold `marker`."""
     total, stack = 0.0, [report]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
-            if isinstance(item.get("total_host_walltime_s"), (int, float)):
-                total += float(item["total_host_walltime_s"])
+            if isinstance(item.get(key), (int, float)) and marker in item:
+                total += float(item[key])
             stack += list(item.values())
         elif isinstance(item, list):
             stack += item
@@ -230,7 +215,9 @@ def run_cold(name: str, work: Path) -> list[Stage]:
         stage.wall = published(directory).timings.work_seconds or 0.0
         report = directory / "report.json"
         data = json.loads(report.read_text()) if report.exists() else {}
-        stage.builds, stage.measured = _builder_seconds(data), _measured_seconds(data)
+        # every engine build (records.Built) and trial build (records.TrialBuild), every timed measurement
+        stage.builds = _summed(data, "seconds", "engine_bytes")
+        stage.measured = _summed(data, "total_host_walltime_s", "total_host_walltime_s")
     for line in ledger.read_text().splitlines() if ledger.exists() else []:
         entry = json.loads(line)
         stage = stages.get(str(entry.get("process", "")).removeprefix("trtflow-"))

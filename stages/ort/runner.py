@@ -216,28 +216,32 @@ class ModelDiff:
 
 
 def compare_models(ref_path: Path, new_path: Path, feeds: Iterable[dict[str, np.ndarray]], rtol: float,
-                   atol: float) -> ModelDiff:
+                   atol: float, ref_outputs: list[dict[str, np.ndarray]] | None = None
+                   ) -> tuple[ModelDiff, list[dict[str, np.ndarray]]]:
     """Both models on the same inputs; the worst difference per output over all samples, and a violation per
-    output with elements beyond atol + rtol * |reference|. A failure of the reference model itself raises
-    `ReferenceFailed` (the inputs, not the transformation, are at fault)."""
-    ref_sess, new_sess = session(ref_path), session(new_path)
-    found = ModelDiff(RUNTIME, rtol, atol)
-    for feed in feeds:
+    output with elements beyond atol + rtol * |reference|, with the new model's outputs per sample (the next
+    check's `ref_outputs`, when the new model is its reference: not run twice). A failure of the reference model
+    itself raises `ReferenceFailed` (the inputs, not the transformation, are at fault)."""
+    ref_sess = session(ref_path) if ref_outputs is None else None
+    new_sess = session(new_path)
+    found, made = ModelDiff(RUNTIME, rtol, atol), []
+    for index, feed in enumerate(feeds):
         found.input_shapes = {k: list(v.shape) for k, v in feed.items()}
         try:
-            ref = run(ref_sess, feed)
+            ref = run(ref_sess, feed) if ref_outputs is None else ref_outputs[index]
         except StageError:  # the memory budget's refusal (memory.py): one line naming the shape already
             raise
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own exception types
             raise ReferenceFailed(exc, feed) from None
         found.samples += 1
-        for name, r in compare(ref, run(new_sess, feed), rtol, atol).items():
+        made.append(run(new_sess, feed))
+        for name, r in compare(ref, made[-1], rtol, atol).items():
             prev = found.outputs.get(name)
             if prev is None or not r.ok or (r.max_abs or 0) > (prev.max_abs or 0):
                 if prev is None or prev.ok:
                     found.outputs[name] = r
     found.violations = [f"output '{name}': {r.problem(rtol, atol)}" for name, r in found.outputs.items() if not r.ok]
-    return found
+    return found, made
 
 
 class ReferenceFailed(Exception):

@@ -275,6 +275,7 @@ class _Checker:
         data = c.data or SampleData(random=True, samples=c.samples, seed=c.seed)
         data = data.model_copy(update={"shapes": {**params.input_shapes, **data.shapes}})
         self.source: SampleSource | None = None
+        self._last: tuple[Path, list] | None = None  # the last model checked and its outputs per sample
         try:
             model_inputs = ort_runner.session(path).get_inputs()
         except Exception as exc:  # noqa: BLE001 - e.g. custom ops ONNX Runtime cannot run
@@ -285,9 +286,11 @@ class _Checker:
     def __call__(self, ref: Path, new: Path) -> ModelCheck:
         if self.source is None:
             return ModelCheck(skipped=f"ONNX Runtime could not run the models: {self.unavailable}")
+        known = self._last[1] if self._last is not None and self._last[0] == ref else None
         try:
-            found = ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))), self.rtol,
-                                              self.atol)
+            found, outputs = ort_runner.compare_models(ref, new, self.source.feeds(range(len(self.source))),
+                                                       self.rtol, self.atol, known)
+            self._last = (new, outputs)
             return ModelCheck(ok=bool(found), rtol=found.rtol, atol=found.atol, input_shapes=found.input_shapes,
                               runtime=found.runtime, samples=found.samples, outputs=found.outputs,
                               violations=found.violations, data=self.source.label)
