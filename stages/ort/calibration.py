@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from trtflow import progress
+from trtflow import phases, progress
 from trtflow.stages.ort import memory
 from trtflow.stages.ort.runner import CALIBRATION, session
 
@@ -121,6 +121,8 @@ class StreamedCalibration:
             (CalibrationMethod.Percentile, {"symmetric": True, "num_bins": HISTOGRAM_BINS})
         self.calibrator = create_calibrator(model, op_types, augmented_model_path=str(work / "augmented.onnx"),
                                             calibrate_method=collector, extra_options=options)
+        if method != "minmax":  # ONNX Runtime's own collector, as it makes it; its statistics' time is a phase
+            self.calibrator.collector = _timed_collector(self.calibrator)
         # the augmented model run as every stage runs a model (runner.session: its graph known to the budget)
         self.calibrator.infer_session = session(work / "augmented.onnx", role=CALIBRATION)
         self.samples = 0
@@ -180,6 +182,18 @@ class StreamedCalibration:
             t = np.array(_largest(lo, hi), dtype=np.float32)
             data[name] = TensorData(lowest=-t, highest=t, hist=hist, hist_edges=edges.astype(np.float32))
         return TensorsData(self._histogram_method(), data)
+
+
+def _timed_collector(calibrator: Any) -> Any:
+    """The histogram collector ONNX Runtime's calibrator makes at its first batch, made now, its `collect` a phase
+    (trtflow/phases.py: the |x| histograms cost more than the calibration pass's inference on a detector)."""
+    from onnxruntime.quantization.calibrate import HistogramCollector
+
+    collector = HistogramCollector(method=calibrator.method, symmetric=calibrator.symmetric,
+                                   num_bins=calibrator.num_bins, num_quantized_bins=calibrator.num_quantized_bins,
+                                   percentile=calibrator.percentile, scenario=calibrator.scenario)
+    collector.collect = phases.timed("calibration statistics (ONNX Runtime's |x| histograms)")(collector.collect)
+    return collector
 
 
 def save(tensors: Any, path: Path) -> None:
