@@ -29,7 +29,6 @@ totals are printed side by side.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import shutil
@@ -267,10 +266,7 @@ def main() -> None:
             table.add_row("all", f"{total_wall:.1f}", f"{total_floor:.1f}",
                           f"{total_wall / total_floor:.1f}x" if total_floor else "-", "", "")
             console.print(table)
-            counted = collections.Counter()
-            for s in stages:
-                counted.update({r: c for r, c in s.counts.items() if r == FP32})
-            console.print(f"{name}: FP32 reference passes over the run: {counted.get(FP32, 0)}")
+            console.print(f"{name}: FP32 reference passes over the run: {sum(s.counts.get(FP32, 0) for s in stages)}")
 
 
 if __name__ == "__main__":
