@@ -47,6 +47,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from trtflow import phases
 from trtflow.stages.ort.runner import CALIBRATION, CANDIDATE, FP32, PARITY
 
 # the passes a stage cannot skip, by the role of their session: the FP32 reference's (each (model, feed) once: a
@@ -150,7 +151,9 @@ def _summed(report: dict, key: str, marker: str) -> float:
     return total
 
 
-PACKAGES = {"trtflow": "trtflow", "pipelines": "trtflow/pipelines", "flows": "trtflow/flows", "stages": "trtflow/stages"}
+# where each repository folder goes in the wheel's layout (tests/test_new_kind.py copies the tree the same way)
+PACKAGES = {"trtflow": "trtflow", "pipelines": "trtflow/pipelines", "flows": "trtflow/flows",
+            "stages": "trtflow/stages"}
 
 
 def source_at(rev: str, dst: Path) -> Path:
@@ -217,17 +220,17 @@ def run_cold(name: str, work: Path) -> list[Stage]:
         # every engine build (records.Built) and trial build (records.TrialBuild), every timed measurement
         stage.builds = _summed(data, "seconds", "engine_bytes")
         stage.measured = _summed(data, "total_host_walltime_s", "total_host_walltime_s")
-    for line in ledger.read_text().splitlines() if ledger.exists() else []:
-        entry = json.loads(line)
-        stage = stages.get(str(entry.get("process", "")).removeprefix("trtflow-"))
-        if stage is not None and "phases" in entry:
-            for phase, seconds in entry["phases"].items():
-                stage.phases[phase] = stage.phases.get(phase, 0.0) + seconds
-        if stage is None or "pass" not in entry:
-            continue
-        role = entry["pass"]
-        stage.passes[role] = stage.passes.get(role, 0.0) + entry["seconds"]
-        stage.counts[role] = stage.counts.get(role, 0) + 1
+    totals, passes = phases.recorded(ledger)
+    for entry in totals:
+        stage = stages.get(entry["process"].removeprefix("trtflow-"))
+        for phase, seconds in entry["phases"].items() if stage is not None else ():
+            stage.phases[phase] = stage.phases.get(phase, 0.0) + seconds
+    for entry in passes:
+        stage = stages.get(entry["process"].removeprefix("trtflow-"))
+        if stage is not None:
+            role = entry["pass"]
+            stage.passes[role] = stage.passes.get(role, 0.0) + entry["seconds"]
+            stage.counts[role] = stage.counts.get(role, 0) + 1
     return list(stages.values())
 
 

@@ -57,8 +57,10 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
 def phase_totals(path: Path) -> dict[str, float]:
     """The phases' seconds summed over the processes that wrote them to `path` (trtflow/phases.py)."""
     totals: dict[str, float] = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        for name, seconds in json.loads(line)["phases"].items():
+    from trtflow import phases
+
+    for entry in phases.recorded(path)[0]:
+        for name, seconds in entry["phases"].items():
             totals[name] = totals.get(name, 0.0) + seconds
     return totals
 

@@ -13,19 +13,6 @@ from trtflow.disk import disk_cause
 from trtflow.files import RECORD_BYTES, read_json, sha256, stamp
 
 
-def onnx_external_files(path: Path) -> list[Path]:
-    """The external-data files an ONNX model refers to (none for a self-contained model), each checked before a
-    byte of it is read (`trtflow/external_data.py`: anything but a regular file inside the model's directory is a
-    SpecError)."""
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # not our job to judge the model here; the stage will
-        return []
-    return external_data.files(path, model)
-
-
 class DigestCache:
     """sha256 per file, remembered by its `stamp` in one JSON file."""
 
@@ -82,7 +69,7 @@ class DigestCache:
             hit = self._entries.get(key)
         if hit and hit[:4] == now:  # the locations are the model's; what they point at is checked again
             return [external_data.checked(path, "?", n) for n in hit[4]]
-        files = onnx_external_files(path)
+        files = external_data.files_of(path)
         with self._lock:
             self._entries[key] = now + [[str(f.relative_to(path.parent)) for f in files]]
             self._dirty = True

@@ -4,10 +4,12 @@ from ONNX Runtime's runs (trtflow/phases.py records each with its model's file n
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from trtflow import phases
 from trtflow.artifact import Artifact, Inputs
 from trtflow.pipelines.params.prepare import PrepareStage
 from trtflow.stages.prepare import stage as prepare
@@ -27,9 +29,5 @@ def test_the_converted_model_runs_once_per_check_sample(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     samples = report["conversion"]["check"]["samples"]
     assert samples >= 2 and report["simplification"]["check"]["samples"] == samples and result.outputs["model"]
-    runs: dict[str, int] = {}
-    for line in ledger.read_text().splitlines():
-        entry = json.loads(line)
-        if "pass" in entry:
-            runs[entry["pass"]] = runs.get(entry["pass"], 0) + 1
+    runs = Counter(entry["pass"] for entry in phases.recorded(ledger)[1])
     assert runs == {"original.onnx": samples, "converted.onnx": samples, "simplified.onnx": samples}, runs

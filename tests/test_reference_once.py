@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import cv2
@@ -15,10 +16,11 @@ import numpy as np
 import pytest
 
 from tests.assets import trtflow
+from trtflow import phases
+from trtflow.stages.ort.runner import CANDIDATE, FP32
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ppocr-cls"
-FP32, CANDIDATE = "fp32 reference", "candidate"  # stages/ort/runner.py: the roles of the sessions counted
 
 PIPELINE = """
 version: 1
@@ -50,13 +52,8 @@ def _lines(folder: Path) -> None:
 
 def _passes(ledger: Path, stage: str | None = None) -> dict[str, int]:
     """Passes per role, of every stage's process or of `stage`'s."""
-    counts: dict[str, int] = {}
-    for line in ledger.read_text().splitlines() if ledger.exists() else []:
-        entry = json.loads(line)
-        role = entry.get("pass")
-        if role is not None and stage in (None, entry["process"].removeprefix("trtflow-")):
-            counts[role] = counts.get(role, 0) + 1
-    return counts
+    return dict(Counter(e["pass"] for e in phases.recorded(ledger)[1]
+                        if stage in (None, e["process"].removeprefix("trtflow-"))))
 
 
 def _keys(store: Path) -> dict[str, str]:

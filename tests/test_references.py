@@ -108,3 +108,23 @@ def test_a_symlinked_index_is_never_written_through(tmp_path):
     (root / INDEX).symlink_to(elsewhere)
     _refs(root).outputs(_feed(0), Counting())
     assert not list(elsewhere.iterdir())
+
+
+def test_string_inputs_are_keyed_by_their_values_not_their_buffers(tmp_path):
+    """ONNX Runtime's string tensors are object arrays: their buffer holds addresses, which the key must not read."""
+    refs = _refs(tmp_path)
+    same = {"text": np.array(["".join(["a", "b"]), "c"], dtype=object)}
+    again = {"text": np.array(["ab", "c"], dtype=object)}
+    other = {"text": np.array(["ab", "d"], dtype=object)}
+    assert refs.key(same) == refs.key(again) != refs.key(other)
+
+
+def test_outputs_named_as_savez_arguments_read_back(tmp_path):
+    def compute(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"file": feed["x"], "allow_pickle": feed["x"] + 1, "arr_0": feed["x"] * 3}
+
+    _refs(tmp_path).outputs(_feed(0), compute)
+    again = _refs(tmp_path)
+    out = again.outputs(_feed(0), compute)
+    assert again.reused == 1 and list(out) == ["file", "allow_pickle", "arr_0"]
+    assert np.array_equal(out["arr_0"], _feed(0)["x"] * 3)

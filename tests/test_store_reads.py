@@ -23,6 +23,7 @@ ALLOWED: dict[tuple[str, str], str] = {  # (file, function): why its plain read 
     ("flows/isolate.py", "_Tail.run"): OWN,
     ("flows/isolate.py", "_answer"): OWN,  # a crashed stage process's log
     ("flows/isolate.py", "_wind_up"): OWN,
+    ("trtflow/phases.py", "recorded"): OWN,  # the benches' and tests' record of phases and passes (TRTFLOW_PHASES)
     ("flows/server.py", "_start"): OWN,  # the log of the Prefect server this process started
     ("flows/store.py", "LocalStore.publish"): OWN,  # opened to fsync the staging this run wrote, not read
     ("stages/benchmark/stage.py", "_trtexec"): OWN,  # trtexec's output, which this process redirected there

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtflow.errors import SpecError
+from trtflow.files import sha256
 
 if TYPE_CHECKING:
     import onnx
@@ -46,14 +47,21 @@ def combined(own: str, extra: list[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def model_digest(model_file: Path) -> str:
-    """The digest the store gives an ONNX model file (flows/digest.py), computed here without its cache."""
+def files_of(model_file: Path) -> list[Path]:
+    """The external-data files the ONNX model at `model_file` refers to (none for a self-contained model, or one
+    ONNX cannot read: judging it is not this function's job), each checked before a byte of it is read."""
     import onnx
 
-    from trtflow.files import sha256
+    try:
+        model = onnx.load(str(model_file), load_external_data=False)
+    except Exception:  # noqa: BLE001 - the stage that reads the model says what is wrong with it
+        return []
+    return files(model_file, model)
 
-    model = onnx.load(str(model_file), load_external_data=False)
-    return combined(sha256(model_file), [(f.name, sha256(f)) for f in files(model_file, model)])
+
+def model_digest(model_file: Path) -> str:
+    """The digest the store gives an ONNX model file (flows/digest.py), computed here without its cache."""
+    return combined(sha256(model_file), [(f.name, sha256(f)) for f in files_of(model_file)])
 
 
 def checked(model_file: Path, tensor: str, location: str) -> Path:

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from trtflow import procfs
@@ -72,6 +73,13 @@ def timed_passes(run: Callable[..., Any], role: str) -> Callable[..., Any]:
         return out
 
     return timed
+
+
+def recorded(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What processes wrote to the file `TRTFLOW_PHASES` named: (their phase totals, an entry per process and flush,
+    {"pid", "process", "phases": {name: seconds}}; the passes, an entry per run, as `timed_passes` writes them)."""
+    entries = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [e for e in entries if "phases" in e], [e for e in entries if "pass" in e]
 
 
 def _write() -> None:

@@ -192,6 +192,13 @@ MIN_BUDGET = 2**26  # 64 MiB: less does not hold ONNX Runtime itself
 PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 
 
+def _bytes(text: str) -> float | None:
+    """A size such as 8GiB, 512MiB or 1.5G in bytes (binary units); None where it is not one, or not finite."""
+    size = SIZE.fullmatch(text.strip())
+    value = float(size.group(1)) * SIZE_UNITS[size.group(2).upper()] if size else None
+    return value if value is not None and math.isfinite(value) else None
+
+
 @dataclass(frozen=True)
 class Memory(Setting):
     """A memory budget (`Budget`): a size such as 8GiB or 512MiB (binary units: 1G is 1GiB), or a share of the
@@ -213,11 +220,8 @@ class Memory(Setting):
             if not 1 <= value <= 100:
                 raise self._bad(raw)
             return Budget(share=value / 100)
-        size = SIZE.fullmatch(text)
-        if size is None:
-            raise self._bad(raw)
-        value = float(size.group(1)) * SIZE_UNITS[size.group(2).upper()]
-        if not (math.isfinite(value) and value >= MIN_BUDGET):
+        value = _bytes(text)
+        if value is None or value < MIN_BUDGET:
             raise self._bad(raw)
         return Budget(size=int(value))
 
@@ -235,11 +239,8 @@ class Bytes(Setting):
         raw = self._raw()
         if raw is None:
             return self.default
-        size = SIZE.fullmatch(raw.strip())
-        if size is None:
-            raise self._bad(raw)
-        value = float(size.group(1)) * SIZE_UNITS[size.group(2).upper()]
-        if not math.isfinite(value):
+        value = _bytes(raw)
+        if value is None:
             raise self._bad(raw)
         return int(value)
 

@@ -6,7 +6,6 @@ for classifier scores (an `OutputAccuracy` per output); validate, the precision 
 parity's model check use it."""
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ from trtflow.metrics import outputs
 from trtflow.metrics.builtin.topk import TopK
 from trtflow.metrics.contract import Sample
 from trtflow.stages.compare.records import NEGLIGIBLE, Accuracy, OutputAccuracy
+from trtflow.stages.ort.runner import feed_digest
 
 REL_FLOOR = 1e-3  # max_rel ignores reference elements below this share of the output's largest |value|
 
@@ -115,7 +115,7 @@ class Comparison:
         """One sample's outputs; `feed`, its inputs (a metric may read one, e.g. an attention mask)."""
         self.samples += 1
         if feed and not self._distinct:  # (once two samples differ, nothing more to learn)
-            digest = _feed_digest(feed)
+            digest = feed_digest(feed)
             self._first_feed = self._first_feed or digest
             self._distinct = self._distinct or digest != self._first_feed
         sample = Sample(feed or {}, ref, got)
@@ -147,12 +147,3 @@ class Comparison:
         return (f"the reference's output does not vary with its input: this comparison cannot catch errors (over "
                 f"{self.samples} distinct samples, output {spread}); a model with random or untrained weights, or "
                 f"inputs it does not respond to (give samples from the deployment's distribution)")
-
-
-def _feed_digest(feed: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha1()
-    for name in sorted(feed):
-        x = np.ascontiguousarray(feed[name])
-        h.update(f"{name}{x.dtype}{x.shape}".encode())
-        h.update(repr(x.tolist()).encode() if x.dtype.kind == "O" else x.data)
-    return h.hexdigest()

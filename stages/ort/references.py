@@ -4,15 +4,16 @@ running the FP32 model again. A re-run where one variant changed runs no FP32 pa
 outputs on ONNX Runtime the same way (`of_file`): an FP32 candidate's are the reference's, and a variant that did
 not change is not run again when another did.
 
-    <root>/<key[:2]>/<key>.npz   the outputs, one array per output name (numpy's .npz, no pickles)
+    <root>/<key[:2]>/<key>.npz   the outputs in order and their names (numpy's .npz, no pickles)
     <root>/index/<key>           the .npz's sha256, checked before every read
 
 The key is the hash of what the outputs depend on: the model's digest (the store's digest of the artifact, not its
 path), the runtime (ONNX Runtime's version, its CPU provider, the graph as written), and each input's name, dtype,
 shape and bytes. An entry is written whole and renamed into place after its index record; an entry that does not
 match its record is dropped, never read. The area holds at most `TRTFLOW_REFERENCE_CACHE` bytes (2 GiB unless set,
-0 keeps none): after each write the least recently used entries beyond it are removed. A reader that loses an entry
-to a concurrent removal computes it again: the area saves time, it never decides a result.
+0 keeps none): at a writer's first write, and whenever what it wrote since may have passed it, the area is scanned
+and the least recently used entries beyond it removed. A reader that loses an entry to a concurrent removal
+computes it again: the area saves time, it never decides a result.
 """
 from __future__ import annotations
 
@@ -32,21 +33,17 @@ from trtflow import files, settings
 from trtflow.artifact import Artifact, Inputs
 from trtflow.external_data import model_digest
 from trtflow.pipelines.row import REFERENCE_CACHE
-from trtflow.stages.ort.runner import run, session
+from trtflow.stages.ort.runner import feed_digest, run, session
 
-FORMAT = 1
+FORMAT = 2  # 2: the outputs stored by position, their names beside them
 AREA = "references"  # the folder of the store's shared/ (local to each machine: a remote store does not sync it)
 INDEX = "index"
 RECORD_BYTES = 128
+NAMES = "names"  # the entry's array of output names (the outputs themselves are arr_0, arr_1, ... in their order)
 ENTRY_BYTES = 8 << 30  # one sample's outputs: a detector's maps at a profile's max batch are hundreds of MB
 
 Outputs = dict[str, np.ndarray]
 Feed = dict[str, np.ndarray]
-
-
-def _feed_digest(feed: Feed) -> list[list[str]]:
-    return [[name, str(x.dtype), json.dumps(list(x.shape)), hashlib.sha256(np.ascontiguousarray(x).data).hexdigest()]
-            for name, x in sorted(feed.items())]
 
 
 def _runtime() -> str:
@@ -64,6 +61,7 @@ class References:
     limit: int = field(default_factory=settings.REFERENCE_CACHE.get)
     computed: int = 0
     reused: int = 0
+    _size: int | None = None  # the entries' bytes as this object last saw them, and what it wrote since
 
     @classmethod
     def of(cls, inputs: Inputs, model: Artifact) -> "References":
@@ -90,24 +88,21 @@ class References:
         return lambda feed: kept.outputs(feed, compute)
 
     def key(self, feed: Feed) -> str:
-        blob = json.dumps({"format": FORMAT, "model": self.model, "runtime": _runtime(), "feed": _feed_digest(feed)})
+        blob = json.dumps({"format": FORMAT, "model": self.model, "runtime": _runtime(), "feed": feed_digest(feed)})
         return hashlib.sha256(blob.encode()).hexdigest()[:40]
 
     def outputs(self, feed: Feed, compute: Callable[[Feed], Outputs]) -> Outputs:
         """The model's outputs on `feed`: read where kept and whole, else `compute(feed)` (and kept)."""
-        kept = self._enabled() and self._read(self.key(feed))
-        if kept:
+        key = self.key(feed) if self._enabled() else None
+        kept = self._read(key) if key is not None else None
+        if kept is not None:
             self.reused += 1
             return kept
         out = compute(feed)
         self.computed += 1
-        if self._enabled():
-            self._write(self.key(feed), out)
+        if key is not None:
+            self._write(key, out)
         return out
-
-    def summary(self) -> str:
-        return f"FP32 reference: {self.computed} sample(s) computed, {self.reused} read from the store's " \
-               f"shared/{AREA}/"
 
     def _enabled(self) -> bool:
         return self.root is not None and self.limit > 0 and bool(self.model)
@@ -128,12 +123,13 @@ class References:
         with contextlib.suppress(OSError):
             os.utime(entry)  # used: the last to go
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
+            return {str(name): npz[f"arr_{i}"] for i, name in enumerate(npz[NAMES])}
 
     def _write(self, key: str, outputs: Outputs) -> None:
         """Best effort: an area that cannot be written costs a recomputation, nothing else."""
         buffer = io.BytesIO()
-        np.savez(buffer, **outputs)
+        # the arrays by position and their names beside them: an output may be named as savez's own arguments are
+        np.savez(buffer, *outputs.values(), **{NAMES: np.array(list(outputs), dtype=str)})
         data = buffer.getvalue()
         if len(data) > min(self.limit, ENTRY_BYTES):
             return
@@ -146,7 +142,10 @@ class References:
             files.write_atomic(self._entry(key), data)
         except OSError:
             return
-        self._evict()
+        if self._size is None or self._size + len(data) > self.limit:
+            self._evict()  # (a scan of the area: at the first write, and when what was written since may be over)
+        else:
+            self._size += len(data)
 
     def _drop(self, key: str) -> None:
         for path in (self._entry(key), self.root / INDEX / key):
@@ -166,3 +165,4 @@ class References:
                 break
             self._drop(path.stem)
             total -= size
+        self._size = total

@@ -2,6 +2,7 @@
 comparator's record, `OutputDiff`, is in `compare/records.py`)."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -71,6 +72,17 @@ def concrete_shapes(inputs: list[tuple[str, list[Any]]], given: dict[str, list[i
             [d if isinstance(d, int) and d > 0 else symbols.get(d, DEFAULT_DYNAMIC) if isinstance(d, str) and d
              else (1 if axis == 0 else DEFAULT_DYNAMIC) for axis, d in enumerate(dims)]
             for name, dims in inputs}
+
+
+def feed_digest(feed: dict[str, np.ndarray]) -> str:
+    """sha256 of a feed: each input's name, dtype, shape and values (an object array, ONNX Runtime's strings, by the
+    values, not by the addresses its buffer holds)."""
+    h = hashlib.sha256()
+    for name in sorted(feed):
+        x = np.ascontiguousarray(feed[name])
+        h.update(f"{name}\0{x.dtype}\0{x.shape}\n".encode())
+        h.update(repr(x.tolist()).encode() if x.dtype.kind == "O" else x.data)
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
