@@ -158,7 +158,7 @@ def test_a_value_equal_to_the_default_is_the_default():
 PINNED_KINDS = {  # kind -> (its minimal parameters, some set): KEY_FORMAT 4 (without the part `trtflow`)
     "benchmark": ("3c18863520e4d0b2b0b913c0f750583e", "b0f89f2fe5bbdc2a4060018f7684bb83"),  # VERSION 5
     "build": ("11ac08d41d836f746f58d5eeb8e41038", "7b014a7302459a39cf9072460a4e10fa"),
-    "calibrate": ("0ba73ea3c7892407313902aeea8f1665", "b1b9fb797875e4424352133340c863d2"),  # VERSION 11
+    "calibrate": ("97575ea4f3ca418ea2204065d8f0abdb", "e5ca5b1d67a508723e2d4383f38b58a0"),  # VERSION 12
     "parity": ("deb28cbc94f2d5f0a44a9dc41e169683", "44c23030f22b1bf5ccef7df177377cf7"),
     "precision": ("5320f36c19fa0d68797934d47a736f6d", "89781a8072dab1594c10daf243d21b76"),
     "prepare": ("8ad17ff6fc137146c25b9ccce0c1181f", "ff5dd4d99f0b97aa19f1cf11dd62a583"),  # VERSION 5

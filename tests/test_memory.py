@@ -203,7 +203,7 @@ def test_calibration_holds_what_fits_and_splits_a_batch_that_does_not(tmp_path, 
     sess = runner.session(tmp_path / "whole" / "augmented.onnx")
     graph = memory.graph_of(sess)
     one = graph.estimate({"audio": [1, SAMPLES]})
-    each = one.outputs + calibration.COLLECTOR_COPIES * one.largest
+    each = calibration.held_per_sample(one)
     # the process's own memory held at what it is now: in a test worker it moves by more than a few samples' worth
     # between two reads (garbage collection, other tests' arenas); the budget's arithmetic is what is checked here
     # (test_validate_runs_a_max_batch_within_a_low_budget_with_the_same_verdict measures real peaks in a child)

@@ -45,7 +45,7 @@ from trtflow.stages.ort.runner import FP32, session
 from trtflow.stages.ort.samples import SampleSource
 from trtflow.text import did_you_mean, first_line
 
-VERSION = "11"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
+VERSION = "12"  # 2: TensorRT's entropy and percentile rules; ranges and table bounds for random inputs. 3: no threshold
 # past the largest |x|. 4: the model carries its recipe (qdq.RECIPE). 5: Q/DQ on the quantized ops' inputs only,
 # attention's MatMuls in float, no weight-scale adjustment for INT32 biases (ModelOpt's INT8 recipe), method
 # percentile 99.999 by default, checked against the full ranges like entropy (bench/int8.py). 6: the range check
@@ -56,7 +56,8 @@ VERSION = "11"  # 2: TensorRT's entropy and percentile rules; ranges and table b
 # 10: bias correction (bias.py: the kept model's float biases absorb the mean error of its rounding, stored in the
 # recipe for validate's repair); the range check's task metrics replace the rule's ranges only when at least as good
 # on every one and better on one (the first metric's lead decided alone). 11: remainder (fp16: the unquantized
-# remainder in FP16, fp16_remainder.py)
+# remainder in FP16, fp16_remainder.py). 12: |x| histograms only for the tensors a Q/DQ pair may go on (the quantized
+# ops' inputs); the others, whose ranges ONNX Runtime's quantizer asks for but uses in no Q/DQ, at their full range
 ENTROPY_CHECK_SAMPLES = 8  # calibration samples on which the candidate ranges are compared (RangeCheck)
 FLUSH_EVERY = 16  # at most this many samples' intermediate outputs are held before being folded in
 # below this many calibration samples the report warns (min_samples is the hard limit). Measured with bench/int8.py
@@ -269,7 +270,7 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     with contextlib.redirect_stdout(io.StringIO()):  # ONNX Runtime prints its calibration steps
         rule = calibration.Rule(params.method, params.percentile, params.entropy_floor)
         cal = calibration.calibrate(pre, list(params.quantize_ops), rule, data.feeds(calib), len(calib), work,
-                                    FLUSH_EVERY)
+                                    FLUSH_EVERY, params.quantize_outputs)
 
     def write(candidate: calibration.Rule, model: Path, ranges_out: Path, histograms: bool) -> tuple[Any, list[str]]:
         tensors = cal.ranges(candidate)
@@ -308,7 +309,7 @@ def _quantize(job: _Job, calib: range, out: Path, ranges: Path) -> tuple[int, li
     used, decided_by = _choose(list(candidates), task, errors, higher)
     shutil.copy(work / f"{used}.onnx", out)
     correct()
-    calibration.save(tensors[used], ranges)
+    qdq.save_ranges(tensors[used], ranges)
     check = RangeCheck(samples=len(probe), errors={k: round(v, 6) for k, v in errors.items()},
                        task={k: {m: round(v, 6) for m, v in t.items()} for k, t in task.items() if t},
                        used=used, rule=params.method, decided_by=decided_by)
