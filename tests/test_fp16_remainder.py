@@ -49,7 +49,9 @@ def test_squeezenet_on_real_photos(tmp_path, tensorrt_available, engine_size):
     acc = report["accuracy"]
     assert "INT8 with an FP16 remainder" in acc["runtime"] and acc["outputs"]["logits"]["cosine"] > 0.99
     wide = emulated(model)
-    assert not holds_fp16(wide) and sum(n.op_type == "Cast" for n in wide.graph.node) > 2 * len(model.graph.node) / 3
+    # each Conv's FP16 output rounded (two Casts); its Relus, Concats and pools select FP16 values and are not
+    convs = sum(n.op_type == "Conv" for n in model.graph.node)
+    assert not holds_fp16(wide) and sum(n.op_type == "Cast" for n in wide.graph.node) >= 2 * convs > 0
     if tensorrt_available:
         assert engine_size(half.outputs["model"], {"input": [1, 3, 224, 224]}, tmp_path / "engine") > 100_000
 

@@ -29,13 +29,23 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
                      + list(inferred.graph.output) if vi.type.tensor_type.elem_type == FLOAT}
     weights = {i.name for i in out.graph.initializer}
     _round_weights(out.graph, half)
+    _round_constants(out.graph, half)
     nodes = [] if keep_io_types else _fp16_inputs(out.graph, float_tensors, weights)
     graph_inputs = [i.name for i in model.graph.input if i.name not in weights]
     entering = _entering(model.graph, out.graph, half, float_tensors, graph_inputs if keep_io_types else [])
     nodes += [c for t in graph_inputs if t in entering for c in _enter(t, entering[t])]
     fused = _fused_dequantizers(out.graph)
+    # tensors holding FP16 values: every input an FP16 node reads but a fused DequantizeLinear's output (weights
+    # and constants rounded above, FP32 tensors entering through their rounded copy, the variant's FP16 inputs)
+    in_fp16 = {t for n in out.graph.node if n.name in half for t in n.input} - \
+        {t for n in out.graph.node if n.name in fused for t in n.output}
+    in_fp16 -= {t for n in out.graph.node if n.name in half for t in n.output}  # until their node is reached
     for node in out.graph.node:
-        extra = _round_outputs(node, float_tensors) if node.name in half and node.name not in fused else []
+        extra = []
+        if node.name in half and node.name not in fused:
+            in_fp16.update(node.output)  # the names its readers read, rounded below if they must be
+            if not _stays_fp16(node, in_fp16, float_tensors):
+                extra = _round_outputs(node, float_tensors)
         extra += [c for t in node.output if t in entering for c in _enter(t, entering[t])]
         nodes += [node, *extra]
     del out.graph.node[:]
@@ -63,6 +73,41 @@ def _round_weights(g: onnx.GraphProto, half: set[str]) -> None:
         if init.data_type == FLOAT and init.name in read_by_half:
             rounded = np.clip(numpy_helper.to_array(init), -65504, 65504).astype(np.float16).astype(np.float32)
             init.CopyFrom(numpy_helper.from_array(rounded, init.name))
+
+
+# ops whose float outputs are some of their float inputs' values (moved, selected, compared, sign changed): on FP16
+# values they give FP16 values, so rounding their outputs again changes nothing and is not emulated
+SELECTING_OPS = frozenset({
+    "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
+    "GatherElements", "GatherND", "Expand", "Tile", "DepthToSpace", "SpaceToDepth", "Relu", "MaxPool",
+    "GlobalMaxPool", "ReduceMax", "ReduceMin", "Max", "Min", "Clip", "Where", "TopK", "Neg", "Abs", "Constant"})
+
+
+def _stays_fp16(node: onnx.NodeProto, in_fp16: set[str], float_tensors: set[str]) -> bool:
+    """Whether an FP16 node's float outputs hold FP16 values without rounding: a selecting op whose float inputs and
+    float attributes (Clip's bounds before opset 11) all hold FP16 values (a Constant's was rounded)."""
+    if node.op_type not in SELECTING_OPS or any(a.name == "sparse_value" for a in node.attribute):
+        return False
+    floats = [a.f for a in node.attribute if a.type == onnx.AttributeProto.FLOAT]
+    floats += [f for a in node.attribute if a.type == onnx.AttributeProto.FLOATS for f in a.floats]
+    return all(map(_is_fp16, floats)) and all(t in in_fp16 for t in node.input if t in float_tensors)
+
+
+def _is_fp16(value: float) -> bool:
+    return bool(np.float32(value) == np.float32(value).astype(np.float16).astype(np.float32))
+
+
+def _round_constants(g: onnx.GraphProto, half: set[str]) -> None:
+    """An FP16 Constant node's float value stored as FP16 (rounded, in FP32), as its variant stores it; a value
+    given another way than as a tensor is left to the Casts."""
+    for node in g.node:
+        if node.op_type != "Constant" or node.name not in half:
+            continue
+        for a in node.attribute:
+            if a.name == "value" and a.t.data_type == FLOAT:
+                with np.errstate(over="ignore"):  # past 65504 it is inf, as the Cast would make it
+                    rounded = numpy_helper.to_array(a.t).astype(np.float16).astype(np.float32)
+                a.t.CopyFrom(numpy_helper.from_array(rounded, a.t.name))
 
 
 def _fp16_inputs(g: onnx.GraphProto, float_tensors: set[str], weights: set[str]) -> list[onnx.NodeProto]:
