@@ -19,13 +19,14 @@ number of rounds: the FP32 island that makes the graph valid, reported node by n
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trtflow import phases
 from trtflow.errors import TransientStageError
 from trtflow.stages.onnx.graph import constant_tensors, shape_derived, subgraphs
 from trtflow.text import first_line
@@ -165,6 +166,7 @@ def _constants_follow_readers(model: onnx.ModelProto, p: Plan, readers: dict[str
             p.fp32[node.name] = "read by a node kept in FP32"
 
 
+@phases.timed("FP16 conversion (graph rewrite)")
 def convert(model: onnx.ModelProto, p: Plan, keep_io_types: bool = True) -> onnx.ModelProto:
     """The FP16 variant of `model` under plan `p` (a copy; `model` is left as it is)."""
     out = onnx.ModelProto()

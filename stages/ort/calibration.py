@@ -179,6 +179,7 @@ class StreamedCalibration:
                     merged.setdefault(name, []).append(out.copy() if name in inputs else out)
         return merged
 
+    @phases.timed("thresholds from the histograms (TensorRT's KL search)")
     def ranges(self, rule: Rule | None = None) -> Any:
         """ONNX Runtime's `TensorsData`: per tensor, the symmetric range [-t, t] and, for histogram methods,
         the histogram it came from. `rule`: another histogram rule than the one collected for, from the same

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from trtflow import child
+from trtflow import child, phases
 from trtflow.errors import TransientStageError
 
 TIMEOUT_S = 900
@@ -30,6 +30,7 @@ class ProbeFailed(Exception):
     """ONNX Runtime rejected the model or crashed on it; the message is its error, or says it crashed."""
 
 
+@phases.timed("ONNX Runtime probe (a child process: a crash there is not the stage's)")
 def probe(model: Path, feed: dict[str, np.ndarray], work: Path) -> None:
     feed_path = work / "probe_feed.npz"
     np.savez(feed_path, **feed)

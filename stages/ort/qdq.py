@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 from pydantic import BaseModel
 
+from trtflow import phases
 from trtflow.errors import StageError
 from trtflow.files import write_atomic
 from trtflow.stages.onnx import model_io
@@ -87,7 +88,8 @@ def write(pre: Path, out: Path, ranges: Path, tensors: Any, per_channel: bool, q
     # quantize_static logs "consider pre-processing" through the root logger for models it was not run on
     # (the pre-processing is done, or the model is a subgraph cut from a pre-processed one)
     try:
-        with contextlib.redirect_stdout(io.StringIO()), _quiet_root_logger():
+        with contextlib.redirect_stdout(io.StringIO()), _quiet_root_logger(), \
+                phases.phase("Q/DQ writing (ONNX Runtime's quantizer)"):
             quantize_static(
                 str(pre), str(out), None, quant_format=QuantFormat.QDQ, per_channel=per_channel,
                 activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
