@@ -110,6 +110,60 @@ def _speech_gru(repo: Path) -> Path:
     return pipeline
 
 
+RANGE_CHECK = ("the range check (calibrate `entropy_check`): the rule's ranges, the other histogram rule's and the "
+               "full ranges each run on 8 samples; no one rule wins everywhere (entropy alone: PP-OCR cls cosine 0.79)")
+PREPARE_CHECKS = ("prepare's checks: the model before and after each rewrite (opset conversion, simplification) run "
+                  "on its check samples and compared: a rewrite that changes the outputs is caught before anything "
+                  "is built from it")
+# why each piece of work above a stage's floor stays: what it buys (measured where docs/NOTES.md says so) and the
+# setting that turns it off; matched against the names `Stage.above` gives, first match wins
+WHY = {
+    "bias_shadow.onnx": "bias correction (calibrate `bias_correction`): two passes of a shadow model measure the "
+        "INT8 rounding's mean error per channel; YOLOX recall 0.924 -> 0.940, PP-OCRv4 rec lines "
+        "exact 0.71 -> 0.85",
+    ".judged.onnx": RANGE_CHECK,
+    "entropy.onnx": RANGE_CHECK,
+    "percentile.onnx": RANGE_CHECK,
+    "full_range.onnx": RANGE_CHECK,
+    "original.onnx": PREPARE_CHECKS,
+    "simplified.onnx": PREPARE_CHECKS,
+    "converted.onnx": PREPARE_CHECKS,
+    "exposed.onnx": "the FP16 safeguards' magnitudes (precision `fallback.auto`; calibrate's FP16 remainder): one "
+        "pass with every tensor exposed finds the nodes that overflow FP16",
+    "remainder_candidate": "the FP16 remainder's check (calibrate `remainder: fp16`): the converted remainder run "
+        "once before it is kept",
+    "quantization pre-processing": "ONNX Runtime's quantization pre-processing, in a child process: its symbolic "
+        "shape inference writes into the current directory and asserts on valid graphs; "
+        "about 0.5 s of it is the child's imports",
+    "ONNX Runtime probe": "a variant's first run in a child process: ONNX Runtime's CPU provider crashes on some "
+        "FP16 graphs (an FP16 LSTM), which would end the stage; the child's start costs ~0.3 s",
+    "Q/DQ writing": "ONNX Runtime's quantizer writing each candidate's Q/DQ model (three with the range check)",
+    "calibration statistics": "the |x| histograms TensorRT's rules are read from (the tensors a Q/DQ pair may go "
+        "on; made while the next chunk runs, so partly inside the calibration pass)",
+    "thresholds": "the thresholds from the histograms (TensorRT's KL search, vectorized)",
+    "images:": "the samples themselves: each image decoded and run through the declared preprocessing (what the "
+        "engine will be fed)",
+    "torchvision imported": "parity's job: the training transforms the deployed preprocessing is checked against "
+        "(torchvision on PIL: importing it is most of this)",
+    "training transforms: run": "parity's job: the training transforms run on each image (torchvision on PIL)",
+    "the harness's processes": "each engine timed in a process of its own (a crash or a leak there is not the "
+        "stage's): it starts, makes its session and warms up (the pipeline's warmup) beside its timed runs",
+    "pre-flight's process": "the trial build in a process of its own (TensorRT's parser aborts the process on some "
+        "models): its start-up and parsing beside the builder's seconds",
+    "FP16 conversion": "the variant itself: the FP16 graph the stage writes (and its safeguard rounds)",
+    "FP16 emulation graphs": "the emulation graphs validate and the pre-flights run (per-node FP16 rounding)",
+    "ONNX files": "reading the inputs and writing the stage's outputs",
+    "sessions": "an ONNX Runtime session per model and role",
+    "plots": "the plots of the stage's Prefect artifacts (people look before they read)",
+    "the rest": "not timed apart: Python around the passes (feeds, comparisons, reports), graph rewrites, hashing, "
+        "the build worker's start-up",
+}
+
+
+def why(what: str) -> str:
+    return next((reason for key, reason in WHY.items() if key in what), "not argued: a candidate for the next cut")
+
+
 MODELS = {"squeezenet": _example("squeezenet-cls"), "ppocr-det": _example("ppocr-det"), "dnsmos": _dnsmos,
           "speech-gru": _speech_gru}
 
@@ -270,6 +324,11 @@ def main() -> None:
                           f"{total_wall / total_floor:.1f}x" if total_floor else "-", "", "")
             console.print(table)
             console.print(f"{name}: FP32 reference passes over the run: {sum(s.counts.get(FP32, 0) for s in stages)}")
+            named = {what for s in stages if s.floor() and s.wall > 1.5 * s.floor()
+                     for what, sec in s.above()[:3] if sec >= 0.1}
+            console.print("why what is above the floor stays, in the stages past 1.5x:")
+            for what in sorted(named):
+                console.print(f"  {what}: {why(what)}")
 
 
 if __name__ == "__main__":

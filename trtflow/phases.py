@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 from trtflow import procfs
 
 VARIABLE = "TRTFLOW_PHASES"
+IMAGES = "images: decoded and preprocessed (OpenCV)"  # the phase every stage reading images times
 _totals: dict[str, float] = {}
 _lock = threading.Lock()
 

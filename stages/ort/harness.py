@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 from pydantic import BaseModel
 
-from trtflow import child, files
+from trtflow import child, files, phases
 from trtflow.stages.trtexec.result import PerfResult
 
 RUNTIME = "onnxruntime-cpu (CPUExecutionProvider; not a TensorRT number)"
@@ -122,6 +122,7 @@ def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, durati
     if on_first is not None:  # the listeners of progress live in this context: the watcher runs in a copy of it
         threading.Thread(target=contextvars.copy_context().run, args=(_watch_first, folder / ESTIMATE, on_first,
                                                                       done), daemon=True).start()
+    started = time.perf_counter()
     try:
         outcome = child.call("trtflow.stages.ort.harness", request, HarnessResponse, folder, TIMEOUT_S,
                              what="the built-in harness (ONNX Runtime)")
@@ -136,6 +137,8 @@ def benchmark(model: Path, feeds: dict[str, np.ndarray], warmup_s: float, durati
         return PerfResult(status="failed", runtime=RUNTIME,
                           error=f"the built-in harness (ONNX Runtime on CPU) {how} (log: {log})")
     answer = outcome.response
+    phases.add("the harness's processes beyond their timed runs (start-up, session, warm-up)",
+               time.perf_counter() - started - answer.wall_s)
     samples = answer.samples_ms
     pieces = f", its chain's {answer.pieces} pieces one after another" if chain else ""
     return PerfResult(status="passed", throughput_qps=len(samples) / answer.wall_s, latency_ms=latency_stats(samples),

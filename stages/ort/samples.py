@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import onnx
 
+from trtflow import phases
 from trtflow.artifact import Inputs
 from trtflow.errors import StageError
 from trtflow.pipelines.schema import SampleData
@@ -143,7 +144,9 @@ class SampleSource:
     def _file_sample(self, i: int) -> Feeds:
         first = self.model_inputs[0]
         if self.pre is not None:
-            return {first.name: self._fit(first, self.pre(self.files[i]), self.files[i])}
+            with phases.phase(phases.IMAGES):
+                image = self.pre(self.files[i])
+            return {first.name: self._fit(first, image, self.files[i])}
         if self.from_files:
             f = self.files[i]
             data = self._load(f, lambda: np.load(f, allow_pickle=False))

@@ -8,7 +8,7 @@ normalization, a missing scale or layout. The fix reads as the YAML to change.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from trtflow.stages.image.steps import (
     Batch,

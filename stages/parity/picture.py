@@ -6,6 +6,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from trtflow import phases
 from trtflow.stages.parity.diagnosis import align
 
 HEIGHT = 256  # a small tensor is enlarged (nearest neighbour: each pixel a block) to about this height...
@@ -22,6 +23,7 @@ def _to_hwc(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@phases.timed("plots")
 def worst_picture(deploy: np.ndarray, train: np.ndarray, out: Path, title: str) -> Path:
     d, t = align(deploy, train)
     d, t = _to_hwc(d), _to_hwc(t)

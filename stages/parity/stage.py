@@ -14,6 +14,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from trtflow import phases
 from trtflow.artifact import Artifact, Inputs, StageResult
 from trtflow.errors import StageError, StageFailed
 from trtflow.metrics.builtin.topk import TopK
@@ -50,7 +51,8 @@ def run(params: ParityStage, inputs: Inputs, out_dir: Path) -> StageResult:
 
     rows, tensors = [], []
     for art in images:
-        d = pre(art.path)
+        with phases.phase(phases.IMAGES):
+            d = pre(art.path)
         t = train_fn(art.path)
         m = dx.pixel_metrics(d, t)
         m.image, m.channels = art.path.name, _channel_stats(d, t) if m.shape_ok else None

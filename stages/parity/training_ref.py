@@ -3,11 +3,13 @@ a user's callable, or tensors the training code saved."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from trtflow import phases
 from trtflow.artifact import Artifact
 from trtflow.errors import StageError
 from trtflow.pipelines.params.parity import TrainingRef
@@ -24,6 +26,7 @@ def build(ref: TrainingRef, tensors: list[Artifact], images: list[Artifact]) -> 
     return _tensors(tensors, images)
 
 
+@phases.timed("training transforms: torchvision imported")
 def _torchvision(specs: list[str]) -> tuple[TrainingFn, str]:
     try:
         import torchvision
@@ -34,6 +37,7 @@ def _torchvision(specs: list[str]) -> tuple[TrainingFn, str]:
     steps = [_parse_transform(s, T) for s in specs]
     compose = T.Compose(steps)
 
+    @phases.timed("training transforms: run (torchvision on PIL)")
     def apply(path: Path) -> np.ndarray:
         try:
             with Image.open(path) as im:

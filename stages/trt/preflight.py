@@ -8,13 +8,14 @@ gave no answer: that is a crash of the stage (retried), never a report. The repo
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from trtflow import child
+from trtflow import child, phases
 from trtflow.errors import TransientStageError
 from trtflow.stages.trt import plugins as trt_plugins
 from trtflow.stages.trt.env import INSTALL_HINT, find_tensorrt
@@ -108,6 +109,7 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
     loads = trt_plugins.declared() if plugins is None else list(plugins)
     request = PreflightRequest(model=str(model), shapes=shapes, min_shapes=min_shapes, opt_shapes=opt_shapes,
                                plugins=loads)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trtflow-preflight-") as folder:
         outcome = child.call("trtflow.stages.trt.preflight", request, PreflightAnswer, Path(folder), timeout,
                              what="the TensorRT pre-flight", env=trt_plugins.child_env(trt, loads))
@@ -120,6 +122,9 @@ def run_preflight(model: Path, shapes: dict[str, list[int]] | None = None,
     if outcome.response.report is None:
         raise trt_plugins.PluginError(outcome.response.plugin_error or "the TensorRT pre-flight gave no report")
     answer = outcome.response.report
+    builder = answer.trial_build.seconds if answer.trial_build and answer.trial_build.seconds else 0.0
+    phases.add("the TensorRT pre-flight's process beyond its trial build (start-up, parsing)",
+               time.perf_counter() - started - builder)
     for f in answer.failures:
         f.hint = hint_for(f)
     trial = answer.failed_build()
