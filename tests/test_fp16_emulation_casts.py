@@ -105,3 +105,21 @@ def test_clip_is_rounded_unless_its_bounds_are_fp16(tmp_path, opset, low, rounde
     assert np.array_equal(y, want)
     clip_rounded = any(n.op_type == "Cast" and n.input[0] == "y__fp32" for n in emulated.graph.node)
     assert clip_rounded == rounded
+
+
+def test_a_value_from_an_fp32_node_shape_inference_cannot_type_is_rounded(tmp_path):
+    """ONNX's shape inference does not know ONNX Runtime's contrib ops: the FP32 Gelu's output has no type, so it
+    reaches the FP16 Relu without a rounded copy; the Relu must round its output, not pass the FP32 value on."""
+    graph = helper.make_graph(
+        [helper.make_node("Gelu", ["x"], ["g"], name="gelu", domain="com.microsoft"),
+         helper.make_node("Relu", ["g"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=8)
+    x = {"x": seeded("gelu").standard_normal((1, 64)).astype(np.float32) * 3}
+    (fp32,) = _run(model, x, tmp_path / "fp32.onnx")
+    (y,) = _run(fp16_emulation.emulate(model, {"relu"}, True), x, tmp_path / "emulated.onnx")
+    rounded = fp32.astype(np.float16).astype(np.float32)
+    assert not np.array_equal(fp32, rounded)  # the case is real: Gelu's outputs are not FP16 values
+    assert np.array_equal(y, rounded)

@@ -25,9 +25,12 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inferred = onnx.shape_inference.infer_shapes(model)
-    float_tensors = {vi.name for vi in list(inferred.graph.value_info) + list(inferred.graph.input)
-                     + list(inferred.graph.output) if vi.type.tensor_type.elem_type == FLOAT}
+    infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+    float_tensors = {vi.name for vi in infos if vi.type.tensor_type.elem_type == FLOAT}
     weights = {i.name for i in out.graph.initializer}
+    # tensors known not to be float: a selecting op may read them (shapes, indices, conditions)
+    not_float = {vi.name for vi in infos if vi.type.tensor_type.elem_type not in (FLOAT, 0)} | \
+        {i.name for i in out.graph.initializer if i.data_type != FLOAT}
     _round_weights(out.graph, half)
     _round_constants(out.graph, half)
     nodes = [] if keep_io_types else _fp16_inputs(out.graph, float_tensors, weights)
@@ -35,16 +38,17 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     entering = _entering(model.graph, out.graph, half, float_tensors, graph_inputs if keep_io_types else [])
     nodes += [c for t in graph_inputs if t in entering for c in _enter(t, entering[t])]
     fused = _fused_dequantizers(out.graph)
-    # tensors holding FP16 values: every input an FP16 node reads but a fused DequantizeLinear's output (weights
-    # and constants rounded above, FP32 tensors entering through their rounded copy, the variant's FP16 inputs)
-    in_fp16 = {t for n in out.graph.node if n.name in half for t in n.input} - \
-        {t for n in out.graph.node if n.name in fused for t in n.output}
+    # tensors holding FP16 values: what FP16 nodes read (weights and constants rounded above, FP32 tensors entering
+    # through their rounded copy, the variant's FP16 inputs) but anything an FP32 node, a fused DequantizeLinear or
+    # the caller gives as it is (a tensor shape inference could not type is read without its rounded copy)
+    in_fp16 = {t for n in out.graph.node if n.name in half for t in n.input} - set(graph_inputs) - \
+        {t for n in out.graph.node if n.name not in half or n.name in fused for t in n.output}
     in_fp16 -= {t for n in out.graph.node if n.name in half for t in n.output}  # until their node is reached
     for node in out.graph.node:
         extra = []
         if node.name in half and node.name not in fused:
             in_fp16.update(node.output)  # the names its readers read, rounded below if they must be
-            if not _stays_fp16(node, in_fp16, float_tensors):
+            if not _stays_fp16(node, in_fp16, not_float):
                 extra = _round_outputs(node, float_tensors)
         extra += [c for t in node.output if t in entering for c in _enter(t, entering[t])]
         nodes += [node, *extra]
@@ -83,14 +87,15 @@ SELECTING_OPS = frozenset({
     "GlobalMaxPool", "ReduceMax", "ReduceMin", "Max", "Min", "Clip", "Where", "TopK", "Neg", "Abs", "Constant"})
 
 
-def _stays_fp16(node: onnx.NodeProto, in_fp16: set[str], float_tensors: set[str]) -> bool:
-    """Whether an FP16 node's float outputs hold FP16 values without rounding: a selecting op whose float inputs and
-    float attributes (Clip's bounds before opset 11) all hold FP16 values (a Constant's was rounded)."""
+def _stays_fp16(node: onnx.NodeProto, in_fp16: set[str], not_float: set[str]) -> bool:
+    """Whether an FP16 node's float outputs hold FP16 values without rounding: a selecting op each input of which
+    holds FP16 values or is known not to be float, and whose float attributes (Clip's bounds before opset 11) are
+    FP16 values (a Constant's was rounded)."""
     if node.op_type not in SELECTING_OPS or any(a.name == "sparse_value" for a in node.attribute):
         return False
     floats = [a.f for a in node.attribute if a.type == onnx.AttributeProto.FLOAT]
     floats += [f for a in node.attribute if a.type == onnx.AttributeProto.FLOATS for f in a.floats]
-    return all(map(_is_fp16, floats)) and all(t in in_fp16 for t in node.input if t in float_tensors)
+    return all(map(_is_fp16, floats)) and all(t in in_fp16 or t in not_float for t in node.input if t)
 
 
 def _is_fp16(value: float) -> bool:

@@ -122,8 +122,9 @@ class Rule:
 
 
 class StreamedCalibration:
-    """Feed samples in chunks; ONNX Runtime folds each chunk into its statistics before the next is run, so
-    memory does not grow with the calibration set (its calibrators otherwise keep every intermediate output)."""
+    """Feed samples in chunks; each chunk is folded into the statistics while the next one runs, so memory holds
+    two chunks whatever the size of the calibration set (ONNX Runtime's calibrators keep every intermediate
+    output)."""
 
     def __init__(self, model: Path, op_types: list[str], rule: Rule, work: Path, quantize_outputs: bool = False):
         from onnxruntime.quantization.calibrate import MinMaxCalibrater, PercentileCalibrater
