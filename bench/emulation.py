@@ -70,19 +70,11 @@ def int8_variant(model: Path, shape: list[int], work: Path) -> Path:
 
 def every_output_rounded():
     """The emulation as it was: every FP16 node's outputs rounded (the rule that skips selecting ops turned off)."""
-    import contextlib
+    from unittest import mock
 
     from trtflow.stages.onnx import fp16_emulation
 
-    @contextlib.contextmanager
-    def turned_off():
-        kept = fp16_emulation._stays_fp16
-        fp16_emulation._stays_fp16 = lambda *args: False
-        try:
-            yield
-        finally:
-            fp16_emulation._stays_fp16 = kept
-    return turned_off()
+    return mock.patch.object(fp16_emulation, "_stays_fp16", lambda *args: False)
 
 
 def timed(path: Path, feed: dict[str, np.ndarray], runs: int) -> tuple[float, list[np.ndarray]]:

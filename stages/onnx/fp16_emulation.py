@@ -38,12 +38,12 @@ def emulate(model: onnx.ModelProto, half: set[str], keep_io_types: bool) -> onnx
     entering = _entering(model.graph, out.graph, half, float_tensors, graph_inputs if keep_io_types else [])
     nodes += [c for t in graph_inputs if t in entering for c in _enter(t, entering[t])]
     fused = _fused_dequantizers(out.graph)
-    # tensors holding FP16 values: what FP16 nodes read (weights and constants rounded above, FP32 tensors entering
-    # through their rounded copy, the variant's FP16 inputs) but anything an FP32 node, a fused DequantizeLinear or
-    # the caller gives as it is (a tensor shape inference could not type is read without its rounded copy)
+    # tensors holding FP16 values: what FP16 nodes read but no node writes (weights and constants rounded above,
+    # FP32 tensors entering through their rounded copy, the variant's FP16 inputs) and not the caller's inputs as
+    # they are (a tensor shape inference could not type is read without its rounded copy); an FP16 node's outputs
+    # join as the node is reached (an FP32 node's or a fused DequantizeLinear's never do)
     in_fp16 = {t for n in out.graph.node if n.name in half for t in n.input} - set(graph_inputs) - \
-        {t for n in out.graph.node if n.name not in half or n.name in fused for t in n.output}
-    in_fp16 -= {t for n in out.graph.node if n.name in half for t in n.output}  # until their node is reached
+        {t for n in out.graph.node for t in n.output}
     for node in out.graph.node:
         extra = []
         if node.name in half and node.name not in fused:
